@@ -1,0 +1,146 @@
+#!/usr/bin/env python3
+"""Step 1: record the real, deterministic I/O of the three modules during generate().
+
+Runs the upstream OmniVoice.generate() (seeded: the gumbel position noise and any sampling
+included) in all three modes, with the transformer forward, audio_tokenizer.encode and
+audio_tokenizer.decode wrapped by a recorder that copies what they see:
+
+    clone   voice clone from capture/ref_voice.wav + ref_voice.txt (step 0)
+    design  voice design from an instruct
+    auto    neither; the model picks a voice
+
+Per mode, under capture/<mode>/: the transformer's inputs and the logits rows generate() reads at
+every step (--steps picks a subset), the token state after each step and the final tokens, the
+encoder's audio and codes, the decoder's codes and audio, the final WAV. capture/manifest.json
+records the model fingerprint, versions, device, seeds, generation config, texts, tensor
+shapes/dtypes and a sha256 per file. Two captures on the same machine and device are
+bit-identical. The previous capture is replaced only once the new one is complete.
+
+    python capture_reference.py --model tiny
+    python capture_reference.py --model full-random --steps 0,15,31
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from tqdm import tqdm
+
+from omnivoice_export import capture
+from omnivoice_export.checkpoints import add_model_arg, load_omnivoice, model_fingerprint, resolve_model
+from omnivoice_export.cli import REPO_ROOT, UserError, add_debug_flag, run_main
+from omnivoice_export.generation import DEFAULT_SEED, mode_request, run_generate, write_wav
+from omnivoice_export.report import package_versions
+from make_reference import REF_TXT, REF_WAV
+
+
+def parse_steps(text: str, num_step: int) -> set[int] | None:
+    """'all' -> None (every step); '0,15,31' -> {0, 15, 31}, each within [0, num_step)."""
+    if text == "all":
+        return None
+    try:
+        steps = {int(part) for part in text.split(",") if part.strip()}
+    except ValueError as exc:
+        raise UserError(f"--steps {text!r} is not 'all' or a comma-separated list of integers") from exc
+    if not steps or min(steps) < 0 or max(steps) >= num_step:
+        raise UserError(f"--steps {text!r} must name steps in 0..{num_step - 1}")
+    return steps
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_model_arg(parser)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="device of the PyTorch reference; validate ONNX against a capture made on the "
+                             "same device (RVQ codes flip between devices)")
+    parser.add_argument("--steps", default="all", help="transformer calls to record: 'all' or e.g. '0,15,31'")
+    parser.add_argument("--modes", default=",".join(capture.MODES), help="comma-separated subset of clone,design,auto")
+    parser.add_argument("--seed", type=int, default=DEFAULT_SEED, help="torch seed before each generate()")
+    parser.add_argument("--num-step", type=int, default=32, help="unmasking steps of generate()")
+    parser.add_argument("--capture-dir", type=Path, default=REPO_ROOT / "capture", help="where the capture is written")
+    add_debug_flag(parser)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    unknown = sorted(set(modes) - set(capture.MODES))
+    if unknown or not modes:
+        raise UserError(f"--modes: unknown mode(s) {', '.join(unknown) or '(none given)'}",
+                        f"choose from {', '.join(capture.MODES)}")
+    steps = parse_steps(args.steps, args.num_step)
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise UserError("--device cuda was requested but torch sees no CUDA device",
+                            "use --device cpu, or install requirements-gpu.txt on a machine with an NVIDIA GPU")
+    ref_wav, ref_txt = args.capture_dir / REF_WAV, args.capture_dir / REF_TXT
+    if "clone" in modes and not (ref_wav.is_file() and ref_txt.is_file()):
+        raise UserError(f"clone mode needs {ref_wav} and {ref_txt}", "run make_reference.py (step 0) first")
+    ref_text = ref_txt.read_text().strip() if "clone" in modes else None
+    if "clone" in modes and not ref_text:
+        raise UserError(f"{ref_txt} is empty", "re-run make_reference.py (step 0)")
+
+    model_path = resolve_model(args.model)
+    fingerprint = model_fingerprint(model_path)
+    print(f"[step 1] model {model_path} ({fingerprint}), device {args.device}", flush=True)
+    model = load_omnivoice(model_path).to(args.device)
+    if args.device == "cuda":
+        model.audio_tokenizer.to("cuda")
+
+    import torch
+
+    tmp = capture.new_capture_dir(args.capture_dir)
+    try:
+        manifest_modes = {}
+        for mode in modes:
+            request = mode_request(mode, args.seed, args.num_step, ref_wav, ref_text)
+            print(f"[step 1] {mode}: {request.text!r}", flush=True)
+            started = time.perf_counter()
+            with tqdm(total=args.num_step, desc=f"  {mode} steps", unit="step", leave=False) as bar:
+                recorder = capture.Recorder(model, tmp / mode, steps, progress=bar)
+                with recorder.active():
+                    audio = run_generate(model, request)
+                record = recorder.finish()
+            write_wav(tmp / mode / "output.wav", audio)
+            record.files["output.wav"] = {"sha256": capture.sha256_file(tmp / mode / "output.wav"),
+                                          "bytes": (tmp / mode / "output.wav").stat().st_size}
+            recorded_request = request.to_dict()
+            if mode == "clone":
+                recorded_request["ref_audio"] = REF_WAV  # relative to the capture directory
+            manifest_modes[mode] = capture.mode_record_entry(record, recorded_request)
+            size = sum(f["bytes"] for f in record.files.values())
+            print(f"[step 1] {mode}: S={record.seq_len} rows={record.rows} {record.steps_called} steps, "
+                  f"{audio.size / 24000:.2f} s audio, {size / 1e6:.1f} MB in {time.perf_counter() - started:.1f} s",
+                  flush=True)
+        for name in (REF_WAV, REF_TXT):
+            if (args.capture_dir / name).is_file():
+                (tmp / name).write_bytes((args.capture_dir / name).read_bytes())
+        manifest = {
+            "format": capture.CAPTURE_FORMAT,
+            "model": {"spec": args.model or str(model_path), "path": str(model_path), "fingerprint": fingerprint},
+            "device": args.device,
+            "torch_threads": torch.get_num_threads(),
+            "versions": package_versions(),
+            "seed": args.seed,
+            "num_step": args.num_step,
+            "steps": "all" if steps is None else sorted(steps),
+            "logits_rows": capture.LOGITS_ROWS_NOTE,
+            "reference": {"wav": REF_WAV, "txt": REF_TXT,
+                          "wav_sha256": capture.sha256_file(tmp / REF_WAV) if (tmp / REF_WAV).is_file() else None},
+            "modes": manifest_modes,
+        }
+        manifest["total_bytes"] = sum(f["bytes"] for m in manifest_modes.values() for f in m["files"].values())
+        capture.write_manifest(tmp, manifest)
+        capture.install_capture(tmp, args.capture_dir)
+    finally:
+        capture.shutil.rmtree(tmp, ignore_errors=True)
+    print(f"[step 1] capture complete: {args.capture_dir} ({manifest['total_bytes'] / 1e6:.1f} MB)")
+
+
+if __name__ == "__main__":
+    run_main(main)

@@ -1,0 +1,196 @@
+#!/usr/bin/env python3
+"""Step 2: export OmniVoice into three faithful fp32 ONNX graphs, driven by the captured inputs.
+
+    onnx/omnivoice_transformer.onnx  input_ids[2B,8,S] int64, audio_mask[2B,S] bool,
+                                     attention_mask[2B,1,S,S] bool -> logits[2B,8,S,1025] float32
+    onnx/higgs_encoder.onnx          input_values[B,1,960*Tc] float32 -> audio_codes[B,8,Tc] int64
+    onnx/higgs_decoder.onnx          audio_codes[B,8,Tc] int64 -> audio_values[B,1,960*Tc] float32
+
+Each graph keeps all its weights in one `<graph>.onnx.data` sidecar and carries the constants a
+runtime needs in its metadata_props (fingerprint, sample rate, hop, codebooks, mask id,
+generation defaults, exporter, versions). torch.onnx.export(dynamo=True) runs first; if it fails
+for a graph, the legacy exporter does, and the report says why (--no-dynamo forces legacy).
+
+Example inputs are real tensors from capture/ (batch >= 2: a batch-1 example fixes the batch).
+Right after export each graph is loaded in onnxruntime and run at shapes the export never saw,
+and the transformer must pass the bidirectionality probe. Everything goes into
+onnx/export-report.json; a summary table is printed at the end. Files are written to a staging
+directory and renamed into onnx/ only when complete.
+
+    python export_omnivoice.py --model tiny
+    python export_omnivoice.py --model full-random --graphs transformer
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from omnivoice_export import capture, exporting, report, wrappers
+from omnivoice_export.checkpoints import add_model_arg, load_omnivoice, model_fingerprint, resolve_model, sha256_file
+from omnivoice_export.cli import REPO_ROOT, CheckFailed, UserError, add_debug_flag, run_main, write_json_atomic
+from omnivoice_export.ort_runtime import make_session
+
+HOP = exporting.checkpoints.HOP_LENGTH
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_model_arg(parser)
+    parser.add_argument("--graphs", default=",".join(wrappers.GRAPH_NAMES),
+                        help="comma-separated subset of transformer,encoder,decoder")
+    parser.add_argument("--opset", type=int, default=exporting.DEFAULT_OPSET,
+                        help="ONNX opset (18, 20 and 22 verified; 23 emits Attention/RotaryEmbedding that ORT "
+                             "rejects without explicit position_ids)")
+    parser.add_argument("--no-dynamo", action="store_true", help="use the legacy TorchScript exporter only")
+    parser.add_argument("--capture-dir", type=Path, default=REPO_ROOT / "capture", help="step 1's capture")
+    parser.add_argument("--onnx-dir", type=Path, default=REPO_ROOT / "onnx", help="where the graphs go")
+    add_debug_flag(parser)
+    return parser.parse_args(argv)
+
+
+def _crop_stack(arrays: list[np.ndarray], multiple: int = 1) -> np.ndarray:
+    """Stack [1,C,L] arrays along batch after cropping to the shortest length (a multiple of `multiple`)."""
+    length = min(a.shape[-1] for a in arrays) // multiple * multiple
+    return np.concatenate([a[..., :length] for a in arrays])
+
+
+def transformer_examples(capture_dir: Path, manifest: dict) -> tuple[tuple[torch.Tensor, ...], list[dict]]:
+    """Export example (a clone step, 2B=2) and self-check inputs at other (B, S)."""
+    modes = list(manifest["modes"])
+    first = capture.load_step(capture_dir, modes[0], capture.mode_steps(manifest, modes[0])[0])
+    example = tuple(torch.from_numpy(first[k]) for k in wrappers.TRANSFORMER_INPUTS)
+    checks = []
+    for mode in modes[1:] or modes:
+        step = capture.mode_steps(manifest, mode)[-1]
+        checks.append({k: v for k, v in capture.load_step(capture_dir, mode, step).items()
+                       if k in wrappers.TRANSFORMER_INPUTS})
+    # B=2 (2B=4) at another S: [cond, cond, uncond, uncond] of the last mode's last step.
+    last = checks[-1]
+    order = np.array([0, 0, 1, 1])
+    checks.append({k: v[order] for k, v in last.items()})
+    return example, checks
+
+
+def codec_examples(capture_dir: Path, manifest: dict) -> dict[str, tuple[np.ndarray, list[np.ndarray]]]:
+    """(export example with batch 2, self-check inputs at other batch/lengths) per codec graph."""
+    if "clone" not in manifest["modes"]:
+        raise UserError("exporting the encoder needs the clone mode's captured encoder input",
+                        "re-run capture_reference.py with clone among --modes")
+    encoder_in = capture.load_mode_file(capture_dir, "clone", "encoder.npz")["input_values"]
+    decoded = [capture.load_mode_file(capture_dir, mode, "decoder.npz") for mode in manifest["modes"]]
+    audio = _crop_stack([encoder_in, decoded[0]["audio_values"]], HOP)
+    half = encoder_in[..., : encoder_in.shape[-1] // 2 // HOP * HOP]
+    codes = _crop_stack([d["audio_codes"] for d in decoded] * (2 if len(decoded) == 1 else 1))
+    short = codes[:1, :, : max(2, codes.shape[-1] // 2)]
+    return {
+        "encoder": (audio, [encoder_in, np.concatenate([half] * 3)]),
+        "decoder": (codes, [decoded[0]["audio_codes"], np.concatenate([short] * 3)]),
+    }
+
+
+def summary_table(entries: dict) -> str:
+    head = f"{'graph':<12}{'exporter':<10}{'opset':>6}{'onnx MB':>9}{'data MB':>10}{'time s':>8}{'peak RSS MB':>13}" \
+           f"{'checker':>9}{'self-check':>12}"
+    lines = [head, "-" * len(head)]
+    for graph, entry in entries.items():
+        sizes = [f["bytes"] / 2**20 for f in entry["files"].values()]
+        lines.append(f"{graph:<12}{entry['exporter']:<10}{entry['opset']:>6}{sizes[0]:>9.2f}{sizes[1]:>10.1f}"
+                     f"{entry['export_seconds']:>8.1f}{entry['peak_rss_mb']:>13.0f}{entry['checker']:>9}"
+                     f"{'PASS' if entry['self_checks']['passed'] else 'FAIL':>12}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    graphs = [g.strip() for g in args.graphs.split(",") if g.strip()]
+    unknown = sorted(set(graphs) - set(wrappers.GRAPH_NAMES))
+    if unknown or not graphs:
+        raise UserError(f"--graphs: unknown graph(s) {', '.join(unknown) or '(none given)'}",
+                        f"choose from {', '.join(wrappers.GRAPH_NAMES)}")
+    model_path = resolve_model(args.model)
+    fingerprint = model_fingerprint(model_path)
+    manifest = capture.load_manifest(args.capture_dir)
+    if manifest["model"]["fingerprint"] != fingerprint:
+        raise UserError(f"the capture was made with model {manifest['model']['fingerprint']}, not {fingerprint} "
+                        f"({model_path})", "export with the capture's --model, or re-run steps 0-1 for this model")
+    previous = None
+    if report.report_path(args.onnx_dir).is_file() and set(graphs) != set(wrappers.GRAPH_NAMES):
+        previous = report.load_report(args.onnx_dir)
+        if previous["model"]["fingerprint"] != fingerprint:
+            raise UserError(f"onnx/ holds an export of model {previous['model']['fingerprint']}; exporting only "
+                            f"{','.join(graphs)} of {fingerprint} would mix models", "export all graphs")
+
+    print(f"[step 2] model {model_path} ({fingerprint}); exporter {'legacy' if args.no_dynamo else 'dynamo'}, "
+          f"opset {args.opset}", flush=True)
+    model = load_omnivoice(model_path)
+    modules = wrappers.make_wrappers(model)
+    config = json.loads((model_path / "config.json").read_text())
+    versions = report.package_versions()
+    t_example, t_checks = transformer_examples(args.capture_dir, manifest)
+    codec = codec_examples(args.capture_dir, manifest) if {"encoder", "decoder"} & set(graphs) else {}
+
+    staging = args.onnx_dir / f".staging-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    entries = {}
+    try:
+        for graph in graphs:
+            print(f"[step 2] exporting {graph} ...", flush=True)
+            inputs = t_example if graph == "transformer" else (torch.from_numpy(codec[graph][0]),)
+            result = exporting.export_graph(modules[graph], graph, inputs, staging, not args.no_dynamo, args.opset)
+            path = staging / wrappers.GRAPH_FILES[graph]
+            exporting.set_metadata(path, exporting.graph_metadata(graph, config, fingerprint, result.exporter,
+                                                                  args.opset, versions))
+            result.checker = exporting.check_graph(path)
+            session = make_session(path, "cpu")
+            if graph == "transformer":
+                result.self_checks = exporting.self_check_transformer(session, modules[graph], t_checks)
+            else:
+                result.self_checks = exporting.self_check_codec(session, modules[graph], graph, codec[graph][1])
+            del session
+            entries[graph] = {
+                "file": wrappers.GRAPH_FILES[graph], "exporter": result.exporter,
+                "fallback_reason": result.fallback_reason, "opset": result.opset,
+                "signature": exporting.signature(path), "export_seconds": result.seconds,
+                "peak_rss_mb": result.peak_rss_mb, "checker": result.checker,
+                "original_external_files": {"count": len(result.original_external_files),
+                                            "locations": result.original_external_files[:50]},
+                "self_checks": result.self_checks,
+            }
+            print(f"[step 2] {graph}: {result.exporter} in {result.seconds:.1f} s, peak RSS {result.peak_rss_mb:.0f} MB, "
+                  f"checker {result.checker}, self-checks {'PASS' if result.self_checks['passed'] else 'FAIL'}",
+                  flush=True)
+        exporting.install_graphs(staging, args.onnx_dir, graphs)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+    for graph in graphs:
+        entries[graph]["files"] = exporting.file_entries(args.onnx_dir, graph)
+    graphs_section = {**(previous["graphs"] if previous else {}), **entries}
+    full_report = {
+        "format": report.REPORT_FORMAT,
+        "model": {"path": str(model_path), "fingerprint": fingerprint},
+        "capture": {"dir": str(args.capture_dir), "fingerprint": manifest["model"]["fingerprint"],
+                    "manifest_sha256": sha256_file(args.capture_dir / capture.MANIFEST_NAME)},
+        "versions": versions,
+        "graphs": graphs_section,
+    }
+    # Parity and end-to-end results describe the graphs they ran on; a new export makes them stale.
+    write_json_atomic(report.report_path(args.onnx_dir), full_report)
+    print()
+    print(summary_table(entries))
+    failed = [g for g, e in entries.items() if not e["self_checks"]["passed"] or e["checker"] != "ok"]
+    if failed:
+        raise CheckFailed(f"self-checks failed for {', '.join(failed)} (details in {report.report_path(args.onnx_dir)})")
+    print(f"\n[step 2] export complete: {args.onnx_dir}  report {report.report_path(args.onnx_dir)}")
+
+
+if __name__ == "__main__":
+    run_main(main)

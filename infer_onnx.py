@@ -1,0 +1,206 @@
+#!/usr/bin/env python3
+"""Step 4: the ONNX graphs as drop-in replacements inside the real generate(), token-exact.
+
+Compare mode (default): for each mode of the capture (same texts, seeds and generation config),
+upstream's OmniVoice.generate() runs with the transformer forward, audio_tokenizer.encode and
+audio_tokenizer.decode served by onnxruntime, and is compared with the PyTorch reference:
+
+    final tokens     exact-match rate overall and per codebook; the first step at which the
+                     token state diverges, if it does
+    output WAV       log-spectral L1 against the reference WAV, and duration equality
+
+It writes capture/onnx_<mode>.wav and capture/onnx_<mode>_spectrogram.png (PyTorch | ONNX |
+difference), prints a summary table with the wall time of PyTorch and ONNX generate() measured
+in the same run (informational), and merges the results into onnx/export-report.json under
+end_to_end.<provider>. Exit code 1 when tokens differ.
+
+Synthesis mode (--text): speak any text with the ONNX graphs alone. The PyTorch weights are
+never loaded: the host needs only the config, the text tokenizer and the duration estimator.
+
+    python infer_onnx.py
+    python infer_onnx.py --text "Hello there." --out hello.wav
+    python infer_onnx.py --text "Hello." --ref-audio capture/ref_voice.wav --ref-text "..." --out clone.wav
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from omnivoice_export import capture, metrics, report
+from omnivoice_export.checkpoints import load_omnivoice, resolve_model, validate_checkpoint_dir
+from omnivoice_export.cli import REPO_ROOT, CheckFailed, UserError, add_debug_flag, atomic_path, run_main
+from omnivoice_export.generation import (DEFAULT_SEED, LANGUAGE, SAMPLE_RATE, GenerationRequest, read_wav,
+                                         run_generate, write_wav)
+from omnivoice_export.measure import PeakRss
+from omnivoice_export.ort_runtime import PROVIDERS, OrtGraphs, check_provider, load_onnx_omnivoice
+from parity_check import verify_integrity
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--provider", default="cpu", help=f"one of {', '.join(PROVIDERS)}")
+    parser.add_argument("--capture-dir", type=Path, default=REPO_ROOT / "capture", help="step 1's capture")
+    parser.add_argument("--onnx-dir", type=Path, default=REPO_ROOT / "onnx", help="step 2's export")
+    parser.add_argument("--model", default=None,
+                        help="checkpoint for the config and text tokenizer (tiny | full-random | PATH); "
+                             "default: the one named in the export report")
+    parser.add_argument("--threads", type=int, default=None, help="onnxruntime intra-op threads (default: all cores)")
+    parser.add_argument("--no-torch-timing", action="store_true",
+                        help="compare mode: skip the PyTorch generate() timing run")
+    synth = parser.add_argument_group("synthesis mode (needs no capture)")
+    synth.add_argument("--text", default=None, help="text to speak; selects synthesis mode")
+    synth.add_argument("--out", type=Path, default=Path("out.wav"), help="output WAV (24 kHz)")
+    synth.add_argument("--ref-audio", type=Path, default=None, help="voice clone: reference WAV")
+    synth.add_argument("--ref-text", default=None, help="voice clone: transcript of --ref-audio")
+    synth.add_argument("--instruct", default=None, help="voice design: e.g. 'female, low pitch, british accent'")
+    synth.add_argument("--language", default=LANGUAGE, help="language name or id, or 'None'")
+    synth.add_argument("--seed", type=int, default=DEFAULT_SEED, help="torch seed before generate()")
+    synth.add_argument("--num-step", type=int, default=32, help="unmasking steps")
+    add_debug_flag(parser)
+    return parser.parse_args(argv)
+
+
+def run_recorded(model, request: GenerationRequest) -> tuple[np.ndarray, np.ndarray, float]:
+    """generate() with a token recorder: (audio, token state after each step [N,B,8,T], seconds)."""
+    recorder = capture.Recorder(model, Path("."), steps=set())  # steps=set(): no step files, tokens only
+    started = time.perf_counter()
+    with recorder.active():
+        audio = run_generate(model, request)
+    return audio, np.stack(recorder.token_states), time.perf_counter() - started
+
+
+def first_divergence(reference: np.ndarray, candidate: np.ndarray) -> int | None:
+    """First step whose token state differs (None: never)."""
+    for step in range(min(len(reference), len(candidate))):
+        if reference[step].shape != candidate[step].shape or not np.array_equal(reference[step], candidate[step]):
+            return step
+    return None if len(reference) == len(candidate) else min(len(reference), len(candidate))
+
+
+def spectrogram_png(path: Path, reference: np.ndarray, candidate: np.ndarray, title: str) -> None:
+    """PyTorch | ONNX | difference log spectrograms, side by side."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    length = min(reference.size, candidate.size)
+    ref, got = metrics.log_spectrum(reference[:length]).T, metrics.log_spectrum(candidate[:length]).T
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4), constrained_layout=True)
+    for ax, data, name, cmap in ((axes[0], ref, "PyTorch", "magma"), (axes[1], got, "ONNX", "magma"),
+                                 (axes[2], got - ref, "ONNX - PyTorch", "coolwarm")):
+        image = ax.imshow(data, origin="lower", aspect="auto", cmap=cmap)
+        ax.set_title(name)
+        ax.set_xlabel(f"frame (hop {metrics.STFT_HOP})")
+        fig.colorbar(image, ax=ax, label="log10 |X|")
+    axes[0].set_ylabel("frequency bin")
+    fig.suptitle(title)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=80)
+    plt.close(fig)
+
+
+def compare_mode(model, torch_model, mode: str, entry: dict, capture_dir: Path) -> dict[str, Any]:
+    request = GenerationRequest.from_dict(entry["request"])
+    if request.ref_audio:
+        request.ref_audio = str(capture_dir / request.ref_audio)
+    reference_tokens = capture.load_mode_file(capture_dir, mode, "tokens.npz")
+    reference_audio, _ = read_wav(capture_dir / mode / "output.wav")
+    audio, states, onnx_seconds = run_recorded(model, request)
+    torch_seconds = None
+    if torch_model is not None:
+        started = time.perf_counter()
+        run_generate(torch_model, request)
+        torch_seconds = time.perf_counter() - started
+    final_ref, final = reference_tokens["final"], states[-1]
+    rate, per_codebook = metrics.code_match(final_ref, final)
+    diverged = first_divergence(reference_tokens["after_step"], states)
+    lsd = metrics.log_spectral_l1(reference_audio, audio)
+    same_duration = audio.size == reference_audio.size
+    write_wav(capture_dir / f"onnx_{mode}.wav", audio)
+    spectrogram_png(capture_dir / f"onnx_{mode}_spectrogram.png", reference_audio, audio,
+                    f"{mode}: token match {rate:.4f}, log-spectral L1 {lsd:.1e}")
+    passed = (rate >= metrics.THRESHOLDS["end_to_end_token_match_min"] and same_duration
+              and lsd <= metrics.THRESHOLDS["end_to_end_log_spectral_l1_max"])
+    return {"token_match": rate, "token_match_per_codebook": per_codebook, "first_divergent_step": diverged,
+            "log_spectral_l1": lsd, "duration_s": audio.size / SAMPLE_RATE,
+            "reference_duration_s": reference_audio.size / SAMPLE_RATE, "same_duration": same_duration,
+            "onnx_seconds": round(onnx_seconds, 3), "torch_seconds": None if torch_seconds is None else round(torch_seconds, 3),
+            "wav": f"onnx_{mode}.wav", "spectrogram": f"onnx_{mode}_spectrogram.png", "passed": passed}
+
+
+def compare(args) -> None:
+    manifest, export = verify_integrity(args.capture_dir, args.onnx_dir, ["transformer", "encoder", "decoder"])
+    model_path = resolve_model(args.model) if args.model else validate_checkpoint_dir(Path(export["model"]["path"]))
+    graphs = OrtGraphs.load(args.onnx_dir, args.provider, args.threads)
+    model = load_onnx_omnivoice(model_path, graphs)
+    torch_model = None if args.no_torch_timing else load_omnivoice(model_path)
+    print(f"[step 4] provider {args.provider}; generate() with ONNX modules vs the capture "
+          f"({manifest['model']['fingerprint']})", flush=True)
+    results = {}
+    for mode, entry in manifest["modes"].items():
+        result = compare_mode(model, torch_model, mode, entry, args.capture_dir)
+        results[mode] = result
+        diverged = "never" if result["first_divergent_step"] is None else f"step {result['first_divergent_step']}"
+        print(f"[end_to_end] {mode:<7} tokens={result['token_match']:.6f} diverged={diverged} "
+              f"log_spectral_l1={result['log_spectral_l1']:.1e} duration {result['duration_s']:.2f}s"
+              f"{'' if result['same_duration'] else ' (reference ' + format(result['reference_duration_s'], '.2f') + 's)'} "
+              f"{'OK' if result['passed'] else 'FAIL'}", flush=True)
+    overall = all(r["passed"] for r in results.values())
+    report.merge_section(args.onnx_dir, ("end_to_end", args.provider), {
+        "provider": args.provider, "verdict": "PASS" if overall else "FAIL", "modes": results,
+        "thresholds": {k: v for k, v in metrics.THRESHOLDS.items() if k.startswith("end_to_end")},
+        "spectral": metrics.spectral_params()})
+    print()
+    print(f"{'mode':<8}{'tokens':>10}{'diverged':>10}{'LSD':>10}{'dur s':>8}{'torch s':>9}{'onnx s':>8}{'ratio':>7}  verdict")
+    for mode, r in results.items():
+        ratio = f"{r['torch_seconds'] / r['onnx_seconds']:.2f}" if r["torch_seconds"] else "-"
+        torch_s = f"{r['torch_seconds']:.2f}" if r["torch_seconds"] else "-"
+        diverged = "-" if r["first_divergent_step"] is None else str(r["first_divergent_step"])
+        print(f"{mode:<8}{r['token_match']:>10.6f}{diverged:>10}{r['log_spectral_l1']:>10.1e}{r['duration_s']:>8.2f}"
+              f"{torch_s:>9}{r['onnx_seconds']:>8.2f}{ratio:>7}  {'PASS' if r['passed'] else 'FAIL'}")
+    print(f"OVERALL: {'PASS' if overall else 'FAIL'}  (wavs and spectrograms in {args.capture_dir})")
+    if not overall:
+        failed = [m for m, r in results.items() if not r["passed"]]
+        raise CheckFailed(f"ONNX generate() differs from PyTorch in {', '.join(failed)} "
+                          f"(first divergent step: {', '.join(str(results[m]['first_divergent_step']) for m in failed)})")
+
+
+def synthesize(args) -> None:
+    if not args.text.strip():
+        raise UserError("--text is empty", "pass the text to speak")
+    if (args.ref_audio is None) != (args.ref_text is None):
+        raise UserError("voice clone needs both --ref-audio and --ref-text")
+    export = report.load_report(args.onnx_dir)
+    model_path = resolve_model(args.model) if args.model else validate_checkpoint_dir(Path(export["model"]["path"]))
+    mode = "clone" if args.ref_audio else "design" if args.instruct else "auto"
+    request = GenerationRequest(mode=mode, text=args.text, seed=args.seed, language=args.language,
+                                instruct=args.instruct, ref_audio=str(args.ref_audio) if args.ref_audio else None,
+                                ref_text=args.ref_text, num_step=args.num_step)
+    if args.ref_audio is not None and not args.ref_audio.is_file():
+        raise UserError(f"--ref-audio {args.ref_audio} does not exist")
+    with PeakRss() as peak:
+        graphs = OrtGraphs.load(args.onnx_dir, args.provider, args.threads)
+        model = load_onnx_omnivoice(model_path, graphs)
+        audio = run_generate(model, request)
+    write_wav(args.out, audio)
+    print(f"[synthesis] {mode}: {audio.size / SAMPLE_RATE:.2f} s of audio -> {args.out} in {peak.seconds:.1f} s; "
+          f"peak RSS {peak.peak_mb:.0f} MB (ONNX graphs only, no PyTorch weights)")
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    check_provider(args.provider)
+    if args.text is not None:
+        synthesize(args)
+    else:
+        compare(args)
+
+
+if __name__ == "__main__":
+    run_main(main)

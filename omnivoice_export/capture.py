@@ -1,0 +1,252 @@
+"""Record the real I/O of the three modules during `generate()`, and read it back.
+
+Parity is only meaningful on in-distribution inputs that a real `generate()` produced, at every
+one of the `num_step` calls (later steps, where the token state differs most, included). The
+recorder wraps the transformer forward, `audio_tokenizer.encode` and `audio_tokenizer.decode` of
+a loaded model for the duration of one `generate()` and restores them afterwards; it copies
+what it sees and never changes a value, so the tokens equal those of an uninstrumented run.
+
+Layout (all `.npz`, loadable with numpy alone):
+
+    capture/manifest.json                   provenance, configs, texts, per-file sha256/shapes
+    capture/<mode>/transformer_step_NN.npz  input_ids, audio_mask, attention_mask,
+                                            logits_cond, logits_uncond (rows generate() reads)
+    capture/<mode>/tokens.npz               after_step[N,B,8,T] token state after each step, final
+    capture/<mode>/encoder.npz              input_values, audio_codes (clone mode)
+    capture/<mode>/decoder.npz              audio_codes, audio_values
+    capture/<mode>/output.wav               the final 24 kHz waveform
+
+Only the logits rows generate() reads are stored: for item i, the cond target rows
+[c_len-t_len, c_len) and the uncond rows [0, t_len). The other rows (style, text, reference and
+padding) are never read, and storing them would triple a full-random capture.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+
+from omnivoice_export.checkpoints import sha256_file
+from omnivoice_export.cli import UserError, atomic_path, read_json, write_json_atomic
+
+CAPTURE_FORMAT = 1
+MANIFEST_NAME = "manifest.json"
+MODES = ("clone", "design", "auto")
+STEP_FILE = "transformer_step_{:02d}.npz"
+LOGITS_ROWS_NOTE = ("logits_cond[i] holds rows [c_len-t_len, c_len) of cond item i and logits_uncond[i] rows "
+                    "[0, t_len) of uncond item B+i: exactly the rows generate() reads; other rows are not stored")
+RECAPTURE_FIX = "re-run capture_reference.py (step 1)"
+
+
+def save_npz(path: Path, arrays: dict[str, np.ndarray]) -> dict[str, Any]:
+    """Write arrays as a compressed .npz, atomically; return the file's manifest entry.
+
+    np.savez_compressed stamps each zip member with the current time, so two identical captures
+    would differ in bytes; members here carry a fixed timestamp, so equal tensors give equal files.
+    """
+    with atomic_path(path) as tmp:
+        with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED, allowZip64=True) as archive:
+            for name, array in arrays.items():
+                info = zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0))
+                info.compress_type = zipfile.ZIP_DEFLATED
+                with archive.open(info, "w", force_zip64=True) as member:
+                    np.lib.format.write_array(member, np.ascontiguousarray(array), allow_pickle=False)
+    return {"sha256": sha256_file(path), "bytes": path.stat().st_size,
+            "tensors": {k: {"shape": list(v.shape), "dtype": str(v.dtype)} for k, v in arrays.items()}}
+
+
+def load_npz(path: Path) -> dict[str, np.ndarray]:
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            return {k: data[k] for k in data.files}
+    except FileNotFoundError as exc:
+        raise UserError(f"capture file missing: {path}", RECAPTURE_FIX) from exc
+    except (ValueError, OSError, EOFError) as exc:
+        raise UserError(f"capture file unreadable: {path} ({exc})", RECAPTURE_FIX) from exc
+
+
+def _rows_read(attention_mask: np.ndarray) -> list[tuple[int, int]]:
+    """(c_len, t_len) per item: cond row 0 allows exactly the first c_len keys, uncond row 0 the
+    first t_len (see OmniVoice._generate_iterative)."""
+    batch = attention_mask.shape[0] // 2
+    first_rows = attention_mask[:, 0, 0, :]
+    return [(int(first_rows[i].sum()), int(first_rows[batch + i].sum())) for i in range(batch)]
+
+
+def logits_rows(logits: np.ndarray, attention_mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(cond, uncond) logits rows that generate() reads, each [B,8,T,V]; B=1 or equal t_len."""
+    rows = _rows_read(attention_mask)
+    batch = len(rows)
+    cond = np.stack([logits[i, :, c - t:c] for i, (c, t) in enumerate(rows)])
+    uncond = np.stack([logits[batch + i, :, :t] for i, (_, t) in enumerate(rows)])
+    return cond, uncond
+
+
+@dataclass
+class ModeRecord:
+    """What one mode's generate() produced, as manifest entries."""
+
+    steps_called: int = 0
+    files: dict[str, Any] = field(default_factory=dict)
+    rows: list[tuple[int, int]] = field(default_factory=list)  # (c_len, t_len) per item
+    seq_len: int = 0  # S of the transformer calls
+
+
+class Recorder:
+    """Wraps a loaded OmniVoice's three modules for one generate() and writes what they see."""
+
+    def __init__(self, model, out_dir: Path, steps: set[int] | None, progress=None) -> None:
+        self.model = model
+        self.out_dir = Path(out_dir)
+        self.steps = steps  # None: all steps
+        self.progress = progress
+        self.record = ModeRecord()
+        self.token_states: list[np.ndarray] = []
+        self.encoder_calls: list[dict[str, np.ndarray]] = []
+        self.decoder_calls: list[dict[str, np.ndarray]] = []
+
+    def _save(self, name: str, arrays: dict[str, np.ndarray]) -> None:
+        self.record.files[name] = save_npz(self.out_dir / name, arrays)
+
+    def _forward(self, original):
+        def recording_forward(input_ids, audio_mask, attention_mask=None, **kwargs):
+            output = original(input_ids=input_ids, audio_mask=audio_mask, attention_mask=attention_mask, **kwargs)
+            step = self.record.steps_called
+            mask = attention_mask.cpu().numpy()
+            ids = input_ids.cpu().numpy()
+            rows = _rows_read(mask)
+            if step:
+                # The target region of this call's cond row holds the state after the previous step.
+                self.token_states.append(np.stack([ids[i, :, c - t:c] for i, (c, t) in enumerate(rows)]))
+            if self.steps is None or step in self.steps:
+                cond, uncond = logits_rows(output.logits.float().cpu().numpy(), mask)
+                self._save(STEP_FILE.format(step), {
+                    "input_ids": ids, "audio_mask": audio_mask.cpu().numpy(), "attention_mask": mask,
+                    "logits_cond": cond, "logits_uncond": uncond})
+            self.record.rows, self.record.seq_len = rows, ids.shape[-1]
+            self.record.steps_called += 1
+            if self.progress is not None:
+                self.progress.update(1)
+            return output
+        return recording_forward
+
+    def _generate_iterative(self, original):
+        def recording_generate_iterative(task, gen_config):
+            if self.record.steps_called:
+                raise UserError("the text is long enough to trigger chunked generation, which a capture "
+                                "does not cover", "use a shorter --text (under ~30 s of speech)")
+            tokens = original(task, gen_config)
+            self.token_states.append(np.stack([t.cpu().numpy() for t in tokens]))
+            return tokens
+        return recording_generate_iterative
+
+    def _tokenizer_call(self, original, calls: list, input_name: str, output_name: str):
+        def recording_call(values, *args, **kwargs):
+            output = original(values, *args, **kwargs)
+            result = output if isinstance(output, torch.Tensor) else getattr(output, output_name)
+            calls.append({input_name: values.cpu().numpy(), output_name: result.cpu().numpy()})
+            return output
+        return recording_call
+
+    @contextlib.contextmanager
+    def active(self) -> Iterator["Recorder"]:
+        """Install the recording wrappers as instance attributes; remove them on exit."""
+        tokenizer = self.model.audio_tokenizer
+        patches = [
+            (self.model, "forward", self._forward(self.model.forward)),
+            (self.model, "_generate_iterative", self._generate_iterative(self.model._generate_iterative)),
+            (tokenizer, "encode", self._tokenizer_call(tokenizer.encode, self.encoder_calls,
+                                                       "input_values", "audio_codes")),
+            (tokenizer, "decode", self._tokenizer_call(tokenizer.decode, self.decoder_calls,
+                                                       "audio_codes", "audio_values")),
+        ]
+        saved = [(target, name, vars(target).get(name)) for target, name, _ in patches]
+        for target, name, wrapper in patches:
+            setattr(target, name, wrapper)
+        try:
+            yield self
+        finally:
+            for target, name, previous in saved:
+                if previous is None:
+                    delattr(target, name)  # the class attribute shows through again
+                else:
+                    setattr(target, name, previous)  # e.g. an ONNX-backed forward installed before us
+
+    def finish(self) -> ModeRecord:
+        """Write tokens, encoder and decoder files once generate() has returned."""
+        self._save("tokens.npz", {"after_step": np.stack(self.token_states), "final": self.token_states[-1]})
+        for name, calls in (("encoder.npz", self.encoder_calls), ("decoder.npz", self.decoder_calls)):
+            if len(calls) > 1:
+                raise UserError(f"{name[:-4]} was called {len(calls)} times in one generate()",
+                                "capture one text per mode (chunked generation is not captured)")
+            if calls:
+                self._save(name, calls[0])
+        return self.record
+
+
+def new_capture_dir(capture_dir: Path) -> Path:
+    """A fresh temporary sibling of capture_dir to write into before the final rename."""
+    tmp = capture_dir.with_name(f".{capture_dir.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    return tmp
+
+
+def install_capture(tmp: Path, capture_dir: Path) -> None:
+    """Replace capture_dir by the completed tmp directory. Until this point an interrupted
+    capture has touched nothing in capture_dir."""
+    old = capture_dir.with_name(f".{capture_dir.name}.old-{os.getpid()}")
+    if capture_dir.exists():
+        os.replace(capture_dir, old)
+    os.replace(tmp, capture_dir)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def write_manifest(capture_dir: Path, manifest: dict[str, Any]) -> None:
+    write_json_atomic(Path(capture_dir) / MANIFEST_NAME, manifest)
+
+
+def load_manifest(capture_dir: Path, verify_hashes: bool = True) -> dict[str, Any]:
+    """The capture manifest, after checking every listed file exists (and matches its sha256)."""
+    capture_dir = Path(capture_dir)
+    manifest = read_json(capture_dir / MANIFEST_NAME, "capture manifest", RECAPTURE_FIX)
+    if not isinstance(manifest, dict) or manifest.get("format") != CAPTURE_FORMAT or "modes" not in manifest:
+        raise UserError(f"capture manifest {capture_dir / MANIFEST_NAME} is malformed or from another version",
+                        RECAPTURE_FIX)
+    for mode, entry in manifest["modes"].items():
+        for name, info in entry["files"].items():
+            path = capture_dir / mode / name
+            if not path.is_file():
+                raise UserError(f"capture is incomplete: {path} is missing", RECAPTURE_FIX)
+            if verify_hashes and sha256_file(path) != info["sha256"]:
+                raise UserError(f"capture file {path} does not match its recorded sha256 (modified or corrupt)",
+                                RECAPTURE_FIX)
+    return manifest
+
+
+def mode_steps(manifest: dict[str, Any], mode: str) -> list[int]:
+    """Steps whose transformer I/O was captured for `mode`, in order."""
+    files = manifest["modes"][mode]["files"]
+    return sorted(int(name[len("transformer_step_"):-4]) for name in files if name.startswith("transformer_step_"))
+
+
+def load_step(capture_dir: Path, mode: str, step: int) -> dict[str, np.ndarray]:
+    return load_npz(Path(capture_dir) / mode / STEP_FILE.format(step))
+
+
+def load_mode_file(capture_dir: Path, mode: str, name: str) -> dict[str, np.ndarray]:
+    return load_npz(Path(capture_dir) / mode / name)
+
+
+def mode_record_entry(record: ModeRecord, request: dict[str, Any]) -> dict[str, Any]:
+    """Manifest entry of one mode: the request (texts, seed), the shapes seen, and the files."""
+    return {"request": request, "steps_called": record.steps_called, "seq_len": record.seq_len,
+            "rows": [{"c_len": c, "t_len": t} for c, t in record.rows], "files": record.files}

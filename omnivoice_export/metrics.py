@@ -1,0 +1,98 @@
+"""Parity metrics, one per component with its reason, and the one threshold table.
+
+- transformer: argmax agreement and logit max-abs over the rows generate() reads, on captured
+  real inputs. Argmax is what unmasking consumes; max-abs bounds how far log-softmax, CFG and
+  the confidence ranking can move. Where argmax disagrees, the reference's own top-1/top-2
+  margin tells a near-tie flip from a real error.
+- encoder: exact integer code-match rate; codes are discrete, so "close" means nothing.
+- decoder: log-spectral L1. The codec is GAN-trained and phase is not unique, so waveform SNR
+  punishes harmless phase differences; the log-magnitude spectrum is what a listener hears.
+
+Random ids/codes are never used: they are out of distribution and hide real failures.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+# The one threshold table: every script and test reads it; CLI flags may override per run.
+THRESHOLDS = {
+    "transformer_argmax_min": 0.999,  # fraction of read rows whose argmax equals PyTorch's
+    "transformer_max_abs": 1e-3,  # max |logit difference| on read rows (fp32; peers see ~2e-4 at real dims)
+    "encoder_code_match_min": 1.0,  # exact codes on the same device
+    "decoder_log_spectral_l1_max": 5e-3,  # mean |log10 magnitude difference|
+    "end_to_end_token_match_min": 1.0,  # generate() with ONNX modules: identical final tokens
+    "end_to_end_log_spectral_l1_max": 1e-3,
+}
+
+# Log-spectral L1 parameters (stated in every report that uses it).
+STFT_N_FFT = 1024
+STFT_HOP = 256
+SPECTRAL_FLOOR = 1e-5  # magnitudes below this are clamped before log10 (silence is not compared at -inf)
+
+
+@dataclass
+class LogitStats:
+    """Transformer parity over a set of rows [N, V]."""
+
+    rows: int
+    argmax_agreement: float
+    max_abs: float
+    mean_abs: float
+    flips: int
+    flip_margin_min: float | None  # reference top1 - top2 at disagreeing rows (None: no flips)
+    flip_margin_max: float | None
+
+    def passed(self, argmax_min: float, max_abs: float) -> bool:
+        return self.argmax_agreement >= argmax_min and self.max_abs <= max_abs
+
+
+def logit_stats(reference: np.ndarray, candidate: np.ndarray) -> LogitStats:
+    """Compare logits [..., V] row by row (reference = PyTorch)."""
+    ref = reference.reshape(-1, reference.shape[-1]).astype(np.float64)
+    got = candidate.reshape(-1, candidate.shape[-1]).astype(np.float64)
+    diff = np.abs(ref - got)
+    ref_arg, got_arg = ref.argmax(-1), got.argmax(-1)
+    disagree = ref_arg != got_arg
+    margins = None
+    if disagree.any():
+        top2 = np.sort(ref[disagree], axis=-1)[:, -2:]
+        margins = top2[:, 1] - top2[:, 0]
+    return LogitStats(
+        rows=int(ref.shape[0]), argmax_agreement=float(1.0 - disagree.mean()) if ref.shape[0] else 1.0,
+        max_abs=float(diff.max()) if diff.size else 0.0, mean_abs=float(diff.mean()) if diff.size else 0.0,
+        flips=int(disagree.sum()),
+        flip_margin_min=None if margins is None else float(margins.min()),
+        flip_margin_max=None if margins is None else float(margins.max()))
+
+
+def code_match(reference: np.ndarray, candidate: np.ndarray) -> tuple[float, list[float]]:
+    """(overall, per-codebook) exact match rate of codes [B, C, T]; a shape mismatch is 0."""
+    if reference.shape != candidate.shape:
+        return 0.0, [0.0] * reference.shape[1]
+    equal = reference == candidate
+    return float(equal.mean()), [float(equal[:, c].mean()) for c in range(equal.shape[1])]
+
+
+def log_spectrum(audio: np.ndarray) -> np.ndarray:
+    """log10 magnitude STFT of a 1-D signal (Hann window, STFT_N_FFT / STFT_HOP, zero-padded ends)."""
+    audio = np.asarray(audio, dtype=np.float64).reshape(-1)
+    pad = STFT_N_FFT // 2
+    padded = np.pad(audio, (pad, pad))
+    count = 1 + max(0, (padded.size - STFT_N_FFT) // STFT_HOP)
+    index = np.arange(STFT_N_FFT)[None, :] + STFT_HOP * np.arange(count)[:, None]
+    frames = padded[index] * np.hanning(STFT_N_FFT)[None, :]
+    return np.log10(np.maximum(np.abs(np.fft.rfft(frames, axis=-1)), SPECTRAL_FLOOR))
+
+
+def log_spectral_l1(reference: np.ndarray, candidate: np.ndarray) -> float:
+    """Mean |log10|X| - log10|Y||; signals of different length compare over the shorter one."""
+    length = min(np.asarray(reference).size, np.asarray(candidate).size)
+    return float(np.mean(np.abs(log_spectrum(np.ravel(reference)[:length]) -
+                                log_spectrum(np.ravel(candidate)[:length]))))
+
+
+def spectral_params() -> dict[str, float]:
+    return {"n_fft": STFT_N_FFT, "hop": STFT_HOP, "floor": SPECTRAL_FLOOR, "log": "log10", "window": "hann"}
