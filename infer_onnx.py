@@ -92,9 +92,11 @@ def spectrogram_png(path: Path, reference: np.ndarray, candidate: np.ndarray, ti
     length = min(reference.size, candidate.size)
     ref, got = metrics.log_spectrum(reference[:length]).T, metrics.log_spectrum(candidate[:length]).T
     fig, axes = plt.subplots(1, 3, figsize=(15, 4), constrained_layout=True)
-    for ax, data, name, cmap in ((axes[0], ref, "PyTorch", "magma"), (axes[1], got, "ONNX", "magma"),
-                                 (axes[2], got - ref, "ONNX - PyTorch", "coolwarm")):
-        image = ax.imshow(data, origin="lower", aspect="auto", cmap=cmap)
+    span = max(float(np.abs(got - ref).max()), 1e-9)  # symmetric, so white means "no difference"
+    for ax, data, name, cmap, limits in ((axes[0], ref, "PyTorch", "magma", (None, None)),
+                                         (axes[1], got, "ONNX", "magma", (None, None)),
+                                         (axes[2], got - ref, "ONNX - PyTorch", "coolwarm", (-span, span))):
+        image = ax.imshow(data, origin="lower", aspect="auto", cmap=cmap, vmin=limits[0], vmax=limits[1])
         ax.set_title(name)
         ax.set_xlabel(f"frame (hop {metrics.STFT_HOP})")
         fig.colorbar(image, ax=ax, label="log10 |X|")

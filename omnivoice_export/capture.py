@@ -47,16 +47,17 @@ RECAPTURE_FIX = "re-run capture_reference.py (step 1)"
 
 
 def save_npz(path: Path, arrays: dict[str, np.ndarray]) -> dict[str, Any]:
-    """Write arrays as a compressed .npz, atomically; return the file's manifest entry.
+    """Write arrays as an .npz (integer/bool members deflated), atomically; return its manifest entry.
 
-    np.savez_compressed stamps each zip member with the current time, so two identical captures
-    would differ in bytes; members here carry a fixed timestamp, so equal tensors give equal files.
+    np.savez stamps each zip member with the current time, so two identical captures would differ
+    in bytes; members here carry a fixed timestamp, so equal tensors give equal files.
     """
     with atomic_path(path) as tmp:
         with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED, allowZip64=True) as archive:
             for name, array in arrays.items():
                 info = zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0))
-                info.compress_type = zipfile.ZIP_DEFLATED
+                # Masks and ids compress ~100x; float logits/audio barely compress, so store them.
+                info.compress_type = zipfile.ZIP_STORED if array.dtype.kind == "f" else zipfile.ZIP_DEFLATED
                 with archive.open(info, "w", force_zip64=True) as member:
                     np.lib.format.write_array(member, np.ascontiguousarray(array), allow_pickle=False)
     return {"sha256": sha256_file(path), "bytes": path.stat().st_size,

@@ -221,6 +221,9 @@ def build_checkpoint(name: str, out_dir: Path, seed: int = 0) -> Path:
     import torch
     from omnivoice.models.omnivoice import OmniVoice
     from transformers import DacFeatureExtractor, HiggsAudioV2TokenizerModel
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
 
     from omnivoice_export.qwen_tokenizer import QWEN_VOCAB_SIZE, save_qwen_tokenizer
 
@@ -353,7 +356,9 @@ def load_omnivoice(path: Path):
     scores, so the mask is effectively ignored (facts sheet: max diff 15 vs sdpa).
     """
     from omnivoice.models.omnivoice import OmniVoice
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()  # per-tensor "Loading weights" bars drown the pipeline's own progress
     model = OmniVoice.from_pretrained(str(path), attn_implementation="sdpa", dtype="float32")
     return model.eval()
 
