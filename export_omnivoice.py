@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> None:
             inputs = t_example if graph == "transformer" else (torch.from_numpy(codec[graph][0]),)
             result = exporting.export_graph(modules[graph], graph, inputs, staging, not args.no_dynamo, args.opset)
             path = staging / wrappers.GRAPH_FILES[graph]
-            exporting.set_metadata(path, exporting.graph_metadata(graph, config, fingerprint, result.exporter,
+            exporting.set_metadata(path, graph, exporting.graph_metadata(graph, config, fingerprint, result.exporter,
                                                                   args.opset, versions))
             result.checker = exporting.check_graph(path)
             session = make_session(path, "cpu")

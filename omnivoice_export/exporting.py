@@ -111,9 +111,17 @@ def consolidate_external_data(src: Path, dst: Path) -> list[str]:
     return original
 
 
-def set_metadata(path: Path, metadata: dict[str, str]) -> None:
-    """Write `metadata_props` into the graph (weights stay in the sidecar, untouched)."""
+# Readable names for the outputs' symbolic dims (dynamo names derived dims like "s76").
+OUTPUT_DIMS = {"transformer": ("batch", None, "seq", None), "encoder": ("batch", None, "frames"),
+               "decoder": ("batch", None, "960*frames")}
+
+
+def set_metadata(path: Path, graph: str, metadata: dict[str, str]) -> None:
+    """Write `metadata_props` and readable output dim names into the graph (weights untouched)."""
     model = onnx.load(str(path), load_external_data=False)
+    for dim, name in zip(model.graph.output[0].type.tensor_type.shape.dim, OUTPUT_DIMS[graph]):
+        if name is not None and dim.HasField("dim_param"):
+            dim.dim_param = name
     del model.metadata_props[:]
     for key, value in metadata.items():
         model.metadata_props.add(key=key, value=value)
