@@ -1,15 +1,25 @@
 # omnivoice_export. `make demo` and `make test` create .venv when it is missing and refresh it
-# when requirements.txt changes. Each pipeline stage is a file target, so a re-run of `make demo`
-# only redoes what changed (sherpa-onnx run.sh style).
+# when requirements.txt changes. Each pipeline stage is a file target (sherpa-onnx run.sh style),
+# so re-running `make demo` redoes only what changed: a new model, an edited script or package.
+#
+#   make demo                 steps 0-4 on the tiny checkpoint, then the parity and end-to-end summaries
+#   make demo MODEL=full-random   the same at the real dims (minutes; ~10 GB RAM)
+#   make test                 the pytest suite (tiny checkpoint, CPU)
+#   make bench                PyTorch vs ONNX Runtime benchmark (see bench/README.md)
+#   make venv-gpu             .venv for an NVIDIA machine (requirements-gpu.txt)
 
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 MODEL ?= tiny
-export OMNIVOICE_MODEL := $(MODEL)
+PROVIDER ?= cpu
+CAPTURE := capture
+ONNX := onnx
+MODEL_MARK := checkpoints/.demo-model
+PACKAGE := $(wildcard omnivoice_export/*.py)
 
-.PHONY: demo test venv clean bench
+.PHONY: demo test venv venv-gpu bench clean FORCE
 .DEFAULT_GOAL := demo
 
 venv: $(STAMP)
@@ -22,11 +32,36 @@ $(STAMP): requirements.txt
 	$(PY) -m omnivoice_export.torchaudio_cpu
 	touch $(STAMP)
 
+venv-gpu: requirements-gpu.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -r requirements-gpu.txt
+	$(PY) -m pip install --quiet --no-deps omnivoice==0.2.1 torchaudio==2.11.1
+	touch $(STAMP)
+
 test: $(STAMP)
 	$(PY) -m pytest -q tests
 
-demo: $(STAMP)
-	$(PY) -m omnivoice_export.demo --model $(MODEL)
+# The model marker changes only when MODEL does, so switching models re-runs every step.
+$(MODEL_MARK): FORCE
+	@mkdir -p $(dir $@)
+	@echo "$(MODEL)" | cmp -s - $@ || echo "$(MODEL)" > $@
+
+$(CAPTURE)/ref_voice.wav: $(STAMP) $(MODEL_MARK) make_reference.py $(PACKAGE)
+	$(PY) make_reference.py --model $(MODEL)
+
+$(CAPTURE)/manifest.json: $(CAPTURE)/ref_voice.wav capture_reference.py
+	$(PY) capture_reference.py --model $(MODEL)
+
+$(ONNX)/export-report.json: $(CAPTURE)/manifest.json export_omnivoice.py
+	$(PY) export_omnivoice.py --model $(MODEL)
+
+demo: $(ONNX)/export-report.json
+	$(PY) parity_check.py --provider $(PROVIDER)
+	$(PY) infer_onnx.py --provider $(PROVIDER)
+
+bench: $(STAMP)
+	$(PY) bench/bench_omnivoice.py
 
 clean:
-	rm -rf capture onnx checkpoints
+	rm -rf $(CAPTURE) $(ONNX) $(MODEL_MARK)
