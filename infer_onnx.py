@@ -50,6 +50,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="checkpoint for the config and text tokenizer (tiny | full-random | PATH); "
                              "default: the one named in the export report")
     parser.add_argument("--threads", type=int, default=None, help="onnxruntime intra-op threads (default: all cores)")
+    parser.add_argument("--no-split", action="store_true",
+                        help="run cond and uncond rows as one padded transformer call (upstream's layout) instead "
+                             "of each at its own length")
     parser.add_argument("--no-torch-timing", action="store_true",
                         help="compare mode: skip the PyTorch generate() timing run")
     synth = parser.add_argument_group("synthesis mode (needs no capture)")
@@ -140,7 +143,7 @@ def compare(args) -> None:
     manifest, export = verify_integrity(args.capture_dir, args.onnx_dir, ["transformer", "encoder", "decoder"])
     model_path = resolve_model(args.model) if args.model else validate_checkpoint_dir(Path(export["model"]["path"]))
     graphs = OrtGraphs.load(args.onnx_dir, args.provider, args.threads)
-    model = load_onnx_omnivoice(model_path, graphs)
+    model = load_onnx_omnivoice(model_path, graphs, split=not args.no_split)
     torch_model = None if args.no_torch_timing else load_omnivoice(model_path)
     print(f"[step 4] provider {args.provider}; generate() with ONNX modules vs the capture "
           f"({manifest['model']['fingerprint']})", flush=True)
@@ -188,7 +191,7 @@ def synthesize(args) -> None:
         raise UserError(f"--ref-audio {args.ref_audio} does not exist")
     with PeakRss() as peak:
         graphs = OrtGraphs.load(args.onnx_dir, args.provider, args.threads)
-        model = load_onnx_omnivoice(model_path, graphs)
+        model = load_onnx_omnivoice(model_path, graphs, split=not args.no_split)
         audio = run_generate(model, request)
     write_wav(args.out, audio)
     print(f"[synthesis] {mode}: {audio.size / SAMPLE_RATE:.2f} s of audio -> {args.out} in {peak.seconds:.1f} s; "

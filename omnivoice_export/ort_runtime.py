@@ -11,12 +11,10 @@ A requested CUDA provider that onnxruntime lacks is an error, never a quiet fall
 
 from __future__ import annotations
 
-import contextlib
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import torch
@@ -111,13 +109,53 @@ class OrtAudioTokenizer:
         return SimpleNamespace(audio_values=torch.from_numpy(audio))
 
 
-def ort_forward(session):
-    """A replacement for OmniVoice.forward as generate() calls it: the transformer graph."""
+def prefix_lengths(attention_mask: np.ndarray) -> list[int] | None:
+    """Per row r, the L with mask[r] allowing exactly keys [0, L) to queries [0, L); None when
+    some row has another structure (then it cannot be run at its own length)."""
+    lengths = []
+    for row in attention_mask[:, 0]:
+        length = int(row[0].sum())
+        if length == 0 or not row[:length, :length].all() or row[:length, length:].any():
+            return None
+        lengths.append(length)
+    return lengths
+
+
+def run_split(session, input_ids: np.ndarray, audio_mask: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
+    """The transformer with each group of equal-length rows run at its own length.
+
+    generate() pads the uncond half (target frames only) to the cond length S: ~40% of its rows
+    are padding. With the bidirectional block mask, queries in [0, L) attend only to keys in
+    [0, L), so cutting a row to L changes nothing the rows [0, L) compute, mathematically; the
+    rows beyond L are never read by generate() and are returned as zeros. Falls back to one
+    padded call when the mask is not of that block form.
+    """
+    lengths = prefix_lengths(attention_mask)
+    if lengths is None:
+        return run(session, {"input_ids": input_ids, "audio_mask": audio_mask, "attention_mask": attention_mask})["logits"]
+    rows_total, codebooks, seq = input_ids.shape
+    logits = None
+    for length in sorted(set(lengths)):
+        rows = np.array([r for r, l in enumerate(lengths) if l == length])
+        out = run(session, {"input_ids": input_ids[rows, :, :length], "audio_mask": audio_mask[rows, :length],
+                            "attention_mask": attention_mask[rows][:, :, :length, :length]})["logits"]
+        if logits is None:
+            logits = np.zeros((rows_total, codebooks, seq, out.shape[-1]), dtype=out.dtype)
+        logits[rows, :, :length] = out
+    return logits
+
+
+def ort_forward(session, split: bool = True):
+    """A replacement for OmniVoice.forward as generate() calls it: the transformer graph, with
+    cond and uncond rows at their own lengths when `split` (see run_split)."""
     from omnivoice.models.omnivoice import OmniVoiceModelOutput
 
     def forward(input_ids, audio_mask, attention_mask=None, **kwargs):
-        logits = run(session, {"input_ids": input_ids.cpu().numpy(), "audio_mask": audio_mask.cpu().numpy(),
-                               "attention_mask": attention_mask.cpu().numpy()})["logits"]
+        feeds = (input_ids.cpu().numpy(), audio_mask.cpu().numpy(), attention_mask.cpu().numpy())
+        if split:
+            logits = run_split(session, *feeds)
+        else:
+            logits = run(session, dict(zip(("input_ids", "audio_mask", "attention_mask"), feeds)))["logits"]
         return OmniVoiceModelOutput(logits=torch.from_numpy(logits))
     return forward
 
@@ -143,21 +181,7 @@ class OrtGraphs:
         return OrtAudioTokenizer(self.encoder, self.decoder, self.codec_config())
 
 
-@contextlib.contextmanager
-def onnx_modules(model, graphs: OrtGraphs) -> Iterator[None]:
-    """Within the block, `model` (a loaded PyTorch OmniVoice) runs its transformer forward and
-    audio tokenizer through the ONNX graphs; everything else is upstream's generate()."""
-    original_tokenizer = model.audio_tokenizer
-    model.forward = ort_forward(graphs.transformer)
-    model.audio_tokenizer = graphs.audio_tokenizer()
-    try:
-        yield
-    finally:
-        del model.forward
-        model.audio_tokenizer = original_tokenizer
-
-
-def load_onnx_omnivoice(model_path: Path, graphs: OrtGraphs):
+def load_onnx_omnivoice(model_path: Path, graphs: OrtGraphs, split: bool = True):
     """An OmniVoice whose generate() runs on the ONNX graphs, without the PyTorch weights.
 
     The host orchestration needs the config, the text tokenizer and the duration estimator, not
@@ -180,9 +204,6 @@ def load_onnx_omnivoice(model_path: Path, graphs: OrtGraphs):
     model.audio_tokenizer = graphs.audio_tokenizer()
     model.sampling_rate = model.audio_tokenizer.config.sample_rate
     model.duration_estimator = RuleDurationEstimator()
-    model.forward = ort_forward(graphs.transformer)
+    model.forward = ort_forward(graphs.transformer, split)
     return model
 
-
-def metadata_json(session, key: str) -> Any:
-    return json.loads(graph_metadata(session)[key])

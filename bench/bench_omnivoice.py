@@ -1,0 +1,349 @@
+#!/usr/bin/env python3
+"""Benchmark PyTorch eager vs ONNX Runtime for OmniVoice: per-call latency, end to end, memory.
+
+Measures, for one checkpoint (tiny, full-random or a path) and its ONNX export:
+    transformer  one forward at representative shapes (S ~ 200, 435, 800) with generate()'s real
+                 cond/uncond layout; PyTorch padded (upstream) vs ORT padded vs ORT split
+                 (cond and uncond rows each at their own length)
+    encoder      5 s and 20 s of audio;  decoder  the same durations as codes
+    generate()   a voice clone from the ~5 s capture reference: PyTorch eager (upstream) vs the
+                 ONNX graphs inside the same generate() without PyTorch weights; final tokens compared
+    gemm         this machine's fp32 GEMM peak (torch, same run), against which the
+                 transformer's achieved GFLOP/s is reported
+
+Every variant runs in its own worker process (page faults and allocator state of one runtime
+would otherwise bias the next), workers alternate A B A B over --repeats rounds, and figures are
+medians with min..max spread. Peak RSS is each worker's own. Results go to
+bench/results/<date>-<host>-<model>.json and .md; the investigation log keeps the history.
+
+    python bench/bench_omnivoice.py --model tiny --onnx-dir onnx --capture-dir capture
+    python bench/bench_omnivoice.py --model full-random --onnx-dir bench/out/full/onnx \\
+        --capture-dir bench/out/full/capture
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+import numpy as np  # noqa: E402
+
+from omnivoice_export.cli import UserError, add_debug_flag, run_main, write_json_atomic  # noqa: E402
+
+RESULTS = REPO / "bench" / "results"
+# Target texts giving S ~ 200 / 435 / 800 in clone mode with the ~5 s reference (real tokenizer).
+SHAPE_TEXTS = {
+    "S~200": "Please call Stella and ask her to bring these things.",
+    "S~435": ("Please call Stella and ask her to bring these things with her from the store: six spoons "
+              "of fresh snow peas, five thick slabs of blue cheese, and maybe a snack for her brother Bob."),
+    "S~800": ("Please call Stella and ask her to bring these things with her from the store: six spoons of "
+              "fresh snow peas, five thick slabs of blue cheese, and maybe a snack for her brother Bob. We "
+              "also need a small plastic snake and a big toy frog for the kids. She can scoop these things "
+              "into three red bags, and we will go meet her Wednesday at the train station, right after "
+              "lunch, unless the weather turns bad and the trains are delayed again by the storm."),
+}
+E2E_TEXT = SHAPE_TEXTS["S~435"]
+CODEC_SECONDS = (5, 20)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--model", default="tiny", help="tiny | full-random | PATH (must match the export)")
+    parser.add_argument("--onnx-dir", type=Path, default=REPO / "onnx", help="the export to benchmark")
+    parser.add_argument("--capture-dir", type=Path, default=REPO / "capture",
+                        help="where ref_voice.wav/.txt (step 0) are: the clone reference")
+    parser.add_argument("--repeats", type=int, default=2, help="A B rounds (each variant runs once per round)")
+    parser.add_argument("--calls", type=int, default=3, help="timed transformer/codec calls per worker and shape")
+    parser.add_argument("--num-step", type=int, default=32, help="generate() steps")
+    parser.add_argument("--skip-e2e", action="store_true", help="per-call figures only")
+    parser.add_argument("--worker", choices=("torch", "onnx"), help=argparse.SUPPRESS)
+    parser.add_argument("--scratch", type=Path, help=argparse.SUPPRESS)  # torch logits for the ONNX worker
+    add_debug_flag(parser)
+    return parser.parse_args(argv)
+
+
+# --- worker side --------------------------------------------------------------------------------
+
+class _Stop(Exception):
+    """Raised by the input recorder once generate() has built its first transformer inputs."""
+
+
+def first_forward_inputs(model, request) -> dict[str, np.ndarray]:
+    """The exact transformer inputs generate() builds for `request` (its real cond/uncond layout)."""
+    from omnivoice_export.generation import run_generate
+
+    seen: dict[str, np.ndarray] = {}
+
+    def recorder(input_ids, audio_mask, attention_mask=None, **kwargs):
+        seen.update(input_ids=input_ids.numpy(), audio_mask=audio_mask.numpy(), attention_mask=attention_mask.numpy())
+        raise _Stop
+
+    had = vars(model).get("forward")
+    model.forward = recorder
+    try:
+        run_generate(model, request)
+    except _Stop:
+        pass
+    finally:
+        if had is None:
+            del model.forward
+        else:
+            model.forward = had
+    return seen
+
+
+def transformer_flops(config: dict[str, Any], lengths: list[int]) -> float:
+    """Multiply-adds x2 of the transformer over rows of the given lengths (linear + attention)."""
+    llm = config["llm_config"]
+    hidden, layers, heads, kv, dim, inter = (llm["hidden_size"], llm["num_hidden_layers"], llm["num_attention_heads"],
+                                            llm["num_key_value_heads"], llm["head_dim"], llm["intermediate_size"])
+    linear = layers * (hidden * heads * dim * 2 + hidden * kv * dim * 2 + 3 * hidden * inter)
+    heads_out = hidden * config["num_audio_codebook"] * config["audio_vocab_size"]
+    return float(sum(2 * length * (linear + heads_out) + layers * 4 * length * length * heads * dim
+                     for length in lengths))
+
+
+def gemm_peak() -> float:
+    """This machine's fp32 GEMM GFLOP/s (torch, all threads): max over square and model shapes."""
+    import torch
+
+    best = 0.0
+    for m, k, n in ((2048, 2048, 2048), (886, 1024, 3072), (886, 3072, 1024)):
+        a, b = torch.randn(m, k), torch.randn(k, n)
+        torch.mm(a, b)
+        started = time.perf_counter()
+        count = 0
+        while time.perf_counter() - started < 1.0:
+            torch.mm(a, b)
+            count += 1
+        best = max(best, 2 * m * k * n * count / (time.perf_counter() - started) / 1e9)
+    return best
+
+
+def timed(fn, calls: int) -> list[float]:
+    fn()  # warm-up: allocator, pre-packing, lazy init
+    times = []
+    for _ in range(calls):
+        started = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - started)
+    return times
+
+
+def worker(args) -> dict[str, Any]:
+    """One variant's measurements, in this process; printed as JSON on the last stdout line."""
+    import torch
+
+    from omnivoice_export.capture import logits_rows
+    from omnivoice_export.checkpoints import load_omnivoice, resolve_model
+    from omnivoice_export.generation import GenerationRequest, run_generate
+    from omnivoice_export.measure import PeakRss
+    from omnivoice_export.ort_runtime import OrtGraphs, load_onnx_omnivoice, run, run_split
+
+    model_path = resolve_model(args.model)
+    config = json.loads((model_path / "config.json").read_text())
+    ref_text = (args.capture_dir / "ref_voice.txt").read_text().strip()
+    result: dict[str, Any] = {"variant": args.worker, "transformer": {}, "encoder": {}, "decoder": {}}
+    with PeakRss() as peak:
+        started = time.perf_counter()
+        if args.worker == "torch":
+            model = load_omnivoice(model_path)
+            shape_model = model
+        else:
+            graphs = OrtGraphs.load(args.onnx_dir, "cpu")
+            model = load_onnx_omnivoice(model_path, graphs, split=True)
+            shape_model = model
+        result["load_seconds"] = time.perf_counter() - started
+
+        def request(text: str) -> GenerationRequest:
+            return GenerationRequest(mode="clone", text=text, ref_audio=str(args.capture_dir / "ref_voice.wav"),
+                                     ref_text=ref_text, num_step=args.num_step)
+
+        for label, text in SHAPE_TEXTS.items():
+            feeds = first_forward_inputs(shape_model, request(text))
+            lengths = [int(row[0].sum()) for row in feeds["attention_mask"][:, 0]]
+            seq = feeds["input_ids"].shape[-1]
+            entry = {"S": seq, "row_lengths": lengths, "flops_padded": transformer_flops(config, [seq] * len(lengths)),
+                     "flops_split": transformer_flops(config, lengths)}
+            if args.worker == "torch":
+                tensors = {k: torch.from_numpy(v) for k, v in feeds.items()}
+                with torch.inference_mode():
+                    entry["torch_padded"] = timed(lambda: model(**tensors), args.calls)
+                    reference = model(**tensors).logits.numpy()
+                np.save(args.scratch / f"{label}.npy", np.concatenate(
+                    [r.reshape(-1, r.shape[-1]) for r in logits_rows(reference, feeds["attention_mask"])]))
+            else:
+                session = graphs.transformer
+                entry["ort_padded"] = timed(lambda: run(session, feeds), args.calls)
+                entry["ort_split"] = timed(lambda: run_split(session, **feeds), args.calls)
+                reference_path = args.scratch / f"{label}.npy"
+                if reference_path.is_file():
+                    got = run_split(session, **feeds)
+                    rows = np.concatenate([r.reshape(-1, r.shape[-1]) for r in logits_rows(got, feeds["attention_mask"])])
+                    entry["split_vs_torch_max_abs"] = float(np.abs(rows - np.load(reference_path)).max())
+            result["transformer"][label] = entry
+
+        rng = np.random.default_rng(0)
+        for seconds in CODEC_SECONDS:
+            frames = seconds * 25
+            audio = (rng.standard_normal((1, 1, frames * 960)) * 0.1).astype(np.float32)
+            with torch.inference_mode():
+                codes = model.audio_tokenizer.encode(torch.from_numpy(audio)).audio_codes
+            if args.worker == "torch":
+                with torch.inference_mode():
+                    result["encoder"][f"{seconds}s"] = timed(lambda: model.audio_tokenizer.encode(torch.from_numpy(audio)), args.calls)
+                    result["decoder"][f"{seconds}s"] = timed(lambda: model.audio_tokenizer.decode(codes), args.calls)
+            else:
+                result["encoder"][f"{seconds}s"] = timed(lambda: run(graphs.encoder, {"input_values": audio}), args.calls)
+                result["decoder"][f"{seconds}s"] = timed(lambda: run(graphs.decoder, {"audio_codes": codes.numpy()}), args.calls)
+
+        if not args.skip_e2e:
+            from omnivoice_export.capture import Recorder
+
+            recorder = Recorder(model, Path("."), steps=set())
+            started = time.perf_counter()
+            with recorder.active():
+                run_generate(model, request(E2E_TEXT))
+            result["e2e_seconds"] = time.perf_counter() - started
+            result["e2e_final_tokens"] = recorder.token_states[-1].tolist()
+    result["peak_rss_mb"] = peak.peak_mb
+    if args.worker == "torch":
+        result["gemm_peak_gflops"] = gemm_peak()
+    return result
+
+
+# --- orchestrator -------------------------------------------------------------------------------
+
+def spawn(args, variant: str) -> dict[str, Any]:
+    command = [sys.executable, __file__, "--worker", variant, "--model", args.model, "--onnx-dir", str(args.onnx_dir),
+               "--capture-dir", str(args.capture_dir), "--calls", str(args.calls), "--num-step", str(args.num_step),
+               "--scratch", str(args.scratch)]
+    if args.skip_e2e:
+        command.append("--skip-e2e")
+    done = subprocess.run(command, capture_output=True, text=True, cwd=REPO)
+    if done.returncode != 0:
+        raise RuntimeError(f"{variant} worker failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def spread(values: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
+
+
+def summarise(rounds: list[dict[str, dict]]) -> dict[str, Any]:
+    """Pool every round's timings per variant and shape; ratios of medians."""
+    torch_runs = [r["torch"] for r in rounds]
+    onnx_runs = [r["onnx"] for r in rounds]
+    peak = max(r["gemm_peak_gflops"] for r in torch_runs)
+    summary: dict[str, Any] = {"gemm_peak_gflops": peak, "transformer": {}, "codec": {}}
+    for label in SHAPE_TEXTS:
+        first = torch_runs[0]["transformer"][label]
+        row = {"S": first["S"], "row_lengths": first["row_lengths"]}
+        for variant, runs, key in (("torch_padded", torch_runs, "torch_padded"), ("ort_padded", onnx_runs, "ort_padded"),
+                                   ("ort_split", onnx_runs, "ort_split")):
+            row[variant] = spread([t for r in runs for t in r["transformer"][label][key]])
+        row["gflops"] = {
+            "torch_padded": first["flops_padded"] / row["torch_padded"]["median"] / 1e9,
+            "ort_padded": first["flops_padded"] / row["ort_padded"]["median"] / 1e9,
+            "ort_split": first["flops_split"] / row["ort_split"]["median"] / 1e9}
+        row["fraction_of_gemm_peak"] = {k: v / peak for k, v in row["gflops"].items()}
+        row["speedup_ort_split_vs_torch"] = row["torch_padded"]["median"] / row["ort_split"]["median"]
+        row["split_vs_torch_max_abs"] = max(r["transformer"][label].get("split_vs_torch_max_abs", 0.0) for r in onnx_runs)
+        summary["transformer"][label] = row
+    for part in ("encoder", "decoder"):
+        for seconds in CODEC_SECONDS:
+            key = f"{seconds}s"
+            torch_t = spread([t for r in torch_runs for t in r[part][key]])
+            onnx_t = spread([t for r in onnx_runs for t in r[part][key]])
+            summary["codec"][f"{part} {key}"] = {"torch": torch_t, "ort": onnx_t,
+                                                  "speedup": torch_t["median"] / onnx_t["median"]}
+    if "e2e_seconds" in torch_runs[0]:
+        torch_e2e = spread([r["e2e_seconds"] for r in torch_runs])
+        onnx_e2e = spread([r["e2e_seconds"] for r in onnx_runs])
+        reference = np.array(torch_runs[0]["e2e_final_tokens"])
+        matches = [float(np.mean(np.array(r["e2e_final_tokens"]) == reference))
+                   if np.array(r["e2e_final_tokens"]).shape == reference.shape else 0.0 for r in onnx_runs]
+        summary["generate"] = {"torch": torch_e2e, "onnx": onnx_e2e, "speedup": torch_e2e["median"] / onnx_e2e["median"],
+                               "final_token_match": min(matches), "target_frames": int(reference.shape[-1])}
+    summary["peak_rss_mb"] = {"torch": max(r["peak_rss_mb"] for r in torch_runs),
+                              "onnx": max(r["peak_rss_mb"] for r in onnx_runs)}
+    return summary
+
+
+def markdown(summary: dict[str, Any], meta: dict[str, Any]) -> str:
+    lines = [f"# OmniVoice benchmark: {meta['model']} on {meta['host']} ({meta['date']})", "",
+             f"{meta['cpus']} CPUs; fp32 GEMM peak {summary['gemm_peak_gflops']:.0f} GFLOP/s (torch, same run); "
+             f"{meta['repeats']} interleaved rounds, medians (min..max).", "",
+             "| transformer call | rows | torch padded s | ORT padded s | ORT split s | split speedup | "
+             "GFLOP/s torch / ORT split (% peak) |", "|---|---|---|---|---|---|---|"]
+    for label, row in summary["transformer"].items():
+        t, p, s = row["torch_padded"], row["ort_padded"], row["ort_split"]
+        lines.append(f"| {label} (S={row['S']}) | {row['row_lengths']} | {t['median']:.3f} ({t['min']:.3f}..{t['max']:.3f}) | "
+                     f"{p['median']:.3f} | {s['median']:.3f} ({s['min']:.3f}..{s['max']:.3f}) | "
+                     f"{row['speedup_ort_split_vs_torch']:.2f}x | {row['gflops']['torch_padded']:.0f} / "
+                     f"{row['gflops']['ort_split']:.0f} ({100 * row['fraction_of_gemm_peak']['ort_split']:.0f}%) |")
+    lines += ["", "| codec call | torch s | ORT s | speedup |", "|---|---|---|---|"]
+    for label, row in summary["codec"].items():
+        lines.append(f"| {label} | {row['torch']['median']:.3f} | {row['ort']['median']:.3f} | {row['speedup']:.2f}x |")
+    if "generate" in summary:
+        g = summary["generate"]
+        lines += ["", f"generate() clone, {g['target_frames']} target frames: torch {g['torch']['median']:.1f} s "
+                  f"({g['torch']['min']:.1f}..{g['torch']['max']:.1f}), ONNX {g['onnx']['median']:.1f} s "
+                  f"({g['onnx']['min']:.1f}..{g['onnx']['max']:.1f}): **{g['speedup']:.2f}x**; "
+                  f"final tokens equal: {100 * g['final_token_match']:.2f}%"]
+    rss = summary["peak_rss_mb"]
+    lines += [f"Peak RSS: torch {rss['torch']:.0f} MB, ONNX {rss['onnx']:.0f} MB "
+              f"({rss['onnx'] / rss['torch']:.2f}x)", ""]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    if args.worker:
+        print(json.dumps(worker(args)))
+        return
+    if not (args.capture_dir / "ref_voice.wav").is_file():
+        raise UserError(f"{args.capture_dir / 'ref_voice.wav'} not found", "run make_reference.py (step 0) first")
+    if not (args.onnx_dir / "export-report.json").is_file():
+        raise UserError(f"no export in {args.onnx_dir}", "run export_omnivoice.py (step 2) first")
+    args.scratch = Path(tempfile.mkdtemp(prefix="omnivoice-bench-"))
+    rounds = []
+    for index in range(args.repeats):
+        round_ = {}
+        for variant in ("torch", "onnx"):  # A B A B: drift hits both alike
+            print(f"round {index + 1}/{args.repeats}: {variant} ...", flush=True)
+            round_[variant] = spawn(args, variant)
+        rounds.append(round_)
+    summary = summarise(rounds)
+    for round_ in rounds:  # the tokens were compared in summarise(); keep the result file small
+        for run in round_.values():
+            run.pop("e2e_final_tokens", None)
+    meta = {"model": args.model, "host": socket.gethostname(), "date": datetime.date.today().isoformat(),
+            "cpus": os.cpu_count(), "repeats": args.repeats, "calls": args.calls,
+            "num_step": args.num_step, "python": platform.python_version()}
+    stem = RESULTS / f"{meta['date']}-{meta['host']}-{Path(args.model).name}"
+    write_json_atomic(stem.with_suffix(".json"), {"meta": meta, "summary": summary, "rounds": rounds})
+    text = markdown(summary, meta)
+    stem.with_suffix(".md").write_text(text)
+    shutil.rmtree(args.scratch, ignore_errors=True)
+    print(text)
+    print(f"results: {stem.with_suffix('.json')}")
+
+
+if __name__ == "__main__":
+    run_main(main)
