@@ -16,6 +16,10 @@ records the model fingerprint, versions, device, seeds, generation config, texts
 shapes/dtypes and a sha256 per file. Two captures on the same machine and device are
 bit-identical. The previous capture is replaced only once the new one is complete.
 
+Clone mode checks ref_voice.wav before loading the model: missing, empty, unreadable or silent
+is an error; another sample rate or several channels are resampled/averaged as upstream does
+(a note says so); longer than 20 s gets upstream's warning.
+
     python capture_reference.py --model tiny
     python capture_reference.py --model full-random --steps 0,15,31
 """
@@ -31,7 +35,7 @@ from tqdm import tqdm
 from omnivoice_export import capture
 from omnivoice_export.checkpoints import add_model_arg, load_omnivoice, model_fingerprint, resolve_model
 from omnivoice_export.cli import REPO_ROOT, UserError, add_debug_flag, run_main
-from omnivoice_export.generation import DEFAULT_SEED, mode_request, run_generate, write_wav
+from omnivoice_export.generation import DEFAULT_SEED, check_reference_audio, mode_request, run_generate, write_wav
 from omnivoice_export.report import package_versions
 from make_reference import REF_TXT, REF_WAV
 
@@ -81,9 +85,15 @@ def main(argv: list[str] | None = None) -> None:
     ref_wav, ref_txt = args.capture_dir / REF_WAV, args.capture_dir / REF_TXT
     if "clone" in modes and not (ref_wav.is_file() and ref_txt.is_file()):
         raise UserError(f"clone mode needs {ref_wav} and {ref_txt}", "run make_reference.py (step 0) first")
-    ref_text = ref_txt.read_text().strip() if "clone" in modes else None
-    if "clone" in modes and not ref_text:
-        raise UserError(f"{ref_txt} is empty", "re-run make_reference.py (step 0)")
+    ref_text = None
+    if "clone" in modes:
+        try:
+            ref_text = ref_txt.read_text().strip()
+        except UnicodeDecodeError as exc:
+            raise UserError(f"{ref_txt} is not UTF-8 text", "re-run make_reference.py (step 0)") from exc
+        if not ref_text:
+            raise UserError(f"{ref_txt} is empty", "re-run make_reference.py (step 0)")
+        check_reference_audio(ref_wav)
 
     model_path = resolve_model(args.model)
     fingerprint = model_fingerprint(model_path)

@@ -117,12 +117,17 @@ def main(argv: list[str] | None = None) -> None:
     model_path = resolve_model(args.model)
     fingerprint = model_fingerprint(model_path)
     manifest = capture.load_manifest(args.capture_dir)
+    manifest_sha256 = sha256_file(args.capture_dir / capture.MANIFEST_NAME)  # parity/infer check it is unchanged
     if manifest["model"]["fingerprint"] != fingerprint:
         raise UserError(f"the capture was made with model {manifest['model']['fingerprint']}, not {fingerprint} "
                         f"({model_path})", "export with the capture's --model, or re-run steps 0-1 for this model")
     previous = None
     if report.report_path(args.onnx_dir).is_file() and set(graphs) != set(wrappers.GRAPH_NAMES):
-        previous = report.load_report(args.onnx_dir)
+        try:
+            previous = report.load_report(args.onnx_dir)
+        except UserError as exc:  # adding graphs to a report that cannot be read would drop the others
+            raise UserError(f"cannot add {','.join(graphs)} to the existing export: {exc.problem}",
+                            "export all graphs (omit --graphs) to rebuild the report") from exc
         if previous["model"]["fingerprint"] != fingerprint:
             raise UserError(f"onnx/ holds an export of model {previous['model']['fingerprint']}; exporting only "
                             f"{','.join(graphs)} of {fingerprint} would mix models", "export all graphs")
@@ -167,18 +172,18 @@ def main(argv: list[str] | None = None) -> None:
             print(f"[step 2] {graph}: {result.exporter} in {result.seconds:.1f} s, peak RSS {result.peak_rss_mb:.0f} MB, "
                   f"checker {result.checker}, self-checks {'PASS' if result.self_checks['passed'] else 'FAIL'}",
                   flush=True)
+        for graph in graphs:  # hashed in staging: install and report write follow with no slow step between
+            entries[graph]["files"] = exporting.file_entries(staging, graph)
         exporting.install_graphs(staging, args.onnx_dir, graphs)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 
-    for graph in graphs:
-        entries[graph]["files"] = exporting.file_entries(args.onnx_dir, graph)
     graphs_section = {**(previous["graphs"] if previous else {}), **entries}
     full_report = {
         "format": report.REPORT_FORMAT,
         "model": {"path": str(model_path), "fingerprint": fingerprint},
         "capture": {"dir": str(args.capture_dir), "fingerprint": manifest["model"]["fingerprint"],
-                    "manifest_sha256": sha256_file(args.capture_dir / capture.MANIFEST_NAME)},
+                    "manifest_sha256": manifest_sha256},
         "versions": versions,
         "graphs": graphs_section,
     }

@@ -12,10 +12,16 @@ audio_tokenizer.decode served by onnxruntime, and is compared with the PyTorch r
 It writes capture/onnx_<mode>.wav and capture/onnx_<mode>_spectrogram.png (PyTorch | ONNX |
 difference), prints a summary table with the wall time of PyTorch and ONNX generate() measured
 in the same run (informational), and merges the results into onnx/export-report.json under
-end_to_end.<provider>. Exit code 1 when tokens differ.
+end_to_end.<provider>. Exit code 1 when tokens differ. It replays the capture's requests, so it
+refuses a --seed or --num-step other than the capture's, a capture re-made after the export, and a
+ref_voice.wav re-made after the capture (exit 2), rather than compare different runs.
 
 Synthesis mode (--text): speak any text with the ONNX graphs alone. The PyTorch weights are
 never loaded: the host needs only the config, the text tokenizer and the duration estimator.
+The graphs are checked against the export report first (sha256, metadata). Long text is split
+into chunks by upstream, as in PyTorch. A reference WAV at another rate or with several channels
+is resampled/averaged (a note says so); an unknown --language is an error ('None' selects
+upstream's language-agnostic mode).
 
     python infer_onnx.py
     python infer_onnx.py --text "Hello there." --out hello.wav
@@ -34,11 +40,10 @@ import numpy as np
 from omnivoice_export import capture, metrics, report
 from omnivoice_export.checkpoints import load_omnivoice, resolve_model, validate_checkpoint_dir
 from omnivoice_export.cli import REPO_ROOT, CheckFailed, UserError, add_debug_flag, atomic_path, run_main
-from omnivoice_export.generation import (DEFAULT_SEED, LANGUAGE, SAMPLE_RATE, GenerationRequest, read_wav,
-                                         run_generate, write_wav)
+from omnivoice_export.generation import (DEFAULT_SEED, LANGUAGE, SAMPLE_RATE, GenerationRequest, check_language,
+                                         check_reference_audio, read_wav, run_generate, write_wav)
 from omnivoice_export.measure import PeakRss
 from omnivoice_export.ort_runtime import PROVIDERS, OrtGraphs, check_provider, load_onnx_omnivoice
-from parity_check import verify_integrity
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -61,9 +66,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     synth.add_argument("--ref-audio", type=Path, default=None, help="voice clone: reference WAV")
     synth.add_argument("--ref-text", default=None, help="voice clone: transcript of --ref-audio")
     synth.add_argument("--instruct", default=None, help="voice design: e.g. 'female, low pitch, british accent'")
-    synth.add_argument("--language", default=LANGUAGE, help="language name or id, or 'None'")
-    synth.add_argument("--seed", type=int, default=DEFAULT_SEED, help="torch seed before generate()")
-    synth.add_argument("--num-step", type=int, default=32, help="unmasking steps")
+    synth.add_argument("--language", default=None, help=f"language name or id, or 'None' (default: {LANGUAGE})")
+    # None = not given: compare mode then takes the capture's, and refuses a different value.
+    synth.add_argument("--seed", type=int, default=None,
+                       help=f"torch seed before generate() (default: {DEFAULT_SEED}; compare mode: the capture's)")
+    synth.add_argument("--num-step", type=int, default=None,
+                       help="unmasking steps (default: 32; compare mode: the capture's)")
     add_debug_flag(parser)
     return parser.parse_args(argv)
 
@@ -139,8 +147,25 @@ def compare_mode(model, torch_model, mode: str, entry: dict, capture_dir: Path) 
             "wav": f"onnx_{mode}.wav", "spectrogram": f"onnx_{mode}_spectrogram.png", "passed": passed}
 
 
+def check_compare_flags(args, manifest: dict) -> None:
+    """Compare mode replays the capture's requests: a flag that would change them is refused, not ignored."""
+    for flag, value, key in (("--seed", args.seed, "seed"), ("--num-step", args.num_step, "num_step")):
+        captured = manifest.get(key)
+        if value is not None and value != captured:
+            raise UserError(f"{flag} {value} differs from the capture's {captured}: compare mode replays the "
+                            "capture's requests", f"drop {flag}, or re-run steps 1-2 with {flag} {value}")
+    given = [flag for flag, value in (("--ref-audio", args.ref_audio), ("--ref-text", args.ref_text),
+                                      ("--instruct", args.instruct), ("--language", args.language)) if value]
+    if given:
+        raise UserError(f"{', '.join(given)} only apply to synthesis mode", "add --text, or drop them")
+
+
 def compare(args) -> None:
-    manifest, export = verify_integrity(args.capture_dir, args.onnx_dir, ["transformer", "encoder", "decoder"])
+    manifest, export = report.verify_against_capture(args.capture_dir, args.onnx_dir,
+                                                     ["transformer", "encoder", "decoder"])
+    check_compare_flags(args, manifest)
+    if "clone" in manifest["modes"]:
+        capture.reference_wav(args.capture_dir, manifest)  # the very reference the clone tokens came from
     model_path = resolve_model(args.model) if args.model else validate_checkpoint_dir(Path(export["model"]["path"]))
     graphs = OrtGraphs.load(args.onnx_dir, args.provider, args.threads)
     model = load_onnx_omnivoice(model_path, graphs, split=not args.no_split)
@@ -181,14 +206,20 @@ def synthesize(args) -> None:
         raise UserError("--text is empty", "pass the text to speak")
     if (args.ref_audio is None) != (args.ref_text is None):
         raise UserError("voice clone needs both --ref-audio and --ref-text")
+    if args.ref_text is not None and not args.ref_text.strip():
+        raise UserError("--ref-text is empty", "pass the transcript of --ref-audio")
+    if args.ref_audio is not None:
+        check_reference_audio(args.ref_audio)
+    language = LANGUAGE if args.language is None else args.language
+    check_language(language)
     export = report.load_report(args.onnx_dir)
+    report.verify_graphs(args.onnx_dir, export, ["transformer", "encoder", "decoder"])
     model_path = resolve_model(args.model) if args.model else validate_checkpoint_dir(Path(export["model"]["path"]))
     mode = "clone" if args.ref_audio else "design" if args.instruct else "auto"
-    request = GenerationRequest(mode=mode, text=args.text, seed=args.seed, language=args.language,
-                                instruct=args.instruct, ref_audio=str(args.ref_audio) if args.ref_audio else None,
-                                ref_text=args.ref_text, num_step=args.num_step)
-    if args.ref_audio is not None and not args.ref_audio.is_file():
-        raise UserError(f"--ref-audio {args.ref_audio} does not exist")
+    request = GenerationRequest(mode=mode, text=args.text, seed=DEFAULT_SEED if args.seed is None else args.seed,
+                                language=language, instruct=args.instruct,
+                                ref_audio=str(args.ref_audio) if args.ref_audio else None, ref_text=args.ref_text,
+                                num_step=GenerationRequest.num_step if args.num_step is None else args.num_step)
     with PeakRss() as peak:
         graphs = OrtGraphs.load(args.onnx_dir, args.provider, args.threads)
         model = load_onnx_omnivoice(model_path, graphs, split=not args.no_split)

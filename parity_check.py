@@ -10,7 +10,9 @@
                  information
 
 Before comparing anything, the capture manifest and the export report must name the same model
-fingerprint, and every capture and ONNX file must match its recorded sha256.
+fingerprint, the capture must be the one the export was made from (its manifest sha256, recorded
+in the report), each graph's metadata must name the report's exporter and opset, and every
+capture and ONNX file must match its recorded sha256; otherwise it stops with one line (exit 2).
 
 Providers: cpu (default), cuda-fp32 (CUDA EP, TF32 off) and cuda-tf32 (CUDA EP defaults). cpu and
 cuda-fp32 are parity verdicts on the export; cuda-tf32 is reported as a speed/precision
@@ -31,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from omnivoice_export import capture, metrics, report, wrappers
-from omnivoice_export.checkpoints import sha256_file, validate_checkpoint_dir
+from omnivoice_export.checkpoints import validate_checkpoint_dir
 from omnivoice_export.cli import REPO_ROOT, CheckFailed, UserError, add_debug_flag, run_main
 from omnivoice_export.ort_runtime import PROVIDERS, check_provider, make_session, run
 
@@ -63,28 +65,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--no-sweep", action="store_true", help="skip the encoder length sweep (needs PyTorch weights)")
     add_debug_flag(parser)
     return parser.parse_args(argv)
-
-
-def verify_integrity(capture_dir: Path, onnx_dir: Path, graphs: list[str]) -> tuple[dict, dict]:
-    """Manifest and report name the same model; every file matches its recorded sha256."""
-    manifest = capture.load_manifest(capture_dir)
-    export = report.load_report(onnx_dir)
-    if manifest["model"]["fingerprint"] != export["model"]["fingerprint"]:
-        raise UserError(f"the capture is of model {manifest['model']['fingerprint']} but the export of "
-                        f"{export['model']['fingerprint']}: they cannot be compared",
-                        "re-run steps 1-2 with the same --model")
-    for graph in graphs:
-        entry = export["graphs"].get(graph)
-        if entry is None:
-            raise UserError(f"the export report has no {graph} graph", f"run export_omnivoice.py --graphs {graph}")
-        for name, info in entry["files"].items():
-            path = onnx_dir / name
-            if not path.is_file():
-                raise UserError(f"{path} is missing", "re-run export_omnivoice.py (step 2)")
-            if path.stat().st_size != info["bytes"] or sha256_file(path) != info["sha256"]:
-                raise UserError(f"{path} does not match the export report's sha256 (truncated, modified or from "
-                                "another export)", "re-run export_omnivoice.py (step 2)")
-    return manifest, export
 
 
 def check_contract(session, graph: str) -> list[str]:
@@ -199,7 +179,7 @@ def main(argv: list[str] | None = None) -> None:
     if unknown or not graphs:
         raise UserError(f"--graphs: unknown graph(s) {', '.join(unknown) or '(none given)'}",
                         f"choose from {', '.join(wrappers.GRAPH_NAMES)}")
-    manifest, export = verify_integrity(args.capture_dir, args.onnx_dir, graphs)
+    manifest, export = report.verify_against_capture(args.capture_dir, args.onnx_dir, graphs)
     model_path = None
     if "encoder" in graphs and not args.no_sweep:
         model_path = validate_checkpoint_dir(Path(export["model"]["path"]))

@@ -219,7 +219,14 @@ def load_manifest(capture_dir: Path, verify_hashes: bool = True) -> dict[str, An
     """The capture manifest, after checking every listed file exists (and matches its sha256)."""
     capture_dir = Path(capture_dir)
     manifest = read_json(capture_dir / MANIFEST_NAME, "capture manifest", RECAPTURE_FIX)
-    if not isinstance(manifest, dict) or manifest.get("format") != CAPTURE_FORMAT or "modes" not in manifest:
+    try:
+        well_formed = manifest["format"] == CAPTURE_FORMAT and isinstance(manifest["model"]["fingerprint"], str) \
+            and all(isinstance(entry["files"], dict) and isinstance(entry["request"], dict) and
+                    all("sha256" in info for info in entry["files"].values())
+                    for entry in manifest["modes"].values())
+    except (KeyError, TypeError, AttributeError):
+        well_formed = False
+    if not well_formed:
         raise UserError(f"capture manifest {capture_dir / MANIFEST_NAME} is malformed or from another version",
                         RECAPTURE_FIX)
     for mode, entry in manifest["modes"].items():
@@ -231,6 +238,18 @@ def load_manifest(capture_dir: Path, verify_hashes: bool = True) -> dict[str, An
                 raise UserError(f"capture file {path} does not match its recorded sha256 (modified or corrupt)",
                                 RECAPTURE_FIX)
     return manifest
+
+
+def reference_wav(capture_dir: Path, manifest: dict[str, Any]) -> Path:
+    """The clone reference the capture was made from, checked against the manifest's sha256:
+    re-running step 0 after step 1 would otherwise clone another voice than the tokens came from."""
+    path = Path(capture_dir) / manifest["reference"]["wav"]
+    if not path.is_file():
+        raise UserError(f"capture is incomplete: {path} is missing", RECAPTURE_FIX)
+    if sha256_file(path) != manifest["reference"]["wav_sha256"]:
+        raise UserError(f"{path} is not the reference the capture was made from (re-made after step 1?)",
+                        RECAPTURE_FIX)
+    return path
 
 
 def mode_steps(manifest: dict[str, Any], mode: str) -> list[int]:

@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from omnivoice_export.cli import REPO_ROOT, UserError, add_debug_flag, run_main
+from omnivoice_export.cli import REPO_ROOT, UserError, add_debug_flag, disk_full_error, run_main
 
 MODEL_ENV = "OMNIVOICE_MODEL"
 DEFAULT_MODEL_PATH = "/mnt/data/models/omnivoice/k2-fsa-OmniVoice"
@@ -261,7 +261,12 @@ def _cached_build_is_current(directory: Path, seed: int) -> bool:
     stamp = directory / BUILD_STAMP
     if not stamp.is_file() or any(not (directory / f).is_file() for f in REQUIRED_FILES):
         return False
-    recorded = json.loads(stamp.read_text())
+    try:
+        recorded = json.loads(stamp.read_text())
+        for name in ("model.safetensors", "audio_tokenizer/model.safetensors"):
+            check_safetensors(directory / name)  # an interrupted copy or a damaged cache: rebuild
+    except (UserError, json.JSONDecodeError):
+        return False
     return recorded.get("builder_version") == BUILDER_VERSION and recorded.get("seed") == seed
 
 
@@ -292,7 +297,37 @@ def validate_checkpoint_dir(path: Path) -> Path:
     if config.get("model_type") != "omnivoice":
         raise UserError(f"{path / 'config.json'} is not an OmniVoice config "
                         f"(model_type {config.get('model_type')!r})", hint)
+    for name in ("model.safetensors", "audio_tokenizer/model.safetensors"):
+        check_safetensors(path / name)
     return path
+
+
+# A safetensors header is JSON of a few KB to a few MB; a larger length field means a damaged file.
+_MAX_SAFETENSORS_HEADER = 100 << 20
+
+
+def check_safetensors(path: Path) -> None:
+    """Read only the header of a .safetensors file and check the file is as long as it says.
+
+    Catches unreadable, truncated and non-safetensors files in milliseconds, before minutes of
+    loading; a flipped byte inside the weights is caught later by the fingerprint instead.
+    """
+    fix = "copy the checkpoint again (or delete it to rebuild tiny/full-random)"
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as handle:
+            length = int.from_bytes(handle.read(8), "little")
+            if size < 8 or length > min(size - 8, _MAX_SAFETENSORS_HEADER):
+                raise ValueError("its header length field is impossible")
+            header = json.loads(handle.read(length))
+        end = max((entry["data_offsets"][1] for key, entry in header.items() if key != "__metadata__"), default=0)
+    except OSError as exc:
+        raise UserError(f"cannot read {path} ({exc.strerror or exc})", "check the file's permissions") from exc
+    except (ValueError, UnicodeDecodeError, KeyError, TypeError, IndexError) as exc:
+        raise UserError(f"{path} is not a valid safetensors file ({exc})", fix) from exc
+    if 8 + length + end != size:
+        raise UserError(f"{path} is truncated or corrupt (its header describes {8 + length + end} bytes, "
+                        f"the file has {size})", fix)
 
 
 def resolve_model(spec: str | None) -> Path:
@@ -358,8 +393,16 @@ def load_omnivoice(path: Path):
     from omnivoice.models.omnivoice import OmniVoice
     from transformers.utils import logging as hf_logging
 
+    from safetensors import SafetensorError
+
     hf_logging.disable_progress_bar()  # per-tensor "Loading weights" bars drown the pipeline's own progress
-    model = OmniVoice.from_pretrained(str(path), attn_implementation="sdpa", dtype="float32")
+    try:
+        model = OmniVoice.from_pretrained(str(path), attn_implementation="sdpa", dtype="float32")
+    except (SafetensorError, OSError, ValueError, RuntimeError) as exc:  # damaged or mismatched weights
+        if disk_full_error(exc) is not None:
+            raise
+        raise UserError(f"cannot load the checkpoint {path} ({str(exc).strip().splitlines()[0][:300]})",
+                        "check it is a complete k2-fsa/OmniVoice checkout") from exc
     return model.eval()
 
 

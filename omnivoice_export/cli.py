@@ -33,15 +33,39 @@ class UserError(Exception):
 
     def __init__(self, problem: str, fix: str | None = None) -> None:
         super().__init__(f"{problem}; {fix}" if fix else problem)
+        self.problem, self.fix = problem, fix
 
 
 class CheckFailed(Exception):
     """A check ran to completion and failed; exit code 1."""
 
 
+EXIT_CODES_HELP = (f"exit codes: 0 success, {EXIT_CHECK_FAILED} a check ran and failed, {EXIT_BAD_INPUT} bad or "
+                   f"missing input (the message names the fix), {EXIT_INTERRUPTED} interrupted (Ctrl-C); "
+                   "errors are one line on stderr, --debug shows the traceback")
+
+
 def add_debug_flag(parser: argparse.ArgumentParser) -> None:
+    """--debug, and the exit codes in the --help epilog (every script's parser calls this)."""
     parser.add_argument("--debug", action="store_true",
                         help="show the full traceback of an error instead of its one-line summary")
+    parser.epilog = EXIT_CODES_HELP
+
+
+def note(message: str, level: str = "note") -> None:
+    """A one-line diagnostic on stderr that does not stop the run (`note: ...`, `warning: ...`)."""
+    print(f"{level}: {message}", file=sys.stderr, flush=True)
+
+
+def disk_full_error(exc: BaseException) -> OSError | None:
+    """The ENOSPC OSError behind `exc` (itself, or its cause/context: exporters wrap errors), if any."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
 
 
 def run_main(main: Callable[[list[str] | None], None], argv: list[str] | None = None) -> None:
@@ -66,10 +90,11 @@ def run_main(main: Callable[[list[str] | None], None], argv: list[str] | None = 
     except KeyboardInterrupt:
         print("interrupted: nothing half-written was kept; earlier artefacts are intact", file=sys.stderr)
         sys.exit(EXIT_INTERRUPTED)
-    except OSError as exc:
-        if exc.errno != errno.ENOSPC or debug:
+    except Exception as exc:  # only a full disk is expected here; anything else is a bug: re-raised
+        full = disk_full_error(exc)
+        if full is None or debug:
             raise
-        print(f"error: disk full while writing {exc.filename or 'output'}; free space and re-run "
+        print(f"error: disk full while writing {full.filename or 'output'}; free space and re-run "
               "(the previous complete artefacts are intact)", file=sys.stderr)
         sys.exit(EXIT_BAD_INPUT)
 

@@ -29,6 +29,7 @@ import torch
 
 from omnivoice_export import checkpoints, wrappers
 from omnivoice_export.checkpoints import sha256_file
+from omnivoice_export.cli import disk_full_error
 from omnivoice_export.measure import PeakRss
 
 DEFAULT_OPSET = 18
@@ -199,7 +200,7 @@ def export_graph(module: torch.nn.Module, graph: str, inputs: tuple[torch.Tensor
             try:
                 run_exporter(module, graph, inputs, raw_dir / "model.onnx", exporter == "dynamo", opset)
             except Exception as exc:  # the exporters raise many types; the reason goes in the report
-                if exporter == "legacy":
+                if exporter == "legacy" or disk_full_error(exc) is not None:  # legacy would fill the disk too
                     raise
                 result.fallback_reason = f"{type(exc).__name__}: {str(exc).splitlines()[0][:500]}"
                 log(f"  [{graph}] dynamo export failed ({result.fallback_reason}); falling back to legacy")

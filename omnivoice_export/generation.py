@@ -14,9 +14,16 @@ from typing import Any
 
 import numpy as np
 
-from omnivoice_export.cli import UserError, atomic_path
+from omnivoice_export.cli import UserError, atomic_path, note
 
 SAMPLE_RATE = 24000
+SFC_SET_ADD_PEAK_CHUNK = 0x1050  # libsndfile sndfile.h command id (see write_wav)
+# Upstream (create_voice_clone_prompt) warns above this: slower, more memory, weaker cloning.
+REFERENCE_MAX_SECONDS = 20.0
+# -80 dBFS peak: below it upstream's RMS normalisation would amplify the noise floor into the
+# "voice" (or its silence removal leaves nothing and generate() raises deep inside).
+SILENT_PEAK = 1e-4
+REFERENCE_FIX = "pass a WAV/FLAC of 3-10 s of clear speech (mono 24 kHz is used as is)"
 DEFAULT_SEED = 1234
 # A matched reference: the model itself speaks this transcript (voice design), so clone mode
 # conditions on (audio, text) that correspond, as it expects.
@@ -70,6 +77,7 @@ def run_generate(model, request: GenerationRequest) -> np.ndarray:
     """
     import torch
 
+    check_language(request.language)
     torch.manual_seed(request.seed)
     kwargs: dict[str, Any] = {"text": request.text, "language": request.language, "num_step": request.num_step}
     if request.instruct:
@@ -82,27 +90,93 @@ def run_generate(model, request: GenerationRequest) -> np.ndarray:
     try:
         audio = model.generate(**kwargs)[0]
     except ValueError as exc:
-        raise UserError(str(exc).splitlines()[0], "see the model's supported instruct items and inputs") from exc
+        raise UserError(*_upstream_message(str(exc))) from exc
     return np.asarray(audio, dtype=np.float32)
 
 
+def _upstream_message(message: str) -> tuple[str, str | None]:
+    """(problem, fix) as one line each from upstream's multi-line ValueError.
+
+    Its first paragraph names the problem (for an unsupported instruct, the item and a
+    suggestion); the paragraph that lists the valid English instruct items is the fix.
+    """
+    paragraphs = [" ".join(part.split()) for part in message.strip().split("\n\n")]
+    fix = next((line.strip() for part in message.split("\n\n") for line in part.splitlines()
+                if line.strip().startswith("Valid English items")), None)
+    return paragraphs[0], fix
+
+
+def check_language(language: str | None) -> None:
+    """UserError for a language upstream does not know.
+
+    Upstream only logs a warning and falls back to language-agnostic mode; a user who asked for a
+    language (a typo, say) would get that silently, so it is an error here, and 'None' is the
+    explicit way to ask for language-agnostic mode.
+    """
+    from omnivoice.utils.lang_map import LANG_IDS, LANG_NAME_TO_ID
+
+    if language is None or language.lower() == "none" or language in LANG_IDS or language.lower() in LANG_NAME_TO_ID:
+        return
+    raise UserError(f"unknown language {language!r}", "pass a language name (English, Chinese, ...) or id "
+                    "(en, zh, ...), or None for language-agnostic mode")
+
+
+def check_reference_audio(path: Path) -> None:
+    """Validate a voice-clone reference before any model is loaded; one line per finding.
+
+    Missing, empty, unreadable or silent: UserError. Another sample rate or several channels:
+    accepted (upstream's load_audio resamples and averages the channels), with a note. Longer
+    than 20 s: a warning, as upstream gives.
+    """
+    path = Path(path)
+    if path.is_file() and path.stat().st_size == 0:
+        raise UserError(f"reference audio {path} is an empty file", REFERENCE_FIX)
+    audio, rate = read_wav(path, fix=REFERENCE_FIX)
+    audio = audio[:, None] if audio.ndim == 1 else audio  # [T, C]
+    if audio.shape[0] == 0:
+        raise UserError(f"reference audio {path} has no samples", REFERENCE_FIX)
+    peak = float(np.max(np.abs(audio)))
+    if peak < SILENT_PEAK:
+        raise UserError(f"reference audio {path} is silent (peak {20 * np.log10(max(peak, 1e-12)):.0f} dBFS)",
+                        REFERENCE_FIX)
+    if audio.shape[1] > 1:
+        note(f"reference audio {path} has {audio.shape[1]} channels; they are averaged to mono, as upstream does")
+    if rate != SAMPLE_RATE:
+        note(f"reference audio {path} is {rate} Hz; it is resampled to {SAMPLE_RATE} Hz, as upstream does")
+    seconds = audio.shape[0] / rate
+    if seconds > REFERENCE_MAX_SECONDS:
+        note(f"reference audio {path} is {seconds:.1f} s long (> {REFERENCE_MAX_SECONDS:.0f} s): slower generation, "
+             "more memory and weaker cloning; trim it to 3-10 s", level="warning")
+
+
 def write_wav(path: Path, audio: np.ndarray, sample_rate: int = SAMPLE_RATE) -> None:
-    """Write a float32 WAV atomically (float keeps the exact samples for comparison)."""
+    """Write a float32 WAV atomically (float keeps the exact samples for comparison).
+
+    libsndfile adds a PEAK chunk to float WAVs holding the wall-clock time of the write, so equal
+    samples would give different bytes (and capture sha256s) a second apart. The chunk is switched
+    off before any sample is written: equal samples give equal files.
+    """
     import soundfile
 
+    samples = np.asarray(audio, dtype=np.float32)
     with atomic_path(Path(path)) as tmp:
-        soundfile.write(str(tmp), np.asarray(audio, dtype=np.float32), sample_rate, subtype="FLOAT", format="WAV")
+        with soundfile.SoundFile(str(tmp), "w", sample_rate, 1 if samples.ndim == 1 else samples.shape[1],
+                                 subtype="FLOAT", format="WAV") as handle:
+            # soundfile has no public switch for it: sf_command(SFC_SET_ADD_PEAK_CHUNK, SF_FALSE).
+            soundfile._snd.sf_command(handle._file, SFC_SET_ADD_PEAK_CHUNK, soundfile._ffi.NULL,
+                                      soundfile._snd.SF_FALSE)
+            handle.write(samples)
 
 
-def read_wav(path: Path) -> tuple[np.ndarray, int]:
+def read_wav(path: Path, fix: str | None = None) -> tuple[np.ndarray, int]:
     """(samples as float32 [T] or [T, C], sample_rate), or a UserError naming the file."""
     import soundfile
 
     path = Path(path)
     if not path.is_file():
-        raise UserError(f"audio file not found: {path}")
+        raise UserError(f"audio file not found: {path}", fix)
     try:
         audio, rate = soundfile.read(str(path), dtype="float32", always_2d=False)
     except (RuntimeError, soundfile.LibsndfileError) as exc:
-        raise UserError(f"{path} is not a readable audio file ({exc})") from exc
+        raise UserError(f"{path} is not a readable audio file ({' '.join(str(exc).split())})", fix) from exc
     return audio, rate

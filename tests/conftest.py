@@ -6,18 +6,23 @@ torch), and run them as subprocesses where they check exit codes and stderr line
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from omnivoice_export.checkpoints import ensure_built  # noqa: E402
+from omnivoice_export import exporting, report, wrappers  # noqa: E402
+from omnivoice_export.checkpoints import ensure_built, load_omnivoice, model_fingerprint  # noqa: E402
 
 
 @dataclass
@@ -51,13 +56,116 @@ def pipeline(tiny_model: Path, tmp_path_factory) -> Pipeline:
     return Pipeline(tiny_model, capture, onnx)
 
 
-@pytest.fixture
-def pipeline_copy(pipeline: Pipeline, tmp_path: Path) -> Pipeline:
-    """A private copy of the session pipeline's capture/ and onnx/, safe to damage."""
-    capture, onnx = tmp_path / "capture", tmp_path / "onnx"
+def copy_pipeline(pipeline: Pipeline, root: Path) -> Pipeline:
+    """Copy capture/ and onnx/ of `pipeline` under `root` (real copies, never links)."""
+    capture, onnx = root / "capture", root / "onnx"
     shutil.copytree(pipeline.capture, capture)
     shutil.copytree(pipeline.onnx, onnx)
     return Pipeline(pipeline.model, capture, onnx)
+
+
+@pytest.fixture
+def pipeline_copy(pipeline: Pipeline, tmp_path: Path) -> Pipeline:
+    """A private copy of the session pipeline's capture/ and onnx/, safe to damage."""
+    return copy_pipeline(pipeline, tmp_path)
+
+
+@pytest.fixture
+def onnx_copy(pipeline: Pipeline, tmp_path: Path) -> Path:
+    """A private copy of the session export only (~45 MB, against ~650 MB for the capture).
+
+    For steps that only read the capture (parity_check.py): pair it with `pipeline.capture`.
+    infer_onnx.py writes into its capture directory, so it needs `pipeline_copy`.
+    """
+    onnx = tmp_path / "onnx"
+    shutil.copytree(pipeline.onnx, onnx)
+    return onnx
+
+
+@pytest.fixture(scope="session")
+def torch_model(tiny_model: Path):
+    """The tiny OmniVoice loaded once through from_pretrained; tests must not change its weights."""
+    return load_omnivoice(tiny_model)
+
+
+def read_report(onnx_dir: Path) -> dict:
+    """The export report as JSON, read without the package's validation (tests judge it)."""
+    return json.loads(report.report_path(onnx_dir).read_text())
+
+
+def install_graph(source_dir: Path, onnx_dir: Path, graph: str) -> None:
+    """Copy `graph`'s .onnx and sidecar from `source_dir` over those in `onnx_dir`, and record their
+    sha256/bytes in its report, as a faulty exporter would have: the integrity checks then pass and
+    only the parity metrics can catch the fault."""
+    name = wrappers.GRAPH_FILES[graph]
+    for file in (name, name + ".data"):
+        shutil.copyfile(source_dir / file, onnx_dir / file)
+    data = read_report(onnx_dir)
+    data["graphs"][graph]["files"] = exporting.file_entries(onnx_dir, graph)
+    report.write_json_atomic(report.report_path(onnx_dir), data)
+
+
+def single_stderr_line(proc: subprocess.CompletedProcess) -> str:
+    """The one line a failed script must print on stderr (asserted), for tests to inspect."""
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, f"expected one stderr line, got {len(lines)}:\n{proc.stderr}"
+    return lines[0]
+
+
+class CausalTransformerWrapper(wrappers.TransformerWrapper):
+    """The defect the bidirectionality probe exists for (facts sheet: a causal attention kernel
+    gave 18% token agreement): each query attends only to keys at or before it."""
+
+    def forward(self, input_ids: torch.Tensor, audio_mask: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        seq = attention_mask.shape[-1]
+        causal = torch.ones(seq, seq, dtype=torch.bool, device=attention_mask.device).tril()
+        return super().forward(input_ids, audio_mask, attention_mask & causal)
+
+
+@pytest.fixture(scope="session")
+def causal_transformer(pipeline: Pipeline, torch_model, tmp_path_factory) -> Path:
+    """A directory holding a dynamo export of CausalTransformerWrapper with the real export's
+    metadata (same exporter, opset, fingerprint): a wrong graph that passes every integrity check.
+    Read-only: install it into a copy with `install_graph`."""
+    import export_omnivoice
+    from omnivoice_export import capture
+
+    out = tmp_path_factory.mktemp("causal")
+    example, _ = export_omnivoice.transformer_examples(pipeline.capture, capture.load_manifest(pipeline.capture))
+    exporting.export_graph(CausalTransformerWrapper(torch_model).eval(), "transformer", example, out, dynamo=True,
+                           opset=exporting.DEFAULT_OPSET)
+    config = json.loads((pipeline.model / "config.json").read_text())
+    exporting.set_metadata(out / wrappers.GRAPH_FILES["transformer"], "transformer", exporting.graph_metadata(
+        "transformer", config, model_fingerprint(pipeline.model), "dynamo", exporting.DEFAULT_OPSET,
+        report.package_versions()))
+    return out
+
+
+AUDIO_HEAD_SCALE = 1.5
+
+
+@pytest.fixture(scope="session")
+def perturbed_transformer(pipeline: Pipeline, tmp_path_factory) -> Path:
+    """A directory holding the session's transformer graph with its audio-heads weight scaled by
+    AUDIO_HEAD_SCALE (metadata kept), saved with one sidecar as the exporter does: a subtly wrong
+    graph (every logit x1.5, argmax unchanged). Read-only: install it with `install_graph`."""
+    import onnx
+    from onnx import numpy_helper
+
+    out = tmp_path_factory.mktemp("perturbed")
+    name = wrappers.GRAPH_FILES["transformer"]
+    model = onnx.load(str(pipeline.onnx / name))
+    matmul_inputs = {value for node in model.graph.node if node.op_type == "MatMul" for value in node.input}
+    # audio_heads: the MatMul weight [hidden, 8 * 1025] (dynamo names it val_N, so found by shape).
+    heads = [init for init in model.graph.initializer
+             if init.name in matmul_inputs and list(init.dims)[-1:] == [8 * 1025]]
+    assert len(heads) == 1, f"expected one audio_heads MatMul weight, found {[h.name for h in heads]}"
+    scaled = numpy_helper.to_array(heads[0]) * np.float32(AUDIO_HEAD_SCALE)
+    heads[0].CopyFrom(numpy_helper.from_array(scaled, heads[0].name))
+    onnx.save_model(model, str(out / name), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location=name + ".data", size_threshold=1024)
+    assert sorted(os.listdir(out)) == [name, name + ".data"]
+    return out
 
 
 def run_script(script: str, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:

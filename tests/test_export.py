@@ -1,0 +1,198 @@
+"""Issue 4: the exported graphs have the contract, files, metadata and report the design states,
+with both exporters; the bidirectionality probe can fail; an interrupted export keeps the old one.
+
+The dynamo export is the session pipeline's; the legacy one is exported once here, into its own
+directory. Everything is read back from the files themselves, not from what the exporter said.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+import export_omnivoice
+from conftest import CausalTransformerWrapper, Pipeline, read_report
+from omnivoice_export import capture, exporting, wrappers
+from omnivoice_export.checkpoints import model_fingerprint, sha256_file
+from omnivoice_export.ort_runtime import graph_metadata, make_session
+
+# The design table: (name, dtype, dims) per input and output; str dims are symbolic.
+CONTRACT = {
+    "transformer": ([("input_ids", "int64", ["batch", 8, "seq"]), ("audio_mask", "bool", ["batch", "seq"]),
+                     ("attention_mask", "bool", ["batch", 1, "seq", "seq"])],
+                    [("logits", "float32", ["batch", 8, "seq", 1025])]),
+    "encoder": ([("input_values", "float32", ["batch", 1, "960*frames"])], [("audio_codes", "int64", ["batch", 8, "frames"])]),
+    "decoder": ([("audio_codes", "int64", ["batch", 8, "frames"])], [("audio_values", "float32", ["batch", 1, "960*frames"])]),
+}
+# The legacy exporter cannot state the 960*frames relation; its encoder length is a free symbol.
+LEGACY_ENCODER_LENGTH = "samples"
+CONSTANTS = {"sample_rate": "24000", "hop_length": "960", "frame_rate": "25", "num_codebooks": "8",
+             "audio_vocab_size": "1025", "audio_mask_id": "1024", "opset": str(exporting.DEFAULT_OPSET)}
+REPORT_NAME = "export-report.json"
+
+
+@pytest.fixture(scope="module")
+def legacy_onnx(pipeline: Pipeline, tmp_path_factory) -> Path:
+    """The three graphs exported with the legacy (TorchScript) exporter from the session capture."""
+    onnx_dir = tmp_path_factory.mktemp("legacy") / "onnx"
+    export_omnivoice.main(["--model", str(pipeline.model), "--capture-dir", str(pipeline.capture),
+                           "--onnx-dir", str(onnx_dir), "--no-dynamo"])
+    return onnx_dir
+
+
+@pytest.fixture(params=["dynamo", "legacy"])
+def export(request, pipeline: Pipeline) -> tuple[str, Path]:
+    """(exporter, onnx dir) for each exporter; the legacy export is only built when asked for."""
+    if request.param == "dynamo":
+        return "dynamo", pipeline.onnx
+    return "legacy", request.getfixturevalue("legacy_onnx")
+
+
+def _load(path: Path) -> onnx.ModelProto:
+    return onnx.load(str(path), load_external_data=False)
+
+
+def _describe(values) -> list[tuple[str, str, list]]:
+    return [(v.name, onnx.helper.tensor_dtype_to_np_dtype(v.type.tensor_type.elem_type).name,
+             [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim]) for v in values]
+
+
+@pytest.mark.parametrize("graph", wrappers.GRAPH_NAMES)
+def test_signature(export: tuple[str, Path], graph: str) -> None:
+    """Names, dtypes and symbolic dims as the design table says (ORT feeds by these names; a fixed
+    dim would be an exporter specialising a dynamic one), and the report records the same."""
+    exporter, onnx_dir = export
+    inputs, outputs = CONTRACT[graph]
+    if exporter == "legacy" and graph == "encoder":
+        inputs = [("input_values", "float32", ["batch", 1, LEGACY_ENCODER_LENGTH])]
+    model = _load(onnx_dir / wrappers.GRAPH_FILES[graph])
+    assert _describe(model.graph.input) == inputs
+    assert _describe(model.graph.output) == outputs
+    recorded = read_report(onnx_dir)["graphs"][graph]["signature"]
+    assert [(v["name"], v["dtype"], v["shape"]) for v in recorded["inputs"]] == inputs
+    assert [(v["name"], v["dtype"], v["shape"]) for v in recorded["outputs"]] == outputs
+
+
+def test_one_sidecar_per_graph_and_no_stray_files(export: tuple[str, Path]) -> None:
+    """onnx/ holds exactly three graphs, their three sidecars and the report (the legacy exporter
+    alone scatters ~200 weight files at real size), and every external tensor of a graph lies
+    inside its own sidecar."""
+    _, onnx_dir = export
+    expected = {REPORT_NAME} | {n for name in wrappers.GRAPH_FILES.values() for n in (name, name + ".data")}
+    assert {p.name for p in onnx_dir.iterdir()} == expected
+    for name in wrappers.GRAPH_FILES.values():
+        sidecar_bytes = (onnx_dir / (name + ".data")).stat().st_size
+        external = [{e.key: e.value for e in init.external_data} for init in _load(onnx_dir / name).graph.initializer
+                    if init.data_location == onnx.TensorProto.EXTERNAL]
+        assert external, f"{name} keeps no weights in its sidecar"
+        assert {e["location"] for e in external} == {name + ".data"}
+        assert max(int(e["offset"]) + int(e["length"]) for e in external) <= sidecar_bytes
+
+
+@pytest.mark.parametrize("graph", wrappers.GRAPH_NAMES)
+def test_metadata_props(export: tuple[str, Path], pipeline: Pipeline, graph: str) -> None:
+    """The constants a runtime needs travel inside each graph and read back through onnxruntime."""
+    exporter, onnx_dir = export
+    meta = graph_metadata(make_session(onnx_dir / wrappers.GRAPH_FILES[graph]))
+    assert meta["graph"] == graph
+    assert meta["model_fingerprint"] == model_fingerprint(pipeline.model)
+    assert {k: meta[k] for k in CONSTANTS} == CONSTANTS
+    assert meta["exporter"] == exporter
+    defaults = json.loads(meta["generation_defaults"])
+    assert defaults["num_step"] == 32 and "guidance_scale" in defaults
+    versions = json.loads(meta["versions"])
+    assert {"torch", "onnx", "onnxruntime", "transformers", "omnivoice"} <= versions.keys()
+
+
+def test_report(export: tuple[str, Path], pipeline: Pipeline) -> None:
+    """Every report field a user acts on is present and true of the files: sha256 and sizes
+    recomputed, checker ok, every self-check (other shapes, bidirectionality probe) passed."""
+    exporter, onnx_dir = export
+    data = read_report(onnx_dir)
+    assert data["model"]["fingerprint"] == model_fingerprint(pipeline.model)
+    assert data["capture"]["manifest_sha256"] == sha256_file(pipeline.capture / capture.MANIFEST_NAME)
+    assert set(data["graphs"]) == set(wrappers.GRAPH_NAMES)
+    for graph, entry in data["graphs"].items():
+        name = wrappers.GRAPH_FILES[graph]
+        assert entry["file"] == name
+        assert (entry["exporter"], entry["fallback_reason"], entry["opset"]) == (exporter, None, exporting.DEFAULT_OPSET)
+        assert set(entry["files"]) == {name, name + ".data"}
+        for file, info in entry["files"].items():
+            assert info["bytes"] == (onnx_dir / file).stat().st_size
+            assert info["sha256"] == sha256_file(onnx_dir / file)
+        assert entry["checker"] == "ok"
+        assert entry["self_checks"]["passed"] is True
+        assert entry["self_checks"]["dynamic_shapes"], "no self-check at other shapes"
+        # Self-checks ran at shapes other than the export example's.
+        shapes = {tuple(s["shape"]) for s in entry["self_checks"]["dynamic_shapes"]}
+        assert len(shapes) >= 2
+    assert data["graphs"]["transformer"]["self_checks"]["bidirectional_probe"]["passed"] is True
+
+
+def _probe_inputs(pipeline: Pipeline) -> dict[str, np.ndarray]:
+    """Real transformer inputs of a mid-generation step (clone mode)."""
+    data = capture.load_step(pipeline.capture, "clone", 16)
+    return {k: data[k] for k in wrappers.TRANSFORMER_INPUTS}
+
+
+def test_probe_passes_on_the_export(pipeline: Pipeline) -> None:
+    """The real (bidirectional) export: changing the last position moves the earlier logits."""
+    session = make_session(pipeline.onnx / wrappers.GRAPH_FILES["transformer"])
+    probe = exporting.bidirectionality_probe(session, _probe_inputs(pipeline))
+    assert probe["passed"] is True
+    assert probe["max_abs_change_before_last"] > 1e-3
+
+
+def test_probe_fails_on_a_causal_graph(pipeline: Pipeline, causal_transformer: Path, torch_model) -> None:
+    """A faithful export of a causal model (the defect of public OmniVoice ONNX exports) fails the
+    probe: the probe is not vacuous. The graph matches its torch module, so the failure comes from
+    the causality alone, not from a broken export."""
+    inputs = _probe_inputs(pipeline)
+    session = make_session(causal_transformer / wrappers.GRAPH_FILES["transformer"])
+    probe = exporting.bidirectionality_probe(session, inputs)
+    assert probe["passed"] is False
+    assert probe["max_abs_change_before_last"] <= 1e-6
+    with torch.no_grad():
+        expected = CausalTransformerWrapper(torch_model)(*(torch.from_numpy(inputs[k])
+                                                           for k in wrappers.TRANSFORMER_INPUTS)).numpy()
+    got = session.run(["logits"], inputs)[0]
+    rows = exporting.transformer_read_rows
+    assert np.abs(rows(got, inputs["attention_mask"]) - rows(expected, inputs["attention_mask"])).max() \
+        <= exporting.TRANSFORMER_SELF_CHECK_TOL
+
+
+def _snapshot(directory: Path) -> dict[str, str]:
+    """sha256 of every file under `directory`, hidden and nested ones included."""
+    return {str(p.relative_to(directory)): sha256_file(p) for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+def test_interrupted_export_keeps_the_previous_export(pipeline_copy: Pipeline, monkeypatch) -> None:
+    """A crash while the second graph's sidecar is being written leaves onnx/ exactly as it was:
+    no partial file, no staging directory, every previous file byte-identical. (The legacy
+    exporter, several times faster here: staging and installation do not depend on the exporter.)"""
+    before = _snapshot(pipeline_copy.onnx)
+    calls = []
+    original = exporting.consolidate_external_data
+
+    def crash_on_second_graph(src: Path, dst: Path) -> list[str]:
+        calls.append(dst.name)
+        result = original(src, dst)
+        if len(calls) == 2:
+            sidecar = dst.with_name(dst.name + ".data")
+            sidecar.write_bytes(sidecar.read_bytes()[: sidecar.stat().st_size // 2])  # half-written
+            raise OSError(f"simulated crash while writing {sidecar.name}")
+        return result
+
+    monkeypatch.setattr(exporting, "consolidate_external_data", crash_on_second_graph)
+    with pytest.raises(OSError, match="simulated crash"):
+        export_omnivoice.main(["--model", str(pipeline_copy.model), "--capture-dir", str(pipeline_copy.capture),
+                               "--onnx-dir", str(pipeline_copy.onnx), "--graphs", "decoder,transformer",
+                               "--no-dynamo"])
+    assert calls == [wrappers.GRAPH_FILES["decoder"], wrappers.GRAPH_FILES["transformer"]]
+    assert _snapshot(pipeline_copy.onnx) == before
+    assert sorted(p.name for p in pipeline_copy.onnx.parent.iterdir()) == ["capture", "onnx"]

@@ -1,0 +1,123 @@
+"""Issue 5: parity_check.py passes a correct export, fails wrong graphs naming them, and refuses
+inputs it cannot compare with one line and exit code 2.
+
+A check that cannot fail proves nothing, so two wrong transformers are installed into copies with
+their report entries re-hashed (what a faulty exporter would write): integrity checks pass and
+only the metrics stand between them and a PASS.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+import parity_check
+from conftest import Pipeline, install_graph, read_report, run_script, single_stderr_line
+from omnivoice_export import capture, metrics, report, wrappers
+from omnivoice_export.cli import CheckFailed
+
+NUM_STEP = 32
+# A section another provider's run left in the report; the cpu run must keep it as it is.
+OTHER_PROVIDER = "cuda-fp32"
+OTHER_SECTION = {"provider": OTHER_PROVIDER, "verdict": "PASS", "graphs": {}, "note": "written by the test"}
+
+
+def _parity(capture_dir: Path, onnx_dir: Path, *extra: str) -> None:
+    parity_check.main(["--capture-dir", str(capture_dir), "--onnx-dir", str(onnx_dir), *extra])
+
+
+@pytest.fixture(scope="module")
+def passing_report(pipeline: Pipeline, tmp_path_factory) -> dict:
+    """The report after the default parity run (cpu, all graphs, encoder sweep) on a copy of the
+    session export that already holds another provider's section."""
+    import shutil
+
+    onnx_dir = tmp_path_factory.mktemp("parity") / "onnx"
+    shutil.copytree(pipeline.onnx, onnx_dir)
+    report.merge_section(onnx_dir, ("parity", OTHER_PROVIDER), OTHER_SECTION)
+    _parity(pipeline.capture, onnx_dir)  # returns normally: exit code 0
+    return read_report(onnx_dir)
+
+
+def test_passes_on_the_correct_export(passing_report: dict, pipeline: Pipeline) -> None:
+    """Every graph passes on every captured input, within the one threshold table."""
+    section = passing_report["parity"]["cpu"]
+    assert section["verdict"] == "PASS"
+    assert section["thresholds"] == {k: v for k, v in metrics.THRESHOLDS.items() if not k.startswith("end_to_end")}
+    graphs = section["graphs"]
+    assert all(graphs[g]["passed"] and not graphs[g]["failures"] for g in wrappers.GRAPH_NAMES)
+    manifest = capture.load_manifest(pipeline.capture, verify_hashes=False)
+    checked = {(row["mode"], row["step"]) for row in graphs["transformer"]["rows"]}
+    assert checked == {(mode, step) for mode in manifest["modes"] for step in range(NUM_STEP)}
+    assert graphs["transformer"]["argmax_agreement_min"] >= metrics.THRESHOLDS["transformer_argmax_min"]
+    assert graphs["transformer"]["max_abs_max"] <= metrics.THRESHOLDS["transformer_max_abs"]
+    assert graphs["encoder"]["captured"]["code_match"] == 1.0
+    assert len(graphs["encoder"]["sweep"]) > 10 and all(r["code_match"] == 1.0 for r in graphs["encoder"]["sweep"])
+    assert {row["mode"] for row in graphs["decoder"]["rows"]} == set(manifest["modes"])
+
+
+def test_results_for_two_providers_coexist(passing_report: dict) -> None:
+    """A cpu run merges its section beside another provider's, which it leaves untouched."""
+    assert set(passing_report["parity"]) == {"cpu", OTHER_PROVIDER}
+    assert passing_report["parity"][OTHER_PROVIDER] == OTHER_SECTION
+
+
+@pytest.mark.parametrize("wrong_graph", ["perturbed_transformer", "causal_transformer"])
+def test_fails_on_a_wrong_transformer(request, wrong_graph: str, pipeline: Pipeline, onnx_copy: Path) -> None:
+    """Audio heads scaled by 1.5 (argmax unchanged, logits off) and a causal-attention model both
+    fail, naming the transformer and only it; the codec graphs still pass."""
+    install_graph(request.getfixturevalue(wrong_graph), onnx_copy, "transformer")
+    with pytest.raises(CheckFailed) as failure:
+        _parity(pipeline.capture, onnx_copy, "--no-sweep")
+    assert str(failure.value).startswith("parity failed for transformer ")
+    section = read_report(onnx_copy)["parity"]["cpu"]
+    assert section["verdict"] == "FAIL"
+    assert {g: r["passed"] for g, r in section["graphs"].items()} == \
+        {"transformer": False, "encoder": True, "decoder": True}
+    assert section["graphs"]["transformer"]["max_abs_max"] > metrics.THRESHOLDS["transformer_max_abs"]
+
+
+def test_fingerprint_mismatch_is_refused(pipeline: Pipeline, onnx_copy: Path) -> None:
+    """A capture and an export of different models are never compared: exit 2, one line naming
+    both fingerprints, and nothing merged into the report."""
+    data = read_report(onnx_copy)
+    data["model"]["fingerprint"] = "sha256:0123456789abcdef"
+    report.report_path(onnx_copy).write_text(json.dumps(data))
+    proc = run_script("parity_check.py", "--capture-dir", str(pipeline.capture), "--onnx-dir", str(onnx_copy))
+    assert proc.returncode == 2
+    line = single_stderr_line(proc)
+    assert "sha256:0123456789abcdef" in line
+    assert capture.load_manifest(pipeline.capture, verify_hashes=False)["model"]["fingerprint"] in line
+    assert "parity" not in read_report(onnx_copy)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "corrupted"])
+def test_damaged_sidecar_is_refused(pipeline: Pipeline, onnx_copy: Path, damage: str) -> None:
+    """A truncated sidecar (interrupted copy) or one with flipped bytes (same size) is refused
+    before any session loads it: exit 2, one line naming the file."""
+    sidecar = onnx_copy / (wrappers.GRAPH_FILES["transformer"] + ".data")
+    content = bytearray(sidecar.read_bytes())
+    if damage == "truncated":
+        content = content[: len(content) // 2]
+    else:
+        content[len(content) // 2] ^= 0xFF
+    sidecar.write_bytes(bytes(content))
+    proc = run_script("parity_check.py", "--capture-dir", str(pipeline.capture), "--onnx-dir", str(onnx_copy))
+    assert proc.returncode == 2
+    assert sidecar.name in single_stderr_line(proc)
+
+
+def test_cuda_provider_without_cuda_is_one_line_error(pipeline: Pipeline) -> None:
+    """--provider cuda-fp32 where onnxruntime has no CUDA EP fails with one line, never a quiet
+    fall back to CPU."""
+    import onnxruntime
+
+    if "CUDAExecutionProvider" in onnxruntime.get_available_providers():
+        pytest.skip("checks the error on a machine without onnxruntime's CUDA provider")
+    proc = run_script("parity_check.py", "--provider", "cuda-fp32", "--capture-dir", str(pipeline.capture),
+                      "--onnx-dir", str(pipeline.onnx))
+    assert proc.returncode != 0
+    assert "cuda" in single_stderr_line(proc).lower()
