@@ -34,7 +34,7 @@ from tqdm import tqdm
 
 from omnivoice_export import capture
 from omnivoice_export.checkpoints import add_model_arg, load_omnivoice, model_fingerprint, resolve_model
-from omnivoice_export.cli import REPO_ROOT, UserError, add_debug_flag, run_main
+from omnivoice_export.cli import REPO_ROOT, UserError, add_debug_flag, parse_subset, run_main
 from omnivoice_export.generation import DEFAULT_SEED, check_reference_audio, mode_request, run_generate, write_wav
 from omnivoice_export.report import package_versions
 from make_reference import REF_TXT, REF_WAV
@@ -70,11 +70,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    unknown = sorted(set(modes) - set(capture.MODES))
-    if unknown or not modes:
-        raise UserError(f"--modes: unknown mode(s) {', '.join(unknown) or '(none given)'}",
-                        f"choose from {', '.join(capture.MODES)}")
+    modes = parse_subset(args.modes, "--modes", capture.MODES)
     steps = parse_steps(args.steps, args.num_step)
     if args.device == "cuda":
         import torch

@@ -34,7 +34,8 @@ import torch
 
 from omnivoice_export import capture, exporting, report, wrappers
 from omnivoice_export.checkpoints import add_model_arg, load_omnivoice, model_fingerprint, resolve_model, sha256_file
-from omnivoice_export.cli import REPO_ROOT, CheckFailed, UserError, add_debug_flag, run_main, write_json_atomic
+from omnivoice_export.cli import (REPO_ROOT, CheckFailed, UserError, add_debug_flag, parse_subset, run_main,
+                                  write_json_atomic)
 from omnivoice_export.ort_runtime import make_session
 
 HOP = exporting.checkpoints.HOP_LENGTH
@@ -109,11 +110,7 @@ def summary_table(entries: dict) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    graphs = [g.strip() for g in args.graphs.split(",") if g.strip()]
-    unknown = sorted(set(graphs) - set(wrappers.GRAPH_NAMES))
-    if unknown or not graphs:
-        raise UserError(f"--graphs: unknown graph(s) {', '.join(unknown) or '(none given)'}",
-                        f"choose from {', '.join(wrappers.GRAPH_NAMES)}")
+    graphs = parse_subset(args.graphs, "--graphs", wrappers.GRAPH_NAMES)
     model_path = resolve_model(args.model)
     fingerprint = model_fingerprint(model_path)
     manifest = capture.load_manifest(args.capture_dir)

@@ -34,7 +34,7 @@ import numpy as np
 
 from omnivoice_export import capture, metrics, report, wrappers
 from omnivoice_export.checkpoints import validate_checkpoint_dir
-from omnivoice_export.cli import REPO_ROOT, CheckFailed, UserError, add_debug_flag, run_main
+from omnivoice_export.cli import REPO_ROOT, CheckFailed, add_debug_flag, parse_subset, run_main
 from omnivoice_export.ort_runtime import PROVIDERS, check_provider, make_session, run
 
 HOP = 960
@@ -174,11 +174,7 @@ def check_decoder(session, capture_dir: Path, manifest: dict, args) -> dict[str,
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     check_provider(args.provider)
-    graphs = [g.strip() for g in args.graphs.split(",") if g.strip()]
-    unknown = sorted(set(graphs) - set(wrappers.GRAPH_NAMES))
-    if unknown or not graphs:
-        raise UserError(f"--graphs: unknown graph(s) {', '.join(unknown) or '(none given)'}",
-                        f"choose from {', '.join(wrappers.GRAPH_NAMES)}")
+    graphs = parse_subset(args.graphs, "--graphs", wrappers.GRAPH_NAMES)
     manifest, export = report.verify_against_capture(args.capture_dir, args.onnx_dir, graphs)
     model_path = None
     if "encoder" in graphs and not args.no_sweep:

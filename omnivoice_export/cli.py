@@ -52,6 +52,16 @@ def add_debug_flag(parser: argparse.ArgumentParser) -> None:
     parser.epilog = EXIT_CODES_HELP
 
 
+def parse_subset(text: str, flag: str, choices: tuple[str, ...]) -> list[str]:
+    """A comma-separated subset of `choices` (e.g. --graphs transformer,decoder), or a UserError."""
+    picked = [item.strip() for item in text.split(",") if item.strip()]
+    unknown = sorted(set(picked) - set(choices))
+    if unknown or not picked:
+        raise UserError(f"{flag}: unknown value(s) {', '.join(unknown) or '(none given)'}",
+                        f"choose from {', '.join(choices)}")
+    return picked
+
+
 def note(message: str, level: str = "note") -> None:
     """A one-line diagnostic on stderr that does not stop the run (`note: ...`, `warning: ...`)."""
     print(f"{level}: {message}", file=sys.stderr, flush=True)

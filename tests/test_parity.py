@@ -33,7 +33,6 @@ def _parity(capture_dir: Path, onnx_dir: Path, *extra: str) -> None:
 def passing_report(pipeline: Pipeline, tmp_path_factory) -> dict:
     """The report after the default parity run (cpu, all graphs, encoder sweep) on a copy of the
     session export that already holds another provider's section."""
-    import shutil
 
     onnx_dir = tmp_path_factory.mktemp("parity") / "onnx"
     shutil.copytree(pipeline.onnx, onnx_dir)
