@@ -1,0 +1,91 @@
+#!/usr/bin/env python3
+"""Where the ONNX transformer's time goes: onnxruntime's profiler, summed per op type.
+
+Runs one forward (after a warm-up) at the S~435 clone layout, padded (upstream's layout) and
+split (cond and uncond rows at their own length), with ORT profiling on, and prints the time per
+op type and its share. MatMul's achieved GFLOP/s is printed against the analytic FLOP count.
+
+    python bench/profile_transformer.py --model full-random --onnx-dir bench/out/full/onnx \\
+        --capture-dir bench/out/full/capture
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+from bench_omnivoice import SHAPE_TEXTS, first_forward_inputs, transformer_flops  # noqa: E402
+
+from omnivoice_export.cli import add_debug_flag, run_main  # noqa: E402
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--model", default="tiny", help="tiny | full-random | PATH (must match the export)")
+    parser.add_argument("--onnx-dir", type=Path, default=REPO / "onnx", help="the export to profile")
+    parser.add_argument("--capture-dir", type=Path, default=REPO / "capture", help="where ref_voice.wav/.txt are")
+    parser.add_argument("--shape", default="S~435", choices=tuple(SHAPE_TEXTS), help="which benchmark layout")
+    add_debug_flag(parser)
+    return parser.parse_args(argv)
+
+
+def profile(session_path: Path, feeds_list: list[dict]) -> tuple[dict[str, float], float]:
+    """(microseconds per op type, total) of one profiled pass over feeds_list, after a warm-up."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.enable_profiling = True
+    options.profile_file_prefix = str(Path(tempfile.mkdtemp()) / "ort")
+    session = ort.InferenceSession(str(session_path), sess_options=options, providers=["CPUExecutionProvider"])
+    for feeds in feeds_list:
+        session.run(None, feeds)
+    trace = json.loads(Path(session.end_profiling()).read_text())
+    # Count only the last pass: events of the warm-up come first in the trace.
+    runs = [e for e in trace if e.get("cat") == "Session" and e.get("name") == "model_run"]
+    start = runs[-len(feeds_list) // 2]["ts"] if len(runs) >= 2 else 0
+    per_op: dict[str, float] = collections.defaultdict(float)
+    for event in trace:
+        if event.get("cat") == "Node" and event["name"].endswith("_kernel_time") and event["ts"] >= start:
+            per_op[event["args"]["op_name"]] += event["dur"]
+    return dict(per_op), sum(per_op.values())
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    from omnivoice_export.checkpoints import resolve_model
+    from omnivoice_export.generation import GenerationRequest
+    from omnivoice_export.ort_runtime import OrtGraphs, load_onnx_omnivoice
+
+    model_path = resolve_model(args.model)
+    config = json.loads((model_path / "config.json").read_text())
+    model = load_onnx_omnivoice(model_path, OrtGraphs.load(args.onnx_dir, "cpu"))
+    feeds = first_forward_inputs(model, GenerationRequest(
+        mode="clone", text=SHAPE_TEXTS[args.shape], ref_audio=str(args.capture_dir / "ref_voice.wav"),
+        ref_text=(args.capture_dir / "ref_voice.txt").read_text().strip()))
+    lengths = [int(row[0].sum()) for row in feeds["attention_mask"][:, 0]]
+    split = [{"input_ids": feeds["input_ids"][r:r + 1, :, :n], "audio_mask": feeds["audio_mask"][r:r + 1, :n],
+              "attention_mask": feeds["attention_mask"][r:r + 1][:, :, :n, :n]} for r, n in enumerate(lengths)]
+    graph = args.onnx_dir / "omnivoice_transformer.onnx"
+    seq = feeds["input_ids"].shape[-1]
+    for label, passes, flops in (("padded", [feeds, feeds], transformer_flops(config, [seq] * len(lengths))),
+                                 ("split", split + split, transformer_flops(config, lengths))):
+        per_op, total = profile(graph, passes)
+        print(f"\n{label}: S={seq} rows={lengths}  kernel time {total / 1e6:.3f} s, "
+              f"{flops / 1e9:.0f} GFLOP -> {flops / total / 1e3:.0f} GFLOP/s overall")
+        for op, micros in sorted(per_op.items(), key=lambda kv: -kv[1])[:12]:
+            print(f"  {op:<16}{micros / 1e6:>8.3f} s {100 * micros / total:>6.1f}%")
+        matmul = per_op.get("MatMul", 0.0)
+        if matmul:
+            print(f"  MatMul alone: {flops / matmul / 1e3:.0f} GFLOP/s")
+
+
+if __name__ == "__main__":
+    run_main(main)
