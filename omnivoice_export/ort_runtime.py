@@ -110,12 +110,15 @@ class OrtAudioTokenizer:
 
 
 def prefix_lengths(attention_mask: np.ndarray) -> list[int] | None:
-    """Per row r, the L with mask[r] allowing exactly keys [0, L) to queries [0, L); None when
+    """Per row r, the L with mask[r] allowing exactly keys [0, L) to queries [0, L), and no query
+    beyond L any key in [0, L) (padding); None when
     some row has another structure (then it cannot be run at its own length)."""
     lengths = []
     for row in attention_mask[:, 0]:
         length = int(row[0].sum())
-        if length == 0 or not row[:length, :length].all() or row[:length, length:].any():
+        # Rows beyond L are dropped: they must be padding (no key in [0, L)), as generate() builds them.
+        if (length == 0 or not row[:length, :length].all() or row[:length, length:].any()
+                or row[length:, :length].any()):
             return None
         lengths.append(length)
     return lengths
