@@ -34,6 +34,7 @@ import numpy as np
 
 from omnivoice_export import capture, metrics, report, wrappers
 from omnivoice_export.checkpoints import validate_checkpoint_dir
+from omnivoice_export.exporting import transformer_read_rows
 from omnivoice_export.cli import REPO_ROOT, CheckFailed, add_debug_flag, parse_subset, run_main
 from omnivoice_export.ort_runtime import PROVIDERS, check_provider, make_session, run
 
@@ -89,10 +90,9 @@ def check_transformer(session, capture_dir: Path, manifest: dict, args) -> dict[
         for step in capture.mode_steps(manifest, mode):
             data = capture.load_step(capture_dir, mode, step)  # one step at a time: bounded memory
             logits = run(session, {k: data[k] for k in wrappers.TRANSFORMER_INPUTS})["logits"]
-            cond, uncond = capture.logits_rows(logits, data["attention_mask"])
-            stats = metrics.logit_stats(np.concatenate([data["logits_cond"].ravel(), data["logits_uncond"].ravel()]
-                                                       ).reshape(-1, logits.shape[-1]),
-                                        np.concatenate([cond.ravel(), uncond.ravel()]).reshape(-1, logits.shape[-1]))
+            captured = np.concatenate([data["logits_cond"].reshape(-1, logits.shape[-1]),
+                                       data["logits_uncond"].reshape(-1, logits.shape[-1])])
+            stats = metrics.logit_stats(captured, transformer_read_rows(logits, data["attention_mask"]))
             mask = data["attention_mask"][:, 0]
             no_key = int((~mask.any(-1)).sum()) * logits.shape[1]
             ok = stats.passed(args.argmax_min, args.max_abs)

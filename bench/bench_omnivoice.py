@@ -149,11 +149,11 @@ def worker(args) -> dict[str, Any]:
     """One variant's measurements, in this process; printed as JSON on the last stdout line."""
     import torch
 
-    from omnivoice_export.capture import logits_rows
     from omnivoice_export.checkpoints import load_omnivoice, resolve_model
+    from omnivoice_export.exporting import transformer_read_rows
     from omnivoice_export.generation import GenerationRequest, run_generate
     from omnivoice_export.measure import PeakRss
-    from omnivoice_export.ort_runtime import OrtGraphs, load_onnx_omnivoice, run, run_split
+    from omnivoice_export.ort_runtime import OrtGraphs, load_onnx_omnivoice, prefix_lengths, run, run_split
 
     model_path = resolve_model(args.model)
     config = json.loads((model_path / "config.json").read_text())
@@ -163,11 +163,9 @@ def worker(args) -> dict[str, Any]:
         started = time.perf_counter()
         if args.worker == "torch":
             model = load_omnivoice(model_path)
-            shape_model = model
         else:
             graphs = OrtGraphs.load(args.onnx_dir, "cpu")
             model = load_onnx_omnivoice(model_path, graphs, split=True)
-            shape_model = model
         result["load_seconds"] = time.perf_counter() - started
 
         def request(text: str) -> GenerationRequest:
@@ -175,8 +173,8 @@ def worker(args) -> dict[str, Any]:
                                      ref_text=ref_text, num_step=args.num_step)
 
         for label, text in SHAPE_TEXTS.items():
-            feeds = first_forward_inputs(shape_model, request(text))
-            lengths = [int(row[0].sum()) for row in feeds["attention_mask"][:, 0]]
+            feeds = first_forward_inputs(model, request(text))
+            lengths = prefix_lengths(feeds["attention_mask"])
             seq = feeds["input_ids"].shape[-1]
             entry = {"S": seq, "row_lengths": lengths, "flops_padded": transformer_flops(config, [seq] * len(lengths)),
                      "flops_split": transformer_flops(config, lengths)}
@@ -185,8 +183,7 @@ def worker(args) -> dict[str, Any]:
                 with torch.inference_mode():
                     entry["torch_padded"] = timed(lambda: model(**tensors), args.calls)
                     reference = model(**tensors).logits.numpy()
-                np.save(args.scratch / f"{label}.npy", np.concatenate(
-                    [r.reshape(-1, r.shape[-1]) for r in logits_rows(reference, feeds["attention_mask"])]))
+                np.save(args.scratch / f"{label}.npy", transformer_read_rows(reference, feeds["attention_mask"]))
             else:
                 session = graphs.transformer
                 entry["ort_padded"] = timed(lambda: run(session, feeds), args.calls)
@@ -194,7 +191,7 @@ def worker(args) -> dict[str, Any]:
                 reference_path = args.scratch / f"{label}.npy"
                 if reference_path.is_file():
                     got = run_split(session, **feeds)
-                    rows = np.concatenate([r.reshape(-1, r.shape[-1]) for r in logits_rows(got, feeds["attention_mask"])])
+                    rows = transformer_read_rows(got, feeds["attention_mask"])
                     entry["split_vs_torch_max_abs"] = float(np.abs(rows - np.load(reference_path)).max())
             result["transformer"][label] = entry
 

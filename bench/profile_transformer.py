@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     from omnivoice_export.checkpoints import resolve_model
     from omnivoice_export.generation import GenerationRequest
-    from omnivoice_export.ort_runtime import OrtGraphs, load_onnx_omnivoice
+    from omnivoice_export.ort_runtime import OrtGraphs, load_onnx_omnivoice, prefix_lengths
 
     model_path = resolve_model(args.model)
     config = json.loads((model_path / "config.json").read_text())
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> None:
     feeds = first_forward_inputs(model, GenerationRequest(
         mode="clone", text=SHAPE_TEXTS[args.shape], ref_audio=str(args.capture_dir / "ref_voice.wav"),
         ref_text=(args.capture_dir / "ref_voice.txt").read_text().strip()))
-    lengths = [int(row[0].sum()) for row in feeds["attention_mask"][:, 0]]
+    lengths = prefix_lengths(feeds["attention_mask"])
     split = [{"input_ids": feeds["input_ids"][r:r + 1, :, :n], "audio_mask": feeds["audio_mask"][r:r + 1, :n],
               "attention_mask": feeds["attention_mask"][r:r + 1][:, :, :n, :n]} for r, n in enumerate(lengths)]
     graph = args.onnx_dir / "omnivoice_transformer.onnx"

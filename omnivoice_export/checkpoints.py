@@ -50,6 +50,7 @@ REQUIRED_FILES = (
     "audio_tokenizer/model.safetensors",
     "audio_tokenizer/preprocessor_config.json",
 )
+WEIGHT_FILES = ("model.safetensors", "audio_tokenizer/model.safetensors")
 
 # The real checkpoint's constants (k2-fsa/OmniVoice config.json, Higgs Audio V2 tokenizer).
 SAMPLE_RATE = 24000
@@ -263,7 +264,7 @@ def _cached_build_is_current(directory: Path, seed: int) -> bool:
         return False
     try:
         recorded = json.loads(stamp.read_text())
-        for name in ("model.safetensors", "audio_tokenizer/model.safetensors"):
+        for name in WEIGHT_FILES:
             check_safetensors(directory / name)  # an interrupted copy or a damaged cache: rebuild
     except (UserError, json.JSONDecodeError):
         return False
@@ -297,7 +298,7 @@ def validate_checkpoint_dir(path: Path) -> Path:
     if config.get("model_type") != "omnivoice":
         raise UserError(f"{path / 'config.json'} is not an OmniVoice config "
                         f"(model_type {config.get('model_type')!r})", hint)
-    for name in ("model.safetensors", "audio_tokenizer/model.safetensors"):
+    for name in WEIGHT_FILES:
         check_safetensors(path / name)
     return path
 
