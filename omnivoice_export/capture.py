@@ -101,6 +101,26 @@ class ModeRecord:
     seq_len: int = 0  # S of the transformer calls
 
 
+@contextlib.contextmanager
+def patched(patches: list[tuple[object, str, Any]]) -> Iterator[None]:
+    """Set (target, name, value) as instance attributes for the block, then restore each one.
+
+    generate() is observed by replacing bound methods on the instance, never on the class, so
+    other instances (and an ONNX-backed forward installed before) are left as they were.
+    """
+    saved = [(target, name, vars(target).get(name)) for target, name, _ in patches]
+    for target, name, value in patches:
+        setattr(target, name, value)
+    try:
+        yield
+    finally:
+        for target, name, previous in saved:
+            if previous is None:
+                delattr(target, name)  # the class attribute shows through again
+            else:
+                setattr(target, name, previous)
+
+
 class Recorder:
     """Wraps a loaded OmniVoice's three modules for one generate() and writes what they see."""
 
@@ -169,17 +189,8 @@ class Recorder:
             (tokenizer, "decode", self._tokenizer_call(tokenizer.decode, self.decoder_calls,
                                                        "audio_codes", "audio_values")),
         ]
-        saved = [(target, name, vars(target).get(name)) for target, name, _ in patches]
-        for target, name, wrapper in patches:
-            setattr(target, name, wrapper)
-        try:
+        with patched(patches):
             yield self
-        finally:
-            for target, name, previous in saved:
-                if previous is None:
-                    delattr(target, name)  # the class attribute shows through again
-                else:
-                    setattr(target, name, previous)  # e.g. an ONNX-backed forward installed before us
 
     def finish(self) -> ModeRecord:
         """Write tokens, encoder and decoder files once generate() has returned."""

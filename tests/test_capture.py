@@ -120,6 +120,23 @@ def test_capture_does_not_change_generate(pipeline: Pipeline, torch_model, mode:
     assert np.array_equal(audio, captured), f"{mode}: plain generate() differs from the captured run"
 
 
+def test_patched_restores_instance_attributes() -> None:
+    """capture.patched puts back what an instance had (or removes what it lacked), even when the
+    block raises: a failed capture must not leave a recorder installed on the model."""
+    class Model:
+        def forward(self) -> str:
+            return "class"
+
+    model = Model()
+    model.decode = lambda: "instance"
+    with pytest.raises(RuntimeError):
+        with capture.patched([(model, "forward", lambda: "patched"), (model, "decode", lambda: "patched")]):
+            assert model.forward() == model.decode() == "patched"
+            raise RuntimeError
+    assert "forward" not in vars(model) and model.forward() == "class"
+    assert model.decode() == "instance"
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on a machine without CUDA")
 def test_device_cuda_without_cuda_is_one_line_error(pipeline: Pipeline, tmp_path: Path) -> None:
     """--device cuda on a CPU-only machine fails before loading anything, with one line, and leaves
