@@ -48,9 +48,13 @@ def check_provider(provider: str) -> None:
                         GPU_INSTALL_HINT)
 
 
-def make_session(path: Path, provider: str = "cpu", threads: int | None = None,
-                 optimized_model_path: Path | None = None):
-    """An InferenceSession for one graph; checks the requested provider really took it."""
+def make_session(path: Path, provider: str = "cpu", threads: int | None = None, arena: bool = True):
+    """An InferenceSession for one graph; checks the requested provider really took it.
+
+    `arena=False` turns off the CPU memory arena and memory patterns, so a call's activations go
+    back to the system when it returns instead of staying reserved for the session (see
+    CODEC_ARENA).
+    """
     import onnxruntime as ort
 
     path = Path(path)
@@ -61,8 +65,9 @@ def make_session(path: Path, provider: str = "cpu", threads: int | None = None,
     options.log_severity_level = 3
     if threads:
         options.intra_op_num_threads = threads
-    if optimized_model_path is not None:
-        options.optimized_model_filepath = str(optimized_model_path)
+    if not arena:
+        options.enable_cpu_mem_arena = False
+        options.enable_mem_pattern = False
     try:
         session = ort.InferenceSession(str(path), sess_options=options, providers=provider_chain(provider))
     except Exception as exc:  # onnxruntime raises its own Fail/InvalidProtobuf types
@@ -93,20 +98,45 @@ class CodecConfig:
     frame_rate: int
 
 
+class CodecSessions:
+    """The encoder and decoder sessions: held for the graphs' lifetime (`resident`), or opened
+    for each call and released when it returns.
+
+    generate() encodes the reference once, before its 2 x num_step transformer calls, and decodes
+    once at the end; a resident encoder would keep its ~650 MB of weights (full-random) through
+    every step. Opened per call, ORT maps the weights when the call starts and unmaps them when
+    the session goes, so the process holds one codec graph's weights only while it runs (Run 9:
+    what keeps the ONNX path's peak RSS under PyTorch's). The price is a session load per call
+    (measured in Run 9); a server making many requests wants them resident.
+    """
+
+    def __init__(self, onnx_dir: Path, provider: str, threads: int | None, resident: bool) -> None:
+        self.paths = {name: Path(onnx_dir) / GRAPH_FILES[name] for name in ("encoder", "decoder")}
+        self.provider, self.threads = provider, threads
+        self.held = {name: self.open(name) for name in self.paths} if resident else {}
+
+    def open(self, name: str):
+        return make_session(self.paths[name], self.provider, self.threads, arena=CODEC_ARENA)
+
+    def run(self, name: str, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        session = self.held.get(name) or self.open(name)
+        return run(session, feeds)
+
+
 class OrtAudioTokenizer:
     """Stands in for HiggsAudioV2TokenizerModel in generate(): encode/decode served by ORT."""
 
-    def __init__(self, encoder, decoder, config: CodecConfig) -> None:
-        self.encoder, self.decoder, self.config = encoder, decoder, config
+    def __init__(self, sessions: CodecSessions, config: CodecConfig) -> None:
+        self.sessions, self.config = sessions, config
         self.device = torch.device("cpu")
 
     def encode(self, input_values: torch.Tensor, *args, **kwargs) -> SimpleNamespace:
-        codes = run(self.encoder, {"input_values": input_values.cpu().numpy().astype(np.float32)})["audio_codes"]
-        return SimpleNamespace(audio_codes=torch.from_numpy(codes))
+        feeds = {"input_values": input_values.cpu().numpy().astype(np.float32)}
+        return SimpleNamespace(audio_codes=torch.from_numpy(self.sessions.run("encoder", feeds)["audio_codes"]))
 
     def decode(self, audio_codes: torch.Tensor, *args, **kwargs) -> SimpleNamespace:
-        audio = run(self.decoder, {"audio_codes": audio_codes.cpu().numpy().astype(np.int64)})["audio_values"]
-        return SimpleNamespace(audio_values=torch.from_numpy(audio))
+        feeds = {"audio_codes": audio_codes.cpu().numpy().astype(np.int64)}
+        return SimpleNamespace(audio_values=torch.from_numpy(self.sessions.run("decoder", feeds)["audio_values"]))
 
 
 def prefix_lengths(attention_mask: np.ndarray) -> list[int] | None:
@@ -163,25 +193,38 @@ def ort_forward(session, split: bool = True):
     return forward
 
 
+# Arena per graph (investigation log, Run 9). The codec graphs' activations grow with the audio
+# length (the encoder's Conv im2col buffers take ~0.9 GB at 11 s) and each runs once per
+# generate(): without an arena that memory is returned after the call, for +13 % on an encoder
+# call and +2 % on a decoder call (under 1 % of a generate()). The transformer is called
+# 2 x num_step times at fixed shapes; without its arena each call is 15 % slower.
+TRANSFORMER_ARENA, CODEC_ARENA = True, False
+
+
 @dataclass
 class OrtGraphs:
-    """The three sessions of one export."""
+    """The transformer session and the codec sessions of one export."""
 
     transformer: Any
-    encoder: Any
-    decoder: Any
+    codec: CodecSessions
 
     @classmethod
-    def load(cls, onnx_dir: Path, provider: str = "cpu", threads: int | None = None) -> "OrtGraphs":
-        return cls(*(make_session(Path(onnx_dir) / GRAPH_FILES[name], provider, threads)
-                     for name in ("transformer", "encoder", "decoder")))
+    def load(cls, onnx_dir: Path, provider: str = "cpu", threads: int | None = None,
+             resident_codec: bool = False) -> "OrtGraphs":
+        transformer = make_session(Path(onnx_dir) / GRAPH_FILES["transformer"], provider, threads,
+                                   arena=TRANSFORMER_ARENA)
+        return cls(transformer, CodecSessions(onnx_dir, provider, threads, resident_codec))
 
     def codec_config(self) -> CodecConfig:
-        meta = graph_metadata(self.encoder)
+        """From the encoder's metadata, read from the graph file (no session, no weights)."""
+        import onnx
+
+        graph = onnx.load(str(self.codec.paths["encoder"]), load_external_data=False)
+        meta = {prop.key: prop.value for prop in graph.metadata_props}
         return CodecConfig(int(meta["sample_rate"]), int(meta["hop_length"]), int(meta["frame_rate"]))
 
     def audio_tokenizer(self) -> OrtAudioTokenizer:
-        return OrtAudioTokenizer(self.encoder, self.decoder, self.codec_config())
+        return OrtAudioTokenizer(self.codec, self.codec_config())
 
 
 def load_onnx_omnivoice(model_path: Path, graphs: OrtGraphs, split: bool = True):

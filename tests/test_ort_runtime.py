@@ -9,7 +9,8 @@ from __future__ import annotations
 import numpy as np
 
 from omnivoice_export import capture
-from omnivoice_export.ort_runtime import make_session, prefix_lengths, run, run_split
+from omnivoice_export.ort_runtime import OrtGraphs, make_session, prefix_lengths, run, run_split
+from omnivoice_export.wrappers import GRAPH_FILES
 
 
 def _feeds(pipeline, mode: str, step: int) -> dict[str, np.ndarray]:
@@ -55,3 +56,30 @@ def test_split_falls_back_to_one_padded_call(pipeline) -> None:
     feeds = _feeds(pipeline, "design", 0)
     feeds["attention_mask"] = feeds["attention_mask"] & np.tril(np.ones(feeds["attention_mask"].shape[-2:], dtype=bool))
     assert np.array_equal(run_split(session, **feeds), run(session, feeds)["logits"])
+
+
+def test_codec_graphs_run_without_arena_and_give_the_same_outputs(pipeline) -> None:
+    """OrtGraphs gives the codec graphs no memory arena (their activations scale with the audio
+    and are used once per generate()); the outputs are bit-identical to an arena session's."""
+    graphs = OrtGraphs.load(pipeline.onnx, resident_codec=True)
+    assert graphs.transformer.get_session_options().enable_cpu_mem_arena
+    for name, feed_name in (("encoder", "input_values"), ("decoder", "audio_codes")):
+        session = graphs.codec.held[name]
+        assert not session.get_session_options().enable_cpu_mem_arena, name
+        with np.load(pipeline.capture / "clone" / f"{name}.npz") as data:
+            feeds = {feed_name: data[feed_name]}
+        with_arena = make_session(pipeline.onnx / GRAPH_FILES[name], arena=True)
+        for got, want in zip(session.run(None, feeds), with_arena.run(None, feeds)):
+            assert np.array_equal(got, want), f"{name}: output changes with the arena setting"
+
+
+def test_codec_sessions_per_call_equal_resident(pipeline) -> None:
+    """Opening a codec session per call (the default) gives exactly what a held one gives, and
+    holds nothing between calls."""
+    per_call, resident = OrtGraphs.load(pipeline.onnx), OrtGraphs.load(pipeline.onnx, resident_codec=True)
+    assert per_call.codec.held == {}
+    with np.load(pipeline.capture / "clone" / "encoder.npz") as data:
+        feeds = {"input_values": data["input_values"]}
+    assert np.array_equal(per_call.codec.run("encoder", feeds)["audio_codes"],
+                          resident.codec.run("encoder", feeds)["audio_codes"])
+    assert per_call.audio_tokenizer().config == resident.audio_tokenizer().config
