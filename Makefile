@@ -5,7 +5,7 @@
 #   make demo                 steps 0-4 on the tiny checkpoint, then the parity and end-to-end summaries
 #   make demo MODEL=full-random   the same at the real dims (minutes; ~10 GB RAM)
 #   make test                 the pytest suite (tiny checkpoint, CPU)
-#   make bench                PyTorch vs ONNX Runtime benchmark (see bench/README.md)
+#   make bench                PyTorch vs ONNX Runtime benchmark of the demo's export (README: Performance)
 #   make venv-gpu             .venv for an NVIDIA machine (requirements-gpu.txt)
 
 PYTHON ?= python3
@@ -60,8 +60,8 @@ demo: $(ONNX)/export-report.json
 	$(PY) parity_check.py --provider $(PROVIDER)
 	$(PY) infer_onnx.py --provider $(PROVIDER)
 
-bench: $(STAMP)
-	$(PY) bench/bench_omnivoice.py
+bench: $(ONNX)/export-report.json
+	$(PY) bench/bench_omnivoice.py --model $(MODEL) --onnx-dir $(ONNX) --capture-dir $(CAPTURE)
 
 clean:
 	rm -rf $(CAPTURE) $(ONNX) $(MODEL_MARK)

@@ -2,19 +2,22 @@
 """Benchmark PyTorch eager vs ONNX Runtime for OmniVoice: per-call latency, end to end, memory.
 
 Measures, for one checkpoint (tiny, full-random or a path) and its ONNX export:
+    gemm         this machine's fp32 GEMM peak, in a fresh process: torch.mm (MKL) and a one-node
+                 ONNX MatMul (ORT's MLAS) at square and model shapes; the higher is the ceiling
+                 the transformer's achieved GFLOP/s is reported against
     transformer  one forward at representative shapes (S ~ 200, 435, 800) with generate()'s real
                  cond/uncond layout; PyTorch padded (upstream) vs ORT padded vs ORT split
                  (cond and uncond rows each at their own length)
     encoder      5 s and 20 s of audio;  decoder  the same durations as codes
-    generate()   a voice clone from the ~5 s capture reference: PyTorch eager (upstream) vs the
-                 ONNX graphs inside the same generate() without PyTorch weights; final tokens compared
-    gemm         this machine's fp32 GEMM peak (torch, same run), against which the
-                 transformer's achieved GFLOP/s is reported
+    generate()   a voice clone from the ~5 s capture reference, each in a fresh process that
+                 loads the model and generates once: PyTorch eager (upstream) vs the ONNX graphs
+                 inside the same generate() without PyTorch weights; final tokens compared, and
+                 the peak RSS of that process (load + generate) is the memory figure
 
 Every variant runs in its own worker process (page faults and allocator state of one runtime
 would otherwise bias the next), workers alternate A B A B over --repeats rounds, and figures are
-medians with min..max spread. Peak RSS is each worker's own. Results go to
-bench/results/<date>-<host>-<model>.json and .md; the investigation log keeps the history.
+medians with min..max spread. Results go to bench/results/<date>-<host>-<model>.json and .md;
+the investigation log keeps the history.
 
     python bench/bench_omnivoice.py --model tiny --onnx-dir onnx --capture-dir capture
     python bench/bench_omnivoice.py --model full-random --onnx-dir bench/out/full/onnx \\
@@ -43,7 +46,7 @@ sys.path.insert(0, str(REPO))
 
 import numpy as np  # noqa: E402
 
-from omnivoice_export.cli import UserError, add_debug_flag, run_main, write_json_atomic  # noqa: E402
+from omnivoice_export.cli import UserError, add_debug_flag, atomic_path, run_main, write_json_atomic  # noqa: E402
 
 RESULTS = REPO / "bench" / "results"
 # Target texts giving S ~ 200 / 435 / 800 in clone mode with the ~5 s reference (real tokenizer).
@@ -59,6 +62,10 @@ SHAPE_TEXTS = {
 }
 E2E_TEXT = SHAPE_TEXTS["S~435"]
 CODEC_SECONDS = (5, 20)
+# One round, in order: the GEMM ceiling, then each pair of variants A B.
+WORKERS = ("gemm", "torch-calls", "onnx-calls", "torch-e2e", "onnx-e2e")
+# GEMM shapes (m, k, n): a square one and the transformer's own at S~435 split (730 rows).
+GEMM_SHAPES = ((2048, 2048, 2048), (730, 1024, 3072), (730, 3072, 1024), (730, 1024, 2048))
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -71,7 +78,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--calls", type=int, default=3, help="timed transformer/codec calls per worker and shape")
     parser.add_argument("--num-step", type=int, default=32, help="generate() steps")
     parser.add_argument("--skip-e2e", action="store_true", help="per-call figures only")
-    parser.add_argument("--worker", choices=("torch", "onnx"), help=argparse.SUPPRESS)
+    parser.add_argument("--worker", choices=WORKERS, help=argparse.SUPPRESS)
     parser.add_argument("--scratch", type=Path, help=argparse.SUPPRESS)  # torch logits for the ONNX worker
     add_debug_flag(parser)
     return parser.parse_args(argv)
@@ -85,6 +92,7 @@ class _Stop(Exception):
 
 def first_forward_inputs(model, request) -> dict[str, np.ndarray]:
     """The exact transformer inputs generate() builds for `request` (its real cond/uncond layout)."""
+    from omnivoice_export.capture import patched
     from omnivoice_export.generation import run_generate
 
     seen: dict[str, np.ndarray] = {}
@@ -93,17 +101,11 @@ def first_forward_inputs(model, request) -> dict[str, np.ndarray]:
         seen.update(input_ids=input_ids.numpy(), audio_mask=audio_mask.numpy(), attention_mask=attention_mask.numpy())
         raise _Stop
 
-    had = vars(model).get("forward")
-    model.forward = recorder
-    try:
-        run_generate(model, request)
-    except _Stop:
-        pass
-    finally:
-        if had is None:
-            del model.forward
-        else:
-            model.forward = had
+    with patched([(model, "forward", recorder)]):
+        try:
+            run_generate(model, request)
+        except _Stop:
+            pass
     return seen
 
 
@@ -118,21 +120,42 @@ def transformer_flops(config: dict[str, Any], lengths: list[int]) -> float:
                      for length in lengths))
 
 
-def gemm_peak() -> float:
-    """This machine's fp32 GEMM GFLOP/s (torch, all threads): max over square and model shapes."""
-    import torch
+def rate(fn, flops: float, seconds: float = 1.0) -> float:
+    """GFLOP/s of `fn` repeated for about `seconds`, after one warm-up call."""
+    fn()
+    started, count = time.perf_counter(), 0
+    while time.perf_counter() - started < seconds:
+        fn()
+        count += 1
+    return flops * count / (time.perf_counter() - started) / 1e9
 
-    best = 0.0
-    for m, k, n in ((2048, 2048, 2048), (886, 1024, 3072), (886, 3072, 1024)):
-        a, b = torch.randn(m, k), torch.randn(k, n)
-        torch.mm(a, b)
-        started = time.perf_counter()
-        count = 0
-        while time.perf_counter() - started < 1.0:
-            torch.mm(a, b)
-            count += 1
-        best = max(best, 2 * m * k * n * count / (time.perf_counter() - started) / 1e9)
-    return best
+
+def gemm_worker() -> dict[str, Any]:
+    """fp32 GEMM GFLOP/s of torch.mm and of ORT's MatMul (weight as an initializer, as in the
+    graph) per shape, all threads, before anything else is loaded. On CPUs that MKL does not
+    dispatch its AVX-512 kernels for (AMD), the two differ widely: the ceiling is the higher."""
+    import onnx
+    import onnxruntime as ort
+    import torch
+    from onnx import TensorProto, helper, numpy_helper
+
+    result: dict[str, Any] = {"torch_threads": torch.get_num_threads(), "torch_mkl": {}, "ort_mlas": {}}
+    rng = np.random.default_rng(0)
+    for m, k, n in GEMM_SHAPES:
+        label, flops = f"{m}x{k}x{n}", 2.0 * m * k * n
+        a = rng.standard_normal((m, k), dtype=np.float32)
+        b = rng.standard_normal((k, n), dtype=np.float32)
+        ta, tb = torch.from_numpy(a), torch.from_numpy(b)
+        result["torch_mkl"][label] = rate(lambda: torch.mm(ta, tb), flops)
+        graph = helper.make_graph([helper.make_node("MatMul", ["a", "b"], ["c"])], "gemm",
+                                  [helper.make_tensor_value_info("a", TensorProto.FLOAT, [m, k])],
+                                  [helper.make_tensor_value_info("c", TensorProto.FLOAT, [m, n])],
+                                  [numpy_helper.from_array(b, "b")])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+        session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        result["ort_mlas"][label] = rate(lambda: session.run(None, {"a": a}), flops)
+    result["peak_gflops"] = max(max(result["torch_mkl"].values()), max(result["ort_mlas"].values()))
+    return result
 
 
 def timed(fn, calls: int) -> list[float]:
@@ -145,82 +168,103 @@ def timed(fn, calls: int) -> list[float]:
     return times
 
 
-def worker(args) -> dict[str, Any]:
-    """One variant's measurements, in this process; printed as JSON on the last stdout line."""
+def load_variant(args, runtime: str, resident_codec: bool = False):
+    """(model, graphs or None): PyTorch eager OmniVoice, or the ONNX graphs inside generate()."""
+    from omnivoice_export.checkpoints import load_omnivoice, resolve_model
+    from omnivoice_export.ort_runtime import OrtGraphs, load_onnx_omnivoice
+
+    if runtime == "torch":
+        return load_omnivoice(resolve_model(args.model)), None
+    graphs = OrtGraphs.load(args.onnx_dir, "cpu", resident_codec=resident_codec)
+    return load_onnx_omnivoice(resolve_model(args.model), graphs, split=True), graphs
+
+
+def clone_request(args, text: str):
+    from omnivoice_export.generation import GenerationRequest
+
+    return GenerationRequest(mode="clone", text=text, ref_audio=str(args.capture_dir / "ref_voice.wav"),
+                             ref_text=(args.capture_dir / "ref_voice.txt").read_text().strip(),
+                             num_step=args.num_step)
+
+
+def calls_worker(args, runtime: str) -> dict[str, Any]:
+    """Per-call latencies of the transformer at each shape and of the codec graphs."""
     import torch
 
-    from omnivoice_export.checkpoints import load_omnivoice, resolve_model
+    from omnivoice_export.checkpoints import resolve_model
     from omnivoice_export.exporting import transformer_read_rows
-    from omnivoice_export.generation import GenerationRequest, run_generate
-    from omnivoice_export.measure import PeakRss
-    from omnivoice_export.ort_runtime import OrtGraphs, load_onnx_omnivoice, prefix_lengths, run, run_split
+    from omnivoice_export.ort_runtime import prefix_lengths, run, run_split
 
-    model_path = resolve_model(args.model)
-    config = json.loads((model_path / "config.json").read_text())
-    ref_text = (args.capture_dir / "ref_voice.txt").read_text().strip()
-    result: dict[str, Any] = {"variant": args.worker, "transformer": {}, "encoder": {}, "decoder": {}}
-    with PeakRss() as peak:
-        started = time.perf_counter()
-        if args.worker == "torch":
-            model = load_omnivoice(model_path)
-        else:
-            graphs = OrtGraphs.load(args.onnx_dir, "cpu")
-            model = load_onnx_omnivoice(model_path, graphs, split=True)
-        result["load_seconds"] = time.perf_counter() - started
-
-        def request(text: str) -> GenerationRequest:
-            return GenerationRequest(mode="clone", text=text, ref_audio=str(args.capture_dir / "ref_voice.wav"),
-                                     ref_text=ref_text, num_step=args.num_step)
-
-        for label, text in SHAPE_TEXTS.items():
-            feeds = first_forward_inputs(model, request(text))
-            lengths = prefix_lengths(feeds["attention_mask"])
-            seq = feeds["input_ids"].shape[-1]
-            entry = {"S": seq, "row_lengths": lengths, "flops_padded": transformer_flops(config, [seq] * len(lengths)),
-                     "flops_split": transformer_flops(config, lengths)}
-            if args.worker == "torch":
-                tensors = {k: torch.from_numpy(v) for k, v in feeds.items()}
-                with torch.inference_mode():
-                    entry["torch_padded"] = timed(lambda: model(**tensors), args.calls)
-                    reference = model(**tensors).logits.numpy()
-                np.save(args.scratch / f"{label}.npy", transformer_read_rows(reference, feeds["attention_mask"]))
-            else:
-                session = graphs.transformer
-                entry["ort_padded"] = timed(lambda: run(session, feeds), args.calls)
-                entry["ort_split"] = timed(lambda: run_split(session, **feeds), args.calls)
-                reference_path = args.scratch / f"{label}.npy"
-                if reference_path.is_file():
-                    got = run_split(session, **feeds)
-                    rows = transformer_read_rows(got, feeds["attention_mask"])
-                    entry["split_vs_torch_max_abs"] = float(np.abs(rows - np.load(reference_path)).max())
-            result["transformer"][label] = entry
-
-        rng = np.random.default_rng(0)
-        for seconds in CODEC_SECONDS:
-            frames = seconds * 25
-            audio = (rng.standard_normal((1, 1, frames * 960)) * 0.1).astype(np.float32)
+    config = json.loads((resolve_model(args.model) / "config.json").read_text())
+    result: dict[str, Any] = {"transformer": {}, "encoder": {}, "decoder": {}, "torch_threads": torch.get_num_threads()}
+    model, graphs = load_variant(args, runtime, resident_codec=True)  # a call's time, not a session load
+    for label, text in SHAPE_TEXTS.items():
+        feeds = first_forward_inputs(model, clone_request(args, text))
+        lengths = prefix_lengths(feeds["attention_mask"])
+        seq = feeds["input_ids"].shape[-1]
+        entry = {"S": seq, "row_lengths": lengths, "flops_padded": transformer_flops(config, [seq] * len(lengths)),
+                 "flops_split": transformer_flops(config, lengths)}
+        if runtime == "torch":
+            tensors = {k: torch.from_numpy(v) for k, v in feeds.items()}
             with torch.inference_mode():
-                codes = model.audio_tokenizer.encode(torch.from_numpy(audio)).audio_codes
-            if args.worker == "torch":
-                with torch.inference_mode():
-                    result["encoder"][f"{seconds}s"] = timed(lambda: model.audio_tokenizer.encode(torch.from_numpy(audio)), args.calls)
-                    result["decoder"][f"{seconds}s"] = timed(lambda: model.audio_tokenizer.decode(codes), args.calls)
+                entry["torch_padded"] = timed(lambda: model(**tensors), args.calls)
+                reference = model(**tensors).logits.numpy()
+            np.save(args.scratch / f"{label}.npy", transformer_read_rows(reference, feeds["attention_mask"]))
+        else:
+            session = graphs.transformer
+            entry["ort_padded"] = timed(lambda: run(session, feeds), args.calls)
+            entry["ort_split"] = timed(lambda: run_split(session, **feeds), args.calls)
+            reference_path = args.scratch / f"{label}.npy"
+            if reference_path.is_file():
+                rows = transformer_read_rows(run_split(session, **feeds), feeds["attention_mask"])
+                entry["split_vs_torch_max_abs"] = float(np.abs(rows - np.load(reference_path)).max())
+        result["transformer"][label] = entry
+
+    rng = np.random.default_rng(0)
+    for seconds in CODEC_SECONDS:
+        audio = (rng.standard_normal((1, 1, seconds * 25 * 960)) * 0.1).astype(np.float32)
+        with torch.inference_mode():
+            codes = model.audio_tokenizer.encode(torch.from_numpy(audio)).audio_codes
+            if runtime == "torch":
+                result["encoder"][f"{seconds}s"] = timed(lambda: model.audio_tokenizer.encode(torch.from_numpy(audio)), args.calls)
+                result["decoder"][f"{seconds}s"] = timed(lambda: model.audio_tokenizer.decode(codes), args.calls)
             else:
-                result["encoder"][f"{seconds}s"] = timed(lambda: run(graphs.encoder, {"input_values": audio}), args.calls)
-                result["decoder"][f"{seconds}s"] = timed(lambda: run(graphs.decoder, {"audio_codes": codes.numpy()}), args.calls)
+                result["encoder"][f"{seconds}s"] = timed(lambda: graphs.codec.run("encoder", {"input_values": audio}), args.calls)
+                result["decoder"][f"{seconds}s"] = timed(lambda: graphs.codec.run("decoder", {"audio_codes": codes.numpy()}), args.calls)
+    return result
 
-        if not args.skip_e2e:
-            from omnivoice_export.capture import Recorder
 
-            recorder = Recorder(model, Path("."), steps=set())
-            started = time.perf_counter()
-            with recorder.active():
-                run_generate(model, request(E2E_TEXT))
-            result["e2e_seconds"] = time.perf_counter() - started
-            result["e2e_final_tokens"] = recorder.token_states[-1].tolist()
+def e2e_worker(args, runtime: str) -> dict[str, Any]:
+    """Load the model and run one clone generate(): wall times and final tokens. The worker's
+    peak RSS (taken by the caller) is then what a user running this once sees."""
+    import torch
+
+    from omnivoice_export.capture import Recorder
+    from omnivoice_export.generation import run_generate
+
+    started = time.perf_counter()
+    model, _ = load_variant(args, runtime)
+    result: dict[str, Any] = {"load_seconds": time.perf_counter() - started, "torch_threads": torch.get_num_threads()}
+    recorder = Recorder(model, Path("."), steps=set())  # steps=set(): tokens only, nothing written
+    started = time.perf_counter()
+    with recorder.active():
+        run_generate(model, clone_request(args, E2E_TEXT))
+    result["e2e_seconds"] = time.perf_counter() - started
+    result["e2e_final_tokens"] = recorder.token_states[-1].tolist()
+    return result
+
+
+def worker(args) -> dict[str, Any]:
+    """One worker's measurements, in this process; printed as JSON on the last stdout line."""
+    from omnivoice_export.measure import PeakRss
+
+    with PeakRss() as peak:
+        if args.worker == "gemm":
+            result = gemm_worker()
+        else:
+            runtime, kind = args.worker.split("-")
+            result = (calls_worker if kind == "calls" else e2e_worker)(args, runtime)
     result["peak_rss_mb"] = peak.peak_mb
-    if args.worker == "torch":
-        result["gemm_peak_gflops"] = gemm_peak()
     return result
 
 
@@ -230,8 +274,6 @@ def spawn(args, variant: str) -> dict[str, Any]:
     command = [sys.executable, __file__, "--worker", variant, "--model", args.model, "--onnx-dir", str(args.onnx_dir),
                "--capture-dir", str(args.capture_dir), "--calls", str(args.calls), "--num-step", str(args.num_step),
                "--scratch", str(args.scratch)]
-    if args.skip_e2e:
-        command.append("--skip-e2e")
     done = subprocess.run(command, capture_output=True, text=True, cwd=REPO)
     if done.returncode != 0:
         raise RuntimeError(f"{variant} worker failed:\n{done.stderr[-3000:]}")
@@ -244,68 +286,91 @@ def spread(values: list[float]) -> dict[str, float]:
 
 def summarise(rounds: list[dict[str, dict]]) -> dict[str, Any]:
     """Pool every round's timings per variant and shape; ratios of medians."""
-    torch_runs = [r["torch"] for r in rounds]
-    onnx_runs = [r["onnx"] for r in rounds]
-    peak = max(r["gemm_peak_gflops"] for r in torch_runs)
-    summary: dict[str, Any] = {"gemm_peak_gflops": peak, "transformer": {}, "codec": {}}
+    def runs(variant: str) -> list[dict]:
+        return [r[variant] for r in rounds if variant in r]
+
+    gemm = runs("gemm")
+    peak = max(r["peak_gflops"] for r in gemm)
+    summary: dict[str, Any] = {
+        "gemm": {"peak_gflops": peak,
+                 "torch_mkl_best": max(max(r["torch_mkl"].values()) for r in gemm),
+                 "ort_mlas_best": max(max(r["ort_mlas"].values()) for r in gemm),
+                 "torch_threads": gemm[0]["torch_threads"]},
+        "transformer": {}, "codec": {}}
+    torch_calls, onnx_calls = runs("torch-calls"), runs("onnx-calls")
     for label in SHAPE_TEXTS:
-        first = torch_runs[0]["transformer"][label]
+        first = torch_calls[0]["transformer"][label]
         row = {"S": first["S"], "row_lengths": first["row_lengths"]}
-        for variant, runs, key in (("torch_padded", torch_runs, "torch_padded"), ("ort_padded", onnx_runs, "ort_padded"),
-                                   ("ort_split", onnx_runs, "ort_split")):
-            row[variant] = spread([t for r in runs for t in r["transformer"][label][key]])
+        for key, calls in (("torch_padded", torch_calls), ("ort_padded", onnx_calls), ("ort_split", onnx_calls)):
+            row[key] = spread([t for r in calls for t in r["transformer"][label][key]])
         row["gflops"] = {
             "torch_padded": first["flops_padded"] / row["torch_padded"]["median"] / 1e9,
             "ort_padded": first["flops_padded"] / row["ort_padded"]["median"] / 1e9,
             "ort_split": first["flops_split"] / row["ort_split"]["median"] / 1e9}
         row["fraction_of_gemm_peak"] = {k: v / peak for k, v in row["gflops"].items()}
         row["speedup_ort_split_vs_torch"] = row["torch_padded"]["median"] / row["ort_split"]["median"]
-        row["split_vs_torch_max_abs"] = max(r["transformer"][label].get("split_vs_torch_max_abs", 0.0) for r in onnx_runs)
+        row["split_vs_torch_max_abs"] = max(r["transformer"][label].get("split_vs_torch_max_abs", 0.0) for r in onnx_calls)
         summary["transformer"][label] = row
     for part in ("encoder", "decoder"):
         for seconds in CODEC_SECONDS:
             key = f"{seconds}s"
-            torch_t = spread([t for r in torch_runs for t in r[part][key]])
-            onnx_t = spread([t for r in onnx_runs for t in r[part][key]])
+            torch_t = spread([t for r in torch_calls for t in r[part][key]])
+            onnx_t = spread([t for r in onnx_calls for t in r[part][key]])
             summary["codec"][f"{part} {key}"] = {"torch": torch_t, "ort": onnx_t,
                                                   "speedup": torch_t["median"] / onnx_t["median"]}
-    if "e2e_seconds" in torch_runs[0]:
-        torch_e2e = spread([r["e2e_seconds"] for r in torch_runs])
-        onnx_e2e = spread([r["e2e_seconds"] for r in onnx_runs])
-        reference = np.array(torch_runs[0]["e2e_final_tokens"])
+    summary["peak_rss_mb_calls"] = {"torch": max(r["peak_rss_mb"] for r in torch_calls),
+                                    "onnx": max(r["peak_rss_mb"] for r in onnx_calls)}
+    torch_e2e, onnx_e2e = runs("torch-e2e"), runs("onnx-e2e")
+    if torch_e2e:
+        reference = np.array(torch_e2e[0]["e2e_final_tokens"])
         matches = [float(np.mean(np.array(r["e2e_final_tokens"]) == reference))
-                   if np.array(r["e2e_final_tokens"]).shape == reference.shape else 0.0 for r in onnx_runs]
-        summary["generate"] = {"torch": torch_e2e, "onnx": onnx_e2e, "speedup": torch_e2e["median"] / onnx_e2e["median"],
-                               "final_token_match": min(matches), "target_frames": int(reference.shape[-1])}
-    summary["peak_rss_mb"] = {"torch": max(r["peak_rss_mb"] for r in torch_runs),
-                              "onnx": max(r["peak_rss_mb"] for r in onnx_runs)}
+                   if np.array(r["e2e_final_tokens"]).shape == reference.shape else 0.0
+                   for r in torch_e2e[1:] + onnx_e2e]
+        torch_t = spread([r["e2e_seconds"] for r in torch_e2e])
+        onnx_t = spread([r["e2e_seconds"] for r in onnx_e2e])
+        summary["generate"] = {
+            "torch": torch_t, "onnx": onnx_t, "speedup": torch_t["median"] / onnx_t["median"],
+            "final_token_match": min(matches), "target_frames": int(reference.shape[-1]),
+            "load_seconds": {"torch": spread([r["load_seconds"] for r in torch_e2e]),
+                             "onnx": spread([r["load_seconds"] for r in onnx_e2e])},
+            "peak_rss_mb": {"torch": spread([r["peak_rss_mb"] for r in torch_e2e]),
+                            "onnx": spread([r["peak_rss_mb"] for r in onnx_e2e])}}
     return summary
 
 
 def markdown(summary: dict[str, Any], meta: dict[str, Any]) -> str:
+    gemm = summary["gemm"]
     lines = [f"# OmniVoice benchmark: {meta['model']} on {meta['host']} ({meta['date']})", "",
-             f"{meta['cpus']} CPUs; fp32 GEMM peak {summary['gemm_peak_gflops']:.0f} GFLOP/s (torch, same run); "
+             f"{meta['cpus']} CPUs, torch {gemm['torch_threads']} threads; fp32 GEMM peak "
+             f"{gemm['peak_gflops']:.0f} GFLOP/s (best of torch.mm/MKL {gemm['torch_mkl_best']:.0f} and "
+             f"ORT MatMul/MLAS {gemm['ort_mlas_best']:.0f}, fresh process, same run); "
              f"{meta['repeats']} interleaved rounds, medians (min..max).", "",
              "| transformer call | rows | torch padded s | ORT padded s | ORT split s | split speedup | "
-             "GFLOP/s torch / ORT split (% peak) |", "|---|---|---|---|---|---|---|"]
+             "GFLOP/s torch / ORT split (% of peak) |", "|---|---|---|---|---|---|---|"]
     for label, row in summary["transformer"].items():
         t, p, s = row["torch_padded"], row["ort_padded"], row["ort_split"]
         lines.append(f"| {label} (S={row['S']}) | {row['row_lengths']} | {t['median']:.3f} ({t['min']:.3f}..{t['max']:.3f}) | "
                      f"{p['median']:.3f} | {s['median']:.3f} ({s['min']:.3f}..{s['max']:.3f}) | "
-                     f"{row['speedup_ort_split_vs_torch']:.2f}x | {row['gflops']['torch_padded']:.0f} / "
-                     f"{row['gflops']['ort_split']:.0f} ({100 * row['fraction_of_gemm_peak']['ort_split']:.0f}%) |")
+                     f"{row['speedup_ort_split_vs_torch']:.2f}x | {row['gflops']['torch_padded']:.0f} "
+                     f"({100 * row['fraction_of_gemm_peak']['torch_padded']:.0f}%) / {row['gflops']['ort_split']:.0f} "
+                     f"({100 * row['fraction_of_gemm_peak']['ort_split']:.0f}%) |")
     lines += ["", "| codec call | torch s | ORT s | speedup |", "|---|---|---|---|"]
     for label, row in summary["codec"].items():
         lines.append(f"| {label} | {row['torch']['median']:.3f} | {row['ort']['median']:.3f} | {row['speedup']:.2f}x |")
     if "generate" in summary:
         g = summary["generate"]
-        lines += ["", f"generate() clone, {g['target_frames']} target frames: torch {g['torch']['median']:.1f} s "
-                  f"({g['torch']['min']:.1f}..{g['torch']['max']:.1f}), ONNX {g['onnx']['median']:.1f} s "
-                  f"({g['onnx']['min']:.1f}..{g['onnx']['max']:.1f}): **{g['speedup']:.2f}x**; "
-                  f"final tokens equal: {100 * g['final_token_match']:.2f}%"]
-    rss = summary["peak_rss_mb"]
-    lines += [f"Peak RSS: torch {rss['torch']:.0f} MB, ONNX {rss['onnx']:.0f} MB "
-              f"({rss['onnx'] / rss['torch']:.2f}x)", ""]
+        rss = g["peak_rss_mb"]
+        lines += ["", f"generate() clone, {g['target_frames']} target frames, {meta['num_step']} steps, a fresh "
+                  f"process per run: torch {g['torch']['median']:.1f} s ({g['torch']['min']:.1f}..{g['torch']['max']:.1f}), "
+                  f"ONNX {g['onnx']['median']:.1f} s ({g['onnx']['min']:.1f}..{g['onnx']['max']:.1f}): "
+                  f"**{g['speedup']:.2f}x**; final tokens equal: {100 * g['final_token_match']:.2f}%", "",
+                  f"Peak RSS of that process (load + generate): torch {rss['torch']['median']:.0f} MB "
+                  f"({rss['torch']['min']:.0f}..{rss['torch']['max']:.0f}), ONNX {rss['onnx']['median']:.0f} MB "
+                  f"({rss['onnx']['min']:.0f}..{rss['onnx']['max']:.0f}): "
+                  f"**{rss['onnx']['median'] / rss['torch']['median']:.2f}x**"]
+    calls = summary["peak_rss_mb_calls"]
+    lines += [f"Peak RSS of the per-call workers (every shape above, 20 s codec calls): torch {calls['torch']:.0f} MB, "
+              f"ONNX {calls['onnx']:.0f} MB", ""]
     return "\n".join(lines)
 
 
@@ -319,10 +384,11 @@ def main(argv: list[str] | None = None) -> None:
     if not (args.onnx_dir / "export-report.json").is_file():
         raise UserError(f"no export in {args.onnx_dir}", "run export_omnivoice.py (step 2) first")
     args.scratch = Path(tempfile.mkdtemp(prefix="omnivoice-bench-"))
+    variants = [w for w in WORKERS if not (args.skip_e2e and w.endswith("-e2e"))]
     rounds = []
     for index in range(args.repeats):
         round_ = {}
-        for variant in ("torch", "onnx"):  # A B A B: drift hits both alike
+        for variant in variants:  # A B A B: drift hits both alike
             print(f"round {index + 1}/{args.repeats}: {variant} ...", flush=True)
             round_[variant] = spawn(args, variant)
         rounds.append(round_)
@@ -336,7 +402,8 @@ def main(argv: list[str] | None = None) -> None:
     stem = RESULTS / f"{meta['date']}-{meta['host']}-{Path(args.model).name}"
     write_json_atomic(stem.with_suffix(".json"), {"meta": meta, "summary": summary, "rounds": rounds})
     text = markdown(summary, meta)
-    stem.with_suffix(".md").write_text(text)
+    with atomic_path(stem.with_suffix(".md")) as tmp:
+        tmp.write_text(text)
     shutil.rmtree(args.scratch, ignore_errors=True)
     print(text)
     print(f"results: {stem.with_suffix('.json')}")
