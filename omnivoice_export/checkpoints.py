@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from omnivoice_export.cli import REPO_ROOT, UserError, add_debug_flag, disk_full_error, run_main
+from omnivoice_export.cli import REPO_ROOT, UserError, add_debug_flag, disk_full_error, run_main, umask_mode
 
 MODEL_ENV = "OMNIVOICE_MODEL"
 DEFAULT_MODEL_PATH = "/mnt/data/models/omnivoice/k2-fsa-OmniVoice"
@@ -250,6 +250,7 @@ def build_checkpoint(name: str, out_dir: Path, seed: int = 0) -> Path:
         (tmp / BUILD_STAMP).write_text(json.dumps(
             {"checkpoint": name, "seed": seed, "builder_version": BUILDER_VERSION,
              "build_seconds": round(time.perf_counter() - started, 2)}, indent=2) + "\n")
+        umask_mode(*(f for f in tmp.rglob("*") if f.is_file()))
         if out_dir.exists():
             shutil.rmtree(out_dir)
         os.replace(tmp, out_dir)

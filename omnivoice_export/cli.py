@@ -109,6 +109,19 @@ def run_main(main: Callable[[list[str] | None], None], argv: list[str] | None = 
         sys.exit(EXIT_BAD_INPUT)
 
 
+def umask_mode(*paths: Path) -> None:
+    """Give each file the mode a plain open() gives (0666 minus the umask).
+
+    onnx's external-data writer and safetensors create their files 0600, so an exported graph's
+    sidecar or a built checkpoint would be unreadable to other users of a shared machine or
+    container while its `.onnx` is readable.
+    """
+    mask = os.umask(0)
+    os.umask(mask)
+    for path in paths:
+        os.chmod(path, 0o666 & ~mask)
+
+
 def temp_path_for(path: Path) -> Path:
     """The hidden sibling a file is written to before it is renamed into place."""
     return path.with_name(f".{path.name}.tmp-{os.getpid()}")

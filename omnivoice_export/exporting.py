@@ -29,7 +29,7 @@ import torch
 
 from omnivoice_export import checkpoints, wrappers
 from omnivoice_export.checkpoints import sha256_file
-from omnivoice_export.cli import disk_full_error
+from omnivoice_export.cli import disk_full_error, umask_mode
 from omnivoice_export.measure import PeakRss
 
 DEFAULT_OPSET = 18
@@ -224,6 +224,7 @@ def install_graphs(staging: Path, onnx_dir: Path, graphs: list[str]) -> None:
     onnx_dir.mkdir(parents=True, exist_ok=True)
     for graph in graphs:
         name = wrappers.GRAPH_FILES[graph]
+        umask_mode(staging / name, staging / (name + ".data"))
         (onnx_dir / name).unlink(missing_ok=True)
         os.replace(staging / (name + ".data"), onnx_dir / (name + ".data"))
         os.replace(staging / name, onnx_dir / name)

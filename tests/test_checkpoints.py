@@ -7,6 +7,7 @@ these tests check each of those failure modes on the built weights, through the 
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -126,6 +127,15 @@ def test_build_is_deterministic(two_builds: tuple[Path, Path], tiny_model: Path)
     assert model_fingerprint(first) == model_fingerprint(second) == model_fingerprint(tiny_model)
     for name in checkpoints.REQUIRED_FILES:
         assert (first / name).read_bytes() == (second / name).read_bytes(), f"{name} differs between builds"
+
+
+def test_build_files_have_the_umask_mode(two_builds: tuple[Path, Path]) -> None:
+    """A built checkpoint is readable as the user's umask allows (safetensors writes 0600)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    modes = {str(p.relative_to(two_builds[0])): oct(p.stat().st_mode & 0o777)
+             for p in two_builds[0].rglob("*") if p.is_file()}
+    assert set(modes.values()) == {oct(0o666 & ~mask)}, modes
 
 
 def test_fingerprint_changes_with_one_weight(two_builds: tuple[Path, Path], tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ directory. Everything is read back from the files themselves, not from what the 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -92,6 +93,15 @@ def test_one_sidecar_per_graph_and_no_stray_files(export: tuple[str, Path]) -> N
         assert external, f"{name} keeps no weights in its sidecar"
         assert {e["location"] for e in external} == {name + ".data"}
         assert max(int(e["offset"]) + int(e["length"]) for e in external) <= sidecar_bytes
+
+
+def test_export_files_have_the_umask_mode(export: tuple[str, Path]) -> None:
+    """Graphs and sidecars are readable as the user's umask allows (onnx writes sidecars 0600)."""
+    _, onnx_dir = export
+    mask = os.umask(0)
+    os.umask(mask)
+    modes = {p.name: oct(p.stat().st_mode & 0o777) for p in onnx_dir.iterdir()}
+    assert set(modes.values()) == {oct(0o666 & ~mask)}, modes
 
 
 @pytest.mark.parametrize("graph", wrappers.GRAPH_NAMES)
