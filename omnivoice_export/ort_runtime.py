@@ -85,8 +85,11 @@ def run(session, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return dict(zip(names, session.run(names, feeds)))
 
 
-def graph_metadata(session) -> dict[str, str]:
-    return dict(session.get_modelmeta().custom_metadata_map)
+def read_graph_metadata(path: Path) -> dict[str, str]:
+    """A graph's metadata_props, read from its .onnx alone (no weights, no session)."""
+    import onnx
+
+    return {prop.key: prop.value for prop in onnx.load(str(path), load_external_data=False).metadata_props}
 
 
 @dataclass
@@ -154,6 +157,21 @@ def prefix_lengths(attention_mask: np.ndarray) -> list[int] | None:
     return lengths
 
 
+def split_feeds(input_ids: np.ndarray, audio_mask: np.ndarray,
+                attention_mask: np.ndarray) -> list[tuple[np.ndarray, dict[str, np.ndarray]]] | None:
+    """(row indices, transformer feeds cut to their length L) per group of equal-length rows;
+    None when the mask is not of block form (see prefix_lengths)."""
+    lengths = prefix_lengths(attention_mask)
+    if lengths is None:
+        return None
+    groups = []
+    for length in sorted(set(lengths)):
+        rows = np.array([r for r, l in enumerate(lengths) if l == length])
+        groups.append((rows, {"input_ids": input_ids[rows, :, :length], "audio_mask": audio_mask[rows, :length],
+                              "attention_mask": attention_mask[rows][:, :, :length, :length]}))
+    return groups
+
+
 def run_split(session, input_ids: np.ndarray, audio_mask: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
     """The transformer with each group of equal-length rows run at its own length.
 
@@ -163,18 +181,16 @@ def run_split(session, input_ids: np.ndarray, audio_mask: np.ndarray, attention_
     rows beyond L are never read by generate() and are returned as zeros. Falls back to one
     padded call when the mask is not of that block form.
     """
-    lengths = prefix_lengths(attention_mask)
-    if lengths is None:
+    groups = split_feeds(input_ids, audio_mask, attention_mask)
+    if groups is None:
         return run(session, {"input_ids": input_ids, "audio_mask": audio_mask, "attention_mask": attention_mask})["logits"]
     rows_total, codebooks, seq = input_ids.shape
     logits = None
-    for length in sorted(set(lengths)):
-        rows = np.array([r for r, l in enumerate(lengths) if l == length])
-        out = run(session, {"input_ids": input_ids[rows, :, :length], "audio_mask": audio_mask[rows, :length],
-                            "attention_mask": attention_mask[rows][:, :, :length, :length]})["logits"]
+    for rows, feeds in groups:
+        out = run(session, feeds)["logits"]
         if logits is None:
             logits = np.zeros((rows_total, codebooks, seq, out.shape[-1]), dtype=out.dtype)
-        logits[rows, :, :length] = out
+        logits[rows, :, :out.shape[2]] = out
     return logits
 
 
@@ -216,11 +232,8 @@ class OrtGraphs:
         return cls(transformer, CodecSessions(onnx_dir, provider, threads, resident_codec))
 
     def codec_config(self) -> CodecConfig:
-        """From the encoder's metadata, read from the graph file (no session, no weights)."""
-        import onnx
-
-        graph = onnx.load(str(self.codec.paths["encoder"]), load_external_data=False)
-        meta = {prop.key: prop.value for prop in graph.metadata_props}
+        """From the encoder's metadata (read from the graph file: no session, no weights)."""
+        meta = read_graph_metadata(self.codec.paths["encoder"])
         return CodecConfig(int(meta["sample_rate"]), int(meta["hop_length"]), int(meta["frame_rate"]))
 
     def audio_tokenizer(self) -> OrtAudioTokenizer:

@@ -15,6 +15,7 @@ from typing import Any
 from omnivoice_export import capture
 from omnivoice_export.checkpoints import sha256_file
 from omnivoice_export.cli import UserError, read_json, write_json_atomic
+from omnivoice_export.ort_runtime import read_graph_metadata
 
 REPORT_NAME = "export-report.json"
 REPORT_FORMAT = 1
@@ -57,13 +58,10 @@ def check_graph_metadata(path: Path, graph: str, entry: dict[str, Any], fingerpr
     Catches a graph copied in from another export (another opset, the legacy exporter, another
     model) with a name that error messages can act on; sha256 alone would only say "differs".
     """
-    import onnx
-
     try:
-        model = onnx.load(str(path), load_external_data=False)
+        meta = read_graph_metadata(path)
     except Exception as exc:  # onnx raises protobuf DecodeError and others for a non-ONNX file
         raise UserError(f"{path} is not a readable ONNX graph ({type(exc).__name__})", REEXPORT_FIX) from exc
-    meta = {prop.key: prop.value for prop in model.metadata_props}
     found = (meta.get("graph"), meta.get("exporter"), meta.get("opset"), meta.get("model_fingerprint"))
     said = (graph, entry["exporter"], str(entry["opset"]), fingerprint)
     if found != said:

@@ -20,7 +20,7 @@ import export_omnivoice
 from conftest import CausalTransformerWrapper, Pipeline, read_report
 from omnivoice_export import capture, exporting, wrappers
 from omnivoice_export.checkpoints import model_fingerprint, sha256_file
-from omnivoice_export.ort_runtime import graph_metadata, make_session
+from omnivoice_export.ort_runtime import make_session
 
 # The design table: (name, dtype, dims) per input and output; str dims are symbolic.
 CONTRACT = {
@@ -108,7 +108,7 @@ def test_export_files_have_the_umask_mode(export: tuple[str, Path]) -> None:
 def test_metadata_props(export: tuple[str, Path], pipeline: Pipeline, graph: str) -> None:
     """The constants a runtime needs travel inside each graph and read back through onnxruntime."""
     exporter, onnx_dir = export
-    meta = graph_metadata(make_session(onnx_dir / wrappers.GRAPH_FILES[graph]))
+    meta = dict(make_session(onnx_dir / wrappers.GRAPH_FILES[graph]).get_modelmeta().custom_metadata_map)
     assert meta["graph"] == graph
     assert meta["model_fingerprint"] == model_fingerprint(pipeline.model)
     assert {k: meta[k] for k in CONSTANTS} == CONSTANTS
