@@ -107,9 +107,14 @@ def consolidate_external_data(src: Path, dst: Path) -> list[str]:
                        if init.data_location == onnx.TensorProto.EXTERNAL
                        for entry in init.external_data if entry.key == "location"})
     onnx.load_external_data_for_model(model, str(src.parent))
+    save_with_sidecar(model, dst)
+    return original
+
+
+def save_with_sidecar(model: onnx.ModelProto, dst: Path) -> None:
+    """Save `model` as `dst` with every tensor over 1 KB in the one sidecar `dst.name + '.data'`."""
     onnx.save_model(model, str(dst), save_as_external_data=True, all_tensors_to_one_file=True,
                     location=dst.name + ".data", size_threshold=1024)
-    return original
 
 
 # Readable names for the outputs' symbolic dims (dynamo names derived dims like "s76").

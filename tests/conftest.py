@@ -162,8 +162,7 @@ def perturbed_transformer(pipeline: Pipeline, tmp_path_factory) -> Path:
     assert len(heads) == 1, f"expected one audio_heads MatMul weight, found {[h.name for h in heads]}"
     scaled = numpy_helper.to_array(heads[0]) * np.float32(AUDIO_HEAD_SCALE)
     heads[0].CopyFrom(numpy_helper.from_array(scaled, heads[0].name))
-    onnx.save_model(model, str(out / name), save_as_external_data=True, all_tensors_to_one_file=True,
-                    location=name + ".data", size_threshold=1024)
+    exporting.save_with_sidecar(model, out / name)
     assert sorted(os.listdir(out)) == [name, name + ".data"]
     return out
 
