@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from omnivoice_export import capture, metrics, report
+from omnivoice_export import capture, metrics, report, wrappers
 from omnivoice_export.checkpoints import load_omnivoice, resolve_model, validate_checkpoint_dir
 from omnivoice_export.cli import REPO_ROOT, CheckFailed, UserError, add_debug_flag, atomic_path, run_main
 from omnivoice_export.generation import (DEFAULT_SEED, LANGUAGE, SAMPLE_RATE, GenerationRequest, check_language,
@@ -161,8 +161,7 @@ def check_compare_flags(args, manifest: dict) -> None:
 
 
 def compare(args) -> None:
-    manifest, export = report.verify_against_capture(args.capture_dir, args.onnx_dir,
-                                                     ["transformer", "encoder", "decoder"])
+    manifest, export = report.verify_against_capture(args.capture_dir, args.onnx_dir, list(wrappers.GRAPH_NAMES))
     check_compare_flags(args, manifest)
     if "clone" in manifest["modes"]:
         capture.reference_wav(args.capture_dir, manifest)  # the very reference the clone tokens came from
@@ -213,7 +212,7 @@ def synthesize(args) -> None:
     language = LANGUAGE if args.language is None else args.language
     check_language(language)
     export = report.load_report(args.onnx_dir)
-    report.verify_graphs(args.onnx_dir, export, ["transformer", "encoder", "decoder"])
+    report.verify_graphs(args.onnx_dir, export, list(wrappers.GRAPH_NAMES))
     model_path = resolve_model(args.model) if args.model else validate_checkpoint_dir(Path(export["model"]["path"]))
     mode = "clone" if args.ref_audio else "design" if args.instruct else "auto"
     request = GenerationRequest(mode=mode, text=args.text, seed=DEFAULT_SEED if args.seed is None else args.seed,

@@ -46,6 +46,7 @@ sys.path.insert(0, str(REPO))
 
 import numpy as np  # noqa: E402
 
+from make_reference import REF_TXT, REF_WAV  # noqa: E402
 from omnivoice_export.cli import UserError, add_debug_flag, atomic_path, run_main, write_json_atomic  # noqa: E402
 
 RESULTS = REPO / "bench" / "results"
@@ -179,12 +180,12 @@ def load_variant(args, runtime: str, resident_codec: bool = False):
     return load_onnx_omnivoice(resolve_model(args.model), graphs, split=True), graphs
 
 
-def clone_request(args, text: str):
+def clone_request(capture_dir: Path, text: str, num_step: int):
+    """A voice clone of `text` from step 0's reference in `capture_dir`."""
     from omnivoice_export.generation import GenerationRequest
 
-    return GenerationRequest(mode="clone", text=text, ref_audio=str(args.capture_dir / "ref_voice.wav"),
-                             ref_text=(args.capture_dir / "ref_voice.txt").read_text().strip(),
-                             num_step=args.num_step)
+    return GenerationRequest(mode="clone", text=text, ref_audio=str(capture_dir / REF_WAV),
+                             ref_text=(capture_dir / REF_TXT).read_text().strip(), num_step=num_step)
 
 
 def calls_worker(args, runtime: str) -> dict[str, Any]:
@@ -199,7 +200,7 @@ def calls_worker(args, runtime: str) -> dict[str, Any]:
     result: dict[str, Any] = {"transformer": {}, "encoder": {}, "decoder": {}, "torch_threads": torch.get_num_threads()}
     model, graphs = load_variant(args, runtime, resident_codec=True)  # a call's time, not a session load
     for label, text in SHAPE_TEXTS.items():
-        feeds = first_forward_inputs(model, clone_request(args, text))
+        feeds = first_forward_inputs(model, clone_request(args.capture_dir, text, args.num_step))
         lengths = prefix_lengths(feeds["attention_mask"])
         seq = feeds["input_ids"].shape[-1]
         entry = {"S": seq, "row_lengths": lengths, "flops_padded": transformer_flops(config, [seq] * len(lengths)),
@@ -248,7 +249,7 @@ def e2e_worker(args, runtime: str) -> dict[str, Any]:
     recorder = Recorder(model, Path("."), steps=set())  # steps=set(): tokens only, nothing written
     started = time.perf_counter()
     with recorder.active():
-        run_generate(model, clone_request(args, E2E_TEXT))
+        run_generate(model, clone_request(args.capture_dir, E2E_TEXT, args.num_step))
     result["e2e_seconds"] = time.perf_counter() - started
     result["e2e_final_tokens"] = recorder.token_states[-1].tolist()
     return result
@@ -379,8 +380,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.worker:
         print(json.dumps(worker(args)))
         return
-    if not (args.capture_dir / "ref_voice.wav").is_file():
-        raise UserError(f"{args.capture_dir / 'ref_voice.wav'} not found", "run make_reference.py (step 0) first")
+    if not (args.capture_dir / REF_WAV).is_file():
+        raise UserError(f"{args.capture_dir / REF_WAV} not found", "run make_reference.py (step 0) first")
     if not (args.onnx_dir / "export-report.json").is_file():
         raise UserError(f"no export in {args.onnx_dir}", "run export_omnivoice.py (step 2) first")
     args.scratch = Path(tempfile.mkdtemp(prefix="omnivoice-bench-"))

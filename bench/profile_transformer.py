@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from bench_omnivoice import SHAPE_TEXTS, first_forward_inputs, transformer_flops  # noqa: E402
+from bench_omnivoice import SHAPE_TEXTS, clone_request, first_forward_inputs, transformer_flops  # noqa: E402
 
 from omnivoice_export.cli import add_debug_flag, run_main  # noqa: E402
 
@@ -62,18 +62,18 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     from omnivoice_export.checkpoints import resolve_model
     from omnivoice_export.generation import GenerationRequest
-    from omnivoice_export.ort_runtime import OrtGraphs, load_onnx_omnivoice, prefix_lengths
+    from omnivoice_export.ort_runtime import OrtGraphs, load_onnx_omnivoice, prefix_lengths, split_feeds
+    from omnivoice_export.wrappers import GRAPH_FILES
 
     model_path = resolve_model(args.model)
     config = json.loads((model_path / "config.json").read_text())
     model = load_onnx_omnivoice(model_path, OrtGraphs.load(args.onnx_dir, "cpu"))
-    feeds = first_forward_inputs(model, GenerationRequest(
-        mode="clone", text=SHAPE_TEXTS[args.shape], ref_audio=str(args.capture_dir / "ref_voice.wav"),
-        ref_text=(args.capture_dir / "ref_voice.txt").read_text().strip()))
+    feeds = first_forward_inputs(model, clone_request(args.capture_dir, SHAPE_TEXTS[args.shape],
+                                                      GenerationRequest.num_step))
+    del model  # its transformer session: profile() opens its own, with profiling on
     lengths = prefix_lengths(feeds["attention_mask"])
-    split = [{"input_ids": feeds["input_ids"][r:r + 1, :, :n], "audio_mask": feeds["audio_mask"][r:r + 1, :n],
-              "attention_mask": feeds["attention_mask"][r:r + 1][:, :, :n, :n]} for r, n in enumerate(lengths)]
-    graph = args.onnx_dir / "omnivoice_transformer.onnx"
+    split = [group for _, group in split_feeds(**feeds)]
+    graph = args.onnx_dir / GRAPH_FILES["transformer"]
     seq = feeds["input_ids"].shape[-1]
     for label, passes, flops in (("padded", [feeds, feeds], transformer_flops(config, [seq] * len(lengths))),
                                  ("split", split + split, transformer_flops(config, lengths))):
