@@ -36,7 +36,7 @@ from omnivoice_export import capture, exporting, report, wrappers
 from omnivoice_export.checkpoints import add_model_arg, load_omnivoice, model_fingerprint, resolve_model, sha256_file
 from omnivoice_export.cli import (REPO_ROOT, CheckFailed, UserError, add_debug_flag, parse_subset, run_main,
                                   write_json_atomic)
-from omnivoice_export.ort_runtime import make_session
+from omnivoice_onnx.sessions import make_session
 
 HOP = exporting.checkpoints.HOP_LENGTH
 

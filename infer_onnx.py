@@ -43,7 +43,8 @@ from omnivoice_export.cli import REPO_ROOT, CheckFailed, UserError, add_debug_fl
 from omnivoice_export.generation import (DEFAULT_SEED, LANGUAGE, SAMPLE_RATE, GenerationRequest, check_language,
                                          check_reference_audio, read_wav, run_generate, write_wav)
 from omnivoice_export.measure import PeakRss
-from omnivoice_export.ort_runtime import PROVIDERS, OrtGraphs, check_provider, load_onnx_omnivoice
+from omnivoice_export.ort_runtime import OrtGraphs, load_onnx_omnivoice
+from omnivoice_onnx.sessions import PROVIDERS, check_provider
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -36,7 +36,7 @@ from omnivoice_export import capture, metrics, report, wrappers
 from omnivoice_export.checkpoints import validate_checkpoint_dir
 from omnivoice_export.exporting import transformer_read_rows
 from omnivoice_export.cli import REPO_ROOT, CheckFailed, add_debug_flag, parse_subset, run_main
-from omnivoice_export.ort_runtime import PROVIDERS, check_provider, make_session, run
+from omnivoice_onnx.sessions import PROVIDERS, check_provider, make_session, run
 
 HOP = 960
 SWEEP_LENGTHS = 30

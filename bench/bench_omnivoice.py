@@ -194,7 +194,7 @@ def calls_worker(args, runtime: str) -> dict[str, Any]:
 
     from omnivoice_export.checkpoints import resolve_model
     from omnivoice_export.exporting import transformer_read_rows
-    from omnivoice_export.ort_runtime import prefix_lengths, run, run_split
+    from omnivoice_onnx.sessions import prefix_lengths, run, run_split
 
     config = json.loads((resolve_model(args.model) / "config.json").read_text())
     result: dict[str, Any] = {"transformer": {}, "encoder": {}, "decoder": {}, "torch_threads": torch.get_num_threads()}

@@ -62,7 +62,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     from omnivoice_export.checkpoints import resolve_model
     from omnivoice_export.generation import GenerationRequest
-    from omnivoice_export.ort_runtime import OrtGraphs, load_onnx_omnivoice, prefix_lengths, split_feeds
+    from omnivoice_export.ort_runtime import OrtGraphs, load_onnx_omnivoice
+    from omnivoice_onnx.sessions import prefix_lengths, split_feeds
     from omnivoice_export.wrappers import GRAPH_FILES
 
     model_path = resolve_model(args.model)

@@ -17,6 +17,8 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from omnivoice_onnx.errors import UserError
+
 # pydub warns at import time when ffmpeg is absent; omnivoice imports pydub at module level but
 # only needs it for silence trimming of in-memory arrays, which does not use ffmpeg.
 warnings.filterwarnings("ignore", message="Couldn't find ffmpeg or avconv", category=RuntimeWarning)
@@ -26,14 +28,6 @@ EXIT_BAD_INPUT = 2  # the user's input is wrong or missing; the message says how
 EXIT_INTERRUPTED = 130  # Ctrl-C; artefacts from before the run are intact
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-
-
-class UserError(Exception):
-    """An expected problem with the user's input; printed as one line, exit code 2."""
-
-    def __init__(self, problem: str, fix: str | None = None) -> None:
-        super().__init__(f"{problem}; {fix}" if fix else problem)
-        self.problem, self.fix = problem, fix
 
 
 class CheckFailed(Exception):

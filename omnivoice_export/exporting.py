@@ -261,7 +261,7 @@ def bidirectionality_probe(session, inputs: dict[str, np.ndarray]) -> dict[str, 
     A causal graph (or one that ignores the mask in the causal direction) leaves every earlier
     position unchanged; a bidirectional one cannot.
     """
-    from omnivoice_export.ort_runtime import run
+    from omnivoice_onnx.sessions import run
 
     c_len = int(inputs["attention_mask"][0, 0, 0].sum())
     changed = {k: v.copy() for k, v in inputs.items()}
@@ -275,7 +275,7 @@ def bidirectionality_probe(session, inputs: dict[str, np.ndarray]) -> dict[str, 
 
 def self_check_transformer(session, module, examples: list[dict[str, np.ndarray]]) -> dict[str, Any]:
     """ORT vs torch on the read rows at shapes other than the export's, plus the probe."""
-    from omnivoice_export.ort_runtime import run
+    from omnivoice_onnx.sessions import run
 
     shapes = []
     worst = 0.0
@@ -294,7 +294,7 @@ def self_check_transformer(session, module, examples: list[dict[str, np.ndarray]
 
 def self_check_codec(session, module, graph: str, examples: list[np.ndarray]) -> dict[str, Any]:
     """Encoder: exact codes; decoder: max |d| within tolerance; at shapes other than the export's."""
-    from omnivoice_export.ort_runtime import run
+    from omnivoice_onnx.sessions import run
 
     input_name = IO_NAMES[graph][0][0]
     shapes, passed = [], True

@@ -1,12 +1,8 @@
-"""onnxruntime sessions, providers, and the ONNX graphs as drop-in modules of OmniVoice.
+"""The ONNX graphs as drop-in modules of upstream OmniVoice (torch side of the toolchain).
 
-Providers:
-    cpu        CPUExecutionProvider, fp32
-    cuda-fp32  CUDAExecutionProvider with use_tf32=0: full fp32, a parity path
-    cuda-tf32  CUDAExecutionProvider defaults (TF32 matmuls): a speed/precision trade-off, not a
-               parity verdict on the export (facts sheet: argmax 0.996, max |d| 5e-2 per step)
-
-A requested CUDA provider that onnxruntime lacks is an error, never a quiet fall back to CPU.
+Sessions, providers and split execution are the runtime's (omnivoice_onnx.sessions); this module
+adapts them to upstream's torch-facing generate(): the audio tokenizer and forward() stand-ins,
+and an OmniVoice built on the meta device around them.
 """
 
 from __future__ import annotations
@@ -19,70 +15,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from omnivoice_export.cli import UserError
-from omnivoice_export.wrappers import GRAPH_FILES
-
-PROVIDERS = ("cpu", "cuda-fp32", "cuda-tf32")
-GPU_INSTALL_HINT = "install the GPU requirements (pip install --no-deps -r requirements-gpu.txt) on a machine with an NVIDIA GPU"
-
-
-def provider_chain(provider: str) -> list[Any]:
-    """The onnxruntime providers list for one of PROVIDERS."""
-    if provider == "cpu":
-        return ["CPUExecutionProvider"]
-    if provider == "cuda-fp32":
-        return [("CUDAExecutionProvider", {"use_tf32": "0"}), "CPUExecutionProvider"]
-    if provider == "cuda-tf32":
-        return [("CUDAExecutionProvider", {}), "CPUExecutionProvider"]
-    raise UserError(f"unknown provider {provider!r}", f"choose one of {', '.join(PROVIDERS)}")
-
-
-def check_provider(provider: str) -> None:
-    """UserError (one line) when `provider` cannot run in this onnxruntime build."""
-    import onnxruntime as ort
-
-    provider_chain(provider)
-    if provider.startswith("cuda") and "CUDAExecutionProvider" not in ort.get_available_providers():
-        raise UserError(f"--provider {provider} needs onnxruntime's CUDAExecutionProvider, which this install "
-                        f"lacks (onnxruntime {ort.__version__} has {', '.join(ort.get_available_providers())})",
-                        GPU_INSTALL_HINT)
-
-
-def make_session(path: Path, provider: str = "cpu", threads: int | None = None, arena: bool = True):
-    """An InferenceSession for one graph; checks the requested provider really took it.
-
-    `arena=False` turns off the CPU memory arena and memory patterns, so a call's activations go
-    back to the system when it returns instead of staying reserved for the session (see
-    CODEC_ARENA).
-    """
-    import onnxruntime as ort
-
-    path = Path(path)
-    if not path.is_file():
-        raise UserError(f"ONNX graph not found: {path}", "run export_omnivoice.py (step 2)")
-    check_provider(provider)
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    if threads:
-        options.intra_op_num_threads = threads
-    if not arena:
-        options.enable_cpu_mem_arena = False
-        options.enable_mem_pattern = False
-    try:
-        session = ort.InferenceSession(str(path), sess_options=options, providers=provider_chain(provider))
-    except Exception as exc:  # onnxruntime raises its own Fail/InvalidProtobuf types
-        raise UserError(f"onnxruntime cannot load {path} ({str(exc).splitlines()[0][:300]})",
-                        "re-run export_omnivoice.py (step 2); the graph or its .onnx.data is damaged") from exc
-    if provider.startswith("cuda") and session.get_providers()[0] != "CUDAExecutionProvider":
-        raise UserError(f"onnxruntime did not place {path.name} on CUDA (got {session.get_providers()})",
-                        GPU_INSTALL_HINT)
-    return session
-
-
-def run(session, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Run a session fed by input name; outputs by name."""
-    names = [o.name for o in session.get_outputs()]
-    return dict(zip(names, session.run(names, feeds)))
+from omnivoice_onnx.contract import GRAPH_FILES
+from omnivoice_onnx.sessions import (TRANSFORMER_ARENA, CodecConfig, CodecSessions, make_session, run,
+                                     run_split)
 
 
 def read_graph_metadata(path: Path) -> dict[str, str]:
@@ -90,40 +25,6 @@ def read_graph_metadata(path: Path) -> dict[str, str]:
     import onnx
 
     return {prop.key: prop.value for prop in onnx.load(str(path), load_external_data=False).metadata_props}
-
-
-@dataclass
-class CodecConfig:
-    """The audio tokenizer constants generate() reads, taken from the graphs' metadata."""
-
-    sample_rate: int
-    hop_length: int
-    frame_rate: int
-
-
-class CodecSessions:
-    """The encoder and decoder sessions: held for the graphs' lifetime (`resident`), or opened
-    for each call and released when it returns.
-
-    generate() encodes the reference once, before its 2 x num_step transformer calls, and decodes
-    once at the end; a resident encoder would keep its ~650 MB of weights (full-random) through
-    every step. Opened per call, ORT maps the weights when the call starts and unmaps them when
-    the session goes, so the process holds one codec graph's weights only while it runs (Run 9:
-    what keeps the ONNX path's peak RSS under PyTorch's). The price is a session load per call
-    (measured in Run 9); a server making many requests wants them resident.
-    """
-
-    def __init__(self, onnx_dir: Path, provider: str, threads: int | None, resident: bool) -> None:
-        self.paths = {name: Path(onnx_dir) / GRAPH_FILES[name] for name in ("encoder", "decoder")}
-        self.provider, self.threads = provider, threads
-        self.held = {name: self.open(name) for name in self.paths} if resident else {}
-
-    def open(self, name: str):
-        return make_session(self.paths[name], self.provider, self.threads, arena=CODEC_ARENA)
-
-    def run(self, name: str, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        session = self.held.get(name) or self.open(name)
-        return run(session, feeds)
 
 
 class OrtAudioTokenizer:
@@ -142,58 +43,6 @@ class OrtAudioTokenizer:
         return SimpleNamespace(audio_values=torch.from_numpy(self.sessions.run("decoder", feeds)["audio_values"]))
 
 
-def prefix_lengths(attention_mask: np.ndarray) -> list[int] | None:
-    """Per row r, the L with mask[r] allowing exactly keys [0, L) to queries [0, L), and no query
-    beyond L any key in [0, L) (padding); None when
-    some row has another structure (then it cannot be run at its own length)."""
-    lengths = []
-    for row in attention_mask[:, 0]:
-        length = int(row[0].sum())
-        # Rows beyond L are dropped: they must be padding (no key in [0, L)), as generate() builds them.
-        if (length == 0 or not row[:length, :length].all() or row[:length, length:].any()
-                or row[length:, :length].any()):
-            return None
-        lengths.append(length)
-    return lengths
-
-
-def split_feeds(input_ids: np.ndarray, audio_mask: np.ndarray,
-                attention_mask: np.ndarray) -> list[tuple[np.ndarray, dict[str, np.ndarray]]] | None:
-    """(row indices, transformer feeds cut to their length L) per group of equal-length rows;
-    None when the mask is not of block form (see prefix_lengths)."""
-    lengths = prefix_lengths(attention_mask)
-    if lengths is None:
-        return None
-    groups = []
-    for length in sorted(set(lengths)):
-        rows = np.array([r for r, l in enumerate(lengths) if l == length])
-        groups.append((rows, {"input_ids": input_ids[rows, :, :length], "audio_mask": audio_mask[rows, :length],
-                              "attention_mask": attention_mask[rows][:, :, :length, :length]}))
-    return groups
-
-
-def run_split(session, input_ids: np.ndarray, audio_mask: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
-    """The transformer with each group of equal-length rows run at its own length.
-
-    generate() pads the uncond half (target frames only) to the cond length S: ~40% of its rows
-    are padding. With the bidirectional block mask, queries in [0, L) attend only to keys in
-    [0, L), so cutting a row to L changes nothing the rows [0, L) compute, mathematically; the
-    rows beyond L are never read by generate() and are returned as zeros. Falls back to one
-    padded call when the mask is not of that block form.
-    """
-    groups = split_feeds(input_ids, audio_mask, attention_mask)
-    if groups is None:
-        return run(session, {"input_ids": input_ids, "audio_mask": audio_mask, "attention_mask": attention_mask})["logits"]
-    rows_total, codebooks, seq = input_ids.shape
-    logits = None
-    for rows, feeds in groups:
-        out = run(session, feeds)["logits"]
-        if logits is None:
-            logits = np.zeros((rows_total, codebooks, seq, out.shape[-1]), dtype=out.dtype)
-        logits[rows, :, :out.shape[2]] = out
-    return logits
-
-
 def ort_forward(session, split: bool = True):
     """A replacement for OmniVoice.forward as generate() calls it: the transformer graph, with
     cond and uncond rows at their own lengths when `split` (see run_split)."""
@@ -207,14 +56,6 @@ def ort_forward(session, split: bool = True):
             logits = run(session, dict(zip(("input_ids", "audio_mask", "attention_mask"), feeds)))["logits"]
         return OmniVoiceModelOutput(logits=torch.from_numpy(logits))
     return forward
-
-
-# Arena per graph (investigation log, Run 9). The codec graphs' activations grow with the audio
-# length (the encoder's Conv im2col buffers take ~0.9 GB at 11 s) and each runs once per
-# generate(): without an arena that memory is returned after the call, for +13 % on an encoder
-# call and +2 % on a decoder call (under 1 % of a generate()). The transformer is called
-# 2 x num_step times at fixed shapes; without its arena each call is 15 % slower.
-TRANSFORMER_ARENA, CODEC_ARENA = True, False
 
 
 @dataclass

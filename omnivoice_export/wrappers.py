@@ -13,6 +13,8 @@ from typing import Iterator
 import torch
 from torch import nn
 
+from omnivoice_onnx.contract import GRAPH_FILES, GRAPH_NAMES  # noqa: F401  (re-exported: the export's file names)
+
 # Input/output names of the three graphs (the design table); ORT sessions are fed by name.
 TRANSFORMER_INPUTS = ("input_ids", "audio_mask", "attention_mask")
 TRANSFORMER_OUTPUTS = ("logits",)
@@ -21,12 +23,6 @@ ENCODER_OUTPUTS = ("audio_codes",)
 DECODER_INPUTS = ("audio_codes",)
 DECODER_OUTPUTS = ("audio_values",)
 
-GRAPH_FILES = {
-    "transformer": "omnivoice_transformer.onnx",
-    "encoder": "higgs_encoder.onnx",
-    "decoder": "higgs_decoder.onnx",
-}
-GRAPH_NAMES = tuple(GRAPH_FILES)
 
 
 class TransformerWrapper(nn.Module):

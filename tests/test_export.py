@@ -20,7 +20,7 @@ import export_omnivoice
 from conftest import CausalTransformerWrapper, Pipeline, read_report
 from omnivoice_export import capture, exporting, wrappers
 from omnivoice_export.checkpoints import model_fingerprint, sha256_file
-from omnivoice_export.ort_runtime import make_session
+from omnivoice_onnx.sessions import make_session
 
 # The design table: (name, dtype, dims) per input and output; str dims are symbolic.
 CONTRACT = {

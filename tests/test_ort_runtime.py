@@ -9,7 +9,8 @@ from __future__ import annotations
 import numpy as np
 
 from omnivoice_export import capture
-from omnivoice_export.ort_runtime import OrtGraphs, make_session, prefix_lengths, run, run_split
+from omnivoice_export.ort_runtime import OrtGraphs
+from omnivoice_onnx.sessions import make_session, prefix_lengths, run, run_split
 from omnivoice_export.wrappers import GRAPH_FILES
 
 
