@@ -9,6 +9,10 @@
 #   make venv-gpu             .venv for an NVIDIA machine (requirements-gpu.txt)
 
 PYTHON ?= python3
+# PyTorch's CPU wheel index (PyTorch's install instructions); a mirror of it works too.
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+# PyTorch's CUDA 13.2 wheel index, for make venv-gpu's torch.
+TORCH_GPU_INDEX ?= https://download.pytorch.org/whl/cu132
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
@@ -24,17 +28,22 @@ PACKAGE := $(wildcard omnivoice_export/*.py)
 
 venv: $(STAMP)
 
-$(STAMP): requirements.txt
+# torch comes first, from PyTorch's CPU index (TORCH_INDEX, given to that one install only); then
+# the pinned rest; then `install verify` imports everything or stops with one line naming the fix.
+# The stamp is written only after the venv is proven.
+$(STAMP): requirements.txt requirements-torch.txt omnivoice_export/install.py
 	@$(PYTHON) -c 'import sys; v = sys.version_info[:2]; sys.exit(0 if (3, 10) <= v <= (3, 12) else f"Python 3.10-3.12 needed, {sys.executable} is {v[0]}.{v[1]}: make PYTHON=python3.11")'
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m omnivoice_export.install torch --index-url $(TORCH_INDEX)
 	$(PY) -m pip install --quiet --no-deps -r requirements.txt
-	$(PY) -m omnivoice_export.torchaudio_cpu
+	$(PY) -m omnivoice_export.install verify
 	touch $(STAMP)
 
 venv-gpu: requirements-gpu.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet --no-deps --extra-index-url $(TORCH_GPU_INDEX) -c requirements-gpu.txt torch
 	$(PY) -m pip install --quiet -r requirements-gpu.txt
 	$(PY) -m pip install --quiet --no-deps omnivoice==0.2.1 torchaudio==2.11.1
 	touch $(STAMP)
