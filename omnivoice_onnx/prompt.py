@@ -42,7 +42,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from omnivoice_onnx.errors import UserError
-from omnivoice_onnx.text import combine_text
+from omnivoice_onnx.text import combine_text, is_chinese
 
 TOKENIZER_FILE = "tokenizer.json"
 RUNTIME_CONFIG_FILE = "runtime-config.json"
@@ -237,7 +237,7 @@ def resolve_instruct(instruct: str | None, use_zh: bool, instruct_data: dict[str
                         + "; ".join(" vs ".join(f"'{item}'" for item in group) for group in conflicts)
                         + ". Each category (gender, age, pitch, style, accent, dialect) allows at most one item.")
 
-    has_chinese = any(any("\u4e00" <= c <= "\u9fff" for c in item) for item in normalised)
+    has_chinese = any(any(is_chinese(c) for c in item) for item in normalised)
     return ("，" if has_chinese else ", ").join(normalised)
 
 

@@ -49,6 +49,7 @@ _SPACE_BESIDE_CHINESE = re.compile(r"(?<=[\u4e00-\u9fff])\s+|\s+(?=[\u4e00-\u9ff
 
 
 def is_chinese(char: str) -> bool:
+    """Whether one code point is "Chinese" in upstream's sense (U+4E00..U+9FFF)."""
     return CHINESE_FIRST <= char <= CHINESE_LAST
 
 
