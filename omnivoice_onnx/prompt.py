@@ -211,7 +211,8 @@ def resolve_instruct(instruct: str | None, use_zh: bool, instruct_data: dict[str
         fix = ("Valid English items: " + ", ".join(sorted(instruct_data["valid_en"]))
                + "\nValid Chinese items: " + "，".join(sorted(instruct_data["valid_zh"]))
                + "\n\nTip: Use only English or only Chinese instructs. English instructs should use comma + "
-               "space (e.g. 'male, indian accent'),\nChinese instructs should use full-width comma (e.g. '男，河南话').")
+               "space (e.g. 'male, indian accent'),\nChinese instructs should use full-width comma "
+               "(e.g. '男，河南话').")
         raise UserError(_one_line(problem), _one_line(fix))
 
     has_dialect = any(item.endswith(DIALECT_SUFFIX) for item in normalised)
