@@ -25,12 +25,14 @@ import argparse
 import hashlib
 import json
 import os
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from omnivoice_export.cli import REPO_ROOT, UserError, add_debug_flag, disk_full_error, run_main, umask_mode
+from omnivoice_export.cli import REPO_ROOT, disk_full_error, parse, run_main
+from omnivoice_export.files import atomic_dir, sha256_file, umask_mode
+from omnivoice_onnx.contract import AUDIO_VOCAB_SIZE, HOP_LENGTH, NUM_CODEBOOKS, SAMPLE_RATE
+from omnivoice_onnx.errors import UserError
 
 MODEL_ENV = "OMNIVOICE_MODEL"
 DEFAULT_MODEL_PATH = "/mnt/data/models/omnivoice/k2-fsa-OmniVoice"
@@ -52,12 +54,9 @@ REQUIRED_FILES = (
 )
 WEIGHT_FILES = ("model.safetensors", "audio_tokenizer/model.safetensors")
 
-# The real checkpoint's constants (k2-fsa/OmniVoice config.json, Higgs Audio V2 tokenizer).
-SAMPLE_RATE = 24000
-HOP_LENGTH = 960  # DAC ratios 8*5*4*2*3 -> 25 frames/s at 24 kHz
-DOWNSAMPLING_RATIOS = [8, 5, 4, 2, 3]
-NUM_CODEBOOKS = 8
-AUDIO_VOCAB_SIZE = 1025  # 1024 codes + the mask id
+# The real checkpoint's constants (k2-fsa/OmniVoice config.json, Higgs Audio V2 tokenizer); the
+# sample rate, hop, codebooks and audio vocabulary are the graphs' (omnivoice_onnx.contract).
+DOWNSAMPLING_RATIOS = [8, 5, 4, 2, 3]  # product = HOP_LENGTH
 AUDIO_MASK_ID = 1024
 CODEBOOK_WEIGHTS = [8, 8, 6, 6, 4, 4, 2, 2]
 EOS_TOKEN_ID = 151645  # <|im_end|>
@@ -230,11 +229,8 @@ def build_checkpoint(name: str, out_dir: Path, seed: int = 0) -> Path:
 
     if name not in DIMS:
         raise UserError(f"unknown checkpoint '{name}'", f"choose one of {', '.join(BUILT_NAMES)}")
-    out_dir = Path(out_dir)
-    tmp = out_dir.with_name(f".{out_dir.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
     started = time.perf_counter()
-    try:
+    with atomic_dir(out_dir) as tmp:
         tokenizer_provenance = save_qwen_tokenizer(tmp)
         torch.manual_seed(seed)
         config = omnivoice_config(DIMS[name], QWEN_VOCAB_SIZE)
@@ -251,12 +247,7 @@ def build_checkpoint(name: str, out_dir: Path, seed: int = 0) -> Path:
             {"checkpoint": name, "seed": seed, "builder_version": BUILDER_VERSION,
              "build_seconds": round(time.perf_counter() - started, 2)}, indent=2) + "\n")
         umask_mode(*(f for f in tmp.rglob("*") if f.is_file()))
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        os.replace(tmp, out_dir)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return out_dir
+    return Path(out_dir)
 
 
 def _cached_build_is_current(directory: Path, seed: int) -> bool:
@@ -378,14 +369,6 @@ def model_fingerprint(path: Path) -> str:
     return _FINGERPRINTS[key]
 
 
-def sha256_file(path: Path, chunk: int = 16 << 20) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def load_omnivoice(path: Path):
     """OmniVoice.from_pretrained on CPU in fp32 with sdpa attention, in eval mode.
 
@@ -413,8 +396,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("name", choices=BUILT_NAMES, help="which checkpoint to build")
     parser.add_argument("--out", type=Path, default=None, help="output directory (default: checkpoints/NAME)")
     parser.add_argument("--seed", type=int, default=0, help="seed of every random weight")
-    add_debug_flag(parser)
-    return parser.parse_args(argv)
+    return parse(parser, argv)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -16,8 +16,10 @@ import torch
 import capture_reference
 from conftest import Pipeline, run_script, single_stderr_line
 from omnivoice_export import capture, wrappers
-from omnivoice_export.checkpoints import model_fingerprint, sha256_file
+from omnivoice_export.checkpoints import model_fingerprint
+from omnivoice_export.files import sha256_file
 from omnivoice_export.generation import GenerationRequest, read_wav, run_generate
+from omnivoice_onnx.contract import CONTRACTS
 
 NUM_STEP = 32  # upstream's default, which the session capture runs at
 # Fresh forwards are checked at the first step (all targets masked), the first with tokens filled
@@ -99,7 +101,7 @@ def test_recorded_logits_equal_a_fresh_forward(pipeline: Pipeline, torch_model) 
         for step in CHECKED_STEPS:
             data = capture.load_step(pipeline.capture, mode, step)
             with torch.no_grad():
-                logits = transformer(*(torch.from_numpy(data[k]) for k in wrappers.TRANSFORMER_INPUTS)).numpy()
+                logits = transformer(*(torch.from_numpy(data[k]) for k in CONTRACTS["transformer"].input_names)).numpy()
             cond, uncond = capture.logits_rows(logits, data["attention_mask"])
             assert np.array_equal(cond, data["logits_cond"]), f"{mode} step {step}: cond rows differ"
             assert np.array_equal(uncond, data["logits_uncond"]), f"{mode} step {step}: uncond rows differ"

@@ -10,8 +10,8 @@ import numpy as np
 
 from omnivoice_export import capture
 from omnivoice_export.ort_runtime import OrtGraphs
+from omnivoice_onnx.contract import GRAPH_FILES
 from omnivoice_onnx.sessions import make_session, prefix_lengths, run, run_split
-from omnivoice_export.wrappers import GRAPH_FILES
 
 
 def _feeds(pipeline, mode: str, step: int) -> dict[str, np.ndarray]:

@@ -16,8 +16,9 @@ import pytest
 
 import parity_check
 from conftest import Pipeline, install_graph, read_report, run_script, single_stderr_line
-from omnivoice_export import capture, metrics, report, wrappers
+from omnivoice_export import capture, report
 from omnivoice_export.cli import CheckFailed
+from omnivoice_onnx.contract import GRAPH_FILES, GRAPH_NAMES, THRESHOLDS
 
 NUM_STEP = 32
 # A section another provider's run left in the report; the cpu run must keep it as it is.
@@ -45,14 +46,15 @@ def test_passes_on_the_correct_export(passing_report: dict, pipeline: Pipeline) 
     """Every graph passes on every captured input, within the one threshold table."""
     section = passing_report["parity"]["cpu"]
     assert section["verdict"] == "PASS"
-    assert section["thresholds"] == {k: v for k, v in metrics.THRESHOLDS.items() if not k.startswith("end_to_end")}
+    assert section["thresholds"] == {k: v for k, v in THRESHOLDS.items()
+                                     if not k.startswith(("end_to_end", "self_check"))}
     graphs = section["graphs"]
-    assert all(graphs[g]["passed"] and not graphs[g]["failures"] for g in wrappers.GRAPH_NAMES)
+    assert all(graphs[g]["passed"] and not graphs[g]["failures"] for g in GRAPH_NAMES)
     manifest = capture.load_manifest(pipeline.capture, verify_hashes=False)
     checked = {(row["mode"], row["step"]) for row in graphs["transformer"]["rows"]}
     assert checked == {(mode, step) for mode in manifest["modes"] for step in range(NUM_STEP)}
-    assert graphs["transformer"]["argmax_agreement_min"] >= metrics.THRESHOLDS["transformer_argmax_min"]
-    assert graphs["transformer"]["max_abs_max"] <= metrics.THRESHOLDS["transformer_max_abs"]
+    assert graphs["transformer"]["argmax_agreement_min"] >= THRESHOLDS["transformer_argmax_min"]
+    assert graphs["transformer"]["max_abs_max"] <= THRESHOLDS["transformer_max_abs"]
     assert graphs["encoder"]["captured"]["code_match"] == 1.0
     assert len(graphs["encoder"]["sweep"]) > 10 and all(r["code_match"] == 1.0 for r in graphs["encoder"]["sweep"])
     assert {row["mode"] for row in graphs["decoder"]["rows"]} == set(manifest["modes"])
@@ -76,7 +78,7 @@ def test_fails_on_a_wrong_transformer(request, wrong_graph: str, pipeline: Pipel
     assert section["verdict"] == "FAIL"
     assert {g: r["passed"] for g, r in section["graphs"].items()} == \
         {"transformer": False, "encoder": True, "decoder": True}
-    assert section["graphs"]["transformer"]["max_abs_max"] > metrics.THRESHOLDS["transformer_max_abs"]
+    assert section["graphs"]["transformer"]["max_abs_max"] > THRESHOLDS["transformer_max_abs"]
 
 
 def test_fingerprint_mismatch_is_refused(pipeline: Pipeline, onnx_copy: Path) -> None:
@@ -97,7 +99,7 @@ def test_fingerprint_mismatch_is_refused(pipeline: Pipeline, onnx_copy: Path) ->
 def test_damaged_sidecar_is_refused(pipeline: Pipeline, onnx_copy: Path, damage: str) -> None:
     """A truncated sidecar (interrupted copy) or one with flipped bytes (same size) is refused
     before any session loads it: exit 2, one line naming the file."""
-    sidecar = onnx_copy / (wrappers.GRAPH_FILES["transformer"] + ".data")
+    sidecar = onnx_copy / (GRAPH_FILES["transformer"] + ".data")
     content = bytearray(sidecar.read_bytes())
     if damage == "truncated":
         content = content[: len(content) // 2]

@@ -32,7 +32,8 @@ import make_reference
 import parity_check
 from conftest import Pipeline, run_script
 from omnivoice_export import capture, exporting
-from omnivoice_export.checkpoints import REQUIRED_FILES, sha256_file
+from omnivoice_export.checkpoints import REQUIRED_FILES
+from omnivoice_export.files import sha256_file
 from omnivoice_export.cli import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_INTERRUPTED, run_main
 from omnivoice_export.generation import REFERENCE_TEXT, check_reference_audio
 
