@@ -18,7 +18,8 @@ from safetensors.torch import load_file, save_file
 
 from conftest import Pipeline
 from omnivoice_export import capture, checkpoints, wrappers
-from omnivoice_export.checkpoints import build_checkpoint, count_parameters, model_fingerprint
+from omnivoice_export.builder import build_checkpoint, count_parameters
+from omnivoice_export.checkpoints import model_fingerprint
 from omnivoice_export.generation import mode_request, read_wav, run_generate
 from omnivoice_onnx.contract import CONTRACTS, HOP_LENGTH, SAMPLE_RATE
 
