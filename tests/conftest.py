@@ -173,3 +173,12 @@ def run_script(script: str, *args: str, timeout: int = 600) -> subprocess.Comple
     """Run a pipeline script as a user would; returns the completed process (never raises)."""
     return subprocess.run([sys.executable, str(REPO / script), *args], cwd=REPO, capture_output=True,
                           text=True, timeout=timeout)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test that needs the session pipeline (steps 0-2 on tiny, ~100 s on 2 cores) must carry
+    the `slow` mark, so that `make test-fast` never builds it: collection fails on one without."""
+    unmarked = [item.nodeid for item in items
+                if "pipeline" in getattr(item, "fixturenames", ()) and item.get_closest_marker("slow") is None]
+    if unmarked:
+        raise pytest.UsageError(f"mark these @pytest.mark.slow (they use the pipeline fixture): {', '.join(unmarked)}")

@@ -42,6 +42,7 @@ def test_tiny_loads_through_from_pretrained(torch_model) -> None:
     assert all(p.dtype == torch.float32 for p in torch_model.parameters())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["clone", "design", "auto"])
 def test_generate_runs_in_every_mode(torch_model, pipeline: Pipeline, mode: str) -> None:
     """generate() works in all three modes the pipeline captures (4 steps: only the plumbing is
@@ -55,6 +56,7 @@ def test_generate_runs_in_every_mode(torch_model, pipeline: Pipeline, mode: str)
     assert audio.std() > 1e-3, "silent output"
 
 
+@pytest.mark.slow
 def test_encoder_codes_vary_and_follow_the_audio(torch_model, pipeline: Pipeline) -> None:
     """Zero-initialised codebooks give one code for every frame and every input; the built ones
     must give codes that vary over frames and codebooks and that change with the audio."""
@@ -73,6 +75,7 @@ def test_encoder_codes_vary_and_follow_the_audio(torch_model, pipeline: Pipeline
     assert (codes != other_codes).mean() > 0.5
 
 
+@pytest.mark.slow
 def test_decoder_output_follows_the_codes(torch_model, pipeline: Pipeline) -> None:
     """The library-default DAC decoder outputs std ~1.5e-3 whatever the codes; the built one must be
     audible and respond to a change of codes, even in one frame."""
@@ -89,6 +92,7 @@ def test_decoder_output_follows_the_codes(torch_model, pipeline: Pipeline) -> No
     assert np.linalg.norm(shifted - audio) / np.linalg.norm(audio) > 0.1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["clone", "design", "auto"])
 def test_transformer_logits_are_decisive(torch_model, pipeline: Pipeline, mode: str) -> None:
     """Std-0.02 audio heads make logits near-uniform: argmax near-ties everywhere, so an argmax

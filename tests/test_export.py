@@ -38,6 +38,7 @@ CONTRACT = {
 LEGACY_ENCODER_LENGTH = "samples"
 CONSTANTS = {"sample_rate": "24000", "hop_length": "960", "frame_rate": "25", "num_codebooks": "8",
              "audio_vocab_size": "1025", "audio_mask_id": "1024", "opset": str(exporting.DEFAULT_OPSET)}
+pytestmark = pytest.mark.slow  # every test here uses the session pipeline (steps 0-2, ~100 s)
 REPORT_NAME = "export-report.json"
 
 

@@ -15,6 +15,7 @@ from omnivoice_export import capture
 from omnivoice_export.cli import CheckFailed
 from omnivoice_onnx.contract import SAMPLE_RATE, THRESHOLDS
 
+pytestmark = pytest.mark.slow  # every test here uses the session pipeline (steps 0-2, ~100 s)
 NUM_STEP = 32
 
 

@@ -20,6 +20,7 @@ from omnivoice_export import capture, report
 from omnivoice_export.cli import CheckFailed
 from omnivoice_onnx.contract import GRAPH_FILES, GRAPH_NAMES, THRESHOLDS
 
+pytestmark = pytest.mark.slow  # every test here uses the session pipeline (steps 0-2, ~100 s)
 NUM_STEP = 32
 # A section another provider's run left in the report; the cpu run must keep it as it is.
 OTHER_PROVIDER = "cuda-fp32"
