@@ -102,6 +102,11 @@ def install_graph(source_dir: Path, onnx_dir: Path, graph: str) -> None:
     name = GRAPH_FILES[graph]
     for file in (name, name + ".data"):
         shutil.copyfile(source_dir / file, onnx_dir / file)
+    rehash_graph(onnx_dir, graph)
+
+
+def rehash_graph(onnx_dir: Path, graph: str) -> None:
+    """Record the sha256/bytes of `graph`'s files as they are now in its report entry."""
     data = read_report(onnx_dir)
     data["graphs"][graph]["files"] = report.graph_files(onnx_dir, graph)
     write_json_atomic(report.report_path(onnx_dir), data)

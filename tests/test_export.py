@@ -21,7 +21,7 @@ from conftest import CausalTransformerWrapper, Pipeline, read_report
 from omnivoice_export import capture, exporting
 from omnivoice_export.checkpoints import model_fingerprint
 from omnivoice_export.files import sha256_file
-from omnivoice_onnx.contract import CONTRACTS, GRAPH_FILES, GRAPH_NAMES, THRESHOLDS
+from omnivoice_onnx.contract import CONTRACTS, GRAPH_FILES, GRAPH_NAMES, THRESHOLDS, ort_signature, signature_problems
 from omnivoice_onnx.sessions import make_session
 
 TRANSFORMER_INPUTS = CONTRACTS["transformer"].input_names
@@ -82,6 +82,14 @@ def test_signature(export: tuple[str, Path], graph: str) -> None:
     recorded = read_report(onnx_dir)["graphs"][graph]["signature"]
     assert [(v["name"], v["dtype"], v["shape"]) for v in recorded["inputs"]] == inputs
     assert [(v["name"], v["dtype"], v["shape"]) for v in recorded["outputs"]] == outputs
+
+
+@pytest.mark.parametrize("graph", GRAPH_NAMES)
+def test_session_meets_the_contract(export: tuple[str, Path], graph: str) -> None:
+    """What parity_check.py checks first: the signature onnxruntime sees has no contract problem
+    (the legacy exporter's free name for the encoder's length included)."""
+    _, onnx_dir = export
+    assert signature_problems(graph, *ort_signature(make_session(onnx_dir / GRAPH_FILES[graph]))) == []
 
 
 def test_one_sidecar_per_graph_and_no_stray_files(export: tuple[str, Path]) -> None:

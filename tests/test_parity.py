@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import parity_check
-from conftest import Pipeline, install_graph, read_report, run_script, single_stderr_line
+from conftest import Pipeline, install_graph, read_report, rehash_graph, run_script, single_stderr_line
 from omnivoice_export import capture, report
 from omnivoice_export.cli import CheckFailed
 from omnivoice_onnx.contract import GRAPH_FILES, GRAPH_NAMES, THRESHOLDS
@@ -80,6 +80,24 @@ def test_fails_on_a_wrong_transformer(request, wrong_graph: str, pipeline: Pipel
     assert {g: r["passed"] for g, r in section["graphs"].items()} == \
         {"transformer": False, "encoder": True, "decoder": True}
     assert section["graphs"]["transformer"]["max_abs_max"] > THRESHOLDS["transformer_max_abs"]
+
+
+def test_contract_violation_fails(pipeline: Pipeline, onnx_copy: Path) -> None:
+    """A decoder whose output length axis lost its contract name (dynamo's raw "s76") is a
+    different graph to a runtime that binds axes by name: parity fails it, naming the axis, though
+    every value matches."""
+    import onnx
+
+    name = GRAPH_FILES["decoder"]
+    model = onnx.load(str(onnx_copy / name), load_external_data=False)
+    model.graph.output[0].type.tensor_type.shape.dim[2].dim_param = "s76"
+    onnx.save_model(model, str(onnx_copy / name))
+    rehash_graph(onnx_copy, "decoder")
+    with pytest.raises(CheckFailed, match="parity failed for decoder"):
+        _parity(pipeline.capture, onnx_copy, "--graphs", "decoder")
+    result = read_report(onnx_copy)["parity"]["cpu"]["graphs"]["decoder"]
+    assert result["failures"] == ["contract: output audio_values axis 2 is 's76', expected '960*frames'"]
+    assert all(row["passed"] for row in result["rows"])
 
 
 def test_fingerprint_mismatch_is_refused(pipeline: Pipeline, onnx_copy: Path) -> None:
