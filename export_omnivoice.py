@@ -34,6 +34,7 @@ from omnivoice_export import capture, exporting, report, wrappers
 from omnivoice_export.checkpoints import add_model_arg, load_omnivoice, model_fingerprint, resolve_model
 from omnivoice_export.cli import CheckFailed, parse, parse_subset, run_main
 from omnivoice_export.files import sha256_file, temporary_dir
+from omnivoice_export.runtime_assets import write_runtime_assets
 from omnivoice_onnx.contract import CONTRACTS, GRAPH_FILES, GRAPH_NAMES, HOP_LENGTH
 from omnivoice_onnx.errors import UserError
 from omnivoice_onnx.sessions import make_session
@@ -162,9 +163,11 @@ def main(argv: list[str] | None = None) -> None:
                    for graph, result in results.items()}
         exporting.install_graphs(staging, args.onnx_dir, graphs)
 
+    # What the torch-free runtime needs besides the graphs, so that onnx/ can be used alone.
+    assets = write_runtime_assets(model_path, args.onnx_dir)
     report.write_export_report(args.onnx_dir, model_path, fingerprint, args.capture_dir,
                                manifest["model"]["fingerprint"], manifest_sha256, versions,
-                               {**(previous["graphs"] if previous else {}), **entries})
+                               {**(previous["graphs"] if previous else {}), **entries}, assets)
     print()
     print(summary_table(entries))
     failed = [g for g, e in entries.items() if not e["self_checks"]["passed"] or e["checker"] != "ok"]

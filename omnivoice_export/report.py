@@ -84,15 +84,17 @@ def graph_entry(result: ExportResult, signature: dict[str, Any], files: dict[str
 
 def write_export_report(onnx_dir: Path, model_path: Path, fingerprint: str, capture_dir: Path,
                         capture_fingerprint: str, manifest_sha256: str, versions: dict[str, str],
-                        graphs: dict[str, Any]) -> None:
-    """Write a new report: the export's provenance and `graphs`. Parity and end-to-end results
-    describe the graphs they ran on; a new export makes them stale, so they are not kept."""
+                        graphs: dict[str, Any], runtime_assets: dict[str, Any]) -> None:
+    """Write a new report: the export's provenance, `graphs` and the runtime's files (tokenizer,
+    runtime config: {name: {sha256, bytes}}). Parity and end-to-end results describe the graphs
+    they ran on; a new export makes them stale, so they are not kept."""
     write_json_atomic(report_path(onnx_dir), {
         "format": REPORT_FORMAT,
         "model": {"path": str(model_path), "fingerprint": fingerprint},
         "capture": {"dir": str(capture_dir), "fingerprint": capture_fingerprint, "manifest_sha256": manifest_sha256},
         "versions": versions,
         "graphs": graphs,
+        "runtime_assets": runtime_assets,
     })
 
 

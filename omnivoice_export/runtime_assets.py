@@ -26,13 +26,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import hashlib
 import importlib.metadata
 import json
 from pathlib import Path
 from typing import Any
 
-from omnivoice_export.cli import add_debug_flag, atomic_path, run_main
+from omnivoice_export.cli import parse, run_main
+from omnivoice_export.files import atomic_path, file_entry
 from omnivoice_onnx.prompt import RUNTIME_CONFIG_FILE, TOKENIZER_FILE
 
 RUNTIME_CONFIG_VERSION = 1
@@ -91,7 +91,7 @@ def tokenizer_json(model_dir: Path) -> str:
 def _write(path: Path, data: bytes) -> dict[str, Any]:
     with atomic_path(path) as tmp:
         tmp.write_bytes(data)
-    return {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+    return file_entry(path)
 
 
 def write_runtime_assets(model_dir: Path, out_dir: Path) -> dict[str, dict]:
@@ -111,8 +111,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_model_arg(parser)
     parser.add_argument("--out", type=Path, required=True, help="directory to write the runtime files into")
-    add_debug_flag(parser)
-    args = parser.parse_args(argv)
+    args = parse(parser, argv)
     for name, entry in write_runtime_assets(resolve_model(args.model), args.out).items():
         print(f"{args.out / name}  {entry['bytes']} bytes  sha256 {entry['sha256'][:16]}")
 

@@ -23,6 +23,7 @@ from omnivoice_export.checkpoints import model_fingerprint
 from omnivoice_export.files import sha256_file
 from omnivoice_onnx.contract import CONTRACTS, GRAPH_FILES, GRAPH_NAMES, THRESHOLDS, ort_signature, signature_problems
 from omnivoice_onnx.sessions import make_session
+from omnivoice_onnx.prompt import RUNTIME_CONFIG_FILE, TOKENIZER_FILE, TextTokenizer, load_runtime_config
 
 TRANSFORMER_INPUTS = CONTRACTS["transformer"].input_names
 
@@ -93,11 +94,12 @@ def test_session_meets_the_contract(export: tuple[str, Path], graph: str) -> Non
 
 
 def test_one_sidecar_per_graph_and_no_stray_files(export: tuple[str, Path]) -> None:
-    """onnx/ holds exactly three graphs, their three sidecars and the report (the legacy exporter
-    alone scatters ~200 weight files at real size), and every external tensor of a graph lies
-    inside its own sidecar."""
+    """onnx/ holds exactly three graphs, their three sidecars, the report and the runtime's two
+    files (the legacy exporter alone scatters ~200 weight files at real size), and every external
+    tensor of a graph lies inside its own sidecar."""
     _, onnx_dir = export
-    expected = {REPORT_NAME} | {n for name in GRAPH_FILES.values() for n in (name, name + ".data")}
+    expected = ({REPORT_NAME, TOKENIZER_FILE, RUNTIME_CONFIG_FILE}
+                | {n for name in GRAPH_FILES.values() for n in (name, name + ".data")})
     assert {p.name for p in onnx_dir.iterdir()} == expected
     for name in GRAPH_FILES.values():
         sidecar_bytes = (onnx_dir / (name + ".data")).stat().st_size
@@ -155,6 +157,12 @@ def test_report(export: tuple[str, Path], pipeline: Pipeline) -> None:
         shapes = {tuple(s["shape"]) for s in entry["self_checks"]["dynamic_shapes"]}
         assert len(shapes) >= 2
     assert data["graphs"]["transformer"]["self_checks"]["bidirectional_probe"]["passed"] is True
+    # The runtime's files: recorded with their sha256, and readable by the runtime from onnx/ alone.
+    assert set(data["runtime_assets"]) == {TOKENIZER_FILE, RUNTIME_CONFIG_FILE}
+    for file, info in data["runtime_assets"].items():
+        assert (info["bytes"], info["sha256"]) == ((onnx_dir / file).stat().st_size, sha256_file(onnx_dir / file))
+    assert load_runtime_config(onnx_dir)["model"]["audio_mask_id"] == 1024
+    assert TextTokenizer.from_dir(onnx_dir).encode("<|text_start|>hi<|text_end|>")[0] == 151674
 
 
 def _probe_inputs(pipeline: Pipeline) -> dict[str, np.ndarray]:
