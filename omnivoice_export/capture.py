@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import zipfile
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
@@ -37,8 +38,8 @@ import numpy as np
 import torch
 
 from omnivoice_export.cli import REPO_ROOT
-from omnivoice_export.files import (atomic_path, file_entry, matches_entry, read_artefact, sha256_file,
-                                    write_json_atomic)
+from omnivoice_export.files import (FILE_ENTRY_SCHEMA, Each, atomic_path, existing_file, file_entry, matches_entry,
+                                    read_artefact, sha256_file, write_json_atomic)
 from omnivoice_onnx.errors import UserError
 
 DEFAULT_DIR = REPO_ROOT / "capture"
@@ -75,14 +76,29 @@ def save_npz(path: Path, arrays: dict[str, np.ndarray]) -> dict[str, Any]:
             "tensors": {k: {"shape": list(v.shape), "dtype": str(v.dtype)} for k, v in arrays.items()}}
 
 
-def load_npz(path: Path) -> dict[str, np.ndarray]:
+class CaptureArrays(dict):
+    """The arrays of one capture file by name. A name the file lacks is a UserError naming the
+    file (a hand-edited .npz whose sha256 was re-recorded), not a KeyError deep in a stage."""
+
+    def __init__(self, path: Path, arrays: dict[str, np.ndarray]) -> None:
+        super().__init__(arrays)
+        self.path = path
+
+    def __missing__(self, name: str) -> np.ndarray:
+        raise UserError(f"capture file {self.path} has no array {name!r} (it has {', '.join(self) or 'none'})",
+                        RECAPTURE_FIX)
+
+
+def load_npz(path: Path) -> CaptureArrays:
+    """Every array of a capture .npz, or a UserError: missing, unreadable, not a zip, a damaged
+    member (truncated, a bad deflate stream, a bad .npy header)."""
+    path = existing_file(path, "capture file", RECAPTURE_FIX)
     try:
         with np.load(path, allow_pickle=False) as data:
-            return {k: data[k] for k in data.files}
-    except FileNotFoundError as exc:
-        raise UserError(f"capture file missing: {path}", RECAPTURE_FIX) from exc
-    except (ValueError, OSError, EOFError) as exc:
-        raise UserError(f"capture file unreadable: {path} ({exc})", RECAPTURE_FIX) from exc
+            return CaptureArrays(path, {k: data[k] for k in data.files})
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
+        raise UserError(f"capture file {path} is damaged ({type(exc).__name__}: {' '.join(str(exc).split())[:200]})",
+                        RECAPTURE_FIX) from exc
 
 
 def _rows_read(attention_mask: np.ndarray) -> list[tuple[int, int]]:
@@ -249,18 +265,40 @@ def write_manifest(capture_dir: Path, model: dict[str, str], device: str, versio
     return manifest
 
 
-def _well_formed(manifest: dict[str, Any]) -> bool:
-    return isinstance(manifest["model"]["fingerprint"], str) and all(
-        isinstance(entry["files"], dict) and isinstance(entry["request"], dict) and
-        all({"sha256", "bytes"} <= info.keys() for info in entry["files"].values())
-        for entry in manifest["modes"].values())
+# What the stages read from a manifest (files.schema_problem's notation).
+REQUEST_SCHEMA = {"mode": str, "text": (str, list), "seed": int, "language": (str, None), "instruct": (str, None),
+                  "ref_audio": (str, None), "ref_text": (str, None), "num_step": int}
+MANIFEST_SCHEMA = {
+    "format": int,
+    "model": {"fingerprint": str},
+    "device": str,
+    "seed": int,
+    "num_step": int,
+    "reference": {"wav": str, "txt": str, "wav_sha256": (str, None)},
+    "modes": Each({"request": REQUEST_SCHEMA, "rows": [{"c_len": int, "t_len": int}],
+                   "files": Each(FILE_ENTRY_SCHEMA)}),
+}
+
+
+def _values_problem(manifest: dict[str, Any]) -> str | None:
+    """Values the schema's types cannot judge: mode names, step counts, the clone reference's hash."""
+    for mode, entry in manifest["modes"].items():
+        if mode not in MODES:
+            return f"modes.{mode} is not one of {', '.join(MODES)}"
+        if entry["request"]["num_step"] < 1:
+            return f"modes.{mode}.request.num_step is {entry['request']['num_step']}, not a step count"
+    if manifest["num_step"] < 1:
+        return f"num_step is {manifest['num_step']}, not a step count"
+    if "clone" in manifest["modes"] and manifest["reference"]["wav_sha256"] is None:
+        return "reference.wav_sha256 is null, but the clone mode was captured from a reference"
+    return None
 
 
 def load_manifest(capture_dir: Path, verify_hashes: bool = True) -> dict[str, Any]:
     """The capture manifest, after checking every listed file exists (and matches its entry)."""
     capture_dir = Path(capture_dir)
     manifest = read_artefact(capture_dir / MANIFEST_NAME, "capture manifest", RECAPTURE_FIX, CAPTURE_FORMAT,
-                             _well_formed)
+                             MANIFEST_SCHEMA, _values_problem)
     for mode, entry in manifest["modes"].items():
         for name, info in entry["files"].items():
             path = capture_dir / mode / name

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from omnivoice_export.builder import BUILD_STAMP, BUILDER_VERSION, DIMS, build_checkpoint
-from omnivoice_export.cli import REPO_ROOT, disk_full_error, parse, run_main
+from omnivoice_export.cli import REPO_ROOT, environment_error, int_range, parse, run_main
 from omnivoice_export.files import sha256_file
 from omnivoice_onnx.errors import UserError
 
@@ -179,7 +179,7 @@ def load_omnivoice(path: Path):
     try:
         model = OmniVoice.from_pretrained(str(path), attn_implementation="sdpa", dtype="float32")
     except (SafetensorError, OSError, ValueError, RuntimeError) as exc:  # damaged or mismatched weights
-        if disk_full_error(exc) is not None:
+        if environment_error(exc) is not None:  # a full disk or a denied file: run_main names it
             raise
         raise UserError(f"cannot load the checkpoint {path} ({str(exc).strip().splitlines()[0][:300]})",
                         "check it is a complete k2-fsa/OmniVoice checkout") from exc
@@ -190,7 +190,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("name", choices=BUILT_NAMES, help="which checkpoint to build")
     parser.add_argument("--out", type=Path, default=None, help="output directory (default: checkpoints/NAME)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of every random weight")
+    # torch.manual_seed(seed) and a generator seeded with seed + 1: both within torch's range.
+    parser.add_argument("--seed", type=int_range(0, 2**63 - 1), default=0, help="seed of every random weight")
     return parse(parser, argv)
 
 

@@ -22,7 +22,8 @@ from typing import Any
 
 from omnivoice_export import capture
 from omnivoice_export.cli import REPO_ROOT
-from omnivoice_export.files import file_entry, matches_entry, read_artefact, sha256_file, write_json_atomic
+from omnivoice_export.files import (FILE_ENTRY_SCHEMA, Each, existing_file, file_entry, matches_entry, read_artefact,
+                                    sha256_file, write_json_atomic)
 from omnivoice_export.ort_runtime import read_graph_metadata
 from omnivoice_onnx.contract import GRAPH_FILES
 from omnivoice_onnx.errors import UserError
@@ -98,16 +99,31 @@ def write_export_report(onnx_dir: Path, model_path: Path, fingerprint: str, capt
     })
 
 
-def _well_formed(report: dict[str, Any]) -> bool:
-    return isinstance(report["model"]["fingerprint"], str) and all(
-        isinstance(entry["files"], dict) and {"file", "exporter", "opset"} <= entry.keys()
-        for entry in report["graphs"].values())
+# What the stages read from a report (schema_problem's notation); parity and end-to-end sections
+# are only ever written.
+REPORT_SCHEMA = {
+    "format": int,
+    "model": {"path": str, "fingerprint": str},
+    "capture": {"manifest_sha256": str},
+    "graphs": Each({"file": str, "exporter": str, "opset": int, "files": Each(FILE_ENTRY_SCHEMA)}),
+}
+
+
+def _graph_problem(report: dict[str, Any]) -> str | None:
+    """A graph entry that names another graph's files, or an unknown graph (a hand edit)."""
+    for graph, entry in report["graphs"].items():
+        if graph not in GRAPH_FILES:
+            return f"graphs.{graph} is not one of {', '.join(GRAPH_FILES)}"
+        name = GRAPH_FILES[graph]
+        if entry["file"] != name or set(entry["files"]) != {name, name + ".data"}:
+            return f"graphs.{graph} lists {sorted(entry['files'])}, not {name} and its {name}.data"
+    return None
 
 
 def load_report(onnx_dir: Path) -> dict[str, Any]:
-    """The export report, or a UserError that says to re-run the export."""
+    """The export report, or a UserError that says what is wrong with it and to re-run the export."""
     return read_artefact(report_path(onnx_dir), "export report", "run export_omnivoice.py (step 2) first",
-                         REPORT_FORMAT, _well_formed, stale_fix=REEXPORT_FIX)
+                         REPORT_FORMAT, REPORT_SCHEMA, _graph_problem, stale_fix=REEXPORT_FIX)
 
 
 def check_graph_metadata(path: Path, graph: str, entry: dict[str, Any], fingerprint: str) -> None:
@@ -116,6 +132,7 @@ def check_graph_metadata(path: Path, graph: str, entry: dict[str, Any], fingerpr
     Catches a graph copied in from another export (another opset, the legacy exporter, another
     model) with a name that error messages can act on; sha256 alone would only say "differs".
     """
+    existing_file(path, f"the {graph} graph", REEXPORT_FIX)  # not found, a directory, permission denied
     try:
         meta = read_graph_metadata(path)
     except Exception as exc:  # onnx raises protobuf DecodeError and others for a non-ONNX file
@@ -161,7 +178,7 @@ def verify_against_capture(capture_dir: Path, onnx_dir: Path, graphs: list[str])
         raise UserError(f"the capture is of model {manifest['model']['fingerprint']} but the export of "
                         f"{export['model']['fingerprint']}: they cannot be compared",
                         "re-run steps 1-2 with the same --model")
-    recorded = export.get("capture", {}).get("manifest_sha256")
+    recorded = export["capture"]["manifest_sha256"]
     if sha256_file(capture_dir / capture.MANIFEST_NAME) != recorded:
         raise UserError(f"the capture in {capture_dir} is not the one the export was made from (its manifest changed: "
                         f"seed {manifest.get('seed')}, num_step {manifest.get('num_step')}, "
