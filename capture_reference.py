@@ -35,7 +35,7 @@ from tqdm import tqdm
 from omnivoice_export import capture
 from omnivoice_export.capture import REF_TXT, REF_WAV
 from omnivoice_export.checkpoints import add_model_arg, load_omnivoice, model_fingerprint, resolve_model
-from omnivoice_export.cli import parse, parse_subset, run_main
+from omnivoice_export.cli import NUM_STEP, SEED, check_output, parse, parse_subset, run_main
 from omnivoice_export.files import atomic_dir, file_entry
 from omnivoice_export.generation import DEFAULT_SEED, check_reference_audio, mode_request, run_generate, write_wav
 from omnivoice_export.report import package_versions
@@ -50,9 +50,11 @@ def parse_steps(text: str, num_step: int) -> set[int] | None:
     try:
         steps = {int(part) for part in text.split(",") if part.strip()}
     except ValueError as exc:
-        raise UserError(f"--steps {text!r} is not 'all' or a comma-separated list of integers") from exc
+        raise UserError(f"--steps {text!r} is not 'all' or a comma-separated list of integers",
+                        "pass all, or steps such as 0,15,31") from exc
     if not steps or min(steps) < 0 or max(steps) >= num_step:
-        raise UserError(f"--steps {text!r} must name steps in 0..{num_step - 1}")
+        raise UserError(f"--steps {text!r} must name steps in 0..{num_step - 1}",
+                        f"pass all, or steps below --num-step {num_step}")
     return steps
 
 
@@ -64,8 +66,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              "same device (RVQ codes flip between devices)")
     parser.add_argument("--steps", default="all", help="transformer calls to record: 'all' or e.g. '0,15,31'")
     parser.add_argument("--modes", default=",".join(capture.MODES), help="comma-separated subset of clone,design,auto")
-    parser.add_argument("--seed", type=int, default=DEFAULT_SEED, help="torch seed before each generate()")
-    parser.add_argument("--num-step", type=int, default=32, help="unmasking steps of generate()")
+    parser.add_argument("--seed", type=SEED, default=DEFAULT_SEED, help="torch seed before each generate()")
+    parser.add_argument("--num-step", type=NUM_STEP, default=32, help="unmasking steps of generate()")
     parser.add_argument("--capture-dir", type=Path, default=capture.DEFAULT_DIR, help="where the capture is written")
     return parse(parser, argv)
 
@@ -74,6 +76,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     modes = parse_subset(args.modes, "--modes", capture.MODES)
     steps = parse_steps(args.steps, args.num_step)
+    check_output(args.capture_dir, "--capture-dir", "tree")
     if args.device == "cuda":
         import torch
 

@@ -32,7 +32,7 @@ import torch
 
 from omnivoice_export import capture, exporting, report, wrappers
 from omnivoice_export.checkpoints import add_model_arg, load_omnivoice, model_fingerprint, resolve_model
-from omnivoice_export.cli import CheckFailed, parse, parse_subset, run_main
+from omnivoice_export.cli import CheckFailed, check_input_dir, check_output, int_range, parse, parse_subset, run_main
 from omnivoice_export.files import sha256_file, temporary_dir
 from omnivoice_export.runtime_assets import write_runtime_assets
 from omnivoice_onnx.contract import CONTRACTS, GRAPH_FILES, GRAPH_NAMES, HOP_LENGTH
@@ -47,9 +47,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add_model_arg(parser)
     parser.add_argument("--graphs", default=",".join(GRAPH_NAMES),
                         help="comma-separated subset of transformer,encoder,decoder")
-    parser.add_argument("--opset", type=int, default=exporting.DEFAULT_OPSET,
-                        help="ONNX opset (18, 20 and 22 verified; 23 emits Attention/RotaryEmbedding that ORT "
-                             "rejects without explicit position_ids)")
+    parser.add_argument("--opset", type=int_range(exporting.OPSET_MIN, exporting.OPSET_MAX),
+                        default=exporting.DEFAULT_OPSET,
+                        help="ONNX opset: dynamo 18-22, legacy 14-20 (18, 20 and 22 verified; dynamo's 23 emits "
+                             "RotaryEmbedding nodes that ORT refuses to run at other shapes)")
     parser.add_argument("--no-dynamo", action="store_true", help="use the legacy TorchScript exporter only")
     parser.add_argument("--capture-dir", type=Path, default=capture.DEFAULT_DIR, help="step 1's capture")
     parser.add_argument("--onnx-dir", type=Path, default=report.DEFAULT_ONNX_DIR, help="where the graphs go")
@@ -111,6 +112,9 @@ def summary_table(entries: dict) -> str:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     graphs = parse_subset(args.graphs, "--graphs", GRAPH_NAMES)
+    exporting.check_opset(args.opset, not args.no_dynamo)
+    check_input_dir(args.capture_dir, "--capture-dir")
+    check_output(args.onnx_dir, "--onnx-dir", "dir")
     model_path = resolve_model(args.model)
     fingerprint = model_fingerprint(model_path)
     manifest = capture.load_manifest(args.capture_dir)

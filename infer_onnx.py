@@ -39,7 +39,8 @@ import numpy as np
 
 from omnivoice_export import capture, metrics, report
 from omnivoice_export.checkpoints import load_omnivoice, resolve_model, validate_checkpoint_dir
-from omnivoice_export.cli import CheckFailed, parse, run_main
+from omnivoice_export.cli import (NUM_STEP, SEED, THREADS, CheckFailed, check_input_dir, check_output, parse,
+                                  run_main)
 from omnivoice_export.files import atomic_path
 from omnivoice_export.generation import (DEFAULT_SEED, LANGUAGE, GenerationRequest, check_language,
                                          check_reference_audio, read_wav, run_generate, write_wav)
@@ -61,7 +62,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--model", default=None,
                         help="checkpoint for the config and text tokenizer (tiny | full-random | PATH); "
                              "default: the one named in the export report")
-    parser.add_argument("--threads", type=int, default=None, help="onnxruntime intra-op threads (default: all cores)")
+    parser.add_argument("--threads", type=THREADS, default=None,
+                        help="onnxruntime intra-op threads (default: all cores)")
     parser.add_argument("--no-split", action="store_true",
                         help="run cond and uncond rows as one padded transformer call (upstream's layout) instead "
                              "of each at its own length")
@@ -75,9 +77,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     synth.add_argument("--instruct", default=None, help="voice design: e.g. 'female, low pitch, british accent'")
     synth.add_argument("--language", default=None, help=f"language name or id, or 'None' (default: {LANGUAGE})")
     # None = not given: compare mode then takes the capture's, and refuses a different value.
-    synth.add_argument("--seed", type=int, default=None,
+    synth.add_argument("--seed", type=SEED, default=None,
                        help=f"torch seed before generate() (default: {DEFAULT_SEED}; compare mode: the capture's)")
-    synth.add_argument("--num-step", type=int, default=None,
+    synth.add_argument("--num-step", type=NUM_STEP, default=None,
                        help="unmasking steps (default: 32; compare mode: the capture's)")
     return parse(parser, argv)
 
@@ -167,6 +169,9 @@ def check_compare_flags(args, manifest: dict) -> None:
 
 
 def compare(args) -> None:
+    check_input_dir(args.capture_dir, "--capture-dir")
+    check_output(args.onnx_dir, "--onnx-dir", "dir")  # the end-to-end results are merged into its report
+    check_output(args.capture_dir, "--capture-dir", "dir")  # onnx_<mode>.wav and the spectrograms go there
     manifest, export = report.verify_against_capture(args.capture_dir, args.onnx_dir, list(GRAPH_NAMES))
     check_compare_flags(args, manifest)
     if "clone" in manifest["modes"]:
@@ -211,6 +216,8 @@ def synthesize(args) -> None:
         raise UserError("voice clone needs both --ref-audio and --ref-text")
     if args.ref_text is not None and not args.ref_text.strip():
         raise UserError("--ref-text is empty", "pass the transcript of --ref-audio")
+    check_output(args.out, "--out", "file")
+    check_input_dir(args.onnx_dir, "--onnx-dir")
     if args.ref_audio is not None:
         check_reference_audio(args.ref_audio)
     language = LANGUAGE if args.language is None else args.language

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from omnivoice_export.capture import DEFAULT_DIR, REF_TXT, REF_WAV
 from omnivoice_export.checkpoints import add_model_arg, load_omnivoice, model_fingerprint, resolve_model
-from omnivoice_export.cli import parse, run_main
+from omnivoice_export.cli import NUM_STEP, SEED, check_output, parse, run_main
 from omnivoice_export.files import atomic_path
 from omnivoice_export.generation import (DEFAULT_SEED, REFERENCE_INSTRUCT, REFERENCE_TEXT, GenerationRequest,
                                          run_generate, write_wav)
@@ -34,8 +34,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--text", default=REFERENCE_TEXT, help="the transcript the model speaks")
     parser.add_argument("--instruct", default=REFERENCE_INSTRUCT,
                         help="voice-design instruct (upstream's items, e.g. 'male, low pitch')")
-    parser.add_argument("--seed", type=int, default=DEFAULT_SEED, help="torch seed for generate()")
-    parser.add_argument("--num-step", type=int, default=32, help="unmasking steps of generate()")
+    parser.add_argument("--seed", type=SEED, default=DEFAULT_SEED, help="torch seed for generate()")
+    parser.add_argument("--num-step", type=NUM_STEP, default=32, help="unmasking steps of generate()")
     parser.add_argument("--out-dir", type=Path, default=DEFAULT_DIR,
                         help="where ref_voice.wav and ref_voice.txt are written")
     return parse(parser, argv)
@@ -43,6 +43,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    check_output(args.out_dir, "--out-dir", "dir")
     model_path = resolve_model(args.model)
     print(f"[step 0] model {model_path} ({model_fingerprint(model_path)})", flush=True)
     model = load_omnivoice(model_path)

@@ -36,7 +36,8 @@ import numpy as np
 
 from omnivoice_export import capture, metrics, report
 from omnivoice_export.checkpoints import validate_checkpoint_dir
-from omnivoice_export.cli import CheckFailed, parse, parse_subset, run_main
+from omnivoice_export.cli import (THREADS, CheckFailed, check_input_dir, check_output, float_range, parse, parse_subset,
+                                  run_main)
 from omnivoice_export.ort_runtime import read_graph_metadata
 from omnivoice_onnx.contract import (CONTRACTS, GRAPH_FILES, GRAPH_NAMES, THRESHOLDS, ort_signature, shape_problems,
                                      signature_problems)
@@ -44,11 +45,12 @@ from omnivoice_onnx.sessions import PROVIDERS, check_provider, make_session, run
 
 SWEEP_LENGTHS = 30
 # The flag overriding each graph's parity tolerance (contract.tolerances) for one run, and its help.
-THRESHOLD_FLAGS = {
-    "transformer_argmax_min": ("--argmax-min", "transformer: minimum argmax agreement on the rows generate() reads"),
-    "transformer_max_abs": ("--max-abs", "transformer: maximum |logit difference| on those rows"),
-    "encoder_code_match_min": ("--code-match-min", "encoder: minimum exact code-match rate"),
-    "decoder_log_spectral_l1_max": ("--lsd-max", "decoder: maximum log-spectral L1"),
+THRESHOLD_FLAGS = {  # key: (flag, help, its range: a rate in [0, 1] or a non-negative bound)
+    "transformer_argmax_min": ("--argmax-min", "transformer: minimum argmax agreement on the rows generate() reads",
+                               float_range(0, 1)),
+    "transformer_max_abs": ("--max-abs", "transformer: maximum |logit difference| on those rows", float_range(0)),
+    "encoder_code_match_min": ("--code-match-min", "encoder: minimum exact code-match rate", float_range(0, 1)),
+    "decoder_log_spectral_l1_max": ("--lsd-max", "decoder: maximum log-spectral L1", float_range(0)),
 }
 TOLERANCES = tuple(key for contract in CONTRACTS.values() for key in contract.tolerances)
 
@@ -59,10 +61,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--graphs", default=",".join(GRAPH_NAMES), help="comma-separated subset to check")
     parser.add_argument("--capture-dir", type=Path, default=capture.DEFAULT_DIR, help="step 1's capture")
     parser.add_argument("--onnx-dir", type=Path, default=report.DEFAULT_ONNX_DIR, help="step 2's export")
-    parser.add_argument("--threads", type=int, default=None, help="onnxruntime intra-op threads (default: all cores)")
+    parser.add_argument("--threads", type=THREADS, default=None,
+                        help="onnxruntime intra-op threads (default: all cores)")
     for key in TOLERANCES:
-        flag, text = THRESHOLD_FLAGS[key]
-        parser.add_argument(flag, type=float, default=THRESHOLDS[key], dest=key,
+        flag, text, kind = THRESHOLD_FLAGS[key]
+        parser.add_argument(flag, type=kind, default=THRESHOLDS[key], dest=key,
                             metavar=flag[2:].upper().replace("-", "_"), help=text)
     parser.add_argument("--no-sweep", action="store_true", help="skip the encoder length sweep (needs PyTorch weights)")
     return parse(parser, argv)
@@ -183,6 +186,8 @@ def main(argv: list[str] | None = None) -> None:
     check_provider(args.provider)
     graphs = parse_subset(args.graphs, "--graphs", GRAPH_NAMES)
     thresholds = {key: getattr(args, key) for key in TOLERANCES}
+    check_input_dir(args.capture_dir, "--capture-dir")
+    check_output(args.onnx_dir, "--onnx-dir", "dir")  # the results are merged into its report
     manifest, export = report.verify_against_capture(args.capture_dir, args.onnx_dir, graphs)
     model_path = None
     if "encoder" in graphs and not args.no_sweep:

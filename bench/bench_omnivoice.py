@@ -47,7 +47,7 @@ sys.path.insert(0, str(REPO))
 import numpy as np  # noqa: E402
 
 from omnivoice_export.capture import DEFAULT_DIR, REF_TXT, REF_WAV  # noqa: E402
-from omnivoice_export.cli import parse, run_main  # noqa: E402
+from omnivoice_export.cli import NUM_STEP, int_range, parse, run_main  # noqa: E402
 from omnivoice_export.files import atomic_path, write_json_atomic  # noqa: E402
 from omnivoice_export.report import DEFAULT_ONNX_DIR, REPORT_NAME  # noqa: E402
 from omnivoice_onnx.contract import SAMPLE_RATE  # noqa: E402
@@ -85,9 +85,10 @@ def export_parser(description: str) -> argparse.ArgumentParser:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = export_parser(__doc__)
-    parser.add_argument("--repeats", type=int, default=2, help="A B rounds (each variant runs once per round)")
-    parser.add_argument("--calls", type=int, default=3, help="timed transformer/codec calls per worker and shape")
-    parser.add_argument("--num-step", type=int, default=32, help="generate() steps")
+    parser.add_argument("--repeats", type=int_range(1), default=2, help="A B rounds (each variant runs once per round)")
+    parser.add_argument("--calls", type=int_range(1), default=3,
+                        help="timed transformer/codec calls per worker and shape")
+    parser.add_argument("--num-step", type=NUM_STEP, default=32, help="generate() steps")
     parser.add_argument("--skip-e2e", action="store_true", help="per-call figures only")
     parser.add_argument("--worker", choices=WORKERS, help=argparse.SUPPRESS)
     parser.add_argument("--scratch", type=Path, help=argparse.SUPPRESS)  # torch logits for the ONNX worker

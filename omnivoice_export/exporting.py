@@ -31,14 +31,47 @@ import torch
 
 from omnivoice_export import wrappers
 from omnivoice_export.capture import read_rows
-from omnivoice_export.cli import disk_full_error
+from omnivoice_export.cli import environment_error
 from omnivoice_export.files import umask_mode
 from omnivoice_export.measure import PeakRss
 from omnivoice_export.report import ExportResult
 from omnivoice_onnx.contract import (CONTRACTS, FRAME_RATE, GRAPH_FILES, HOP_LENGTH, LEGACY_AXIS_NAMES, SAMPLE_RATE,
                                      SAMPLES_AXIS, THRESHOLDS)
+from omnivoice_onnx.errors import UserError
 
 DEFAULT_OPSET = 18
+# The opsets each exporter writes all three graphs at, runnable by onnxruntime (torch 2.13, ORT
+# 1.32; investigation log Run 16). dynamo builds at its torchlib opset 18 and converts upward;
+# converting the transformer downward fails, and torch then logs it and keeps 18, so a requested
+# 17 would be recorded over an opset-18 graph. At 23 it emits RotaryEmbedding nodes that ORT
+# refuses to run at any shape but the export's. legacy (TorchScript) needs 14 for
+# scaled_dot_product_attention and stops at 20. The written opset is checked after every export
+# all the same (written_opset).
+EXPORTER_OPSETS = {"dynamo": range(18, 23), "legacy": range(14, 21)}
+OPSET_MIN = min(r.start for r in EXPORTER_OPSETS.values())
+OPSET_MAX = max(r.stop - 1 for r in EXPORTER_OPSETS.values())
+
+
+def _opsets_text(exporter: str) -> str:
+    return f"{EXPORTER_OPSETS[exporter].start}..{EXPORTER_OPSETS[exporter].stop - 1}"
+
+
+OPSET_FIX = (f"use an opset in {_opsets_text('dynamo')} (18, 20 and 22 verified end to end), or --no-dynamo with "
+             f"one in {_opsets_text('legacy')}")
+
+
+def check_opset(opset: int, dynamo: bool) -> None:
+    """UserError, before any model is loaded, for an opset the chosen exporter cannot write."""
+    exporter = "dynamo" if dynamo else "legacy"
+    if opset not in EXPORTER_OPSETS[exporter]:
+        raise UserError(f"--opset {opset}: torch's {exporter} exporter writes these graphs at opsets "
+                        f"{_opsets_text(exporter)} only", OPSET_FIX)
+
+
+def written_opset(path: Path) -> int:
+    """The default-domain opset a saved graph imports: what onnxruntime runs it at."""
+    model = onnx.load(str(path), load_external_data=False)
+    return next(entry.version for entry in model.opset_import if entry.domain in ("", "ai.onnx"))
 
 
 def dynamic_shapes(graph: str) -> dict[str, dict[int, Any]]:
@@ -173,7 +206,7 @@ def export_graph(module: torch.nn.Module, graph: str, inputs: tuple[torch.Tensor
             try:
                 run_exporter(module, graph, inputs, raw_dir / "model.onnx", exporter == "dynamo", opset)
             except Exception as exc:  # the exporters raise many types; the reason goes in the report
-                if exporter == "legacy" or disk_full_error(exc) is not None:  # legacy would fill the disk too
+                if exporter == "legacy" or environment_error(exc) is not None:  # legacy would fail alike
                     raise
                 result.fallback_reason = f"{type(exc).__name__}: {str(exc).splitlines()[0][:500]}"
                 log(f"  [{graph}] dynamo export failed ({result.fallback_reason}); falling back to legacy")
@@ -181,6 +214,10 @@ def export_graph(module: torch.nn.Module, graph: str, inputs: tuple[torch.Tensor
                 continue
             result.exporter = exporter
             break
+        written = written_opset(raw_dir / "model.onnx")
+        if written != opset:  # the report and metadata must never name an opset the graph is not at
+            raise UserError(f"--opset {opset}: torch's {result.exporter} exporter could not convert the {graph} graph "
+                            f"to opset {opset} (it wrote opset {written})", OPSET_FIX)
         result.original_external_files = consolidate_external_data(raw_dir / "model.onnx", final)
         shutil.rmtree(raw_dir)
     result.seconds, result.peak_rss_mb = round(peak.seconds, 2), round(peak.peak_mb, 1)
