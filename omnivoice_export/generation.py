@@ -8,6 +8,7 @@ written into the capture manifest and read back from it.
 from __future__ import annotations
 
 import dataclasses
+import io
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -92,20 +93,37 @@ def run_generate(model, request: GenerationRequest) -> np.ndarray:
     try:
         audio = model.generate(**kwargs)[0]
     except ValueError as exc:
-        raise UserError(*_upstream_message(str(exc))) from exc
+        translated = _upstream_error(str(exc), request)
+        if translated is None:
+            raise
+        raise translated from exc
     return np.asarray(audio, dtype=np.float32)
 
 
-def _upstream_message(message: str) -> tuple[str, str | None]:
-    """(problem, fix) as one line each from upstream's multi-line ValueError.
+# The ValueErrors upstream's generate() raises for bad input, by the start of their message.
+_INSTRUCT_ERRORS = ("Unsupported instruct items", "Cannot mix Chinese dialect and English accent",
+                    "Conflicting instruct items")
+_EMPTY_AFTER_SILENCE_REMOVAL = "Reference audio is empty after silence removal"
 
-    Its first paragraph names the problem (for an unsupported instruct, the item and a
-    suggestion); the paragraph that lists the valid English instruct items is the fix.
+
+def _upstream_error(message: str, request: GenerationRequest) -> UserError | None:
+    """Upstream's ValueError for bad input as a one-line UserError in this CLI's terms; None for
+    any other ValueError, a bug, raised as it is (a catch-all would turn numpy's "zero-size array"
+    into advice).
+
+    An instruct error's first paragraph names the problem (the item and a suggestion); the
+    paragraph listing the valid English items is the fix. The silence-removal error's advice,
+    "Try setting preprocess_prompt=False", names a generate() argument the scripts do not have.
     """
-    paragraphs = [" ".join(part.split()) for part in message.strip().split("\n\n")]
-    fix = next((line.strip() for part in message.split("\n\n") for line in part.splitlines()
-                if line.strip().startswith("Valid English items")), None)
-    return paragraphs[0], fix
+    if message.startswith(_INSTRUCT_ERRORS):
+        problem = " ".join(message.strip().split("\n\n")[0].split())
+        fix = next((line.strip() for part in message.split("\n\n") for line in part.splitlines()
+                    if line.strip().startswith("Valid English items")), None)
+        return UserError(f"--instruct: {problem}", fix)
+    if message.startswith(_EMPTY_AFTER_SILENCE_REMOVAL):
+        return UserError(f"reference audio {request.ref_audio} has no sound left after upstream's silence removal "
+                         "(everything in it is below -50 dBFS)", REFERENCE_FIX)
+    return None
 
 
 def check_language(language: str | None) -> None:
@@ -137,6 +155,12 @@ def check_reference_audio(path: Path) -> None:
     audio = audio[:, None] if audio.ndim == 1 else audio  # [T, C]
     if audio.shape[0] == 0:
         raise UserError(f"reference audio {path} has no samples", REFERENCE_FIX)
+    finite = np.isfinite(audio)
+    if not finite.all():
+        # A float WAV can hold NaN and inf: upstream would normalise by their RMS and clone noise (or
+        # nothing) without a word; soundfile reads integer formats as finite values always.
+        raise UserError(f"reference audio {path} has {audio.size - int(finite.sum())} NaN or infinite samples "
+                        f"(first at {int(np.argmin(finite.all(axis=1))) / rate:.3f} s)", REFERENCE_FIX)
     peak = float(np.max(np.abs(audio)))
     if peak < SILENT_PEAK:
         raise UserError(f"reference audio {path} is silent (peak {20 * np.log10(max(peak, 1e-12)):.0f} dBFS)",
@@ -161,13 +185,16 @@ def write_wav(path: Path, audio: np.ndarray, sample_rate: int = SAMPLE_RATE) -> 
     import soundfile
 
     samples = np.asarray(audio, dtype=np.float32)
+    # Encoded in memory, written by Python: libsndfile reports a full disk or a denied folder as
+    # "System error." with no errno, where Python's write raises ENOSPC / EACCES naming the file.
+    encoded = io.BytesIO()
+    with soundfile.SoundFile(encoded, "w", sample_rate, 1 if samples.ndim == 1 else samples.shape[1],
+                             subtype="FLOAT", format="WAV") as handle:
+        # soundfile has no public switch for it: sf_command(SFC_SET_ADD_PEAK_CHUNK, SF_FALSE).
+        soundfile._snd.sf_command(handle._file, SFC_SET_ADD_PEAK_CHUNK, soundfile._ffi.NULL, soundfile._snd.SF_FALSE)
+        handle.write(samples)
     with atomic_path(Path(path)) as tmp:
-        with soundfile.SoundFile(str(tmp), "w", sample_rate, 1 if samples.ndim == 1 else samples.shape[1],
-                                 subtype="FLOAT", format="WAV") as handle:
-            # soundfile has no public switch for it: sf_command(SFC_SET_ADD_PEAK_CHUNK, SF_FALSE).
-            soundfile._snd.sf_command(handle._file, SFC_SET_ADD_PEAK_CHUNK, soundfile._ffi.NULL,
-                                      soundfile._snd.SF_FALSE)
-            handle.write(samples)
+        tmp.write_bytes(encoded.getvalue())
 
 
 def read_wav(path: Path, fix: str | None = None) -> tuple[np.ndarray, int]:

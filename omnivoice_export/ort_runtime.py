@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from omnivoice_onnx.contract import CONTRACTS, GRAPH_FILES
+from omnivoice_onnx.errors import UserError
 from omnivoice_onnx.sessions import (TRANSFORMER_ARENA, CodecConfig, CodecSessions, make_session, run,
                                      run_split)
 
@@ -25,6 +26,20 @@ def read_graph_metadata(path: Path) -> dict[str, str]:
     import onnx
 
     return {prop.key: prop.value for prop in onnx.load(str(path), load_external_data=False).metadata_props}
+
+
+def finite_output(array: np.ndarray, graph: str) -> np.ndarray:
+    """`array` if every value is finite; else a UserError saying the graph's weights are damaged.
+
+    A graph whose sidecar was overwritten (and its sha256 re-recorded by hand) loads and runs,
+    and returns NaN: NaN logits pick token 0 everywhere and NaN audio ends in a numpy error deep
+    in upstream's post-processing. No real export produces a non-finite value (parity and the
+    self-checks compare every output), so one is named here, at the graph.
+    """
+    if not np.isfinite(array).all():
+        raise UserError(f"the {graph} graph returned NaN or infinite values: its weights ({GRAPH_FILES[graph]}.data) "
+                        "are damaged", "re-run export_omnivoice.py (step 2)")
+    return array
 
 
 class OrtAudioTokenizer:
@@ -40,7 +55,8 @@ class OrtAudioTokenizer:
 
     def decode(self, audio_codes: torch.Tensor, *args, **kwargs) -> SimpleNamespace:
         feeds = {"audio_codes": audio_codes.cpu().numpy().astype(np.int64)}
-        return SimpleNamespace(audio_values=torch.from_numpy(self.sessions.run("decoder", feeds)["audio_values"]))
+        audio = finite_output(self.sessions.run("decoder", feeds)["audio_values"], "decoder")
+        return SimpleNamespace(audio_values=torch.from_numpy(audio))
 
 
 def ort_forward(session, split: bool = True):
@@ -54,7 +70,7 @@ def ort_forward(session, split: bool = True):
             logits = run_split(session, *feeds)
         else:
             logits = run(session, dict(zip(CONTRACTS["transformer"].input_names, feeds)))["logits"]
-        return OmniVoiceModelOutput(logits=torch.from_numpy(logits))
+        return OmniVoiceModelOutput(logits=torch.from_numpy(finite_output(logits, "transformer")))
     return forward
 
 
