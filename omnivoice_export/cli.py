@@ -19,6 +19,7 @@ import sys
 import tempfile
 import threading
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, NoReturn
 
@@ -228,23 +229,32 @@ class Terminated(KeyboardInterrupt):
     runs (temporary files and staging directories are removed) and the exit is as clean."""
 
 
+@dataclass
+class Sigterm:
+    received: bool = False  # a SIGTERM arrived during the block
+
+
 @contextlib.contextmanager
-def sigterm_raises() -> Iterator[None]:
+def sigterm_raises() -> Iterator[Sigterm]:
     """Turn SIGTERM into Terminated for the block (main thread only; the handler is restored).
 
     Python's default for SIGTERM ends the process on the spot, leaving the export's staging
-    directory (GBs at full size) behind. Once raised, a second SIGTERM ends the process at once.
+    directory (GBs at full size) behind. An exception raised by a signal handler lands wherever
+    the main thread is, and a library's bare `except:` there can swallow it (Ctrl-C's
+    KeyboardInterrupt alike); the run then goes on to its end, and `received` tells run_main.
+    Every later SIGTERM raises again.
     """
+    state = Sigterm()
     if threading.current_thread() is not threading.main_thread():
-        yield
+        yield state
         return
 
     def terminate(signum, frame) -> NoReturn:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        state.received = True
         raise Terminated()
     previous = signal.signal(signal.SIGTERM, terminate)
     try:
-        yield
+        yield state
     finally:
         signal.signal(signal.SIGTERM, previous)
 
@@ -262,14 +272,19 @@ def run_main(main: Callable[[list[str] | None], None], argv: list[str] | None = 
     """Run a script's main(); turn expected errors into one line and an exit code.
 
     Without --debug, a UserError prints `error: ...` and exits 2, a CheckFailed exits 1, Ctrl-C
-    exits 130 and SIGTERM 143 (both after every `finally` ran), a closed stdout pipe exits 141
-    quietly, and a full disk or a permission the machine denies is named with its file (exit 2);
-    anything else is a bug and keeps its traceback.
+    exits 130 and SIGTERM 143 (both after every `finally` ran; a SIGTERM that a library swallowed
+    is reported when the run ends), a closed stdout pipe exits 141 quietly, and a full disk or a
+    permission the machine denies is named with its file (exit 2); anything else is a bug and
+    keeps its traceback.
     """
     debug = "--debug" in (sys.argv[1:] if argv is None else argv)
     try:
-        with sigterm_raises():
+        with sigterm_raises() as sigterm:
             main(argv)
+        if sigterm.received:  # swallowed where it was raised (see sigterm_raises): the run completed
+            print("terminated (SIGTERM): too late to stop the run, which completed; its artefacts are complete",
+                  file=sys.stderr)
+            sys.exit(EXIT_TERMINATED)
     except (UserError, CheckFailed) as exc:
         if debug:
             raise
