@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from omnivoice_export.builder import BUILD_STAMP, BUILDER_VERSION, DIMS, build_checkpoint
-from omnivoice_export.cli import REPO_ROOT, environment_error, int_range, parse, run_main
+from omnivoice_export.cli import REPO_ROOT, check_output, environment_error, int_range, parse, run_main
 from omnivoice_export.files import sha256_file
 from omnivoice_onnx.errors import UserError
 
@@ -198,6 +198,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     out = args.out or CHECKPOINT_CACHE / args.name
+    check_output(out, "--out", "tree")
     started = time.perf_counter()
     build_checkpoint(args.name, out, args.seed)
     print(f"built {args.name} in {time.perf_counter() - started:.1f} s -> {out}  "

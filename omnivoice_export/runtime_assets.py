@@ -31,7 +31,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from omnivoice_export.cli import parse, run_main
+from omnivoice_export.cli import check_output, parse, run_main
 from omnivoice_export.files import atomic_path, file_entry
 from omnivoice_onnx.prompt import RUNTIME_CONFIG_FILE, TOKENIZER_FILE
 
@@ -112,6 +112,7 @@ def main(argv: list[str] | None = None) -> None:
     add_model_arg(parser)
     parser.add_argument("--out", type=Path, required=True, help="directory to write the runtime files into")
     args = parse(parser, argv)
+    check_output(args.out, "--out", "dir")
     for name, entry in write_runtime_assets(resolve_model(args.model), args.out).items():
         print(f"{args.out / name}  {entry['bytes']} bytes  sha256 {entry['sha256'][:16]}")
 
