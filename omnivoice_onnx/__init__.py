@@ -8,4 +8,7 @@ Modules:
     errors     UserError, the one-line expected error
     contract   the graph files of an export
     sessions   onnxruntime sessions, providers, cond/uncond split execution
+    rng        torch's CPU generator (manual_seed + rand) in numpy, bit for bit
+    schedule   the unmasking schedule (time steps, cells per step)
+    scoring    one unmasking step: guided log-probs, Gumbel draws, penalty, top-k cells
 """
