@@ -4,11 +4,26 @@ The host side of upstream `OmniVoice.generate()` (omnivoice 0.2.1) reproduced st
 given seed gives upstream's tokens; the reference a C# or mobile port reads line by line. It
 never imports torch, transformers, omnivoice, pydub or the toolchain (omnivoice_export).
 
+    from omnivoice_onnx import OmniVoiceOnnx
+    tts = OmniVoiceOnnx.from_dir("onnx")
+    audios = tts.generate("Hello.", language="English", seed=1)
+
 Modules:
-    errors     UserError, the one-line expected error
-    contract   the graph files of an export
-    sessions   onnxruntime sessions, providers, cond/uncond split execution
-    rng        torch's CPU generator (manual_seed + rand) in numpy, bit for bit
-    schedule   the unmasking schedule (time steps, cells per step)
-    scoring    one unmasking step: guided log-probs, Gumbel draws, penalty, top-k cells
+    api          OmniVoiceOnnx: load an export folder, generate, create_voice_clone_prompt
+    generate     generate() and its steps: preprocessing, the unmasking loop, chunking, decoding
+    scoring      one unmasking step: guided log-probs, Gumbel draws, penalty, top-k cells
+    schedule     the unmasking schedule (time steps, cells per step)
+    rng          torch's CPU generator (manual_seed + rand) in numpy, bit for bit
+    conformance  JSON traces of fixed cases, for ports to replay
+    prompt, duration, text   the transformer's input: tokenizer, prompt layout, length estimate, chunking
+    audio        reference loading and preparation, output post-processing
+    sessions     onnxruntime sessions, providers, cond/uncond split execution
+    contract     the graph files of an export
+    errors       UserError, the one-line expected error
 """
+
+from omnivoice_onnx.api import OmniVoiceOnnx
+from omnivoice_onnx.errors import UserError
+from omnivoice_onnx.generate import GenerationConfig, Trace, VoiceClonePrompt
+
+__all__ = ["OmniVoiceOnnx", "UserError", "GenerationConfig", "Trace", "VoiceClonePrompt"]
