@@ -131,6 +131,9 @@ class OmniVoiceOnnx:
         rng = TorchCpuRng(seed)
         if trace is not None:
             trace.seed = seed
-        return gen.generate(self.model, text, config, rng, language=language, ref_text=ref_text, ref_audio=ref_audio,
-                            voice_clone_prompt=voice_clone_prompt, instruct=instruct, duration_s=duration,
-                            speed=speed, trace=trace)
+        audios = gen.generate(self.model, text, config, rng, language=language, ref_text=ref_text,
+                              ref_audio=ref_audio, voice_clone_prompt=voice_clone_prompt, instruct=instruct,
+                              duration_s=duration, speed=speed, trace=trace)
+        if trace is not None:
+            trace.words_drawn = rng.words_drawn
+        return audios

@@ -182,6 +182,7 @@ class Trace:
     """What a generate() call did, for tests and conformance vectors. Pass an empty Trace()."""
 
     seed: int | None = None
+    words_drawn: int = 0  # MT19937 words the whole call consumed
     task: Task | None = None
     short_idx: list[int] = field(default_factory=list)
     long_idx: list[int] = field(default_factory=list)

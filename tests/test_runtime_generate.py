@@ -23,11 +23,13 @@ import torch
 from omnivoice.models.omnivoice import OmniVoiceGenerationConfig
 
 from omnivoice_export.runtime_assets import write_runtime_assets
-from omnivoice_onnx import OmniVoiceOnnx, Trace, UserError
+from omnivoice_onnx import OmniVoiceOnnx, Trace, UserError, conformance
 from omnivoice_onnx.contract import GRAPH_FILES
 from omnivoice_onnx.prompt import RUNTIME_CONFIG_FILE, TOKENIZER_FILE
 
 WAV_TOLERANCE = 1e-4
+CONFORMANCE_DIR = Path(__file__).resolve().parent / "conformance"
+REGENERATE = "python -m omnivoice_onnx.conformance --onnx-dir <tiny export> --out tests/conformance"
 SEEDS = [0, 1, 7, 42, 2**32 + 3]
 LONG_TEXT = ("The first sentence sets the scene. A second one follows it closely, with a few more words. "
              "Then a third arrives; it is short. Finally, the fourth sentence ends this long text for good.")
@@ -207,6 +209,44 @@ def test_runtime_runs_with_the_toolchain_unimportable(export_dir, reference):
     proc = subprocess.run([sys.executable, "-c", code, str(export_dir), reference[0]], capture_output=True,
                           text=True, timeout=300, cwd=Path(__file__).resolve().parent.parent)
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
+
+
+# ---- conformance vectors -------------------------------------------------------------------------
+
+def test_conformance_vectors_are_committed_and_small():
+    names = sorted(p.stem for p in CONFORMANCE_DIR.glob("*.json"))
+    assert names == sorted(conformance.CASES), f"vectors and CASES differ; regenerate: {REGENERATE}"
+    assert all(p.stat().st_size < 200_000 for p in CONFORMANCE_DIR.iterdir())
+
+
+@pytest.mark.parametrize("name", list(conformance.CASES))
+def test_conformance_vector_replays_and_equals_upstream(torch_model, tts, name):
+    """Replay a committed vector as a port would: everything but the audio exactly, the audio's
+    envelope within WAV_TOLERANCE; and upstream torch, given the same request, makes the same tokens."""
+    stored = json.loads((CONFORMANCE_DIR / f"{name}.json").read_text(encoding="utf-8"))
+    assert stored["export"]["model_fingerprint"] == tts.metadata["model_fingerprint"], \
+        f"the vectors were made from another checkpoint; regenerate: {REGENERATE}"
+    case = conformance.CASES[name]
+    record, _ = conformance.run_case(tts, name, case, CONFORMANCE_DIR)
+    for key in stored:
+        if key not in ("export", "outputs"):
+            assert record[key] == stored[key], key
+    for ours, theirs in zip(record["outputs"], stored["outputs"], strict=True):
+        assert ours["samples"] == theirs["samples"]
+        for stat in ("envelope_min", "envelope_max"):
+            assert np.abs(np.subtract(ours[stat], theirs[stat])).max() <= WAV_TOLERANCE, stat
+
+    kwargs = {key: value for key, value in case.items() if key not in ("seed", "generation_config")}
+    if "ref_audio" in kwargs:
+        kwargs["ref_audio"] = str(CONFORMANCE_DIR / kwargs["ref_audio"])
+    with recording(torch_model) as upstream:
+        torch.manual_seed(case["seed"])
+        torch_model.generate(generation_config=OmniVoiceGenerationConfig(**case.get("generation_config", {})),
+                             **kwargs)
+    stored_tokens = [[np.array(item["tokens"]) for item in it["items"]] for it in stored["iterations"]]
+    assert len(upstream["tokens"]) == len(stored_tokens)
+    for theirs, ours in zip(upstream["tokens"], stored_tokens):
+        assert len(theirs) == len(ours) and all(np.array_equal(a, b) for a, b in zip(theirs, ours))
 
 
 # ---- expected bad input: one-line UserErrors ---------------------------------------------------
