@@ -4,11 +4,16 @@
 #
 #   make demo                 steps 0-4 on the tiny checkpoint, then the parity and end-to-end summaries
 #   make demo MODEL=full-random   the same at the real dims (minutes; ~10 GB RAM)
-#   make test                 the pytest suite (tiny checkpoint, CPU)
+#   make test                 the whole pytest suite (tiny checkpoint, CPU; minutes)
+#   make test-fast            the quick subset: skips tests marked slow (pytest.ini), i.e. all that need steps 0-2
 #   make bench                PyTorch vs ONNX Runtime benchmark of the demo's export (README: Performance)
 #   make venv-gpu             .venv for an NVIDIA machine (requirements-gpu.txt)
 
 PYTHON ?= python3
+# PyTorch's CPU wheel index (PyTorch's install instructions); a mirror of it works too.
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+# PyTorch's CUDA 13.2 wheel index, for make venv-gpu's torch.
+TORCH_GPU_INDEX ?= https://download.pytorch.org/whl/cu132
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
@@ -17,30 +22,38 @@ PROVIDER ?= cpu
 CAPTURE := capture
 ONNX := onnx
 MODEL_MARK := checkpoints/.demo-model
-PACKAGE := $(wildcard omnivoice_export/*.py)
+PACKAGE := $(wildcard omnivoice_export/*.py omnivoice_onnx/*.py)
 
-.PHONY: demo test venv venv-gpu bench clean FORCE
+.PHONY: demo test test-fast venv venv-gpu bench clean FORCE
 .DEFAULT_GOAL := demo
 
 venv: $(STAMP)
 
-$(STAMP): requirements.txt
+# torch comes first, from PyTorch's CPU index (TORCH_INDEX, given to that one install only); then
+# the pinned rest; then `install verify` imports everything or stops with one line naming the fix.
+# The stamp is written only after the venv is proven.
+$(STAMP): requirements.txt requirements-torch.txt omnivoice_export/install.py
 	@$(PYTHON) -c 'import sys; v = sys.version_info[:2]; sys.exit(0 if (3, 10) <= v <= (3, 12) else f"Python 3.10-3.12 needed, {sys.executable} is {v[0]}.{v[1]}: make PYTHON=python3.11")'
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m omnivoice_export.install torch --index-url $(TORCH_INDEX)
 	$(PY) -m pip install --quiet --no-deps -r requirements.txt
-	$(PY) -m omnivoice_export.torchaudio_cpu
+	$(PY) -m omnivoice_export.install verify
 	touch $(STAMP)
 
 venv-gpu: requirements-gpu.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet --no-deps --extra-index-url $(TORCH_GPU_INDEX) -c requirements-gpu.txt torch
 	$(PY) -m pip install --quiet -r requirements-gpu.txt
 	$(PY) -m pip install --quiet --no-deps omnivoice==0.2.1 torchaudio==2.11.1
 	touch $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not slow" tests
 
 # The model marker changes only when MODEL does, so switching models re-runs every step.
 $(MODEL_MARK): FORCE

@@ -37,21 +37,27 @@ from typing import Any
 
 import numpy as np
 
-from omnivoice_export import capture, metrics, report, wrappers
+from omnivoice_export import capture, metrics, report
 from omnivoice_export.checkpoints import load_omnivoice, resolve_model, validate_checkpoint_dir
-from omnivoice_export.cli import REPO_ROOT, CheckFailed, UserError, add_debug_flag, atomic_path, run_main
-from omnivoice_export.generation import (DEFAULT_SEED, LANGUAGE, SAMPLE_RATE, GenerationRequest, check_language,
+from omnivoice_export.cli import CheckFailed, parse, run_main
+from omnivoice_export.files import atomic_path
+from omnivoice_export.generation import (DEFAULT_SEED, LANGUAGE, GenerationRequest, check_language,
                                          check_reference_audio, read_wav, run_generate, write_wav)
 from omnivoice_export.measure import PeakRss
 from omnivoice_export.ort_runtime import OrtGraphs, load_onnx_omnivoice
+from omnivoice_onnx.contract import GRAPH_NAMES, THRESHOLDS
+from omnivoice_onnx.errors import UserError
 from omnivoice_onnx.sessions import PROVIDERS, check_provider
+
+# The end-to-end entries of the threshold table, recorded with the results.
+END_TO_END_THRESHOLDS = {k: v for k, v in THRESHOLDS.items() if k.startswith("end_to_end")}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--provider", default="cpu", help=f"one of {', '.join(PROVIDERS)}")
-    parser.add_argument("--capture-dir", type=Path, default=REPO_ROOT / "capture", help="step 1's capture")
-    parser.add_argument("--onnx-dir", type=Path, default=REPO_ROOT / "onnx", help="step 2's export")
+    parser.add_argument("--capture-dir", type=Path, default=capture.DEFAULT_DIR, help="step 1's capture")
+    parser.add_argument("--onnx-dir", type=Path, default=report.DEFAULT_ONNX_DIR, help="step 2's export")
     parser.add_argument("--model", default=None,
                         help="checkpoint for the config and text tokenizer (tiny | full-random | PATH); "
                              "default: the one named in the export report")
@@ -73,8 +79,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                        help=f"torch seed before generate() (default: {DEFAULT_SEED}; compare mode: the capture's)")
     synth.add_argument("--num-step", type=int, default=None,
                        help="unmasking steps (default: 32; compare mode: the capture's)")
-    add_debug_flag(parser)
-    return parser.parse_args(argv)
+    return parse(parser, argv)
 
 
 def run_recorded(model, request: GenerationRequest) -> tuple[np.ndarray, np.ndarray, float]:
@@ -123,8 +128,8 @@ def compare_mode(model, torch_model, mode: str, entry: dict, capture_dir: Path) 
     request = GenerationRequest.from_dict(entry["request"])
     if request.ref_audio:
         request.ref_audio = str(capture_dir / request.ref_audio)
-    reference_tokens = capture.load_mode_file(capture_dir, mode, "tokens.npz")
-    reference_audio, _ = read_wav(capture_dir / mode / "output.wav")
+    reference_tokens = capture.load_mode_file(capture_dir, mode, capture.TOKENS_FILE)
+    reference_audio, _ = read_wav(capture_dir / mode / capture.OUTPUT_WAV)
     audio, states, onnx_seconds = run_recorded(model, request)
     torch_seconds = None
     if torch_model is not None:
@@ -136,14 +141,14 @@ def compare_mode(model, torch_model, mode: str, entry: dict, capture_dir: Path) 
     diverged = first_divergence(reference_tokens["after_step"], states)
     lsd = metrics.log_spectral_l1(reference_audio, audio)
     same_duration = audio.size == reference_audio.size
-    write_wav(capture_dir / f"onnx_{mode}.wav", audio)
+    write_wav(capture_dir / f"onnx_{mode}.wav", audio, model.sampling_rate)
     spectrogram_png(capture_dir / f"onnx_{mode}_spectrogram.png", reference_audio, audio,
                     f"{mode}: token match {rate:.4f}, log-spectral L1 {lsd:.1e}")
-    passed = (rate >= metrics.THRESHOLDS["end_to_end_token_match_min"] and same_duration
-              and lsd <= metrics.THRESHOLDS["end_to_end_log_spectral_l1_max"])
+    passed = (rate >= END_TO_END_THRESHOLDS["end_to_end_token_match_min"] and same_duration
+              and lsd <= END_TO_END_THRESHOLDS["end_to_end_log_spectral_l1_max"])
     return {"token_match": rate, "token_match_per_codebook": per_codebook, "first_divergent_step": diverged,
-            "log_spectral_l1": lsd, "duration_s": audio.size / SAMPLE_RATE,
-            "reference_duration_s": reference_audio.size / SAMPLE_RATE, "same_duration": same_duration,
+            "log_spectral_l1": lsd, "duration_s": audio.size / model.sampling_rate,
+            "reference_duration_s": reference_audio.size / model.sampling_rate, "same_duration": same_duration,
             "onnx_seconds": round(onnx_seconds, 3), "torch_seconds": None if torch_seconds is None else round(torch_seconds, 3),
             "wav": f"onnx_{mode}.wav", "spectrogram": f"onnx_{mode}_spectrogram.png", "passed": passed}
 
@@ -162,7 +167,7 @@ def check_compare_flags(args, manifest: dict) -> None:
 
 
 def compare(args) -> None:
-    manifest, export = report.verify_against_capture(args.capture_dir, args.onnx_dir, list(wrappers.GRAPH_NAMES))
+    manifest, export = report.verify_against_capture(args.capture_dir, args.onnx_dir, list(GRAPH_NAMES))
     check_compare_flags(args, manifest)
     if "clone" in manifest["modes"]:
         capture.reference_wav(args.capture_dir, manifest)  # the very reference the clone tokens came from
@@ -182,10 +187,8 @@ def compare(args) -> None:
               f"{'' if result['same_duration'] else ' (reference ' + format(result['reference_duration_s'], '.2f') + 's)'} "
               f"{'OK' if result['passed'] else 'FAIL'}", flush=True)
     overall = all(r["passed"] for r in results.values())
-    report.merge_section(args.onnx_dir, ("end_to_end", args.provider), {
-        "provider": args.provider, "verdict": "PASS" if overall else "FAIL", "modes": results,
-        "thresholds": {k: v for k, v in metrics.THRESHOLDS.items() if k.startswith("end_to_end")},
-        "spectral": metrics.spectral_params()})
+    report.write_end_to_end(args.onnx_dir, args.provider, "PASS" if overall else "FAIL", results,
+                            END_TO_END_THRESHOLDS, metrics.spectral_params())
     print()
     print(f"{'mode':<8}{'tokens':>10}{'diverged':>10}{'LSD':>10}{'dur s':>8}{'torch s':>9}{'onnx s':>8}{'ratio':>7}  verdict")
     for mode, r in results.items():
@@ -213,7 +216,7 @@ def synthesize(args) -> None:
     language = LANGUAGE if args.language is None else args.language
     check_language(language)
     export = report.load_report(args.onnx_dir)
-    report.verify_graphs(args.onnx_dir, export, list(wrappers.GRAPH_NAMES))
+    report.verify_graphs(args.onnx_dir, export, list(GRAPH_NAMES))
     model_path = resolve_model(args.model) if args.model else validate_checkpoint_dir(Path(export["model"]["path"]))
     mode = "clone" if args.ref_audio else "design" if args.instruct else "auto"
     request = GenerationRequest(mode=mode, text=args.text, seed=DEFAULT_SEED if args.seed is None else args.seed,
@@ -224,8 +227,8 @@ def synthesize(args) -> None:
         graphs = OrtGraphs.load(args.onnx_dir, args.provider, args.threads)
         model = load_onnx_omnivoice(model_path, graphs, split=not args.no_split)
         audio = run_generate(model, request)
-    write_wav(args.out, audio)
-    print(f"[synthesis] {mode}: {audio.size / SAMPLE_RATE:.2f} s of audio -> {args.out} in {peak.seconds:.1f} s; "
+    write_wav(args.out, audio, model.sampling_rate)
+    print(f"[synthesis] {mode}: {audio.size / model.sampling_rate:.2f} s of audio -> {args.out} in {peak.seconds:.1f} s; "
           f"peak RSS {peak.peak_mb:.0f} MB (ONNX graphs only, no PyTorch weights)")
 
 

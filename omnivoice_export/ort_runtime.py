@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from omnivoice_onnx.contract import GRAPH_FILES
+from omnivoice_onnx.contract import CONTRACTS, GRAPH_FILES
 from omnivoice_onnx.sessions import (TRANSFORMER_ARENA, CodecConfig, CodecSessions, make_session, run,
                                      run_split)
 
@@ -53,7 +53,7 @@ def ort_forward(session, split: bool = True):
         if split:
             logits = run_split(session, *feeds)
         else:
-            logits = run(session, dict(zip(("input_ids", "audio_mask", "attention_mask"), feeds)))["logits"]
+            logits = run(session, dict(zip(CONTRACTS["transformer"].input_names, feeds)))["logits"]
         return OmniVoiceModelOutput(logits=torch.from_numpy(logits))
     return forward
 

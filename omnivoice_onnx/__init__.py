@@ -8,18 +8,20 @@ never imports torch, transformers, omnivoice, pydub or the toolchain (omnivoice_
     tts = OmniVoiceOnnx.from_dir("onnx")
     audios = tts.generate("Hello.", language="English", seed=1)
 
-Modules:
+Modules, one host stage each:
     api          OmniVoiceOnnx: load an export folder, generate, create_voice_clone_prompt
     generate     generate() and its steps: preprocessing, the unmasking loop, chunking, decoding
     scoring      one unmasking step: guided log-probs, Gumbel draws, penalty, top-k cells
     schedule     the unmasking schedule (time steps, cells per step)
     rng          torch's CPU generator (manual_seed + rand) in numpy, bit for bit
     conformance  JSON traces of fixed cases, for ports to replay
-    prompt, duration, text   the transformer's input: tokenizer, prompt layout, length estimate, chunking
-    audio        reference loading and preparation, output post-processing
-    sessions     onnxruntime sessions, providers, cond/uncond split execution
-    contract     the graph files of an export
     errors       UserError, the one-line expected error
+    contract     the graphs' I/O contract table, thresholds and constants (shared with the toolchain)
+    sessions     onnxruntime sessions, providers, cond/uncond split execution
+    prompt       text tokenizer, language/instruct resolution, prompt ids, the 2B batch layout
+    duration     the rule-based duration estimate, speed and fixed durations
+    text         long-text chunking, reference-text punctuation
+    audio        reference loading and preparation, post-processing, chunk cross-fade
 """
 
 from omnivoice_onnx.api import OmniVoiceOnnx

@@ -1,0 +1,209 @@
+"""The runtime's audio pre- and post-processing, equal to upstream OmniVoice's (omnivoice 0.2.1).
+
+Reproduces, in numpy:
+- `omnivoice/utils/audio.py`: `load_waveform` + `load_audio` (load_reference, file branch),
+  `remove_silence` (-> _silence.py), `fade_and_pad_audio`, `cross_fade_chunks`;
+  `torchaudio.functional.resample` (-> _resample.py).
+- `omnivoice/models/omnivoice.py`: `OmniVoice.create_voice_clone_prompt` (the `(waveform, sr)`
+  branch in load_reference; RMS boost, silence removal and hop clip in prepare_reference; with
+  ref_text given, so upstream's `trim_long_audio` never runs and is not ported) and
+  `OmniVoice._post_process_audio` (post_process).
+
+Dtypes and float order, as upstream:
+- Files are read with soundfile as float32 (libsndfile scales int PCM by 1/32768), channels mixed
+  by `np.mean(axis=0)`. A float64 array passed in stays float64 through the channel mean, the
+  resampling (kernel computed in float64 too) and the RMS boost, exactly as upstream keeps it;
+  silence removal then returns float32 on the int16 grid.
+- RMS is `sqrt(mean(x**2))` with numpy's pairwise float32 summation (float64 for float64 input),
+  measured BEFORE the boost; the boost is `(x * 0.1) / rms` in the array's dtype. Post-processing
+  scales by `(x * ref_rms) / 0.1` in float32 (NumPy 2 rounds python floats to float32 first).
+- Bit-exact with upstream: everything except resampling. Resampling differs from torch by float32
+  rounding (max |diff| 3.6e-7 measured, see _resample.py), and silence removal's int16 quantisation can
+  turn such a difference into one int16 step (3.1e-5) on a sample sitting at a quantisation edge.
+
+Deliberate differences, all where upstream crashes or misbehaves: integer or float16 samples,
+NaN/inf, empty or wrongly shaped arrays and a reference too short for one codec frame raise a
+UserError; a float64 reference with preprocess=False is cast to float32 (upstream feeds float64 to
+its float32 codec and fails); all-silent generated audio without a reference is returned empty
+(upstream's peak normalisation fails on the empty array). Upstream's librosa fallback for files
+soundfile cannot read (m4a...) is not ported: such a file is a UserError.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import os
+
+import numpy as np
+import soundfile as sf
+
+from omnivoice_onnx import _resample, _silence
+from omnivoice_onnx.errors import UserError
+
+TARGET_RMS = 0.1  # references quieter than this are boosted to it; outputs scaled back down
+PEAK_LEVEL = 0.5  # without a reference, the output peak is set to this
+MIN_PEAK = 1e-6  # ...unless the output is (near) silent
+# create_voice_clone_prompt's remove_silence(mid_sil, lead_sil, trail_sil), in ms
+REFERENCE_SILENCE_MS = (200, 100, 200)
+# _post_process_audio's remove_silence(mid_sil, lead_sil, trail_sil), in ms
+OUTPUT_SILENCE_MS = (500, 100, 100)
+CROSS_FADE_SILENCE_S = 0.3  # cross_fade_chunks' silence_duration: fade-out, silence, fade-in thirds
+
+
+def load_reference(ref_audio: str | os.PathLike | tuple[np.ndarray, int], sample_rate: int) -> np.ndarray:
+    """float32 [1, T] mono at sample_rate (upstream load_audio / the tuple branch).
+
+    A file is read with soundfile; a tuple is `(waveform [T] or [C, T], rate)`. Channels are
+    averaged, then the audio is resampled to sample_rate as torchaudio does. A float64 waveform
+    stays float64 (upstream computes the RMS boost in float64); prepare_reference returns float32.
+    """
+    if isinstance(ref_audio, tuple):
+        if len(ref_audio) != 2:
+            raise UserError(f"reference audio tuple has {len(ref_audio)} items",
+                            "pass (waveform, sample_rate)")
+        waveform, rate = _checked_array(ref_audio[0]), _checked_rate(ref_audio[1])
+        if waveform.ndim == 1:
+            waveform = waveform[np.newaxis, :]
+    else:
+        waveform, rate = _read_file(ref_audio)
+    if waveform.shape[0] > 1:
+        waveform = np.mean(waveform, axis=0, keepdims=True)
+    return _resample.resample(waveform, rate, sample_rate)
+
+
+def prepare_reference(wav: np.ndarray, sample_rate: int, hop_length: int, preprocess: bool = True
+                      ) -> tuple[np.ndarray, float]:
+    """(wav [1, T'] ready for the encoder: RMS-boosted, silence-removed if preprocess, clipped to a
+    multiple of hop_length; ref_rms measured BEFORE the boost) = create_voice_clone_prompt's steps
+    between loading and encode (with ref_text given).
+
+    The returned wav is float32 and T' is a positive multiple of hop_length.
+    """
+    wav = _checked_array(wav)
+    if wav.ndim != 2 or wav.shape[0] != 1:
+        raise ValueError(f"prepare_reference takes mono audio [1, T], got shape {wav.shape}")
+    ref_rms = float(np.sqrt(np.mean(wav**2)))
+    if 0 < ref_rms < TARGET_RMS:
+        wav = wav * TARGET_RMS / ref_rms
+    if preprocess:
+        wav = remove_silence(wav, sample_rate, *REFERENCE_SILENCE_MS)
+        if wav.shape[-1] == 0:
+            raise UserError("the reference audio is silent or too quiet: nothing is left after "
+                            "silence removal (-50 dBFS)", "pass a reference with clearly audible speech")
+    clip_size = wav.shape[-1] % hop_length
+    if clip_size:
+        wav = wav[:, :-clip_size]
+    if wav.shape[-1] == 0:
+        raise UserError(f"the reference audio is shorter than one codec frame ({hop_length} samples "
+                        f"at {sample_rate} Hz) after preparation", "pass a reference of a few seconds of speech")
+    return wav.astype(np.float32), ref_rms  # a copy: never a view of the caller's array
+
+
+def post_process(audio: np.ndarray, ref_rms: float | None, sample_rate: int, postprocess_output: bool = True,
+                 pad_duration: float = 0.1, fade_duration: float = 0.1) -> np.ndarray:
+    """[1, T] -> [1, T'] as upstream _post_process_audio.
+
+    Long pauses shrink (if postprocess_output), the level follows the reference (a reference
+    quieter than TARGET_RMS was boosted, so the output is scaled back by ref_rms / TARGET_RMS;
+    without one the peak is set to PEAK_LEVEL), then fades and silent padding avoid clicks.
+    """
+    if postprocess_output:
+        audio = remove_silence(audio, sample_rate, *OUTPUT_SILENCE_MS)
+    if ref_rms is not None and ref_rms < TARGET_RMS:
+        audio = audio * ref_rms / TARGET_RMS
+    elif ref_rms is None and audio.size:
+        peak = np.abs(audio).max()
+        if peak > MIN_PEAK:
+            audio = audio / peak * PEAK_LEVEL
+    return _fade_and_pad(audio, pad_duration, fade_duration, sample_rate)
+
+
+def cross_fade_chunks(chunks: list[np.ndarray], sample_rate: int) -> np.ndarray:
+    """as upstream utils/audio.cross_fade_chunks (same defaults, same shapes in/out).
+
+    Chunks [C, T_i] are joined as: chunk, linear fade-out over its last 0.1 s, 0.1 s of zeros,
+    next chunk with a linear fade-in over its first 0.1 s. A single chunk is returned as is.
+    """
+    if not chunks:
+        raise ValueError("cross_fade_chunks needs at least one chunk")
+    if len(chunks) == 1:
+        return chunks[0]
+    fade_n = int(CROSS_FADE_SILENCE_S * sample_rate) // 3
+    silence_n = fade_n
+    merged = chunks[0].copy()
+    for chunk in chunks[1:]:
+        fout_n = min(fade_n, merged.shape[-1])
+        if fout_n > 0:
+            merged[..., -fout_n:] *= np.linspace(1, 0, fout_n, dtype=np.float32)[np.newaxis, :]
+        silence = np.zeros((chunks[0].shape[0], silence_n), dtype=np.float32)
+        fade_in = chunk.copy()
+        fin_n = min(fade_n, fade_in.shape[-1])
+        if fin_n > 0:
+            fade_in[..., :fin_n] *= np.linspace(0, 1, fin_n, dtype=np.float32)[np.newaxis, :]
+        merged = np.concatenate([merged, silence, fade_in], axis=-1)
+    return merged
+
+
+def remove_silence(audio: np.ndarray, sample_rate: int, mid_sil: int, lead_sil: int, trail_sil: int) -> np.ndarray:
+    """Upstream utils/audio.remove_silence on mono [1, T] audio -> float32 [1, T'] (see _silence.py):
+    silences over mid_sil ms (-50 dBFS) keep mid_sil ms on each side; edges keep lead_sil/trail_sil ms."""
+    return _silence.remove_silence(audio, sample_rate, mid_sil, lead_sil, trail_sil)
+
+
+def _fade_and_pad(audio: np.ndarray, pad_duration: float, fade_duration: float, sample_rate: int) -> np.ndarray:
+    """upstream utils/audio.fade_and_pad_audio: linear fades of fade_duration s at both ends (at
+    most half the audio each), then pad_duration s of zeros on each side; empty audio unchanged."""
+    if audio.shape[-1] == 0:
+        return audio
+    fade_samples = int(fade_duration * sample_rate)
+    pad_samples = int(pad_duration * sample_rate)
+    processed = audio.copy()
+    if fade_samples > 0:
+        k = min(fade_samples, processed.shape[-1] // 2)
+        if k > 0:
+            # np.linspace computes i * (stop - start) / (k - 1) + start in float64, then rounds
+            processed[..., :k] *= np.linspace(0, 1, k, dtype=np.float32)[np.newaxis, :]
+            processed[..., -k:] *= np.linspace(1, 0, k, dtype=np.float32)[np.newaxis, :]
+    if pad_samples > 0:
+        silence = np.zeros((processed.shape[0], pad_samples), dtype=processed.dtype)
+        processed = np.concatenate([silence, processed, silence], axis=-1)
+    return processed
+
+
+def _read_file(path: str | os.PathLike) -> tuple[np.ndarray, int]:
+    """upstream load_waveform's soundfile branch: float32 [C, T] and the file's rate."""
+    if not os.path.isfile(path):
+        raise UserError(f"reference audio file {os.fspath(path)} does not exist", "pass the path of a WAV or FLAC file")
+    try:
+        data, rate = sf.read(path, dtype="float32", always_2d=True)
+    except sf.LibsndfileError as exc:
+        raise UserError(f"cannot read {os.fspath(path)} as audio ({exc})",
+                        "convert it to WAV or FLAC (soundfile/libsndfile reads those)") from exc
+    return _checked_array(data.T), rate  # (T, C) -> (C, T), a transposed view as upstream's
+
+
+def _checked_array(waveform: object) -> np.ndarray:
+    """The waveform as a float32/float64 array of 1 or 2 dims, non-empty and finite; UserError otherwise."""
+    array = np.asarray(waveform)
+    fix = "pass float32 or float64 samples in [-1, 1], shaped [T] or [channels, T]"
+    if array.dtype not in (np.float32, np.float64):
+        raise UserError(f"reference audio samples are {array.dtype}", fix)
+    if array.ndim not in (1, 2):
+        raise UserError(f"reference audio has {array.ndim} dimensions {array.shape}", fix)
+    if array.size == 0:
+        raise UserError("reference audio holds no samples", fix)
+    if array.ndim == 2 and array.shape[0] > array.shape[1]:
+        raise UserError(f"reference audio shaped {array.shape} has more channels than samples", fix)
+    if not np.isfinite(array).all():
+        raise UserError("reference audio holds NaN or infinite samples", fix)
+    return array
+
+
+def _checked_rate(rate: object) -> int:
+    """A positive whole sample rate as int (upstream accepts 16000.0 too); UserError otherwise."""
+    if (isinstance(rate, bool) or not isinstance(rate, numbers.Real) or not math.isfinite(rate) or rate <= 0
+            or rate != int(rate)):
+        raise UserError(f"reference sample rate {rate!r} is not a positive whole number of Hz",
+                        "pass the rate as an int, e.g. 16000")
+    return int(rate)
