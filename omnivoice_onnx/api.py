@@ -12,8 +12,9 @@ tolerance (see docs/runtime.md for what is exact and why the rest is not).
 
 The export folder holds the three graphs (omnivoice_onnx.contract), tokenizer.json and
 runtime-config.json. Each graph carries its constants and the checkpoint's fingerprint in its
-metadata; a graph of another export (another fingerprint) or a runtime config that disagrees
-with the graphs is refused at load time, as is a missing file.
+metadata; a graph of another export (another fingerprint), one whose inputs and outputs break
+the contract table (omnivoice_onnx.contract) or a runtime config that disagrees with the graphs
+is refused at load time, as is a missing file.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from omnivoice_onnx import generate as gen
-from omnivoice_onnx.contract import GRAPH_FILES
+from omnivoice_onnx.contract import GRAPH_FILES, ort_signature, signature_problems
 from omnivoice_onnx.errors import UserError
 from omnivoice_onnx.prompt import TextTokenizer, load_runtime_config
 from omnivoice_onnx.rng import TorchCpuRng, fresh_seed
@@ -40,11 +41,15 @@ CONFIG_VS_METADATA = {"audio_mask_id": "audio_mask_id", "num_audio_codebook": "n
 
 
 def graph_metadata(session, path: Path, graph: str) -> dict[str, Any]:
-    """A session's OmniVoice metadata, checked to describe `graph`; ints parsed."""
+    """A session's OmniVoice metadata (ints parsed), checked to describe `graph` and its inputs
+    and outputs checked against the contract table."""
     meta = dict(session.get_modelmeta().custom_metadata_map)
     if meta.get("graph") != graph:
         raise UserError(f"{path} is not an OmniVoice {graph} graph (its metadata says graph="
                         f"{meta.get('graph')!r})", RERUN_EXPORT)
+    problems = signature_problems(graph, *ort_signature(session))
+    if problems:
+        raise UserError(f"{path} does not meet the {graph} contract: {'; '.join(problems)}", RERUN_EXPORT)
     missing = [key for key in INT_METADATA + ("model_fingerprint",) if key not in meta]
     if missing:
         raise UserError(f"{path} lacks metadata {', '.join(missing)}", RERUN_EXPORT)

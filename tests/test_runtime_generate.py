@@ -22,7 +22,6 @@ import soundfile as sf
 import torch
 from omnivoice.models.omnivoice import OmniVoiceGenerationConfig
 
-from omnivoice_export.runtime_assets import write_runtime_assets
 from omnivoice_onnx import OmniVoiceOnnx, Trace, UserError, conformance
 from omnivoice_onnx.contract import GRAPH_FILES
 from omnivoice_onnx.prompt import RUNTIME_CONFIG_FILE, TOKENIZER_FILE
@@ -39,15 +38,14 @@ FEW_STEPS = {"num_step": 8}
 CHUNKED = {"audio_chunk_threshold": 3.0, "audio_chunk_duration": 2.0, **FEW_STEPS}
 
 
+pytestmark = pytest.mark.slow  # the session pipeline (steps 0-2 on tiny)
+
+
 @pytest.fixture(scope="module")
-def export_dir(pipeline, tmp_path_factory) -> Path:
-    """A copy of the session's tiny export with the runtime's files written into it (until the
-    export writes them itself)."""
-    out = tmp_path_factory.mktemp("runtime") / "onnx"
-    shutil.copytree(pipeline.onnx, out)
-    if not (out / RUNTIME_CONFIG_FILE).is_file() or not (out / TOKENIZER_FILE).is_file():
-        write_runtime_assets(pipeline.model, out)
-    return out
+def export_dir(pipeline) -> Path:
+    """The session's tiny export (graphs, tokenizer.json, runtime-config.json); read-only: tests
+    that damage it copy it first."""
+    return pipeline.onnx
 
 
 @pytest.fixture(scope="module", autouse=True)
