@@ -1,0 +1,260 @@
+"""Quantized variants of the fp32 transformer graph: recipes, the node choice, one-sidecar saves.
+
+A variant is `onnx/<name>/omnivoice_transformer.onnx` + its one `.onnx.data` sidecar, made from
+the fp32 export's transformer by one recipe of onnxruntime.quantization. Codec graphs stay fp32:
+a variant directory holds only the transformer, and loaders take the codec graphs from onnx/.
+
+Why the recipes are what they are (issue 16; the quality table measures each):
+- the audio heads (the last MatMul, hidden -> 8 x 1025) produce the logits that unmasking ranks
+  by confidence and takes the argmax of; 8-bit weights there move every logit by the same
+  relative error at once, so plain `quantize_dynamic` flips far more argmaxes than the body.
+  Every recipe but `int8-plain` keeps them fp32; `int8-plain` exists to show why.
+- the embeddings (text 151676 x H and audio 8200 x H) are Gathers: quantizing them saves disk,
+  not time (a Gather reads a few rows), and the text table is most of the file. They stay fp32
+  except in `int8-plain`, which is `quantize_dynamic` with its defaults (Gather included).
+- `quantize_dynamic` quantizes each MatMul's activations per tensor at run time (uint8, scale
+  from that call's min/max): the rows of one call share a scale, so the result of a row depends
+  on the other rows in the call (cond and uncond rows of one length group, padding included).
+  Weights are int8 per output channel (`per_channel`), symmetric; `reduce_range` is off, which is
+  right on VNNI CPUs (AVX512-VNNI / AVX-VNNI) and can saturate u8 x s8 products on older AVX2 ones.
+- `MatMulNBits` keeps weights block-wise (block along K, one scale and zero point per block);
+  `accuracy_level` 0 dequantizes to fp32 and runs an fp32 GEMM, 4 quantizes activations to int8
+  per block and runs an int8 GEMM (faster; the kind of error that flipped argmaxes on Qwen3-0.6B,
+  onnxruntime#29849).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import onnx
+
+from omnivoice_export import report
+from omnivoice_export.checkpoints import sha256_file
+from omnivoice_export.cli import UserError, umask_mode
+from omnivoice_export.exporting import save_with_sidecar
+from omnivoice_export.measure import PeakRss
+from omnivoice_onnx.contract import GRAPH_FILES
+
+TRANSFORMER_FILE = GRAPH_FILES["transformer"]
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """How one variant is made from the fp32 transformer."""
+
+    name: str
+    method: str  # "dynamic" (quantize_dynamic, MatMulInteger) | "nbits" (MatMulNBits weight-only)
+    bits: int
+    keep_heads_fp32: bool
+    keep_embeddings_fp32: bool
+    block_size: int | None = None  # nbits: weights per (scale, zero point) block along K
+    accuracy_level: int | None = None  # nbits: 0 fp32 compute, 4 int8 activations
+    summary: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+RECIPES: dict[str, Recipe] = {recipe.name: recipe for recipe in (
+    Recipe("int8", "dynamic", 8, True, True,
+           summary="quantize_dynamic: int8 per-channel weights, uint8 per-tensor activations (MatMulInteger); "
+                   "audio heads and embeddings fp32"),
+    Recipe("int8-plain", "dynamic", 8, False, False,
+           summary="quantize_dynamic with its defaults (audio heads and embeddings quantized too): "
+                   "the recipe NOT to use, kept to show why the heads stay fp32"),
+    Recipe("int8-nbits-a0", "nbits", 8, True, True, block_size=32, accuracy_level=0,
+           summary="MatMulNBits 8-bit, block 32, accuracy_level 0 (fp32 compute); audio heads and embeddings fp32"),
+    Recipe("int8-nbits-a4", "nbits", 8, True, True, block_size=32, accuracy_level=4,
+           summary="MatMulNBits 8-bit, block 32, accuracy_level 4 (int8 activations); audio heads and embeddings fp32"),
+    Recipe("int4-b32", "nbits", 4, True, True, block_size=32, accuracy_level=4,
+           summary="MatMulNBits 4-bit, block 32, accuracy_level 4; audio heads and embeddings fp32"),
+    Recipe("int4-b128", "nbits", 4, True, True, block_size=128, accuracy_level=4,
+           summary="MatMulNBits 4-bit, block 128, accuracy_level 4; audio heads and embeddings fp32"),
+)}
+DEFAULT_VARIANTS = tuple(RECIPES)
+
+
+def variant_dir(onnx_dir: Path, name: str) -> Path:
+    return Path(onnx_dir) / name
+
+
+def variant_path(onnx_dir: Path, name: str) -> Path:
+    """The transformer graph of variant `name`; 'fp32' is the export's own."""
+    return Path(onnx_dir) / TRANSFORMER_FILE if name == "fp32" else variant_dir(onnx_dir, name) / TRANSFORMER_FILE
+
+
+def weight_nodes(model: onnx.ModelProto, heads_width: int) -> tuple[list[str], list[str]]:
+    """(audio-heads MatMul names, embedding Gather names) of the fp32 transformer.
+
+    The dynamo exporter names weights val_N, so the heads are found by shape: the one MatMul whose
+    weight initializer is [hidden, num_codebooks * audio_vocab_size]. Embeddings are the Gathers
+    that read an initializer.
+    """
+    shapes = {init.name: list(init.dims) for init in model.graph.initializer}
+    heads = [node.name for node in model.graph.node if node.op_type == "MatMul"
+             and any(shapes.get(name, [])[-1:] == [heads_width] for name in node.input)]
+    embeddings = [node.name for node in model.graph.node if node.op_type == "Gather" and node.input[0] in shapes]
+    if len(heads) != 1 or not embeddings:
+        raise UserError(f"the transformer graph has {len(heads)} audio-heads MatMul(s) of width {heads_width} and "
+                        f"{len(embeddings)} embedding Gather(s); expected one and at least one",
+                        "quantize the fp32 export made by export_omnivoice.py (step 2)")
+    return heads, embeddings
+
+
+def quantize_dynamic_variant(source: Path, staging: Path, recipe: Recipe, exclude: list[str]) -> onnx.ModelProto:
+    """quantize_dynamic on `source`; returns the quantized model with its weights in memory.
+
+    quantize_dynamic reads its input by path and writes a shape-inferred copy beside it. onnx
+    refuses a sidecar reached through a symlink or a hard link, and a ModelProto input costs two
+    more in-memory copies of the weights (~5 GB at the real dims), so the input is the fp32 graph
+    proto alone, saved under a hidden name beside the fp32 sidecar it still points to; it and the
+    inferred copy are removed afterwards.
+    """
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    graph_only = source.with_name(f".{staging.name}-input.onnx")
+    onnx.save_model(onnx.load(str(source), load_external_data=False), str(graph_only))
+    out = staging / "dynamic" / TRANSFORMER_FILE
+    out.parent.mkdir()
+    try:
+        quantize_dynamic(graph_only, out, per_channel=True, reduce_range=False,
+                         weight_type=QuantType.QInt8, use_external_data_format=True,
+                         op_types_to_quantize=None if recipe.name == "int8-plain" else ["MatMul"],
+                         nodes_to_exclude=exclude)
+        model = onnx.load(str(out))
+    finally:
+        graph_only.unlink(missing_ok=True)
+        graph_only.with_name(graph_only.stem + "-inferred.onnx").unlink(missing_ok=True)
+    shutil.rmtree(out.parent)
+    return model
+
+
+def quantize_nbits_variant(source: Path, recipe: Recipe, exclude: list[str]) -> onnx.ModelProto:
+    """MatMulNBits weight-only quantization of every MatMul but `exclude` (Gathers untouched)."""
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    quantizer = MatMulNBitsQuantizer(onnx.load(str(source)), bits=recipe.bits, block_size=recipe.block_size,
+                                     is_symmetric=False, accuracy_level=recipe.accuracy_level,
+                                     nodes_to_exclude=exclude, op_types_to_quantize=("MatMul",))
+    quantizer.process()
+    return quantizer.model.model
+
+
+def quantized_node_counts(model: onnx.ModelProto) -> dict[str, int]:
+    """How many nodes of each quantized op type the variant holds (for the report)."""
+    kinds = ("MatMulInteger", "DynamicQuantizeLinear", "MatMulNBits", "MatMul", "Gather")
+    counts = {kind: 0 for kind in kinds}
+    for node in model.graph.node:
+        if node.op_type in counts:
+            counts[node.op_type] += 1
+    return {kind: count for kind, count in counts.items() if count}
+
+
+def build_variant(onnx_dir: Path, recipe: Recipe, fp32_metadata: dict[str, str]) -> dict[str, Any]:
+    """Write `onnx/<recipe.name>/` from the fp32 transformer; return its report entry.
+
+    Everything is written into a hidden staging directory first; the finished files are renamed
+    into the variant directory (old .onnx removed first, then the new sidecar, then the new .onnx),
+    so an interruption leaves a variant complete (old or new) or absent, never mixed.
+    """
+    onnx_dir = Path(onnx_dir)
+    source = onnx_dir / TRANSFORMER_FILE
+    heads_width = int(fp32_metadata["num_codebooks"]) * int(fp32_metadata["audio_vocab_size"])
+    heads, embeddings = weight_nodes(onnx.load(str(source), load_external_data=False), heads_width)
+    exclude = (heads if recipe.keep_heads_fp32 else []) + (embeddings if recipe.keep_embeddings_fp32 else [])
+    staging = onnx_dir / f".{recipe.name}.tmp-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir()
+    try:
+        with PeakRss() as peak:
+            if recipe.method == "dynamic":
+                model = quantize_dynamic_variant(source, staging, recipe, exclude)
+            else:
+                model = quantize_nbits_variant(source, recipe, exclude)
+            del model.metadata_props[:]
+            for key, value in {**fp32_metadata, "variant": recipe.name, "recipe": json.dumps(recipe.as_dict()),
+                               "fp32_transformer_sha256": sha256_file(source)}.items():
+                model.metadata_props.add(key=key, value=value)
+            counts = quantized_node_counts(model)
+            save_with_sidecar(model, staging / TRANSFORMER_FILE)
+            del model
+        install_variant(staging, variant_dir(onnx_dir, recipe.name))
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    files = variant_files(onnx_dir, recipe.name)
+    fp32_bytes = sum((onnx_dir / name).stat().st_size for name in (TRANSFORMER_FILE, TRANSFORMER_FILE + ".data"))
+    size = sum(info["bytes"] for info in files.values())
+    return {"recipe": recipe.as_dict(), "dir": recipe.name, "file": TRANSFORMER_FILE, "files": files,
+            "bytes": size, "fp32_bytes": fp32_bytes, "size_ratio": round(size / fp32_bytes, 4),
+            "excluded_nodes": exclude, "node_counts": counts, "seconds": round(peak.seconds, 2),
+            "peak_rss_mb": round(peak.peak_mb, 1)}
+
+
+def install_variant(staging: Path, target: Path) -> None:
+    """Rename the finished graph and sidecar from `staging` into `target`."""
+    target.mkdir(parents=True, exist_ok=True)
+    umask_mode(staging / TRANSFORMER_FILE, staging / (TRANSFORMER_FILE + ".data"))
+    (target / TRANSFORMER_FILE).unlink(missing_ok=True)
+    os.replace(staging / (TRANSFORMER_FILE + ".data"), target / (TRANSFORMER_FILE + ".data"))
+    os.replace(staging / TRANSFORMER_FILE, target / TRANSFORMER_FILE)
+
+
+def variant_files(onnx_dir: Path, name: str) -> dict[str, dict[str, Any]]:
+    folder = variant_dir(onnx_dir, name)
+    return {file: {"bytes": (folder / file).stat().st_size, "sha256": sha256_file(folder / file)}
+            for file in (TRANSFORMER_FILE, TRANSFORMER_FILE + ".data")}
+
+
+def verify_variant(onnx_dir: Path, export: dict[str, Any], name: str) -> Path:
+    """The variant's transformer path, once its files match the report's entry (sha256) and its
+    metadata names the variant and the export's model; 'fp32' is the export's own graph."""
+    if name == "fp32":
+        report.verify_graphs(onnx_dir, export, ["transformer"])
+        return variant_path(onnx_dir, name)
+    entry = export.get("variants", {}).get(name)
+    fix = f"run quantize_omnivoice.py --variants {name}"
+    if entry is None:
+        known = ", ".join(export.get("variants", {})) or "none"
+        raise UserError(f"the export report has no variant {name!r} (made so far: {known})", fix)
+    folder = variant_dir(onnx_dir, name)
+    for file, info in entry["files"].items():
+        path = folder / file
+        if not path.is_file():
+            raise UserError(f"{path} is missing", fix)
+        if path.stat().st_size != info["bytes"] or sha256_file(path) != info["sha256"]:
+            raise UserError(f"{path} does not match the export report's sha256 (modified or from another export)", fix)
+    from omnivoice_export.ort_runtime import read_graph_metadata
+
+    meta = read_graph_metadata(folder / TRANSFORMER_FILE)
+    if meta.get("variant") != name or meta.get("model_fingerprint") != export["model"]["fingerprint"]:
+        raise UserError(f"{folder / TRANSFORMER_FILE} is variant {meta.get('variant')} of model "
+                        f"{meta.get('model_fingerprint')}, not {name} of {export['model']['fingerprint']}", fix)
+    return folder / TRANSFORMER_FILE
+
+
+def quantize_variants(onnx_dir: Path, names: list[str], log=print) -> dict[str, dict[str, Any]]:
+    """Build each named variant from the verified fp32 export; merge each entry into the report
+    as soon as it is written (an interrupted run keeps the entries of the finished variants)."""
+    from omnivoice_export.ort_runtime import read_graph_metadata
+
+    export = report.load_report(onnx_dir)
+    report.verify_graphs(onnx_dir, export, ["transformer"])
+    metadata = read_graph_metadata(Path(onnx_dir) / TRANSFORMER_FILE)
+    entries = {}
+    for index, name in enumerate(names, 1):
+        recipe = RECIPES[name]
+        log(f"[quantize] {index}/{len(names)} {name}: {recipe.summary} ...")
+        started = time.perf_counter()
+        entry = build_variant(onnx_dir, recipe, metadata)
+        entries[name] = entry
+        report.merge_section(onnx_dir, ("variants", name), entry)
+        log(f"[quantize] {name}: {entry['bytes'] / 2**20:.1f} MB ({entry['size_ratio']:.1%} of fp32) in "
+            f"{time.perf_counter() - started:.1f} s, peak RSS {entry['peak_rss_mb']:.0f} MB; nodes {entry['node_counts']}")
+    return entries
