@@ -10,8 +10,10 @@ Why the recipes are what they are (issue 16; the quality table measures each):
   relative error at once, so plain `quantize_dynamic` flips far more argmaxes than the body.
   Every recipe but `int8-plain` keeps them fp32; `int8-plain` exists to show why.
 - the embeddings (text 151676 x H and audio 8200 x H) are Gathers: quantizing them saves disk,
-  not time (a Gather reads a few rows), and the text table is most of the file. They stay fp32
-  except in `int8-plain`, which is `quantize_dynamic` with its defaults (Gather included).
+  not time (a Gather reads a few rows), but the text table is most of an int8 file (621 MB of
+  ~1.1 GB at the real dims). They stay fp32 except in `int8-emb8` (int8 per row, in standard ops
+  any runtime has) and `int8-plain`, which is `quantize_dynamic` with its defaults (Gather
+  included).
 - `quantize_dynamic` quantizes each MatMul's activations per tensor at run time (uint8, scale
   from that call's min/max): the rows of one call share a scale, so the result of a row depends
   on the other rows in the call (cond and uncond rows of one length group, padding included).
@@ -33,7 +35,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import onnx
+from onnx import helper, numpy_helper
 
 from omnivoice_export import report
 from omnivoice_export.checkpoints import sha256_file
@@ -53,7 +57,7 @@ class Recipe:
     method: str  # "dynamic" (quantize_dynamic, MatMulInteger) | "nbits" (MatMulNBits weight-only)
     bits: int
     keep_heads_fp32: bool
-    keep_embeddings_fp32: bool
+    embeddings: str  # "fp32" | "int8-row" (see quantize_embeddings_rowwise) | "dynamic" (quantize_dynamic's own)
     block_size: int | None = None  # nbits: weights per (scale, zero point) block along K
     accuracy_level: int | None = None  # nbits: 0 fp32 compute, 4 int8 activations
     summary: str = ""
@@ -63,19 +67,22 @@ class Recipe:
 
 
 RECIPES: dict[str, Recipe] = {recipe.name: recipe for recipe in (
-    Recipe("int8", "dynamic", 8, True, True,
+    Recipe("int8", "dynamic", 8, True, "fp32",
            summary="quantize_dynamic: int8 per-channel weights, uint8 per-tensor activations (MatMulInteger); "
                    "audio heads and embeddings fp32"),
-    Recipe("int8-plain", "dynamic", 8, False, False,
+    Recipe("int8-emb8", "dynamic", 8, True, "int8-row",
+           summary="int8, and the embedding tables int8 with one fp32 scale per row (Gather, Cast, Mul): "
+                   "the text table is most of the file"),
+    Recipe("int8-plain", "dynamic", 8, False, "dynamic",
            summary="quantize_dynamic with its defaults (audio heads and embeddings quantized too): "
                    "the recipe NOT to use, kept to show why the heads stay fp32"),
-    Recipe("int8-nbits-a0", "nbits", 8, True, True, block_size=32, accuracy_level=0,
+    Recipe("int8-nbits-a0", "nbits", 8, True, "fp32", block_size=32, accuracy_level=0,
            summary="MatMulNBits 8-bit, block 32, accuracy_level 0 (fp32 compute); audio heads and embeddings fp32"),
-    Recipe("int8-nbits-a4", "nbits", 8, True, True, block_size=32, accuracy_level=4,
+    Recipe("int8-nbits-a4", "nbits", 8, True, "fp32", block_size=32, accuracy_level=4,
            summary="MatMulNBits 8-bit, block 32, accuracy_level 4 (int8 activations); audio heads and embeddings fp32"),
-    Recipe("int4-b32", "nbits", 4, True, True, block_size=32, accuracy_level=4,
+    Recipe("int4-b32", "nbits", 4, True, "fp32", block_size=32, accuracy_level=4,
            summary="MatMulNBits 4-bit, block 32, accuracy_level 4; audio heads and embeddings fp32"),
-    Recipe("int4-b128", "nbits", 4, True, True, block_size=128, accuracy_level=4,
+    Recipe("int4-b128", "nbits", 4, True, "fp32", block_size=128, accuracy_level=4,
            summary="MatMulNBits 4-bit, block 128, accuracy_level 4; audio heads and embeddings fp32"),
 )}
 DEFAULT_VARIANTS = tuple(RECIPES)
@@ -147,6 +154,40 @@ def quantize_nbits_variant(source: Path, recipe: Recipe, exclude: list[str]) -> 
     return quantizer.model.model
 
 
+def quantize_embeddings_rowwise(model: onnx.ModelProto, gathers: list[str]) -> None:
+    """Store each embedding table int8 with one fp32 scale per row, in place.
+
+    Gather(table, ids) becomes Gather(q, ids) -> Cast(float) -> Mul(Gather(scale, ids)): standard
+    ops, so any ONNX runtime (and a hand-written one) reads it. Symmetric per row:
+    scale = max|row| / 127 (1 for an all-zero row), q = round-half-even(row / scale) in [-127, 127];
+    the looked-up row is q * scale in float32.
+    """
+    initializers = {init.name: init for init in model.graph.initializer}
+    nodes = {node.name: node for node in model.graph.node}
+    for name in gathers:
+        node = nodes[name]
+        table = numpy_helper.to_array(initializers[node.input[0]])
+        peak = np.abs(table).max(axis=1, keepdims=True)
+        scale = np.where(peak > 0, peak / np.float32(127), np.float32(1)).astype(np.float32)
+        quantized = np.clip(np.rint(table / scale), -127, 127).astype(np.int8)
+        prefix = f"{name}_int8row"
+        model.graph.initializer.remove(initializers[node.input[0]])
+        model.graph.initializer.extend([numpy_helper.from_array(quantized, f"{prefix}_q"),
+                                        numpy_helper.from_array(scale, f"{prefix}_scale")])
+        ids, output = node.input[1], node.output[0]
+        replacement = [
+            helper.make_node("Gather", [f"{prefix}_q", ids], [f"{prefix}_rows_q"], name=f"{prefix}_gather_q"),
+            helper.make_node("Gather", [f"{prefix}_scale", ids], [f"{prefix}_rows_scale"], name=f"{prefix}_gather_scale"),
+            helper.make_node("Cast", [f"{prefix}_rows_q"], [f"{prefix}_rows_f"], to=onnx.TensorProto.FLOAT,
+                             name=f"{prefix}_cast"),
+            helper.make_node("Mul", [f"{prefix}_rows_f", f"{prefix}_rows_scale"], [output], name=f"{prefix}_mul"),
+        ]
+        position = list(model.graph.node).index(node)
+        model.graph.node.remove(node)
+        for offset, new in enumerate(replacement):
+            model.graph.node.insert(position + offset, new)
+
+
 def quantized_node_counts(model: onnx.ModelProto) -> dict[str, int]:
     """How many nodes of each quantized op type the variant holds (for the report)."""
     kinds = ("MatMulInteger", "DynamicQuantizeLinear", "MatMulNBits", "MatMul", "Gather")
@@ -168,7 +209,7 @@ def build_variant(onnx_dir: Path, recipe: Recipe, fp32_metadata: dict[str, str])
     source = onnx_dir / TRANSFORMER_FILE
     heads_width = int(fp32_metadata["num_codebooks"]) * int(fp32_metadata["audio_vocab_size"])
     heads, embeddings = weight_nodes(onnx.load(str(source), load_external_data=False), heads_width)
-    exclude = (heads if recipe.keep_heads_fp32 else []) + (embeddings if recipe.keep_embeddings_fp32 else [])
+    exclude = (heads if recipe.keep_heads_fp32 else []) + (embeddings if recipe.embeddings != "dynamic" else [])
     staging = onnx_dir / f".{recipe.name}.tmp-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir()
@@ -178,6 +219,8 @@ def build_variant(onnx_dir: Path, recipe: Recipe, fp32_metadata: dict[str, str])
                 model = quantize_dynamic_variant(source, staging, recipe, exclude)
             else:
                 model = quantize_nbits_variant(source, recipe, exclude)
+            if recipe.embeddings == "int8-row":
+                quantize_embeddings_rowwise(model, embeddings)
             del model.metadata_props[:]
             for key, value in {**fp32_metadata, "variant": recipe.name, "recipe": json.dumps(recipe.as_dict()),
                                "fp32_transformer_sha256": sha256_file(source)}.items():
