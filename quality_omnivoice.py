@@ -9,7 +9,7 @@ For fp32 (the baseline, measured in the same run) and each variant made by quant
     end to end   upstream generate() with the variant's transformer inside (codec graphs fp32),
                  in every captured mode: final-token agreement with PyTorch, the first divergent
                  step, the log-spectral L1 of the WAV against PyTorch's (WAVs in
-                 <capture-dir>/variants/<variant>/<mode>.wav)
+                 --wav-dir/<variant>/<mode>.wav)
 
 These are measurements, not parity verdicts: the fp32 verdicts are parity_check.py's and
 infer_onnx.py's. Speed ratios and sizes are against fp32 in this same run, on the CPU and load
@@ -44,6 +44,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="checkpoint for generate()'s config and text tokenizer (tiny | full-random | PATH); "
                              "default: the one named in the export report")
     parser.add_argument("--threads", type=int, default=None, help="onnxruntime intra-op threads (default: all cores)")
+    parser.add_argument("--wav-dir", type=Path, default=None,
+                        help="where the end-to-end WAVs go, one folder per variant (default: <capture-dir>/variants)")
     parser.add_argument("--no-end-to-end", action="store_true",
                         help="per-step figures only (skips the generate() runs, the slow part at the real dims)")
     add_debug_flag(parser)
@@ -58,6 +60,7 @@ def main(argv: list[str] | None = None) -> None:
         raise UserError(f"the export in {args.onnx_dir} has no variants", "run quantize_omnivoice.py (step 5) first")
     names = list(made) if args.variants is None else parse_subset(args.variants, "--variants", made)
     model_path = resolve_model(args.model) if args.model else validate_checkpoint_dir(Path(export["model"]["path"]))
+    wav_dir = args.wav_dir or args.capture_dir / "variants"
     machine = quality.machine()
     print(f"[step 6] fp32 and {', '.join(names)} on {machine['cpu']}, {machine['cores']} cores, "
           f"load {machine['load_1min_at_start']}", flush=True)
@@ -65,7 +68,7 @@ def main(argv: list[str] | None = None) -> None:
     started = time.perf_counter()
     for name in ["fp32", *names]:
         result = quality.measure_variant(name, model_path, args.onnx_dir, args.capture_dir, manifest, export,
-                                         args.threads, not args.no_end_to_end, args.capture_dir / "variants")
+                                         args.threads, not args.no_end_to_end, wav_dir)
         results[name] = result
         e2e = "".join(f" {mode} tokens={r['token_match']:.4f}" for mode, r in result.get("end_to_end", {}).items())
         print(f"[quality] {name:<15} argmax min {result['argmax_agreement_min']:.4f} mean "
