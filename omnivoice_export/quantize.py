@@ -54,7 +54,7 @@ class Recipe:
     """How one variant is made from the fp32 transformer."""
 
     name: str
-    method: str  # "dynamic" (quantize_dynamic, MatMulInteger) | "nbits" (MatMulNBits weight-only)
+    method: str  # "dynamic" (quantize_dynamic, MatMulInteger) | "nbits" (MatMulNBits) | "unmasked" (fp32)
     bits: int
     keep_heads_fp32: bool
     embeddings: str  # "fp32" | "int8-row" (see quantize_embeddings_rowwise) | "dynamic" (quantize_dynamic's own)
@@ -67,6 +67,9 @@ class Recipe:
 
 
 RECIPES: dict[str, Recipe] = {recipe.name: recipe for recipe in (
+    Recipe("fp32-unmasked", "unmasked", 32, True, "fp32",
+           summary="fp32, without the per-layer mask work (mask Add, NaN guard): for calls whose mask is all "
+                   "True, as run_split makes every call; NaN logits for any row whose mask is not"),
     Recipe("int8", "dynamic", 8, True, "fp32",
            summary="quantize_dynamic: int8 per-channel weights, uint8 per-tensor activations (MatMulInteger); "
                    "audio heads and embeddings fp32"),
@@ -188,9 +191,80 @@ def quantize_embeddings_rowwise(model: onnx.ModelProto, gathers: list[str]) -> N
             model.graph.node.insert(position + offset, new)
 
 
+def drop_mask_work(model: onnx.ModelProto) -> int:
+    """Remove each layer's mask work, valid for calls whose attention mask is all True; in place.
+
+    The faithful graph (SDPA with a bool mask, as the dynamo exporter lowers it) does per layer:
+    Where(mask, 0, -inf) -> Add to the scaled scores -> Softmax -> IsNaN/Where (rows with no
+    allowed key give 0, not NaN). With every mask entry True the Add adds +0.0 (x + 0 == x for
+    every finite x) and Softmax gives no NaN, so Softmax(scores) alone is bit-identical. run_split
+    (omnivoice_onnx.sessions) runs cond and uncond rows at their own lengths, so every call it
+    makes has an all-True mask. The input `attention_mask` stays (same contract), and one check
+    per call replaces the per-layer work: a row whose mask holds any False gets NaN logits, so a
+    padded call on this graph is loud, never silently wrong. Returns the number of layers changed.
+    """
+    graph = model.graph
+    producers = {out: node for node in graph.node for out in node.output}
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    drop, changed = [], 0
+    for softmax in [node for node in graph.node if node.op_type == "Softmax"]:
+        add = producers.get(softmax.input[0])
+        if add is None or add.op_type != "Add":
+            continue
+        masks = [name for name in add.input if name in producers and producers[name].op_type == "Where"
+                 and producers[name].input[0] == "attention_mask"]
+        guard_isnan = [n for n in consumers.get(softmax.output[0], []) if n.op_type == "IsNaN"]
+        if len(masks) != 1 or len(guard_isnan) != 1:
+            continue
+        guard = [n for n in consumers.get(guard_isnan[0].output[0], []) if n.op_type == "Where"]
+        if len(guard) != 1:
+            continue
+        scores = next(name for name in add.input if name != masks[0])
+        softmax.input[0] = scores
+        for node in consumers.get(guard[0].output[0], []):
+            node.input[:] = [softmax.output[0] if name == guard[0].output[0] else name for name in node.input]
+        drop += [add, guard_isnan[0], guard[0]]
+        changed += 1
+    if changed == 0:
+        raise UserError("found no masked attention (Where(attention_mask) -> Add -> Softmax -> IsNaN/Where) in the "
+                        "transformer graph", "quantize the fp32 export made by export_omnivoice.py (step 2)")
+    dropped = {id(node) for node in drop}
+    kept = [node for node in graph.node if id(node) not in dropped]
+    used = {name for node in kept for name in node.input}
+    kept = [node for node in kept if not (node.op_type == "Where" and node.input[0] == "attention_mask"
+                                          and node.output[0] not in used)]
+    del graph.node[:]
+    graph.node.extend(kept)
+    guard_output(model)
+    return changed
+
+
+def guard_output(model: onnx.ModelProto) -> None:
+    """logits = Where(row's mask has a False, NaN, logits): the unmasked graph's one check per call."""
+    graph = model.graph
+    output = graph.output[0].name
+    raw = f"{output}_unguarded"
+    for node in graph.node:
+        node.output[:] = [raw if name == output else name for name in node.output]
+    graph.initializer.extend([numpy_helper.from_array(np.array([1, 2, 3], dtype=np.int64), "mask_guard_axes"),
+                              numpy_helper.from_array(np.array(np.nan, dtype=np.float32), "mask_guard_nan")])
+    graph.node.extend([
+        helper.make_node("Not", ["attention_mask"], ["mask_guard_not"], name="mask_guard_not"),
+        helper.make_node("Cast", ["mask_guard_not"], ["mask_guard_f"], to=onnx.TensorProto.FLOAT, name="mask_guard_cast"),
+        helper.make_node("ReduceMax", ["mask_guard_f", "mask_guard_axes"], ["mask_guard_any_f"], keepdims=1,
+                         name="mask_guard_any"),
+        helper.make_node("Cast", ["mask_guard_any_f"], ["mask_guard_bad"], to=onnx.TensorProto.BOOL,
+                         name="mask_guard_bool"),
+        helper.make_node("Where", ["mask_guard_bad", "mask_guard_nan", raw], [output], name="mask_guard_where"),
+    ])
+
+
 def quantized_node_counts(model: onnx.ModelProto) -> dict[str, int]:
     """How many nodes of each quantized op type the variant holds (for the report)."""
-    kinds = ("MatMulInteger", "DynamicQuantizeLinear", "MatMulNBits", "MatMul", "Gather")
+    kinds = ("MatMulInteger", "DynamicQuantizeLinear", "MatMulNBits", "MatMul", "Gather", "Softmax", "IsNaN")
     counts = {kind: 0 for kind in kinds}
     for node in model.graph.node:
         if node.op_type in counts:
@@ -217,6 +291,9 @@ def build_variant(onnx_dir: Path, recipe: Recipe, fp32_metadata: dict[str, str])
         with PeakRss() as peak:
             if recipe.method == "dynamic":
                 model = quantize_dynamic_variant(source, staging, recipe, exclude)
+            elif recipe.method == "unmasked":
+                model = onnx.load(str(source))
+                drop_mask_work(model)
             else:
                 model = quantize_nbits_variant(source, recipe, exclude)
             if recipe.embeddings == "int8-row":
