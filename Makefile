@@ -6,6 +6,7 @@
 #   make demo MODEL=full-random   the same at the real dims (minutes; ~10 GB RAM)
 #   make test                 the pytest suite (tiny checkpoint, CPU)
 #   make bench                PyTorch vs ONNX Runtime benchmark of the demo's export (README: Performance)
+#   make quality MODEL=PATH   quantized variants of the transformer and their quality table (steps 5-6)
 #   make venv-gpu             .venv for an NVIDIA machine (requirements-gpu.txt)
 
 PYTHON ?= python3
@@ -23,7 +24,7 @@ ONNX := onnx
 MODEL_MARK := checkpoints/.demo-model
 PACKAGE := $(wildcard omnivoice_export/*.py)
 
-.PHONY: demo test venv venv-gpu bench clean FORCE
+.PHONY: demo test venv venv-gpu bench quality clean FORCE
 .DEFAULT_GOAL := demo
 
 venv: $(STAMP)
@@ -71,6 +72,11 @@ demo: $(ONNX)/export-report.json
 
 bench: $(ONNX)/export-report.json
 	$(PY) bench/bench_omnivoice.py --model $(MODEL) --onnx-dir $(ONNX) --capture-dir $(CAPTURE)
+
+# Steps 5-6 on the export of MODEL: every recipe, then the table (fp32 measured in the same run).
+quality: $(ONNX)/export-report.json
+	$(PY) quantize_omnivoice.py --onnx-dir $(ONNX)
+	$(PY) quality_omnivoice.py --onnx-dir $(ONNX) --capture-dir $(CAPTURE)
 
 clean:
 	rm -rf $(CAPTURE) $(ONNX) $(MODEL_MARK)
