@@ -9,5 +9,7 @@ Modules, one job each:
     ort_runtime    onnxruntime sessions/providers and the ONNX-backed OmniVoice
     metrics        parity metrics and the one threshold table
     report         export-report.json (atomic merge)
+    quantize       transformer variants (quantization recipes, the unmasked fp32 graph), one sidecar each
+    quality        per-step and end-to-end measurements of a variant against the PyTorch capture
     cli            one-line errors, exit codes, atomic writes
 """

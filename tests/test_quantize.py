@@ -118,15 +118,19 @@ def make_session_from_model(model: onnx.ModelProto):
 
 
 def test_variant_sessions_keep_the_transformer_contract(pipeline, variants):
+    """Same inputs and output as the fp32 graph; finite logits as generate() calls them (run_split)."""
     from omnivoice_export import capture
+    from omnivoice_onnx.sessions import run_split
 
     data = capture.load_step(pipeline.capture, "clone", 0)
-    feeds = {k: data[k] for k in ("input_ids", "audio_mask", "attention_mask")}
+    fp32 = make_session(variants / TRANSFORMER)
     for name in quantize.RECIPES:
         session = make_session(variants / name / TRANSFORMER)
-        logits = run(session, feeds)["logits"]
-        assert logits.dtype == np.float32 and logits.shape == (*feeds["input_ids"].shape, 1025)
-        assert np.isfinite(logits).all()
+        assert [(i.name, i.type) for i in session.get_inputs()] == [(i.name, i.type) for i in fp32.get_inputs()]
+        assert [(o.name, o.type) for o in session.get_outputs()] == [(o.name, o.type) for o in fp32.get_outputs()]
+        logits = run_split(session, data["input_ids"], data["audio_mask"], data["attention_mask"])
+        assert logits.dtype == np.float32 and logits.shape == (*data["input_ids"].shape, 1025)
+        assert np.isfinite(logits).all(), name
 
 
 def test_a_damaged_or_unknown_variant_is_refused(variants, tmp_path):
