@@ -4,7 +4,8 @@
 #
 #   make demo                 steps 0-4 on the tiny checkpoint, then the parity and end-to-end summaries
 #   make demo MODEL=full-random   the same at the real dims (minutes; ~10 GB RAM)
-#   make test                 the pytest suite (tiny checkpoint, CPU)
+#   make test                 the whole pytest suite (tiny checkpoint, CPU; minutes)
+#   make test-fast            the quick subset: skips tests marked slow (pytest.ini), i.e. all that need steps 0-2
 #   make bench                PyTorch vs ONNX Runtime benchmark of the demo's export (README: Performance)
 #   make quality MODEL=PATH   quantized variants of the transformer and their quality table (steps 5-6)
 #   make venv-gpu             .venv for an NVIDIA machine (requirements-gpu.txt)
@@ -22,9 +23,9 @@ PROVIDER ?= cpu
 CAPTURE := capture
 ONNX := onnx
 MODEL_MARK := checkpoints/.demo-model
-PACKAGE := $(wildcard omnivoice_export/*.py)
+PACKAGE := $(wildcard omnivoice_export/*.py omnivoice_onnx/*.py)
 
-.PHONY: demo test venv venv-gpu bench quality clean FORCE
+.PHONY: demo test test-fast venv venv-gpu bench quality clean FORCE
 .DEFAULT_GOAL := demo
 
 venv: $(STAMP)
@@ -51,6 +52,9 @@ venv-gpu: requirements-gpu.txt
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not slow" tests
 
 # The model marker changes only when MODEL does, so switching models re-runs every step.
 $(MODEL_MARK): FORCE

@@ -33,11 +33,14 @@ from pathlib import Path
 from tqdm import tqdm
 
 from omnivoice_export import capture
+from omnivoice_export.capture import REF_TXT, REF_WAV
 from omnivoice_export.checkpoints import add_model_arg, load_omnivoice, model_fingerprint, resolve_model
-from omnivoice_export.cli import REPO_ROOT, UserError, add_debug_flag, parse_subset, run_main
+from omnivoice_export.cli import parse, parse_subset, run_main
+from omnivoice_export.files import atomic_dir, file_entry
 from omnivoice_export.generation import DEFAULT_SEED, check_reference_audio, mode_request, run_generate, write_wav
 from omnivoice_export.report import package_versions
-from make_reference import REF_TXT, REF_WAV
+from omnivoice_onnx.contract import SAMPLE_RATE
+from omnivoice_onnx.errors import UserError
 
 
 def parse_steps(text: str, num_step: int) -> set[int] | None:
@@ -63,9 +66,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--modes", default=",".join(capture.MODES), help="comma-separated subset of clone,design,auto")
     parser.add_argument("--seed", type=int, default=DEFAULT_SEED, help="torch seed before each generate()")
     parser.add_argument("--num-step", type=int, default=32, help="unmasking steps of generate()")
-    parser.add_argument("--capture-dir", type=Path, default=REPO_ROOT / "capture", help="where the capture is written")
-    add_debug_flag(parser)
-    return parser.parse_args(argv)
+    parser.add_argument("--capture-dir", type=Path, default=capture.DEFAULT_DIR, help="where the capture is written")
+    return parse(parser, argv)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -98,10 +100,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.device == "cuda":
         model.audio_tokenizer.to("cuda")
 
-    import torch
-
-    tmp = capture.new_capture_dir(args.capture_dir)
-    try:
+    with atomic_dir(args.capture_dir) as tmp:
         manifest_modes = {}
         for mode in modes:
             request = mode_request(mode, args.seed, args.num_step, ref_wav, ref_text)
@@ -112,39 +111,20 @@ def main(argv: list[str] | None = None) -> None:
                 with recorder.active():
                     audio = run_generate(model, request)
                 record = recorder.finish()
-            write_wav(tmp / mode / "output.wav", audio)
-            record.files["output.wav"] = {"sha256": capture.sha256_file(tmp / mode / "output.wav"),
-                                          "bytes": (tmp / mode / "output.wav").stat().st_size}
-            recorded_request = request.to_dict()
-            if mode == "clone":
-                recorded_request["ref_audio"] = REF_WAV  # relative to the capture directory
-            manifest_modes[mode] = capture.mode_record_entry(record, recorded_request)
+            write_wav(tmp / mode / capture.OUTPUT_WAV, audio)
+            record.files[capture.OUTPUT_WAV] = file_entry(tmp / mode / capture.OUTPUT_WAV)
+            manifest_modes[mode] = capture.mode_record_entry(record, request.to_dict())
             size = sum(f["bytes"] for f in record.files.values())
             print(f"[step 1] {mode}: S={record.seq_len} rows={record.rows} {record.steps_called} steps, "
-                  f"{audio.size / 24000:.2f} s audio, {size / 1e6:.1f} MB in {time.perf_counter() - started:.1f} s",
+                  f"{audio.size / SAMPLE_RATE:.2f} s audio, {size / 1e6:.1f} MB in {time.perf_counter() - started:.1f} s",
                   flush=True)
         for name in (REF_WAV, REF_TXT):
             if (args.capture_dir / name).is_file():
                 (tmp / name).write_bytes((args.capture_dir / name).read_bytes())
-        manifest = {
-            "format": capture.CAPTURE_FORMAT,
-            "model": {"spec": args.model or str(model_path), "path": str(model_path), "fingerprint": fingerprint},
-            "device": args.device,
-            "torch_threads": torch.get_num_threads(),
-            "versions": package_versions(),
-            "seed": args.seed,
-            "num_step": args.num_step,
-            "steps": "all" if steps is None else sorted(steps),
-            "logits_rows": capture.LOGITS_ROWS_NOTE,
-            "reference": {"wav": REF_WAV, "txt": REF_TXT,
-                          "wav_sha256": capture.sha256_file(tmp / REF_WAV) if (tmp / REF_WAV).is_file() else None},
-            "modes": manifest_modes,
-        }
-        manifest["total_bytes"] = sum(f["bytes"] for m in manifest_modes.values() for f in m["files"].values())
-        capture.write_manifest(tmp, manifest)
-        capture.install_capture(tmp, args.capture_dir)
-    finally:
-        capture.shutil.rmtree(tmp, ignore_errors=True)
+        manifest = capture.write_manifest(
+            tmp, model={"spec": args.model or str(model_path), "path": str(model_path), "fingerprint": fingerprint},
+            device=args.device, versions=package_versions(), seed=args.seed, num_step=args.num_step, steps=steps,
+            modes=manifest_modes)
     print(f"[step 1] capture complete: {args.capture_dir} ({manifest['total_bytes'] / 1e6:.1f} MB)")
 
 

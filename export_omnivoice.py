@@ -25,35 +25,35 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import shutil
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from omnivoice_export import capture, exporting, report, wrappers
-from omnivoice_export.checkpoints import add_model_arg, load_omnivoice, model_fingerprint, resolve_model, sha256_file
-from omnivoice_export.cli import (REPO_ROOT, CheckFailed, UserError, add_debug_flag, parse_subset, run_main,
-                                  write_json_atomic)
+from omnivoice_export.checkpoints import add_model_arg, load_omnivoice, model_fingerprint, resolve_model
+from omnivoice_export.cli import CheckFailed, parse, parse_subset, run_main
+from omnivoice_export.files import sha256_file, temporary_dir
+from omnivoice_export.runtime_assets import write_runtime_assets
+from omnivoice_onnx.contract import CONTRACTS, GRAPH_FILES, GRAPH_NAMES, HOP_LENGTH
+from omnivoice_onnx.errors import UserError
 from omnivoice_onnx.sessions import make_session
 
-HOP = exporting.checkpoints.HOP_LENGTH
+TRANSFORMER_INPUTS = CONTRACTS["transformer"].input_names
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_model_arg(parser)
-    parser.add_argument("--graphs", default=",".join(wrappers.GRAPH_NAMES),
+    parser.add_argument("--graphs", default=",".join(GRAPH_NAMES),
                         help="comma-separated subset of transformer,encoder,decoder")
     parser.add_argument("--opset", type=int, default=exporting.DEFAULT_OPSET,
                         help="ONNX opset (18, 20 and 22 verified; 23 emits Attention/RotaryEmbedding that ORT "
                              "rejects without explicit position_ids)")
     parser.add_argument("--no-dynamo", action="store_true", help="use the legacy TorchScript exporter only")
-    parser.add_argument("--capture-dir", type=Path, default=REPO_ROOT / "capture", help="step 1's capture")
-    parser.add_argument("--onnx-dir", type=Path, default=REPO_ROOT / "onnx", help="where the graphs go")
-    add_debug_flag(parser)
-    return parser.parse_args(argv)
+    parser.add_argument("--capture-dir", type=Path, default=capture.DEFAULT_DIR, help="step 1's capture")
+    parser.add_argument("--onnx-dir", type=Path, default=report.DEFAULT_ONNX_DIR, help="where the graphs go")
+    return parse(parser, argv)
 
 
 def _crop_stack(arrays: list[np.ndarray], multiple: int = 1) -> np.ndarray:
@@ -66,12 +66,12 @@ def transformer_examples(capture_dir: Path, manifest: dict) -> tuple[tuple[torch
     """Export example (a clone step, 2B=2) and self-check inputs at other (B, S)."""
     modes = list(manifest["modes"])
     first = capture.load_step(capture_dir, modes[0], capture.mode_steps(manifest, modes[0])[0])
-    example = tuple(torch.from_numpy(first[k]) for k in wrappers.TRANSFORMER_INPUTS)
+    example = tuple(torch.from_numpy(first[k]) for k in TRANSFORMER_INPUTS)
     checks = []
     for mode in modes[1:] or modes:
         step = capture.mode_steps(manifest, mode)[-1]
         checks.append({k: v for k, v in capture.load_step(capture_dir, mode, step).items()
-                       if k in wrappers.TRANSFORMER_INPUTS})
+                       if k in TRANSFORMER_INPUTS})
     # B=2 (2B=4) at another S: [cond, cond, uncond, uncond] of the last mode's last step.
     last = checks[-1]
     order = np.array([0, 0, 1, 1])
@@ -84,10 +84,10 @@ def codec_examples(capture_dir: Path, manifest: dict) -> dict[str, tuple[np.ndar
     if "clone" not in manifest["modes"]:
         raise UserError("exporting the encoder needs the clone mode's captured encoder input",
                         "re-run capture_reference.py with clone among --modes")
-    encoder_in = capture.load_mode_file(capture_dir, "clone", "encoder.npz")["input_values"]
-    decoded = [capture.load_mode_file(capture_dir, mode, "decoder.npz") for mode in manifest["modes"]]
-    audio = _crop_stack([encoder_in, decoded[0]["audio_values"]], HOP)
-    half = encoder_in[..., : encoder_in.shape[-1] // 2 // HOP * HOP]
+    encoder_in = capture.load_mode_file(capture_dir, "clone", capture.ENCODER_FILE)["input_values"]
+    decoded = [capture.load_mode_file(capture_dir, mode, capture.DECODER_FILE) for mode in manifest["modes"]]
+    audio = _crop_stack([encoder_in, decoded[0]["audio_values"]], HOP_LENGTH)
+    half = encoder_in[..., : encoder_in.shape[-1] // 2 // HOP_LENGTH * HOP_LENGTH]
     codes = _crop_stack([d["audio_codes"] for d in decoded] * (2 if len(decoded) == 1 else 1))
     short = codes[:1, :, : max(2, codes.shape[-1] // 2)]
     return {
@@ -110,7 +110,7 @@ def summary_table(entries: dict) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    graphs = parse_subset(args.graphs, "--graphs", wrappers.GRAPH_NAMES)
+    graphs = parse_subset(args.graphs, "--graphs", GRAPH_NAMES)
     model_path = resolve_model(args.model)
     fingerprint = model_fingerprint(model_path)
     manifest = capture.load_manifest(args.capture_dir)
@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> None:
         raise UserError(f"the capture was made with model {manifest['model']['fingerprint']}, not {fingerprint} "
                         f"({model_path})", "export with the capture's --model, or re-run steps 0-1 for this model")
     previous = None
-    if report.report_path(args.onnx_dir).is_file() and set(graphs) != set(wrappers.GRAPH_NAMES):
+    if report.report_path(args.onnx_dir).is_file() and set(graphs) != set(GRAPH_NAMES):
         try:
             previous = report.load_report(args.onnx_dir)
         except UserError as exc:  # adding graphs to a report that cannot be read would drop the others
@@ -138,16 +138,13 @@ def main(argv: list[str] | None = None) -> None:
     t_example, t_checks = transformer_examples(args.capture_dir, manifest)
     codec = codec_examples(args.capture_dir, manifest) if {"encoder", "decoder"} & set(graphs) else {}
 
-    staging = args.onnx_dir / f".staging-{os.getpid()}"
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    entries = {}
-    try:
+    results, signatures = {}, {}
+    with temporary_dir(args.onnx_dir / "staging") as staging:
         for graph in graphs:
             print(f"[step 2] exporting {graph} ...", flush=True)
             inputs = t_example if graph == "transformer" else (torch.from_numpy(codec[graph][0]),)
             result = exporting.export_graph(modules[graph], graph, inputs, staging, not args.no_dynamo, args.opset)
-            path = staging / wrappers.GRAPH_FILES[graph]
+            path = staging / GRAPH_FILES[graph]
             exporting.set_metadata(path, graph, exporting.graph_metadata(graph, config, fingerprint, result.exporter,
                                                                   args.opset, versions))
             result.checker = exporting.check_graph(path)
@@ -157,35 +154,20 @@ def main(argv: list[str] | None = None) -> None:
             else:
                 result.self_checks = exporting.self_check_codec(session, modules[graph], graph, codec[graph][1])
             del session
-            entries[graph] = {
-                "file": wrappers.GRAPH_FILES[graph], "exporter": result.exporter,
-                "fallback_reason": result.fallback_reason, "opset": result.opset,
-                "signature": exporting.signature(path), "export_seconds": result.seconds,
-                "peak_rss_mb": result.peak_rss_mb, "checker": result.checker,
-                "original_external_files": {"count": len(result.original_external_files),
-                                            "locations": result.original_external_files[:50]},
-                "self_checks": result.self_checks,
-            }
+            results[graph], signatures[graph] = result, exporting.signature(path)
             print(f"[step 2] {graph}: {result.exporter} in {result.seconds:.1f} s, peak RSS {result.peak_rss_mb:.0f} MB, "
                   f"checker {result.checker}, self-checks {'PASS' if result.self_checks['passed'] else 'FAIL'}",
                   flush=True)
-        for graph in graphs:  # hashed in staging: install and report write follow with no slow step between
-            entries[graph]["files"] = exporting.file_entries(staging, graph)
+        # Hashed in staging: install and report write follow with no slow step between.
+        entries = {graph: report.graph_entry(result, signatures[graph], report.graph_files(staging, graph))
+                   for graph, result in results.items()}
         exporting.install_graphs(staging, args.onnx_dir, graphs)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
 
-    graphs_section = {**(previous["graphs"] if previous else {}), **entries}
-    full_report = {
-        "format": report.REPORT_FORMAT,
-        "model": {"path": str(model_path), "fingerprint": fingerprint},
-        "capture": {"dir": str(args.capture_dir), "fingerprint": manifest["model"]["fingerprint"],
-                    "manifest_sha256": manifest_sha256},
-        "versions": versions,
-        "graphs": graphs_section,
-    }
-    # Parity and end-to-end results describe the graphs they ran on; a new export makes them stale.
-    write_json_atomic(report.report_path(args.onnx_dir), full_report)
+    # What the torch-free runtime needs besides the graphs, so that onnx/ can be used alone.
+    assets = write_runtime_assets(model_path, args.onnx_dir)
+    report.write_export_report(args.onnx_dir, model_path, fingerprint, args.capture_dir,
+                               manifest["model"]["fingerprint"], manifest_sha256, versions,
+                               {**(previous["graphs"] if previous else {}), **entries}, assets)
     print()
     print(summary_table(entries))
     failed = [g for g, e in entries.items() if not e["self_checks"]["passed"] or e["checker"] != "ok"]

@@ -19,13 +19,13 @@ import argparse
 import time
 from pathlib import Path
 
+from omnivoice_export.capture import DEFAULT_DIR, REF_TXT, REF_WAV
 from omnivoice_export.checkpoints import add_model_arg, load_omnivoice, model_fingerprint, resolve_model
-from omnivoice_export.cli import REPO_ROOT, add_debug_flag, atomic_path, run_main
-from omnivoice_export.generation import (DEFAULT_SEED, REFERENCE_INSTRUCT, REFERENCE_TEXT, SAMPLE_RATE,
-                                         GenerationRequest, run_generate, write_wav)
-
-REF_WAV = "ref_voice.wav"
-REF_TXT = "ref_voice.txt"
+from omnivoice_export.cli import parse, run_main
+from omnivoice_export.files import atomic_path
+from omnivoice_export.generation import (DEFAULT_SEED, REFERENCE_INSTRUCT, REFERENCE_TEXT, GenerationRequest,
+                                         run_generate, write_wav)
+from omnivoice_onnx.contract import SAMPLE_RATE
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -36,10 +36,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="voice-design instruct (upstream's items, e.g. 'male, low pitch')")
     parser.add_argument("--seed", type=int, default=DEFAULT_SEED, help="torch seed for generate()")
     parser.add_argument("--num-step", type=int, default=32, help="unmasking steps of generate()")
-    parser.add_argument("--out-dir", type=Path, default=REPO_ROOT / "capture",
+    parser.add_argument("--out-dir", type=Path, default=DEFAULT_DIR,
                         help="where ref_voice.wav and ref_voice.txt are written")
-    add_debug_flag(parser)
-    return parser.parse_args(argv)
+    return parse(parser, argv)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -27,16 +27,17 @@ import argparse
 import time
 from pathlib import Path
 
-from omnivoice_export import quality, quantize, report
+from omnivoice_export import capture, quality, quantize, report
 from omnivoice_export.checkpoints import resolve_model, validate_checkpoint_dir
-from omnivoice_export.cli import REPO_ROOT, UserError, add_debug_flag, parse_subset, run_main
+from omnivoice_export.cli import parse, parse_subset, run_main
+from omnivoice_onnx.errors import UserError
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--capture-dir", type=Path, default=REPO_ROOT / "capture",
+    parser.add_argument("--capture-dir", type=Path, default=capture.DEFAULT_DIR,
                         help="step 1's capture, the one the export was made from (default: capture/)")
-    parser.add_argument("--onnx-dir", type=Path, default=REPO_ROOT / "onnx",
+    parser.add_argument("--onnx-dir", type=Path, default=report.DEFAULT_ONNX_DIR,
                         help="step 2's export with step 5's variants in it (default: onnx/)")
     parser.add_argument("--variants", default=None,
                         help="comma-separated variants to measure besides fp32 (default: every variant in the report)")
@@ -48,8 +49,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="where the end-to-end WAVs go, one folder per variant (default: <capture-dir>/variants)")
     parser.add_argument("--no-end-to-end", action="store_true",
                         help="per-step figures only (skips the generate() runs, the slow part at the real dims)")
-    add_debug_flag(parser)
-    return parser.parse_args(argv)
+    return parse(parser, argv)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -24,20 +24,19 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from omnivoice_export import quantize
-from omnivoice_export.cli import REPO_ROOT, add_debug_flag, parse_subset, run_main
+from omnivoice_export import quantize, report
+from omnivoice_export.cli import parse, parse_subset, run_main
 
 __doc__ = __doc__.format(recipes="\n".join(f"    {r.name:<15}{r.summary}" for r in quantize.RECIPES.values()))
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--onnx-dir", type=Path, default=REPO_ROOT / "onnx",
+    parser.add_argument("--onnx-dir", type=Path, default=report.DEFAULT_ONNX_DIR,
                         help="step 2's export; variants are written into subdirectories of it (default: onnx/)")
     parser.add_argument("--variants", default=",".join(quantize.DEFAULT_VARIANTS),
                         help="comma-separated recipes to build (default: all of them)")
-    add_debug_flag(parser)
-    return parser.parse_args(argv)
+    return parse(parser, argv)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -46,8 +46,12 @@ sys.path.insert(0, str(REPO))
 
 import numpy as np  # noqa: E402
 
-from make_reference import REF_TXT, REF_WAV  # noqa: E402
-from omnivoice_export.cli import UserError, add_debug_flag, atomic_path, run_main, write_json_atomic  # noqa: E402
+from omnivoice_export.capture import DEFAULT_DIR, REF_TXT, REF_WAV  # noqa: E402
+from omnivoice_export.cli import parse, run_main  # noqa: E402
+from omnivoice_export.files import atomic_path, write_json_atomic  # noqa: E402
+from omnivoice_export.report import DEFAULT_ONNX_DIR, REPORT_NAME  # noqa: E402
+from omnivoice_onnx.contract import SAMPLE_RATE  # noqa: E402
+from omnivoice_onnx.errors import UserError  # noqa: E402
 
 RESULTS = REPO / "bench" / "results"
 # Target texts giving S ~ 200 / 435 / 800 in clone mode with the ~5 s reference (real tokenizer).
@@ -69,20 +73,25 @@ WORKERS = ("gemm", "torch-calls", "onnx-calls", "torch-e2e", "onnx-e2e")
 GEMM_SHAPES = ((2048, 2048, 2048), (730, 1024, 3072), (730, 3072, 1024), (730, 1024, 2048))
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+def export_parser(description: str) -> argparse.ArgumentParser:
+    """A parser with the flags every bench script shares: the model, its export and step 0's reference."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--model", default="tiny", help="tiny | full-random | PATH (must match the export)")
-    parser.add_argument("--onnx-dir", type=Path, default=REPO / "onnx", help="the export to benchmark")
-    parser.add_argument("--capture-dir", type=Path, default=REPO / "capture",
+    parser.add_argument("--onnx-dir", type=Path, default=DEFAULT_ONNX_DIR, help="the export to measure")
+    parser.add_argument("--capture-dir", type=Path, default=DEFAULT_DIR,
                         help="where ref_voice.wav/.txt (step 0) are: the clone reference")
+    return parser
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = export_parser(__doc__)
     parser.add_argument("--repeats", type=int, default=2, help="A B rounds (each variant runs once per round)")
     parser.add_argument("--calls", type=int, default=3, help="timed transformer/codec calls per worker and shape")
     parser.add_argument("--num-step", type=int, default=32, help="generate() steps")
     parser.add_argument("--skip-e2e", action="store_true", help="per-call figures only")
     parser.add_argument("--worker", choices=WORKERS, help=argparse.SUPPRESS)
     parser.add_argument("--scratch", type=Path, help=argparse.SUPPRESS)  # torch logits for the ONNX worker
-    add_debug_flag(parser)
-    return parser.parse_args(argv)
+    return parse(parser, argv)
 
 
 # --- worker side --------------------------------------------------------------------------------
@@ -192,8 +201,8 @@ def calls_worker(args, runtime: str) -> dict[str, Any]:
     """Per-call latencies of the transformer at each shape and of the codec graphs."""
     import torch
 
+    from omnivoice_export.capture import read_rows
     from omnivoice_export.checkpoints import resolve_model
-    from omnivoice_export.exporting import transformer_read_rows
     from omnivoice_onnx.sessions import prefix_lengths, run, run_split
 
     config = json.loads((resolve_model(args.model) / "config.json").read_text())
@@ -210,20 +219,20 @@ def calls_worker(args, runtime: str) -> dict[str, Any]:
             with torch.inference_mode():
                 entry["torch_padded"] = timed(lambda: model(**tensors), args.calls)
                 reference = model(**tensors).logits.numpy()
-            np.save(args.scratch / f"{label}.npy", transformer_read_rows(reference, feeds["attention_mask"]))
+            np.save(args.scratch / f"{label}.npy", read_rows(reference, feeds["attention_mask"]))
         else:
             session = graphs.transformer
             entry["ort_padded"] = timed(lambda: run(session, feeds), args.calls)
             entry["ort_split"] = timed(lambda: run_split(session, **feeds), args.calls)
             reference_path = args.scratch / f"{label}.npy"
             if reference_path.is_file():
-                rows = transformer_read_rows(run_split(session, **feeds), feeds["attention_mask"])
+                rows = read_rows(run_split(session, **feeds), feeds["attention_mask"])
                 entry["split_vs_torch_max_abs"] = float(np.abs(rows - np.load(reference_path)).max())
         result["transformer"][label] = entry
 
     rng = np.random.default_rng(0)
     for seconds in CODEC_SECONDS:
-        audio = (rng.standard_normal((1, 1, seconds * 25 * 960)) * 0.1).astype(np.float32)
+        audio = (rng.standard_normal((1, 1, seconds * SAMPLE_RATE)) * 0.1).astype(np.float32)
         with torch.inference_mode():
             codes = model.audio_tokenizer.encode(torch.from_numpy(audio)).audio_codes
             if runtime == "torch":
@@ -382,7 +391,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     if not (args.capture_dir / REF_WAV).is_file():
         raise UserError(f"{args.capture_dir / REF_WAV} not found", "run make_reference.py (step 0) first")
-    if not (args.onnx_dir / "export-report.json").is_file():
+    if not (args.onnx_dir / REPORT_NAME).is_file():
         raise UserError(f"no export in {args.onnx_dir}", "run export_omnivoice.py (step 2) first")
     args.scratch = Path(tempfile.mkdtemp(prefix="omnivoice-bench-"))
     variants = [w for w in WORKERS if not (args.skip_e2e and w.endswith("-e2e"))]

@@ -14,27 +14,19 @@ from __future__ import annotations
 import argparse
 import collections
 import json
-import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "bench"))
+# bench/ (this script's directory) is on sys.path; importing bench_omnivoice puts the repository there.
+from bench_omnivoice import SHAPE_TEXTS, clone_request, export_parser, first_forward_inputs, transformer_flops
 
-from bench_omnivoice import SHAPE_TEXTS, clone_request, first_forward_inputs, transformer_flops  # noqa: E402
-
-from omnivoice_export.cli import add_debug_flag, run_main  # noqa: E402
+from omnivoice_export.cli import parse, run_main
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--model", default="tiny", help="tiny | full-random | PATH (must match the export)")
-    parser.add_argument("--onnx-dir", type=Path, default=REPO / "onnx", help="the export to profile")
-    parser.add_argument("--capture-dir", type=Path, default=REPO / "capture", help="where ref_voice.wav/.txt are")
+    parser = export_parser(__doc__)
     parser.add_argument("--shape", default="S~435", choices=tuple(SHAPE_TEXTS), help="which benchmark layout")
-    add_debug_flag(parser)
-    return parser.parse_args(argv)
+    return parse(parser, argv)
 
 
 def profile(session_path: Path, feeds_list: list[dict]) -> tuple[dict[str, float], float]:
@@ -63,8 +55,8 @@ def main(argv: list[str] | None = None) -> None:
     from omnivoice_export.checkpoints import resolve_model
     from omnivoice_export.generation import GenerationRequest
     from omnivoice_export.ort_runtime import OrtGraphs, load_onnx_omnivoice
+    from omnivoice_onnx.contract import GRAPH_FILES
     from omnivoice_onnx.sessions import prefix_lengths, split_feeds
-    from omnivoice_export.wrappers import GRAPH_FILES
 
     model_path = resolve_model(args.model)
     config = json.loads((model_path / "config.json").read_text())

@@ -1,15 +1,21 @@
 """omnivoice_export: export k2-fsa OmniVoice to three faithful fp32 ONNX graphs and prove them.
 
-Modules, one job each:
-    checkpoints    build/resolve OmniVoice checkpoints (tiny, full-random, a real path), fingerprint
+Modules, one job each (the graphs' I/O contract, thresholds and audio constants are the runtime's
+omnivoice_onnx.contract, read by all of these):
+    checkpoints    resolve --model (tiny, full-random, a path), check, fingerprint and load a checkpoint
+    builder        build the tiny and full-random checkpoints from configs (random, non-degenerate)
     qwen_tokenizer rebuild OmniVoice's real Qwen text tokenizer from packaged tiktoken ranks
-    wrappers       the three exportable nn.Modules and their I/O contracts
-    capture        record real generate() I/O; manifest and .npz files
+    generation     the generate() requests the pipeline issues; WAV I/O
+    wrappers       the three exportable nn.Modules
+    capture        record real generate() I/O; the capture's files, paths, manifest and read rows
     exporting      torch -> ONNX, sidecar consolidation, metadata, self-checks
-    ort_runtime    onnxruntime sessions/providers and the ONNX-backed OmniVoice
-    metrics        parity metrics and the one threshold table
-    report         export-report.json (atomic merge)
+    report         export-report.json: its schema, integrity checks, atomic merges
+    ort_runtime    the ONNX graphs as drop-in modules of upstream generate()
+    metrics        parity metrics (argmax/max-abs, code match, log-spectral L1)
+    measure        wall time and peak RSS of a block
     quantize       transformer variants (quantization recipes, the unmasked fp32 graph), one sidecar each
     quality        per-step and end-to-end measurements of a variant against the PyTorch capture
-    cli            one-line errors, exit codes, atomic writes
+    files          atomic writes, sha256 and {sha256, bytes} entries, JSON artefacts
+    cli            argparse ending (--debug), one-line errors, exit codes
+    torchaudio_cpu make torchaudio importable beside a CPU torch (install step)
 """

@@ -8,6 +8,7 @@ what it sees and never changes a value, so the tokens equal those of an uninstru
 
 Layout (all `.npz`, loadable with numpy alone):
 
+    capture/ref_voice.{wav,txt}             step 0's clone reference (copied into each capture)
     capture/manifest.json                   provenance, configs, texts, per-file sha256/shapes
     capture/<mode>/transformer_step_NN.npz  input_ids, audio_mask, attention_mask,
                                             logits_cond, logits_uncond (rows generate() reads)
@@ -18,14 +19,15 @@ Layout (all `.npz`, loadable with numpy alone):
 
 Only the logits rows generate() reads are stored: for item i, the cond target rows
 [c_len-t_len, c_len) and the uncond rows [0, t_len). The other rows (style, text, reference and
-padding) are never read, and storing them would triple a full-random capture.
+padding) are never read, and storing them would triple a full-random capture. `read_rows`
+selects the same rows from any logits, for every comparison against a capture.
+
+The manifest is written (`write_manifest`) and read (`load_manifest`) here, and nowhere else.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
-import shutil
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,13 +36,22 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
-from omnivoice_export.checkpoints import sha256_file
-from omnivoice_export.cli import UserError, atomic_path, read_json, write_json_atomic
+from omnivoice_export.cli import REPO_ROOT
+from omnivoice_export.files import (atomic_path, file_entry, matches_entry, read_artefact, sha256_file,
+                                    write_json_atomic)
+from omnivoice_onnx.errors import UserError
 
+DEFAULT_DIR = REPO_ROOT / "capture"
 CAPTURE_FORMAT = 1
 MANIFEST_NAME = "manifest.json"
+REF_WAV = "ref_voice.wav"
+REF_TXT = "ref_voice.txt"
 MODES = ("clone", "design", "auto")
 STEP_FILE = "transformer_step_{:02d}.npz"
+TOKENS_FILE = "tokens.npz"
+ENCODER_FILE = "encoder.npz"
+DECODER_FILE = "decoder.npz"
+OUTPUT_WAV = "output.wav"
 LOGITS_ROWS_NOTE = ("logits_cond[i] holds rows [c_len-t_len, c_len) of cond item i and logits_uncond[i] rows "
                     "[0, t_len) of uncond item B+i: exactly the rows generate() reads; other rows are not stored")
 RECAPTURE_FIX = "re-run capture_reference.py (step 1)"
@@ -60,7 +71,7 @@ def save_npz(path: Path, arrays: dict[str, np.ndarray]) -> dict[str, Any]:
                 info.compress_type = zipfile.ZIP_STORED if array.dtype.kind == "f" else zipfile.ZIP_DEFLATED
                 with archive.open(info, "w", force_zip64=True) as member:
                     np.lib.format.write_array(member, np.ascontiguousarray(array), allow_pickle=False)
-    return {"sha256": sha256_file(path), "bytes": path.stat().st_size,
+    return {**file_entry(path),
             "tensors": {k: {"shape": list(v.shape), "dtype": str(v.dtype)} for k, v in arrays.items()}}
 
 
@@ -89,6 +100,12 @@ def logits_rows(logits: np.ndarray, attention_mask: np.ndarray) -> tuple[np.ndar
     cond = np.stack([logits[i, :, c - t:c] for i, (c, t) in enumerate(rows)])
     uncond = np.stack([logits[batch + i, :, :t] for i, (_, t) in enumerate(rows)])
     return cond, uncond
+
+
+def read_rows(logits: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
+    """The rows generate() reads (cond target, then uncond target, of every item) as [N, V]."""
+    cond, uncond = logits_rows(logits, attention_mask)
+    return np.concatenate([cond.reshape(-1, cond.shape[-1]), uncond.reshape(-1, uncond.shape[-1])])
 
 
 @dataclass
@@ -194,8 +211,8 @@ class Recorder:
 
     def finish(self) -> ModeRecord:
         """Write tokens, encoder and decoder files once generate() has returned."""
-        self._save("tokens.npz", {"after_step": np.stack(self.token_states), "final": self.token_states[-1]})
-        for name, calls in (("encoder.npz", self.encoder_calls), ("decoder.npz", self.decoder_calls)):
+        self._save(TOKENS_FILE, {"after_step": np.stack(self.token_states), "final": self.token_states[-1]})
+        for name, calls in ((ENCODER_FILE, self.encoder_calls), (DECODER_FILE, self.decoder_calls)):
             if len(calls) > 1:
                 raise UserError(f"{name[:-4]} was called {len(calls)} times in one generate()",
                                 "capture one text per mode (chunked generation is not captured)")
@@ -204,48 +221,52 @@ class Recorder:
         return self.record
 
 
-def new_capture_dir(capture_dir: Path) -> Path:
-    """A fresh temporary sibling of capture_dir to write into before the final rename."""
-    tmp = capture_dir.with_name(f".{capture_dir.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    return tmp
+def write_manifest(capture_dir: Path, model: dict[str, str], device: str, versions: dict[str, str], seed: int,
+                   num_step: int, steps: set[int] | None, modes: dict[str, Any]) -> dict[str, Any]:
+    """Write the capture's manifest (its one provenance record) into `capture_dir`; return it.
+
+    `modes` holds mode_record_entry() per mode; the reference's sha256 is taken from the copy in
+    `capture_dir`, so a later step 0 cannot silently swap the voice the clone tokens came from.
+    """
+    capture_dir = Path(capture_dir)
+    reference = capture_dir / REF_WAV
+    manifest = {
+        "format": CAPTURE_FORMAT,
+        "model": model,
+        "device": device,
+        "torch_threads": torch.get_num_threads(),
+        "versions": versions,
+        "seed": seed,
+        "num_step": num_step,
+        "steps": "all" if steps is None else sorted(steps),
+        "logits_rows": LOGITS_ROWS_NOTE,
+        "reference": {"wav": REF_WAV, "txt": REF_TXT,
+                      "wav_sha256": sha256_file(reference) if reference.is_file() else None},
+        "modes": modes,
+    }
+    manifest["total_bytes"] = sum(f["bytes"] for m in modes.values() for f in m["files"].values())
+    write_json_atomic(capture_dir / MANIFEST_NAME, manifest)
+    return manifest
 
 
-def install_capture(tmp: Path, capture_dir: Path) -> None:
-    """Replace capture_dir by the completed tmp directory. Until this point an interrupted
-    capture has touched nothing in capture_dir."""
-    old = capture_dir.with_name(f".{capture_dir.name}.old-{os.getpid()}")
-    if capture_dir.exists():
-        os.replace(capture_dir, old)
-    os.replace(tmp, capture_dir)
-    shutil.rmtree(old, ignore_errors=True)
-
-
-def write_manifest(capture_dir: Path, manifest: dict[str, Any]) -> None:
-    write_json_atomic(Path(capture_dir) / MANIFEST_NAME, manifest)
+def _well_formed(manifest: dict[str, Any]) -> bool:
+    return isinstance(manifest["model"]["fingerprint"], str) and all(
+        isinstance(entry["files"], dict) and isinstance(entry["request"], dict) and
+        all({"sha256", "bytes"} <= info.keys() for info in entry["files"].values())
+        for entry in manifest["modes"].values())
 
 
 def load_manifest(capture_dir: Path, verify_hashes: bool = True) -> dict[str, Any]:
-    """The capture manifest, after checking every listed file exists (and matches its sha256)."""
+    """The capture manifest, after checking every listed file exists (and matches its entry)."""
     capture_dir = Path(capture_dir)
-    manifest = read_json(capture_dir / MANIFEST_NAME, "capture manifest", RECAPTURE_FIX)
-    try:
-        well_formed = manifest["format"] == CAPTURE_FORMAT and isinstance(manifest["model"]["fingerprint"], str) \
-            and all(isinstance(entry["files"], dict) and isinstance(entry["request"], dict) and
-                    all("sha256" in info for info in entry["files"].values())
-                    for entry in manifest["modes"].values())
-    except (KeyError, TypeError, AttributeError):
-        well_formed = False
-    if not well_formed:
-        raise UserError(f"capture manifest {capture_dir / MANIFEST_NAME} is malformed or from another version",
-                        RECAPTURE_FIX)
+    manifest = read_artefact(capture_dir / MANIFEST_NAME, "capture manifest", RECAPTURE_FIX, CAPTURE_FORMAT,
+                             _well_formed)
     for mode, entry in manifest["modes"].items():
         for name, info in entry["files"].items():
             path = capture_dir / mode / name
             if not path.is_file():
                 raise UserError(f"capture is incomplete: {path} is missing", RECAPTURE_FIX)
-            if verify_hashes and sha256_file(path) != info["sha256"]:
+            if verify_hashes and not matches_entry(path, info):
                 raise UserError(f"capture file {path} does not match its recorded sha256 (modified or corrupt)",
                                 RECAPTURE_FIX)
     return manifest
@@ -278,6 +299,11 @@ def load_mode_file(capture_dir: Path, mode: str, name: str) -> dict[str, np.ndar
 
 
 def mode_record_entry(record: ModeRecord, request: dict[str, Any]) -> dict[str, Any]:
-    """Manifest entry of one mode: the request (texts, seed), the shapes seen, and the files."""
+    """Manifest entry of one mode: the request (texts, seed), the shapes seen, and the files.
+
+    A clone request records its reference as REF_WAV, relative to the capture directory.
+    """
+    if request["mode"] == "clone":
+        request = {**request, "ref_audio": REF_WAV}
     return {"request": request, "steps_called": record.steps_called, "seq_len": record.seq_len,
             "rows": [{"c_len": c, "t_len": t} for c, t in record.rows], "files": record.files}

@@ -1,22 +1,16 @@
-"""Build, find and fingerprint OmniVoice checkpoints.
+"""Find, check, fingerprint and load OmniVoice checkpoints; `--model` of every script.
 
-No model hub is reachable here, so the project builds its own checkpoints from configs with the
-upstream classes and saves them in exactly the layout `OmniVoice.from_pretrained` reads:
+A checkpoint is a directory in exactly the layout `OmniVoice.from_pretrained` reads:
 
     config.json  model.safetensors  tokenizer.json  tokenizer_config.json
     audio_tokenizer/{config.json, model.safetensors, preprocessor_config.json}
 
-`tiny`        the real structure at tiny width; builds in seconds; the default for demo and tests.
-`full-random` the real architecture and dims (612,577,280 + ~201M parameters), random weights,
-              for scale, memory and speed work.
-A path        a real k2-fsa/OmniVoice checkout (or any directory in that layout).
+`--model` takes `tiny` or `full-random` (built by omnivoice_export.builder on first use into the
+git-ignored checkpoints/, rebuilt when the builder changes) or the path of a real
+k2-fsa/OmniVoice checkout. Every artefact records the model's fingerprint, so tensors of
+different models are never compared silently.
 
-The library's default init makes degenerate models (zero codebooks: every code identical; a DAC
-decoder whose output is almost constant; std-0.02 audio heads whose argmax is a near-tie
-everywhere), and parity measured on such a model measures nothing. `_make_non_degenerate`
-re-initialises exactly those parts.
-
-CLI: python -m omnivoice_export.checkpoints {tiny,full-random} [--out DIR] [--seed N]
+CLI (build one by hand): python -m omnivoice_export.checkpoints {tiny,full-random} [--out DIR] [--seed N]
 """
 
 from __future__ import annotations
@@ -25,20 +19,18 @@ import argparse
 import hashlib
 import json
 import os
-import shutil
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
-from omnivoice_export.cli import REPO_ROOT, UserError, add_debug_flag, disk_full_error, run_main, umask_mode
+from omnivoice_export.builder import BUILD_STAMP, BUILDER_VERSION, DIMS, build_checkpoint
+from omnivoice_export.cli import REPO_ROOT, disk_full_error, parse, run_main
+from omnivoice_export.files import sha256_file
+from omnivoice_onnx.errors import UserError
 
 MODEL_ENV = "OMNIVOICE_MODEL"
 DEFAULT_MODEL_PATH = "/mnt/data/models/omnivoice/k2-fsa-OmniVoice"
 CHECKPOINT_CACHE = REPO_ROOT / "checkpoints"
-BUILT_NAMES = ("tiny", "full-random")
-# Bump when the builder changes what it writes, so cached checkpoints are rebuilt.
-BUILDER_VERSION = 1
-BUILD_STAMP = "omnivoice_export_build.json"
+BUILT_NAMES = tuple(DIMS)
 
 # Files `OmniVoice.from_pretrained` reads; the fingerprint hashes exactly these.
 REQUIRED_FILES = (
@@ -51,212 +43,6 @@ REQUIRED_FILES = (
     "audio_tokenizer/preprocessor_config.json",
 )
 WEIGHT_FILES = ("model.safetensors", "audio_tokenizer/model.safetensors")
-
-# The real checkpoint's constants (k2-fsa/OmniVoice config.json, Higgs Audio V2 tokenizer).
-SAMPLE_RATE = 24000
-HOP_LENGTH = 960  # DAC ratios 8*5*4*2*3 -> 25 frames/s at 24 kHz
-DOWNSAMPLING_RATIOS = [8, 5, 4, 2, 3]
-NUM_CODEBOOKS = 8
-AUDIO_VOCAB_SIZE = 1025  # 1024 codes + the mask id
-AUDIO_MASK_ID = 1024
-CODEBOOK_WEIGHTS = [8, 8, 6, 6, 4, 4, 2, 2]
-EOS_TOKEN_ID = 151645  # <|im_end|>
-PAD_TOKEN_ID = 151643  # <|endoftext|>
-FULL_PARAMETER_COUNT = 612_577_280
-
-
-@dataclass(frozen=True)
-class Dims:
-    """Widths that differ between tiny and the real model; everything else is shared."""
-
-    hidden: int  # Qwen3 hidden size
-    layers: int  # Qwen3 decoder layers
-    heads: int  # attention heads (query)
-    kv_heads: int  # key/value heads: heads != kv_heads keeps grouped-query attention
-    head_dim: int
-    intermediate: int  # MLP width
-    llm_init_std: float  # Qwen3 initializer_range
-    dac_encoder_hidden: int
-    dac_hidden: int
-    dac_decoder_hidden: int  # >= 32: the decoder halves it five times
-    codebook_dim: int
-    hubert_hidden: int
-    hubert_layers: int
-    hubert_heads: int
-    hubert_ffn: int
-    hubert_conv_dim: int
-    hubert_pos_conv: int  # num_conv_pos_embeddings
-    hubert_pos_groups: int
-
-
-TINY = Dims(hidden=64, layers=2, heads=4, kv_heads=2, head_dim=16, intermediate=128, llm_init_std=0.1,
-            dac_encoder_hidden=2, dac_hidden=16, dac_decoder_hidden=64, codebook_dim=8,
-            hubert_hidden=32, hubert_layers=2, hubert_heads=2, hubert_ffn=64, hubert_conv_dim=32,
-            hubert_pos_conv=16, hubert_pos_groups=4)
-FULL = Dims(hidden=1024, layers=28, heads=16, kv_heads=8, head_dim=128, intermediate=3072, llm_init_std=0.02,
-            dac_encoder_hidden=64, dac_hidden=256, dac_decoder_hidden=1024, codebook_dim=64,
-            hubert_hidden=768, hubert_layers=12, hubert_heads=12, hubert_ffn=3072, hubert_conv_dim=512,
-            hubert_pos_conv=128, hubert_pos_groups=16)
-DIMS = {"tiny": TINY, "full-random": FULL}
-
-
-def omnivoice_config(dims: Dims, vocab_size: int):
-    """OmniVoiceConfig with the real top-level values and a Qwen3 llm_config at `dims`."""
-    from omnivoice.models.omnivoice import OmniVoiceConfig
-    from transformers import Qwen3Config
-
-    llm = Qwen3Config(
-        vocab_size=vocab_size, hidden_size=dims.hidden, intermediate_size=dims.intermediate,
-        num_hidden_layers=dims.layers, num_attention_heads=dims.heads, num_key_value_heads=dims.kv_heads,
-        head_dim=dims.head_dim, max_position_embeddings=40960, rms_norm_eps=1e-6,
-        rope_parameters={"rope_theta": 1_000_000.0, "rope_type": "default"}, attention_bias=False,
-        hidden_act="silu", tie_word_embeddings=True, initializer_range=dims.llm_init_std,
-        max_window_layers=dims.layers, use_sliding_window=False,
-    )
-    return OmniVoiceConfig(
-        audio_vocab_size=AUDIO_VOCAB_SIZE, audio_mask_id=AUDIO_MASK_ID, num_audio_codebook=NUM_CODEBOOKS,
-        audio_codebook_weights=CODEBOOK_WEIGHTS, llm_config=llm,
-        eos_token_id=EOS_TOKEN_ID, pad_token_id=PAD_TOKEN_ID, architectures=["OmniVoice"],
-    )
-
-
-def higgs_config(dims: Dims):
-    """HiggsAudioV2TokenizerConfig with the real 25 Hz / 8 x 1024 layout at `dims`.
-
-    The library defaults are traps: ratios [8,5,4,2] give hop 320 (75 Hz), the default bandwidths
-    give 5 or 16 quantizers, and DacConfig recomputes hidden/upsampling unless passed explicitly.
-    """
-    from transformers import HiggsAudioV2TokenizerConfig
-
-    return HiggsAudioV2TokenizerConfig(
-        target_bandwidths=[0.5, 1, 1.5, 2],  # 2 kbps / (25 Hz * 10 bits) = 8 quantizers
-        sample_rate=SAMPLE_RATE, semantic_sample_rate=16000, downsample_factor=320,
-        codebook_size=1024, codebook_dim=dims.codebook_dim,
-        acoustic_model_config={
-            "model_type": "dac", "encoder_hidden_size": dims.dac_encoder_hidden,
-            "downsampling_ratios": DOWNSAMPLING_RATIOS, "upsampling_ratios": DOWNSAMPLING_RATIOS,
-            "decoder_hidden_size": dims.dac_decoder_hidden, "hidden_size": dims.dac_hidden,
-            "sampling_rate": SAMPLE_RATE, "hop_length": HOP_LENGTH,
-        },
-        semantic_model_config={
-            "model_type": "hubert", "hidden_size": dims.hubert_hidden, "num_hidden_layers": dims.hubert_layers,
-            "num_attention_heads": dims.hubert_heads, "intermediate_size": dims.hubert_ffn,
-            "conv_dim": [dims.hubert_conv_dim] * 7, "conv_kernel": [10, 3, 3, 3, 3, 2, 2],
-            "conv_stride": [5, 2, 2, 2, 2, 2, 2], "num_conv_pos_embeddings": dims.hubert_pos_conv,
-            "num_conv_pos_embedding_groups": dims.hubert_pos_groups, "mask_time_prob": 0.0,
-        },
-    )
-
-
-def _make_non_degenerate(omnivoice, higgs, seed: int) -> None:
-    """Re-initialise the parts whose library init makes parity metrics meaningless."""
-    import torch
-    from torch import nn
-
-    gen = torch.Generator().manual_seed(seed + 1)
-    with torch.no_grad():
-        # Audio heads: std 0.02 gives near-uniform logits (argmax near-ties everywhere).
-        head = omnivoice.audio_heads.weight
-        head.copy_(torch.randn(head.shape, generator=gen) / head.shape[1] ** 0.5 * 4.0)
-        emb = omnivoice.audio_embeddings.weight
-        emb.copy_(torch.randn(emb.shape, generator=gen))
-        # DAC convs: the library's trunc-normal 0.02 makes the decoder's output ~constant whatever
-        # the codes, and fan-in scaling alone lets the residual units grow activations ~200x over
-        # the five blocks. Draw fan-in scaled weights, then calibrate each conv's output scale.
-        for module in list(higgs.acoustic_encoder.modules()) + list(higgs.acoustic_decoder.modules()):
-            if isinstance(module, (nn.Conv1d, nn.ConvTranspose1d)):
-                module.weight.copy_(torch.randn(module.weight.shape, generator=gen))
-                if module.bias is not None:
-                    module.bias.zero_()
-        # Codebooks are zero-initialised (every code identical): draw them at the scale of the
-        # embeddings they quantise, which project_in leaves near unit variance.
-        for quantizer in higgs.quantizer.quantizers:
-            embed = quantizer.codebook.embed
-            embed.copy_(torch.randn(embed.shape, generator=gen))
-            quantizer.codebook.embed_avg.copy_(embed)
-            for linear in (quantizer.project_in, quantizer.project_out):
-                linear.weight.copy_(torch.randn(linear.weight.shape, generator=gen) / linear.weight.shape[1] ** 0.5)
-        for linear in (higgs.fc, higgs.fc1, higgs.fc2):
-            linear.weight.copy_(torch.randn(linear.weight.shape, generator=gen) / linear.weight.shape[1] ** 0.5)
-        audio = torch.randn((1, 1, HOP_LENGTH * 8), generator=gen) * 0.1
-        _calibrate_conv_scales(higgs.acoustic_encoder, lambda: higgs.acoustic_encoder(audio), final_std=1.0)
-        codes = torch.randint(0, 1024, (1, NUM_CODEBOOKS, 8), generator=gen)
-        latent = higgs.fc2(higgs.quantizer.decode(codes.transpose(0, 1)).transpose(1, 2)).transpose(1, 2)
-        # 0.1: speech-like level, so WAVs do not clip and upstream's RMS handling stays in range.
-        _calibrate_conv_scales(higgs.acoustic_decoder, lambda: higgs.acoustic_decoder(latent), final_std=0.1)
-
-
-def _calibrate_conv_scales(network, run, final_std: float) -> None:
-    """Scale each conv, in forward order, so its output std is 1 (0.5 on a residual branch's last
-    conv, final_std on the network's last conv): data-dependent init in the manner of LSUV."""
-    import torch
-    from torch import nn
-
-    convs = [(name, m) for name, m in network.named_modules() if isinstance(m, (nn.Conv1d, nn.ConvTranspose1d))]
-    for index, (name, conv) in enumerate(convs):
-        target = final_std if index == len(convs) - 1 else 0.5 if name.endswith("res_unit1.conv2") or \
-            name.endswith("res_unit2.conv2") or name.endswith("res_unit3.conv2") else 1.0
-        captured: list[torch.Tensor] = []
-        handle = conv.register_forward_hook(lambda _m, _i, out: captured.append(out.std()))  # returns None
-        try:
-            run()
-        finally:
-            handle.remove()
-        conv.weight.mul_(target / captured[0])
-
-
-def count_parameters(name: str) -> int:
-    """OmniVoice parameter count for a built config, on the meta device (no allocation)."""
-    import torch
-    from omnivoice.models.omnivoice import OmniVoice
-
-    from omnivoice_export.qwen_tokenizer import QWEN_VOCAB_SIZE
-
-    with torch.device("meta"):
-        model = OmniVoice(omnivoice_config(DIMS[name], QWEN_VOCAB_SIZE))
-    return sum(p.numel() for p in model.parameters())
-
-
-def build_checkpoint(name: str, out_dir: Path, seed: int = 0) -> Path:
-    """Build checkpoint `name` into `out_dir` (written beside it, then renamed into place)."""
-    import torch
-    from omnivoice.models.omnivoice import OmniVoice
-    from transformers import DacFeatureExtractor, HiggsAudioV2TokenizerModel
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
-
-    from omnivoice_export.qwen_tokenizer import QWEN_VOCAB_SIZE, save_qwen_tokenizer
-
-    if name not in DIMS:
-        raise UserError(f"unknown checkpoint '{name}'", f"choose one of {', '.join(BUILT_NAMES)}")
-    out_dir = Path(out_dir)
-    tmp = out_dir.with_name(f".{out_dir.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    started = time.perf_counter()
-    try:
-        tokenizer_provenance = save_qwen_tokenizer(tmp)
-        torch.manual_seed(seed)
-        config = omnivoice_config(DIMS[name], QWEN_VOCAB_SIZE)
-        config.omnivoice_export = {"checkpoint": name, "seed": seed, "builder_version": BUILDER_VERSION,
-                                   "text_tokenizer": tokenizer_provenance}
-        model = OmniVoice(config).eval()
-        higgs = HiggsAudioV2TokenizerModel(higgs_config(DIMS[name])).eval()
-        _make_non_degenerate(model, higgs, seed)
-        model.save_pretrained(tmp)
-        higgs.save_pretrained(tmp / "audio_tokenizer")
-        DacFeatureExtractor(feature_size=1, sampling_rate=SAMPLE_RATE, hop_length=HOP_LENGTH,
-                            padding_value=0.0).save_pretrained(tmp / "audio_tokenizer")
-        (tmp / BUILD_STAMP).write_text(json.dumps(
-            {"checkpoint": name, "seed": seed, "builder_version": BUILDER_VERSION,
-             "build_seconds": round(time.perf_counter() - started, 2)}, indent=2) + "\n")
-        umask_mode(*(f for f in tmp.rglob("*") if f.is_file()))
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        os.replace(tmp, out_dir)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return out_dir
 
 
 def _cached_build_is_current(directory: Path, seed: int) -> bool:
@@ -378,14 +164,6 @@ def model_fingerprint(path: Path) -> str:
     return _FINGERPRINTS[key]
 
 
-def sha256_file(path: Path, chunk: int = 16 << 20) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def load_omnivoice(path: Path):
     """OmniVoice.from_pretrained on CPU in fp32 with sdpa attention, in eval mode.
 
@@ -413,8 +191,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("name", choices=BUILT_NAMES, help="which checkpoint to build")
     parser.add_argument("--out", type=Path, default=None, help="output directory (default: checkpoints/NAME)")
     parser.add_argument("--seed", type=int, default=0, help="seed of every random weight")
-    add_debug_flag(parser)
-    return parser.parse_args(argv)
+    return parse(parser, argv)
 
 
 def main(argv: list[str] | None = None) -> None:

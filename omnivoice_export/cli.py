@@ -1,21 +1,18 @@
-"""What every script shares at its edges: exit codes, one-line errors, atomic writes.
+"""What every script shares at its edges: arguments, exit codes, one-line errors.
 
-Users run these scripts by hand for minutes at a time on multi-GB files. An expected problem (a
-wrong path, a stale capture, a missing provider) must end in one line on stderr that names the
-problem and the fix, with a documented exit code, and never leave a half-written artefact behind.
+Users run these scripts by hand for minutes at a time. An expected problem (a wrong path, a stale
+capture, a missing provider) must end in one line on stderr that names the problem and the fix,
+with a documented exit code; files.py makes sure it never leaves a half-written artefact behind.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import errno
-import json
-import os
 import sys
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Callable
 
 from omnivoice_onnx.errors import UserError
 
@@ -39,11 +36,13 @@ EXIT_CODES_HELP = (f"exit codes: 0 success, {EXIT_CHECK_FAILED} a check ran and 
                    "errors are one line on stderr, --debug shows the traceback")
 
 
-def add_debug_flag(parser: argparse.ArgumentParser) -> None:
-    """--debug, and the exit codes in the --help epilog (every script's parser calls this)."""
+def parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """Add --debug and the exit codes (in the --help epilog), then parse: every script's parser
+    ends with this."""
     parser.add_argument("--debug", action="store_true",
                         help="show the full traceback of an error instead of its one-line summary")
     parser.epilog = EXIT_CODES_HELP
+    return parser.parse_args(argv)
 
 
 def parse_subset(text: str, flag: str, choices: tuple[str, ...]) -> list[str]:
@@ -81,16 +80,12 @@ def run_main(main: Callable[[list[str] | None], None], argv: list[str] | None = 
     debug = "--debug" in (sys.argv[1:] if argv is None else argv)
     try:
         main(argv)
-    except UserError as exc:
+    except (UserError, CheckFailed) as exc:
         if debug:
             raise
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(EXIT_BAD_INPUT)
-    except CheckFailed as exc:
-        if debug:
-            raise
-        print(f"FAILED: {exc}", file=sys.stderr)
-        sys.exit(EXIT_CHECK_FAILED)
+        label, code = ("FAILED", EXIT_CHECK_FAILED) if isinstance(exc, CheckFailed) else ("error", EXIT_BAD_INPUT)
+        print(f"{label}: {exc}", file=sys.stderr)
+        sys.exit(code)
     except KeyboardInterrupt:
         print("interrupted: nothing half-written was kept; earlier artefacts are intact", file=sys.stderr)
         sys.exit(EXIT_INTERRUPTED)
@@ -101,55 +96,3 @@ def run_main(main: Callable[[list[str] | None], None], argv: list[str] | None = 
         print(f"error: disk full while writing {full.filename or 'output'}; free space and re-run "
               "(the previous complete artefacts are intact)", file=sys.stderr)
         sys.exit(EXIT_BAD_INPUT)
-
-
-def umask_mode(*paths: Path) -> None:
-    """Give each file the mode a plain open() gives (0666 minus the umask).
-
-    onnx's external-data writer and safetensors create their files 0600, so an exported graph's
-    sidecar or a built checkpoint would be unreadable to other users of a shared machine or
-    container while its `.onnx` is readable.
-    """
-    mask = os.umask(0)
-    os.umask(mask)
-    for path in paths:
-        os.chmod(path, 0o666 & ~mask)
-
-
-def temp_path_for(path: Path) -> Path:
-    """The hidden sibling a file is written to before it is renamed into place."""
-    return path.with_name(f".{path.name}.tmp-{os.getpid()}")
-
-
-@contextlib.contextmanager
-def atomic_path(path: Path) -> Iterator[Path]:
-    """Yield a temporary path beside `path`; rename it onto `path` only if the block succeeds.
-
-    Rename within one directory is atomic on POSIX, so readers see the old file or the new one,
-    never a partial write. On any exception (Ctrl-C included) the temporary file is removed.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temp_path_for(path)
-    try:
-        yield tmp
-        os.replace(tmp, path)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
-
-
-def write_json_atomic(path: Path, data: Any) -> None:
-    with atomic_path(path) as tmp:
-        tmp.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
-
-
-def read_json(path: Path, what: str, fix: str) -> Any:
-    """Load JSON or raise a UserError naming the file and how to regenerate it."""
-    path = Path(path)
-    if not path.is_file():
-        raise UserError(f"{what} not found: {path}", fix)
-    try:
-        return json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise UserError(f"{what} is not valid JSON ({path}: {exc})", fix) from exc

@@ -14,9 +14,11 @@ from typing import Any
 
 import numpy as np
 
-from omnivoice_export.cli import UserError, atomic_path, note
+from omnivoice_export.cli import note
+from omnivoice_export.files import atomic_path, existing_file
+from omnivoice_onnx.contract import SAMPLE_RATE
+from omnivoice_onnx.errors import UserError
 
-SAMPLE_RATE = 24000
 SFC_SET_ADD_PEAK_CHUNK = 0x1050  # libsndfile sndfile.h command id (see write_wav)
 # Upstream (create_voice_clone_prompt) warns above this: slower, more memory, weaker cloning.
 REFERENCE_MAX_SECONDS = 20.0
@@ -172,9 +174,7 @@ def read_wav(path: Path, fix: str | None = None) -> tuple[np.ndarray, int]:
     """(samples as float32 [T] or [T, C], sample_rate), or a UserError naming the file."""
     import soundfile
 
-    path = Path(path)
-    if not path.is_file():
-        raise UserError(f"audio file not found: {path}", fix)
+    path = existing_file(path, "audio file", fix)
     try:
         audio, rate = soundfile.read(str(path), dtype="float32", always_2d=False)
     except (RuntimeError, soundfile.LibsndfileError) as exc:

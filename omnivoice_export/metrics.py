@@ -1,4 +1,4 @@
-"""Parity metrics, one per component with its reason, and the one threshold table.
+"""Parity metrics, one per component with its reason (thresholds: omnivoice_onnx.contract.THRESHOLDS).
 
 - transformer: argmax agreement and logit max-abs over the rows generate() reads, on captured
   real inputs. Argmax is what unmasking consumes; max-abs bounds how far log-softmax, CFG and
@@ -16,16 +16,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-
-# The one threshold table: every script and test reads it; CLI flags may override per run.
-THRESHOLDS = {
-    "transformer_argmax_min": 0.999,  # fraction of read rows whose argmax equals PyTorch's
-    "transformer_max_abs": 1e-3,  # max |logit difference| on read rows (fp32; peers see ~2e-4 at real dims)
-    "encoder_code_match_min": 1.0,  # exact codes on the same device
-    "decoder_log_spectral_l1_max": 5e-3,  # mean |log10 magnitude difference|
-    "end_to_end_token_match_min": 1.0,  # generate() with ONNX modules: identical final tokens
-    "end_to_end_log_spectral_l1_max": 1e-3,
-}
 
 # Log-spectral L1 parameters (stated in every report that uses it).
 STFT_N_FFT = 1024

@@ -29,8 +29,7 @@ from typing import Any
 import numpy as np
 
 from omnivoice_export import capture, metrics, quantize
-from omnivoice_export.exporting import transformer_read_rows
-from omnivoice_onnx.sessions import TRANSFORMER_ARENA, CodecSessions, make_session, run_split
+from omnivoice_onnx.sessions import TRANSFORMER_ARENA, make_session, run_split
 
 
 def relative_error(reference: np.ndarray, candidate: np.ndarray) -> float:
@@ -50,12 +49,23 @@ def step_quality(session, capture_dir: Path, manifest: dict[str, Any]) -> list[d
             seconds = time.perf_counter() - started
             vocab = logits.shape[-1]
             reference = np.concatenate([data["logits_cond"].reshape(-1, vocab), data["logits_uncond"].reshape(-1, vocab)])
-            got = transformer_read_rows(logits, data["attention_mask"])
+            got = capture.read_rows(logits, data["attention_mask"])
             stats = metrics.logit_stats(reference, got)
             rows.append({"mode": mode, "step": step, "argmax_agreement": stats.argmax_agreement,
                          "relative_error": relative_error(reference, got), "max_abs": stats.max_abs,
                          "flips": stats.flips, "seconds": round(seconds, 4)})
     return rows
+
+
+def run_recorded(model, request) -> tuple[np.ndarray, np.ndarray, float]:
+    """generate() with a token recorder: (audio, token state after each step [N,B,8,T], seconds)."""
+    from omnivoice_export.generation import run_generate
+
+    recorder = capture.Recorder(model, Path("."), steps=set())  # steps=set(): no step files, tokens only
+    started = time.perf_counter()
+    with recorder.active():
+        audio = run_generate(model, request)
+    return audio, np.stack(recorder.token_states), time.perf_counter() - started
 
 
 def first_divergence(reference: np.ndarray, candidate: np.ndarray) -> int | None:
@@ -69,32 +79,25 @@ def first_divergence(reference: np.ndarray, candidate: np.ndarray) -> int | None
 def end_to_end(model_path: Path, onnx_dir: Path, transformer: Path, capture_dir: Path, manifest: dict[str, Any],
                threads: int | None, wav_dir: Path | None) -> dict[str, dict[str, Any]]:
     """Per mode: upstream generate() with `transformer` (codec graphs from onnx_dir) against the capture."""
-    from omnivoice_export.generation import GenerationRequest, read_wav, run_generate, write_wav
+    from omnivoice_export.generation import GenerationRequest, read_wav, write_wav
     from omnivoice_export.ort_runtime import OrtGraphs, load_onnx_omnivoice
 
-    graphs = OrtGraphs(make_session(transformer, "cpu", threads, arena=TRANSFORMER_ARENA),
-                       CodecSessions(onnx_dir, "cpu", threads, resident=False))
-    model = load_onnx_omnivoice(model_path, graphs, split=True)
+    model = load_onnx_omnivoice(model_path, OrtGraphs.load(onnx_dir, "cpu", threads, transformer=transformer))
     results = {}
     for mode, entry in manifest["modes"].items():
         request = GenerationRequest.from_dict(entry["request"])
         if request.ref_audio:
             request.ref_audio = str(Path(capture_dir) / request.ref_audio)
-        recorder = capture.Recorder(model, Path("."), steps=set())  # tokens only, no step files
-        started = time.perf_counter()
-        with recorder.active():
-            audio = run_generate(model, request)
-        seconds = time.perf_counter() - started
-        states = np.stack(recorder.token_states)
-        reference = capture.load_mode_file(capture_dir, mode, "tokens.npz")
-        reference_audio, _ = read_wav(Path(capture_dir) / mode / "output.wav")
+        audio, states, seconds = run_recorded(model, request)
+        reference = capture.load_mode_file(capture_dir, mode, capture.TOKENS_FILE)
+        reference_audio, _ = read_wav(Path(capture_dir) / mode / capture.OUTPUT_WAV)
         rate, per_codebook = metrics.code_match(reference["final"], states[-1])
         results[mode] = {"token_match": rate, "token_match_per_codebook": per_codebook,
                          "first_divergent_step": first_divergence(reference["after_step"], states),
                          "log_spectral_l1": metrics.log_spectral_l1(reference_audio, audio),
                          "same_duration": audio.size == reference_audio.size, "seconds": round(seconds, 3)}
         if wav_dir is not None:
-            write_wav(Path(wav_dir) / f"{mode}.wav", audio)
+            write_wav(Path(wav_dir) / f"{mode}.wav", audio, model.sampling_rate)
     return results
 
 

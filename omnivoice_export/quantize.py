@@ -40,11 +40,12 @@ import onnx
 from onnx import helper, numpy_helper
 
 from omnivoice_export import report
-from omnivoice_export.checkpoints import sha256_file
-from omnivoice_export.cli import UserError, umask_mode
 from omnivoice_export.exporting import save_with_sidecar
+from omnivoice_export.files import file_entry, matches_entry, sha256_file, umask_mode
 from omnivoice_export.measure import PeakRss
+from omnivoice_export.ort_runtime import read_graph_metadata
 from omnivoice_onnx.contract import GRAPH_FILES
+from omnivoice_onnx.errors import UserError
 
 TRANSFORMER_FILE = GRAPH_FILES["transformer"]
 
@@ -328,8 +329,7 @@ def install_variant(staging: Path, target: Path) -> None:
 
 def variant_files(onnx_dir: Path, name: str) -> dict[str, dict[str, Any]]:
     folder = variant_dir(onnx_dir, name)
-    return {file: {"bytes": (folder / file).stat().st_size, "sha256": sha256_file(folder / file)}
-            for file in (TRANSFORMER_FILE, TRANSFORMER_FILE + ".data")}
+    return {file: file_entry(folder / file) for file in (TRANSFORMER_FILE, TRANSFORMER_FILE + ".data")}
 
 
 def verify_variant(onnx_dir: Path, export: dict[str, Any], name: str) -> Path:
@@ -348,10 +348,8 @@ def verify_variant(onnx_dir: Path, export: dict[str, Any], name: str) -> Path:
         path = folder / file
         if not path.is_file():
             raise UserError(f"{path} is missing", fix)
-        if path.stat().st_size != info["bytes"] or sha256_file(path) != info["sha256"]:
+        if not matches_entry(path, info):
             raise UserError(f"{path} does not match the export report's sha256 (modified or from another export)", fix)
-    from omnivoice_export.ort_runtime import read_graph_metadata
-
     meta = read_graph_metadata(folder / TRANSFORMER_FILE)
     if meta.get("variant") != name or meta.get("model_fingerprint") != export["model"]["fingerprint"]:
         raise UserError(f"{folder / TRANSFORMER_FILE} is variant {meta.get('variant')} of model "
@@ -362,8 +360,6 @@ def verify_variant(onnx_dir: Path, export: dict[str, Any], name: str) -> Path:
 def quantize_variants(onnx_dir: Path, names: list[str], log=print) -> dict[str, dict[str, Any]]:
     """Build each named variant from the verified fp32 export; merge each entry into the report
     as soon as it is written (an interrupted run keeps the entries of the finished variants)."""
-    from omnivoice_export.ort_runtime import read_graph_metadata
-
     export = report.load_report(onnx_dir)
     report.verify_graphs(onnx_dir, export, ["transformer"])
     metadata = read_graph_metadata(Path(onnx_dir) / TRANSFORMER_FILE)

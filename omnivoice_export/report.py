@@ -1,22 +1,33 @@
-"""Provenance and `onnx/export-report.json`.
+"""Provenance and `onnx/export-report.json`: its schema, written and read here alone.
 
-The report is what users read after export and after each parity / end-to-end run. Every stage
-merges its own section into it with an atomic write, so a run for one provider never erases
+The report is what users read after export and after each parity / end-to-end run. The export
+writes it whole (a new export makes earlier parity and end-to-end results stale); every later
+stage merges its own section into it with an atomic write, so a run for one provider never erases
 another's and an interrupted update leaves the previous report intact.
+
+    format, model {path, fingerprint}, capture {dir, fingerprint, manifest_sha256}, versions,
+    graphs.<graph>     file, exporter, fallback_reason, opset, signature, export_seconds,
+                       peak_rss_mb, checker, original_external_files, self_checks, files
+    parity.<provider>  provider, verdict, thresholds, capture_device, seconds, graphs
+    end_to_end.<provider>  provider, verdict, modes, thresholds, spectral
 """
 
 from __future__ import annotations
 
 import importlib.metadata
 import platform
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from omnivoice_export import capture
-from omnivoice_export.checkpoints import sha256_file
-from omnivoice_export.cli import UserError, read_json, write_json_atomic
+from omnivoice_export.cli import REPO_ROOT
+from omnivoice_export.files import file_entry, matches_entry, read_artefact, sha256_file, write_json_atomic
 from omnivoice_export.ort_runtime import read_graph_metadata
+from omnivoice_onnx.contract import GRAPH_FILES
+from omnivoice_onnx.errors import UserError
 
+DEFAULT_ONNX_DIR = REPO_ROOT / "onnx"
 REPORT_NAME = "export-report.json"
 REPORT_FORMAT = 1
 REEXPORT_FIX = "re-run export_omnivoice.py (step 2)"
@@ -38,18 +49,65 @@ def report_path(onnx_dir: Path) -> Path:
     return Path(onnx_dir) / REPORT_NAME
 
 
+@dataclass
+class ExportResult:
+    """What the report records for one graph's export."""
+
+    graph: str
+    opset: int
+    exporter: str = ""  # "dynamo" | "legacy"
+    fallback_reason: str | None = None
+    seconds: float = 0.0
+    peak_rss_mb: float = 0.0
+    original_external_files: list[str] = field(default_factory=list)
+    checker: str = ""
+    self_checks: dict[str, Any] = field(default_factory=dict)
+
+
+def graph_files(onnx_dir: Path, graph: str) -> dict[str, dict[str, Any]]:
+    """The `files` entry of a graph: its .onnx and its sidecar, each as {sha256, bytes}."""
+    name = GRAPH_FILES[graph]
+    return {f: file_entry(Path(onnx_dir) / f) for f in (name, name + ".data")}
+
+
+def graph_entry(result: ExportResult, signature: dict[str, Any], files: dict[str, Any]) -> dict[str, Any]:
+    """A graph's section of the report."""
+    return {
+        "file": GRAPH_FILES[result.graph], "exporter": result.exporter, "fallback_reason": result.fallback_reason,
+        "opset": result.opset, "signature": signature, "export_seconds": result.seconds,
+        "peak_rss_mb": result.peak_rss_mb, "checker": result.checker,
+        "original_external_files": {"count": len(result.original_external_files),
+                                    "locations": result.original_external_files[:50]},
+        "self_checks": result.self_checks, "files": files,
+    }
+
+
+def write_export_report(onnx_dir: Path, model_path: Path, fingerprint: str, capture_dir: Path,
+                        capture_fingerprint: str, manifest_sha256: str, versions: dict[str, str],
+                        graphs: dict[str, Any], runtime_assets: dict[str, Any]) -> None:
+    """Write a new report: the export's provenance, `graphs` and the runtime's files (tokenizer,
+    runtime config: {name: {sha256, bytes}}). Parity and end-to-end results describe the graphs
+    they ran on; a new export makes them stale, so they are not kept."""
+    write_json_atomic(report_path(onnx_dir), {
+        "format": REPORT_FORMAT,
+        "model": {"path": str(model_path), "fingerprint": fingerprint},
+        "capture": {"dir": str(capture_dir), "fingerprint": capture_fingerprint, "manifest_sha256": manifest_sha256},
+        "versions": versions,
+        "graphs": graphs,
+        "runtime_assets": runtime_assets,
+    })
+
+
+def _well_formed(report: dict[str, Any]) -> bool:
+    return isinstance(report["model"]["fingerprint"], str) and all(
+        isinstance(entry["files"], dict) and {"file", "exporter", "opset"} <= entry.keys()
+        for entry in report["graphs"].values())
+
+
 def load_report(onnx_dir: Path) -> dict[str, Any]:
     """The export report, or a UserError that says to re-run the export."""
-    report = read_json(report_path(onnx_dir), "export report", "run export_omnivoice.py (step 2) first")
-    try:
-        well_formed = report["format"] == REPORT_FORMAT and isinstance(report["model"]["fingerprint"], str) and all(
-            isinstance(entry["files"], dict) and {"file", "exporter", "opset"} <= entry.keys()
-            for entry in report["graphs"].values())
-    except (KeyError, TypeError, AttributeError):
-        well_formed = False
-    if not well_formed:
-        raise UserError(f"export report {report_path(onnx_dir)} is malformed or from another version", REEXPORT_FIX)
-    return report
+    return read_artefact(report_path(onnx_dir), "export report", "run export_omnivoice.py (step 2) first",
+                         REPORT_FORMAT, _well_formed, stale_fix=REEXPORT_FIX)
 
 
 def check_graph_metadata(path: Path, graph: str, entry: dict[str, Any], fingerprint: str) -> None:
@@ -83,7 +141,7 @@ def verify_graphs(onnx_dir: Path, export: dict[str, Any], graphs: list[str]) -> 
         check_graph_metadata(onnx_dir / entry["file"], graph, entry, export["model"]["fingerprint"])
         for name, info in entry["files"].items():
             path = onnx_dir / name
-            if path.stat().st_size != info["bytes"] or sha256_file(path) != info["sha256"]:
+            if not matches_entry(path, info):
                 raise UserError(f"{path} does not match the export report's sha256 (truncated, modified or from "
                                 "another export)", REEXPORT_FIX)
 
@@ -111,6 +169,21 @@ def verify_against_capture(capture_dir: Path, onnx_dir: Path, graphs: list[str])
                         "re-run export_omnivoice.py (step 2) on this capture, or pass the --capture-dir it was made from")
     verify_graphs(onnx_dir, export, graphs)
     return manifest, export
+
+
+def write_parity(onnx_dir: Path, provider: str, verdict: str, thresholds: dict[str, float], capture_device: str,
+                 seconds: float, graphs: dict[str, Any]) -> None:
+    """Merge parity_check.py's results for `provider` into the report."""
+    merge_section(onnx_dir, ("parity", provider), {
+        "provider": provider, "verdict": verdict, "thresholds": thresholds, "capture_device": capture_device,
+        "seconds": round(seconds, 2), "graphs": graphs})
+
+
+def write_end_to_end(onnx_dir: Path, provider: str, verdict: str, modes: dict[str, Any],
+                     thresholds: dict[str, float], spectral: dict[str, Any]) -> None:
+    """Merge infer_onnx.py's compare-mode results for `provider` into the report."""
+    merge_section(onnx_dir, ("end_to_end", provider), {
+        "provider": provider, "verdict": verdict, "modes": modes, "thresholds": thresholds, "spectral": spectral})
 
 
 def merge_section(onnx_dir: Path, path: tuple[str, ...], value: Any) -> dict[str, Any]:

@@ -1,8 +1,9 @@
-"""The three exportable modules and their I/O contracts.
+"""The three exportable modules.
 
 Each wrapper is the exact computation `generate()` performs through the upstream module, with
 plain tensors in and out so the exporters see one graph per job. Capture, export, parity and
-inference all use these, so the contract is written once, here.
+inference all use these. Their I/O contract (names, dtypes, axes) is the table in
+omnivoice_onnx.contract; the docstrings restate it for the reader.
 """
 
 from __future__ import annotations
@@ -12,17 +13,6 @@ from typing import Iterator
 
 import torch
 from torch import nn
-
-from omnivoice_onnx.contract import GRAPH_FILES, GRAPH_NAMES  # noqa: F401  (re-exported: the export's file names)
-
-# Input/output names of the three graphs (the design table); ORT sessions are fed by name.
-TRANSFORMER_INPUTS = ("input_ids", "audio_mask", "attention_mask")
-TRANSFORMER_OUTPUTS = ("logits",)
-ENCODER_INPUTS = ("input_values",)
-ENCODER_OUTPUTS = ("audio_codes",)
-DECODER_INPUTS = ("audio_codes",)
-DECODER_OUTPUTS = ("audio_values",)
-
 
 
 class TransformerWrapper(nn.Module):
@@ -44,7 +34,15 @@ class TransformerWrapper(nn.Module):
         return self.omnivoice(input_ids=input_ids, audio_mask=audio_mask, attention_mask=attention_mask).logits
 
 
-class EncoderWrapper(nn.Module):
+class _AudioTokenizerWrapper(nn.Module):
+    """Holds the HiggsAudioV2TokenizerModel whose encode or decode a subclass exports."""
+
+    def __init__(self, audio_tokenizer: nn.Module) -> None:
+        super().__init__()
+        self.audio_tokenizer = audio_tokenizer
+
+
+class EncoderWrapper(_AudioTokenizerWrapper):
     """HiggsAudioV2TokenizerModel.encode at full bandwidth (8 quantizers).
 
     input_values[B,1,T] float32 at 24 kHz, T a multiple of the hop (960) -> audio_codes[B,8,T/960] int64
@@ -54,23 +52,15 @@ class EncoderWrapper(nn.Module):
     holds only that branch, so its length axis is declared as 960*frames.
     """
 
-    def __init__(self, audio_tokenizer: nn.Module) -> None:
-        super().__init__()
-        self.audio_tokenizer = audio_tokenizer
-
     def forward(self, input_values: torch.Tensor) -> torch.Tensor:
         return self.audio_tokenizer.encode(input_values, return_dict=False)
 
 
-class DecoderWrapper(nn.Module):
+class DecoderWrapper(_AudioTokenizerWrapper):
     """HiggsAudioV2TokenizerModel.decode.
 
     audio_codes[B,8,Tc] int64 -> audio_values[B,1,960*Tc] float32 at 24 kHz
     """
-
-    def __init__(self, audio_tokenizer: nn.Module) -> None:
-        super().__init__()
-        self.audio_tokenizer = audio_tokenizer
 
     def forward(self, audio_codes: torch.Tensor) -> torch.Tensor:
         return self.audio_tokenizer.decode(audio_codes, return_dict=False)

@@ -1,10 +1,167 @@
-"""The graph files of an export: one place that names them, for the toolchain and the runtime."""
+"""The I/O contract of the three graphs: one table, read by the export, its self-checks, the parity
+check and the runtime.
+
+Per graph: its file, and per input and output the name, numpy dtype and axes (rank = number of
+axes). An axis is a fixed size (8 codebooks, 1025 logits) or a symbolic name that the graph must
+carry as its dim_param; names shared between tensors bind to one size in a call (`seq` of
+input_ids is `seq` of logits). `960*frames` is a derived axis: exactly HOP_LENGTH times `frames`.
+ORT sessions are fed by these names, never by position.
+
+Also here, because the runtime needs them without the toolchain: the one threshold table (parity,
+end to end and the export's self-checks) and the design constants of the audio tokenizer. A
+runtime reads the sample rate and hop of an export from its graphs' metadata_props; these
+constants are what the export writes there.
+"""
 
 from __future__ import annotations
 
-GRAPH_FILES = {
-    "transformer": "omnivoice_transformer.onnx",
-    "encoder": "higgs_encoder.onnx",
-    "decoder": "higgs_decoder.onnx",
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+# Higgs Audio V2 tokenizer of the real checkpoint: 24 kHz, DAC ratios 8*5*4*2*3 = 960 samples
+# per frame, so 25 frames/s.
+SAMPLE_RATE = 24000
+HOP_LENGTH = 960
+FRAME_RATE = SAMPLE_RATE // HOP_LENGTH
+NUM_CODEBOOKS = 8
+AUDIO_VOCAB_SIZE = 1025  # 1024 codes + the mask id
+
+# The one threshold table: every script and test reads it; parity_check.py flags may override the
+# parity entries for one run.
+THRESHOLDS = {
+    "transformer_argmax_min": 0.999,  # fraction of read rows whose argmax equals PyTorch's
+    "transformer_max_abs": 1e-3,  # max |logit difference| on read rows (fp32; peers see ~2e-4 at real dims)
+    "encoder_code_match_min": 1.0,  # exact codes on the same device
+    "decoder_log_spectral_l1_max": 5e-3,  # mean |log10 magnitude difference|
+    "end_to_end_token_match_min": 1.0,  # generate() with ONNX modules: identical final tokens
+    "end_to_end_log_spectral_l1_max": 1e-3,
+    # Right after export, ORT against the torch module at shapes the export never saw: the
+    # transformer and encoder use their parity entries above; the decoder's waveform max |d|.
+    "self_check_decoder_max_abs": 1e-3,
+    # Bidirectionality probe: the least change of earlier positions' logits when only the last
+    # position's ids change. A causal graph changes them by exactly 0.
+    "self_check_probe_min_change": 1e-6,
 }
-GRAPH_NAMES = tuple(GRAPH_FILES)
+
+# The length axis of audio: the encoder's graph holds only encode()'s no-padding branch, valid for
+# hop multiples. The legacy (TorchScript) exporter cannot state a derived axis; it names it freely.
+SAMPLES_AXIS = f"{HOP_LENGTH}*frames"
+LEGACY_AXIS_NAMES = {SAMPLES_AXIS: "samples"}
+
+
+@dataclass(frozen=True)
+class Tensor:
+    """One input or output of a graph."""
+
+    name: str
+    dtype: str  # numpy dtype name
+    axes: tuple[str | int, ...]  # symbolic axis names and fixed sizes, in order
+
+
+@dataclass(frozen=True)
+class GraphContract:
+    """What one graph takes and gives."""
+
+    name: str
+    file: str  # the .onnx file in an export directory; its weights are in file + ".data"
+    inputs: tuple[Tensor, ...]
+    outputs: tuple[Tensor, ...]
+    summary: str  # one line in the notation of the docs (2B = cond + uncond rows), kept in metadata_props
+    tolerances: tuple[str, ...]  # the THRESHOLDS entries its parity is judged by
+
+    @property
+    def input_names(self) -> tuple[str, ...]:
+        return tuple(t.name for t in self.inputs)
+
+    @property
+    def output_names(self) -> tuple[str, ...]:
+        return tuple(t.name for t in self.outputs)
+
+
+CONTRACTS = {
+    "transformer": GraphContract(
+        name="transformer", file="omnivoice_transformer.onnx",
+        inputs=(Tensor("input_ids", "int64", ("batch", NUM_CODEBOOKS, "seq")),
+                Tensor("audio_mask", "bool", ("batch", "seq")),
+                Tensor("attention_mask", "bool", ("batch", 1, "seq", "seq"))),
+        outputs=(Tensor("logits", "float32", ("batch", NUM_CODEBOOKS, "seq", AUDIO_VOCAB_SIZE)),),
+        summary="input_ids[2B,8,S] int64, audio_mask[2B,S] bool, attention_mask[2B,1,S,S] bool "
+                "-> logits[2B,8,S,1025] float32",
+        tolerances=("transformer_argmax_min", "transformer_max_abs")),
+    "encoder": GraphContract(
+        name="encoder", file="higgs_encoder.onnx",
+        inputs=(Tensor("input_values", "float32", ("batch", 1, SAMPLES_AXIS)),),
+        outputs=(Tensor("audio_codes", "int64", ("batch", NUM_CODEBOOKS, "frames")),),
+        summary="input_values[B,1,960*Tc] float32 @24kHz -> audio_codes[B,8,Tc] int64",
+        tolerances=("encoder_code_match_min",)),
+    "decoder": GraphContract(
+        name="decoder", file="higgs_decoder.onnx",
+        inputs=(Tensor("audio_codes", "int64", ("batch", NUM_CODEBOOKS, "frames")),),
+        outputs=(Tensor("audio_values", "float32", ("batch", 1, SAMPLES_AXIS)),),
+        summary="audio_codes[B,8,Tc] int64 -> audio_values[B,1,960*Tc] float32 @24kHz",
+        tolerances=("decoder_log_spectral_l1_max",)),
+}
+GRAPH_FILES = {name: contract.file for name, contract in CONTRACTS.items()}
+GRAPH_NAMES = tuple(CONTRACTS)
+
+# onnxruntime's type strings (NodeArg.type) as numpy dtype names.
+ORT_DTYPES = {"tensor(int64)": "int64", "tensor(bool)": "bool", "tensor(float)": "float32"}
+
+
+def ort_signature(session) -> tuple[list[tuple[str, str, list]], list[tuple[str, str, list]]]:
+    """(inputs, outputs) of an onnxruntime session as (name, dtype, axes) triples."""
+    def describe(args) -> list[tuple[str, str, list]]:
+        return [(a.name, ORT_DTYPES.get(a.type, a.type), list(a.shape)) for a in args]
+    return describe(session.get_inputs()), describe(session.get_outputs())
+
+
+def signature_problems(graph: str, inputs: Sequence[tuple[str, str, Sequence[Any]]],
+                       outputs: Sequence[tuple[str, str, Sequence[Any]]]) -> list[str]:
+    """What a graph's declared signature gets wrong against the contract, one line per problem.
+
+    As Optimum's validator does: names (in order), dtypes, rank, each fixed size, and each
+    symbolic axis's name (a fixed size where the contract has a symbol is an exporter that
+    specialised a dynamic axis). The legacy exporter's name for a derived axis is accepted.
+    """
+    contract = CONTRACTS[graph]
+    problems = []
+    for kind, expected, found in (("input", contract.inputs, inputs), ("output", contract.outputs, outputs)):
+        if [t.name for t in expected] != [f[0] for f in found]:
+            problems.append(f"{kind}s are {[f[0] for f in found]}, expected {[t.name for t in expected]}")
+            continue
+        for tensor, (name, dtype, axes) in zip(expected, found):
+            if dtype != tensor.dtype:
+                problems.append(f"{kind} {name} is {dtype}, expected {tensor.dtype}")
+            if len(axes) != len(tensor.axes):
+                problems.append(f"{kind} {name} has rank {len(axes)}, expected {len(tensor.axes)} {list(tensor.axes)}")
+                continue
+            for index, (want, got) in enumerate(zip(tensor.axes, axes)):
+                if got != want and got != LEGACY_AXIS_NAMES.get(want):
+                    problems.append(f"{kind} {name} axis {index} is {got!r}, expected {want!r}")
+    return problems
+
+
+def shape_problems(graph: str, shapes: dict[str, Sequence[int]]) -> list[str]:
+    """What the shapes of one call's arrays (inputs and outputs, by name) get wrong against the
+    contract: rank, fixed sizes, one size per axis name, and 960*frames = HOP_LENGTH * frames."""
+    contract = CONTRACTS[graph]
+    sizes: dict[str, int] = {}
+    problems = []
+    derived = []
+    for tensor in contract.inputs + contract.outputs:
+        shape = tuple(shapes[tensor.name])
+        if len(shape) != len(tensor.axes):
+            problems.append(f"{tensor.name} has shape {list(shape)}, expected {len(tensor.axes)} axes "
+                            f"{list(tensor.axes)}")
+            continue
+        for axis, size in zip(tensor.axes, shape):
+            if isinstance(axis, int) and size != axis:
+                problems.append(f"{tensor.name} has shape {list(shape)}, expected {axis} for that axis")
+            elif axis == SAMPLES_AXIS:
+                derived.append((tensor.name, shape, size))
+            elif isinstance(axis, str) and sizes.setdefault(axis, size) != size:
+                problems.append(f"{tensor.name} has shape {list(shape)}, but {axis} is {sizes[axis]} elsewhere")
+    for name, shape, size in derived:
+        if "frames" in sizes and size != HOP_LENGTH * sizes["frames"]:
+            problems.append(f"{name} has shape {list(shape)}, expected {HOP_LENGTH} x {sizes['frames']} frames")
+    return problems

@@ -23,6 +23,8 @@ sys.path.insert(0, str(REPO))
 
 from omnivoice_export import exporting, report, wrappers  # noqa: E402
 from omnivoice_export.checkpoints import ensure_built, load_omnivoice, model_fingerprint  # noqa: E402
+from omnivoice_export.files import write_json_atomic  # noqa: E402
+from omnivoice_onnx.contract import GRAPH_FILES  # noqa: E402
 
 
 @dataclass
@@ -97,12 +99,17 @@ def install_graph(source_dir: Path, onnx_dir: Path, graph: str) -> None:
     """Copy `graph`'s .onnx and sidecar from `source_dir` over those in `onnx_dir`, and record their
     sha256/bytes in its report, as a faulty exporter would have: the integrity checks then pass and
     only the parity metrics can catch the fault."""
-    name = wrappers.GRAPH_FILES[graph]
+    name = GRAPH_FILES[graph]
     for file in (name, name + ".data"):
         shutil.copyfile(source_dir / file, onnx_dir / file)
+    rehash_graph(onnx_dir, graph)
+
+
+def rehash_graph(onnx_dir: Path, graph: str) -> None:
+    """Record the sha256/bytes of `graph`'s files as they are now in its report entry."""
     data = read_report(onnx_dir)
-    data["graphs"][graph]["files"] = exporting.file_entries(onnx_dir, graph)
-    report.write_json_atomic(report.report_path(onnx_dir), data)
+    data["graphs"][graph]["files"] = report.graph_files(onnx_dir, graph)
+    write_json_atomic(report.report_path(onnx_dir), data)
 
 
 def single_stderr_line(proc: subprocess.CompletedProcess) -> str:
@@ -135,7 +142,7 @@ def causal_transformer(pipeline: Pipeline, torch_model, tmp_path_factory) -> Pat
     exporting.export_graph(CausalTransformerWrapper(torch_model).eval(), "transformer", example, out, dynamo=True,
                            opset=exporting.DEFAULT_OPSET)
     config = json.loads((pipeline.model / "config.json").read_text())
-    exporting.set_metadata(out / wrappers.GRAPH_FILES["transformer"], "transformer", exporting.graph_metadata(
+    exporting.set_metadata(out / GRAPH_FILES["transformer"], "transformer", exporting.graph_metadata(
         "transformer", config, model_fingerprint(pipeline.model), "dynamo", exporting.DEFAULT_OPSET,
         report.package_versions()))
     return out
@@ -153,7 +160,7 @@ def perturbed_transformer(pipeline: Pipeline, tmp_path_factory) -> Path:
     from onnx import numpy_helper
 
     out = tmp_path_factory.mktemp("perturbed")
-    name = wrappers.GRAPH_FILES["transformer"]
+    name = GRAPH_FILES["transformer"]
     model = onnx.load(str(pipeline.onnx / name))
     matmul_inputs = {value for node in model.graph.node if node.op_type == "MatMul" for value in node.input}
     # audio_heads: the MatMul weight [hidden, 8 * 1025] (dynamo names it val_N, so found by shape).
@@ -171,3 +178,12 @@ def run_script(script: str, *args: str, timeout: int = 600) -> subprocess.Comple
     """Run a pipeline script as a user would; returns the completed process (never raises)."""
     return subprocess.run([sys.executable, str(REPO / script), *args], cwd=REPO, capture_output=True,
                           text=True, timeout=timeout)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test that needs the session pipeline (steps 0-2 on tiny, ~100 s on 2 cores) must carry
+    the `slow` mark, so that `make test-fast` never builds it: collection fails on one without."""
+    unmarked = [item.nodeid for item in items
+                if "pipeline" in getattr(item, "fixturenames", ()) and item.get_closest_marker("slow") is None]
+    if unmarked:
+        raise pytest.UsageError(f"mark these @pytest.mark.slow (they use the pipeline fixture): {', '.join(unmarked)}")

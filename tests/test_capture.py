@@ -16,8 +16,10 @@ import torch
 import capture_reference
 from conftest import Pipeline, run_script, single_stderr_line
 from omnivoice_export import capture, wrappers
-from omnivoice_export.checkpoints import model_fingerprint, sha256_file
+from omnivoice_export.checkpoints import model_fingerprint
+from omnivoice_export.files import sha256_file
 from omnivoice_export.generation import GenerationRequest, read_wav, run_generate
+from omnivoice_onnx.contract import CONTRACTS
 
 NUM_STEP = 32  # upstream's default, which the session capture runs at
 # Fresh forwards are checked at the first step (all targets masked), the first with tokens filled
@@ -25,6 +27,7 @@ NUM_STEP = 32  # upstream's default, which the session capture runs at
 CHECKED_STEPS = (0, 1, NUM_STEP // 2, NUM_STEP - 1)
 
 
+@pytest.mark.slow
 def test_manifest_validates(pipeline: Pipeline) -> None:
     """load_manifest accepts the capture, and independently: every listed file exists with the
     recorded sha256, bytes and tensor shapes, no unlisted file sits in a mode directory, and the
@@ -45,6 +48,7 @@ def test_manifest_validates(pipeline: Pipeline) -> None:
     assert sha256_file(pipeline.capture / manifest["reference"]["wav"]) == manifest["reference"]["wav_sha256"]
 
 
+@pytest.mark.slow
 def test_all_modes_captured_at_every_step(pipeline: Pipeline) -> None:
     """Later steps, where the token state differs most, are validated too: all 32 transformer calls
     of all three modes are on disk, with the token state after each, and the codec calls."""
@@ -79,6 +83,7 @@ def _tree(directory: Path) -> dict[str, bytes]:
     return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
 
 
+@pytest.mark.slow
 def test_recapture_is_bit_identical(pipeline: Pipeline, tmp_path: Path) -> None:
     """Two captures with the same request give the same bytes in every file, the manifest (hashes,
     versions, request) and the WAVs included: a parity failure can never be a capture artefact."""
@@ -90,6 +95,7 @@ def test_recapture_is_bit_identical(pipeline: Pipeline, tmp_path: Path) -> None:
     assert not differing, f"files differ between two identical captures: {differing}"
 
 
+@pytest.mark.slow
 def test_recorded_logits_equal_a_fresh_forward(pipeline: Pipeline, torch_model) -> None:
     """The stored logits rows are what the transformer computes on the stored inputs, in every mode
     (at CHECKED_STEPS): the recorder copied them and neither row selection nor storage moved a bit."""
@@ -99,12 +105,13 @@ def test_recorded_logits_equal_a_fresh_forward(pipeline: Pipeline, torch_model) 
         for step in CHECKED_STEPS:
             data = capture.load_step(pipeline.capture, mode, step)
             with torch.no_grad():
-                logits = transformer(*(torch.from_numpy(data[k]) for k in wrappers.TRANSFORMER_INPUTS)).numpy()
+                logits = transformer(*(torch.from_numpy(data[k]) for k in CONTRACTS["transformer"].input_names)).numpy()
             cond, uncond = capture.logits_rows(logits, data["attention_mask"])
             assert np.array_equal(cond, data["logits_cond"]), f"{mode} step {step}: cond rows differ"
             assert np.array_equal(uncond, data["logits_uncond"]), f"{mode} step {step}: uncond rows differ"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", capture.MODES)
 def test_capture_does_not_change_generate(pipeline: Pipeline, torch_model, mode: str) -> None:
     """An uninstrumented generate() with the recorded request gives exactly the captured waveform
@@ -137,6 +144,7 @@ def test_patched_restores_instance_attributes() -> None:
     assert model.decode() == "instance"
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on a machine without CUDA")
 def test_device_cuda_without_cuda_is_one_line_error(pipeline: Pipeline, tmp_path: Path) -> None:
     """--device cuda on a CPU-only machine fails before loading anything, with one line, and leaves

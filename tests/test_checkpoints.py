@@ -18,8 +18,10 @@ from safetensors.torch import load_file, save_file
 
 from conftest import Pipeline
 from omnivoice_export import capture, checkpoints, wrappers
-from omnivoice_export.checkpoints import build_checkpoint, count_parameters, model_fingerprint
-from omnivoice_export.generation import SAMPLE_RATE, mode_request, read_wav, run_generate
+from omnivoice_export.builder import build_checkpoint, count_parameters
+from omnivoice_export.checkpoints import model_fingerprint
+from omnivoice_export.generation import mode_request, read_wav, run_generate
+from omnivoice_onnx.contract import CONTRACTS, HOP_LENGTH, SAMPLE_RATE
 
 # The real k2-fsa/OmniVoice parameter count (facts sheet), the full-random builder's target.
 REAL_PARAMETER_COUNT = 612_577_280
@@ -40,6 +42,7 @@ def test_tiny_loads_through_from_pretrained(torch_model) -> None:
     assert all(p.dtype == torch.float32 for p in torch_model.parameters())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["clone", "design", "auto"])
 def test_generate_runs_in_every_mode(torch_model, pipeline: Pipeline, mode: str) -> None:
     """generate() works in all three modes the pipeline captures (4 steps: only the plumbing is
@@ -53,17 +56,18 @@ def test_generate_runs_in_every_mode(torch_model, pipeline: Pipeline, mode: str)
     assert audio.std() > 1e-3, "silent output"
 
 
+@pytest.mark.slow
 def test_encoder_codes_vary_and_follow_the_audio(torch_model, pipeline: Pipeline) -> None:
     """Zero-initialised codebooks give one code for every frame and every input; the built ones
     must give codes that vary over frames and codebooks and that change with the audio."""
     encoder = wrappers.make_wrappers(torch_model)["encoder"]
     reference = capture.load_mode_file(pipeline.capture, "clone", "encoder.npz")["input_values"]
     other, _ = read_wav(pipeline.capture / "design" / "output.wav")
-    length = min(reference.shape[-1], other.size) // checkpoints.HOP_LENGTH * checkpoints.HOP_LENGTH
+    length = min(reference.shape[-1], other.size) // HOP_LENGTH * HOP_LENGTH
     with torch.no_grad():
         codes = encoder(torch.from_numpy(reference[..., :length])).numpy()[0]
         other_codes = encoder(torch.from_numpy(other[None, None, :length].copy())).numpy()[0]
-    assert codes.shape == (8, length // checkpoints.HOP_LENGTH)
+    assert codes.shape == (8, length // HOP_LENGTH)
     for book in range(8):
         assert len(np.unique(codes[book])) > 1, f"codebook {book} gives one code for every frame"
     assert len({tuple(row) for row in codes}) == 8, "two codebooks give identical code sequences"
@@ -71,6 +75,7 @@ def test_encoder_codes_vary_and_follow_the_audio(torch_model, pipeline: Pipeline
     assert (codes != other_codes).mean() > 0.5
 
 
+@pytest.mark.slow
 def test_decoder_output_follows_the_codes(torch_model, pipeline: Pipeline) -> None:
     """The library-default DAC decoder outputs std ~1.5e-3 whatever the codes; the built one must be
     audible and respond to a change of codes, even in one frame."""
@@ -87,6 +92,7 @@ def test_decoder_output_follows_the_codes(torch_model, pipeline: Pipeline) -> No
     assert np.linalg.norm(shifted - audio) / np.linalg.norm(audio) > 0.1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["clone", "design", "auto"])
 def test_transformer_logits_are_decisive(torch_model, pipeline: Pipeline, mode: str) -> None:
     """Std-0.02 audio heads make logits near-uniform: argmax near-ties everywhere, so an argmax
@@ -96,7 +102,7 @@ def test_transformer_logits_are_decisive(torch_model, pipeline: Pipeline, mode: 
                                                                         mode)[-1])
     transformer = wrappers.make_wrappers(torch_model)["transformer"]
     with torch.no_grad():
-        logits = transformer(*(torch.from_numpy(step[k]) for k in wrappers.TRANSFORMER_INPUTS)).numpy()
+        logits = transformer(*(torch.from_numpy(step[k]) for k in CONTRACTS["transformer"].input_names)).numpy()
     cond, _ = capture.logits_rows(logits, step["attention_mask"])
     rows = cond.reshape(-1, cond.shape[-1])
     argmax = rows.argmax(-1)

@@ -18,9 +18,14 @@ import torch
 
 import export_omnivoice
 from conftest import CausalTransformerWrapper, Pipeline, read_report
-from omnivoice_export import capture, exporting, wrappers
-from omnivoice_export.checkpoints import model_fingerprint, sha256_file
+from omnivoice_export import capture, exporting
+from omnivoice_export.checkpoints import model_fingerprint
+from omnivoice_export.files import sha256_file
+from omnivoice_onnx.contract import CONTRACTS, GRAPH_FILES, GRAPH_NAMES, THRESHOLDS, ort_signature, signature_problems
 from omnivoice_onnx.sessions import make_session
+from omnivoice_onnx.prompt import RUNTIME_CONFIG_FILE, TOKENIZER_FILE, TextTokenizer, load_runtime_config
+
+TRANSFORMER_INPUTS = CONTRACTS["transformer"].input_names
 
 # The design table: (name, dtype, dims) per input and output; str dims are symbolic.
 CONTRACT = {
@@ -34,6 +39,7 @@ CONTRACT = {
 LEGACY_ENCODER_LENGTH = "samples"
 CONSTANTS = {"sample_rate": "24000", "hop_length": "960", "frame_rate": "25", "num_codebooks": "8",
              "audio_vocab_size": "1025", "audio_mask_id": "1024", "opset": str(exporting.DEFAULT_OPSET)}
+pytestmark = pytest.mark.slow  # every test here uses the session pipeline (steps 0-2, ~100 s)
 REPORT_NAME = "export-report.json"
 
 
@@ -63,7 +69,7 @@ def _describe(values) -> list[tuple[str, str, list]]:
              [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim]) for v in values]
 
 
-@pytest.mark.parametrize("graph", wrappers.GRAPH_NAMES)
+@pytest.mark.parametrize("graph", GRAPH_NAMES)
 def test_signature(export: tuple[str, Path], graph: str) -> None:
     """Names, dtypes and symbolic dims as the design table says (ORT feeds by these names; a fixed
     dim would be an exporter specialising a dynamic one), and the report records the same."""
@@ -71,7 +77,7 @@ def test_signature(export: tuple[str, Path], graph: str) -> None:
     inputs, outputs = CONTRACT[graph]
     if exporter == "legacy" and graph == "encoder":
         inputs = [("input_values", "float32", ["batch", 1, LEGACY_ENCODER_LENGTH])]
-    model = _load(onnx_dir / wrappers.GRAPH_FILES[graph])
+    model = _load(onnx_dir / GRAPH_FILES[graph])
     assert _describe(model.graph.input) == inputs
     assert _describe(model.graph.output) == outputs
     recorded = read_report(onnx_dir)["graphs"][graph]["signature"]
@@ -79,14 +85,23 @@ def test_signature(export: tuple[str, Path], graph: str) -> None:
     assert [(v["name"], v["dtype"], v["shape"]) for v in recorded["outputs"]] == outputs
 
 
-def test_one_sidecar_per_graph_and_no_stray_files(export: tuple[str, Path]) -> None:
-    """onnx/ holds exactly three graphs, their three sidecars and the report (the legacy exporter
-    alone scatters ~200 weight files at real size), and every external tensor of a graph lies
-    inside its own sidecar."""
+@pytest.mark.parametrize("graph", GRAPH_NAMES)
+def test_session_meets_the_contract(export: tuple[str, Path], graph: str) -> None:
+    """What parity_check.py checks first: the signature onnxruntime sees has no contract problem
+    (the legacy exporter's free name for the encoder's length included)."""
     _, onnx_dir = export
-    expected = {REPORT_NAME} | {n for name in wrappers.GRAPH_FILES.values() for n in (name, name + ".data")}
+    assert signature_problems(graph, *ort_signature(make_session(onnx_dir / GRAPH_FILES[graph]))) == []
+
+
+def test_one_sidecar_per_graph_and_no_stray_files(export: tuple[str, Path]) -> None:
+    """onnx/ holds exactly three graphs, their three sidecars, the report and the runtime's two
+    files (the legacy exporter alone scatters ~200 weight files at real size), and every external
+    tensor of a graph lies inside its own sidecar."""
+    _, onnx_dir = export
+    expected = ({REPORT_NAME, TOKENIZER_FILE, RUNTIME_CONFIG_FILE}
+                | {n for name in GRAPH_FILES.values() for n in (name, name + ".data")})
     assert {p.name for p in onnx_dir.iterdir()} == expected
-    for name in wrappers.GRAPH_FILES.values():
+    for name in GRAPH_FILES.values():
         sidecar_bytes = (onnx_dir / (name + ".data")).stat().st_size
         external = [{e.key: e.value for e in init.external_data} for init in _load(onnx_dir / name).graph.initializer
                     if init.data_location == onnx.TensorProto.EXTERNAL]
@@ -104,11 +119,11 @@ def test_export_files_have_the_umask_mode(export: tuple[str, Path]) -> None:
     assert set(modes.values()) == {oct(0o666 & ~mask)}, modes
 
 
-@pytest.mark.parametrize("graph", wrappers.GRAPH_NAMES)
+@pytest.mark.parametrize("graph", GRAPH_NAMES)
 def test_metadata_props(export: tuple[str, Path], pipeline: Pipeline, graph: str) -> None:
     """The constants a runtime needs travel inside each graph and read back through onnxruntime."""
     exporter, onnx_dir = export
-    meta = dict(make_session(onnx_dir / wrappers.GRAPH_FILES[graph]).get_modelmeta().custom_metadata_map)
+    meta = dict(make_session(onnx_dir / GRAPH_FILES[graph]).get_modelmeta().custom_metadata_map)
     assert meta["graph"] == graph
     assert meta["model_fingerprint"] == model_fingerprint(pipeline.model)
     assert {k: meta[k] for k in CONSTANTS} == CONSTANTS
@@ -126,9 +141,9 @@ def test_report(export: tuple[str, Path], pipeline: Pipeline) -> None:
     data = read_report(onnx_dir)
     assert data["model"]["fingerprint"] == model_fingerprint(pipeline.model)
     assert data["capture"]["manifest_sha256"] == sha256_file(pipeline.capture / capture.MANIFEST_NAME)
-    assert set(data["graphs"]) == set(wrappers.GRAPH_NAMES)
+    assert set(data["graphs"]) == set(GRAPH_NAMES)
     for graph, entry in data["graphs"].items():
-        name = wrappers.GRAPH_FILES[graph]
+        name = GRAPH_FILES[graph]
         assert entry["file"] == name
         assert (entry["exporter"], entry["fallback_reason"], entry["opset"]) == (exporter, None, exporting.DEFAULT_OPSET)
         assert set(entry["files"]) == {name, name + ".data"}
@@ -142,17 +157,23 @@ def test_report(export: tuple[str, Path], pipeline: Pipeline) -> None:
         shapes = {tuple(s["shape"]) for s in entry["self_checks"]["dynamic_shapes"]}
         assert len(shapes) >= 2
     assert data["graphs"]["transformer"]["self_checks"]["bidirectional_probe"]["passed"] is True
+    # The runtime's files: recorded with their sha256, and readable by the runtime from onnx/ alone.
+    assert set(data["runtime_assets"]) == {TOKENIZER_FILE, RUNTIME_CONFIG_FILE}
+    for file, info in data["runtime_assets"].items():
+        assert (info["bytes"], info["sha256"]) == ((onnx_dir / file).stat().st_size, sha256_file(onnx_dir / file))
+    assert load_runtime_config(onnx_dir)["model"]["audio_mask_id"] == 1024
+    assert TextTokenizer.from_dir(onnx_dir).encode("<|text_start|>hi<|text_end|>")[0] == 151674
 
 
 def _probe_inputs(pipeline: Pipeline) -> dict[str, np.ndarray]:
     """Real transformer inputs of a mid-generation step (clone mode)."""
     data = capture.load_step(pipeline.capture, "clone", 16)
-    return {k: data[k] for k in wrappers.TRANSFORMER_INPUTS}
+    return {k: data[k] for k in TRANSFORMER_INPUTS}
 
 
 def test_probe_passes_on_the_export(pipeline: Pipeline) -> None:
     """The real (bidirectional) export: changing the last position moves the earlier logits."""
-    session = make_session(pipeline.onnx / wrappers.GRAPH_FILES["transformer"])
+    session = make_session(pipeline.onnx / GRAPH_FILES["transformer"])
     probe = exporting.bidirectionality_probe(session, _probe_inputs(pipeline))
     assert probe["passed"] is True
     assert probe["max_abs_change_before_last"] > 1e-3
@@ -163,17 +184,17 @@ def test_probe_fails_on_a_causal_graph(pipeline: Pipeline, causal_transformer: P
     probe: the probe is not vacuous. The graph matches its torch module, so the failure comes from
     the causality alone, not from a broken export."""
     inputs = _probe_inputs(pipeline)
-    session = make_session(causal_transformer / wrappers.GRAPH_FILES["transformer"])
+    session = make_session(causal_transformer / GRAPH_FILES["transformer"])
     probe = exporting.bidirectionality_probe(session, inputs)
     assert probe["passed"] is False
-    assert probe["max_abs_change_before_last"] <= 1e-6
+    assert probe["max_abs_change_before_last"] <= THRESHOLDS["self_check_probe_min_change"]
     with torch.no_grad():
         expected = CausalTransformerWrapper(torch_model)(*(torch.from_numpy(inputs[k])
-                                                           for k in wrappers.TRANSFORMER_INPUTS)).numpy()
+                                                           for k in TRANSFORMER_INPUTS)).numpy()
     got = session.run(["logits"], inputs)[0]
-    rows = exporting.transformer_read_rows
+    rows = capture.read_rows
     assert np.abs(rows(got, inputs["attention_mask"]) - rows(expected, inputs["attention_mask"])).max() \
-        <= exporting.TRANSFORMER_SELF_CHECK_TOL
+        <= THRESHOLDS["transformer_max_abs"]
 
 
 def _snapshot(directory: Path) -> dict[str, str]:
@@ -203,6 +224,6 @@ def test_interrupted_export_keeps_the_previous_export(pipeline_copy: Pipeline, m
         export_omnivoice.main(["--model", str(pipeline_copy.model), "--capture-dir", str(pipeline_copy.capture),
                                "--onnx-dir", str(pipeline_copy.onnx), "--graphs", "decoder,transformer",
                                "--no-dynamo"])
-    assert calls == [wrappers.GRAPH_FILES["decoder"], wrappers.GRAPH_FILES["transformer"]]
+    assert calls == [GRAPH_FILES["decoder"], GRAPH_FILES["transformer"]]
     assert _snapshot(pipeline_copy.onnx) == before
     assert sorted(p.name for p in pipeline_copy.onnx.parent.iterdir()) == ["capture", "onnx"]

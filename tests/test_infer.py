@@ -11,10 +11,11 @@ import soundfile
 
 import infer_onnx
 from conftest import Pipeline, copy_pipeline, install_graph, read_report, run_script, single_stderr_line
-from omnivoice_export import capture, metrics
+from omnivoice_export import capture
 from omnivoice_export.cli import CheckFailed
-from omnivoice_export.generation import SAMPLE_RATE
+from omnivoice_onnx.contract import SAMPLE_RATE, THRESHOLDS
 
+pytestmark = pytest.mark.slow  # every test here uses the session pipeline (steps 0-2, ~100 s)
 NUM_STEP = 32
 
 
@@ -42,7 +43,7 @@ def test_onnx_generate_is_token_exact(end_to_end: tuple[Pipeline, dict], mode: s
     assert result["token_match_per_codebook"] == [1.0] * 8
     assert result["first_divergent_step"] is None
     assert result["same_duration"] and result["duration_s"] == result["reference_duration_s"]
-    assert result["log_spectral_l1"] <= metrics.THRESHOLDS["end_to_end_log_spectral_l1_max"]
+    assert result["log_spectral_l1"] <= THRESHOLDS["end_to_end_log_spectral_l1_max"]
     assert result["passed"]
     info = soundfile.info(str(copy.capture / result["wav"]))
     assert info.samplerate == SAMPLE_RATE and info.duration == pytest.approx(result["duration_s"])

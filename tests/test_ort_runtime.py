@@ -7,11 +7,14 @@ it to that on captured real inputs, and check it refuses masks that are not of b
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from omnivoice_export import capture
 from omnivoice_export.ort_runtime import OrtGraphs
+from omnivoice_onnx.contract import GRAPH_FILES
 from omnivoice_onnx.sessions import make_session, prefix_lengths, run, run_split
-from omnivoice_export.wrappers import GRAPH_FILES
+
+pytestmark = pytest.mark.slow  # every test here uses the session pipeline (steps 0-2, ~100 s)
 
 
 def _feeds(pipeline, mode: str, step: int) -> dict[str, np.ndarray]:

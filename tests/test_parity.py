@@ -15,10 +15,12 @@ from pathlib import Path
 import pytest
 
 import parity_check
-from conftest import Pipeline, install_graph, read_report, run_script, single_stderr_line
-from omnivoice_export import capture, metrics, report, wrappers
+from conftest import Pipeline, install_graph, read_report, rehash_graph, run_script, single_stderr_line
+from omnivoice_export import capture, report
 from omnivoice_export.cli import CheckFailed
+from omnivoice_onnx.contract import GRAPH_FILES, GRAPH_NAMES, THRESHOLDS
 
+pytestmark = pytest.mark.slow  # every test here uses the session pipeline (steps 0-2, ~100 s)
 NUM_STEP = 32
 # A section another provider's run left in the report; the cpu run must keep it as it is.
 OTHER_PROVIDER = "cuda-fp32"
@@ -45,14 +47,15 @@ def test_passes_on_the_correct_export(passing_report: dict, pipeline: Pipeline) 
     """Every graph passes on every captured input, within the one threshold table."""
     section = passing_report["parity"]["cpu"]
     assert section["verdict"] == "PASS"
-    assert section["thresholds"] == {k: v for k, v in metrics.THRESHOLDS.items() if not k.startswith("end_to_end")}
+    assert section["thresholds"] == {k: v for k, v in THRESHOLDS.items()
+                                     if not k.startswith(("end_to_end", "self_check"))}
     graphs = section["graphs"]
-    assert all(graphs[g]["passed"] and not graphs[g]["failures"] for g in wrappers.GRAPH_NAMES)
+    assert all(graphs[g]["passed"] and not graphs[g]["failures"] for g in GRAPH_NAMES)
     manifest = capture.load_manifest(pipeline.capture, verify_hashes=False)
     checked = {(row["mode"], row["step"]) for row in graphs["transformer"]["rows"]}
     assert checked == {(mode, step) for mode in manifest["modes"] for step in range(NUM_STEP)}
-    assert graphs["transformer"]["argmax_agreement_min"] >= metrics.THRESHOLDS["transformer_argmax_min"]
-    assert graphs["transformer"]["max_abs_max"] <= metrics.THRESHOLDS["transformer_max_abs"]
+    assert graphs["transformer"]["argmax_agreement_min"] >= THRESHOLDS["transformer_argmax_min"]
+    assert graphs["transformer"]["max_abs_max"] <= THRESHOLDS["transformer_max_abs"]
     assert graphs["encoder"]["captured"]["code_match"] == 1.0
     assert len(graphs["encoder"]["sweep"]) > 10 and all(r["code_match"] == 1.0 for r in graphs["encoder"]["sweep"])
     assert {row["mode"] for row in graphs["decoder"]["rows"]} == set(manifest["modes"])
@@ -76,7 +79,25 @@ def test_fails_on_a_wrong_transformer(request, wrong_graph: str, pipeline: Pipel
     assert section["verdict"] == "FAIL"
     assert {g: r["passed"] for g, r in section["graphs"].items()} == \
         {"transformer": False, "encoder": True, "decoder": True}
-    assert section["graphs"]["transformer"]["max_abs_max"] > metrics.THRESHOLDS["transformer_max_abs"]
+    assert section["graphs"]["transformer"]["max_abs_max"] > THRESHOLDS["transformer_max_abs"]
+
+
+def test_contract_violation_fails(pipeline: Pipeline, onnx_copy: Path) -> None:
+    """A decoder whose output length axis lost its contract name (dynamo's raw "s76") is a
+    different graph to a runtime that binds axes by name: parity fails it, naming the axis, though
+    every value matches."""
+    import onnx
+
+    name = GRAPH_FILES["decoder"]
+    model = onnx.load(str(onnx_copy / name), load_external_data=False)
+    model.graph.output[0].type.tensor_type.shape.dim[2].dim_param = "s76"
+    onnx.save_model(model, str(onnx_copy / name))
+    rehash_graph(onnx_copy, "decoder")
+    with pytest.raises(CheckFailed, match="parity failed for decoder"):
+        _parity(pipeline.capture, onnx_copy, "--graphs", "decoder")
+    result = read_report(onnx_copy)["parity"]["cpu"]["graphs"]["decoder"]
+    assert result["failures"] == ["contract: output audio_values axis 2 is 's76', expected '960*frames'"]
+    assert all(row["passed"] for row in result["rows"])
 
 
 def test_fingerprint_mismatch_is_refused(pipeline: Pipeline, onnx_copy: Path) -> None:
@@ -97,7 +118,7 @@ def test_fingerprint_mismatch_is_refused(pipeline: Pipeline, onnx_copy: Path) ->
 def test_damaged_sidecar_is_refused(pipeline: Pipeline, onnx_copy: Path, damage: str) -> None:
     """A truncated sidecar (interrupted copy) or one with flipped bytes (same size) is refused
     before any session loads it: exit 2, one line naming the file."""
-    sidecar = onnx_copy / (wrappers.GRAPH_FILES["transformer"] + ".data")
+    sidecar = onnx_copy / (GRAPH_FILES["transformer"] + ".data")
     content = bytearray(sidecar.read_bytes())
     if damage == "truncated":
         content = content[: len(content) // 2]

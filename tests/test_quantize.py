@@ -20,7 +20,7 @@ from onnx import TensorProto, helper, numpy_helper
 import quality_omnivoice
 import quantize_omnivoice
 from omnivoice_export import quality, quantize, report
-from omnivoice_export.cli import UserError
+from omnivoice_onnx.errors import UserError
 from omnivoice_onnx.sessions import make_session, run
 
 from conftest import read_report, run_script
@@ -48,6 +48,7 @@ def measured(pipeline, variants, tmp_path_factory) -> dict:
     return section
 
 
+@pytest.mark.slow
 def test_every_recipe_writes_one_graph_and_one_sidecar(variants):
     entries = read_report(variants)["variants"]
     assert set(entries) == set(quantize.RECIPES)
@@ -60,6 +61,7 @@ def test_every_recipe_writes_one_graph_and_one_sidecar(variants):
         assert quantize.verify_variant(variants, report.load_report(variants), name) == folder / TRANSFORMER
 
 
+@pytest.mark.slow
 def test_variant_metadata_is_the_fp32_graphs_plus_variant_and_recipe(variants):
     fp32 = {p.key: p.value for p in onnx.load(str(variants / TRANSFORMER), load_external_data=False).metadata_props}
     for name, recipe in quantize.RECIPES.items():
@@ -69,6 +71,7 @@ def test_variant_metadata_is_the_fp32_graphs_plus_variant_and_recipe(variants):
         assert meta["variant"] == name and json.loads(meta["recipe"]) == recipe.as_dict()
 
 
+@pytest.mark.slow
 def test_heads_and_embeddings_stay_fp32_where_the_recipe_says(variants):
     fp32 = onnx.load(str(variants / TRANSFORMER), load_external_data=False)
     heads_width = 8 * 1025
@@ -117,6 +120,7 @@ def make_session_from_model(model: onnx.ModelProto):
     return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
 
 
+@pytest.mark.slow
 def test_variant_sessions_keep_the_transformer_contract(pipeline, variants):
     """Same inputs and output as the fp32 graph; finite logits as generate() calls them (run_split)."""
     from omnivoice_export import capture
@@ -133,6 +137,7 @@ def test_variant_sessions_keep_the_transformer_contract(pipeline, variants):
         assert np.isfinite(logits).all(), name
 
 
+@pytest.mark.slow
 def test_a_damaged_or_unknown_variant_is_refused(variants, tmp_path):
     copy = tmp_path / "onnx"
     shutil.copytree(variants, copy)
@@ -187,6 +192,7 @@ def test_the_table_has_a_row_per_variant_against_fp32(measured):
     assert measured["machine"]["cores"] >= 1 and "cpu" in measured["machine"]
 
 
+@pytest.mark.slow
 def test_unmasked_fp32_is_bit_identical_through_run_split(pipeline, variants):
     """Every captured call, as generate() makes it through run_split: the same bits as the faithful graph."""
     from omnivoice_export import capture
@@ -208,6 +214,7 @@ def test_unmasked_fp32_is_bit_identical_through_run_split(pipeline, variants):
     assert "IsNaN" not in ops and ops.count("Where") == 2  # the embedding select and the one output guard
 
 
+@pytest.mark.slow
 def test_unmasked_fp32_gives_nan_for_rows_whose_mask_is_not_all_true(pipeline, variants):
     """A padded call (upstream's layout) on the unmasked graph is loud: NaN rows, never wrong numbers."""
     from omnivoice_export import capture

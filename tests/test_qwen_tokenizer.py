@@ -95,7 +95,7 @@ MIXED_TEXT = [
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
-    # A directory that does not exist yet: checkpoints.build_checkpoint passes one.
+    # A directory that does not exist yet: save_qwen_tokenizer creates it.
     directory = tmp_path_factory.mktemp("qwen") / "nested" / "tokenizer"
     return directory, save_qwen_tokenizer(directory)
 

@@ -32,7 +32,8 @@ import make_reference
 import parity_check
 from conftest import Pipeline, run_script
 from omnivoice_export import capture, exporting
-from omnivoice_export.checkpoints import REQUIRED_FILES, sha256_file
+from omnivoice_export.checkpoints import REQUIRED_FILES
+from omnivoice_export.files import sha256_file
 from omnivoice_export.cli import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_INTERRUPTED, run_main
 from omnivoice_export.generation import REFERENCE_TEXT, check_reference_audio
 
@@ -172,6 +173,7 @@ REFERENCE_ERRORS = {"missing": "audio file not found", "empty": "is an empty fil
                     "silent": "is silent", "not-audio": "is not a readable audio file"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", REFERENCE_ERRORS)
 def test_reference_audio_refused_synthesis(kind: str, pipeline: Pipeline, tmp_path: Path, capsys) -> None:
     ref = _write_reference(tmp_path / "ref.wav", kind)
@@ -210,6 +212,7 @@ def test_reference_accepted_with_one_line(kind: str, level: str, fragment: str, 
     assert len(lines) == 1 and lines[0].startswith(f"{level}: ") and fragment in lines[0], lines
 
 
+@pytest.mark.slow
 def test_reference_stereo_8khz_synthesizes(pipeline: Pipeline, tmp_path: Path, capsys) -> None:
     ref = tmp_path / "ref.wav"
     audio, _ = soundfile.read(pipeline.capture / "ref_voice.wav", dtype="float32")
@@ -249,6 +252,7 @@ CAPTURE_CASES = {
 }
 
 
+@pytest.mark.slow
 def test_capture_of_other_model_refused_by_export(work: Pipeline, capsys) -> None:
     CAPTURE_CASES["other-model"][0](work)
     before = snapshot(work.onnx)
@@ -258,6 +262,7 @@ def test_capture_of_other_model_refused_by_export(work: Pipeline, capsys) -> Non
     assert snapshot(work.onnx) == before
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flags,message", [
     (["--num-step", "8"], "--num-step 8 differs from the capture's 32"),
     (["--seed", "7"], "--seed 7 differs from the capture's"),
@@ -267,6 +272,7 @@ def test_compare_refuses_other_generation_config(flags: list, message: str, work
     assert_one_line(result, EXIT_BAD_INPUT, message, "re-run steps 1-2" if "differs" in message else "add --text")
 
 
+@pytest.mark.slow
 def test_compare_refuses_reference_remade_after_capture(work: Pipeline, tmp_path: Path, capsys) -> None:
     _write_reference(tmp_path / "new.wav", "good")
     replace_file(work.capture / "ref_voice.wav", (tmp_path / "new.wav").read_bytes())
@@ -307,6 +313,7 @@ ONNX_CASES = {
 DAMAGE_CASES = {**{f"capture-{k}": v for k, v in CAPTURE_CASES.items()}, **{f"onnx-{k}": v for k, v in ONNX_CASES.items()}}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", DAMAGE_CASES)
 def test_damage_refused_by_parity(case: str, work: Pipeline, capsys) -> None:
     damage, message = DAMAGE_CASES[case]
@@ -320,6 +327,7 @@ def test_damage_refused_by_parity(case: str, work: Pipeline, capsys) -> None:
     assert snapshot(work.onnx) == before  # refused: nothing merged into the report, never half-overwritten
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["data-truncated", "other-opset"])
 def test_onnx_refused_by_synthesis(case: str, work: Pipeline, tmp_path: Path, capsys) -> None:
     ONNX_CASES[case][0](work)
@@ -327,6 +335,7 @@ def test_onnx_refused_by_synthesis(case: str, work: Pipeline, tmp_path: Path, ca
     assert_one_line(result, EXIT_BAD_INPUT, ONNX_CASES[case][1])
 
 
+@pytest.mark.slow
 def test_malformed_report_refused_by_partial_export(work: Pipeline, capsys) -> None:
     ONNX_CASES["report-not-json"][0](work)
     before = snapshot(work.onnx)
@@ -338,6 +347,7 @@ def test_malformed_report_refused_by_partial_export(work: Pipeline, capsys) -> N
 
 # --- providers ---------------------------------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("script", [parity_check, infer_onnx], ids=["parity", "infer"])
 @pytest.mark.parametrize("provider,message", [
     ("cuda-fp32", "needs onnxruntime's CUDAExecutionProvider"), ("tpu", "unknown provider 'tpu'")])
@@ -353,6 +363,7 @@ def test_provider_refused(script, provider: str, message: str, pipeline: Pipelin
 
 # --- synthesis inputs --------------------------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flags,message,fix", [
     (["--text", ""], "--text is empty", "pass the text"),
     (["--text", "   "], "--text is empty", "pass the text"),
@@ -365,6 +376,7 @@ def test_synthesis_input_refused(flags: list, message: str, fix: str, pipeline: 
     assert not (tmp_path / "out.wav").exists()
 
 
+@pytest.mark.slow
 def test_synthesis_long_text_is_chunked(pipeline: Pipeline, tmp_path: Path, capsys) -> None:
     """Upstream splits text estimated over 30 s into chunks; the ONNX graphs must serve that too."""
     text = " ".join(["The rainbow is a division of white light into many beautiful colors."] * 12)
@@ -380,6 +392,7 @@ def _export_argv(p: Pipeline, *extra) -> list:
     return ["--model", p.model, "--capture-dir", p.capture, "--onnx-dir", p.onnx, *extra]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fault", [KeyboardInterrupt, RuntimeError], ids=["ctrl-c", "exception"])
 def test_fault_mid_export_keeps_previous_export(fault, work: Pipeline, monkeypatch, capsys) -> None:
     def exporter_dies(module, graph, inputs, out_path, dynamo, opset):
@@ -397,6 +410,7 @@ def test_fault_mid_export_keeps_previous_export(fault, work: Pipeline, monkeypat
     assert snapshot(work.onnx) == before  # staging removed, graphs and report untouched
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", ["sidecar", "exporter"])
 def test_disk_full_during_export(where: str, work: Pipeline, pipeline: Pipeline, monkeypatch, capsys) -> None:
     """ENOSPC while consolidating the sidecar, or inside the exporter (no fallback to legacy)."""
@@ -421,6 +435,7 @@ def test_disk_full_during_export(where: str, work: Pipeline, pipeline: Pipeline,
     assert snapshot(work.onnx) == before
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fault", [KeyboardInterrupt, RuntimeError], ids=["ctrl-c", "exception"])
 def test_fault_mid_capture_keeps_previous_capture(fault, work: Pipeline, monkeypatch, capsys) -> None:
     real_save, calls = capture.save_npz, []
@@ -445,6 +460,7 @@ def test_fault_mid_capture_keeps_previous_capture(fault, work: Pipeline, monkeyp
     assert sorted(p.name for p in work.capture.parent.iterdir()) == ["capture", "onnx"]  # no temporary capture
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fault", ["ctrl-c", "disk-full"])
 def test_fault_mid_report_update_keeps_report(fault: str, work: Pipeline, monkeypatch, capsys) -> None:
     real_write = pathlib.Path.write_text
@@ -467,6 +483,7 @@ def test_fault_mid_report_update_keeps_report(fault: str, work: Pipeline, monkey
     assert snapshot(work.onnx) == before  # the half-written temporary file is gone, the report untouched
 
 
+@pytest.mark.slow
 def test_failed_check_exits_1(work: Pipeline, capsys) -> None:
     result = run_inprocess(parity_check, parity_args(work, "--lsd-max", "0"), capsys)
     assert_one_line(result, EXIT_CHECK_FAILED, "parity failed for decoder on cpu")
