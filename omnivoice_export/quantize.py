@@ -6,19 +6,21 @@ a variant directory holds only the transformer, and loaders take the codec graph
 
 Why the recipes are what they are (issue 16; the quality table measures each):
 - the audio heads (the last MatMul, hidden -> 8 x 1025) produce the logits that unmasking ranks
-  by confidence and takes the argmax of; 8-bit weights there move every logit by the same
-  relative error at once, so plain `quantize_dynamic` flips far more argmaxes than the body.
-  Every recipe but `int8-plain` keeps them fp32; `int8-plain` exists to show why.
+  by confidence and takes the argmax of: their quantization error lands on every logit directly,
+  with no later layer to dilute it. Every recipe but `int8-plain` keeps them fp32; `int8-plain`
+  exists to show why (on tiny: 2.4x int8's relative logit error, fewer tokens kept in every mode).
 - the embeddings (text 151676 x H and audio 8200 x H) are Gathers: quantizing them saves disk,
   not time (a Gather reads a few rows), but the text table is most of an int8 file (621 MB of
   ~1.1 GB at the real dims). They stay fp32 except in `int8-emb8` (int8 per row, in standard ops
-  any runtime has) and `int8-plain`, which is `quantize_dynamic` with its defaults (Gather
-  included).
+  any runtime has) and `int8-plain`, which quantizes every op `quantize_dynamic` supports
+  (its Gathers then read uint8 tables).
 - `quantize_dynamic` quantizes each MatMul's activations per tensor at run time (uint8, scale
   from that call's min/max): the rows of one call share a scale, so the result of a row depends
   on the other rows in the call (cond and uncond rows of one length group, padding included).
   Weights are int8 per output channel (`per_channel`), symmetric; `reduce_range` is off, which is
   right on VNNI CPUs (AVX512-VNNI / AVX-VNNI) and can saturate u8 x s8 products on older AVX2 ones.
+- `fp32-unmasked` is not quantized: the faithful fp32 graph without each layer's mask work, valid
+  (and bit-identical) for the calls run_split makes, whose masks are all True (drop_mask_work).
 - `MatMulNBits` keeps weights block-wise (block along K, one scale and zero point per block);
   `accuracy_level` 0 dequantizes to fp32 and runs an fp32 GEMM, 4 quantizes activations to int8
   per block and runs an int8 GEMM (faster; the kind of error that flipped argmaxes on Qwen3-0.6B,
@@ -41,7 +43,7 @@ from onnx import helper, numpy_helper
 
 from omnivoice_export import report
 from omnivoice_export.exporting import save_with_sidecar
-from omnivoice_export.files import file_entry, matches_entry, sha256_file, umask_mode
+from omnivoice_export.files import file_entry, matches_entry, sha256_file, temporary_dir, umask_mode
 from omnivoice_export.measure import PeakRss
 from omnivoice_export.ort_runtime import read_graph_metadata
 from omnivoice_onnx.contract import GRAPH_FILES
@@ -78,7 +80,7 @@ RECIPES: dict[str, Recipe] = {recipe.name: recipe for recipe in (
            summary="int8, and the embedding tables int8 with one fp32 scale per row (Gather, Cast, Mul): "
                    "the text table is most of the file"),
     Recipe("int8-plain", "dynamic", 8, False, "dynamic",
-           summary="quantize_dynamic with its defaults (audio heads and embeddings quantized too): "
+           summary="int8 over every op quantize_dynamic supports (audio heads and embeddings too): "
                    "the recipe NOT to use, kept to show why the heads stay fp32"),
     Recipe("int8-nbits-a0", "nbits", 8, True, "fp32", block_size=32, accuracy_level=0,
            summary="MatMulNBits 8-bit, block 32, accuracy_level 0 (fp32 compute); audio heads and embeddings fp32"),
@@ -137,7 +139,7 @@ def quantize_dynamic_variant(source: Path, staging: Path, recipe: Recipe, exclud
     try:
         quantize_dynamic(graph_only, out, per_channel=True, reduce_range=False,
                          weight_type=QuantType.QInt8, use_external_data_format=True,
-                         op_types_to_quantize=None if recipe.name == "int8-plain" else ["MatMul"],
+                         op_types_to_quantize=None if recipe.embeddings == "dynamic" else ["MatMul"],
                          nodes_to_exclude=exclude)
         model = onnx.load(str(out))
     finally:
@@ -285,10 +287,7 @@ def build_variant(onnx_dir: Path, recipe: Recipe, fp32_metadata: dict[str, str])
     heads_width = int(fp32_metadata["num_codebooks"]) * int(fp32_metadata["audio_vocab_size"])
     heads, embeddings = weight_nodes(onnx.load(str(source), load_external_data=False), heads_width)
     exclude = (heads if recipe.keep_heads_fp32 else []) + (embeddings if recipe.embeddings != "dynamic" else [])
-    staging = onnx_dir / f".{recipe.name}.tmp-{os.getpid()}"
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir()
-    try:
+    with temporary_dir(variant_dir(onnx_dir, recipe.name)) as staging:
         with PeakRss() as peak:
             if recipe.method == "dynamic":
                 model = quantize_dynamic_variant(source, staging, recipe, exclude)
@@ -307,8 +306,6 @@ def build_variant(onnx_dir: Path, recipe: Recipe, fp32_metadata: dict[str, str])
             save_with_sidecar(model, staging / TRANSFORMER_FILE)
             del model
         install_variant(staging, variant_dir(onnx_dir, recipe.name))
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
     files = variant_files(onnx_dir, recipe.name)
     fp32_bytes = sum((onnx_dir / name).stat().st_size for name in (TRANSFORMER_FILE, TRANSFORMER_FILE + ".data"))
     size = sum(info["bytes"] for info in files.values())

@@ -235,3 +235,40 @@ def test_unmasked_fp32_keeps_every_token(measured):
     assert result["argmax_agreement_min"] == 1.0
     assert all(e["token_match"] == 1.0 and e["first_divergent_step"] is None and e["same_duration"]
                for e in result["end_to_end"].values())
+
+
+@pytest.mark.slow
+def test_parity_check_variant_measures_quantized_and_judges_fp32(pipeline, variants, tmp_path):
+    import parity_check
+
+    onnx_dir = tmp_path / "onnx"
+    shutil.copytree(variants, onnx_dir)
+    common = ["--onnx-dir", str(onnx_dir), "--capture-dir", str(pipeline.capture)]
+    parity_check.main(["--variant", "int8-plain", *common])  # a measurement: no CheckFailed whatever it finds
+    parity_check.main(["--variant", "fp32-unmasked", *common])
+    entries = read_report(onnx_dir)["variants"]
+    measured, judged = entries["int8-plain"]["parity"]["cpu"], entries["fp32-unmasked"]["parity"]["cpu"]
+    assert measured["verdict"].startswith("measurement") and measured["argmax_agreement_min"] < 1.0
+    assert all(row["passed"] is None for row in measured["rows"]) and len(measured["rows"]) == 96
+    assert judged["verdict"] == "PASS" and judged["argmax_agreement_min"] == 1.0
+    assert read_report(onnx_dir).get("parity") == read_report(variants).get("parity")  # fp32 verdicts untouched
+
+
+@pytest.mark.slow
+def test_infer_onnx_variant_runs_generate_with_fp32_codecs(pipeline_copy):
+    import infer_onnx
+
+    quantize_omnivoice.main(["--onnx-dir", str(pipeline_copy.onnx), "--variants", "int8,fp32-unmasked"])
+    common = ["--onnx-dir", str(pipeline_copy.onnx), "--capture-dir", str(pipeline_copy.capture), "--no-torch-timing"]
+    infer_onnx.main(["--variant", "int8", *common])
+    infer_onnx.main(["--variant", "fp32-unmasked", *common])
+    entries = read_report(pipeline_copy.onnx)["variants"]
+    assert entries["int8"]["end_to_end"]["cpu"]["verdict"].startswith("measurement")
+    unmasked = entries["fp32-unmasked"]["end_to_end"]["cpu"]
+    assert unmasked["verdict"] == "PASS" and all(m["token_match"] == 1.0 for m in unmasked["modes"].values())
+    for mode in unmasked["modes"]:
+        for label in ("onnx_int8", "onnx_fp32-unmasked"):
+            assert (pipeline_copy.capture / f"{label}_{mode}.wav").is_file()
+            assert (pipeline_copy.capture / f"{label}_{mode}_spectrogram.png").is_file()
+    with pytest.raises(UserError, match="--no-split with variant fp32-unmasked"):
+        infer_onnx.main(["--variant", "fp32-unmasked", "--no-split", *common])
