@@ -7,6 +7,7 @@
 #   make test                 the whole pytest suite (tiny checkpoint, CPU; minutes)
 #   make test-fast            the quick subset: skips tests marked slow (pytest.ini), i.e. all that need steps 0-2
 #   make bench                PyTorch vs ONNX Runtime benchmark of the demo's export (README: Performance)
+#   make quality MODEL=PATH   quantized variants of the transformer and their quality table (steps 5-6)
 #   make venv-gpu             .venv for an NVIDIA machine (requirements-gpu.txt)
 
 PYTHON ?= python3
@@ -24,7 +25,7 @@ ONNX := onnx
 MODEL_MARK := checkpoints/.demo-model
 PACKAGE := $(wildcard omnivoice_export/*.py omnivoice_onnx/*.py)
 
-.PHONY: demo test test-fast venv venv-gpu bench clean FORCE
+.PHONY: demo test test-fast venv venv-gpu bench quality clean FORCE
 .DEFAULT_GOAL := demo
 
 venv: $(STAMP)
@@ -75,6 +76,11 @@ demo: $(ONNX)/export-report.json
 
 bench: $(ONNX)/export-report.json
 	$(PY) bench/bench_omnivoice.py --model $(MODEL) --onnx-dir $(ONNX) --capture-dir $(CAPTURE)
+
+# Steps 5-6 on the export of MODEL: every recipe, then the table (fp32 measured in the same run).
+quality: $(ONNX)/export-report.json
+	$(PY) quantize_omnivoice.py --onnx-dir $(ONNX)
+	$(PY) quality_omnivoice.py --onnx-dir $(ONNX) --capture-dir $(CAPTURE)
 
 clean:
 	rm -rf $(CAPTURE) $(ONNX) $(MODEL_MARK)

@@ -21,8 +21,14 @@ cuda-fp32 are parity verdicts on the export; cuda-tf32 is reported as a speed/pr
 trade-off. Results are merged into onnx/export-report.json under parity.<provider>; the exit code
 is 1 when any graph fails.
 
+--variant NAME checks a transformer variant of step 5 (quantize_omnivoice.py) on the same captured
+calls instead, run as generate() runs them (cond and uncond rows at their own lengths): a
+quantized variant gets measurements (argmax agreement, relative logit error; exit 0), an fp32
+variant (fp32-unmasked) the transformer's verdict; results under variants.<name>.parity.<provider>.
+
     python parity_check.py
     python parity_check.py --provider cuda-fp32 --graphs transformer
+    python parity_check.py --variant int8
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from omnivoice_export import capture, metrics, report
+from omnivoice_export import capture, metrics, quality, quantize, report
 from omnivoice_export.checkpoints import validate_checkpoint_dir
 from omnivoice_export.cli import CheckFailed, parse, parse_subset, run_main
 from omnivoice_export.ort_runtime import read_graph_metadata
@@ -65,6 +71,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.add_argument(flag, type=float, default=THRESHOLDS[key], dest=key,
                             metavar=flag[2:].upper().replace("-", "_"), help=text)
     parser.add_argument("--no-sweep", action="store_true", help="skip the encoder length sweep (needs PyTorch weights)")
+    parser.add_argument("--variant", default=None,
+                        help="check a transformer variant made by quantize_omnivoice.py instead of the export's graphs: "
+                             "every captured call run as generate() runs it (cond and uncond rows at their own "
+                             "lengths); a quantized variant is measured (argmax agreement, relative logit error), "
+                             "an fp32 one (fp32-unmasked) judged by the transformer thresholds")
     return parse(parser, argv)
 
 
@@ -178,11 +189,50 @@ def check_decoder(session, capture_dir: Path, manifest: dict, thresholds: dict[s
     return {"rows": rows, "spectral": metrics.spectral_params(), "failures": failures}
 
 
+def check_variant(args, thresholds: dict[str, float]) -> None:
+    """--variant: its transformer on every captured call through run_split, as generate() runs it
+    (the unmasked fp32 graph is only valid there). Results go under variants.<name>.parity.<provider>."""
+    manifest, export = report.verify_against_capture(args.capture_dir, args.onnx_dir, ["transformer"])
+    path = quantize.verify_variant(args.onnx_dir, export, args.variant)
+    judged = export["variants"][args.variant]["recipe"]["bits"] == 32
+    argmax_min, max_abs = thresholds["transformer_argmax_min"], thresholds["transformer_max_abs"]
+    print(f"[step 3] variant {args.variant} ({'fp32: judged by the transformer thresholds' if judged else 'quantized: measured, not judged'}); "
+          f"provider {args.provider}; model {export['model']['fingerprint']}", flush=True)
+    started = time.perf_counter()
+    session = make_session(path, args.provider, args.threads)
+    failures = [f"contract: {p}" for p in signature_problems("transformer", *ort_signature(session))]
+    rows = quality.step_quality(session, args.capture_dir, manifest)
+    for row in rows:
+        row["passed"] = (row["argmax_agreement"] >= argmax_min and row["max_abs"] <= max_abs) if judged else None
+        line("transformer", f"{row['mode']} step {row['step']:>2}", f"argmax={row['argmax_agreement']:.6f} "
+             f"rel_err={row['relative_error']:.1e} max_abs={row['max_abs']:.1e} flips={row['flips']}", row["passed"])
+        if row["passed"] is False:
+            failures.append(f"{row['mode']} step {row['step']}: argmax {row['argmax_agreement']:.6f} (min {argmax_min}), "
+                            f"max_abs {row['max_abs']:.2e} (max {max_abs:.0e})")
+    worst = {"argmax_agreement_min": min(r["argmax_agreement"] for r in rows),
+             "relative_error_max": max(r["relative_error"] for r in rows), "max_abs_max": max(r["max_abs"] for r in rows)}
+    verdict = ("PASS" if not failures else "FAIL") if judged else "measurement (quantized variant)"
+    report.merge_section(args.onnx_dir, ("variants", args.variant, "parity", args.provider), {
+        "provider": args.provider, "verdict": verdict, "execution": "run_split (rows at their own lengths)",
+        "thresholds": thresholds if judged else None, "seconds": round(time.perf_counter() - started, 2),
+        "rows": rows, **worst, "failures": failures})
+    print()
+    print(f"variant {args.variant}: argmax agreement min {worst['argmax_agreement_min']:.6f}, relative error max "
+          f"{worst['relative_error_max']:.1e}, max_abs {worst['max_abs_max']:.1e}: {verdict}")
+    for failure in failures:
+        print(f"  transformer failed: {failure}")
+    if failures:
+        raise CheckFailed(f"variant {args.variant}: {failures[0]}" + (f" (+{len(failures) - 1} more)" if len(failures) > 1 else ""))
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     check_provider(args.provider)
     graphs = parse_subset(args.graphs, "--graphs", GRAPH_NAMES)
     thresholds = {key: getattr(args, key) for key in TOLERANCES}
+    if args.variant is not None:
+        check_variant(args, thresholds)
+        return
     manifest, export = report.verify_against_capture(args.capture_dir, args.onnx_dir, graphs)
     model_path = None
     if "encoder" in graphs and not args.no_sweep:
