@@ -10,7 +10,7 @@ audio_tokenizer.decode served by onnxruntime, and is compared with the PyTorch r
     output WAV       log-spectral L1 against the reference WAV, and duration equality
 
 It writes capture/onnx_<mode>.wav and capture/onnx_<mode>_spectrogram.png (PyTorch | ONNX |
-difference), prints a summary table with the wall time of PyTorch and ONNX generate() measured
+difference; per item i of the batch mode: onnx_batch_<i>.wav, onnx_batch_spectrogram_<i>.png), prints a summary table with the wall time of PyTorch and ONNX generate() measured
 in the same run (informational), and merges the results into onnx/export-report.json under
 end_to_end.<provider>. Exit code 1 when tokens differ. It replays the capture's requests, so it
 refuses a --seed or --num-step other than the capture's, a capture re-made after the export, and a
@@ -47,7 +47,8 @@ from omnivoice_export.checkpoints import load_omnivoice, resolve_model, validate
 from omnivoice_export.cli import CheckFailed, parse, run_main
 from omnivoice_export.files import atomic_path
 from omnivoice_export.generation import (DEFAULT_SEED, LANGUAGE, GenerationRequest, check_language,
-                                         check_reference_audio, read_wav, run_generate, write_wav)
+                                         check_reference_audio, generate_waveforms, read_wav, run_generate,
+                                         write_wav)
 from omnivoice_export.measure import PeakRss
 from omnivoice_export.ort_runtime import OrtGraphs, load_onnx_omnivoice
 from omnivoice_onnx.contract import GRAPH_NAMES, THRESHOLDS
@@ -64,7 +65,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--capture-dir", type=Path, default=capture.DEFAULT_DIR, help="step 1's capture")
     parser.add_argument("--onnx-dir", type=Path, default=report.DEFAULT_ONNX_DIR, help="step 2's export")
     parser.add_argument("--model", default=None,
-                        help="checkpoint for the config and text tokenizer (tiny | full-random | PATH); "
+                        help="checkpoint for the config and text tokenizer (tiny | full-random | PATH | Hugging Face repo id); "
                              "default: the one named in the export report")
     parser.add_argument("--threads", type=int, default=None, help="onnxruntime intra-op threads (default: all cores)")
     parser.add_argument("--no-split", action="store_true",
@@ -116,33 +117,51 @@ def spectrogram_png(path: Path, reference: np.ndarray, candidate: np.ndarray, ti
     plt.close(fig)
 
 
-def compare_mode(model, torch_model, mode: str, entry: dict, capture_dir: Path, label: str = "onnx") -> dict[str, Any]:
+def compare_item(capture_dir: Path, mode: str, index: int, items: int, reference_name: str, audio: np.ndarray,
+                 rate: float, sample_rate: int, label: str) -> dict[str, Any]:
+    """One item's waveform against the capture's: log-spectral L1, durations; its WAV and spectrogram."""
+    reference_audio, _ = read_wav(capture_dir / mode / reference_name)
+    lsd = metrics.log_spectral_l1(reference_audio, audio)
+    wav = capture.item_file(f"{label}_{mode}.wav", index, items)
+    spectrogram = capture.item_file(f"{label}_{mode}_spectrogram.png", index, items)
+    write_wav(capture_dir / wav, audio, sample_rate)
+    spectrogram_png(capture_dir / spectrogram, reference_audio, audio,
+                    f"{label} {mode}{f' item {index}' if items > 1 else ''}: token match {rate:.4f}, "
+                    f"log-spectral L1 {lsd:.1e}")
+    return {"log_spectral_l1": lsd, "duration_s": audio.size / sample_rate,
+            "reference_duration_s": reference_audio.size / sample_rate,
+            "same_duration": audio.size == reference_audio.size, "wav": wav, "spectrogram": spectrogram}
+
+
+def compare_mode(model, torch_model, mode: str, manifest: dict, capture_dir: Path, label: str = "onnx") -> dict[str, Any]:
+    entry = manifest["modes"][mode]
     request = GenerationRequest.from_dict(entry["request"])
     if request.ref_audio:
         request.ref_audio = str(capture_dir / request.ref_audio)
     reference_tokens = capture.load_mode_file(capture_dir, mode, capture.TOKENS_FILE)
-    reference_audio, _ = read_wav(capture_dir / mode / capture.OUTPUT_WAV)
-    audio, states, onnx_seconds = quality.run_recorded(model, request)
+    audios, states, onnx_seconds = quality.run_recorded(model, request)
     torch_seconds = None
     if torch_model is not None:
         started = time.perf_counter()
-        run_generate(torch_model, request)
+        generate_waveforms(torch_model, request)
         torch_seconds = time.perf_counter() - started
-    final_ref, final = reference_tokens["final"], states[-1]
-    rate, per_codebook = metrics.code_match(final_ref, final)
+    target_lens = [row["t_len"] for row in entry["rows"]]
+    rate, per_codebook = metrics.code_match(capture.real_tokens(reference_tokens["final"], target_lens),
+                                            capture.real_tokens(states[-1], target_lens))
     diverged = quality.first_divergence(reference_tokens["after_step"], states)
-    lsd = metrics.log_spectral_l1(reference_audio, audio)
-    same_duration = audio.size == reference_audio.size
-    write_wav(capture_dir / f"{label}_{mode}.wav", audio, model.sampling_rate)
-    spectrogram_png(capture_dir / f"{label}_{mode}_spectrogram.png", reference_audio, audio,
-                    f"{label} {mode}: token match {rate:.4f}, log-spectral L1 {lsd:.1e}")
+    names = capture.item_files(manifest, mode, capture.OUTPUT_WAV)
+    items = [compare_item(capture_dir, mode, index, len(names), name, audio, rate, model.sampling_rate, label)
+             for index, (name, audio) in enumerate(zip(names, audios))]
+    lsd = max(item["log_spectral_l1"] for item in items)
+    same_duration = len(audios) == len(names) and all(item["same_duration"] for item in items)
     passed = (rate >= END_TO_END_THRESHOLDS["end_to_end_token_match_min"] and same_duration
               and lsd <= END_TO_END_THRESHOLDS["end_to_end_log_spectral_l1_max"])
     return {"token_match": rate, "token_match_per_codebook": per_codebook, "first_divergent_step": diverged,
-            "log_spectral_l1": lsd, "duration_s": audio.size / model.sampling_rate,
-            "reference_duration_s": reference_audio.size / model.sampling_rate, "same_duration": same_duration,
+            "log_spectral_l1": lsd, "same_duration": same_duration,
+            "duration_s": sum(item["duration_s"] for item in items),
+            "reference_duration_s": sum(item["reference_duration_s"] for item in items),
             "onnx_seconds": round(onnx_seconds, 3), "torch_seconds": None if torch_seconds is None else round(torch_seconds, 3),
-            "wav": f"{label}_{mode}.wav", "spectrogram": f"{label}_{mode}_spectrogram.png", "passed": passed}
+            "items": items, "passed": passed}
 
 
 def verdict_word(passed: bool | None) -> str:
@@ -204,8 +223,8 @@ def compare(args) -> None:
           f"{'' if args.variant is None else ' (transformer: variant ' + args.variant + ')'} vs the capture "
           f"({manifest['model']['fingerprint']})", flush=True)
     results = {}
-    for mode, entry in manifest["modes"].items():
-        result = compare_mode(model, torch_model, mode, entry, args.capture_dir, label)
+    for mode in manifest["modes"]:
+        result = compare_mode(model, torch_model, mode, manifest, args.capture_dir, label)
         if not judged:
             result["passed"] = None
         results[mode] = result

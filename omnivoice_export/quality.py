@@ -57,15 +57,15 @@ def step_quality(session, capture_dir: Path, manifest: dict[str, Any]) -> list[d
     return rows
 
 
-def run_recorded(model, request) -> tuple[np.ndarray, np.ndarray, float]:
-    """generate() with a token recorder: (audio, token state after each step [N,B,8,T], seconds)."""
-    from omnivoice_export.generation import run_generate
+def run_recorded(model, request) -> tuple[list[np.ndarray], np.ndarray, float]:
+    """generate() with a token recorder: (audio per item, token state after each step [N,B,8,T], seconds)."""
+    from omnivoice_export.generation import generate_waveforms
 
     recorder = capture.Recorder(model, Path("."), steps=set())  # steps=set(): no step files, tokens only
     started = time.perf_counter()
     with recorder.active():
-        audio = run_generate(model, request)
-    return audio, np.stack(recorder.token_states), time.perf_counter() - started
+        audios = generate_waveforms(model, request)
+    return audios, np.stack(recorder.token_states), time.perf_counter() - started
 
 
 def first_divergence(reference: np.ndarray, candidate: np.ndarray) -> int | None:
@@ -88,16 +88,23 @@ def end_to_end(model_path: Path, onnx_dir: Path, transformer: Path, capture_dir:
         request = GenerationRequest.from_dict(entry["request"])
         if request.ref_audio:
             request.ref_audio = str(Path(capture_dir) / request.ref_audio)
-        audio, states, seconds = run_recorded(model, request)
+        audios, states, seconds = run_recorded(model, request)
         reference = capture.load_mode_file(capture_dir, mode, capture.TOKENS_FILE)
-        reference_audio, _ = read_wav(Path(capture_dir) / mode / capture.OUTPUT_WAV)
-        rate, per_codebook = metrics.code_match(reference["final"], states[-1])
+        names = capture.item_files(manifest, mode, capture.OUTPUT_WAV)  # one per item of a batched request
+        reference_audios = [read_wav(Path(capture_dir) / mode / name)[0] for name in names]
+        target_lens = [row["t_len"] for row in entry["rows"]]
+        rate, per_codebook = metrics.code_match(capture.real_tokens(reference["final"], target_lens),
+                                                capture.real_tokens(states[-1], target_lens))
         results[mode] = {"token_match": rate, "token_match_per_codebook": per_codebook,
                          "first_divergent_step": first_divergence(reference["after_step"], states),
-                         "log_spectral_l1": metrics.log_spectral_l1(reference_audio, audio),
-                         "same_duration": audio.size == reference_audio.size, "seconds": round(seconds, 3)}
+                         "log_spectral_l1": max(metrics.log_spectral_l1(ref, audio)
+                                                for ref, audio in zip(reference_audios, audios)),
+                         "same_duration": [a.size for a in audios] == [r.size for r in reference_audios],
+                         "seconds": round(seconds, 3)}
         if wav_dir is not None:
-            write_wav(Path(wav_dir) / f"{mode}.wav", audio, model.sampling_rate)
+            for index, audio in enumerate(audios):
+                write_wav(Path(wav_dir) / capture.item_file(f"{mode}.wav", index, len(audios)), audio,
+                          model.sampling_rate)
     return results
 
 

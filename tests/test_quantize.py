@@ -19,7 +19,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import quality_omnivoice
 import quantize_omnivoice
-from omnivoice_export import quality, quantize, report
+from omnivoice_export import capture, quality, quantize, report
 from omnivoice_onnx.errors import UserError
 from omnivoice_onnx.sessions import make_session, run
 
@@ -161,12 +161,13 @@ def test_script_help_and_unknown_variant():
 
 @pytest.mark.slow
 def test_every_variant_runs_generate_in_all_three_modes(measured, pipeline):
-    modes = set(json.loads((pipeline.capture / "manifest.json").read_text())["modes"])
+    manifest = json.loads((pipeline.capture / "manifest.json").read_text())
     assert set(measured["variants"]) == {"fp32", *quantize.RECIPES}
     for name, result in measured["variants"].items():
-        assert set(result["end_to_end"]) == modes, name
+        assert set(result["end_to_end"]) == set(manifest["modes"]), name
         for mode, e2e in result["end_to_end"].items():
-            assert (measured["wav_dir"] / name / f"{mode}.wav").is_file()
+            for wav in capture.item_files(manifest, mode, f"{mode}.wav"):  # the batch mode: one per item
+                assert (measured["wav_dir"] / name / wav).is_file()
             assert 0.0 <= e2e["token_match"] <= 1.0 and np.isfinite(e2e["log_spectral_l1"])
     # the fp32 baseline of the table is the export itself: tokens identical, as infer_onnx proves
     assert all(e["token_match"] == 1.0 and e["first_divergent_step"] is None
@@ -266,9 +267,11 @@ def test_infer_onnx_variant_runs_generate_with_fp32_codecs(pipeline_copy):
     assert entries["int8"]["end_to_end"]["cpu"]["verdict"].startswith("measurement")
     unmasked = entries["fp32-unmasked"]["end_to_end"]["cpu"]
     assert unmasked["verdict"] == "PASS" and all(m["token_match"] == 1.0 for m in unmasked["modes"].values())
+    manifest = capture.load_manifest(pipeline_copy.capture, verify_hashes=False)
     for mode in unmasked["modes"]:
         for label in ("onnx_int8", "onnx_fp32-unmasked"):
-            assert (pipeline_copy.capture / f"{label}_{mode}.wav").is_file()
-            assert (pipeline_copy.capture / f"{label}_{mode}_spectrogram.png").is_file()
+            for name in (f"{label}_{mode}.wav", f"{label}_{mode}_spectrogram.png"):
+                for file in capture.item_files(manifest, mode, name):  # the batch mode: one per item
+                    assert (pipeline_copy.capture / file).is_file()
     with pytest.raises(UserError, match="--no-split with variant fp32-unmasked"):
         infer_onnx.main(["--variant", "fp32-unmasked", "--no-split", *common])
