@@ -7,7 +7,9 @@
 #   make test                 the whole pytest suite (tiny checkpoint, CPU; minutes)
 #   make test-fast            the quick subset: skips tests marked slow (pytest.ini), i.e. all that need steps 0-2
 #   make bench                PyTorch vs ONNX Runtime benchmark of the demo's export (README: Performance)
+#   make quality MODEL=PATH   quantized variants of the transformer and their quality table (steps 5-6)
 #   make venv-gpu             .venv for an NVIDIA machine (requirements-gpu.txt)
+#   make gpu-check            the CUDA checks (torch CUDA capture vs CPU; ORT CUDA parity if onnxruntime-gpu)
 
 PYTHON ?= python3
 # PyTorch's CPU wheel index (PyTorch's install instructions); a mirror of it works too.
@@ -24,7 +26,10 @@ ONNX := onnx
 MODEL_MARK := checkpoints/.demo-model
 PACKAGE := $(wildcard omnivoice_export/*.py omnivoice_onnx/*.py)
 
-.PHONY: demo test test-fast venv venv-gpu bench clean FORCE
+.PHONY: demo test test-fast venv venv-gpu bench quality clean gpu-check FORCE
+# A step that fails must not leave a target that looks up to date: make deletes a target its
+# failed recipe changed, so the next `make demo` re-runs the step instead of going on with it.
+.DELETE_ON_ERROR:
 .DEFAULT_GOAL := demo
 
 venv: $(STAMP)
@@ -75,6 +80,16 @@ demo: $(ONNX)/export-report.json
 
 bench: $(ONNX)/export-report.json
 	$(PY) bench/bench_omnivoice.py --model $(MODEL) --onnx-dir $(ONNX) --capture-dir $(CAPTURE)
+
+# Steps 5-6 on the export of MODEL: every recipe, then the table (fp32 measured in the same run).
+quality: $(ONNX)/export-report.json
+	$(PY) quantize_omnivoice.py --onnx-dir $(ONNX)
+	$(PY) quality_omnivoice.py --onnx-dir $(ONNX) --capture-dir $(CAPTURE)
+
+# The checks that need an NVIDIA GPU, on tiny, in under 8 minutes (scripts/gpu_check.sh says what
+# each shows). No venv prerequisite: a GPU machine's image may bring its own CUDA torch (PY=python).
+gpu-check:
+	PY=$(PY) scripts/gpu_check.sh
 
 clean:
 	rm -rf $(CAPTURE) $(ONNX) $(MODEL_MARK)

@@ -8,13 +8,16 @@ audio_tokenizer.decode wrapped by a recorder that copies what they see:
     clone   voice clone from capture/ref_voice.wav + ref_voice.txt (step 0)
     design  voice design from an instruct
     auto    neither; the model picks a voice
+    batch   voice design of two texts of different lengths in one generate() call, as upstream
+            batches a list: 2B = 4 transformer rows, the shorter item's padded
 
 Per mode, under capture/<mode>/: the transformer's inputs and the logits rows generate() reads at
 every step (--steps picks a subset), the token state after each step and the final tokens, the
 encoder's audio and codes, the decoder's codes and audio, the final WAV. capture/manifest.json
 records the model fingerprint, versions, device, seeds, generation config, texts, tensor
 shapes/dtypes and a sha256 per file. Two captures on the same machine and device are
-bit-identical. The previous capture is replaced only once the new one is complete.
+bit-identical. On CUDA the reference is full fp32: TF32 is switched off for matmuls and cuDNN
+convolutions (torch leaves cuDNN's on by default), and the manifest records the settings. The previous capture is replaced only once the new one is complete.
 
 Clone mode checks ref_voice.wav before loading the model: missing, empty, unreadable or silent
 is an error; another sample rate or several channels are resampled/averaged as upstream does
@@ -37,7 +40,7 @@ from omnivoice_export.capture import REF_TXT, REF_WAV
 from omnivoice_export.checkpoints import add_model_arg, load_omnivoice, model_fingerprint, resolve_model
 from omnivoice_export.cli import NUM_STEP, SEED, check_output, parse, parse_subset, run_main
 from omnivoice_export.files import atomic_dir, file_entry
-from omnivoice_export.generation import DEFAULT_SEED, check_reference_audio, mode_request, run_generate, write_wav
+from omnivoice_export.generation import DEFAULT_SEED, check_reference_audio, generate_waveforms, mode_request, write_wav
 from omnivoice_export.report import package_versions
 from omnivoice_onnx.contract import SAMPLE_RATE
 from omnivoice_onnx.errors import UserError
@@ -65,7 +68,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="device of the PyTorch reference; validate ONNX against a capture made on the "
                              "same device (RVQ codes flip between devices)")
     parser.add_argument("--steps", default="all", help="transformer calls to record: 'all' or e.g. '0,15,31'")
-    parser.add_argument("--modes", default=",".join(capture.MODES), help="comma-separated subset of clone,design,auto")
+    parser.add_argument("--modes", default=",".join(capture.MODES), help=f"comma-separated subset of {','.join(capture.MODES)}")
     parser.add_argument("--seed", type=SEED, default=DEFAULT_SEED, help="torch seed before each generate()")
     parser.add_argument("--num-step", type=NUM_STEP, default=32, help="unmasking steps of generate()")
     parser.add_argument("--capture-dir", type=Path, default=capture.DEFAULT_DIR, help="where the capture is written")
@@ -103,7 +106,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.device == "cuda":
         model.audio_tokenizer.to("cuda")
 
-    with atomic_dir(args.capture_dir) as tmp:
+    with atomic_dir(args.capture_dir) as tmp, capture.full_fp32() as precision:
         manifest_modes = {}
         for mode in modes:
             request = mode_request(mode, args.seed, args.num_step, ref_wav, ref_text)
@@ -112,21 +115,23 @@ def main(argv: list[str] | None = None) -> None:
             with tqdm(total=args.num_step, desc=f"  {mode} steps", unit="step", leave=False) as bar:
                 recorder = capture.Recorder(model, tmp / mode, steps, progress=bar)
                 with recorder.active():
-                    audio = run_generate(model, request)
+                    audios = generate_waveforms(model, request)
                 record = recorder.finish()
-            write_wav(tmp / mode / capture.OUTPUT_WAV, audio)
-            record.files[capture.OUTPUT_WAV] = file_entry(tmp / mode / capture.OUTPUT_WAV)
+            for index, audio in enumerate(audios):
+                name = capture.item_file(capture.OUTPUT_WAV, index, len(audios))
+                write_wav(tmp / mode / name, audio)
+                record.files[name] = file_entry(tmp / mode / name)
             manifest_modes[mode] = capture.mode_record_entry(record, request.to_dict())
             size = sum(f["bytes"] for f in record.files.values())
+            seconds = " + ".join(f"{audio.size / SAMPLE_RATE:.2f}" for audio in audios)
             print(f"[step 1] {mode}: S={record.seq_len} rows={record.rows} {record.steps_called} steps, "
-                  f"{audio.size / SAMPLE_RATE:.2f} s audio, {size / 1e6:.1f} MB in {time.perf_counter() - started:.1f} s",
-                  flush=True)
+                  f"{seconds} s audio, {size / 1e6:.1f} MB in {time.perf_counter() - started:.1f} s", flush=True)
         for name in (REF_WAV, REF_TXT):
             if (args.capture_dir / name).is_file():
                 (tmp / name).write_bytes((args.capture_dir / name).read_bytes())
         manifest = capture.write_manifest(
             tmp, model={"spec": args.model or str(model_path), "path": str(model_path), "fingerprint": fingerprint},
-            device=args.device, versions=package_versions(), seed=args.seed, num_step=args.num_step, steps=steps,
+            device=args.device, precision=precision, versions=package_versions(), seed=args.seed, num_step=args.num_step, steps=steps,
             modes=manifest_modes)
     print(f"[step 1] capture complete: {args.capture_dir} ({manifest['total_bytes'] / 1e6:.1f} MB)")
 

@@ -13,9 +13,10 @@ for a graph, the legacy exporter does, and the report says why (--no-dynamo forc
 
 Example inputs are real tensors from capture/ (batch >= 2: a batch-1 example fixes the batch).
 Right after export each graph is loaded in onnxruntime and run at shapes the export never saw,
-and the transformer must pass the bidirectionality probe. Everything goes into
-onnx/export-report.json; a summary table is printed at the end. Files are written to a staging
-directory and renamed into onnx/ only when complete.
+and the transformer must pass the bidirectionality and mask probes. Files are written to a
+staging directory and renamed into onnx/ only when complete and only when onnx.checker and every
+self-check passed: an export that fails them exits 1 and leaves onnx/ as it was. Everything goes
+into onnx/export-report.json; a summary table is printed at the end.
 
     python export_omnivoice.py --model tiny
     python export_omnivoice.py --model full-random --graphs transformer
@@ -64,7 +65,9 @@ def _crop_stack(arrays: list[np.ndarray], multiple: int = 1) -> np.ndarray:
 
 
 def transformer_examples(capture_dir: Path, manifest: dict) -> tuple[tuple[torch.Tensor, ...], list[dict]]:
-    """Export example (a clone step, 2B=2) and self-check inputs at other (B, S)."""
+    """Export example (the first mode's first step, 2B >= 2) and self-check inputs at other (B, S):
+    the last step of every other mode (a batch mode's padded rows included), and B=2 made of the
+    last one-item step as [cond, cond, uncond, uncond] when no mode is batched."""
     modes = list(manifest["modes"])
     first = capture.load_step(capture_dir, modes[0], capture.mode_steps(manifest, modes[0])[0])
     example = tuple(torch.from_numpy(first[k]) for k in TRANSFORMER_INPUTS)
@@ -73,10 +76,8 @@ def transformer_examples(capture_dir: Path, manifest: dict) -> tuple[tuple[torch
         step = capture.mode_steps(manifest, mode)[-1]
         checks.append({k: v for k, v in capture.load_step(capture_dir, mode, step).items()
                        if k in TRANSFORMER_INPUTS})
-    # B=2 (2B=4) at another S: [cond, cond, uncond, uncond] of the last mode's last step.
-    last = checks[-1]
-    order = np.array([0, 0, 1, 1])
-    checks.append({k: v[order] for k, v in last.items()})
+    if all(len(c["input_ids"]) == 2 for c in checks):
+        checks.append({k: v[np.array([0, 0, 1, 1])] for k, v in checks[-1].items()})
     return example, checks
 
 
@@ -86,7 +87,8 @@ def codec_examples(capture_dir: Path, manifest: dict) -> dict[str, tuple[np.ndar
         raise UserError("exporting the encoder needs the clone mode's captured encoder input",
                         "re-run capture_reference.py with clone among --modes")
     encoder_in = capture.load_mode_file(capture_dir, "clone", capture.ENCODER_FILE)["input_values"]
-    decoded = [capture.load_mode_file(capture_dir, mode, capture.DECODER_FILE) for mode in manifest["modes"]]
+    decoded = [capture.load_mode_file(capture_dir, mode, name) for mode in manifest["modes"]
+               for name in capture.item_files(manifest, mode, capture.DECODER_FILE)]
     audio = _crop_stack([encoder_in, decoded[0]["audio_values"]], HOP_LENGTH)
     half = encoder_in[..., : encoder_in.shape[-1] // 2 // HOP_LENGTH * HOP_LENGTH]
     codes = _crop_stack([d["audio_codes"] for d in decoded] * (2 if len(decoded) == 1 else 1))
@@ -98,7 +100,7 @@ def codec_examples(capture_dir: Path, manifest: dict) -> dict[str, tuple[np.ndar
 
 
 def summary_table(entries: dict) -> str:
-    head = f"{'graph':<12}{'exporter':<10}{'opset':>6}{'onnx MB':>9}{'data MB':>10}{'time s':>8}{'peak RSS MB':>13}" \
+    head = f"{'graph':<12}{'exporter':<10}{'opset':>6}{'onnx MiB':>9}{'data MiB':>10}{'time s':>8}{'peak RSS MiB':>13}" \
            f"{'checker':>9}{'self-check':>12}"
     lines = [head, "-" * len(head)]
     for graph, entry in entries.items():
@@ -165,6 +167,16 @@ def main(argv: list[str] | None = None) -> None:
         # Hashed in staging: install and report write follow with no slow step between.
         entries = {graph: report.graph_entry(result, signatures[graph], report.graph_files(staging, graph))
                    for graph, result in results.items()}
+        print()
+        print(summary_table(entries))
+        # Checked before anything is installed: graphs that failed never replace those in onnx/.
+        failed = {graph: problems for graph, entry in entries.items() if (problems := report.entry_problems(entry))}
+        if failed:
+            for graph, problems in failed.items():
+                print("\n".join(f"  {graph} failed: {problem}" for problem in problems))
+            graph, problems = next(iter(failed.items()))
+            raise CheckFailed(f"the export of {', '.join(failed)} failed its checks ({graph}: {problems[0]}); "
+                              f"nothing was installed, {args.onnx_dir} is unchanged")
         exporting.install_graphs(staging, args.onnx_dir, graphs)
 
     # What the torch-free runtime needs besides the graphs, so that onnx/ can be used alone.
@@ -172,11 +184,6 @@ def main(argv: list[str] | None = None) -> None:
     report.write_export_report(args.onnx_dir, model_path, fingerprint, args.capture_dir,
                                manifest["model"]["fingerprint"], manifest_sha256, versions,
                                {**(previous["graphs"] if previous else {}), **entries}, assets)
-    print()
-    print(summary_table(entries))
-    failed = [g for g, e in entries.items() if not e["self_checks"]["passed"] or e["checker"] != "ok"]
-    if failed:
-        raise CheckFailed(f"self-checks failed for {', '.join(failed)} (details in {report.report_path(args.onnx_dir)})")
     print(f"\n[step 2] export complete: {args.onnx_dir}  report {report.report_path(args.onnx_dir)}")
 
 

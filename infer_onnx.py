@@ -10,11 +10,16 @@ audio_tokenizer.decode served by onnxruntime, and is compared with the PyTorch r
     output WAV       log-spectral L1 against the reference WAV, and duration equality
 
 It writes capture/onnx_<mode>.wav and capture/onnx_<mode>_spectrogram.png (PyTorch | ONNX |
-difference), prints a summary table with the wall time of PyTorch and ONNX generate() measured
+difference; per item i of the batch mode: onnx_batch_<i>.wav, onnx_batch_spectrogram_<i>.png), prints a summary table with the wall time of PyTorch and ONNX generate() measured
 in the same run (informational), and merges the results into onnx/export-report.json under
 end_to_end.<provider>. Exit code 1 when tokens differ. It replays the capture's requests, so it
 refuses a --seed or --num-step other than the capture's, a capture re-made after the export, and a
 ref_voice.wav re-made after the capture (exit 2), rather than compare different runs.
+
+--variant NAME runs a transformer variant of step 5 (quantize_omnivoice.py) with the export's fp32
+codec graphs (files capture/onnx_<variant>_<mode>.*, results under variants.<name>.end_to_end in
+the report). A quantized variant is measured, never judged (exit 0 whatever its tokens); an fp32
+variant (fp32-unmasked) gets the fp32 verdict.
 
 Synthesis mode (--text): speak any text with the ONNX graphs alone. The PyTorch weights are
 never loaded: the host needs only the config, the text tokenizer and the duration estimator.
@@ -37,13 +42,14 @@ from typing import Any
 
 import numpy as np
 
-from omnivoice_export import capture, metrics, report
+from omnivoice_export import capture, metrics, quality, quantize, report
 from omnivoice_export.checkpoints import load_omnivoice, resolve_model, validate_checkpoint_dir
 from omnivoice_export.cli import (NUM_STEP, SEED, THREADS, CheckFailed, check_input_dir, check_output, parse,
                                   run_main)
 from omnivoice_export.files import atomic_path
 from omnivoice_export.generation import (DEFAULT_SEED, LANGUAGE, GenerationRequest, check_language,
-                                         check_reference_audio, read_wav, run_generate, write_wav)
+                                         check_reference_audio, generate_waveforms, read_wav, run_generate,
+                                         write_wav)
 from omnivoice_export.measure import PeakRss
 from omnivoice_export.ort_runtime import OrtGraphs, load_onnx_omnivoice
 from omnivoice_onnx.contract import GRAPH_NAMES, THRESHOLDS
@@ -60,13 +66,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--capture-dir", type=Path, default=capture.DEFAULT_DIR, help="step 1's capture")
     parser.add_argument("--onnx-dir", type=Path, default=report.DEFAULT_ONNX_DIR, help="step 2's export")
     parser.add_argument("--model", default=None,
-                        help="checkpoint for the config and text tokenizer (tiny | full-random | PATH); "
+                        help="checkpoint for the config and text tokenizer (tiny | full-random | PATH | Hugging Face repo id); "
                              "default: the one named in the export report")
     parser.add_argument("--threads", type=THREADS, default=None,
                         help="onnxruntime intra-op threads (default: all cores)")
     parser.add_argument("--no-split", action="store_true",
                         help="run cond and uncond rows as one padded transformer call (upstream's layout) instead "
                              "of each at its own length")
+    parser.add_argument("--variant", default=None,
+                        help="run a transformer variant made by quantize_omnivoice.py (int8, int4-b32, fp32-unmasked, ...) "
+                             "with the export's fp32 codec graphs; compare mode then reports a quantized variant as "
+                             "measurements under variants.<name> in the report, not as a verdict")
     parser.add_argument("--no-torch-timing", action="store_true",
                         help="compare mode: skip the PyTorch generate() timing run")
     synth = parser.add_argument_group("synthesis mode (needs no capture)")
@@ -82,23 +92,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     synth.add_argument("--num-step", type=NUM_STEP, default=None,
                        help="unmasking steps (default: 32; compare mode: the capture's)")
     return parse(parser, argv)
-
-
-def run_recorded(model, request: GenerationRequest) -> tuple[np.ndarray, np.ndarray, float]:
-    """generate() with a token recorder: (audio, token state after each step [N,B,8,T], seconds)."""
-    recorder = capture.Recorder(model, Path("."), steps=set())  # steps=set(): no step files, tokens only
-    started = time.perf_counter()
-    with recorder.active():
-        audio = run_generate(model, request)
-    return audio, np.stack(recorder.token_states), time.perf_counter() - started
-
-
-def first_divergence(reference: np.ndarray, candidate: np.ndarray) -> int | None:
-    """First step whose token state differs (None: never)."""
-    for step in range(min(len(reference), len(candidate))):
-        if reference[step].shape != candidate[step].shape or not np.array_equal(reference[step], candidate[step]):
-            return step
-    return None if len(reference) == len(candidate) else min(len(reference), len(candidate))
 
 
 def spectrogram_png(path: Path, reference: np.ndarray, candidate: np.ndarray, title: str) -> None:
@@ -126,33 +119,82 @@ def spectrogram_png(path: Path, reference: np.ndarray, candidate: np.ndarray, ti
     plt.close(fig)
 
 
-def compare_mode(model, torch_model, mode: str, entry: dict, capture_dir: Path) -> dict[str, Any]:
+def compare_item(capture_dir: Path, mode: str, index: int, items: int, reference_name: str, audio: np.ndarray,
+                 rate: float, sample_rate: int, label: str) -> dict[str, Any]:
+    """One item's waveform against the capture's: log-spectral L1, durations; its WAV and spectrogram."""
+    reference_audio, _ = read_wav(capture_dir / mode / reference_name)
+    lsd = metrics.log_spectral_l1(reference_audio, audio)
+    wav = capture.item_file(f"{label}_{mode}.wav", index, items)
+    spectrogram = capture.item_file(f"{label}_{mode}_spectrogram.png", index, items)
+    write_wav(capture_dir / wav, audio, sample_rate)
+    spectrogram_png(capture_dir / spectrogram, reference_audio, audio,
+                    f"{label} {mode}{f' item {index}' if items > 1 else ''}: token match {rate:.4f}, "
+                    f"log-spectral L1 {lsd:.1e}")
+    return {"log_spectral_l1": lsd, "duration_s": audio.size / sample_rate,
+            "reference_duration_s": reference_audio.size / sample_rate,
+            "same_duration": audio.size == reference_audio.size, "wav": wav, "spectrogram": spectrogram}
+
+
+def compare_mode(model, torch_model, mode: str, manifest: dict, capture_dir: Path, label: str = "onnx") -> dict[str, Any]:
+    entry = manifest["modes"][mode]
     request = GenerationRequest.from_dict(entry["request"])
     if request.ref_audio:
         request.ref_audio = str(capture_dir / request.ref_audio)
     reference_tokens = capture.load_mode_file(capture_dir, mode, capture.TOKENS_FILE)
-    reference_audio, _ = read_wav(capture_dir / mode / capture.OUTPUT_WAV)
-    audio, states, onnx_seconds = run_recorded(model, request)
+    audios, states, onnx_seconds = quality.run_recorded(model, request)
     torch_seconds = None
     if torch_model is not None:
         started = time.perf_counter()
-        run_generate(torch_model, request)
+        generate_waveforms(torch_model, request)
         torch_seconds = time.perf_counter() - started
-    final_ref, final = reference_tokens["final"], states[-1]
-    rate, per_codebook = metrics.code_match(final_ref, final)
-    diverged = first_divergence(reference_tokens["after_step"], states)
-    lsd = metrics.log_spectral_l1(reference_audio, audio)
-    same_duration = audio.size == reference_audio.size
-    write_wav(capture_dir / f"onnx_{mode}.wav", audio, model.sampling_rate)
-    spectrogram_png(capture_dir / f"onnx_{mode}_spectrogram.png", reference_audio, audio,
-                    f"{mode}: token match {rate:.4f}, log-spectral L1 {lsd:.1e}")
+    target_lens = [row["t_len"] for row in entry["rows"]]
+    rate, per_codebook = metrics.code_match(capture.real_tokens(reference_tokens["final"], target_lens),
+                                            capture.real_tokens(states[-1], target_lens))
+    diverged = quality.first_divergence(reference_tokens["after_step"], states)
+    names = capture.item_files(manifest, mode, capture.OUTPUT_WAV)
+    items = [compare_item(capture_dir, mode, index, len(names), name, audio, rate, model.sampling_rate, label)
+             for index, (name, audio) in enumerate(zip(names, audios))]
+    lsd = max(item["log_spectral_l1"] for item in items)
+    same_duration = len(audios) == len(names) and all(item["same_duration"] for item in items)
     passed = (rate >= END_TO_END_THRESHOLDS["end_to_end_token_match_min"] and same_duration
               and lsd <= END_TO_END_THRESHOLDS["end_to_end_log_spectral_l1_max"])
     return {"token_match": rate, "token_match_per_codebook": per_codebook, "first_divergent_step": diverged,
-            "log_spectral_l1": lsd, "duration_s": audio.size / model.sampling_rate,
-            "reference_duration_s": reference_audio.size / model.sampling_rate, "same_duration": same_duration,
+            "log_spectral_l1": lsd, "same_duration": same_duration,
+            "duration_s": sum(item["duration_s"] for item in items),
+            "reference_duration_s": sum(item["reference_duration_s"] for item in items),
             "onnx_seconds": round(onnx_seconds, 3), "torch_seconds": None if torch_seconds is None else round(torch_seconds, 3),
-            "wav": f"onnx_{mode}.wav", "spectrogram": f"onnx_{mode}_spectrogram.png", "passed": passed}
+            "items": items, "passed": passed}
+
+
+def verdict_word(passed: bool | None) -> str:
+    return "measured" if passed is None else "OK" if passed else "FAIL"
+
+
+def print_compare_table(results: dict[str, dict[str, Any]]) -> None:
+    print()
+    print(f"{'mode':<8}{'tokens':>10}{'diverged':>10}{'LSD':>10}{'dur s':>8}{'torch s':>9}{'onnx s':>8}{'ratio':>7}  verdict")
+    for mode, r in results.items():
+        ratio = f"{r['torch_seconds'] / r['onnx_seconds']:.2f}" if r["torch_seconds"] else "-"
+        torch_s = f"{r['torch_seconds']:.2f}" if r["torch_seconds"] else "-"
+        diverged = "-" if r["first_divergent_step"] is None else str(r["first_divergent_step"])
+        print(f"{mode:<8}{r['token_match']:>10.6f}{diverged:>10}{r['log_spectral_l1']:>10.1e}{r['duration_s']:>8.2f}"
+              f"{torch_s:>9}{r['onnx_seconds']:>8.2f}{ratio:>7}  {verdict_word(r['passed']).upper()}")
+
+
+def variant_transformer(args, export: dict) -> tuple[Path | None, bool]:
+    """(--variant's transformer graph or None for the export's, whether the fp32 verdicts apply).
+
+    An fp32 variant (fp32-unmasked) must pass the fp32 verdicts; a quantized one is measured.
+    The unmasked graph is valid only for calls whose mask is all True, i.e. through run_split.
+    """
+    if args.variant is None:
+        return None, True
+    path = quantize.verify_variant(args.onnx_dir, export, args.variant)
+    recipe = export["variants"][args.variant]["recipe"]
+    if args.no_split and recipe["method"] == "unmasked":
+        raise UserError(f"--no-split with variant {args.variant}: the unmasked graph gives NaN logits for padded "
+                        "rows", "drop --no-split (cond and uncond rows then run at their own lengths)")
+    return path, recipe["bits"] == 32
 
 
 def check_compare_flags(args, manifest: dict) -> None:
@@ -177,31 +219,42 @@ def compare(args) -> None:
     if "clone" in manifest["modes"]:
         capture.reference_wav(args.capture_dir, manifest)  # the very reference the clone tokens came from
     model_path = resolve_model(args.model) if args.model else validate_checkpoint_dir(Path(export["model"]["path"]))
-    graphs = OrtGraphs.load(args.onnx_dir, args.provider, args.threads)
+    transformer, judged = variant_transformer(args, export)
+    graphs = OrtGraphs.load(args.onnx_dir, args.provider, args.threads, transformer=transformer)
     model = load_onnx_omnivoice(model_path, graphs, split=not args.no_split)
     torch_model = None if args.no_torch_timing else load_omnivoice(model_path)
-    print(f"[step 4] provider {args.provider}; generate() with ONNX modules vs the capture "
+    label = "onnx" if args.variant is None else f"onnx_{args.variant}"
+    print(f"[step 4] provider {args.provider}; generate() with ONNX modules"
+          f"{'' if args.variant is None else ' (transformer: variant ' + args.variant + ')'} vs the capture "
           f"({manifest['model']['fingerprint']})", flush=True)
     results = {}
-    for mode, entry in manifest["modes"].items():
-        result = compare_mode(model, torch_model, mode, entry, args.capture_dir)
+    for mode in manifest["modes"]:
+        result = compare_mode(model, torch_model, mode, manifest, args.capture_dir, label)
+        if not judged:
+            result["passed"] = None
         results[mode] = result
         diverged = "never" if result["first_divergent_step"] is None else f"step {result['first_divergent_step']}"
         print(f"[end_to_end] {mode:<7} tokens={result['token_match']:.6f} diverged={diverged} "
               f"log_spectral_l1={result['log_spectral_l1']:.1e} duration {result['duration_s']:.2f}s"
               f"{'' if result['same_duration'] else ' (reference ' + format(result['reference_duration_s'], '.2f') + 's)'} "
-              f"{'OK' if result['passed'] else 'FAIL'}", flush=True)
+              f"{verdict_word(result['passed'])}", flush=True)
+    if not judged:
+        report.merge_section(args.onnx_dir, ("variants", args.variant, "end_to_end", args.provider), {
+            "provider": args.provider, "verdict": "measurement (quantized variant)", "modes": results,
+            "spectral": metrics.spectral_params()})
+        print_compare_table(results)
+        print(f"measurements of quantized variant {args.variant}, not a parity verdict (wavs and spectrograms in "
+              f"{args.capture_dir})")
+        return
     overall = all(r["passed"] for r in results.values())
-    report.write_end_to_end(args.onnx_dir, args.provider, "PASS" if overall else "FAIL", results,
-                            END_TO_END_THRESHOLDS, metrics.spectral_params())
-    print()
-    print(f"{'mode':<8}{'tokens':>10}{'diverged':>10}{'LSD':>10}{'dur s':>8}{'torch s':>9}{'onnx s':>8}{'ratio':>7}  verdict")
-    for mode, r in results.items():
-        ratio = f"{r['torch_seconds'] / r['onnx_seconds']:.2f}" if r["torch_seconds"] else "-"
-        torch_s = f"{r['torch_seconds']:.2f}" if r["torch_seconds"] else "-"
-        diverged = "-" if r["first_divergent_step"] is None else str(r["first_divergent_step"])
-        print(f"{mode:<8}{r['token_match']:>10.6f}{diverged:>10}{r['log_spectral_l1']:>10.1e}{r['duration_s']:>8.2f}"
-              f"{torch_s:>9}{r['onnx_seconds']:>8.2f}{ratio:>7}  {'PASS' if r['passed'] else 'FAIL'}")
+    if args.variant is None:
+        report.write_end_to_end(args.onnx_dir, args.provider, "PASS" if overall else "FAIL", results,
+                                END_TO_END_THRESHOLDS, metrics.spectral_params())
+    else:
+        report.merge_section(args.onnx_dir, ("variants", args.variant, "end_to_end", args.provider), {
+            "provider": args.provider, "verdict": "PASS" if overall else "FAIL", "modes": results,
+            "thresholds": END_TO_END_THRESHOLDS, "spectral": metrics.spectral_params()})
+    print_compare_table(results)
     print(f"OVERALL: {'PASS' if overall else 'FAIL'}  (wavs and spectrograms in {args.capture_dir})")
     if not overall:
         failed = [m for m, r in results.items() if not r["passed"]]
@@ -230,8 +283,9 @@ def synthesize(args) -> None:
                                 language=language, instruct=args.instruct,
                                 ref_audio=str(args.ref_audio) if args.ref_audio else None, ref_text=args.ref_text,
                                 num_step=GenerationRequest.num_step if args.num_step is None else args.num_step)
+    transformer, _ = variant_transformer(args, export)
     with PeakRss() as peak:
-        graphs = OrtGraphs.load(args.onnx_dir, args.provider, args.threads)
+        graphs = OrtGraphs.load(args.onnx_dir, args.provider, args.threads, transformer=transformer)
         model = load_onnx_omnivoice(model_path, graphs, split=not args.no_split)
         audio = run_generate(model, request)
     write_wav(args.out, audio, model.sampling_rate)

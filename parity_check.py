@@ -16,13 +16,22 @@ export report must name the same model fingerprint, the capture must be the one 
 in the report), each graph's metadata must name the report's exporter and opset, and every
 capture and ONNX file must match its recorded sha256; otherwise it stops with one line (exit 2).
 
-Providers: cpu (default), cuda-fp32 (CUDA EP, TF32 off) and cuda-tf32 (CUDA EP defaults). cpu and
-cuda-fp32 are parity verdicts on the export; cuda-tf32 is reported as a speed/precision
-trade-off. Results are merged into onnx/export-report.json under parity.<provider>; the exit code
-is 1 when any graph fails.
+Providers: cpu (default), cuda-fp32 (CUDA EP, TF32 off, read back from the session) and cuda-tf32
+(CUDA EP defaults). cpu and cuda-fp32 are parity verdicts on the export; cuda-tf32 is reported as a
+speed/precision trade-off. Under CUDA, a profiled first run of each graph reports how many nodes
+onnxruntime ran on the GPU and which on the CPU (recorded as `placement`). Results are merged
+into onnx/export-report.json under parity.<provider>; the exit code is 1 when any graph fails.
+A graph with nothing to compare on (the encoder of a capture without clone mode) is refused
+(exit 2), never reported as a PASS.
+
+--variant NAME checks a transformer variant of step 5 (quantize_omnivoice.py) on the same captured
+calls instead, run as generate() runs them (cond and uncond rows at their own lengths): a
+quantized variant gets measurements (argmax agreement, relative logit error; exit 0), an fp32
+variant (fp32-unmasked) the transformer's verdict; results under variants.<name>.parity.<provider>.
 
     python parity_check.py
     python parity_check.py --provider cuda-fp32 --graphs transformer
+    python parity_check.py --variant int8
 """
 
 from __future__ import annotations
@@ -34,14 +43,15 @@ from typing import Any
 
 import numpy as np
 
-from omnivoice_export import capture, metrics, report
+from omnivoice_export import capture, metrics, quality, quantize, report
 from omnivoice_export.checkpoints import validate_checkpoint_dir
 from omnivoice_export.cli import (THREADS, CheckFailed, check_input_dir, check_output, float_range, parse, parse_subset,
                                   run_main)
 from omnivoice_export.ort_runtime import read_graph_metadata
 from omnivoice_onnx.contract import (CONTRACTS, GRAPH_FILES, GRAPH_NAMES, THRESHOLDS, ort_signature, shape_problems,
                                      signature_problems)
-from omnivoice_onnx.sessions import PROVIDERS, check_provider, make_session, run
+from omnivoice_onnx.errors import UserError
+from omnivoice_onnx.sessions import PROVIDERS, check_provider, make_session, node_placement, run
 
 SWEEP_LENGTHS = 30
 # The flag overriding each graph's parity tolerance (contract.tolerances) for one run, and its help.
@@ -68,6 +78,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.add_argument(flag, type=kind, default=THRESHOLDS[key], dest=key,
                             metavar=flag[2:].upper().replace("-", "_"), help=text)
     parser.add_argument("--no-sweep", action="store_true", help="skip the encoder length sweep (needs PyTorch weights)")
+    parser.add_argument("--variant", default=None,
+                        help="check a transformer variant made by quantize_omnivoice.py instead of the export's graphs: "
+                             "every captured call run as generate() runs it (cond and uncond rows at their own "
+                             "lengths); a quantized variant is measured (argmax agreement, relative logit error), "
+                             "an fp32 one (fp32-unmasked) judged by the transformer thresholds")
     return parse(parser, argv)
 
 
@@ -81,6 +96,29 @@ def line(graph: str, label: str, values: str, ok: bool | None) -> None:
     print(f"[{graph}] {label:<22} {values} {verdict}", flush=True)
 
 
+def first_feeds(graph: str, capture_dir: Path, manifest: dict) -> dict[str, np.ndarray]:
+    """The first captured input of `graph` (one run of it shows where onnxruntime put each node)."""
+    mode = next(iter(manifest["modes"]))
+    if graph == "transformer":
+        data = capture.load_step(capture_dir, mode, capture.mode_steps(manifest, mode)[0])
+    elif graph == "encoder":
+        data = capture.load_mode_file(capture_dir, "clone", capture.ENCODER_FILE)
+    else:
+        data = capture.load_mode_file(capture_dir, mode, capture.item_files(manifest, mode, capture.DECODER_FILE)[0])
+    return {name: data[name] for name in CONTRACTS[graph].input_names}
+
+
+def check_placement(graph: str, session, feeds: dict[str, np.ndarray]) -> dict[str, Any]:
+    """Under a CUDA provider: how many nodes onnxruntime ran on the GPU and which on the CPU
+    (information: it keeps shape arithmetic on the CPU by design)."""
+    run(session, feeds)
+    placement = node_placement(session)
+    cpu_ops = ", ".join(f"{op} x{count}" for op, count in sorted(placement["cpu_ops"].items(), key=lambda i: -i[1]))
+    nodes = ", ".join(f"{count} on {provider}" for provider, count in placement["nodes"].items())
+    line(graph, "node placement", nodes + (f" (CPU: {cpu_ops})" if cpu_ops else ""), None)
+    return placement
+
+
 def check_transformer(session, capture_dir: Path, manifest: dict, thresholds: dict[str, float]) -> dict[str, Any]:
     rows, failures = [], []
     argmax_min, max_abs = thresholds["transformer_argmax_min"], thresholds["transformer_max_abs"]
@@ -90,7 +128,12 @@ def check_transformer(session, capture_dir: Path, manifest: dict, thresholds: di
             feeds = {k: data[k] for k in CONTRACTS["transformer"].input_names}
             outputs = run(session, feeds)
             logits = outputs["logits"]
-            failures += [f"{mode} step {step}: {p}" for p in call_shape_problems("transformer", feeds, outputs)]
+            problems = call_shape_problems("transformer", feeds, outputs)
+            if problems:  # rows cannot be matched with the capture's: nothing to compute metrics on
+                failures += [f"{mode} step {step}: {p}" for p in problems]
+                line("transformer", f"{mode} step {step:>2}", f"logits {list(logits.shape)}", False)
+                rows.append({"mode": mode, "step": step, "S": int(feeds["input_ids"].shape[-1]), "passed": False})
+                continue
             captured = np.concatenate([data["logits_cond"].reshape(-1, logits.shape[-1]),
                                        data["logits_uncond"].reshape(-1, logits.shape[-1])])
             stats = metrics.logit_stats(captured, capture.read_rows(logits, data["attention_mask"]))
@@ -105,8 +148,9 @@ def check_transformer(session, capture_dir: Path, manifest: dict, thresholds: di
             if not ok:
                 failures.append(f"{mode} step {step}: argmax {stats.argmax_agreement:.6f} (min {argmax_min}), "
                                 f"max_abs {stats.max_abs:.2e} (max {max_abs:.0e})")
-    worst = {"argmax_agreement_min": min(r["argmax_agreement"] for r in rows),
-             "max_abs_max": max(r["max_abs"] for r in rows)}
+    compared = [r for r in rows if "argmax_agreement" in r]
+    worst = {"argmax_agreement_min": min((r["argmax_agreement"] for r in compared), default=0.0),
+             "max_abs_max": max((r["max_abs"] for r in compared), default=float("inf"))}
     return {"rows": rows, **worst, "failures": failures}
 
 
@@ -118,6 +162,9 @@ def encoder_sweep(session, model_path: Path, audio: np.ndarray, hop: int,
 
     from omnivoice_export.wrappers import EncoderWrapper
 
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # a per-tensor "Loading weights" bar says nothing about parity
     tokenizer = HiggsAudioV2TokenizerModel.from_pretrained(str(model_path / "audio_tokenizer")).eval()
     module = EncoderWrapper(tokenizer)
     frames = audio.shape[-1] // hop
@@ -141,8 +188,6 @@ def encoder_sweep(session, model_path: Path, audio: np.ndarray, hop: int,
 
 def check_encoder(session, capture_dir: Path, manifest: dict, model_path: Path | None, hop: int,
                   thresholds: dict[str, float]) -> dict[str, Any]:
-    if "clone" not in manifest["modes"]:
-        return {"skipped": "the capture has no clone mode (the only mode that calls encode)", "failures": []}
     data = capture.load_mode_file(capture_dir, "clone", capture.ENCODER_FILE)
     feeds = {"input_values": data["input_values"]}
     outputs = run(session, feeds)
@@ -164,21 +209,60 @@ def check_decoder(session, capture_dir: Path, manifest: dict, thresholds: dict[s
     rows, failures = [], []
     lsd_max = thresholds["decoder_log_spectral_l1_max"]
     for mode in manifest["modes"]:
-        data = capture.load_mode_file(capture_dir, mode, capture.DECODER_FILE)
-        feeds = {"audio_codes": data["audio_codes"]}
-        outputs = run(session, feeds)
-        failures += [f"{mode}: {p}" for p in call_shape_problems("decoder", feeds, outputs)]
-        got, expected = outputs["audio_values"], data["audio_values"]
-        for item in range(expected.shape[0]):
-            lsd = metrics.log_spectral_l1(expected[item], got[item]) if got.shape == expected.shape else float("inf")
-            max_abs = float(np.abs(expected[item] - got[item]).max()) if got.shape == expected.shape else float("inf")
-            ok = lsd <= lsd_max
+        # One decode() per item of the request, as upstream calls it (batch 1 each).
+        for item, name in enumerate(capture.item_files(manifest, mode, capture.DECODER_FILE)):
+            data = capture.load_mode_file(capture_dir, mode, name)
+            feeds = {"audio_codes": data["audio_codes"]}
+            outputs = run(session, feeds)
+            problems = call_shape_problems("decoder", feeds, outputs)
+            failures += [f"{mode} item {item}: {p}" for p in problems]
+            got, expected = outputs["audio_values"], data["audio_values"]
+            same = got.shape == expected.shape
+            lsd = metrics.log_spectral_l1(expected, got) if same else float("inf")
+            max_abs = float(np.abs(expected - got).max()) if same else float("inf")
+            ok = lsd <= lsd_max and not problems
             line("decoder", f"{mode} item {item}", f"log_spectral_l1={lsd:.2e} max_abs={max_abs:.1e}", ok)
             rows.append({"mode": mode, "item": item, "samples": int(expected.shape[-1]), "log_spectral_l1": lsd,
                          "max_abs": max_abs, "passed": ok})
-            if not ok:
+            if lsd > lsd_max:
                 failures.append(f"{mode} item {item}: log-spectral L1 {lsd:.2e} (max {lsd_max:.0e})")
     return {"rows": rows, "spectral": metrics.spectral_params(), "failures": failures}
+
+
+def check_variant(args, thresholds: dict[str, float]) -> None:
+    """--variant: its transformer on every captured call through run_split, as generate() runs it
+    (the unmasked fp32 graph is only valid there). Results go under variants.<name>.parity.<provider>."""
+    manifest, export = report.verify_against_capture(args.capture_dir, args.onnx_dir, ["transformer"])
+    path = quantize.verify_variant(args.onnx_dir, export, args.variant)
+    judged = export["variants"][args.variant]["recipe"]["bits"] == 32
+    argmax_min, max_abs = thresholds["transformer_argmax_min"], thresholds["transformer_max_abs"]
+    print(f"[step 3] variant {args.variant} ({'fp32: judged by the transformer thresholds' if judged else 'quantized: measured, not judged'}); "
+          f"provider {args.provider}; model {export['model']['fingerprint']}", flush=True)
+    started = time.perf_counter()
+    session = make_session(path, args.provider, args.threads)
+    failures = [f"contract: {p}" for p in signature_problems("transformer", *ort_signature(session))]
+    rows = quality.step_quality(session, args.capture_dir, manifest)
+    for row in rows:
+        row["passed"] = (row["argmax_agreement"] >= argmax_min and row["max_abs"] <= max_abs) if judged else None
+        line("transformer", f"{row['mode']} step {row['step']:>2}", f"argmax={row['argmax_agreement']:.6f} "
+             f"rel_err={row['relative_error']:.1e} max_abs={row['max_abs']:.1e} flips={row['flips']}", row["passed"])
+        if row["passed"] is False:
+            failures.append(f"{row['mode']} step {row['step']}: argmax {row['argmax_agreement']:.6f} (min {argmax_min}), "
+                            f"max_abs {row['max_abs']:.2e} (max {max_abs:.0e})")
+    worst = {"argmax_agreement_min": min(r["argmax_agreement"] for r in rows),
+             "relative_error_max": max(r["relative_error"] for r in rows), "max_abs_max": max(r["max_abs"] for r in rows)}
+    verdict = ("PASS" if not failures else "FAIL") if judged else "measurement (quantized variant)"
+    report.merge_section(args.onnx_dir, ("variants", args.variant, "parity", args.provider), {
+        "provider": args.provider, "verdict": verdict, "execution": "run_split (rows at their own lengths)",
+        "thresholds": thresholds if judged else None, "seconds": round(time.perf_counter() - started, 2),
+        "rows": rows, **worst, "failures": failures})
+    print()
+    print(f"variant {args.variant}: argmax agreement min {worst['argmax_agreement_min']:.6f}, relative error max "
+          f"{worst['relative_error_max']:.1e}, max_abs {worst['max_abs_max']:.1e}: {verdict}")
+    for failure in failures:
+        print(f"  transformer failed: {failure}")
+    if failures:
+        raise CheckFailed(f"variant {args.variant}: {failures[0]}" + (f" (+{len(failures) - 1} more)" if len(failures) > 1 else ""))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -188,7 +272,14 @@ def main(argv: list[str] | None = None) -> None:
     thresholds = {key: getattr(args, key) for key in TOLERANCES}
     check_input_dir(args.capture_dir, "--capture-dir")
     check_output(args.onnx_dir, "--onnx-dir", "dir")  # the results are merged into its report
+    if args.variant is not None:
+        check_variant(args, thresholds)
+        return
     manifest, export = report.verify_against_capture(args.capture_dir, args.onnx_dir, graphs)
+    if "encoder" in graphs and "clone" not in manifest["modes"]:  # a verdict on nothing would read as a PASS
+        raise UserError(f"the capture in {args.capture_dir} has no clone mode, the only one that calls encode(): "
+                        "there is nothing to check the encoder on",
+                        "re-run capture_reference.py with clone among --modes, or pass --graphs transformer,decoder")
     model_path = None
     if "encoder" in graphs and not args.no_sweep:
         model_path = validate_checkpoint_dir(Path(export["model"]["path"]))
@@ -200,7 +291,9 @@ def main(argv: list[str] | None = None) -> None:
     started = time.perf_counter()
     for graph in graphs:
         path = args.onnx_dir / GRAPH_FILES[graph]
-        session = make_session(path, args.provider, args.threads)
+        cuda = args.provider.startswith("cuda")
+        session = make_session(path, args.provider, args.threads, profile=cuda)
+        placement = check_placement(graph, session, first_feeds(graph, args.capture_dir, manifest)) if cuda else None
         problems = signature_problems(graph, *ort_signature(session))
         if graph == "transformer":
             result = check_transformer(session, args.capture_dir, manifest, thresholds)
@@ -211,6 +304,8 @@ def main(argv: list[str] | None = None) -> None:
             result = check_decoder(session, args.capture_dir, manifest, thresholds)
         result["failures"] = [f"contract: {p}" for p in problems] + result["failures"]
         result["passed"] = not result["failures"]
+        if placement is not None:
+            result["placement"] = placement
         results[graph] = result
         del session
     overall = all(r["passed"] for r in results.values())
@@ -224,9 +319,9 @@ def main(argv: list[str] | None = None) -> None:
         if graph == "transformer":
             worst = f"argmax {result['argmax_agreement_min']:.6f}, max_abs {result['max_abs_max']:.1e}"
         elif graph == "encoder":
-            rates = [result["captured"]["code_match"]] if "captured" in result else []
-            rates += [r["code_match"] for r in result.get("sweep", []) if isinstance(r, dict)]
-            worst = f"code match {min(rates):.6f} over {len(rates)} inputs" if rates else result.get("skipped", "")
+            rates = [result["captured"]["code_match"]]
+            rates += [r["code_match"] for r in result["sweep"] if isinstance(r, dict)]
+            worst = f"code match {min(rates):.6f} over {len(rates)} inputs"
         else:
             worst = f"log-spectral L1 {max(r['log_spectral_l1'] for r in result['rows']):.2e}"
         print(f"{graph:<12}{'PASS' if result['passed'] else 'FAIL':<8} {worst}")

@@ -16,8 +16,15 @@ Measures, for one checkpoint (tiny, full-random or a path) and its ONNX export:
 
 Every variant runs in its own worker process (page faults and allocator state of one runtime
 would otherwise bias the next), workers alternate A B A B over --repeats rounds, and figures are
-medians with min..max spread. Results go to bench/results/<date>-<host>-<model>.json and .md;
-the investigation log keeps the history.
+medians with min..max spread. Results go to bench/results/<date>-<host>-<model>.json and .md,
+with the CPU (model, family, cores) and the GEMM library each side uses (torch: its BLAS, MKL on
+x86; ORT: its own MLAS): the speedup is a property of that CPU, the ORT-vs-torch padded ratio
+shows the library part of it, the split the part that holds everywhere. The investigation log
+keeps the history.
+
+The export must be of the model measured (same fingerprint, every graph as its report records
+it), or the bench refuses to start (exit 2). The exit code is 1 when ONNX generate()'s final
+tokens differ from PyTorch's: a speed figure for different speech is no figure.
 
     python bench/bench_omnivoice.py --model tiny --onnx-dir onnx --capture-dir capture
     python bench/bench_omnivoice.py --model full-random --onnx-dir bench/out/full/onnx \\
@@ -46,11 +53,13 @@ sys.path.insert(0, str(REPO))
 
 import numpy as np  # noqa: E402
 
+from omnivoice_export import report  # noqa: E402
 from omnivoice_export.capture import DEFAULT_DIR, REF_TXT, REF_WAV  # noqa: E402
-from omnivoice_export.cli import NUM_STEP, int_range, parse, run_main  # noqa: E402
+from omnivoice_export.checkpoints import model_fingerprint, resolve_model  # noqa: E402
+from omnivoice_export.cli import NUM_STEP, CheckFailed, int_range, parse, run_main  # noqa: E402
 from omnivoice_export.files import atomic_path, write_json_atomic  # noqa: E402
-from omnivoice_export.report import DEFAULT_ONNX_DIR, REPORT_NAME  # noqa: E402
-from omnivoice_onnx.contract import SAMPLE_RATE  # noqa: E402
+from omnivoice_export.report import DEFAULT_ONNX_DIR  # noqa: E402
+from omnivoice_onnx.contract import GRAPH_NAMES, SAMPLE_RATE  # noqa: E402
 from omnivoice_onnx.errors import UserError  # noqa: E402
 
 RESULTS = REPO / "bench" / "results"
@@ -90,6 +99,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="timed transformer/codec calls per worker and shape")
     parser.add_argument("--num-step", type=NUM_STEP, default=32, help="generate() steps")
     parser.add_argument("--skip-e2e", action="store_true", help="per-call figures only")
+    parser.add_argument("--results-dir", type=Path, default=RESULTS, help="where the .json and .md results go")
     parser.add_argument("--worker", choices=WORKERS, help=argparse.SUPPRESS)
     parser.add_argument("--scratch", type=Path, help=argparse.SUPPRESS)  # torch logits for the ONNX worker
     return parse(parser, argv)
@@ -150,7 +160,8 @@ def gemm_worker() -> dict[str, Any]:
     import torch
     from onnx import TensorProto, helper, numpy_helper
 
-    result: dict[str, Any] = {"torch_threads": torch.get_num_threads(), "torch_mkl": {}, "ort_mlas": {}}
+    result: dict[str, Any] = {"torch_threads": torch.get_num_threads(), "torch_mkl": {}, "ort_mlas": {},
+                              "libraries": gemm_libraries()}
     rng = np.random.default_rng(0)
     for m, k, n in GEMM_SHAPES:
         label, flops = f"{m}x{k}x{n}", 2.0 * m * k * n
@@ -167,6 +178,51 @@ def gemm_worker() -> dict[str, Any]:
         result["ort_mlas"][label] = rate(lambda: session.run(None, {"a": a}), flops)
     result["peak_gflops"] = max(max(result["torch_mkl"].values()), max(result["ort_mlas"].values()))
     return result
+
+
+def gemm_libraries() -> dict[str, str]:
+    """Which GEMM each side runs: torch's BLAS (its build configuration) and ORT's CPU provider,
+    whose MatMul is its own MLAS in every build."""
+    import re
+
+    import onnxruntime as ort
+    import torch
+
+    config = torch.__config__.show()
+    blas = re.search(r"BLAS_INFO=(\w+)", config)
+    return {"torch": f"{blas.group(1) if blas else 'unknown'} (torch {torch.__version__}, "
+                     f"MKL {'on' if torch.backends.mkl.is_available() else 'off'})",
+            "onnxruntime": f"MLAS (onnxruntime {ort.__version__})"}
+
+
+def cpu_description() -> dict[str, Any]:
+    """The CPU the figures belong to: vendor, model name, family/model numbers, logical and
+    physical cores (from /proc/cpuinfo on Linux; the fields stay None elsewhere)."""
+    import psutil
+
+    fields: dict[str, str] = {}
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        for text in cpuinfo.read_text().splitlines():
+            key, _, value = text.partition(":")
+            fields.setdefault(key.strip(), value.strip())
+    return {"vendor": fields.get("vendor_id"), "model_name": fields.get("model name") or platform.processor() or None,
+            "family": fields.get("cpu family"), "model": fields.get("model"),
+            "logical_cores": os.cpu_count(), "physical_cores": psutil.cpu_count(logical=False)}
+
+
+def check_export(args) -> str:
+    """The fingerprint of --model, once the export in --onnx-dir is proven to be of that model and
+    intact (every graph as its report records it, and none that failed its export checks)."""
+    export = report.load_report(args.onnx_dir)
+    model_path = resolve_model(args.model)
+    fingerprint = model_fingerprint(model_path)
+    if export["model"]["fingerprint"] != fingerprint:
+        raise UserError(f"the export in {args.onnx_dir} is of model {export['model']['fingerprint']}, but --model "
+                        f"{args.model} is {fingerprint} ({model_path}): the bench would time one model against "
+                        "another", "pass the --model the export was made from, or re-run steps 0-2 for this one")
+    report.verify_graphs(args.onnx_dir, export, list(GRAPH_NAMES))
+    return fingerprint
 
 
 def timed(fn, calls: int) -> list[float]:
@@ -306,7 +362,7 @@ def summarise(rounds: list[dict[str, dict]]) -> dict[str, Any]:
         "gemm": {"peak_gflops": peak,
                  "torch_mkl_best": max(max(r["torch_mkl"].values()) for r in gemm),
                  "ort_mlas_best": max(max(r["ort_mlas"].values()) for r in gemm),
-                 "torch_threads": gemm[0]["torch_threads"]},
+                 "torch_threads": gemm[0]["torch_threads"], "libraries": gemm[0]["libraries"]},
         "transformer": {}, "codec": {}}
     torch_calls, onnx_calls = runs("torch-calls"), runs("onnx-calls")
     for label in SHAPE_TEXTS:
@@ -319,6 +375,9 @@ def summarise(rounds: list[dict[str, dict]]) -> dict[str, Any]:
             "ort_padded": first["flops_padded"] / row["ort_padded"]["median"] / 1e9,
             "ort_split": first["flops_split"] / row["ort_split"]["median"] / 1e9}
         row["fraction_of_gemm_peak"] = {k: v / peak for k, v in row["gflops"].items()}
+        # Like for like (the GEMM library's part, CPU-specific) beside the split (fewer FLOPs).
+        row["speedup_ort_padded_vs_torch"] = row["torch_padded"]["median"] / row["ort_padded"]["median"]
+        row["speedup_ort_split_vs_ort_padded"] = row["ort_padded"]["median"] / row["ort_split"]["median"]
         row["speedup_ort_split_vs_torch"] = row["torch_padded"]["median"] / row["ort_split"]["median"]
         row["split_vs_torch_max_abs"] = max(r["transformer"][label].get("split_vs_torch_max_abs", 0.0) for r in onnx_calls)
         summary["transformer"][label] = row
@@ -350,18 +409,25 @@ def summarise(rounds: list[dict[str, dict]]) -> dict[str, Any]:
 
 
 def markdown(summary: dict[str, Any], meta: dict[str, Any]) -> str:
-    gemm = summary["gemm"]
+    gemm, cpu = summary["gemm"], meta["cpu"]
     lines = [f"# OmniVoice benchmark: {meta['model']} on {meta['host']} ({meta['date']})", "",
-             f"{meta['cpus']} CPUs, torch {gemm['torch_threads']} threads; fp32 GEMM peak "
-             f"{gemm['peak_gflops']:.0f} GFLOP/s (best of torch.mm/MKL {gemm['torch_mkl_best']:.0f} and "
-             f"ORT MatMul/MLAS {gemm['ort_mlas_best']:.0f}, fresh process, same run); "
-             f"{meta['repeats']} interleaved rounds, medians (min..max).", "",
-             "| transformer call | rows | torch padded s | ORT padded s | ORT split s | split speedup | "
-             "GFLOP/s torch / ORT split (% of peak) |", "|---|---|---|---|---|---|---|"]
+             f"CPU: {cpu['model_name']} ({cpu['vendor']} family {cpu['family']} model {cpu['model']}), "
+             f"{cpu['logical_cores']} logical / {cpu['physical_cores']} physical cores; torch "
+             f"{gemm['torch_threads']} threads, GEMM {gemm['libraries']['torch']}; ORT GEMM "
+             f"{gemm['libraries']['onnxruntime']}.", "",
+             f"fp32 GEMM peak {gemm['peak_gflops']:.0f} GFLOP/s (best of torch.mm {gemm['torch_mkl_best']:.0f} and "
+             f"ORT MatMul {gemm['ort_mlas_best']:.0f}, fresh process, same run); "
+             f"{meta['repeats']} interleaved rounds, medians (min..max). Speedups are of this CPU: ORT padded vs "
+             "torch padded is the GEMM libraries' difference here; ORT split vs ORT padded is the split's, "
+             "which does not depend on the CPU.", "",
+             "| transformer call | rows | torch padded s | ORT padded s | ORT split s | ORT padded vs torch | "
+             "split vs ORT padded | split vs torch | GFLOP/s torch / ORT split (% of peak) |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for label, row in summary["transformer"].items():
         t, p, s = row["torch_padded"], row["ort_padded"], row["ort_split"]
         lines.append(f"| {label} (S={row['S']}) | {row['row_lengths']} | {t['median']:.3f} ({t['min']:.3f}..{t['max']:.3f}) | "
                      f"{p['median']:.3f} | {s['median']:.3f} ({s['min']:.3f}..{s['max']:.3f}) | "
+                     f"{row['speedup_ort_padded_vs_torch']:.2f}x | {row['speedup_ort_split_vs_ort_padded']:.2f}x | "
                      f"{row['speedup_ort_split_vs_torch']:.2f}x | {row['gflops']['torch_padded']:.0f} "
                      f"({100 * row['fraction_of_gemm_peak']['torch_padded']:.0f}%) / {row['gflops']['ort_split']:.0f} "
                      f"({100 * row['fraction_of_gemm_peak']['ort_split']:.0f}%) |")
@@ -375,13 +441,13 @@ def markdown(summary: dict[str, Any], meta: dict[str, Any]) -> str:
                   f"process per run: torch {g['torch']['median']:.1f} s ({g['torch']['min']:.1f}..{g['torch']['max']:.1f}), "
                   f"ONNX {g['onnx']['median']:.1f} s ({g['onnx']['min']:.1f}..{g['onnx']['max']:.1f}): "
                   f"**{g['speedup']:.2f}x**; final tokens equal: {100 * g['final_token_match']:.2f}%", "",
-                  f"Peak RSS of that process (load + generate): torch {rss['torch']['median']:.0f} MB "
-                  f"({rss['torch']['min']:.0f}..{rss['torch']['max']:.0f}), ONNX {rss['onnx']['median']:.0f} MB "
+                  f"Peak RSS of that process (load + generate): torch {rss['torch']['median']:.0f} MiB "
+                  f"({rss['torch']['min']:.0f}..{rss['torch']['max']:.0f}), ONNX {rss['onnx']['median']:.0f} MiB "
                   f"({rss['onnx']['min']:.0f}..{rss['onnx']['max']:.0f}): "
                   f"**{rss['onnx']['median'] / rss['torch']['median']:.2f}x**"]
     calls = summary["peak_rss_mb_calls"]
-    lines += [f"Peak RSS of the per-call workers (every shape above, 20 s codec calls): torch {calls['torch']:.0f} MB, "
-              f"ONNX {calls['onnx']:.0f} MB", ""]
+    lines += [f"Peak RSS of the per-call workers (every shape above, 20 s codec calls): torch {calls['torch']:.0f} MiB, "
+              f"ONNX {calls['onnx']:.0f} MiB", ""]
     return "\n".join(lines)
 
 
@@ -392,8 +458,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     if not (args.capture_dir / REF_WAV).is_file():
         raise UserError(f"{args.capture_dir / REF_WAV} not found", "run make_reference.py (step 0) first")
-    if not (args.onnx_dir / REPORT_NAME).is_file():
-        raise UserError(f"no export in {args.onnx_dir}", "run export_omnivoice.py (step 2) first")
+    fingerprint = check_export(args)
     args.scratch = Path(tempfile.mkdtemp(prefix="omnivoice-bench-"))
     variants = [w for w in WORKERS if not (args.skip_e2e and w.endswith("-e2e"))]
     rounds = []
@@ -407,10 +472,10 @@ def main(argv: list[str] | None = None) -> None:
     for round_ in rounds:  # the tokens were compared in summarise(); keep the result file small
         for run in round_.values():
             run.pop("e2e_final_tokens", None)
-    meta = {"model": args.model, "host": socket.gethostname(), "date": datetime.date.today().isoformat(),
-            "cpus": os.cpu_count(), "repeats": args.repeats, "calls": args.calls,
-            "num_step": args.num_step, "python": platform.python_version()}
-    stem = RESULTS / f"{meta['date']}-{meta['host']}-{Path(args.model).name}"
+    meta = {"model": args.model, "fingerprint": fingerprint, "host": socket.gethostname(),
+            "date": datetime.date.today().isoformat(), "cpu": cpu_description(), "repeats": args.repeats,
+            "calls": args.calls, "num_step": args.num_step, "python": platform.python_version()}
+    stem = args.results_dir / f"{meta['date']}-{meta['host']}-{Path(args.model).name}"
     write_json_atomic(stem.with_suffix(".json"), {"meta": meta, "summary": summary, "rounds": rounds})
     text = markdown(summary, meta)
     with atomic_path(stem.with_suffix(".md")) as tmp:
@@ -418,6 +483,9 @@ def main(argv: list[str] | None = None) -> None:
     shutil.rmtree(args.scratch, ignore_errors=True)
     print(text)
     print(f"results: {stem.with_suffix('.json')}")
+    if "generate" in summary and summary["generate"]["final_token_match"] < 1.0:
+        raise CheckFailed(f"ONNX generate()'s final tokens differ from PyTorch's ({100 * summary['generate']['final_token_match']:.2f} % "
+                          "equal): its time is not comparable; check the export with parity_check.py and infer_onnx.py")
 
 
 if __name__ == "__main__":

@@ -13,6 +13,8 @@ omnivoice_onnx.contract, read by all of these):
     ort_runtime    the ONNX graphs as drop-in modules of upstream generate()
     metrics        parity metrics (argmax/max-abs, code match, log-spectral L1)
     measure        wall time and peak RSS of a block
+    quantize       transformer variants (quantization recipes, the unmasked fp32 graph), one sidecar each
+    quality        per-step and end-to-end measurements of a variant against the PyTorch capture
     files          atomic writes, sha256 and {sha256, bytes} entries, JSON artefacts
     cli            argparse ending (--debug), one-line errors, exit codes
     torchaudio_cpu make torchaudio importable beside a CPU torch (install step)

@@ -17,8 +17,16 @@ Layout (all `.npz`, loadable with numpy alone):
     capture/<mode>/decoder.npz              audio_codes, audio_values
     capture/<mode>/output.wav               the final 24 kHz waveform
 
+The `batch` mode is one generate() call on a list of texts of different lengths, as upstream
+batches them: B items in 2B transformer rows, each item at its own c_len (shorter cond rows padded
+with rows that may attend to nothing) and t_len. Upstream decodes each item on its own, so that
+mode has decoder_<i>.npz and output_<i>.wav per item i instead (`item_files`). Token states are
+[B,8,T] with T the longest item's, the shorter items padded with the mask id, exactly as
+generate() holds them.
+
 Only the logits rows generate() reads are stored: for item i, the cond target rows
-[c_len-t_len, c_len) and the uncond rows [0, t_len). The other rows (style, text, reference and
+[c_len-t_len, c_len) and the uncond rows [0, t_len), as [N, 1025] (items, then codebooks, then
+positions: items of different t_len do not stack). The other rows (style, text, reference and
 padding) are never read, and storing them would triple a full-random capture. `read_rows`
 selects the same rows from any logits, for every comparison against a capture.
 
@@ -43,18 +51,19 @@ from omnivoice_export.files import (FILE_ENTRY_SCHEMA, Each, atomic_path, existi
 from omnivoice_onnx.errors import UserError
 
 DEFAULT_DIR = REPO_ROOT / "capture"
-CAPTURE_FORMAT = 1
+CAPTURE_FORMAT = 2  # 2: logits rows as [N, 1025]; the batch mode
 MANIFEST_NAME = "manifest.json"
 REF_WAV = "ref_voice.wav"
 REF_TXT = "ref_voice.txt"
-MODES = ("clone", "design", "auto")
+MODES = ("clone", "design", "auto", "batch")
 STEP_FILE = "transformer_step_{:02d}.npz"
 TOKENS_FILE = "tokens.npz"
 ENCODER_FILE = "encoder.npz"
 DECODER_FILE = "decoder.npz"
 OUTPUT_WAV = "output.wav"
-LOGITS_ROWS_NOTE = ("logits_cond[i] holds rows [c_len-t_len, c_len) of cond item i and logits_uncond[i] rows "
-                    "[0, t_len) of uncond item B+i: exactly the rows generate() reads; other rows are not stored")
+LOGITS_ROWS_NOTE = ("logits_cond holds rows [c_len-t_len, c_len) of each cond item i, logits_uncond rows [0, t_len) "
+                    "of each uncond item B+i, as [N, 1025] ordered by item, codebook, position: exactly the rows "
+                    "generate() reads; other rows are not stored")
 RECAPTURE_FIX = "re-run capture_reference.py (step 1)"
 
 
@@ -110,18 +119,55 @@ def _rows_read(attention_mask: np.ndarray) -> list[tuple[int, int]]:
 
 
 def logits_rows(logits: np.ndarray, attention_mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(cond, uncond) logits rows that generate() reads, each [B,8,T,V]; B=1 or equal t_len."""
+    """(cond, uncond) logits rows that generate() reads, each [N, V] ordered by item, codebook,
+    position (the items of a batch have different t_len)."""
     rows = _rows_read(attention_mask)
-    batch = len(rows)
-    cond = np.stack([logits[i, :, c - t:c] for i, (c, t) in enumerate(rows)])
-    uncond = np.stack([logits[batch + i, :, :t] for i, (_, t) in enumerate(rows)])
+    batch, vocab = len(rows), logits.shape[-1]
+    cond = np.concatenate([logits[i, :, c - t:c].reshape(-1, vocab) for i, (c, t) in enumerate(rows)])
+    uncond = np.concatenate([logits[batch + i, :, :t].reshape(-1, vocab) for i, (_, t) in enumerate(rows)])
     return cond, uncond
 
 
 def read_rows(logits: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
     """The rows generate() reads (cond target, then uncond target, of every item) as [N, V]."""
-    cond, uncond = logits_rows(logits, attention_mask)
-    return np.concatenate([cond.reshape(-1, cond.shape[-1]), uncond.reshape(-1, uncond.shape[-1])])
+    return np.concatenate(logits_rows(logits, attention_mask))
+
+
+def pad_items(items: list[np.ndarray], fill: int) -> np.ndarray:
+    """Per-item tokens [8, t_i] as one [B, 8, max t_i] array padded with `fill`: the layout
+    generate() keeps its token state in (padded with the mask id)."""
+    out = np.full((len(items), *items[0].shape[:-1], max(t.shape[-1] for t in items)), fill, dtype=items[0].dtype)
+    for i, tokens in enumerate(items):
+        out[i, ..., :tokens.shape[-1]] = tokens
+    return out
+
+
+def precision_settings() -> dict[str, Any]:
+    """torch's switches that decide whether CUDA computes in TF32, as the manifest records them."""
+    return {"cuda_matmul_allow_tf32": torch.backends.cuda.matmul.allow_tf32,
+            "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32}
+
+
+@contextlib.contextmanager
+def full_fp32() -> Iterator[dict[str, Any]]:
+    """TF32 off for CUDA matmuls and cuDNN convolutions for the block, restored after; yields the
+    settings in force.
+
+    torch 2.13 leaves cuDNN's TF32 on by default (`torch.backends.cudnn.allow_tf32` is True), so a
+    CUDA capture would otherwise hold a TF32 codec reference (every conv of the encoder and
+    decoder), and a matmul setting changed by anything imported earlier would carry over. On CPU
+    the flags change nothing; they are recorded all the same. Only these two (legacy) switches are
+    used: torch 2.13 raises when a process mixes them with its newer fp32_precision settings, and
+    set_float32_matmul_precision is one of those.
+    """
+    saved = precision_settings()
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield precision_settings()
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = saved["cuda_matmul_allow_tf32"]
+        torch.backends.cudnn.allow_tf32 = saved["cudnn_allow_tf32"]
 
 
 @dataclass
@@ -159,6 +205,7 @@ class Recorder:
 
     def __init__(self, model, out_dir: Path, steps: set[int] | None, progress=None) -> None:
         self.model = model
+        self.mask_id = model.config.audio_mask_id  # what generate() pads shorter items' tokens with
         self.out_dir = Path(out_dir)
         self.steps = steps  # None: all steps
         self.progress = progress
@@ -179,7 +226,8 @@ class Recorder:
             rows = _rows_read(mask)
             if step:
                 # The target region of this call's cond row holds the state after the previous step.
-                self.token_states.append(np.stack([ids[i, :, c - t:c] for i, (c, t) in enumerate(rows)]))
+                self.token_states.append(pad_items([ids[i, :, c - t:c] for i, (c, t) in enumerate(rows)],
+                                                   self.mask_id))
             if self.steps is None or step in self.steps:
                 cond, uncond = logits_rows(output.logits.float().cpu().numpy(), mask)
                 self._save(STEP_FILE.format(step), {
@@ -198,7 +246,7 @@ class Recorder:
                 raise UserError("the text is long enough to trigger chunked generation, which a capture "
                                 "does not cover", "use a shorter --text (under ~30 s of speech)")
             tokens = original(task, gen_config)
-            self.token_states.append(np.stack([t.cpu().numpy() for t in tokens]))
+            self.token_states.append(pad_items([t.cpu().numpy() for t in tokens], self.mask_id))
             return tokens
         return recording_generate_iterative
 
@@ -226,23 +274,29 @@ class Recorder:
             yield self
 
     def finish(self) -> ModeRecord:
-        """Write tokens, encoder and decoder files once generate() has returned."""
+        """Write tokens, encoder and decoder files once generate() has returned.
+
+        generate() encodes the reference once and decodes each item once: one call per item.
+        """
         self._save(TOKENS_FILE, {"after_step": np.stack(self.token_states), "final": self.token_states[-1]})
-        for name, calls in ((ENCODER_FILE, self.encoder_calls), (DECODER_FILE, self.decoder_calls)):
-            if len(calls) > 1:
-                raise UserError(f"{name[:-4]} was called {len(calls)} times in one generate()",
-                                "capture one text per mode (chunked generation is not captured)")
-            if calls:
-                self._save(name, calls[0])
+        items = len(self.record.rows)
+        for name, calls, expected in ((ENCODER_FILE, self.encoder_calls, 1), (DECODER_FILE, self.decoder_calls, items)):
+            if len(calls) > expected:
+                raise UserError(f"{name[:-4]} was called {len(calls)} times in one generate() of {items} text(s)",
+                                "capture texts under ~30 s of speech (chunked generation is not captured)")
+            for index, call in enumerate(calls):
+                self._save(item_file(name, index, len(calls)), call)
         return self.record
 
 
-def write_manifest(capture_dir: Path, model: dict[str, str], device: str, versions: dict[str, str], seed: int,
-                   num_step: int, steps: set[int] | None, modes: dict[str, Any]) -> dict[str, Any]:
+def write_manifest(capture_dir: Path, model: dict[str, str], device: str, precision: dict[str, Any],
+                   versions: dict[str, str], seed: int, num_step: int, steps: set[int] | None,
+                   modes: dict[str, Any]) -> dict[str, Any]:
     """Write the capture's manifest (its one provenance record) into `capture_dir`; return it.
 
-    `modes` holds mode_record_entry() per mode; the reference's sha256 is taken from the copy in
-    `capture_dir`, so a later step 0 cannot silently swap the voice the clone tokens came from.
+    `modes` holds mode_record_entry() per mode; `precision` the torch float32 settings the modules
+    ran under (full_fp32). The reference's sha256 is taken from the copy in `capture_dir`, so a
+    later step 0 cannot silently swap the voice the clone tokens came from.
     """
     capture_dir = Path(capture_dir)
     reference = capture_dir / REF_WAV
@@ -250,6 +304,7 @@ def write_manifest(capture_dir: Path, model: dict[str, str], device: str, versio
         "format": CAPTURE_FORMAT,
         "model": model,
         "device": device,
+        "precision": precision,
         "torch_threads": torch.get_num_threads(),
         "versions": versions,
         "seed": seed,
@@ -320,6 +375,27 @@ def reference_wav(capture_dir: Path, manifest: dict[str, Any]) -> Path:
         raise UserError(f"{path} is not the reference the capture was made from (re-made after step 1?)",
                         RECAPTURE_FIX)
     return path
+
+
+def item_file(name: str, index: int, items: int) -> str:
+    """The file of item `index` of a request of `items` texts: `name` itself for one text,
+    else decoder_<i>.npz, output_<i>.wav (upstream decodes each item of a batch on its own)."""
+    if items == 1:
+        return name
+    stem, dot, suffix = name.rpartition(".")
+    return f"{stem}_{index}{dot}{suffix}"
+
+
+def real_tokens(tokens: np.ndarray, target_lens: list[int]) -> np.ndarray:
+    """[1, 8, sum t_i]: each item's tokens of a padded [B, 8, T] state without the mask-id padding
+    of a batch's shorter items, so that padding never counts as a match."""
+    return np.concatenate([tokens[i, :, :t] for i, t in enumerate(target_lens)], axis=-1)[None]
+
+
+def item_files(manifest: dict[str, Any], mode: str, name: str) -> list[str]:
+    """`name`'s file of each item of `mode`'s request (see item_file), in item order."""
+    items = len(manifest["modes"][mode]["rows"])
+    return [item_file(name, index, items) for index in range(items)]
 
 
 def mode_steps(manifest: dict[str, Any], mode: str) -> list[int]:

@@ -6,9 +6,12 @@ A checkpoint is a directory in exactly the layout `OmniVoice.from_pretrained` re
     audio_tokenizer/{config.json, model.safetensors, preprocessor_config.json}
 
 `--model` takes `tiny` or `full-random` (built by omnivoice_export.builder on first use into the
-git-ignored checkpoints/, rebuilt when the builder changes) or the path of a real
-k2-fsa/OmniVoice checkout. Every artefact records the model's fingerprint, so tensors of
-different models are never compared silently.
+git-ignored checkpoints/, rebuilt when the builder changes), the path of a real k2-fsa/OmniVoice
+checkout, or a Hugging Face repo id such as `k2-fsa/OmniVoice` (what upstream's from_pretrained
+takes): its snapshot in the local Hugging Face cache is used without any network access when it
+is there; otherwise it is downloaded with `snapshot_download`, unless HF_HUB_OFFLINE is set. Every
+artefact records the model's fingerprint, a hash of the files' contents, so tensors of different
+models are never compared silently and one model reached by two spellings is one model.
 
 CLI (build one by hand): python -m omnivoice_export.checkpoints {tiny,full-random} [--out DIR] [--seed N]
 """
@@ -19,6 +22,7 @@ import argparse
 import hashlib
 import json
 import os
+import re
 import time
 from pathlib import Path
 
@@ -43,6 +47,8 @@ REQUIRED_FILES = (
     "audio_tokenizer/preprocessor_config.json",
 )
 WEIGHT_FILES = ("model.safetensors", "audio_tokenizer/model.safetensors")
+# A Hugging Face repo id, `owner/name` (what a path that does not exist is taken for when it has this form).
+HF_REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
 def _cached_build_is_current(directory: Path, seed: int) -> bool:
@@ -119,21 +125,53 @@ def check_safetensors(path: Path) -> None:
 
 
 def resolve_model(spec: str | None) -> Path:
-    """`tiny` / `full-random` (built and cached on demand) or a checkpoint path.
+    """`tiny` / `full-random` (built and cached on demand), a checkpoint path, or a Hugging Face
+    repo id (hub_snapshot) when no such path exists.
 
     None means $OMNIVOICE_MODEL, else the conventional location of the real checkpoint.
     """
     spec = spec or os.environ.get(MODEL_ENV) or DEFAULT_MODEL_PATH
     if spec in BUILT_NAMES:
         return ensure_built(spec)
-    return validate_checkpoint_dir(Path(spec).expanduser())
+    path = Path(spec).expanduser()
+    if not path.exists() and HF_REPO_ID.fullmatch(spec):
+        return validate_checkpoint_dir(hub_snapshot(spec))
+    return validate_checkpoint_dir(path)
+
+
+def hub_snapshot(repo_id: str) -> Path:
+    """The directory of `repo_id`'s snapshot in the local Hugging Face cache.
+
+    The cache is tried first with local_files_only, so a cached model costs no network access,
+    online or not. Not cached: downloaded with snapshot_download, or, when HF_HUB_OFFLINE (or
+    TRANSFORMERS_OFFLINE) is set, a UserError naming the command that downloads it.
+    """
+    from huggingface_hub import constants, snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+
+    try:
+        return Path(snapshot_download(repo_id, local_files_only=True))
+    except LocalEntryNotFoundError:
+        pass
+    if constants.is_offline_mode():
+        raise UserError(f"--model {repo_id}: no such directory, and no snapshot of the Hugging Face repo {repo_id} "
+                        f"in the cache {constants.HF_HUB_CACHE} (HF_HUB_OFFLINE is set, so it is not downloaded)",
+                        f"download it where the hub is reachable with `hf download {repo_id}` (into this cache, "
+                        "HF_HUB_CACHE), or pass --model PATH of a checkout")
+    try:
+        return Path(snapshot_download(repo_id))
+    except (HfHubHTTPError, OSError) as exc:  # unknown repo, gated repo, no network
+        raise UserError(f"--model {repo_id}: no such directory, and the Hugging Face repo {repo_id} cannot be "
+                        f"downloaded ({type(exc).__name__}: {str(exc).strip().splitlines()[0][:200]})",
+                        "check the repo id and the network, or pass --model PATH of a checkout") from exc
 
 
 def add_model_arg(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model", default=None,
-        help=f"tiny | full-random | PATH of a checkpoint (default: ${MODEL_ENV}, else {DEFAULT_MODEL_PATH}); "
-             "tiny and full-random are built on first use into checkpoints/")
+        help=f"tiny | full-random | PATH of a checkpoint | Hugging Face repo id, e.g. k2-fsa/OmniVoice (default: "
+             f"${MODEL_ENV}, else {DEFAULT_MODEL_PATH}); tiny and full-random are built on first use into "
+             "checkpoints/; a repo id is read from the local Hugging Face cache, downloaded only when absent")
 
 
 _FINGERPRINTS: dict[tuple, str] = {}

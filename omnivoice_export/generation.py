@@ -36,6 +36,9 @@ DEFAULT_TEXTS = {
     "clone": "Please call Stella and ask her to bring these things with her from the store.",
     "design": "Some have accepted it as a miracle without physical explanation.",
     "auto": "The rainbow is a division of white light into many beautiful colors.",
+    # One generate() on two texts of different lengths, as upstream batches a list: the items get
+    # different c_len and t_len, so the shorter one's rows are padded (voice design, one instruct).
+    "batch": ["Good morning.", "These days a chicken leg is a rare dish."],
 }
 DEFAULT_INSTRUCT = "male, low pitch, american accent"
 LANGUAGE = "English"
@@ -45,8 +48,8 @@ LANGUAGE = "English"
 class GenerationRequest:
     """One generate() call, fully determined: same request + same model + same device = same tokens."""
 
-    mode: str  # clone | design | auto
-    text: str
+    mode: str  # clone | design | auto | batch
+    text: str | list[str]  # a list: one batched generate() (B items)
     seed: int = DEFAULT_SEED  # torch.manual_seed before generate(): gumbel position noise and sampling
     language: str | None = LANGUAGE
     instruct: str | None = None  # design mode only
@@ -68,12 +71,21 @@ def mode_request(mode: str, seed: int, num_step: int, ref_audio: Path | None = N
     """The default request of a capture mode."""
     return GenerationRequest(
         mode=mode, text=text or DEFAULT_TEXTS[mode], seed=seed, num_step=num_step,
-        instruct=DEFAULT_INSTRUCT if mode == "design" else None,
+        instruct=DEFAULT_INSTRUCT if mode in ("design", "batch") else None,
         ref_audio=str(ref_audio) if mode == "clone" else None, ref_text=ref_text if mode == "clone" else None)
 
 
 def run_generate(model, request: GenerationRequest) -> np.ndarray:
-    """Seed, then the upstream OmniVoice.generate() with this request; the 1-D float32 waveform.
+    """Seed, then the upstream OmniVoice.generate() with this one-text request; the 1-D float32
+    waveform (see generate_waveforms)."""
+    if not isinstance(request.text, str):
+        raise TypeError("run_generate takes one text; generate_waveforms takes a batch")
+    return generate_waveforms(model, request)[0]
+
+
+def generate_waveforms(model, request: GenerationRequest) -> list[np.ndarray]:
+    """Seed, then the upstream OmniVoice.generate() with this request; one 1-D float32 waveform
+    per text (a list of texts is one batched call, as upstream runs it).
 
     Upstream's ValueErrors for bad input (unsupported instruct items, say) are surfaced as one-line
     UserErrors.
@@ -81,6 +93,9 @@ def run_generate(model, request: GenerationRequest) -> np.ndarray:
     import torch
 
     check_language(request.language)
+    texts = [request.text] if isinstance(request.text, str) else request.text
+    if not texts or any(not text or not text.strip() for text in texts):
+        raise UserError("the text to speak is empty", "pass a non-empty --text")
     torch.manual_seed(request.seed)
     kwargs: dict[str, Any] = {"text": request.text, "language": request.language, "num_step": request.num_step}
     if request.instruct:
@@ -88,16 +103,14 @@ def run_generate(model, request: GenerationRequest) -> np.ndarray:
     if request.ref_audio:
         kwargs["ref_audio"] = request.ref_audio
         kwargs["ref_text"] = request.ref_text
-    if not request.text or not request.text.strip():
-        raise UserError("the text to speak is empty", "pass a non-empty --text")
     try:
-        audio = model.generate(**kwargs)[0]
+        audios = model.generate(**kwargs)
     except ValueError as exc:
         translated = _upstream_error(str(exc), request)
         if translated is None:
             raise
         raise translated from exc
-    return np.asarray(audio, dtype=np.float32)
+    return [np.asarray(audio, dtype=np.float32) for audio in audios]
 
 
 # The ValueErrors upstream's generate() raises for bad input, by the start of their message.

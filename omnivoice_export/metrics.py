@@ -9,6 +9,10 @@
   punishes harmless phase differences; the log-magnitude spectrum is what a listener hears.
 
 Random ids/codes are never used: they are out of distribution and hide real failures.
+
+Each metric refuses (ValueError) arrays of different shapes, which numpy would broadcast into a
+meaningless figure, and empty arrays, on which agreement would be a vacuous 1.0: a comparison of
+nothing must never read as a PASS.
 """
 
 from __future__ import annotations
@@ -39,8 +43,18 @@ class LogitStats:
         return self.argmax_agreement >= argmax_min and self.max_abs <= max_abs
 
 
+def _comparable(reference: np.ndarray, candidate: np.ndarray, what: str) -> None:
+    """ValueError unless both arrays have one shape and hold something."""
+    if np.shape(reference) != np.shape(candidate):
+        raise ValueError(f"{what}: reference {list(np.shape(reference))} and candidate {list(np.shape(candidate))} "
+                         "differ in shape")
+    if np.size(reference) == 0:
+        raise ValueError(f"{what}: nothing to compare (empty arrays {list(np.shape(reference))})")
+
+
 def logit_stats(reference: np.ndarray, candidate: np.ndarray) -> LogitStats:
     """Compare logits [..., V] row by row (reference = PyTorch)."""
+    _comparable(reference, candidate, "logit_stats")
     ref = reference.reshape(-1, reference.shape[-1]).astype(np.float64)
     got = candidate.reshape(-1, candidate.shape[-1]).astype(np.float64)
     diff = np.abs(ref - got)
@@ -51,8 +65,8 @@ def logit_stats(reference: np.ndarray, candidate: np.ndarray) -> LogitStats:
         top2 = np.sort(ref[disagree], axis=-1)[:, -2:]
         margins = top2[:, 1] - top2[:, 0]
     return LogitStats(
-        rows=int(ref.shape[0]), argmax_agreement=float(1.0 - disagree.mean()) if ref.shape[0] else 1.0,
-        max_abs=float(diff.max()) if diff.size else 0.0, mean_abs=float(diff.mean()) if diff.size else 0.0,
+        rows=int(ref.shape[0]), argmax_agreement=float(1.0 - disagree.mean()),
+        max_abs=float(diff.max()), mean_abs=float(diff.mean()),
         flips=int(disagree.sum()),
         flip_margin_min=None if margins is None else float(margins.min()),
         flip_margin_max=None if margins is None else float(margins.max()))
@@ -62,6 +76,7 @@ def code_match(reference: np.ndarray, candidate: np.ndarray) -> tuple[float, lis
     """(overall, per-codebook) exact match rate of codes [B, C, T]; a shape mismatch is 0."""
     if reference.shape != candidate.shape:
         return 0.0, [0.0] * reference.shape[1]
+    _comparable(reference, candidate, "code_match")
     equal = reference == candidate
     return float(equal.mean()), [float(equal[:, c].mean()) for c in range(equal.shape[1])]
 
@@ -78,8 +93,11 @@ def log_spectrum(audio: np.ndarray) -> np.ndarray:
 
 
 def log_spectral_l1(reference: np.ndarray, candidate: np.ndarray) -> float:
-    """Mean |log10|X| - log10|Y||; signals of different length compare over the shorter one."""
+    """Mean |log10|X| - log10|Y||; signals of different length compare over the shorter one
+    (callers report the lengths separately)."""
     length = min(np.asarray(reference).size, np.asarray(candidate).size)
+    if length == 0:
+        raise ValueError("log_spectral_l1: nothing to compare (an empty signal)")
     return float(np.mean(np.abs(log_spectrum(np.ravel(reference)[:length]) -
                                 log_spectrum(np.ravel(candidate)[:length]))))
 

@@ -83,9 +83,11 @@ class OrtGraphs:
 
     @classmethod
     def load(cls, onnx_dir: Path, provider: str = "cpu", threads: int | None = None,
-             resident_codec: bool = False) -> "OrtGraphs":
-        transformer = make_session(Path(onnx_dir) / GRAPH_FILES["transformer"], provider, threads,
-                                   arena=TRANSFORMER_ARENA)
+             resident_codec: bool = False, transformer: Path | None = None) -> "OrtGraphs":
+        """The export in onnx_dir; `transformer` replaces its transformer graph (a variant made by
+        quantize_omnivoice.py: variants hold only the transformer, the codec graphs stay onnx_dir's)."""
+        path = Path(onnx_dir) / GRAPH_FILES["transformer"] if transformer is None else Path(transformer)
+        transformer = make_session(path, provider, threads, arena=TRANSFORMER_ARENA)
         return cls(transformer, CodecSessions(onnx_dir, provider, threads, resident_codec))
 
     def codec_config(self) -> CodecConfig:

@@ -120,6 +120,19 @@ def _graph_problem(report: dict[str, Any]) -> str | None:
     return None
 
 
+def entry_problems(entry: dict[str, Any]) -> list[str]:
+    """Why a graph's export must not be used, one line each; empty when onnx.checker and every
+    self-check passed. The export installs no graph with a problem; parity and end to end refuse
+    one that a report of an earlier version recorded as failed."""
+    problems = [] if entry.get("checker") == "ok" else [f"onnx.checker {entry.get('checker') or 'did not run'}"]
+    checks = entry.get("self_checks") or {}
+    failures = checks.get("failures") or []  # reports before the failures list: only `passed`
+    if checks.get("passed") is not True and not failures:
+        failures = ["its self-checks did not pass"]
+    return problems + failures
+
+
+
 def load_report(onnx_dir: Path) -> dict[str, Any]:
     """The export report, or a UserError that says what is wrong with it and to re-run the export."""
     return read_artefact(report_path(onnx_dir), "export report", "run export_omnivoice.py (step 2) first",
@@ -146,7 +159,8 @@ def check_graph_metadata(path: Path, graph: str, entry: dict[str, Any], fingerpr
 
 
 def verify_graphs(onnx_dir: Path, export: dict[str, Any], graphs: list[str]) -> None:
-    """Every file of `graphs` exists, carries the report's metadata and matches its sha256."""
+    """Every graph of `graphs` passed its export checks, and each of its files exists, carries the
+    report's metadata and matches its sha256."""
     onnx_dir = Path(onnx_dir)
     for graph in graphs:
         entry = export["graphs"].get(graph)
@@ -155,6 +169,10 @@ def verify_graphs(onnx_dir: Path, export: dict[str, Any], graphs: list[str]) -> 
         for name in entry["files"]:
             if not (onnx_dir / name).is_file():
                 raise UserError(f"{onnx_dir / name} is missing", REEXPORT_FIX)
+        problems = entry_problems(entry)
+        if problems:
+            raise UserError(f"the export report says the {graph} graph failed its export checks ({problems[0]}): "
+                            "it is not used", REEXPORT_FIX)
         check_graph_metadata(onnx_dir / entry["file"], graph, entry, export["model"]["fingerprint"])
         for name, info in entry["files"].items():
             path = onnx_dir / name

@@ -4,12 +4,28 @@ The host side of upstream `OmniVoice.generate()` (omnivoice 0.2.1) reproduced st
 given seed gives upstream's tokens; the reference a C# or mobile port reads line by line. It
 never imports torch, transformers, omnivoice, pydub or the toolchain (omnivoice_export).
 
+    from omnivoice_onnx import OmniVoiceOnnx
+    tts = OmniVoiceOnnx.from_dir("onnx")
+    audios = tts.generate("Hello.", language="English", seed=1)
+
 Modules, one host stage each:
-    errors     UserError, the one-line expected error
-    contract   the graphs' I/O contract table, thresholds and constants (shared with the toolchain)
-    sessions   onnxruntime sessions, providers, cond/uncond split execution
-    prompt     text tokenizer, language/instruct resolution, prompt ids, the 2B batch layout
-    duration   the rule-based duration estimate, speed and fixed durations
-    text       long-text chunking, reference-text punctuation
-    audio      reference loading and preparation, post-processing, chunk cross-fade
+    api          OmniVoiceOnnx: load an export folder, generate, create_voice_clone_prompt
+    generate     generate() and its steps: preprocessing, the unmasking loop, chunking, decoding
+    scoring      one unmasking step: guided log-probs, Gumbel draws, penalty, top-k cells
+    schedule     the unmasking schedule (time steps, cells per step)
+    rng          torch's CPU generator (manual_seed + rand) in numpy, bit for bit
+    conformance  JSON traces of fixed cases, for ports to replay
+    errors       UserError, the one-line expected error
+    contract     the graphs' I/O contract table, thresholds and constants (shared with the toolchain)
+    sessions     onnxruntime sessions, providers, cond/uncond split execution
+    prompt       text tokenizer, language/instruct resolution, prompt ids, the 2B batch layout
+    duration     the rule-based duration estimate, speed and fixed durations
+    text         long-text chunking, reference-text punctuation
+    audio        reference loading and preparation, post-processing, chunk cross-fade
 """
+
+from omnivoice_onnx.api import OmniVoiceOnnx
+from omnivoice_onnx.errors import UserError
+from omnivoice_onnx.generate import GenerationConfig, Trace, VoiceClonePrompt
+
+__all__ = ["OmniVoiceOnnx", "UserError", "GenerationConfig", "Trace", "VoiceClonePrompt"]

@@ -41,6 +41,9 @@ THRESHOLDS = {
     # Bidirectionality probe: the least change of earlier positions' logits when only the last
     # position's ids change. A causal graph changes them by exactly 0.
     "self_check_probe_min_change": 1e-6,
+    # Mask probe: the most change of a row's logits when only keys its queries may not attend to
+    # change. Masked keys get weight exactly 0, so a graph that honours the mask changes nothing.
+    "self_check_mask_probe_max_change": 1e-6,
 }
 
 # The length axis of audio: the encoder's graph holds only encode()'s no-padding branch, valid for

@@ -7,12 +7,20 @@ Providers:
                parity verdict on the export (facts sheet: argmax 0.996, max |d| 5e-2 per step)
 
 A requested CUDA provider that onnxruntime lacks is an error, never a quiet fall back to CPU.
+A CUDA session's provider options are read back from onnxruntime: `cuda-fp32` is refused unless
+the CUDA provider reports `use_tf32` "0" (an onnxruntime that ignored the option would compute in
+TF32 under an fp32 verdict). onnxruntime may still run single nodes of a CUDA session on the CPU
+(it keeps shape arithmetic there); `node_placement` reports which, from a profiled first run.
 The toolchain (omnivoice_export) and the runtime share this module; it imports numpy and
 onnxruntime only.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import tempfile
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,12 +56,15 @@ def check_provider(provider: str) -> None:
                         GPU_INSTALL_HINT)
 
 
-def make_session(path: Path, provider: str = "cpu", threads: int | None = None, arena: bool = True):
-    """An InferenceSession for one graph; checks the requested provider really took it.
+def make_session(path: Path, provider: str = "cpu", threads: int | None = None, arena: bool = True,
+                 profile: bool = False):
+    """An InferenceSession for one graph; checks the requested provider really took it, with the
+    options asked for (check_cuda_options).
 
     `arena=False` turns off the CPU memory arena and memory patterns, so a call's activations go
     back to the system when it returns instead of staying reserved for the session (see
-    CODEC_ARENA).
+    CODEC_ARENA). `profile=True` records which provider runs each node until `node_placement`
+    is called (after one run).
     """
     import onnxruntime as ort
 
@@ -68,15 +79,55 @@ def make_session(path: Path, provider: str = "cpu", threads: int | None = None, 
     if not arena:
         options.enable_cpu_mem_arena = False
         options.enable_mem_pattern = False
+    if profile:
+        options.enable_profiling = True
+        options.profile_file_prefix = str(Path(tempfile.gettempdir()) / f"omnivoice-ort-profile-{os.getpid()}")
     try:
         session = ort.InferenceSession(str(path), sess_options=options, providers=provider_chain(provider))
     except Exception as exc:  # onnxruntime raises its own Fail/InvalidProtobuf types
         raise UserError(f"onnxruntime cannot load {path} ({str(exc).splitlines()[0][:300]})",
                         "re-run export_omnivoice.py (step 2); the graph or its .onnx.data is damaged") from exc
-    if provider.startswith("cuda") and session.get_providers()[0] != "CUDAExecutionProvider":
-        raise UserError(f"onnxruntime did not place {path.name} on CUDA (got {session.get_providers()})",
-                        GPU_INSTALL_HINT)
+    if provider.startswith("cuda"):
+        check_cuda_options(path.name, provider, session.get_providers(), session.get_provider_options())
     return session
+
+
+def check_cuda_options(name: str, provider: str, providers: list[str], options: dict[str, dict[str, str]]) -> None:
+    """UserError unless a CUDA session of graph `name` runs on the CUDA provider first, and, for
+    cuda-fp32, that provider reports the `use_tf32` "0" it was asked for.
+
+    `providers` and `options` are what the session reports (get_providers, get_provider_options),
+    not what was requested: an onnxruntime that dropped or ignored the option shows it here.
+    """
+    if not providers or providers[0] != "CUDAExecutionProvider":
+        raise UserError(f"onnxruntime did not place {name} on CUDA (got {providers})", GPU_INSTALL_HINT)
+    use_tf32 = options.get("CUDAExecutionProvider", {}).get("use_tf32")
+    if provider == "cuda-fp32" and use_tf32 != "0":
+        raise UserError(f"onnxruntime's CUDA provider reports use_tf32={use_tf32!r} for {name}, so cuda-fp32 "
+                        "would compute in TF32", "install the onnxruntime-gpu of requirements-gpu.txt, whose CUDA "
+                        "provider honours use_tf32, or use --provider cuda-tf32 for the TF32 trade-off")
+
+
+def node_placement(session) -> dict[str, Any]:
+    """Which execution provider ran each node of a session made with `profile=True`, from its
+    profile of the runs so far (at least one); ends the profiling and removes its file.
+
+    {"nodes": {provider: count}, "cpu_ops": {op type: count of nodes run on the CPU}}. Under a
+    CUDA provider, nodes on CPUExecutionProvider are what onnxruntime could or would not place on
+    the GPU: shape arithmetic by design, anything heavier is a copy to the host and back.
+    """
+    path = Path(session.end_profiling())
+    try:
+        events = json.loads(path.read_text())
+    finally:
+        path.unlink(missing_ok=True)
+    nodes = {event["name"]: event["args"] for event in events
+             if event.get("cat") == "Node" and "provider" in event.get("args", {})}
+    if not nodes:
+        raise ValueError("the session's profile holds no node: run it once before node_placement")
+    return {"nodes": dict(Counter(args["provider"] for args in nodes.values())),
+            "cpu_ops": dict(Counter(args["op_name"] for args in nodes.values()
+                                    if args["provider"] == "CPUExecutionProvider"))}
 
 
 def run(session, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -34,6 +34,7 @@ class Pipeline:
     model: Path
     capture: Path
     onnx: Path
+    export_stderr: str = ""  # what step 2 printed on stderr, run as a user runs it
 
 
 @pytest.fixture(scope="session")
@@ -45,17 +46,33 @@ def tiny_model() -> Path:
 @pytest.fixture(scope="session")
 def pipeline(tiny_model: Path, tmp_path_factory) -> Pipeline:
     """Steps 0, 1 (all modes, all 32 steps) and 2 (dynamo) on tiny. Tests must not modify it:
-    copy it first (see `pipeline_copy`)."""
+    copy it first (see `pipeline_copy`). Step 2 runs as a subprocess, so that its stderr is what
+    a user sees."""
     import capture_reference
-    import export_omnivoice
     import make_reference
 
     root = tmp_path_factory.mktemp("pipeline")
     capture, onnx = root / "capture", root / "onnx"
     make_reference.main(["--model", str(tiny_model), "--out-dir", str(capture)])
     capture_reference.main(["--model", str(tiny_model), "--capture-dir", str(capture)])
-    export_omnivoice.main(["--model", str(tiny_model), "--capture-dir", str(capture), "--onnx-dir", str(onnx)])
-    return Pipeline(tiny_model, capture, onnx)
+    return Pipeline(tiny_model, capture, onnx, export_as_user(tiny_model, capture, onnx))
+
+
+def export_as_user(model: Path, capture: Path, onnx: Path, *flags: str) -> str:
+    """Step 2 as a subprocess (asserted to succeed); its stderr."""
+    done = run_script("export_omnivoice.py", "--model", str(model), "--capture-dir", str(capture),
+                      "--onnx-dir", str(onnx), *flags, timeout=1200)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stderr
+
+
+@pytest.fixture(scope="session")
+def legacy_export(pipeline: Pipeline, tmp_path_factory) -> Pipeline:
+    """The three graphs exported with the legacy (TorchScript) exporter from the session capture,
+    into their own directory (stderr kept). Read-only."""
+    onnx = tmp_path_factory.mktemp("legacy") / "onnx"
+    return Pipeline(pipeline.model, pipeline.capture, onnx,
+                    export_as_user(pipeline.model, pipeline.capture, onnx, "--no-dynamo"))
 
 
 def copy_pipeline(pipeline: Pipeline, root: Path) -> Pipeline:
@@ -146,6 +163,58 @@ def causal_transformer(pipeline: Pipeline, torch_model, tmp_path_factory) -> Pat
         "transformer", config, model_fingerprint(pipeline.model), "dynamo", exporting.DEFAULT_OPSET,
         report.package_versions()))
     return out
+
+
+@pytest.fixture(scope="session")
+def mask_ignoring_transformer(pipeline: Pipeline, tmp_path_factory) -> Path:
+    """A directory holding a dynamo export of the tiny model loaded with `eager` attention, with the
+    real export's metadata: the defect of a graph that ignores the attention mask (eager adds the
+    bool mask to the scores as 0/1, facts sheet), which the bidirectionality probe cannot see.
+    Read-only: install it into a copy with `install_graph`."""
+    import export_omnivoice
+    from omnivoice_export import capture
+
+    model = load_omnivoice(pipeline.model)
+    model.llm.set_attn_implementation("eager")
+    out = tmp_path_factory.mktemp("mask-ignoring")
+    example, _ = export_omnivoice.transformer_examples(pipeline.capture, capture.load_manifest(pipeline.capture))
+    exporting.export_graph(wrappers.make_wrappers(model)["transformer"], "transformer", example, out, dynamo=True,
+                           opset=exporting.DEFAULT_OPSET)
+    config = json.loads((pipeline.model / "config.json").read_text())
+    exporting.set_metadata(out / GRAPH_FILES["transformer"], "transformer", exporting.graph_metadata(
+        "transformer", config, model_fingerprint(pipeline.model), "dynamo", exporting.DEFAULT_OPSET,
+        report.package_versions()))
+    return out
+
+
+def scaled_graph(source_dir: Path, graph: str, initializer: str, scale: float, out: Path) -> Path:
+    """`graph` of `source_dir` re-saved into `out` with one named weight scaled (metadata kept),
+    with one sidecar as the exporter writes it: a wrong graph that passes every integrity check."""
+    import onnx
+    from onnx import numpy_helper
+
+    name = GRAPH_FILES[graph]
+    model = onnx.load(str(source_dir / name))
+    (weight,) = [init for init in model.graph.initializer if init.name == initializer]
+    weight.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(weight) * np.float32(scale), initializer))
+    exporting.save_with_sidecar(model, out / name)
+    return out
+
+
+@pytest.fixture(scope="session")
+def perturbed_encoder(pipeline: Pipeline, tmp_path_factory) -> Path:
+    """The session's encoder with its acoustic encoder's last conv scaled by 1.5: the latents the
+    quantizer reads move, and some codes with them. Read-only: install it with `install_graph`."""
+    return scaled_graph(pipeline.onnx, "encoder", "audio_tokenizer.acoustic_encoder.conv2.weight", 1.5,
+                        tmp_path_factory.mktemp("perturbed-encoder"))
+
+
+@pytest.fixture(scope="session")
+def perturbed_decoder(pipeline: Pipeline, tmp_path_factory) -> Path:
+    """The session's decoder with its final conv scaled by 1.5: the waveform's level changes.
+    Read-only: install it with `install_graph`."""
+    return scaled_graph(pipeline.onnx, "decoder", "audio_tokenizer.acoustic_decoder.conv2.weight", 1.5,
+                        tmp_path_factory.mktemp("perturbed-decoder"))
 
 
 AUDIO_HEAD_SCALE = 1.5

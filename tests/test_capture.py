@@ -18,7 +18,7 @@ from conftest import Pipeline, run_script, single_stderr_line
 from omnivoice_export import capture, wrappers
 from omnivoice_export.checkpoints import model_fingerprint
 from omnivoice_export.files import sha256_file
-from omnivoice_export.generation import GenerationRequest, read_wav, run_generate
+from omnivoice_export.generation import GenerationRequest, generate_waveforms, read_wav
 from omnivoice_onnx.contract import CONTRACTS
 
 NUM_STEP = 32  # upstream's default, which the session capture runs at
@@ -60,12 +60,36 @@ def test_all_modes_captured_at_every_step(pipeline: Pipeline) -> None:
         assert capture.mode_steps(manifest, mode) == list(range(NUM_STEP))
         tokens = capture.load_mode_file(pipeline.capture, mode, "tokens.npz")
         assert tokens["after_step"].shape[0] == NUM_STEP
-        assert (tokens["final"] != 1024).all(), f"{mode}: masked tokens left after the last step"
         assert np.array_equal(tokens["after_step"][-1], tokens["final"])
-        # generate() decodes exactly the final tokens.
-        decoded = capture.load_mode_file(pipeline.capture, mode, "decoder.npz")
-        assert np.array_equal(decoded["audio_codes"], tokens["final"])
+        for item, (rows, name) in enumerate(zip(entry["rows"], capture.item_files(manifest, mode, "decoder.npz"))):
+            final = tokens["final"][item]
+            assert (final[:, :rows["t_len"]] != 1024).all(), f"{mode} item {item}: masked tokens after the last step"
+            assert (final[:, rows["t_len"]:] == 1024).all(), f"{mode} item {item}: padding is not the mask id"
+            # generate() decodes exactly the final tokens, one item at a time.
+            decoded = capture.load_mode_file(pipeline.capture, mode, name)
+            assert np.array_equal(decoded["audio_codes"], final[None, :, :rows["t_len"]])
         assert ("encoder.npz" in entry["files"]) == (mode == "clone"), "only clone mode encodes audio"
+
+
+@pytest.mark.slow
+def test_batch_mode_is_a_real_batch(pipeline: Pipeline) -> None:
+    """The batch mode holds one generate() of two texts of different lengths, as upstream batches
+    them: 2B = 4 transformer rows, both c_len and t_len differ between the items, the shorter
+    cond row is padded with rows that may attend to nothing, the uncond rows with their diagonal,
+    and each item has its own decoder call and WAV."""
+    manifest = capture.load_manifest(pipeline.capture, verify_hashes=False)
+    entry = manifest["modes"]["batch"]
+    assert isinstance(entry["request"]["text"], list) and len(entry["request"]["text"]) == 2
+    (c0, t0), (c1, t1) = ((r["c_len"], r["t_len"]) for r in entry["rows"])
+    assert c0 != c1 and t0 != t1
+    step = capture.load_step(pipeline.capture, "batch", 0)
+    mask = step["attention_mask"][:, 0]
+    assert mask.shape[0] == 4
+    short = 0 if c0 < c1 else 1
+    assert not mask[short, min(c0, c1):].any(), "the shorter cond row's padding queries attend to something"
+    assert step["logits_cond"].shape == (8 * (t0 + t1), 1025)
+    assert step["logits_uncond"].shape == (8 * (t0 + t1), 1025)
+    assert {"decoder_0.npz", "decoder_1.npz", "output_0.wav", "output_1.wav"} <= set(entry["files"])
 
 
 def _small_capture(pipeline: Pipeline, directory: Path) -> Path:
@@ -121,10 +145,13 @@ def test_capture_does_not_change_generate(pipeline: Pipeline, torch_model, mode:
     if request.ref_audio:
         request.ref_audio = str(pipeline.capture / request.ref_audio)
     assert "forward" not in vars(torch_model), "a recorder or ONNX forward is still installed on the model"
-    audio = run_generate(torch_model, request)
-    captured, _ = read_wav(pipeline.capture / mode / "output.wav")
-    assert audio.shape == captured.shape
-    assert np.array_equal(audio, captured), f"{mode}: plain generate() differs from the captured run"
+    audios = generate_waveforms(torch_model, request)
+    names = capture.item_files(manifest, mode, "output.wav")
+    assert len(audios) == len(names)
+    for audio, name in zip(audios, names):
+        captured, _ = read_wav(pipeline.capture / mode / name)
+        assert audio.shape == captured.shape
+        assert np.array_equal(audio, captured), f"{mode}: plain generate() differs from the captured run ({name})"
 
 
 def test_patched_restores_instance_attributes() -> None:

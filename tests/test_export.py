@@ -43,21 +43,12 @@ pytestmark = pytest.mark.slow  # every test here uses the session pipeline (step
 REPORT_NAME = "export-report.json"
 
 
-@pytest.fixture(scope="module")
-def legacy_onnx(pipeline: Pipeline, tmp_path_factory) -> Path:
-    """The three graphs exported with the legacy (TorchScript) exporter from the session capture."""
-    onnx_dir = tmp_path_factory.mktemp("legacy") / "onnx"
-    export_omnivoice.main(["--model", str(pipeline.model), "--capture-dir", str(pipeline.capture),
-                           "--onnx-dir", str(onnx_dir), "--no-dynamo"])
-    return onnx_dir
-
-
 @pytest.fixture(params=["dynamo", "legacy"])
 def export(request, pipeline: Pipeline) -> tuple[str, Path]:
     """(exporter, onnx dir) for each exporter; the legacy export is only built when asked for."""
     if request.param == "dynamo":
         return "dynamo", pipeline.onnx
-    return "legacy", request.getfixturevalue("legacy_onnx")
+    return "legacy", request.getfixturevalue("legacy_export").onnx
 
 
 def _load(path: Path) -> onnx.ModelProto:
@@ -157,6 +148,7 @@ def test_report(export: tuple[str, Path], pipeline: Pipeline) -> None:
         shapes = {tuple(s["shape"]) for s in entry["self_checks"]["dynamic_shapes"]}
         assert len(shapes) >= 2
     assert data["graphs"]["transformer"]["self_checks"]["bidirectional_probe"]["passed"] is True
+    assert data["graphs"]["transformer"]["self_checks"]["mask_probe"]["passed"] is True
     # The runtime's files: recorded with their sha256, and readable by the runtime from onnx/ alone.
     assert set(data["runtime_assets"]) == {TOKENIZER_FILE, RUNTIME_CONFIG_FILE}
     for file, info in data["runtime_assets"].items():
@@ -195,6 +187,31 @@ def test_probe_fails_on_a_causal_graph(pipeline: Pipeline, causal_transformer: P
     rows = capture.read_rows
     assert np.abs(rows(got, inputs["attention_mask"]) - rows(expected, inputs["attention_mask"])).max() \
         <= THRESHOLDS["transformer_max_abs"]
+
+
+@pytest.mark.parametrize("mode", ["clone", "batch"])
+def test_mask_probe_passes_on_the_export(pipeline: Pipeline, mode: str) -> None:
+    """The real export honours the mask: changing keys a row's queries may not attend to (an uncond
+    row's padding; in the batch mode the shorter cond row's) leaves their logits exactly as they were."""
+    session = make_session(pipeline.onnx / GRAPH_FILES["transformer"])
+    data = capture.load_step(pipeline.capture, mode, 16)
+    probe = exporting.mask_probe(session, {k: data[k] for k in TRANSFORMER_INPUTS})
+    assert probe["passed"] is True and probe["failure"] is None
+    assert probe["max_abs_change"] == 0.0
+    assert probe["masked_keys"] > 0 and probe["queries"] > 0
+
+
+def test_mask_probe_fails_on_a_mask_ignoring_graph(pipeline: Pipeline, mask_ignoring_transformer: Path) -> None:
+    """A faithful export of the model with `eager` attention (which adds the bool mask to the
+    scores, so masked keys still weigh) fails the mask probe, while it passes the bidirectionality
+    probe: that probe alone let such a graph through."""
+    inputs = _probe_inputs(pipeline)
+    session = make_session(mask_ignoring_transformer / GRAPH_FILES["transformer"])
+    probe = exporting.mask_probe(session, inputs)
+    assert probe["passed"] is False
+    assert probe["max_abs_change"] > 1e-2
+    assert probe["failure"].startswith("mask probe: ")
+    assert exporting.bidirectionality_probe(session, inputs)["passed"] is True
 
 
 def _snapshot(directory: Path) -> dict[str, str]:

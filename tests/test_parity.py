@@ -61,25 +61,47 @@ def test_passes_on_the_correct_export(passing_report: dict, pipeline: Pipeline) 
     assert {row["mode"] for row in graphs["decoder"]["rows"]} == set(manifest["modes"])
 
 
+def test_covers_the_batch(passing_report: dict, pipeline: Pipeline) -> None:
+    """Every step of the batch mode (one generate() of two texts of different lengths: 2B = 4
+    rows, the shorter item padded) is compared on the rows generate() reads of both items, and
+    each item's decoder call."""
+    graphs = passing_report["parity"]["cpu"]["graphs"]
+    batch = [row for row in graphs["transformer"]["rows"] if row["mode"] == "batch"]
+    assert len(batch) == NUM_STEP and all(row["passed"] and row["argmax_agreement"] == 1.0 for row in batch)
+    items = capture.load_manifest(pipeline.capture, verify_hashes=False)["modes"]["batch"]["rows"]
+    assert len(items) == 2
+    assert all(row["rows"] == 2 * 8 * sum(item["t_len"] for item in items) for row in batch)  # cond + uncond
+    assert [row["item"] for row in graphs["decoder"]["rows"] if row["mode"] == "batch"] == [0, 1]
+
+
 def test_results_for_two_providers_coexist(passing_report: dict) -> None:
     """A cpu run merges its section beside another provider's, which it leaves untouched."""
     assert set(passing_report["parity"]) == {"cpu", OTHER_PROVIDER}
     assert passing_report["parity"][OTHER_PROVIDER] == OTHER_SECTION
 
 
-@pytest.mark.parametrize("wrong_graph", ["perturbed_transformer", "causal_transformer"])
-def test_fails_on_a_wrong_transformer(request, wrong_graph: str, pipeline: Pipeline, onnx_copy: Path) -> None:
-    """Audio heads scaled by 1.5 (argmax unchanged, logits off) and a causal-attention model both
-    fail, naming the transformer and only it; the codec graphs still pass."""
-    install_graph(request.getfixturevalue(wrong_graph), onnx_copy, "transformer")
+@pytest.mark.parametrize("wrong_graph,graph", [
+    ("perturbed_transformer", "transformer"), ("causal_transformer", "transformer"),
+    ("mask_ignoring_transformer", "transformer"), ("perturbed_encoder", "encoder"), ("perturbed_decoder", "decoder")])
+def test_fails_on_a_wrong_graph(request, wrong_graph: str, graph: str, pipeline: Pipeline, onnx_copy: Path) -> None:
+    """Audio heads scaled by 1.5 (argmax unchanged, logits off), a causal-attention model, a model
+    whose attention ignores the mask (eager), an encoder and a decoder with one conv scaled: each
+    fails, naming its graph and only it; the other graphs still pass."""
+    install_graph(request.getfixturevalue(wrong_graph), onnx_copy, graph)
+    checked = GRAPH_NAMES if graph == "transformer" else ("encoder", "decoder")  # the transformer's steps take longest
     with pytest.raises(CheckFailed) as failure:
-        _parity(pipeline.capture, onnx_copy, "--no-sweep")
-    assert str(failure.value).startswith("parity failed for transformer ")
+        _parity(pipeline.capture, onnx_copy, "--no-sweep", "--graphs", ",".join(checked))
+    assert str(failure.value) == f"parity failed for {graph} on cpu"
     section = read_report(onnx_copy)["parity"]["cpu"]
     assert section["verdict"] == "FAIL"
-    assert {g: r["passed"] for g, r in section["graphs"].items()} == \
-        {"transformer": False, "encoder": True, "decoder": True}
-    assert section["graphs"]["transformer"]["max_abs_max"] > THRESHOLDS["transformer_max_abs"]
+    assert {g: r["passed"] for g, r in section["graphs"].items()} == {g: g != graph for g in checked}
+    result = section["graphs"][graph]
+    if graph == "transformer":
+        assert result["max_abs_max"] > THRESHOLDS["transformer_max_abs"]
+    elif graph == "encoder":
+        assert result["captured"]["code_match"] < THRESHOLDS["encoder_code_match_min"]
+    else:
+        assert max(row["log_spectral_l1"] for row in result["rows"]) > THRESHOLDS["decoder_log_spectral_l1_max"]
 
 
 def test_contract_violation_fails(pipeline: Pipeline, onnx_copy: Path) -> None:

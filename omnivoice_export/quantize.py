@@ -1,0 +1,373 @@
+"""Quantized variants of the fp32 transformer graph: recipes, the node choice, one-sidecar saves.
+
+A variant is `onnx/<name>/omnivoice_transformer.onnx` + its one `.onnx.data` sidecar, made from
+the fp32 export's transformer by one recipe of onnxruntime.quantization. Codec graphs stay fp32:
+a variant directory holds only the transformer, and loaders take the codec graphs from onnx/.
+
+Why the recipes are what they are (issue 16; the quality table measures each):
+- the audio heads (the last MatMul, hidden -> 8 x 1025) produce the logits that unmasking ranks
+  by confidence and takes the argmax of: their quantization error lands on every logit directly,
+  with no later layer to dilute it. Every recipe but `int8-plain` keeps them fp32; `int8-plain`
+  exists to show why (on tiny: 2.4x int8's relative logit error, fewer tokens kept in every mode).
+- the embeddings (text 151676 x H and audio 8200 x H) are Gathers: quantizing them saves disk,
+  not time (a Gather reads a few rows), but the text table is most of an int8 file (621 MB of
+  ~1.1 GB at the real dims). They stay fp32 except in `int8-emb8` (int8 per row, in standard ops
+  any runtime has) and `int8-plain`, which quantizes every op `quantize_dynamic` supports
+  (its Gathers then read uint8 tables).
+- `quantize_dynamic` quantizes each MatMul's activations per tensor at run time (uint8, scale
+  from that call's min/max): the rows of one call share a scale, so the result of a row depends
+  on the other rows in the call (cond and uncond rows of one length group, padding included).
+  Weights are int8 per output channel (`per_channel`), symmetric; `reduce_range` is off, which is
+  right on VNNI CPUs (AVX512-VNNI / AVX-VNNI) and can saturate u8 x s8 products on older AVX2 ones.
+- `fp32-unmasked` is not quantized: the faithful fp32 graph without each layer's mask work, valid
+  (and bit-identical) for the calls run_split makes, whose masks are all True (drop_mask_work).
+- `MatMulNBits` keeps weights block-wise (block along K, one scale and zero point per block);
+  `accuracy_level` 0 dequantizes to fp32 and runs an fp32 GEMM, 4 quantizes activations to int8
+  per block and runs an int8 GEMM (faster; the kind of error that flipped argmaxes on Qwen3-0.6B,
+  onnxruntime#29849).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from omnivoice_export import report
+from omnivoice_export.exporting import save_with_sidecar
+from omnivoice_export.files import file_entry, matches_entry, sha256_file, temporary_dir, umask_mode
+from omnivoice_export.measure import PeakRss
+from omnivoice_export.ort_runtime import read_graph_metadata
+from omnivoice_onnx.contract import GRAPH_FILES
+from omnivoice_onnx.errors import UserError
+
+TRANSFORMER_FILE = GRAPH_FILES["transformer"]
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """How one variant is made from the fp32 transformer."""
+
+    name: str
+    method: str  # "dynamic" (quantize_dynamic, MatMulInteger) | "nbits" (MatMulNBits) | "unmasked" (fp32)
+    bits: int
+    keep_heads_fp32: bool
+    embeddings: str  # "fp32" | "int8-row" (see quantize_embeddings_rowwise) | "dynamic" (quantize_dynamic's own)
+    block_size: int | None = None  # nbits: weights per (scale, zero point) block along K
+    accuracy_level: int | None = None  # nbits: 0 fp32 compute, 4 int8 activations
+    summary: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+RECIPES: dict[str, Recipe] = {recipe.name: recipe for recipe in (
+    Recipe("fp32-unmasked", "unmasked", 32, True, "fp32",
+           summary="fp32, without the per-layer mask work (mask Add, NaN guard): for calls whose mask is all "
+                   "True, as run_split makes every call; NaN logits for any row whose mask is not"),
+    Recipe("int8", "dynamic", 8, True, "fp32",
+           summary="quantize_dynamic: int8 per-channel weights, uint8 per-tensor activations (MatMulInteger); "
+                   "audio heads and embeddings fp32"),
+    Recipe("int8-emb8", "dynamic", 8, True, "int8-row",
+           summary="int8, and the embedding tables int8 with one fp32 scale per row (Gather, Cast, Mul): "
+                   "the text table is most of the file"),
+    Recipe("int8-plain", "dynamic", 8, False, "dynamic",
+           summary="int8 over every op quantize_dynamic supports (audio heads and embeddings too): "
+                   "the recipe NOT to use, kept to show why the heads stay fp32"),
+    Recipe("int8-nbits-a0", "nbits", 8, True, "fp32", block_size=32, accuracy_level=0,
+           summary="MatMulNBits 8-bit, block 32, accuracy_level 0 (fp32 compute); audio heads and embeddings fp32"),
+    Recipe("int8-nbits-a4", "nbits", 8, True, "fp32", block_size=32, accuracy_level=4,
+           summary="MatMulNBits 8-bit, block 32, accuracy_level 4 (int8 activations); audio heads and embeddings fp32"),
+    Recipe("int4-b32", "nbits", 4, True, "fp32", block_size=32, accuracy_level=4,
+           summary="MatMulNBits 4-bit, block 32, accuracy_level 4; audio heads and embeddings fp32"),
+    Recipe("int4-b128", "nbits", 4, True, "fp32", block_size=128, accuracy_level=4,
+           summary="MatMulNBits 4-bit, block 128, accuracy_level 4; audio heads and embeddings fp32"),
+)}
+DEFAULT_VARIANTS = tuple(RECIPES)
+
+
+def variant_dir(onnx_dir: Path, name: str) -> Path:
+    return Path(onnx_dir) / name
+
+
+def variant_path(onnx_dir: Path, name: str) -> Path:
+    """The transformer graph of variant `name`; 'fp32' is the export's own."""
+    return Path(onnx_dir) / TRANSFORMER_FILE if name == "fp32" else variant_dir(onnx_dir, name) / TRANSFORMER_FILE
+
+
+def weight_nodes(model: onnx.ModelProto, heads_width: int) -> tuple[list[str], list[str]]:
+    """(audio-heads MatMul names, embedding Gather names) of the fp32 transformer.
+
+    The dynamo exporter names weights val_N, so the heads are found by shape: the one MatMul whose
+    weight initializer is [hidden, num_codebooks * audio_vocab_size]. Embeddings are the Gathers
+    that read an initializer.
+    """
+    shapes = {init.name: list(init.dims) for init in model.graph.initializer}
+    heads = [node.name for node in model.graph.node if node.op_type == "MatMul"
+             and any(shapes.get(name, [])[-1:] == [heads_width] for name in node.input)]
+    embeddings = [node.name for node in model.graph.node if node.op_type == "Gather" and node.input[0] in shapes]
+    if len(heads) != 1 or not embeddings:
+        raise UserError(f"the transformer graph has {len(heads)} audio-heads MatMul(s) of width {heads_width} and "
+                        f"{len(embeddings)} embedding Gather(s); expected one and at least one",
+                        "quantize the fp32 export made by export_omnivoice.py (step 2)")
+    return heads, embeddings
+
+
+def quantize_dynamic_variant(source: Path, staging: Path, recipe: Recipe, exclude: list[str]) -> onnx.ModelProto:
+    """quantize_dynamic on `source`; returns the quantized model with its weights in memory.
+
+    quantize_dynamic reads its input by path and writes a shape-inferred copy beside it. onnx
+    refuses a sidecar reached through a symlink or a hard link, and a ModelProto input costs two
+    more in-memory copies of the weights (~5 GB at the real dims), so the input is the fp32 graph
+    proto alone, saved under a hidden name beside the fp32 sidecar it still points to; it and the
+    inferred copy are removed afterwards.
+    """
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    graph_only = source.with_name(f".{staging.name}-input.onnx")
+    onnx.save_model(onnx.load(str(source), load_external_data=False), str(graph_only))
+    out = staging / "dynamic" / TRANSFORMER_FILE
+    out.parent.mkdir()
+    try:
+        quantize_dynamic(graph_only, out, per_channel=True, reduce_range=False,
+                         weight_type=QuantType.QInt8, use_external_data_format=True,
+                         op_types_to_quantize=None if recipe.embeddings == "dynamic" else ["MatMul"],
+                         nodes_to_exclude=exclude)
+        model = onnx.load(str(out))
+    finally:
+        graph_only.unlink(missing_ok=True)
+        graph_only.with_name(graph_only.stem + "-inferred.onnx").unlink(missing_ok=True)
+    shutil.rmtree(out.parent)
+    return model
+
+
+def quantize_nbits_variant(source: Path, recipe: Recipe, exclude: list[str]) -> onnx.ModelProto:
+    """MatMulNBits weight-only quantization of every MatMul but `exclude` (Gathers untouched)."""
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    quantizer = MatMulNBitsQuantizer(onnx.load(str(source)), bits=recipe.bits, block_size=recipe.block_size,
+                                     is_symmetric=False, accuracy_level=recipe.accuracy_level,
+                                     nodes_to_exclude=exclude, op_types_to_quantize=("MatMul",))
+    quantizer.process()
+    return quantizer.model.model
+
+
+def quantize_embeddings_rowwise(model: onnx.ModelProto, gathers: list[str]) -> None:
+    """Store each embedding table int8 with one fp32 scale per row, in place.
+
+    Gather(table, ids) becomes Gather(q, ids) -> Cast(float) -> Mul(Gather(scale, ids)): standard
+    ops, so any ONNX runtime (and a hand-written one) reads it. Symmetric per row:
+    scale = max|row| / 127 (1 for an all-zero row), q = round-half-even(row / scale) in [-127, 127];
+    the looked-up row is q * scale in float32.
+    """
+    initializers = {init.name: init for init in model.graph.initializer}
+    nodes = {node.name: node for node in model.graph.node}
+    for name in gathers:
+        node = nodes[name]
+        table = numpy_helper.to_array(initializers[node.input[0]])
+        peak = np.abs(table).max(axis=1, keepdims=True)
+        scale = np.where(peak > 0, peak / np.float32(127), np.float32(1)).astype(np.float32)
+        quantized = np.clip(np.rint(table / scale), -127, 127).astype(np.int8)
+        prefix = f"{name}_int8row"
+        model.graph.initializer.remove(initializers[node.input[0]])
+        model.graph.initializer.extend([numpy_helper.from_array(quantized, f"{prefix}_q"),
+                                        numpy_helper.from_array(scale, f"{prefix}_scale")])
+        ids, output = node.input[1], node.output[0]
+        replacement = [
+            helper.make_node("Gather", [f"{prefix}_q", ids], [f"{prefix}_rows_q"], name=f"{prefix}_gather_q"),
+            helper.make_node("Gather", [f"{prefix}_scale", ids], [f"{prefix}_rows_scale"], name=f"{prefix}_gather_scale"),
+            helper.make_node("Cast", [f"{prefix}_rows_q"], [f"{prefix}_rows_f"], to=onnx.TensorProto.FLOAT,
+                             name=f"{prefix}_cast"),
+            helper.make_node("Mul", [f"{prefix}_rows_f", f"{prefix}_rows_scale"], [output], name=f"{prefix}_mul"),
+        ]
+        position = list(model.graph.node).index(node)
+        model.graph.node.remove(node)
+        for offset, new in enumerate(replacement):
+            model.graph.node.insert(position + offset, new)
+
+
+def drop_mask_work(model: onnx.ModelProto) -> int:
+    """Remove each layer's mask work, valid for calls whose attention mask is all True; in place.
+
+    The faithful graph (SDPA with a bool mask, as the dynamo exporter lowers it) does per layer:
+    Where(mask, 0, -inf) -> Add to the scaled scores -> Softmax -> IsNaN/Where (rows with no
+    allowed key give 0, not NaN). With every mask entry True the Add adds +0.0 (x + 0 == x for
+    every finite x) and Softmax gives no NaN, so Softmax(scores) alone is bit-identical. run_split
+    (omnivoice_onnx.sessions) runs cond and uncond rows at their own lengths, so every call it
+    makes has an all-True mask. The input `attention_mask` stays (same contract), and one check
+    per call replaces the per-layer work: a row whose mask holds any False gets NaN logits, so a
+    padded call on this graph is loud, never silently wrong. Returns the number of layers changed.
+    """
+    graph = model.graph
+    producers = {out: node for node in graph.node for out in node.output}
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    drop, changed = [], 0
+    for softmax in [node for node in graph.node if node.op_type == "Softmax"]:
+        add = producers.get(softmax.input[0])
+        if add is None or add.op_type != "Add":
+            continue
+        masks = [name for name in add.input if name in producers and producers[name].op_type == "Where"
+                 and producers[name].input[0] == "attention_mask"]
+        guard_isnan = [n for n in consumers.get(softmax.output[0], []) if n.op_type == "IsNaN"]
+        if len(masks) != 1 or len(guard_isnan) != 1:
+            continue
+        guard = [n for n in consumers.get(guard_isnan[0].output[0], []) if n.op_type == "Where"]
+        if len(guard) != 1:
+            continue
+        scores = next(name for name in add.input if name != masks[0])
+        softmax.input[0] = scores
+        for node in consumers.get(guard[0].output[0], []):
+            node.input[:] = [softmax.output[0] if name == guard[0].output[0] else name for name in node.input]
+        drop += [add, guard_isnan[0], guard[0]]
+        changed += 1
+    if changed == 0:
+        raise UserError("found no masked attention (Where(attention_mask) -> Add -> Softmax -> IsNaN/Where) in the "
+                        "transformer graph", "quantize the fp32 export made by export_omnivoice.py (step 2)")
+    dropped = {id(node) for node in drop}
+    kept = [node for node in graph.node if id(node) not in dropped]
+    used = {name for node in kept for name in node.input}
+    kept = [node for node in kept if not (node.op_type == "Where" and node.input[0] == "attention_mask"
+                                          and node.output[0] not in used)]
+    del graph.node[:]
+    graph.node.extend(kept)
+    guard_output(model)
+    return changed
+
+
+def guard_output(model: onnx.ModelProto) -> None:
+    """logits = Where(row's mask has a False, NaN, logits): the unmasked graph's one check per call."""
+    graph = model.graph
+    output = graph.output[0].name
+    raw = f"{output}_unguarded"
+    for node in graph.node:
+        node.output[:] = [raw if name == output else name for name in node.output]
+    graph.initializer.extend([numpy_helper.from_array(np.array([1, 2, 3], dtype=np.int64), "mask_guard_axes"),
+                              numpy_helper.from_array(np.array(np.nan, dtype=np.float32), "mask_guard_nan")])
+    graph.node.extend([
+        helper.make_node("Not", ["attention_mask"], ["mask_guard_not"], name="mask_guard_not"),
+        helper.make_node("Cast", ["mask_guard_not"], ["mask_guard_f"], to=onnx.TensorProto.FLOAT, name="mask_guard_cast"),
+        helper.make_node("ReduceMax", ["mask_guard_f", "mask_guard_axes"], ["mask_guard_any_f"], keepdims=1,
+                         name="mask_guard_any"),
+        helper.make_node("Cast", ["mask_guard_any_f"], ["mask_guard_bad"], to=onnx.TensorProto.BOOL,
+                         name="mask_guard_bool"),
+        helper.make_node("Where", ["mask_guard_bad", "mask_guard_nan", raw], [output], name="mask_guard_where"),
+    ])
+
+
+def quantized_node_counts(model: onnx.ModelProto) -> dict[str, int]:
+    """How many nodes of each quantized op type the variant holds (for the report)."""
+    kinds = ("MatMulInteger", "DynamicQuantizeLinear", "MatMulNBits", "MatMul", "Gather", "Softmax", "IsNaN")
+    counts = {kind: 0 for kind in kinds}
+    for node in model.graph.node:
+        if node.op_type in counts:
+            counts[node.op_type] += 1
+    return {kind: count for kind, count in counts.items() if count}
+
+
+def build_variant(onnx_dir: Path, recipe: Recipe, fp32_metadata: dict[str, str]) -> dict[str, Any]:
+    """Write `onnx/<recipe.name>/` from the fp32 transformer; return its report entry.
+
+    Everything is written into a hidden staging directory first; the finished files are renamed
+    into the variant directory (old .onnx removed first, then the new sidecar, then the new .onnx),
+    so an interruption leaves a variant complete (old or new) or absent, never mixed.
+    """
+    onnx_dir = Path(onnx_dir)
+    source = onnx_dir / TRANSFORMER_FILE
+    heads_width = int(fp32_metadata["num_codebooks"]) * int(fp32_metadata["audio_vocab_size"])
+    heads, embeddings = weight_nodes(onnx.load(str(source), load_external_data=False), heads_width)
+    exclude = (heads if recipe.keep_heads_fp32 else []) + (embeddings if recipe.embeddings != "dynamic" else [])
+    with temporary_dir(variant_dir(onnx_dir, recipe.name)) as staging:
+        with PeakRss() as peak:
+            if recipe.method == "dynamic":
+                model = quantize_dynamic_variant(source, staging, recipe, exclude)
+            elif recipe.method == "unmasked":
+                model = onnx.load(str(source))
+                drop_mask_work(model)
+            else:
+                model = quantize_nbits_variant(source, recipe, exclude)
+            if recipe.embeddings == "int8-row":
+                quantize_embeddings_rowwise(model, embeddings)
+            del model.metadata_props[:]
+            for key, value in {**fp32_metadata, "variant": recipe.name, "recipe": json.dumps(recipe.as_dict()),
+                               "fp32_transformer_sha256": sha256_file(source)}.items():
+                model.metadata_props.add(key=key, value=value)
+            counts = quantized_node_counts(model)
+            save_with_sidecar(model, staging / TRANSFORMER_FILE)
+            del model
+        install_variant(staging, variant_dir(onnx_dir, recipe.name))
+    files = variant_files(onnx_dir, recipe.name)
+    fp32_bytes = sum((onnx_dir / name).stat().st_size for name in (TRANSFORMER_FILE, TRANSFORMER_FILE + ".data"))
+    size = sum(info["bytes"] for info in files.values())
+    return {"recipe": recipe.as_dict(), "dir": recipe.name, "file": TRANSFORMER_FILE, "files": files,
+            "bytes": size, "fp32_bytes": fp32_bytes, "size_ratio": round(size / fp32_bytes, 4),
+            "excluded_nodes": exclude, "node_counts": counts, "seconds": round(peak.seconds, 2),
+            "peak_rss_mb": round(peak.peak_mb, 1)}
+
+
+def install_variant(staging: Path, target: Path) -> None:
+    """Rename the finished graph and sidecar from `staging` into `target`."""
+    target.mkdir(parents=True, exist_ok=True)
+    umask_mode(staging / TRANSFORMER_FILE, staging / (TRANSFORMER_FILE + ".data"))
+    (target / TRANSFORMER_FILE).unlink(missing_ok=True)
+    os.replace(staging / (TRANSFORMER_FILE + ".data"), target / (TRANSFORMER_FILE + ".data"))
+    os.replace(staging / TRANSFORMER_FILE, target / TRANSFORMER_FILE)
+
+
+def variant_files(onnx_dir: Path, name: str) -> dict[str, dict[str, Any]]:
+    folder = variant_dir(onnx_dir, name)
+    return {file: file_entry(folder / file) for file in (TRANSFORMER_FILE, TRANSFORMER_FILE + ".data")}
+
+
+def verify_variant(onnx_dir: Path, export: dict[str, Any], name: str) -> Path:
+    """The variant's transformer path, once its files match the report's entry (sha256) and its
+    metadata names the variant and the export's model; 'fp32' is the export's own graph."""
+    if name == "fp32":
+        report.verify_graphs(onnx_dir, export, ["transformer"])
+        return variant_path(onnx_dir, name)
+    entry = export.get("variants", {}).get(name)
+    fix = f"run quantize_omnivoice.py --variants {name}"
+    if entry is None:
+        known = ", ".join(export.get("variants", {})) or "none"
+        raise UserError(f"the export report has no variant {name!r} (made so far: {known})", fix)
+    folder = variant_dir(onnx_dir, name)
+    for file, info in entry["files"].items():
+        path = folder / file
+        if not path.is_file():
+            raise UserError(f"{path} is missing", fix)
+        if not matches_entry(path, info):
+            raise UserError(f"{path} does not match the export report's sha256 (modified or from another export)", fix)
+    meta = read_graph_metadata(folder / TRANSFORMER_FILE)
+    if meta.get("variant") != name or meta.get("model_fingerprint") != export["model"]["fingerprint"]:
+        raise UserError(f"{folder / TRANSFORMER_FILE} is variant {meta.get('variant')} of model "
+                        f"{meta.get('model_fingerprint')}, not {name} of {export['model']['fingerprint']}", fix)
+    return folder / TRANSFORMER_FILE
+
+
+def quantize_variants(onnx_dir: Path, names: list[str], log=print) -> dict[str, dict[str, Any]]:
+    """Build each named variant from the verified fp32 export; merge each entry into the report
+    as soon as it is written (an interrupted run keeps the entries of the finished variants)."""
+    export = report.load_report(onnx_dir)
+    report.verify_graphs(onnx_dir, export, ["transformer"])
+    metadata = read_graph_metadata(Path(onnx_dir) / TRANSFORMER_FILE)
+    entries = {}
+    for index, name in enumerate(names, 1):
+        recipe = RECIPES[name]
+        log(f"[quantize] {index}/{len(names)} {name}: {recipe.summary} ...")
+        started = time.perf_counter()
+        entry = build_variant(onnx_dir, recipe, metadata)
+        entries[name] = entry
+        report.merge_section(onnx_dir, ("variants", name), entry)
+        log(f"[quantize] {name}: {entry['bytes'] / 2**20:.1f} MB ({entry['size_ratio']:.1%} of fp32) in "
+            f"{time.perf_counter() - started:.1f} s, peak RSS {entry['peak_rss_mb']:.0f} MB; nodes {entry['node_counts']}")
+    return entries

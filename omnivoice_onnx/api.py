@@ -1,0 +1,144 @@
+"""OmniVoiceOnnx: speech from an OmniVoice ONNX export folder, with numpy + onnxruntime only.
+
+    from omnivoice_onnx import OmniVoiceOnnx
+    tts = OmniVoiceOnnx.from_dir("onnx")                      # the export folder alone
+    audios = tts.generate("Hello.", language="English", seed=1)  # list of float32 [T] at tts.sample_rate
+    prompt = tts.create_voice_clone_prompt("ref.wav", "The reference's words.")
+    audios = tts.generate(["One.", "Two."], voice_clone_prompt=prompt, seed=1)
+
+The same arguments and seed give what upstream gives after `torch.manual_seed(seed)` and
+`OmniVoice.generate(...)` on CPU (omnivoice 0.2.1): the same tokens, and audio within float
+tolerance (see docs/runtime.md for what is exact and why the rest is not).
+
+The export folder holds the three graphs (omnivoice_onnx.contract), tokenizer.json and
+runtime-config.json. Each graph carries its constants and the checkpoint's fingerprint in its
+metadata; a graph of another export (another fingerprint), one whose inputs and outputs break
+the contract table (omnivoice_onnx.contract) or a runtime config that disagrees with the graphs
+is refused at load time, as is a missing file.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from omnivoice_onnx import generate as gen
+from omnivoice_onnx.contract import GRAPH_FILES, ort_signature, signature_problems
+from omnivoice_onnx.errors import UserError
+from omnivoice_onnx.prompt import TextTokenizer, load_runtime_config
+from omnivoice_onnx.rng import TorchCpuRng, fresh_seed
+from omnivoice_onnx.sessions import TRANSFORMER_ARENA, CodecSessions, make_session, run_split
+
+RERUN_EXPORT = "re-run export_omnivoice.py into an empty folder"
+# Graph metadata (omnivoice_export.exporting.graph_metadata) the runtime reads, as ints.
+INT_METADATA = ("sample_rate", "hop_length", "frame_rate", "num_codebooks", "audio_vocab_size", "audio_mask_id")
+# runtime-config.json's model section -> the graph metadata key that must agree with it.
+CONFIG_VS_METADATA = {"audio_mask_id": "audio_mask_id", "num_audio_codebook": "num_codebooks",
+                      "audio_vocab_size": "audio_vocab_size"}
+
+
+def graph_metadata(session, path: Path, graph: str) -> dict[str, Any]:
+    """A session's OmniVoice metadata (ints parsed), checked to describe `graph` and its inputs
+    and outputs checked against the contract table."""
+    meta = dict(session.get_modelmeta().custom_metadata_map)
+    if meta.get("graph") != graph:
+        raise UserError(f"{path} is not an OmniVoice {graph} graph (its metadata says graph="
+                        f"{meta.get('graph')!r})", RERUN_EXPORT)
+    problems = signature_problems(graph, *ort_signature(session))
+    if problems:
+        raise UserError(f"{path} does not meet the {graph} contract: {'; '.join(problems)}", RERUN_EXPORT)
+    missing = [key for key in INT_METADATA + ("model_fingerprint",) if key not in meta]
+    if missing:
+        raise UserError(f"{path} lacks metadata {', '.join(missing)}", RERUN_EXPORT)
+    try:
+        return {**meta, **{key: int(meta[key]) for key in INT_METADATA}}
+    except ValueError as exc:
+        raise UserError(f"{path} has non-integer metadata ({exc})", RERUN_EXPORT) from exc
+
+
+class OmniVoiceOnnx:
+    """An OmniVoice export loaded for generation. Build it with `from_dir`."""
+
+    def __init__(self, onnx_dir: Path, provider: str = "cpu", threads: int | None = None,
+                 resident_codecs: bool = False) -> None:
+        onnx_dir = Path(onnx_dir)
+        if not onnx_dir.is_dir():
+            raise UserError(f"export folder not found: {onnx_dir}", "pass the folder export_omnivoice.py wrote")
+        self.onnx_dir = onnx_dir
+        self.runtime_config = load_runtime_config(onnx_dir)
+        self.tokenizer = TextTokenizer.from_dir(onnx_dir)
+        path = onnx_dir / GRAPH_FILES["transformer"]
+        self.transformer = make_session(path, provider, threads, arena=TRANSFORMER_ARENA)
+        self.metadata = graph_metadata(self.transformer, path, "transformer")
+        self.codecs = CodecSessions(onnx_dir, provider, threads, resident_codecs)
+        for name in ("encoder", "decoder"):
+            # Opened once here (then released unless resident) so a foreign graph fails now, not
+            # after the whole transformer loop.
+            session = self.codecs.held.get(name) or self.codecs.open(name)
+            codec_meta = graph_metadata(session, self.codecs.paths[name], name)
+            if codec_meta["model_fingerprint"] != self.metadata["model_fingerprint"]:
+                raise UserError(f"{self.codecs.paths[name]} belongs to another export (model "
+                                f"{codec_meta['model_fingerprint'][:16]}, the transformer's is "
+                                f"{self.metadata['model_fingerprint'][:16]})", RERUN_EXPORT)
+        for key, meta_key in CONFIG_VS_METADATA.items():
+            if self.runtime_config["model"][key] != self.metadata[meta_key]:
+                raise UserError(f"runtime-config.json says {key}={self.runtime_config['model'][key]} but the graphs "
+                                f"say {self.metadata[meta_key]}", RERUN_EXPORT)
+        self.model = gen.Model(
+            transformer=lambda ids, audio_mask, attention: run_split(self.transformer, ids, audio_mask, attention),
+            encode=lambda wav: self.codecs.run("encoder", {"input_values": wav})["audio_codes"],
+            decode=lambda codes: self.codecs.run("decoder", {"audio_codes": codes})["audio_values"],
+            tokenizer=self.tokenizer, runtime_config=self.runtime_config,
+            sample_rate=self.metadata["sample_rate"], hop_length=self.metadata["hop_length"],
+            frame_rate=self.metadata["frame_rate"], num_codebooks=self.metadata["num_codebooks"],
+            mask_id=self.metadata["audio_mask_id"])
+
+    @classmethod
+    def from_dir(cls, onnx_dir: str | os.PathLike, provider: str = "cpu", threads: int | None = None,
+                 resident_codecs: bool = False) -> "OmniVoiceOnnx":
+        """Load an export folder. provider: "cpu", "cuda-fp32" or "cuda-tf32" (omnivoice_onnx.sessions);
+        threads: onnxruntime intra-op threads (None: its default); resident_codecs: keep the
+        encoder and decoder loaded between calls (a server) instead of opening them per call."""
+        return cls(Path(onnx_dir), provider, threads, resident_codecs)
+
+    @property
+    def sample_rate(self) -> int:
+        return self.model.sample_rate
+
+    def generation_config(self, values: dict[str, Any] | None = None) -> gen.GenerationConfig:
+        """upstream's defaults (from the export's runtime-config.json) overlaid with `values`."""
+        return gen.GenerationConfig.from_dict(values, self.runtime_config["generation"])
+
+    def create_voice_clone_prompt(self, ref_audio: Any, ref_text: str,
+                                  preprocess_prompt: bool = True) -> gen.VoiceClonePrompt:
+        """A reusable reference: ref_audio a file path or (waveform [T] or [C, T], sample_rate);
+        ref_text its transcript (required: no speech recogniser here)."""
+        return gen.create_voice_clone_prompt(self.model, ref_audio, ref_text, preprocess_prompt)
+
+    def generate(self, text: str | list[str], language: Any = None, ref_text: Any = None, ref_audio: Any = None,
+                 voice_clone_prompt: Any = None, instruct: Any = None, duration: Any = None, speed: Any = None,
+                 generation_config: dict[str, Any] | None = None, seed: int | None = None,
+                 trace: gen.Trace | None = None) -> list[np.ndarray]:
+        """Speech for `text` (a string or a list: a batch): one float32 [T] array per text.
+
+        Modes: voice cloning (ref_audio + ref_text, or a voice_clone_prompt), voice design
+        (instruct, e.g. "female, low pitch"), or auto (neither). language, ref_text, ref_audio,
+        instruct, duration (seconds) and speed take one value for all texts or a list, one per
+        text. generation_config: a dict of OmniVoiceGenerationConfig fields. seed: as
+        torch.manual_seed(seed) before upstream's generate(); None draws a fresh one (recorded
+        in `trace.seed` when a Trace is passed).
+        """
+        config = self.generation_config(generation_config)
+        seed = fresh_seed() if seed is None else seed
+        rng = TorchCpuRng(seed)
+        if trace is not None:
+            trace.seed = seed
+        audios = gen.generate(self.model, text, config, rng, language=language, ref_text=ref_text,
+                              ref_audio=ref_audio, voice_clone_prompt=voice_clone_prompt, instruct=instruct,
+                              duration_s=duration, speed=speed, trace=trace)
+        if trace is not None:
+            trace.words_drawn = rng.words_drawn
+        return audios

@@ -1,0 +1,276 @@
+"""Step 5 (quantize_omnivoice.py) and step 6 (quality_omnivoice.py) on tiny.
+
+Variants are measurements, not parity verdicts: these tests check that every recipe builds,
+loads and runs inside upstream generate() in the three modes, that the files and report entries
+are what a loader verifies, and that the recipe which quantizes the audio heads is measurably
+worse than the one that keeps them fp32 (why the recipes are what they are).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import quality_omnivoice
+import quantize_omnivoice
+from omnivoice_export import capture, quality, quantize, report
+from omnivoice_onnx.errors import UserError
+from omnivoice_onnx.sessions import make_session, run
+
+from conftest import read_report, run_script
+
+TRANSFORMER = quantize.TRANSFORMER_FILE
+
+
+@pytest.fixture(scope="module")
+def variants(pipeline, tmp_path_factory) -> Path:
+    """A copy of the tiny export with every recipe built into it (read-only for the tests)."""
+    onnx_dir = tmp_path_factory.mktemp("variants") / "onnx"
+    shutil.copytree(pipeline.onnx, onnx_dir)
+    quantize_omnivoice.main(["--onnx-dir", str(onnx_dir)])
+    return onnx_dir
+
+
+@pytest.fixture(scope="module")
+def measured(pipeline, variants, tmp_path_factory) -> dict:
+    """The quality section after measuring every variant, end to end included."""
+    wav_dir = tmp_path_factory.mktemp("wavs")
+    quality_omnivoice.main(["--onnx-dir", str(variants), "--capture-dir", str(pipeline.capture),
+                            "--wav-dir", str(wav_dir)])
+    section = read_report(variants)["quality"]
+    section["wav_dir"] = wav_dir
+    return section
+
+
+@pytest.mark.slow
+def test_every_recipe_writes_one_graph_and_one_sidecar(variants):
+    entries = read_report(variants)["variants"]
+    assert set(entries) == set(quantize.RECIPES)
+    for name, entry in entries.items():
+        folder = variants / name
+        assert sorted(p.name for p in folder.iterdir()) == [TRANSFORMER, TRANSFORMER + ".data"]
+        for file, info in entry["files"].items():
+            assert (folder / file).stat().st_size == info["bytes"]
+        assert entry["recipe"] == quantize.RECIPES[name].as_dict()
+        assert quantize.verify_variant(variants, report.load_report(variants), name) == folder / TRANSFORMER
+
+
+@pytest.mark.slow
+def test_variant_metadata_is_the_fp32_graphs_plus_variant_and_recipe(variants):
+    fp32 = {p.key: p.value for p in onnx.load(str(variants / TRANSFORMER), load_external_data=False).metadata_props}
+    for name, recipe in quantize.RECIPES.items():
+        meta = {p.key: p.value for p in onnx.load(str(variants / name / TRANSFORMER),
+                                                  load_external_data=False).metadata_props}
+        assert {k: meta[k] for k in fp32} == fp32
+        assert meta["variant"] == name and json.loads(meta["recipe"]) == recipe.as_dict()
+
+
+@pytest.mark.slow
+def test_heads_and_embeddings_stay_fp32_where_the_recipe_says(variants):
+    fp32 = onnx.load(str(variants / TRANSFORMER), load_external_data=False)
+    heads_width = 8 * 1025
+    heads, embeddings = quantize.weight_nodes(fp32, heads_width)
+    for name, recipe in quantize.RECIPES.items():
+        model = onnx.load(str(variants / name / TRANSFORMER), load_external_data=False)
+        nodes = {node.name: node for node in model.graph.node}
+        float_weights = {i.name for i in model.graph.initializer if i.data_type == TensorProto.FLOAT}
+        heads_kept = all(h in nodes and nodes[h].op_type == "MatMul" and nodes[h].input[1] in float_weights
+                         for h in heads)
+        embeddings_kept = all(e in nodes and nodes[e].op_type == "Gather" and nodes[e].input[0] in float_weights
+                              for e in embeddings)
+        assert heads_kept == recipe.keep_heads_fp32, name
+        assert embeddings_kept == (recipe.embeddings == "fp32"), name
+        counts = quantize.quantized_node_counts(model)
+        quantized = counts.get("MatMulInteger", 0) + counts.get("MatMulNBits", 0)
+        # every MatMul with a weight but the heads (2 layers x 7 + heads on tiny)
+        expected = 0 if recipe.bits == 32 else 14 + (0 if recipe.keep_heads_fp32 else 1)
+        assert quantized == expected, (name, counts)
+
+
+def test_rowwise_embedding_is_q_times_scale_and_within_half_a_step():
+    rng = np.random.default_rng(0)
+    table = (rng.standard_normal((50, 24)) * rng.uniform(0.01, 3, (50, 1))).astype(np.float32)
+    table[7] = 0  # an all-zero row must not divide by zero
+    ids = np.array([[0, 7, 49, 3], [3, 3, 12, 1]], dtype=np.int64)
+    graph = helper.make_graph([helper.make_node("Gather", ["table", "ids"], ["rows"], name="emb")], "g",
+                              [helper.make_tensor_value_info("ids", TensorProto.INT64, [2, 4])],
+                              [helper.make_tensor_value_info("rows", TensorProto.FLOAT, [2, 4, 24])],
+                              [numpy_helper.from_array(table, "table")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    quantize.quantize_embeddings_rowwise(model, ["emb"])
+    inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    q, scale = inits["emb_int8row_q"], inits["emb_int8row_scale"]
+    assert q.dtype == np.int8 and scale.shape == (50, 1) and np.abs(q).max() <= 127
+    session = make_session_from_model(model)
+    got = session.run(None, {"ids": ids})[0]
+    assert np.array_equal(got, q[ids].astype(np.float32) * scale[ids])
+    assert np.all(np.abs(got - table[ids]) <= scale[ids] / 2 * (1 + 1e-6))
+    assert np.array_equal(got[0, 1], np.zeros(24, np.float32))
+
+
+def make_session_from_model(model: onnx.ModelProto):
+    import onnxruntime as ort
+
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+
+
+@pytest.mark.slow
+def test_variant_sessions_keep_the_transformer_contract(pipeline, variants):
+    """Same inputs and output as the fp32 graph; finite logits as generate() calls them (run_split)."""
+    from omnivoice_export import capture
+    from omnivoice_onnx.sessions import run_split
+
+    data = capture.load_step(pipeline.capture, "clone", 0)
+    fp32 = make_session(variants / TRANSFORMER)
+    for name in quantize.RECIPES:
+        session = make_session(variants / name / TRANSFORMER)
+        assert [(i.name, i.type) for i in session.get_inputs()] == [(i.name, i.type) for i in fp32.get_inputs()]
+        assert [(o.name, o.type) for o in session.get_outputs()] == [(o.name, o.type) for o in fp32.get_outputs()]
+        logits = run_split(session, data["input_ids"], data["audio_mask"], data["attention_mask"])
+        assert logits.dtype == np.float32 and logits.shape == (*data["input_ids"].shape, 1025)
+        assert np.isfinite(logits).all(), name
+
+
+@pytest.mark.slow
+def test_a_damaged_or_unknown_variant_is_refused(variants, tmp_path):
+    copy = tmp_path / "onnx"
+    shutil.copytree(variants, copy)
+    export = report.load_report(copy)
+    with pytest.raises(UserError, match="no variant 'int3'"):
+        quantize.verify_variant(copy, export, "int3")
+    with open(copy / "int8" / (TRANSFORMER + ".data"), "r+b") as handle:
+        handle.seek(4096)
+        handle.write(b"\x01\x02\x03\x04")
+    with pytest.raises(UserError, match="sha256"):
+        quantize.verify_variant(copy, export, "int8")
+
+
+def test_script_help_and_unknown_variant():
+    help_text = run_script("quantize_omnivoice.py", "--help").stdout
+    for name in quantize.RECIPES:
+        assert name in help_text
+    proc = run_script("quantize_omnivoice.py", "--variants", "int3")
+    assert proc.returncode == 2 and proc.stderr.startswith("error: --variants: unknown value(s) int3")
+
+
+@pytest.mark.slow
+def test_every_variant_runs_generate_in_all_three_modes(measured, pipeline):
+    manifest = json.loads((pipeline.capture / "manifest.json").read_text())
+    assert set(measured["variants"]) == {"fp32", *quantize.RECIPES}
+    for name, result in measured["variants"].items():
+        assert set(result["end_to_end"]) == set(manifest["modes"]), name
+        for mode, e2e in result["end_to_end"].items():
+            for wav in capture.item_files(manifest, mode, f"{mode}.wav"):  # the batch mode: one per item
+                assert (measured["wav_dir"] / name / wav).is_file()
+            assert 0.0 <= e2e["token_match"] <= 1.0 and np.isfinite(e2e["log_spectral_l1"])
+    # the fp32 baseline of the table is the export itself: tokens identical, as infer_onnx proves
+    assert all(e["token_match"] == 1.0 and e["first_divergent_step"] is None
+               for e in measured["variants"]["fp32"]["end_to_end"].values())
+
+
+@pytest.mark.slow
+def test_quantizing_the_audio_heads_is_measurably_worse(measured):
+    heads_fp32, plain = measured["variants"]["int8"], measured["variants"]["int8-plain"]
+    assert plain["relative_error_mean"] > 1.5 * heads_fp32["relative_error_mean"]
+    assert plain["argmax_agreement_mean"] < heads_fp32["argmax_agreement_mean"]
+    tokens = {name: np.mean([e["token_match"] for e in measured["variants"][name]["end_to_end"].values()])
+              for name in ("int8", "int8-plain")}
+    assert tokens["int8-plain"] < tokens["int8"]
+
+
+@pytest.mark.slow
+def test_the_table_has_a_row_per_variant_against_fp32(measured):
+    text = quality.table(measured["variants"])
+    lines = text.splitlines()
+    assert len(lines) == 1 + 1 + len(quantize.RECIPES)
+    assert lines[1].startswith("fp32") and "100.0%" in lines[1]
+    assert measured["machine"]["cores"] >= 1 and "cpu" in measured["machine"]
+
+
+@pytest.mark.slow
+def test_unmasked_fp32_is_bit_identical_through_run_split(pipeline, variants):
+    """Every captured call, as generate() makes it through run_split: the same bits as the faithful graph."""
+    from omnivoice_onnx.sessions import run_split
+
+    faithful = make_session(variants / TRANSFORMER)
+    unmasked = make_session(variants / "fp32-unmasked" / TRANSFORMER)
+    manifest = capture.load_manifest(pipeline.capture)
+    calls = 0
+    for mode in manifest["modes"]:
+        for step in capture.mode_steps(manifest, mode):
+            data = capture.load_step(pipeline.capture, mode, step)
+            feeds = (data["input_ids"], data["audio_mask"], data["attention_mask"])
+            assert np.array_equal(run_split(unmasked, *feeds), run_split(faithful, *feeds)), (mode, step)
+            calls += 1
+    assert calls == len(capture.MODES) * 32  # the batch mode's padded rows included
+    model = onnx.load(str(variants / "fp32-unmasked" / TRANSFORMER), load_external_data=False)
+    ops = [node.op_type for node in model.graph.node]
+    assert "IsNaN" not in ops and ops.count("Where") == 2  # the embedding select and the one output guard
+
+
+@pytest.mark.slow
+def test_unmasked_fp32_gives_nan_for_rows_whose_mask_is_not_all_true(pipeline, variants):
+    """A padded call (upstream's layout) on the unmasked graph is loud: NaN rows, never wrong numbers."""
+    from omnivoice_export import capture
+
+    data = capture.load_step(pipeline.capture, "design", 5)
+    feeds = {k: data[k] for k in ("input_ids", "audio_mask", "attention_mask")}
+    logits = run(make_session(variants / "fp32-unmasked" / TRANSFORMER), feeds)["logits"]
+    full = feeds["attention_mask"].all(axis=(1, 2, 3))
+    assert not full.all() and full.any()
+    assert np.isnan(logits[~full]).all() and np.isfinite(logits[full]).all()
+    faithful = run(make_session(variants / TRANSFORMER), feeds)["logits"]
+    assert np.array_equal(logits[full], faithful[full])
+
+
+@pytest.mark.slow
+def test_unmasked_fp32_keeps_every_token(measured):
+    result = measured["variants"]["fp32-unmasked"]
+    assert result["argmax_agreement_min"] == 1.0
+    assert all(e["token_match"] == 1.0 and e["first_divergent_step"] is None and e["same_duration"]
+               for e in result["end_to_end"].values())
+
+
+@pytest.mark.slow
+def test_parity_check_variant_measures_quantized_and_judges_fp32(pipeline, variants, tmp_path):
+    import parity_check
+
+    onnx_dir = tmp_path / "onnx"
+    shutil.copytree(variants, onnx_dir)
+    common = ["--onnx-dir", str(onnx_dir), "--capture-dir", str(pipeline.capture)]
+    parity_check.main(["--variant", "int8-plain", *common])  # a measurement: no CheckFailed whatever it finds
+    parity_check.main(["--variant", "fp32-unmasked", *common])
+    entries = read_report(onnx_dir)["variants"]
+    measured, judged = entries["int8-plain"]["parity"]["cpu"], entries["fp32-unmasked"]["parity"]["cpu"]
+    assert measured["verdict"].startswith("measurement") and measured["argmax_agreement_min"] < 1.0
+    assert all(row["passed"] is None for row in measured["rows"]) and len(measured["rows"]) == len(capture.MODES) * 32
+    assert judged["verdict"] == "PASS" and judged["argmax_agreement_min"] == 1.0
+    assert read_report(onnx_dir).get("parity") == read_report(variants).get("parity")  # fp32 verdicts untouched
+
+
+@pytest.mark.slow
+def test_infer_onnx_variant_runs_generate_with_fp32_codecs(pipeline_copy):
+    import infer_onnx
+
+    quantize_omnivoice.main(["--onnx-dir", str(pipeline_copy.onnx), "--variants", "int8,fp32-unmasked"])
+    common = ["--onnx-dir", str(pipeline_copy.onnx), "--capture-dir", str(pipeline_copy.capture), "--no-torch-timing"]
+    infer_onnx.main(["--variant", "int8", *common])
+    infer_onnx.main(["--variant", "fp32-unmasked", *common])
+    entries = read_report(pipeline_copy.onnx)["variants"]
+    assert entries["int8"]["end_to_end"]["cpu"]["verdict"].startswith("measurement")
+    unmasked = entries["fp32-unmasked"]["end_to_end"]["cpu"]
+    assert unmasked["verdict"] == "PASS" and all(m["token_match"] == 1.0 for m in unmasked["modes"].values())
+    manifest = capture.load_manifest(pipeline_copy.capture, verify_hashes=False)
+    for mode in unmasked["modes"]:
+        for label in ("onnx_int8", "onnx_fp32-unmasked"):
+            for name in (f"{label}_{mode}.wav", f"{label}_{mode}_spectrogram.png"):
+                for file in capture.item_files(manifest, mode, name):  # the batch mode: one per item
+                    assert (pipeline_copy.capture / file).is_file()
+    with pytest.raises(UserError, match="--no-split with variant fp32-unmasked"):
+        infer_onnx.main(["--variant", "fp32-unmasked", "--no-split", *common])
