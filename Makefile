@@ -4,7 +4,7 @@
 #
 #   make demo                 steps 0-4 on the tiny checkpoint, then the parity and end-to-end summaries
 #   make demo MODEL=full-random   the same at the real dims (minutes; ~10 GB RAM)
-#   make test                 the whole pytest suite (tiny checkpoint, CPU; minutes)
+#   make test                 the whole pytest suite on two workers (tiny checkpoint, CPU; minutes)
 #   make test-fast            the quick subset: skips tests marked slow (pytest.ini), i.e. all that need steps 0-2
 #   make bench                PyTorch vs ONNX Runtime benchmark of the demo's export (README: Performance)
 #   make quality MODEL=PATH   quantized variants of the transformer and their quality table (steps 5-6)
@@ -54,11 +54,14 @@ venv-gpu: requirements-gpu.txt
 	$(PY) -m pip install --quiet --no-deps omnivoice==0.2.1 torchaudio==2.11.1
 	touch $(STAMP)
 
+# Two workers by default (CI has 2 cores); one file's tests stay in one worker (--dist loadfile).
+# TEST_WORKERS=0 runs the suite in this process, as plain pytest does.
+TEST_WORKERS ?= 2
 test: $(STAMP)
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests
 
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -m "not slow" tests
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not slow" tests
 
 # The model marker changes only when MODEL does, so switching models re-runs every step.
 $(MODEL_MARK): FORCE

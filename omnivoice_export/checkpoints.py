@@ -66,10 +66,16 @@ def _cached_build_is_current(directory: Path, seed: int) -> bool:
 
 def ensure_built(name: str, seed: int = 0, cache: Path = CHECKPOINT_CACHE) -> Path:
     """Path of built checkpoint `name` in the git-ignored cache, building it when missing/stale."""
+    from filelock import FileLock  # torch's dependency; the toolchain venv always has it
+
     directory = Path(cache) / name
-    if not _cached_build_is_current(directory, seed):
-        print(f"building the {name} checkpoint into {directory} ...", flush=True)
-        build_checkpoint(name, directory, seed)
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    # Two processes asking at once (two shells, parallel test workers) build it once: the second
+    # waits for the first, then finds the build current.
+    with FileLock(str(directory) + ".lock"):
+        if not _cached_build_is_current(directory, seed):
+            print(f"building the {name} checkpoint into {directory} ...", flush=True)
+            build_checkpoint(name, directory, seed)
     return directory
 
 

@@ -2,6 +2,11 @@
 
 Tests call the scripts' main() in-process where they check results (fast: no re-import of
 torch), and run them as subprocesses where they check exit codes and stderr lines.
+
+`make test` runs the files on two pytest-xdist workers (`-n 2 --dist loadfile`: a file's module
+fixtures stay in one process). The expensive session artefacts (steps 0-2, the extra exports) are
+built once per run, by the first worker that needs them, into the run's shared temporary
+directory under a file lock (`shared_build`); the other worker waits for them and reads them.
 """
 
 from __future__ import annotations
@@ -13,10 +18,12 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import pytest
 import torch
+from filelock import FileLock
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -37,6 +44,24 @@ class Pipeline:
     export_stderr: str = ""  # what step 2 printed on stderr, run as a user runs it
 
 
+def shared_build(tmp_path_factory, name: str, build: Callable[[Path], None]) -> Path:
+    """Directory `name`, built by `build(path)` once per test run whichever xdist worker asks first
+    (the others block on the lock until it is done), then read-only. A build that failed leaves no
+    done-marker, so the next worker to ask retries it and fails the same way, with its own error."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # xdist gives each worker <run basetemp>/popen-gwN
+    path, done = root / "shared" / name, root / "shared" / f"{name}.done"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(path) + ".lock"):
+        if not done.exists():
+            shutil.rmtree(path, ignore_errors=True)
+            path.mkdir()
+            build(path)
+            done.touch()
+    return path
+
+
 @pytest.fixture(scope="session")
 def tiny_model() -> Path:
     """The tiny checkpoint, from the git-ignored cache (built on first use)."""
@@ -51,11 +76,13 @@ def pipeline(tiny_model: Path, tmp_path_factory) -> Pipeline:
     import capture_reference
     import make_reference
 
-    root = tmp_path_factory.mktemp("pipeline")
-    capture, onnx = root / "capture", root / "onnx"
-    make_reference.main(["--model", str(tiny_model), "--out-dir", str(capture)])
-    capture_reference.main(["--model", str(tiny_model), "--capture-dir", str(capture)])
-    return Pipeline(tiny_model, capture, onnx, export_as_user(tiny_model, capture, onnx))
+    def build(root: Path) -> None:
+        make_reference.main(["--model", str(tiny_model), "--out-dir", str(root / "capture")])
+        capture_reference.main(["--model", str(tiny_model), "--capture-dir", str(root / "capture")])
+        (root / "export-stderr.txt").write_text(export_as_user(tiny_model, root / "capture", root / "onnx"))
+
+    root = shared_build(tmp_path_factory, "pipeline", build)
+    return Pipeline(tiny_model, root / "capture", root / "onnx", (root / "export-stderr.txt").read_text())
 
 
 def export_as_user(model: Path, capture: Path, onnx: Path, *flags: str) -> str:
@@ -70,9 +97,12 @@ def export_as_user(model: Path, capture: Path, onnx: Path, *flags: str) -> str:
 def legacy_export(pipeline: Pipeline, tmp_path_factory) -> Pipeline:
     """The three graphs exported with the legacy (TorchScript) exporter from the session capture,
     into their own directory (stderr kept). Read-only."""
-    onnx = tmp_path_factory.mktemp("legacy") / "onnx"
-    return Pipeline(pipeline.model, pipeline.capture, onnx,
-                    export_as_user(pipeline.model, pipeline.capture, onnx, "--no-dynamo"))
+    def build(root: Path) -> None:
+        (root / "export-stderr.txt").write_text(
+            export_as_user(pipeline.model, pipeline.capture, root / "onnx", "--no-dynamo"))
+
+    root = shared_build(tmp_path_factory, "legacy", build)
+    return Pipeline(pipeline.model, pipeline.capture, root / "onnx", (root / "export-stderr.txt").read_text())
 
 
 def copy_pipeline(pipeline: Pipeline, root: Path) -> Pipeline:
@@ -146,45 +176,40 @@ class CausalTransformerWrapper(wrappers.TransformerWrapper):
         return super().forward(input_ids, audio_mask, attention_mask & causal)
 
 
-@pytest.fixture(scope="session")
-def causal_transformer(pipeline: Pipeline, torch_model, tmp_path_factory) -> Path:
-    """A directory holding a dynamo export of CausalTransformerWrapper with the real export's
-    metadata (same exporter, opset, fingerprint): a wrong graph that passes every integrity check.
-    Read-only: install it into a copy with `install_graph`."""
+def export_wrong_transformer(pipeline: Pipeline, module: torch.nn.Module, out: Path) -> None:
+    """A dynamo export of `module` (a transformer wrapper) into `out`, with the real export's
+    metadata (same exporter, opset, fingerprint): a wrong graph that passes every integrity check."""
     import export_omnivoice
     from omnivoice_export import capture
 
-    out = tmp_path_factory.mktemp("causal")
     example, _ = export_omnivoice.transformer_examples(pipeline.capture, capture.load_manifest(pipeline.capture))
-    exporting.export_graph(CausalTransformerWrapper(torch_model).eval(), "transformer", example, out, dynamo=True,
-                           opset=exporting.DEFAULT_OPSET)
+    exporting.export_graph(module.eval(), "transformer", example, out, dynamo=True, opset=exporting.DEFAULT_OPSET)
     config = json.loads((pipeline.model / "config.json").read_text())
     exporting.set_metadata(out / GRAPH_FILES["transformer"], "transformer", exporting.graph_metadata(
         "transformer", config, model_fingerprint(pipeline.model), "dynamo", exporting.DEFAULT_OPSET,
         report.package_versions()))
-    return out
+
+
+@pytest.fixture(scope="session")
+def causal_transformer(pipeline: Pipeline, torch_model, tmp_path_factory) -> Path:
+    """A directory holding the export of CausalTransformerWrapper (export_wrong_transformer).
+    Read-only: install it into a copy with `install_graph`."""
+    return shared_build(tmp_path_factory, "causal",
+                        lambda out: export_wrong_transformer(pipeline, CausalTransformerWrapper(torch_model), out))
 
 
 @pytest.fixture(scope="session")
 def mask_ignoring_transformer(pipeline: Pipeline, tmp_path_factory) -> Path:
-    """A directory holding a dynamo export of the tiny model loaded with `eager` attention, with the
-    real export's metadata: the defect of a graph that ignores the attention mask (eager adds the
-    bool mask to the scores as 0/1, facts sheet), which the bidirectionality probe cannot see.
+    """A directory holding the export of the tiny model loaded with `eager` attention
+    (export_wrong_transformer): the defect of a graph that ignores the attention mask (eager adds
+    the bool mask to the scores as 0/1, facts sheet), which the bidirectionality probe cannot see.
     Read-only: install it into a copy with `install_graph`."""
-    import export_omnivoice
-    from omnivoice_export import capture
+    def build(out: Path) -> None:
+        model = load_omnivoice(pipeline.model)
+        model.llm.set_attn_implementation("eager")
+        export_wrong_transformer(pipeline, wrappers.make_wrappers(model)["transformer"], out)
 
-    model = load_omnivoice(pipeline.model)
-    model.llm.set_attn_implementation("eager")
-    out = tmp_path_factory.mktemp("mask-ignoring")
-    example, _ = export_omnivoice.transformer_examples(pipeline.capture, capture.load_manifest(pipeline.capture))
-    exporting.export_graph(wrappers.make_wrappers(model)["transformer"], "transformer", example, out, dynamo=True,
-                           opset=exporting.DEFAULT_OPSET)
-    config = json.loads((pipeline.model / "config.json").read_text())
-    exporting.set_metadata(out / GRAPH_FILES["transformer"], "transformer", exporting.graph_metadata(
-        "transformer", config, model_fingerprint(pipeline.model), "dynamo", exporting.DEFAULT_OPSET,
-        report.package_versions()))
-    return out
+    return shared_build(tmp_path_factory, "mask-ignoring", build)
 
 
 def scaled_graph(source_dir: Path, graph: str, initializer: str, scale: float, out: Path) -> Path:
