@@ -319,6 +319,10 @@ def test_float64_reference_without_preprocessing(torch_model):
 
 FILE_FORMATS = [("wav", "PCM_16"), ("wav", "PCM_24"), ("wav", "FLOAT"), ("wav", "DOUBLE"), ("flac", "PCM_16"),
                 ("flac", "PCM_24")]
+# Away from 24 kHz the whole prompt path (resample, RMS boost, pydub's silence trimming, ~1 s per
+# call in upstream's pydub) is compared on two of the loaded files, integer mono and float stereo:
+# the format only changes the samples loaded, which every file compares against load_audio.
+RESAMPLED_PROMPT_CASES = {(("wav", "PCM_16"), 1), (("wav", "FLOAT"), 2)}
 
 
 @pytest.mark.parametrize("rate", [24000, 16000, 22050, 44100, 48000])
@@ -334,6 +338,8 @@ def test_reference_files_equal_upstream(torch_model, tmp_path: Path, rate):
             their_loaded = upstream.load_audio(str(path), SR)
             assert loaded.dtype == their_loaded.dtype == np.float32 and loaded.shape == their_loaded.shape
             worst = max(worst, float(np.abs(loaded - their_loaded).max()))
+            if rate != SR and ((fmt, subtype), channels) not in RESAMPLED_PROMPT_CASES:
+                continue
             for preprocess in (True, False):
                 theirs, their_rms = upstream_prompt(torch_model, str(path), preprocess)
                 ours, our_rms = runtime_prompt(path, preprocess)
