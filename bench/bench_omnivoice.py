@@ -382,6 +382,7 @@ def worker(args) -> dict[str, Any]:
     """One worker's measurements, in this process; printed as JSON on the last stdout line."""
     from omnivoice_export.measure import PeakRss
 
+    load_before = os.getloadavg()[0]
     with PeakRss() as peak:
         if args.worker == "gemm":
             result = gemm_worker()
@@ -389,6 +390,8 @@ def worker(args) -> dict[str, Any]:
             runtime, kind = args.worker.split("-")
             result = (calls_worker if kind == "calls" else e2e_worker)(args, runtime)
     result["peak_rss_mb"] = peak.peak_mb
+    # Other work on the machine slows every figure: the 1-min load average before and after.
+    result["load_1min"] = [load_before, os.getloadavg()[0]]
     return result
 
 
@@ -476,6 +479,8 @@ def summarise(rounds: list[dict[str, dict]], variants: dict[str, dict[str, Any]]
                              "onnx": spread([r["load_seconds"] for r in onnx_e2e])},
             "peak_rss_mb": {"torch": spread([r["peak_rss_mb"] for r in torch_e2e]),
                             "onnx": spread([r["peak_rss_mb"] for r in onnx_e2e])}}
+    loads = [load for r in rounds for run in r.values() for load in run.get("load_1min", [])]
+    summary["load_1min"] = spread(loads) if loads else None
     summary["variants"] = {name: summarise_variant(rounds, name, entry, summary) for name, entry in (variants or {}).items()}
     return summary
 
@@ -554,6 +559,9 @@ def markdown(summary: dict[str, Any], meta: dict[str, Any]) -> str:
              f"{meta['repeats']} interleaved rounds, medians (min..max). Speedups are of this CPU: ORT padded vs "
              "torch padded is the GEMM libraries' difference here; ORT split vs ORT padded is the split's, "
              "which does not depend on the CPU.", "",
+             *([f"1-min load average during the workers: {summary['load_1min']['min']:.1f}..{summary['load_1min']['max']:.1f} "
+                f"on {cpu['logical_cores']} logical cores (above the core count, other work shared the CPU: the times are "
+                "slower than this CPU's, and their ratios noisier)", ""] if summary.get("load_1min") else []),
              "| transformer call | rows | torch padded s | ORT padded s | ORT split s | ORT padded vs torch | "
              "split vs ORT padded | split vs torch | GFLOP/s torch / ORT split (% of peak) |",
              "|---|---|---|---|---|---|---|---|---|"]
