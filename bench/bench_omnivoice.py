@@ -13,6 +13,10 @@ Measures, for one checkpoint (tiny, full-random or a path) and its ONNX export:
                  loads the model and generates once: PyTorch eager (upstream) vs the ONNX graphs
                  inside the same generate() without PyTorch weights; final tokens compared, and
                  the peak RSS of that process (load + generate) is the memory figure
+    variants     each transformer variant of step 5 (quantize_omnivoice.py) in --variants, against
+                 the fp32 ORT graph in the same run: per call at the three shapes (split, as
+                 generate() runs it; logits against fp32 ORT's and torch's), generate() with its
+                 final tokens against torch's, size on disk and peak RSS; a table per variant
 
 Every variant runs in its own worker process (page faults and allocator state of one runtime
 would otherwise bias the next), workers alternate A B A B over --repeats rounds, and figures are
@@ -22,9 +26,11 @@ x86; ORT: its own MLAS): the speedup is a property of that CPU, the ORT-vs-torch
 shows the library part of it, the split the part that holds everywhere. The investigation log
 keeps the history.
 
-The export must be of the model measured (same fingerprint, every graph as its report records
-it), or the bench refuses to start (exit 2). The exit code is 1 when ONNX generate()'s final
-tokens differ from PyTorch's: a speed figure for different speech is no figure.
+The export must be of the model measured (same fingerprint, every graph and variant as its report
+records it), or the bench refuses to start (exit 2). The exit code is 1 when ONNX generate()'s
+final tokens differ from PyTorch's, with the fp32 graph or an fp32 variant (fp32-unmasked,
+fp32-fused): a speed figure for different speech is no figure. A quantized variant's tokens are
+a measurement.
 
     python bench/bench_omnivoice.py --model tiny --onnx-dir onnx --capture-dir capture
     python bench/bench_omnivoice.py --model full-random --onnx-dir bench/out/full/onnx \\
@@ -53,7 +59,7 @@ sys.path.insert(0, str(REPO))
 
 import numpy as np  # noqa: E402
 
-from omnivoice_export import report  # noqa: E402
+from omnivoice_export import quantize, report  # noqa: E402
 from omnivoice_export.capture import DEFAULT_DIR, REF_TXT, REF_WAV  # noqa: E402
 from omnivoice_export.checkpoints import model_fingerprint, resolve_model  # noqa: E402
 from omnivoice_export.cli import NUM_STEP, CheckFailed, int_range, parse, run_main  # noqa: E402
@@ -99,9 +105,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="timed transformer/codec calls per worker and shape")
     parser.add_argument("--num-step", type=NUM_STEP, default=32, help="generate() steps")
     parser.add_argument("--skip-e2e", action="store_true", help="per-call figures only")
+    parser.add_argument("--variants", default=None,
+                        help="comma-separated transformer variants (quantize_omnivoice.py) to time against fp32 ORT in "
+                             "the same run; default: every variant in the export report; 'none' for none")
     parser.add_argument("--results-dir", type=Path, default=RESULTS, help="where the .json and .md results go")
     parser.add_argument("--worker", choices=WORKERS, help=argparse.SUPPRESS)
     parser.add_argument("--scratch", type=Path, help=argparse.SUPPRESS)  # torch logits for the ONNX worker
+    parser.add_argument("--variant", default="fp32", help=argparse.SUPPRESS)  # an ONNX worker's transformer
     return parse(parser, argv)
 
 
@@ -222,7 +232,24 @@ def check_export(args) -> str:
                         f"{args.model} is {fingerprint} ({model_path}): the bench would time one model against "
                         "another", "pass the --model the export was made from, or re-run steps 0-2 for this one")
     report.verify_graphs(args.onnx_dir, export, list(GRAPH_NAMES))
+    for name in args.variant_names:
+        quantize.verify_variant(args.onnx_dir, export, name)
     return fingerprint
+
+
+def variant_names(args) -> list[str]:
+    """--variants as a list: the report's variants when not given, none for 'none'."""
+    made = list(report.load_report(args.onnx_dir).get("variants", {}))
+    if args.variants is None:
+        return made
+    if args.variants == "none":
+        return []
+    names = [name.strip() for name in args.variants.split(",") if name.strip()]
+    unknown = [name for name in names if name not in made]
+    if unknown:
+        raise UserError(f"--variants: {', '.join(unknown)} not in the export report (made so far: "
+                        f"{', '.join(made) or 'none'})", f"run quantize_omnivoice.py --variants {','.join(unknown)}")
+    return names
 
 
 def timed(fn, calls: int) -> list[float]:
@@ -242,7 +269,8 @@ def load_variant(args, runtime: str, resident_codec: bool = False):
 
     if runtime == "torch":
         return load_omnivoice(resolve_model(args.model)), None
-    graphs = OrtGraphs.load(args.onnx_dir, "cpu", resident_codec=resident_codec)
+    transformer = None if args.variant == "fp32" else quantize.variant_path(args.onnx_dir, args.variant)
+    graphs = OrtGraphs.load(args.onnx_dir, "cpu", resident_codec=resident_codec, transformer=transformer)
     return load_onnx_omnivoice(resolve_model(args.model), graphs, split=True), graphs
 
 
@@ -255,12 +283,17 @@ def clone_request(capture_dir: Path, text: str, num_step: int):
 
 
 def calls_worker(args, runtime: str) -> dict[str, Any]:
-    """Per-call latencies of the transformer at each shape and of the codec graphs."""
+    """Per-call latencies of the transformer at each shape and of the codec graphs. A variant's
+    worker times its transformer split only (fp32-unmasked and fp32-fused are valid only there)
+    and compares its logits with fp32 ORT's and torch's; the codec graphs are fp32's, not retimed."""
     import torch
 
     from omnivoice_export.capture import read_rows
     from omnivoice_export.checkpoints import resolve_model
     from omnivoice_onnx.sessions import prefix_lengths, run, run_split
+
+    if runtime == "onnx" and args.variant != "fp32":
+        return variant_calls(args)
 
     config = json.loads((resolve_model(args.model) / "config.json").read_text())
     result: dict[str, Any] = {"transformer": {}, "encoder": {}, "decoder": {}, "torch_threads": torch.get_num_threads()}
@@ -281,9 +314,10 @@ def calls_worker(args, runtime: str) -> dict[str, Any]:
             session = graphs.transformer
             entry["ort_padded"] = timed(lambda: run(session, feeds), args.calls)
             entry["ort_split"] = timed(lambda: run_split(session, **feeds), args.calls)
+            rows = read_rows(run_split(session, **feeds), feeds["attention_mask"])
+            np.save(args.scratch / f"ort-{label}.npy", rows)  # what each variant is compared with
             reference_path = args.scratch / f"{label}.npy"
             if reference_path.is_file():
-                rows = read_rows(run_split(session, **feeds), feeds["attention_mask"])
                 entry["split_vs_torch_max_abs"] = float(np.abs(rows - np.load(reference_path)).max())
         result["transformer"][label] = entry
 
@@ -298,6 +332,29 @@ def calls_worker(args, runtime: str) -> dict[str, Any]:
             else:
                 result["encoder"][f"{seconds}s"] = timed(lambda: graphs.codec.run("encoder", {"input_values": audio}), args.calls)
                 result["decoder"][f"{seconds}s"] = timed(lambda: graphs.codec.run("decoder", {"audio_codes": codes.numpy()}), args.calls)
+    return result
+
+
+def variant_calls(args) -> dict[str, Any]:
+    """Per-call latencies of variant args.variant's transformer at each shape (split), and its logits
+    on the rows generate() reads against fp32 ORT's (same run, same inputs) and torch's."""
+    from omnivoice_export.capture import read_rows
+    from omnivoice_export.metrics import logit_stats
+    from omnivoice_onnx.sessions import prefix_lengths, run_split
+
+    model, graphs = load_variant(args, "onnx")
+    session = graphs.transformer
+    result: dict[str, Any] = {"transformer": {}}
+    for label, text in SHAPE_TEXTS.items():
+        feeds = first_forward_inputs(model, clone_request(args.capture_dir, text, args.num_step))
+        entry: dict[str, Any] = {"S": feeds["input_ids"].shape[-1], "row_lengths": prefix_lengths(feeds["attention_mask"]),
+                                 "ort_split": timed(lambda: run_split(session, **feeds), args.calls)}
+        rows = read_rows(run_split(session, **feeds), feeds["attention_mask"])
+        for against, file in (("fp32", f"ort-{label}.npy"), ("torch", f"{label}.npy")):
+            if (args.scratch / file).is_file():
+                stats = logit_stats(np.load(args.scratch / file), rows)
+                entry[f"vs_{against}"] = {"argmax_agreement": stats.argmax_agreement, "max_abs": stats.max_abs}
+        result["transformer"][label] = entry
     return result
 
 
@@ -325,6 +382,7 @@ def worker(args) -> dict[str, Any]:
     """One worker's measurements, in this process; printed as JSON on the last stdout line."""
     from omnivoice_export.measure import PeakRss
 
+    load_before = os.getloadavg()[0]
     with PeakRss() as peak:
         if args.worker == "gemm":
             result = gemm_worker()
@@ -332,27 +390,43 @@ def worker(args) -> dict[str, Any]:
             runtime, kind = args.worker.split("-")
             result = (calls_worker if kind == "calls" else e2e_worker)(args, runtime)
     result["peak_rss_mb"] = peak.peak_mb
+    # Other work on the machine slows every figure: the 1-min load average before and after.
+    result["load_1min"] = [load_before, os.getloadavg()[0]]
     return result
 
 
 # --- orchestrator -------------------------------------------------------------------------------
 
-def spawn(args, variant: str) -> dict[str, Any]:
-    command = [sys.executable, __file__, "--worker", variant, "--model", args.model, "--onnx-dir", str(args.onnx_dir),
+def spawn(args, worker: str, variant: str = "fp32") -> dict[str, Any]:
+    command = [sys.executable, __file__, "--worker", worker, "--model", args.model, "--onnx-dir", str(args.onnx_dir),
                "--capture-dir", str(args.capture_dir), "--calls", str(args.calls), "--num-step", str(args.num_step),
-               "--scratch", str(args.scratch)]
+               "--scratch", str(args.scratch), "--variant", variant]
     done = subprocess.run(command, capture_output=True, text=True, cwd=REPO)
     if done.returncode != 0:
-        raise RuntimeError(f"{variant} worker failed:\n{done.stderr[-3000:]}")
+        raise RuntimeError(f"{worker} worker ({variant}) failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def round_workers(args) -> list[tuple[str, str, str]]:
+    """(result key, worker, transformer variant) in the order one round runs them: each ONNX
+    worker is followed by the same worker for every variant, so drift hits them alike."""
+    order = []
+    for worker_name in WORKERS:
+        if args.skip_e2e and worker_name.endswith("-e2e"):
+            continue
+        order.append((worker_name, worker_name, "fp32"))
+        if worker_name.startswith("onnx-"):
+            order += [(f"{worker_name}@{name}", worker_name, name) for name in args.variant_names]
+    return order
 
 
 def spread(values: list[float]) -> dict[str, float]:
     return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
 
 
-def summarise(rounds: list[dict[str, dict]]) -> dict[str, Any]:
-    """Pool every round's timings per variant and shape; ratios of medians."""
+def summarise(rounds: list[dict[str, dict]], variants: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Pool every round's timings per variant and shape; ratios of medians. `variants`: the export
+    report's entries of the transformer variants timed (their files' sizes)."""
     def runs(variant: str) -> list[dict]:
         return [r[variant] for r in rounds if variant in r]
 
@@ -405,7 +479,72 @@ def summarise(rounds: list[dict[str, dict]]) -> dict[str, Any]:
                              "onnx": spread([r["load_seconds"] for r in onnx_e2e])},
             "peak_rss_mb": {"torch": spread([r["peak_rss_mb"] for r in torch_e2e]),
                             "onnx": spread([r["peak_rss_mb"] for r in onnx_e2e])}}
+    loads = [load for r in rounds for run in r.values() for load in run.get("load_1min", [])]
+    summary["load_1min"] = spread(loads) if loads else None
+    summary["variants"] = {name: summarise_variant(rounds, name, entry, summary) for name, entry in (variants or {}).items()}
     return summary
+
+
+def summarise_variant(rounds: list[dict[str, dict]], name: str, entry: dict[str, Any],
+                      summary: dict[str, Any]) -> dict[str, Any]:
+    """One variant against fp32 ORT of the same rounds: per-call medians and ratios, logits against
+    fp32 ORT's and torch's (worst over rounds), generate() and its tokens against torch's, size."""
+    calls = [r[f"onnx-calls@{name}"] for r in rounds]
+    fp32_calls = [r["onnx-calls"] for r in rounds]
+    result: dict[str, Any] = {"recipe": entry["recipe"], "bytes": entry["bytes"], "fp32_bytes": entry["fp32_bytes"],
+                              "size_ratio": entry["bytes"] / entry["fp32_bytes"], "transformer": {}}
+    for label in SHAPE_TEXTS:
+        mine = spread([t for r in calls for t in r["transformer"][label]["ort_split"]])
+        fp32 = spread([t for r in fp32_calls for t in r["transformer"][label]["ort_split"]])
+        row = {"ort_split": mine, "fp32_ort_split": fp32, "speedup_vs_fp32": fp32["median"] / mine["median"]}
+        for against in ("fp32", "torch"):
+            stats = [r["transformer"][label][f"vs_{against}"] for r in calls if f"vs_{against}" in r["transformer"][label]]
+            if stats:
+                row[f"vs_{against}"] = {"argmax_agreement": min(s["argmax_agreement"] for s in stats),
+                                        "max_abs": max(s["max_abs"] for s in stats)}
+        result["transformer"][label] = row
+    e2e = [r[f"onnx-e2e@{name}"] for r in rounds if f"onnx-e2e@{name}" in r]
+    if e2e and "generate" in summary:
+        torch_tokens = np.array(rounds[0]["torch-e2e"]["e2e_final_tokens"])
+        seconds = spread([r["e2e_seconds"] for r in e2e])
+        result["generate"] = {
+            "seconds": seconds, "speedup_vs_fp32": summary["generate"]["onnx"]["median"] / seconds["median"],
+            "speedup_vs_torch": summary["generate"]["torch"]["median"] / seconds["median"],
+            "final_token_match": min(float(np.mean(np.array(r["e2e_final_tokens"]) == torch_tokens))
+                                     if np.array(r["e2e_final_tokens"]).shape == torch_tokens.shape else 0.0 for r in e2e),
+            "peak_rss_mb": spread([r["peak_rss_mb"] for r in e2e])}
+    return result
+
+
+def variants_markdown(summary: dict[str, Any]) -> list[str]:
+    """The table per variant: fp32 ORT first, then each variant measured in the same rounds."""
+    if not summary["variants"]:
+        return []
+    labels = list(SHAPE_TEXTS)
+    lines = ["Transformer variants against fp32 ORT in the same run (per call: split, as generate() runs it; "
+             "argmax and max |d| on the rows generate() reads, against fp32 ORT's logits of the same call; tokens: "
+             "generate()'s final tokens against torch's):", "",
+             "| variant | size MiB (of fp32) | " + " | ".join(f"{label} s (vs fp32)" for label in labels)
+             + " | argmax vs fp32 (min) | max abs d vs fp32 | generate() s | vs fp32 ORT | vs torch | tokens vs torch | peak RSS MiB |",
+             "|---|---|" + "---|" * len(labels) + "---|---|---|---|---|---|---|"]
+    first = next(iter(summary["variants"].values()))
+    generate = summary.get("generate")
+    fp32_cells = [f"{first['transformer'][label]['fp32_ort_split']['median']:.3f}" for label in labels]
+    fp32_generate = (f"{generate['onnx']['median']:.1f} | 1.00x | {generate['speedup']:.2f}x | "
+                     f"{100 * generate['final_token_match']:.2f}% | {generate['peak_rss_mb']['onnx']['median']:.0f}"
+                     if generate else "- | - | - | - | -")
+    lines.append(f"| fp32 | {first['fp32_bytes'] / 2**20:.1f} (100%) | " + " | ".join(fp32_cells) + f" | 1.000000 | 0 | {fp32_generate} |")
+    for name, variant in summary["variants"].items():
+        rows = variant["transformer"]
+        cells = [f"{rows[label]['ort_split']['median']:.3f} ({rows[label]['speedup_vs_fp32']:.2f}x)" for label in labels]
+        argmax = min((rows[label]["vs_fp32"]["argmax_agreement"] for label in labels if "vs_fp32" in rows[label]), default=None)
+        max_abs = max((rows[label]["vs_fp32"]["max_abs"] for label in labels if "vs_fp32" in rows[label]), default=None)
+        g = variant.get("generate")
+        e2e = (f"{g['seconds']['median']:.1f} | {g['speedup_vs_fp32']:.2f}x | {g['speedup_vs_torch']:.2f}x | "
+               f"{100 * g['final_token_match']:.2f}% | {g['peak_rss_mb']['median']:.0f}" if g else "- | - | - | - | -")
+        lines.append(f"| {name} | {variant['bytes'] / 2**20:.1f} ({100 * variant['size_ratio']:.1f}%) | " + " | ".join(cells)
+                     + f" | {'-' if argmax is None else f'{argmax:.6f}'} | {'-' if max_abs is None else f'{max_abs:.1e}'} | {e2e} |")
+    return lines + [""]
 
 
 def markdown(summary: dict[str, Any], meta: dict[str, Any]) -> str:
@@ -420,6 +559,9 @@ def markdown(summary: dict[str, Any], meta: dict[str, Any]) -> str:
              f"{meta['repeats']} interleaved rounds, medians (min..max). Speedups are of this CPU: ORT padded vs "
              "torch padded is the GEMM libraries' difference here; ORT split vs ORT padded is the split's, "
              "which does not depend on the CPU.", "",
+             *([f"1-min load average during the workers: {summary['load_1min']['min']:.1f}..{summary['load_1min']['max']:.1f} "
+                f"on {cpu['logical_cores']} logical cores (above the core count, other work shared the CPU: the times are "
+                "slower than this CPU's, and their ratios noisier)", ""] if summary.get("load_1min") else []),
              "| transformer call | rows | torch padded s | ORT padded s | ORT split s | ORT padded vs torch | "
              "split vs ORT padded | split vs torch | GFLOP/s torch / ORT split (% of peak) |",
              "|---|---|---|---|---|---|---|---|---|"]
@@ -448,7 +590,7 @@ def markdown(summary: dict[str, Any], meta: dict[str, Any]) -> str:
     calls = summary["peak_rss_mb_calls"]
     lines += [f"Peak RSS of the per-call workers (every shape above, 20 s codec calls): torch {calls['torch']:.0f} MiB, "
               f"ONNX {calls['onnx']:.0f} MiB", ""]
-    return "\n".join(lines)
+    return "\n".join(lines + variants_markdown(summary))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -458,17 +600,18 @@ def main(argv: list[str] | None = None) -> None:
         return
     if not (args.capture_dir / REF_WAV).is_file():
         raise UserError(f"{args.capture_dir / REF_WAV} not found", "run make_reference.py (step 0) first")
+    args.variant_names = variant_names(args)
     fingerprint = check_export(args)
     args.scratch = Path(tempfile.mkdtemp(prefix="omnivoice-bench-"))
-    variants = [w for w in WORKERS if not (args.skip_e2e and w.endswith("-e2e"))]
     rounds = []
     for index in range(args.repeats):
         round_ = {}
-        for variant in variants:  # A B A B: drift hits both alike
-            print(f"round {index + 1}/{args.repeats}: {variant} ...", flush=True)
-            round_[variant] = spawn(args, variant)
+        for key, worker_name, variant in round_workers(args):  # A B A B: drift hits both alike
+            print(f"round {index + 1}/{args.repeats}: {key} ...", flush=True)
+            round_[key] = spawn(args, worker_name, variant)
         rounds.append(round_)
-    summary = summarise(rounds)
+    entries = report.load_report(args.onnx_dir).get("variants", {})
+    summary = summarise(rounds, {name: entries[name] for name in args.variant_names})
     for round_ in rounds:  # the tokens were compared in summarise(); keep the result file small
         for run in round_.values():
             run.pop("e2e_final_tokens", None)
@@ -483,6 +626,11 @@ def main(argv: list[str] | None = None) -> None:
     shutil.rmtree(args.scratch, ignore_errors=True)
     print(text)
     print(f"results: {stem.with_suffix('.json')}")
+    fp32_variants = [name for name, v in summary["variants"].items() if v["recipe"]["bits"] == 32 and "generate" in v
+                     and v["generate"]["final_token_match"] < 1.0]
+    if fp32_variants:
+        raise CheckFailed(f"fp32 variant(s) {', '.join(fp32_variants)}: generate()'s final tokens differ from PyTorch's; "
+                          "check them with parity_check.py --variant and infer_onnx.py --variant")
     if "generate" in summary and summary["generate"]["final_token_match"] < 1.0:
         raise CheckFailed(f"ONNX generate()'s final tokens differ from PyTorch's ({100 * summary['generate']['final_token_match']:.2f} % "
                           "equal): its time is not comparable; check the export with parity_check.py and infer_onnx.py")

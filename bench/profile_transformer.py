@@ -4,9 +4,11 @@
 Runs one forward (after a warm-up) at the S~435 clone layout, padded (upstream's layout) and
 split (cond and uncond rows at their own length), with ORT profiling on, and prints the time per
 op type and its share. MatMul's achieved GFLOP/s is printed against the analytic FLOP count.
+--variants adds transformer variants of step 5 (quantize_omnivoice.py), profiled split only: the
+fp32-unmasked and fp32-fused graphs are valid only for all-True masks (run_split's calls).
 
     python bench/profile_transformer.py --model full-random --onnx-dir bench/out/full/onnx \\
-        --capture-dir bench/out/full/capture
+        --capture-dir bench/out/full/capture --variants fp32,fp32-unmasked,fp32-fused
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from omnivoice_export.cli import parse, run_main
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = export_parser(__doc__)
     parser.add_argument("--shape", default="S~435", choices=tuple(SHAPE_TEXTS), help="which benchmark layout")
+    parser.add_argument("--variants", default="fp32",
+                        help="comma-separated graphs to profile: fp32 (the export's, padded and split) and variants")
     return parse(parser, argv)
 
 
@@ -55,7 +59,7 @@ def main(argv: list[str] | None = None) -> None:
     from omnivoice_export.checkpoints import resolve_model
     from omnivoice_export.generation import GenerationRequest
     from omnivoice_export.ort_runtime import OrtGraphs, load_onnx_omnivoice
-    from omnivoice_onnx.contract import GRAPH_FILES
+    from omnivoice_export.quantize import variant_path
     from omnivoice_onnx.sessions import prefix_lengths, split_feeds
 
     model_path = resolve_model(args.model)
@@ -66,12 +70,15 @@ def main(argv: list[str] | None = None) -> None:
     del model  # its transformer session: profile() opens its own, with profiling on
     lengths = prefix_lengths(feeds["attention_mask"])
     split = [group for _, group in split_feeds(**feeds)]
-    graph = args.onnx_dir / GRAPH_FILES["transformer"]
     seq = feeds["input_ids"].shape[-1]
-    for label, passes, flops in (("padded", [feeds, feeds], transformer_flops(config, [seq] * len(lengths))),
-                                 ("split", split + split, transformer_flops(config, lengths))):
-        per_op, total = profile(graph, passes)
-        print(f"\n{label}: S={seq} rows={lengths}  kernel time {total / 1e6:.3f} s, "
+    runs = []
+    for variant in args.variants.split(","):
+        if variant == "fp32":
+            runs.append((variant, "padded", [feeds, feeds], transformer_flops(config, [seq] * len(lengths))))
+        runs.append((variant, "split", split + split, transformer_flops(config, lengths)))
+    for variant, label, passes, flops in runs:
+        per_op, total = profile(variant_path(args.onnx_dir, variant), passes)
+        print(f"\n{variant} {label}: S={seq} rows={lengths}  kernel time {total / 1e6:.3f} s, "
               f"{flops / 1e9:.0f} GFLOP -> {flops / total / 1e3:.0f} GFLOP/s overall")
         for op, micros in sorted(per_op.items(), key=lambda kv: -kv[1])[:12]:
             print(f"  {op:<16}{micros / 1e6:>8.3f} s {100 * micros / total:>6.1f}%")

@@ -21,6 +21,10 @@ Why the recipes are what they are (issue 16; the quality table measures each):
   right on VNNI CPUs (AVX512-VNNI / AVX-VNNI) and can saturate u8 x s8 products on older AVX2 ones.
 - `fp32-unmasked` is not quantized: the faithful fp32 graph without each layer's mask work, valid
   (and bit-identical) for the calls run_split makes, whose masks are all True (drop_mask_work).
+- `fp32-fused` is fp32-unmasked with each layer's attention core fused into com.microsoft
+  MultiHeadAttention (omnivoice_export.fusion): same calls, same output guard; its logits were
+  the same bits as fp32-unmasked's on every call measured (tiny: all captured; real dims: the
+  bench's three shapes), not a guarantee: the fused kernel owns its float order.
 - `MatMulNBits` keeps weights block-wise (block along K, one scale and zero point per block);
   `accuracy_level` 0 dequantizes to fp32 and runs an fp32 GEMM, 4 quantizes activations to int8
   per block and runs an int8 GEMM (faster; the kind of error that flipped argmaxes on Qwen3-0.6B,
@@ -41,7 +45,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from omnivoice_export import report
+from omnivoice_export import fusion, report
 from omnivoice_export.exporting import save_with_sidecar
 from omnivoice_export.files import file_entry, matches_entry, sha256_file, temporary_dir, umask_mode
 from omnivoice_export.measure import PeakRss
@@ -63,16 +67,21 @@ class Recipe:
     embeddings: str  # "fp32" | "int8-row" (see quantize_embeddings_rowwise) | "dynamic" (quantize_dynamic's own)
     block_size: int | None = None  # nbits: weights per (scale, zero point) block along K
     accuracy_level: int | None = None  # nbits: 0 fp32 compute, 4 int8 activations
+    fusions: tuple[str, ...] = ()  # unmasked: omnivoice_export.fusion passes applied after drop_mask_work
     summary: str = ""
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """As JSON reads it back (the report entry and the graph's `recipe` metadata)."""
+        return {**asdict(self), "fusions": list(self.fusions)}
 
 
 RECIPES: dict[str, Recipe] = {recipe.name: recipe for recipe in (
     Recipe("fp32-unmasked", "unmasked", 32, True, "fp32",
            summary="fp32, without the per-layer mask work (mask Add, NaN guard): for calls whose mask is all "
                    "True, as run_split makes every call; NaN logits for any row whose mask is not"),
+    Recipe("fp32-fused", "unmasked", 32, True, "fp32", fusions=("attention",),
+           summary="fp32-unmasked with each layer's attention core one com.microsoft MultiHeadAttention "
+                   "(ORT contrib op): same calls, same guard; the same logits as fp32-unmasked where measured"),
     Recipe("int8", "dynamic", 8, True, "fp32",
            summary="quantize_dynamic: int8 per-channel weights, uint8 per-tensor activations (MatMulInteger); "
                    "audio heads and embeddings fp32"),
@@ -267,7 +276,8 @@ def guard_output(model: onnx.ModelProto) -> None:
 
 def quantized_node_counts(model: onnx.ModelProto) -> dict[str, int]:
     """How many nodes of each quantized op type the variant holds (for the report)."""
-    kinds = ("MatMulInteger", "DynamicQuantizeLinear", "MatMulNBits", "MatMul", "Gather", "Softmax", "IsNaN")
+    kinds = ("MatMulInteger", "DynamicQuantizeLinear", "MatMulNBits", "MatMul", "Gather", "Softmax", "IsNaN",
+             "MultiHeadAttention")
     counts = {kind: 0 for kind in kinds}
     for node in model.graph.node:
         if node.op_type in counts:
@@ -294,6 +304,7 @@ def build_variant(onnx_dir: Path, recipe: Recipe, fp32_metadata: dict[str, str])
             elif recipe.method == "unmasked":
                 model = onnx.load(str(source))
                 drop_mask_work(model)
+                fusion.apply_fusions(model, recipe.fusions)
             else:
                 model = quantize_nbits_variant(source, recipe, exclude)
             if recipe.embeddings == "int8-row":

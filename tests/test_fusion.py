@@ -1,0 +1,176 @@
+"""The fused fp32 transformer (`fp32-fused`, omnivoice_export/fusion.py) on tiny.
+
+It must pass the same fp32 verdicts as the faithful export (parity_check.py --variant: argmax
+1.000000 and max |d| within the fp32 threshold on every captured call; infer_onnx.py --variant:
+final tokens 100 % in every mode), hold one MultiHeadAttention per layer and no Softmax, keep the
+unmasked graph's guard (a padded call gives NaN rows), and refuse a graph it cannot fully fuse.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+import parity_check
+import quantize_omnivoice
+from omnivoice_export import capture, fusion, quantize
+from omnivoice_onnx.errors import UserError
+from omnivoice_onnx.sessions import make_session, run, run_split
+
+from conftest import read_report, run_script
+
+TRANSFORMER = quantize.TRANSFORMER_FILE
+FUSED = "fp32-fused"
+
+
+@pytest.fixture(scope="module")
+def fused(pipeline, tmp_path_factory) -> Path:
+    """A copy of the tiny export with fp32-unmasked and fp32-fused built into it (read-only)."""
+    onnx_dir = tmp_path_factory.mktemp("fused") / "onnx"
+    shutil.copytree(pipeline.onnx, onnx_dir)
+    quantize_omnivoice.main(["--onnx-dir", str(onnx_dir), "--variants", f"fp32-unmasked,{FUSED}"])
+    return onnx_dir
+
+
+def layers(pipeline) -> int:
+    return json.loads((pipeline.model / "config.json").read_text())["llm_config"]["num_hidden_layers"]
+
+
+@pytest.mark.slow
+def test_one_multihead_attention_per_layer_and_no_softmax(pipeline, fused):
+    model = onnx.load(str(fused / FUSED / TRANSFORMER), load_external_data=False)
+    ops = [node.op_type for node in model.graph.node]
+    assert ops.count("MultiHeadAttention") == layers(pipeline) >= 2
+    assert "Softmax" not in ops and "IsNaN" not in ops
+    attention = [node for node in model.graph.node if node.op_type == "MultiHeadAttention"]
+    config = json.loads((pipeline.model / "config.json").read_text())["llm_config"]
+    for node in attention:
+        assert node.domain == fusion.MS_DOMAIN
+        assert fusion.attribute(node, "num_heads") == config["num_attention_heads"]
+        # the graph's two scale factors (head_dim ** -0.25 each) multiplied in float32
+        assert np.float32(fusion.attribute(node, "scale")) == np.float32(config["head_dim"] ** -0.25) ** 2
+    assert any(entry.domain == fusion.MS_DOMAIN for entry in model.opset_import)
+    entry = read_report(fused)["variants"][FUSED]
+    assert entry["node_counts"]["MultiHeadAttention"] == layers(pipeline) and "Softmax" not in entry["node_counts"]
+    assert entry["recipe"] == quantize.RECIPES[FUSED].as_dict() and entry["recipe"]["fusions"] == ["attention"]
+
+
+@pytest.mark.slow
+def test_fused_equals_unmasked_bit_for_bit_on_every_captured_call(pipeline, fused):
+    """On tiny (head_dim 16) the graph's scale factor 16 ** -0.25 = 0.5 is exact, so scaling q and kT
+    by 0.5 each or the product by 0.25 rounds alike: the fused kernel gives the same bits as the
+    unmasked graph on all 128 captured calls, as generate() makes them (run_split). At the real dims
+    (head_dim 128) the factor is not a power of two and the logits move by float32 rounding only:
+    measured by bench/bench_omnivoice.py and parity_check.py --variant (investigation log)."""
+    fused_session = make_session(fused / FUSED / TRANSFORMER)
+    unmasked = make_session(fused / "fp32-unmasked" / TRANSFORMER)
+    manifest = capture.load_manifest(pipeline.capture)
+    calls = 0
+    for mode in manifest["modes"]:
+        for step in capture.mode_steps(manifest, mode):
+            data = capture.load_step(pipeline.capture, mode, step)
+            feeds = (data["input_ids"], data["audio_mask"], data["attention_mask"])
+            assert np.array_equal(run_split(fused_session, *feeds), run_split(unmasked, *feeds)), (mode, step)
+            calls += 1
+    assert calls == len(capture.MODES) * 32
+
+
+@pytest.mark.slow
+def test_parity_check_judges_fused_by_the_fp32_verdict(pipeline, fused, tmp_path):
+    onnx_dir = tmp_path / "onnx"
+    shutil.copytree(fused, onnx_dir)
+    parity_check.main(["--variant", FUSED, "--onnx-dir", str(onnx_dir), "--capture-dir", str(pipeline.capture)])
+    judged = read_report(onnx_dir)["variants"][FUSED]["parity"]["cpu"]
+    assert judged["verdict"] == "PASS" and judged["argmax_agreement_min"] == 1.0
+    assert judged["max_abs_max"] <= judged["thresholds"]["transformer_max_abs"]
+    assert len(judged["rows"]) == len(capture.MODES) * 32 and all(row["passed"] for row in judged["rows"])
+
+
+@pytest.mark.slow
+def test_infer_onnx_fused_keeps_every_token_in_every_mode(pipeline_copy, fused):
+    import infer_onnx
+
+    onnx_dir = pipeline_copy.onnx
+    shutil.rmtree(onnx_dir)
+    shutil.copytree(fused, onnx_dir)
+    infer_onnx.main(["--variant", FUSED, "--onnx-dir", str(onnx_dir), "--capture-dir", str(pipeline_copy.capture),
+                     "--no-torch-timing"])
+    result = read_report(onnx_dir)["variants"][FUSED]["end_to_end"]["cpu"]
+    manifest = capture.load_manifest(pipeline_copy.capture)
+    assert result["verdict"] == "PASS" and set(result["modes"]) == set(manifest["modes"])
+    assert all(m["token_match"] == 1.0 and m["first_divergent_step"] is None and m["passed"]
+               for m in result["modes"].values())
+
+
+@pytest.mark.slow
+def test_a_padded_call_gives_nan_rows_and_no_split_is_refused(pipeline, fused, tmp_path):
+    """The fused graph is valid for all-True masks only, like fp32-unmasked: a padded call is loud."""
+    data = capture.load_step(pipeline.capture, "design", 5)
+    feeds = {k: data[k] for k in ("input_ids", "audio_mask", "attention_mask")}
+    logits = run(make_session(fused / FUSED / TRANSFORMER), feeds)["logits"]
+    full = feeds["attention_mask"].all(axis=(1, 2, 3))
+    assert not full.all() and full.any()
+    assert np.isnan(logits[~full]).all() and np.isfinite(logits[full]).all()
+    proc = run_script("infer_onnx.py", "--variant", FUSED, "--no-split", "--onnx-dir", str(fused),
+                      "--capture-dir", str(pipeline.capture), "--no-torch-timing")
+    assert proc.returncode == 2 and "--no-split with variant fp32-fused" in proc.stderr
+
+
+@pytest.mark.slow
+def test_a_graph_it_cannot_fully_fuse_is_refused(fused):
+    """The faithful graph (mask Add before each Softmax) matches at no layer; removing one layer's
+    pattern from the unmasked graph leaves the others: refused either way, never half fused."""
+    faithful = onnx.load(str(fused / TRANSFORMER), load_external_data=False)
+    with pytest.raises(UserError, match="at 0 of the graph's 2 Softmax nodes"):
+        fusion.fuse_attention(faithful)
+    unmasked = onnx.load(str(fused / "fp32-unmasked" / TRANSFORMER), load_external_data=False)
+    softmax = next(node for node in unmasked.graph.node if node.op_type == "Softmax")
+    softmax.attribute[0].i = 1  # a Softmax over another axis is not attention's
+    with pytest.raises(UserError, match="at 1 of the graph's 2 Softmax nodes"):
+        fusion.fuse_attention(unmasked)
+
+
+@pytest.mark.slow
+def test_bench_times_each_variant_against_fp32_in_the_same_run(pipeline, fused, tmp_path):
+    """bench_omnivoice.py --variants: per call at the three shapes and generate() of each variant
+    beside fp32 ORT's in the same rounds, size on disk, peak RSS, one table row per variant; an fp32
+    variant's tokens are judged like the fp32 graph's (exit 0 here: they are equal)."""
+    onnx_dir = tmp_path / "onnx"
+    shutil.copytree(fused, onnx_dir)
+    quantize_omnivoice.main(["--onnx-dir", str(onnx_dir), "--variants", "int8"])
+    done = run_script("bench/bench_omnivoice.py", "--model", str(pipeline.model), "--onnx-dir", str(onnx_dir),
+                      "--capture-dir", str(pipeline.capture), "--results-dir", str(tmp_path / "results"),
+                      "--repeats", "1", "--calls", "1", "--num-step", "8", "--variants", f"{FUSED},int8", timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (results,) = (tmp_path / "results").glob("*.json")
+    summary = json.loads(results.read_text())["summary"]
+    assert list(summary["variants"]) == [FUSED, "int8"]
+    for name, variant in summary["variants"].items():
+        entry = read_report(onnx_dir)["variants"][name]
+        assert variant["bytes"] == entry["bytes"] and variant["size_ratio"] == entry["bytes"] / entry["fp32_bytes"]
+        assert set(variant["transformer"]) == set(summary["transformer"])
+        for row in variant["transformer"].values():
+            assert row["ort_split"]["n"] == 1 and row["speedup_vs_fp32"] > 0
+            assert 0.0 <= row["vs_fp32"]["argmax_agreement"] <= 1.0 and 0.0 <= row["vs_torch"]["argmax_agreement"] <= 1.0
+        assert variant["generate"]["peak_rss_mb"]["median"] > 0 and variant["generate"]["speedup_vs_fp32"] > 0
+    fused_result = summary["variants"][FUSED]
+    assert all(row["vs_fp32"]["argmax_agreement"] == 1.0 for row in fused_result["transformer"].values())
+    assert fused_result["generate"]["final_token_match"] == 1.0
+    table = results.with_suffix(".md").read_text()
+    assert all(any(line.startswith(f"| {name} |") for line in table.splitlines()) for name in ("fp32", FUSED, "int8"))
+
+
+@pytest.mark.slow
+def test_bench_refuses_a_variant_the_export_does_not_have(pipeline, fused, tmp_path):
+    done = run_script("bench/bench_omnivoice.py", "--model", str(pipeline.model), "--onnx-dir", str(fused),
+                      "--capture-dir", str(pipeline.capture), "--results-dir", str(tmp_path / "results"),
+                      "--variants", f"{FUSED},int3", timeout=120)
+    assert done.returncode == 2 and done.stderr.strip().splitlines() == [
+        "error: --variants: int3 not in the export report (made so far: fp32-unmasked, fp32-fused); "
+        "run quantize_omnivoice.py --variants int3"]
+    assert not (tmp_path / "results").exists()
