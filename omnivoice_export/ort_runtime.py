@@ -15,17 +15,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from omnivoice_export.report import read_graph_metadata
 from omnivoice_onnx.contract import CONTRACTS, GRAPH_FILES
 from omnivoice_onnx.errors import UserError
 from omnivoice_onnx.sessions import (TRANSFORMER_ARENA, CodecConfig, CodecSessions, make_session, run,
                                      run_split)
-
-
-def read_graph_metadata(path: Path) -> dict[str, str]:
-    """A graph's metadata_props, read from its .onnx alone (no weights, no session)."""
-    import onnx
-
-    return {prop.key: prop.value for prop in onnx.load(str(path), load_external_data=False).metadata_props}
 
 
 def finite_output(array: np.ndarray, graph: str) -> np.ndarray:
