@@ -49,8 +49,10 @@ from omnivoice_export.cli import (DEFAULT_CAPTURE_DIR, NUM_STEP, SEED, THREADS, 
                                   run_main)
 from omnivoice_export.generation import DEFAULT_SEED, LANGUAGE, GenerationRequest, check_reference_audio, write_wav
 from omnivoice_onnx import OmniVoiceOnnx
+from omnivoice_onnx.api import DEFAULT_VARIANT
 from omnivoice_onnx.contract import FP32_VARIANT
 from omnivoice_onnx.errors import UserError
+from omnivoice_onnx.prompt import instruct_use_zh, load_runtime_config, resolve_instruct, resolve_language
 from omnivoice_onnx.sessions import PROVIDERS, check_provider
 
 
@@ -111,18 +113,24 @@ def synthesize(args) -> None:
     check_input_dir(args.onnx_dir, "--onnx-dir")
     if args.ref_audio is not None:
         check_reference_audio(args.ref_audio)
+    language = LANGUAGE if args.language is None else args.language
+    # The runtime checks these in generate(); checked here too, before minutes of graph loading.
+    config = load_runtime_config(args.onnx_dir)
+    resolve_language(language, config["languages"])
+    resolve_instruct(args.instruct, instruct_use_zh(args.text, config["instruct"]), config["instruct"])
     export = report.load_report(args.onnx_dir)
-    variant = FP32_VARIANT if args.variant is None else args.variant
-    # A quantized variant's files are checked by the runtime (its metadata names the variant and
-    # the codecs' model); the report's sha256 check of variants needs onnx's quantization tools.
+    variant = DEFAULT_VARIANT if args.variant is None else args.variant
+    # A variant's transformer is checked by the runtime (its metadata names the variant and the
+    # codecs' model): the report's sha256 check of variants (quantize.verify_variant) imports torch.
     report.verify_graphs(args.onnx_dir, export, ["transformer", "encoder", "decoder"] if variant == FP32_VARIANT
                          else ["encoder", "decoder"])
     mode = "clone" if args.ref_audio else "design" if args.instruct else "auto"
     tts = OmniVoiceOnnx.from_dir(args.onnx_dir, provider=args.provider, threads=args.threads, variant=variant)
-    audio = tts.generate(args.text, language=LANGUAGE if args.language is None else args.language,
-                         ref_text=args.ref_text, ref_audio=None if args.ref_audio is None else str(args.ref_audio),
-                         instruct=args.instruct, seed=DEFAULT_SEED if args.seed is None else args.seed,
-                         generation_config={"num_step": GenerationRequest.num_step if args.num_step is None else args.num_step})[0]
+    num_step = GenerationRequest.num_step if args.num_step is None else args.num_step
+    audio = tts.generate(args.text, language=language, ref_text=args.ref_text,
+                         ref_audio=None if args.ref_audio is None else str(args.ref_audio), instruct=args.instruct,
+                         seed=DEFAULT_SEED if args.seed is None else args.seed,
+                         generation_config={"num_step": num_step})[0]
     write_wav(args.out, audio, tts.sample_rate)
     print(f"[synthesis] {mode}: {audio.size / tts.sample_rate:.2f} s of audio -> {args.out} "
           f"(omnivoice_onnx, transformer {variant}, no PyTorch)")

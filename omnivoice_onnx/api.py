@@ -35,7 +35,7 @@ from omnivoice_onnx.contract import FP32_VARIANT, ort_signature, signature_probl
 from omnivoice_onnx.errors import UserError
 from omnivoice_onnx.prompt import TextTokenizer, load_runtime_config
 from omnivoice_onnx.rng import TorchCpuRng, fresh_seed
-from omnivoice_onnx.sessions import TRANSFORMER_ARENA, CodecSessions, make_session, run_split
+from omnivoice_onnx.sessions import TRANSFORMER_ARENA, CodecSessions, finite_output, make_session, run_split
 
 RERUN_EXPORT = "re-run export_omnivoice.py into an empty folder"
 # Graph metadata (omnivoice_export.exporting.graph_metadata) the runtime reads, as ints.
@@ -109,10 +109,13 @@ class OmniVoiceOnnx:
             if self.runtime_config["model"][key] != self.metadata[meta_key]:
                 raise UserError(f"runtime-config.json says {key}={self.runtime_config['model'][key]} but the graphs "
                                 f"say {self.metadata[meta_key]}", RERUN_EXPORT)
+        decoder_path = self.codecs.paths["decoder"]
         self.model = gen.Model(
-            transformer=lambda ids, audio_mask, attention: run_split(self.transformer, ids, audio_mask, attention),
+            transformer=lambda ids, audio_mask, attention: finite_output(
+                run_split(self.transformer, ids, audio_mask, attention), "transformer", path),
             encode=lambda wav: self.codecs.run("encoder", {"input_values": wav})["audio_codes"],
-            decode=lambda codes: self.codecs.run("decoder", {"audio_codes": codes})["audio_values"],
+            decode=lambda codes: finite_output(self.codecs.run("decoder", {"audio_codes": codes})["audio_values"],
+                                               "decoder", decoder_path),
             tokenizer=self.tokenizer, runtime_config=self.runtime_config,
             sample_rate=self.metadata["sample_rate"], hop_length=self.metadata["hop_length"],
             frame_rate=self.metadata["frame_rate"], num_codebooks=self.metadata["num_codebooks"],
