@@ -92,7 +92,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def check_synthesis_flags(args) -> None:
-    """Synthesis's own checks, before any work: text, reference, flags of compare mode only."""
+    """Synthesis's own checks, before any work (after --out's): text, reference, flags of compare mode only."""
     if not args.text.strip():
         raise UserError("--text is empty", "pass the text to speak")
     if (args.ref_audio is None) != (args.ref_text is None):
@@ -108,8 +108,8 @@ def check_synthesis_flags(args) -> None:
 
 def synthesize(args) -> None:
     """Speak --text with omnivoice_onnx.OmniVoiceOnnx: numpy + onnxruntime, no torch."""
-    check_synthesis_flags(args)
     check_output(args.out, "--out", "file")
+    check_synthesis_flags(args)
     check_input_dir(args.onnx_dir, "--onnx-dir")
     if args.ref_audio is not None:
         check_reference_audio(args.ref_audio)
