@@ -134,6 +134,7 @@ def variants_present(onnx_dir: Path) -> list[str]:
                         if child.is_dir() and variant_path(onnx_dir, child.name).is_file())
     return found
 
+
 # onnxruntime's type strings (NodeArg.type) as numpy dtype names.
 ORT_DTYPES = {"tensor(int64)": "int64", "tensor(bool)": "bool", "tensor(float)": "float32"}
 
