@@ -47,7 +47,7 @@ from omnivoice_export import capture, metrics, quality, quantize, report
 from omnivoice_export.checkpoints import validate_checkpoint_dir
 from omnivoice_export.cli import (THREADS, CheckFailed, check_input_dir, check_output, float_range, parse, parse_subset,
                                   run_main)
-from omnivoice_export.ort_runtime import read_graph_metadata
+from omnivoice_export.report import read_graph_metadata
 from omnivoice_onnx.contract import (CONTRACTS, GRAPH_FILES, GRAPH_NAMES, THRESHOLDS, ort_signature, shape_problems,
                                      signature_problems)
 from omnivoice_onnx.errors import UserError

@@ -11,6 +11,7 @@ omnivoice_onnx.contract, read by all of these):
     exporting      torch -> ONNX, sidecar consolidation, metadata, self-checks
     report         export-report.json: its schema, integrity checks, atomic merges
     ort_runtime    the ONNX graphs as drop-in modules of upstream generate()
+    end_to_end     infer_onnx.py's compare mode: the graphs inside generate(), and the runtime, against the capture
     metrics        parity metrics (argmax/max-abs, code match, log-spectral L1)
     measure        wall time and peak RSS of a block
     quantize       transformer variants (quantization recipes, the unmasked fp32 graph), one sidecar each

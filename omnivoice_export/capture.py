@@ -45,12 +45,12 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
-from omnivoice_export.cli import REPO_ROOT
+from omnivoice_export.cli import DEFAULT_CAPTURE_DIR
 from omnivoice_export.files import (FILE_ENTRY_SCHEMA, Each, atomic_path, existing_file, file_entry, matches_entry,
                                     read_artefact, sha256_file, write_json_atomic)
 from omnivoice_onnx.errors import UserError
 
-DEFAULT_DIR = REPO_ROOT / "capture"
+DEFAULT_DIR = DEFAULT_CAPTURE_DIR
 CAPTURE_FORMAT = 2  # 2: logits rows as [N, 1025]; the batch mode
 MANIFEST_NAME = "manifest.json"
 REF_WAV = "ref_voice.wav"

@@ -40,6 +40,8 @@ EXIT_TERMINATED = 128 + signal.SIGTERM  # 143
 EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE  # 141
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+# Step 1's capture (omnivoice_export.capture, which needs torch; infer_onnx.py --text must not).
+DEFAULT_CAPTURE_DIR = REPO_ROOT / "capture"
 
 
 class CheckFailed(Exception):

@@ -15,31 +15,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from omnivoice_export.report import read_graph_metadata
 from omnivoice_onnx.contract import CONTRACTS, GRAPH_FILES
-from omnivoice_onnx.errors import UserError
-from omnivoice_onnx.sessions import (TRANSFORMER_ARENA, CodecConfig, CodecSessions, make_session, run,
-                                     run_split)
-
-
-def read_graph_metadata(path: Path) -> dict[str, str]:
-    """A graph's metadata_props, read from its .onnx alone (no weights, no session)."""
-    import onnx
-
-    return {prop.key: prop.value for prop in onnx.load(str(path), load_external_data=False).metadata_props}
-
-
-def finite_output(array: np.ndarray, graph: str) -> np.ndarray:
-    """`array` if every value is finite; else a UserError saying the graph's weights are damaged.
-
-    A graph whose sidecar was overwritten (and its sha256 re-recorded by hand) loads and runs,
-    and returns NaN: NaN logits pick token 0 everywhere and NaN audio ends in a numpy error deep
-    in upstream's post-processing. No real export produces a non-finite value (parity and the
-    self-checks compare every output), so one is named here, at the graph.
-    """
-    if not np.isfinite(array).all():
-        raise UserError(f"the {graph} graph returned NaN or infinite values: its weights ({GRAPH_FILES[graph]}.data) "
-                        "are damaged", "re-run export_omnivoice.py (step 2)")
-    return array
+from omnivoice_onnx.sessions import (TRANSFORMER_ARENA, CodecConfig, CodecSessions, finite_output, make_session,
+                                     run, run_split)
 
 
 class OrtAudioTokenizer:

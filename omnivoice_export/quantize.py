@@ -50,7 +50,7 @@ from omnivoice_export.exporting import save_with_sidecar
 from omnivoice_export.files import file_entry, matches_entry, sha256_file, temporary_dir, umask_mode
 from omnivoice_export.measure import PeakRss
 from omnivoice_export.ort_runtime import read_graph_metadata
-from omnivoice_onnx.contract import GRAPH_FILES
+from omnivoice_onnx.contract import GRAPH_FILES, variant_dir, variant_path
 from omnivoice_onnx.errors import UserError
 
 TRANSFORMER_FILE = GRAPH_FILES["transformer"]
@@ -101,15 +101,6 @@ RECIPES: dict[str, Recipe] = {recipe.name: recipe for recipe in (
            summary="MatMulNBits 4-bit, block 128, accuracy_level 4; audio heads and embeddings fp32"),
 )}
 DEFAULT_VARIANTS = tuple(RECIPES)
-
-
-def variant_dir(onnx_dir: Path, name: str) -> Path:
-    return Path(onnx_dir) / name
-
-
-def variant_path(onnx_dir: Path, name: str) -> Path:
-    """The transformer graph of variant `name`; 'fp32' is the export's own."""
-    return Path(onnx_dir) / TRANSFORMER_FILE if name == "fp32" else variant_dir(onnx_dir, name) / TRANSFORMER_FILE
 
 
 def weight_nodes(model: onnx.ModelProto, heads_width: int) -> tuple[list[str], list[str]]:

@@ -9,7 +9,8 @@ another's and an interrupted update leaves the previous report intact.
     graphs.<graph>     file, exporter, fallback_reason, opset, signature, export_seconds,
                        peak_rss_mb, checker, original_external_files, self_checks, files
     parity.<provider>  provider, verdict, thresholds, capture_device, seconds, graphs
-    end_to_end.<provider>  provider, verdict, modes, thresholds, spectral
+    end_to_end.<provider>  provider, verdict, modes, thresholds, spectral, runtime (the torch-free
+                       runtime's tokens against the capture: variant, verdict, token_match, modes)
 """
 
 from __future__ import annotations
@@ -20,11 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from omnivoice_export import capture
 from omnivoice_export.cli import REPO_ROOT
 from omnivoice_export.files import (FILE_ENTRY_SCHEMA, Each, existing_file, file_entry, matches_entry, read_artefact,
                                     sha256_file, write_json_atomic)
-from omnivoice_export.ort_runtime import read_graph_metadata
 from omnivoice_onnx.contract import GRAPH_FILES
 from omnivoice_onnx.errors import UserError
 
@@ -139,6 +138,13 @@ def load_report(onnx_dir: Path) -> dict[str, Any]:
                          REPORT_FORMAT, REPORT_SCHEMA, _graph_problem, stale_fix=REEXPORT_FIX)
 
 
+def read_graph_metadata(path: Path) -> dict[str, str]:
+    """A graph's metadata_props, read from its .onnx alone (no weights, no session)."""
+    import onnx
+
+    return {prop.key: prop.value for prop in onnx.load(str(path), load_external_data=False).metadata_props}
+
+
 def check_graph_metadata(path: Path, graph: str, entry: dict[str, Any], fingerprint: str) -> None:
     """The graph's own metadata_props name the exporter, opset and model the report says.
 
@@ -189,6 +195,8 @@ def verify_against_capture(capture_dir: Path, onnx_dir: Path, graphs: list[str])
     is refused rather than compared: the report is the one provenance record, and results merged
     into it must describe the capture it names.
     """
+    from omnivoice_export import capture  # needs torch: kept out of synthesis's imports (infer_onnx.py --text)
+
     capture_dir = Path(capture_dir)
     manifest = capture.load_manifest(capture_dir)
     export = load_report(onnx_dir)
@@ -212,13 +220,6 @@ def write_parity(onnx_dir: Path, provider: str, verdict: str, thresholds: dict[s
     merge_section(onnx_dir, ("parity", provider), {
         "provider": provider, "verdict": verdict, "thresholds": thresholds, "capture_device": capture_device,
         "seconds": round(seconds, 2), "graphs": graphs})
-
-
-def write_end_to_end(onnx_dir: Path, provider: str, verdict: str, modes: dict[str, Any],
-                     thresholds: dict[str, float], spectral: dict[str, Any]) -> None:
-    """Merge infer_onnx.py's compare-mode results for `provider` into the report."""
-    merge_section(onnx_dir, ("end_to_end", provider), {
-        "provider": provider, "verdict": verdict, "modes": modes, "thresholds": thresholds, "spectral": spectral})
 
 
 def merge_section(onnx_dir: Path, path: tuple[str, ...], value: Any) -> dict[str, Any]:

@@ -15,6 +15,11 @@ runtime-config.json. Each graph carries its constants and the checkpoint's finge
 metadata; a graph of another export (another fingerprint), one whose inputs and outputs break
 the contract table (omnivoice_onnx.contract) or a runtime config that disagrees with the graphs
 is refused at load time, as is a missing file.
+
+A transformer variant made by quantize_omnivoice.py (step 5) is loaded by name,
+`from_dir("onnx", variant="int8")`: onnx/int8/omnivoice_transformer.onnx with the export's fp32
+codec graphs (omnivoice_onnx.contract.variant_path). Its metadata must name the variant and the
+codecs' model. Without a name the runtime takes DEFAULT_VARIANT.
 """
 
 from __future__ import annotations
@@ -26,11 +31,11 @@ from typing import Any
 import numpy as np
 
 from omnivoice_onnx import generate as gen
-from omnivoice_onnx.contract import GRAPH_FILES, ort_signature, signature_problems
+from omnivoice_onnx.contract import FP32_VARIANT, ort_signature, signature_problems, variant_path, variants_present
 from omnivoice_onnx.errors import UserError
 from omnivoice_onnx.prompt import TextTokenizer, load_runtime_config
 from omnivoice_onnx.rng import TorchCpuRng, fresh_seed
-from omnivoice_onnx.sessions import TRANSFORMER_ARENA, CodecSessions, make_session, run_split
+from omnivoice_onnx.sessions import TRANSFORMER_ARENA, CodecSessions, finite_output, make_session, run_split
 
 RERUN_EXPORT = "re-run export_omnivoice.py into an empty folder"
 # Graph metadata (omnivoice_export.exporting.graph_metadata) the runtime reads, as ints.
@@ -38,6 +43,9 @@ INT_METADATA = ("sample_rate", "hop_length", "frame_rate", "num_codebooks", "aud
 # runtime-config.json's model section -> the graph metadata key that must agree with it.
 CONFIG_VS_METADATA = {"audio_mask_id": "audio_mask_id", "num_audio_codebook": "num_codebooks",
                       "audio_vocab_size": "audio_vocab_size"}
+# The transformer graph used when no variant is named: the export's faithful fp32 graph. The one
+# place that choice is made (infer_onnx.py's --variant default is None, i.e. this).
+DEFAULT_VARIANT = FP32_VARIANT
 
 
 def graph_metadata(session, path: Path, graph: str) -> dict[str, Any]:
@@ -59,20 +67,34 @@ def graph_metadata(session, path: Path, graph: str) -> dict[str, Any]:
         raise UserError(f"{path} has non-integer metadata ({exc})", RERUN_EXPORT) from exc
 
 
+def transformer_path(onnx_dir: Path, variant: str) -> Path:
+    """The transformer graph of `variant`; a missing variant is a UserError naming those present."""
+    path = variant_path(onnx_dir, variant)
+    if variant != FP32_VARIANT and not path.is_file():
+        present = ", ".join(variants_present(onnx_dir)) or "none"
+        raise UserError(f"the export in {onnx_dir} has no transformer variant {variant!r} (present: {present})",
+                        f"run quantize_omnivoice.py --variants {variant}")
+    return path
+
+
 class OmniVoiceOnnx:
     """An OmniVoice export loaded for generation. Build it with `from_dir`."""
 
     def __init__(self, onnx_dir: Path, provider: str = "cpu", threads: int | None = None,
-                 resident_codecs: bool = False) -> None:
+                 resident_codecs: bool = False, variant: str | None = None) -> None:
         onnx_dir = Path(onnx_dir)
         if not onnx_dir.is_dir():
             raise UserError(f"export folder not found: {onnx_dir}", "pass the folder export_omnivoice.py wrote")
         self.onnx_dir = onnx_dir
+        self.variant = DEFAULT_VARIANT if variant is None else variant
         self.runtime_config = load_runtime_config(onnx_dir)
         self.tokenizer = TextTokenizer.from_dir(onnx_dir)
-        path = onnx_dir / GRAPH_FILES["transformer"]
+        path = transformer_path(onnx_dir, self.variant)
         self.transformer = make_session(path, provider, threads, arena=TRANSFORMER_ARENA)
         self.metadata = graph_metadata(self.transformer, path, "transformer")
+        if self.metadata.get("variant", FP32_VARIANT) != self.variant:
+            raise UserError(f"{path} is variant {self.metadata.get('variant', FP32_VARIANT)!r}, not "
+                            f"{self.variant!r}", f"run quantize_omnivoice.py --variants {self.variant}")
         self.codecs = CodecSessions(onnx_dir, provider, threads, resident_codecs)
         for name in ("encoder", "decoder"):
             # Opened once here (then released unless resident) so a foreign graph fails now, not
@@ -87,10 +109,13 @@ class OmniVoiceOnnx:
             if self.runtime_config["model"][key] != self.metadata[meta_key]:
                 raise UserError(f"runtime-config.json says {key}={self.runtime_config['model'][key]} but the graphs "
                                 f"say {self.metadata[meta_key]}", RERUN_EXPORT)
+        decoder_path = self.codecs.paths["decoder"]
         self.model = gen.Model(
-            transformer=lambda ids, audio_mask, attention: run_split(self.transformer, ids, audio_mask, attention),
+            transformer=lambda ids, audio_mask, attention: finite_output(
+                run_split(self.transformer, ids, audio_mask, attention), "transformer", path),
             encode=lambda wav: self.codecs.run("encoder", {"input_values": wav})["audio_codes"],
-            decode=lambda codes: self.codecs.run("decoder", {"audio_codes": codes})["audio_values"],
+            decode=lambda codes: finite_output(self.codecs.run("decoder", {"audio_codes": codes})["audio_values"],
+                                               "decoder", decoder_path),
             tokenizer=self.tokenizer, runtime_config=self.runtime_config,
             sample_rate=self.metadata["sample_rate"], hop_length=self.metadata["hop_length"],
             frame_rate=self.metadata["frame_rate"], num_codebooks=self.metadata["num_codebooks"],
@@ -98,11 +123,13 @@ class OmniVoiceOnnx:
 
     @classmethod
     def from_dir(cls, onnx_dir: str | os.PathLike, provider: str = "cpu", threads: int | None = None,
-                 resident_codecs: bool = False) -> "OmniVoiceOnnx":
+                 resident_codecs: bool = False, variant: str | None = None) -> "OmniVoiceOnnx":
         """Load an export folder. provider: "cpu", "cuda-fp32" or "cuda-tf32" (omnivoice_onnx.sessions);
         threads: onnxruntime intra-op threads (None: its default); resident_codecs: keep the
-        encoder and decoder loaded between calls (a server) instead of opening them per call."""
-        return cls(Path(onnx_dir), provider, threads, resident_codecs)
+        encoder and decoder loaded between calls (a server) instead of opening them per call;
+        variant: a transformer variant of quantize_omnivoice.py ("int8", "fp32-unmasked", ...;
+        "fp32" the export's own; None: DEFAULT_VARIANT)."""
+        return cls(Path(onnx_dir), provider, threads, resident_codecs, variant)
 
     @property
     def sample_rate(self) -> int:

@@ -16,6 +16,7 @@ constants are what the export writes there.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Sequence
 
 # Higgs Audio V2 tokenizer of the real checkpoint: 24 kHz, DAC ratios 8*5*4*2*3 = 960 samples
@@ -106,6 +107,33 @@ CONTRACTS = {
 }
 GRAPH_FILES = {name: contract.file for name, contract in CONTRACTS.items()}
 GRAPH_NAMES = tuple(CONTRACTS)
+
+# Transformer variants (quantize_omnivoice.py, step 5): onnx/<name>/omnivoice_transformer.onnx and
+# its sidecar, used with the export's own fp32 codec graphs. "fp32" names the export's transformer.
+FP32_VARIANT = "fp32"
+
+
+def variant_dir(onnx_dir: Path, name: str) -> Path:
+    """The folder of transformer variant `name` inside an export folder."""
+    return Path(onnx_dir) / name
+
+
+def variant_path(onnx_dir: Path, name: str) -> Path:
+    """The transformer graph of variant `name`; FP32_VARIANT is the export's own."""
+    file = GRAPH_FILES["transformer"]
+    return Path(onnx_dir) / file if name == FP32_VARIANT else variant_dir(onnx_dir, name) / file
+
+
+def variants_present(onnx_dir: Path) -> list[str]:
+    """The variants whose transformer graph is in `onnx_dir`, sorted (FP32_VARIANT when the
+    export's own is there)."""
+    onnx_dir = Path(onnx_dir)
+    found = [FP32_VARIANT] if variant_path(onnx_dir, FP32_VARIANT).is_file() else []
+    if onnx_dir.is_dir():
+        found += sorted(child.name for child in onnx_dir.iterdir()
+                        if child.is_dir() and variant_path(onnx_dir, child.name).is_file())
+    return found
+
 
 # onnxruntime's type strings (NodeArg.type) as numpy dtype names.
 ORT_DTYPES = {"tensor(int64)": "int64", "tensor(bool)": "bool", "tensor(float)": "float32"}

@@ -130,6 +130,21 @@ def node_placement(session) -> dict[str, Any]:
                                     if args["provider"] == "CPUExecutionProvider"))}
 
 
+def finite_output(array: np.ndarray, graph: str, file: str | os.PathLike | None = None) -> np.ndarray:
+    """`array` if every value is finite; else a UserError saying the graph's weights are damaged.
+
+    A graph whose sidecar was overwritten (and its sha256 re-recorded by hand) loads and runs,
+    and returns NaN: NaN logits pick token 0 everywhere and NaN audio ends in a numpy error deep
+    in post-processing. No real export produces a non-finite value (parity and the self-checks
+    compare every output), so one is named here, at the graph. `file`: the graph's .onnx (default:
+    the export's own file name for `graph`).
+    """
+    if not np.isfinite(array).all():
+        raise UserError(f"the {graph} graph returned NaN or infinite values: its weights "
+                        f"({file or GRAPH_FILES[graph]}.data) are damaged", "re-run export_omnivoice.py (step 2)")
+    return array
+
+
 def run(session, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Run a session fed by input name; outputs by name."""
     names = [o.name for o in session.get_outputs()]

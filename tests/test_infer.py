@@ -50,6 +50,12 @@ def test_onnx_generate_is_token_exact(end_to_end: tuple[Pipeline, dict], mode: s
         assert item["same_duration"] and item["log_spectral_l1"] <= THRESHOLDS["end_to_end_log_spectral_l1_max"]
         info = soundfile.info(str(copy.capture / item["wav"]))
         assert info.samplerate == SAMPLE_RATE and info.duration == pytest.approx(item["duration_s"])
+    # The torch-free runtime on the same request: PyTorch's final tokens, every one.
+    runtime = section["runtime"]
+    assert (runtime["runtime"], runtime["variant"], runtime["verdict"], runtime["token_match"]) == \
+        ("omnivoice_onnx", "fp32", "PASS", 1.0)
+    assert runtime["modes"][mode]["token_match_per_item"] == [1.0] * len(result["items"])
+    assert runtime["modes"][mode]["first_difference"] is None and runtime["modes"][mode]["passed"]
 
 
 def test_wrong_transformer_diverges_at_a_named_step(pipeline_copy: Pipeline, perturbed_transformer: Path) -> None:
@@ -65,6 +71,11 @@ def test_wrong_transformer_diverges_at_a_named_step(pipeline_copy: Pipeline, per
     for mode, result in failed.items():
         assert result["token_match"] < 1.0, f"{mode} failed with identical tokens"
         assert isinstance(result["first_divergent_step"], int) and 0 <= result["first_divergent_step"] < NUM_STEP
+        # The runtime runs the same wrong graph: its tokens leave PyTorch's too, at a named cell.
+        runtime = section["runtime"]["modes"][mode]
+        assert runtime["token_match"] < 1.0 and not runtime["passed"]
+        assert set(runtime["first_difference"]) == {"item", "frame", "codebook"}
+    assert section["runtime"]["verdict"] == "FAIL"
 
 
 def test_synthesis_writes_a_wav_without_a_capture(pipeline: Pipeline, tmp_path: Path) -> None:

@@ -273,6 +273,12 @@ def test_infer_onnx_variant_runs_generate_with_fp32_codecs(pipeline_copy):
     assert entries["int8"]["end_to_end"]["cpu"]["verdict"].startswith("measurement")
     unmasked = entries["fp32-unmasked"]["end_to_end"]["cpu"]
     assert unmasked["verdict"] == "PASS" and all(m["token_match"] == 1.0 for m in unmasked["modes"].values())
+    # The runtime ran each variant too: a measurement for int8, the fp32 verdict for the unmasked graph.
+    int8_runtime = entries["int8"]["end_to_end"]["cpu"]["runtime"]
+    assert (int8_runtime["variant"], int8_runtime["verdict"]) == ("int8", "measurement")
+    assert all(m["passed"] is None for m in int8_runtime["modes"].values())
+    assert (unmasked["runtime"]["variant"], unmasked["runtime"]["verdict"], unmasked["runtime"]["token_match"]) == \
+        ("fp32-unmasked", "PASS", 1.0)
     manifest = capture.load_manifest(pipeline_copy.capture, verify_hashes=False)
     for mode in unmasked["modes"]:
         for label in ("onnx_int8", "onnx_fp32-unmasked"):

@@ -1,0 +1,210 @@
+"""Issue 13, the scripts' side: the runtime loads a transformer variant by name, infer_onnx.py --text
+synthesises through it with torch, transformers, omnivoice and pydub blocked from import, and
+bench/bench_runtime.py measures it against upstream on tiny.
+
+Compare mode's runtime entry (end_to_end.<provider>.runtime) is checked in test_infer.py and
+test_quantize.py, beside the compare-mode results it sits with.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile
+
+import infer_onnx
+import quantize_omnivoice
+from conftest import REPO, Pipeline, single_stderr_line
+from omnivoice_export import quantize
+from omnivoice_export.cli import EXIT_BAD_INPUT, run_main
+from omnivoice_export.generation import DEFAULT_SEED, LANGUAGE
+from omnivoice_onnx import OmniVoiceOnnx, UserError
+from omnivoice_onnx.contract import FP32_VARIANT, GRAPH_FILES, variant_dir, variant_path, variants_present
+
+BLOCKED = ("torch", "torchaudio", "transformers", "omnivoice", "pydub")
+# Runs infer_onnx.py as `python infer_onnx.py ARGS` would, with BLOCKED unimportable; prints which
+# of them got imported anyway (none can: the blocker raises) as its last line.
+BLOCKED_INFER = textwrap.dedent(f"""
+    import runpy, sys
+    class Block:
+        def find_spec(self, name, path=None, target=None):
+            if name.split(".")[0] in {BLOCKED!r}:
+                raise ImportError(f"blocked: {{name}}")
+    sys.meta_path.insert(0, Block())
+    sys.argv = ["infer_onnx.py", *sys.argv[1:]]
+    try:
+        runpy.run_path("infer_onnx.py", run_name="__main__")
+    finally:
+        print("imported:", sorted({{m.split(".")[0] for m in sys.modules}} & set({BLOCKED!r})))
+""")
+
+
+def infer_blocked(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", BLOCKED_INFER, *map(str, args)], cwd=REPO, capture_output=True,
+                          text=True, timeout=600)
+
+
+# --- the variant path rule ----------------------------------------------------------------------
+
+def test_variant_path_rule_is_the_runtimes(tmp_path: Path) -> None:
+    """One definition: quantize.py builds variants where the runtime looks for them."""
+    assert quantize.variant_path is variant_path and quantize.variant_dir is variant_dir
+    transformer = GRAPH_FILES["transformer"]
+    assert variant_path(tmp_path, FP32_VARIANT) == tmp_path / transformer
+    assert variant_path(tmp_path, "int8") == tmp_path / "int8" / transformer
+    assert variants_present(tmp_path) == []
+    for folder in ("int8", "int4-b32", "empty"):
+        (tmp_path / folder).mkdir()
+    for name in (tmp_path / transformer, tmp_path / "int8" / transformer, tmp_path / "int4-b32" / transformer):
+        name.write_bytes(b"")
+    assert variants_present(tmp_path) == [FP32_VARIANT, "int4-b32", "int8"]
+
+
+@pytest.fixture(scope="module")
+def variants_export(pipeline: Pipeline, tmp_path_factory) -> Path:
+    """A copy of the session export with variants int8 and fp32-unmasked (quantize_omnivoice.py)."""
+    onnx = tmp_path_factory.mktemp("variants") / "onnx"
+    shutil.copytree(pipeline.onnx, onnx)
+    quantize_omnivoice.main(["--onnx-dir", str(onnx), "--variants", "int8,fp32-unmasked"])
+    return onnx
+
+
+def _tokens(tts: OmniVoiceOnnx, **kwargs) -> np.ndarray:
+    from omnivoice_onnx import Trace
+
+    trace = Trace()
+    tts.generate("Hello there, how are you?", language="English", seed=11, generation_config={"num_step": 8},
+                 trace=trace, **kwargs)
+    return trace.results[0]
+
+
+@pytest.mark.slow
+def test_runtime_loads_a_variant_by_name(variants_export: Path) -> None:
+    """from_dir(variant=NAME) runs onnx/NAME/'s transformer with the export's fp32 codecs; the
+    unmasked fp32 graph gives the faithful graph's tokens exactly (every runtime call is split,
+    so every mask is all True); int8 is another graph (its tokens are measured, not judged)."""
+    fp32 = OmniVoiceOnnx.from_dir(variants_export)
+    assert fp32.variant == FP32_VARIANT and "variant" not in fp32.metadata
+    assert fp32.codecs.paths["encoder"] == variants_export / GRAPH_FILES["encoder"]
+    unmasked = OmniVoiceOnnx.from_dir(variants_export, variant="fp32-unmasked")
+    int8 = OmniVoiceOnnx.from_dir(variants_export, variant="int8")
+    assert unmasked.metadata["variant"] == "fp32-unmasked" and int8.metadata["variant"] == "int8"
+    assert int8.codecs.paths == fp32.codecs.paths  # the variant folder holds the transformer only
+    assert unmasked.metadata["model_fingerprint"] == int8.metadata["model_fingerprint"] == fp32.metadata["model_fingerprint"]
+    reference = _tokens(fp32)
+    assert np.array_equal(_tokens(unmasked), reference)
+    assert np.array_equal(_tokens(OmniVoiceOnnx.from_dir(variants_export, variant=FP32_VARIANT)), reference)
+    assert _tokens(int8).shape == reference.shape
+
+
+@pytest.mark.slow
+def test_missing_or_mislabelled_variant_is_one_error(variants_export: Path, tmp_path: Path) -> None:
+    with pytest.raises(UserError) as missing:
+        OmniVoiceOnnx.from_dir(variants_export, variant="int4-b32")
+    assert str(missing.value) == (f"the export in {variants_export} has no transformer variant 'int4-b32' (present: "
+                                  "fp32, fp32-unmasked, int8); run quantize_omnivoice.py --variants int4-b32")
+    # A folder holding another variant's graph under a new name: its metadata names the real one.
+    onnx = tmp_path / "onnx"
+    shutil.copytree(variants_export, onnx)
+    shutil.copytree(onnx / "int8", onnx / "int8-plain")
+    with pytest.raises(UserError, match=r"int8-plain/omnivoice_transformer.onnx is variant 'int8', not 'int8-plain'; "
+                                        r"run quantize_omnivoice.py --variants int8-plain"):
+        OmniVoiceOnnx.from_dir(onnx, variant="int8-plain")
+    # The export's own graph where a variant should be: it names no variant.
+    shutil.copyfile(onnx / GRAPH_FILES["transformer"], onnx / "int8" / GRAPH_FILES["transformer"])
+    shutil.copyfile(onnx / (GRAPH_FILES["transformer"] + ".data"), onnx / "int8" / (GRAPH_FILES["transformer"] + ".data"))
+    with pytest.raises(UserError, match="is variant 'fp32', not 'int8'"):
+        OmniVoiceOnnx.from_dir(onnx, variant="int8")
+
+
+# --- infer_onnx.py --text through the runtime ----------------------------------------------------
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["clone", "design"])
+def test_infer_text_synthesises_without_torch(mode: str, pipeline: Pipeline, tmp_path: Path) -> None:
+    """Synthesis with torch, transformers, omnivoice and pydub unimportable writes the WAV that
+    OmniVoiceOnnx.generate gives for the same request and seed, sample for sample."""
+    out = tmp_path / "out.wav"
+    ref_text = (pipeline.capture / "ref_voice.txt").read_text().strip()
+    flags = (["--ref-audio", pipeline.capture / "ref_voice.wav", "--ref-text", ref_text] if mode == "clone"
+             else ["--instruct", "female, low pitch", "--language", "None"])
+    done = infer_blocked("--onnx-dir", pipeline.onnx, "--text", "Hello there, this is a test.", "--out", out,
+                         "--num-step", "4", "--seed", "5", *flags)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().splitlines()[-1] == "imported: []"
+    assert f"[synthesis] {mode}:" in done.stdout and "no PyTorch" in done.stdout
+    written, rate = soundfile.read(out, dtype="float32")
+    tts = OmniVoiceOnnx.from_dir(pipeline.onnx)
+    request = ({"ref_audio": str(pipeline.capture / "ref_voice.wav"), "ref_text": ref_text, "language": LANGUAGE}
+               if mode == "clone" else {"instruct": "female, low pitch", "language": None})
+    (expected,) = tts.generate("Hello there, this is a test.", seed=5, generation_config={"num_step": 4}, **request)
+    assert rate == tts.sample_rate
+    assert np.array_equal(written, expected)
+
+
+@pytest.mark.slow
+def test_infer_text_default_seed_and_variant(pipeline: Pipeline, variants_export: Path, tmp_path: Path) -> None:
+    """No --seed: the documented default seed; --variant: that transformer, in the same process."""
+    for variant in (None, "int8"):
+        out = tmp_path / f"{variant}.wav"
+        infer_onnx.main(["--onnx-dir", str(variants_export), "--text", "Good morning.", "--out", str(out),
+                         "--num-step", "4", *(["--variant", variant] if variant else [])])
+        tts = OmniVoiceOnnx.from_dir(variants_export, variant=variant)
+        (expected,) = tts.generate("Good morning.", language=LANGUAGE, seed=DEFAULT_SEED,
+                                   generation_config={"num_step": 4})
+        assert np.array_equal(soundfile.read(out, dtype="float32")[0], expected)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("flags,message", [
+    (["--variant", "int4-b32"], "has no transformer variant 'int4-b32' (present: fp32)"),
+    (["--model", "tiny"], "--model only apply to compare mode"),
+    (["--no-split"], "--no-split only apply to compare mode"),
+    (["--language", "Klingon"], "unknown language 'Klingon'"),
+    (["--instruct", "mal, low pitch"], "did you mean 'male'?")])
+def test_infer_text_refusals_are_one_line(flags: list[str], message: str, pipeline: Pipeline, tmp_path: Path) -> None:
+    """The runtime's UserErrors reach the CLI as its one line and exit 2, torch still blocked."""
+    done = infer_blocked("--onnx-dir", pipeline.onnx, "--text", "Hello.", "--out", tmp_path / "out.wav", *flags)
+    assert done.returncode == EXIT_BAD_INPUT, done.stderr
+    line = single_stderr_line(done)
+    assert line.startswith("error: ") and message in line
+    assert not (tmp_path / "out.wav").exists()
+
+
+def test_infer_help_says_no_torch(capsys) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        run_main(infer_onnx.main, ["--help"])
+    assert exit_.value.code == 0
+    assert "no torch, transformers, omnivoice or" in " ".join(capsys.readouterr().out.split())
+
+
+# --- bench/bench_runtime.py ----------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_bench_runtime_on_tiny(pipeline: Pipeline, tmp_path: Path) -> None:
+    """One round, two steps: fresh processes, equal tokens, every figure recorded with the CPU and
+    the load average."""
+    done = subprocess.run([sys.executable, str(REPO / "bench" / "bench_runtime.py"), "--model", str(pipeline.model),
+                           "--onnx-dir", str(pipeline.onnx), "--capture-dir", str(pipeline.capture), "--repeats", "1",
+                           "--num-step", "2", "--results-dir", str(tmp_path)], capture_output=True, text=True,
+                          timeout=600, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (result,) = tmp_path.glob("*-runtime.json")
+    data = json.loads(result.read_text())
+    summary, meta = data["summary"], data["meta"]
+    assert summary["tokens_equal"] is True
+    for side in ("runtime", "upstream"):
+        for figure in ("import_s", "cold_start_s", "generate_s", "peak_rss_mib"):
+            assert summary[side][figure]["n"] == 1 and summary[side][figure]["median"] > 0
+        assert summary[side]["cold_start_s"]["median"] > summary[side]["import_s"]["median"]
+    assert meta["cpu"]["model_name"] and len(meta["load_average"]["start"]) == 3
+    assert meta["request"]["mode"] == "clone" and meta["request"]["num_step"] == 2
+    text = result.with_suffix(".md").read_text()
+    assert meta["cpu"]["model_name"] in text and "Load average" in text and "Final tokens equal: **yes**" in text
