@@ -27,9 +27,9 @@ import argparse
 import time
 from pathlib import Path
 
-from omnivoice_export import capture, quality, quantize, report
+from omnivoice_export import capture, quality, report
 from omnivoice_export.checkpoints import resolve_model, validate_checkpoint_dir
-from omnivoice_export.cli import parse, parse_subset, run_main
+from omnivoice_export.cli import THREADS, parse, parse_subset, run_main
 from omnivoice_onnx.errors import UserError
 
 
@@ -44,7 +44,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--model", default=None,
                         help="checkpoint for generate()'s config and text tokenizer (tiny | full-random | PATH); "
                              "default: the one named in the export report")
-    parser.add_argument("--threads", type=int, default=None, help="onnxruntime intra-op threads (default: all cores)")
+    parser.add_argument("--threads", type=THREADS, default=None, help="onnxruntime intra-op threads (default: all cores)")
     parser.add_argument("--wav-dir", type=Path, default=None,
                         help="where the end-to-end WAVs go, one folder per variant (default: <capture-dir>/variants)")
     parser.add_argument("--no-end-to-end", action="store_true",

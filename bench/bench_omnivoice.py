@@ -165,7 +165,6 @@ def gemm_worker() -> dict[str, Any]:
     """fp32 GEMM GFLOP/s of torch.mm and of ORT's MatMul (weight as an initializer, as in the
     graph) per shape, all threads, before anything else is loaded. On CPUs that MKL does not
     dispatch its AVX-512 kernels for (AMD), the two differ widely: the ceiling is the higher."""
-    import onnx
     import onnxruntime as ort
     import torch
     from onnx import TensorProto, helper, numpy_helper
