@@ -16,7 +16,7 @@ Measures, for one checkpoint (tiny, full-random or a path) and its ONNX export:
     variants     each transformer variant of step 5 (quantize_omnivoice.py) in --variants, against
                  the fp32 ORT graph in the same run: per call at the three shapes (split, as
                  generate() runs it; logits against fp32 ORT's and torch's), generate() with its
-                 final tokens against torch's, size on disk and peak RSS; a table per variant
+                 final tokens against torch's, size on disk and peak RSS; a table per variant.
 
 Every variant runs in its own worker process (page faults and allocator state of one runtime
 would otherwise bias the next), workers alternate A B A B over --repeats rounds, and figures are
@@ -220,9 +220,10 @@ def cpu_description() -> dict[str, Any]:
             "logical_cores": os.cpu_count(), "physical_cores": psutil.cpu_count(logical=False)}
 
 
-def check_export(args) -> str:
+def check_export(args, variants: list[str]) -> str:
     """The fingerprint of --model, once the export in --onnx-dir is proven to be of that model and
-    intact (every graph as its report records it, and none that failed its export checks)."""
+    intact (every graph and each of `variants` as its report records it, and none that failed its
+    export checks)."""
     export = report.load_report(args.onnx_dir)
     model_path = resolve_model(args.model)
     fingerprint = model_fingerprint(model_path)
@@ -231,7 +232,7 @@ def check_export(args) -> str:
                         f"{args.model} is {fingerprint} ({model_path}): the bench would time one model against "
                         "another", "pass the --model the export was made from, or re-run steps 0-2 for this one")
     report.verify_graphs(args.onnx_dir, export, list(GRAPH_NAMES))
-    for name in args.variant_names:
+    for name in variants:
         quantize.verify_variant(args.onnx_dir, export, name)
     return fingerprint
 
@@ -261,14 +262,16 @@ def timed(fn, calls: int) -> list[float]:
     return times
 
 
-def load_variant(args, runtime: str, resident_codec: bool = False):
-    """(model, graphs or None): PyTorch eager OmniVoice, or the ONNX graphs inside generate()."""
+def load_variant(args, runtime: str, resident_codec: bool = False, variant: str | None = None):
+    """(model, graphs or None): PyTorch eager OmniVoice, or the ONNX graphs inside generate()
+    (`variant`'s transformer; default: the worker's --variant)."""
     from omnivoice_export.checkpoints import load_omnivoice, resolve_model
     from omnivoice_export.ort_runtime import OrtGraphs, load_onnx_omnivoice
 
     if runtime == "torch":
         return load_omnivoice(resolve_model(args.model)), None
-    transformer = None if args.variant == "fp32" else quantize.variant_path(args.onnx_dir, args.variant)
+    variant = variant or args.variant
+    transformer = None if variant == "fp32" else quantize.variant_path(args.onnx_dir, variant)
     graphs = OrtGraphs.load(args.onnx_dir, "cpu", resident_codec=resident_codec, transformer=transformer)
     return load_onnx_omnivoice(resolve_model(args.model), graphs, split=True), graphs
 
@@ -600,7 +603,7 @@ def main(argv: list[str] | None = None) -> None:
     if not (args.capture_dir / REF_WAV).is_file():
         raise UserError(f"{args.capture_dir / REF_WAV} not found", "run make_reference.py (step 0) first")
     args.variant_names = variant_names(args)
-    fingerprint = check_export(args)
+    fingerprint = check_export(args, args.variant_names)
     args.scratch = Path(tempfile.mkdtemp(prefix="omnivoice-bench-"))
     rounds = []
     for index in range(args.repeats):

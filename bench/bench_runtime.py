@@ -96,7 +96,7 @@ def upstream_worker(args, request: dict[str, Any]) -> tuple[float, float, Callab
     from omnivoice_export.capture import Recorder
     from omnivoice_export.generation import GenerationRequest, run_generate
     imported = time.perf_counter() - started
-    model, _ = load_variant(args, "onnx")
+    model, _ = load_variant(args, "onnx", variant="fp32")
     ready = time.time()
 
     def generate() -> list:
@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> None:
     args.onnx_dir, args.capture_dir = args.onnx_dir.resolve(), args.capture_dir.resolve()
     if not (args.capture_dir / REF_WAV).is_file():
         raise UserError(f"{args.capture_dir / REF_WAV} not found", "run make_reference.py (step 0) first")
-    fingerprint = check_export(args)
+    fingerprint = check_export(args, [])
     load_runtime_config(args.onnx_dir)  # the runtime's own files: an export from before issue 13 lacks them
     TextTokenizer.from_dir(args.onnx_dir)
     request = clone_request(args.capture_dir, E2E_TEXT, args.num_step).to_dict()
