@@ -16,6 +16,7 @@ import os
 import shutil
 import subprocess
 import sys
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -272,6 +273,36 @@ def run_script(script: str, *args: str, timeout: int = 600) -> subprocess.Comple
     """Run a pipeline script as a user would; returns the completed process (never raises)."""
     return subprocess.run([sys.executable, str(REPO / script), *args], cwd=REPO, capture_output=True,
                           text=True, timeout=timeout)
+
+
+def import_blocker(modules) -> str:
+    """Python source that makes the top-level `modules` unimportable in the interpreter running it:
+    the prelude of a `python -c` script, so that a lazy import inside a function fails too."""
+    return textwrap.dedent(f"""
+        import sys
+        class Block:
+            def find_spec(self, name, path=None, target=None):
+                if name.split(".")[0] in {tuple(modules)!r}:
+                    raise ImportError(f"blocked: {{name}}")
+        sys.meta_path.insert(0, Block())
+    """)
+
+
+def assert_same_bits_on_captured_calls(capture_dir: Path, session, reference) -> None:
+    """`session` and `reference` give the same bits through run_split on every captured call of
+    every mode, as generate() makes them (the batch mode's padded rows included)."""
+    from omnivoice_export import capture
+    from omnivoice_onnx.sessions import run_split
+
+    manifest = capture.load_manifest(capture_dir)
+    calls = 0
+    for mode in manifest["modes"]:
+        for step in capture.mode_steps(manifest, mode):
+            data = capture.load_step(capture_dir, mode, step)
+            feeds = (data["input_ids"], data["audio_mask"], data["attention_mask"])
+            assert np.array_equal(run_split(session, *feeds), run_split(reference, *feeds)), (mode, step)
+            calls += 1
+    assert calls == len(capture.MODES) * 32
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

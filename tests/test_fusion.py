@@ -20,9 +20,9 @@ import parity_check
 import quantize_omnivoice
 from omnivoice_export import capture, fusion, quantize
 from omnivoice_onnx.errors import UserError
-from omnivoice_onnx.sessions import make_session, run, run_split
+from omnivoice_onnx.sessions import make_session, run
 
-from conftest import read_report, run_script
+from conftest import assert_same_bits_on_captured_calls, read_report, run_script
 
 TRANSFORMER = quantize.TRANSFORMER_FILE
 FUSED = "fp32-fused"
@@ -69,15 +69,7 @@ def test_fused_equals_unmasked_bit_for_bit_on_every_captured_call(pipeline, fuse
     measured by bench/bench_omnivoice.py and parity_check.py --variant (investigation log)."""
     fused_session = make_session(fused / FUSED / TRANSFORMER)
     unmasked = make_session(fused / "fp32-unmasked" / TRANSFORMER)
-    manifest = capture.load_manifest(pipeline.capture)
-    calls = 0
-    for mode in manifest["modes"]:
-        for step in capture.mode_steps(manifest, mode):
-            data = capture.load_step(pipeline.capture, mode, step)
-            feeds = (data["input_ids"], data["audio_mask"], data["attention_mask"])
-            assert np.array_equal(run_split(fused_session, *feeds), run_split(unmasked, *feeds)), (mode, step)
-            calls += 1
-    assert calls == len(capture.MODES) * 32
+    assert_same_bits_on_captured_calls(pipeline.capture, fused_session, unmasked)
 
 
 @pytest.mark.slow

@@ -23,7 +23,7 @@ from omnivoice_export import capture, quality, quantize, report
 from omnivoice_onnx.errors import UserError
 from omnivoice_onnx.sessions import make_session, run
 
-from conftest import read_report, run_script
+from conftest import assert_same_bits_on_captured_calls, read_report, run_script
 
 TRANSFORMER = quantize.TRANSFORMER_FILE
 
@@ -203,19 +203,9 @@ def test_the_table_has_a_row_per_variant_against_fp32(measured):
 @pytest.mark.slow
 def test_unmasked_fp32_is_bit_identical_through_run_split(pipeline, variants):
     """Every captured call, as generate() makes it through run_split: the same bits as the faithful graph."""
-    from omnivoice_onnx.sessions import run_split
-
     faithful = make_session(variants / TRANSFORMER)
     unmasked = make_session(variants / "fp32-unmasked" / TRANSFORMER)
-    manifest = capture.load_manifest(pipeline.capture)
-    calls = 0
-    for mode in manifest["modes"]:
-        for step in capture.mode_steps(manifest, mode):
-            data = capture.load_step(pipeline.capture, mode, step)
-            feeds = (data["input_ids"], data["audio_mask"], data["attention_mask"])
-            assert np.array_equal(run_split(unmasked, *feeds), run_split(faithful, *feeds)), (mode, step)
-            calls += 1
-    assert calls == len(capture.MODES) * 32  # the batch mode's padded rows included
+    assert_same_bits_on_captured_calls(pipeline.capture, unmasked, faithful)
     model = onnx.load(str(variants / "fp32-unmasked" / TRANSFORMER), load_external_data=False)
     ops = [node.op_type for node in model.graph.node]
     assert "IsNaN" not in ops and ops.count("Where") == 2  # the embedding select and the one output guard

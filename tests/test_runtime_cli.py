@@ -21,7 +21,7 @@ import soundfile
 
 import infer_onnx
 import quantize_omnivoice
-from conftest import REPO, Pipeline, single_stderr_line
+from conftest import REPO, Pipeline, import_blocker, single_stderr_line
 from omnivoice_export import quantize
 from omnivoice_export.cli import EXIT_BAD_INPUT, run_main
 from omnivoice_export.generation import DEFAULT_SEED, LANGUAGE
@@ -31,13 +31,8 @@ from omnivoice_onnx.contract import FP32_VARIANT, GRAPH_FILES, variant_dir, vari
 BLOCKED = ("torch", "torchaudio", "transformers", "omnivoice", "pydub")
 # Runs infer_onnx.py as `python infer_onnx.py ARGS` would, with BLOCKED unimportable; prints which
 # of them got imported anyway (none can: the blocker raises) as its last line.
-BLOCKED_INFER = textwrap.dedent(f"""
-    import runpy, sys
-    class Block:
-        def find_spec(self, name, path=None, target=None):
-            if name.split(".")[0] in {BLOCKED!r}:
-                raise ImportError(f"blocked: {{name}}")
-    sys.meta_path.insert(0, Block())
+BLOCKED_INFER = import_blocker(BLOCKED) + textwrap.dedent(f"""
+    import runpy
     sys.argv = ["infer_onnx.py", *sys.argv[1:]]
     try:
         runpy.run_path("infer_onnx.py", run_name="__main__")

@@ -14,7 +14,8 @@ import pytest
 
 import omnivoice_onnx
 
-REPO = Path(__file__).resolve().parent.parent
+from conftest import REPO, import_blocker
+
 FORBIDDEN = ("torch", "torchaudio", "transformers", "omnivoice", "omnivoice_export", "pydub", "onnx")
 RUNTIME_MODULES = sorted(f"omnivoice_onnx.{m.name}" for m in pkgutil.iter_modules(omnivoice_onnx.__path__))
 
@@ -35,13 +36,8 @@ SYNTHESIS = textwrap.dedent("""
 def test_runtime_imports_without_the_toolchain() -> None:
     # Every runtime module imported in a fresh interpreter in which the toolchain's modules
     # cannot be imported at all: a lazy import inside a function would fail too.
-    blocker = textwrap.dedent(f"""
-        import importlib, sys
-        class Block:
-            def find_spec(self, name, path=None, target=None):
-                if name.split(".")[0] in {FORBIDDEN!r}:
-                    raise ImportError(f"blocked: {{name}}")
-        sys.meta_path.insert(0, Block())
+    blocker = import_blocker(FORBIDDEN) + textwrap.dedent(f"""
+        import importlib
         for name in {RUNTIME_MODULES!r}:
             importlib.import_module(name)
         print("imported", len({RUNTIME_MODULES!r}))
