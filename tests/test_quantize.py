@@ -37,10 +37,13 @@ def variants(pipeline, tmp_path_factory) -> Path:
     return onnx_dir
 
 
-# One variant per way of building one (fp32 surgery, dynamic int8, int8 embeddings, quantized heads,
-# MatMulNBits); the nbits variants left out differ only in the bits/block/accuracy numbers passed
-# to the same quantizer, and still build, load and keep the contract above.
-MEASURED = ("fp32-unmasked", "int8", "int8-emb8", "int8-plain", "int4-b32")
+# One quantized variant per way of building one (dynamic int8 with fp16 tables, quantized heads,
+# MatMulNBits); the variants left out differ only in numbers passed to the same quantizer or in
+# how the embedding tables are stored (checked op by op in the tests above), and still build,
+# load and keep the contract. The fp32 variants are judged, not measured: their logits are the
+# faithful graph's bits on every captured call (test_unmasked_fp32_is_bit_identical_through_run_split,
+# test_fusion) and infer_onnx.py --variant fp32-fused passes in every mode.
+MEASURED = ("int8", "int8-plain", "int4-b32")
 
 
 @pytest.fixture(scope="module")
@@ -92,6 +95,9 @@ def test_heads_and_embeddings_stay_fp32_where_the_recipe_says(variants):
                               for e in embeddings)
         assert heads_kept == recipe.keep_heads_fp32, name
         assert embeddings_kept == (recipe.embeddings == "fp32"), name
+        half_tables = {i.name for i in model.graph.initializer if i.data_type == TensorProto.FLOAT16}
+        half_gathers = [n for n in model.graph.node if n.op_type == "Gather" and n.input[0] in half_tables]
+        assert len(half_gathers) == (len(embeddings) if recipe.embeddings == "fp16" else 0), name
         counts = quantize.quantized_node_counts(model)
         quantized = counts.get("MatMulInteger", 0) + counts.get("MatMulNBits", 0)
         # every MatMul with a weight but the heads (2 layers x 7 + heads on tiny)
@@ -118,6 +124,26 @@ def test_rowwise_embedding_is_q_times_scale_and_within_half_a_step():
     assert np.array_equal(got, q[ids].astype(np.float32) * scale[ids])
     assert np.all(np.abs(got - table[ids]) <= scale[ids] / 2 * (1 + 1e-6))
     assert np.array_equal(got[0, 1], np.zeros(24, np.float32))
+
+
+def test_fp16_embedding_is_the_rounded_row_and_half_the_bytes():
+    rng = np.random.default_rng(1)
+    table = (rng.standard_normal((40, 16)) * rng.uniform(1e-6, 4, (40, 1))).astype(np.float32)
+    ids = np.array([[0, 39, 5], [5, 2, 2]], dtype=np.int64)
+    graph = helper.make_graph([helper.make_node("Gather", ["table", "ids"], ["rows"], name="emb")], "g",
+                              [helper.make_tensor_value_info("ids", TensorProto.INT64, [2, 3])],
+                              [helper.make_tensor_value_info("rows", TensorProto.FLOAT, [2, 3, 16])],
+                              [numpy_helper.from_array(table, "table")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    quantize.store_embeddings_fp16(model, ["emb"])
+    (stored,) = [numpy_helper.to_array(i) for i in model.graph.initializer]
+    assert stored.dtype == np.float16 and stored.nbytes == table.nbytes // 2
+    got = make_session_from_model(model).run(None, {"ids": ids})[0]
+    assert got.dtype == np.float32 and np.array_equal(got, table.astype(np.float16)[ids].astype(np.float32))
+    normal = np.abs(table[ids]) >= np.finfo(np.float16).tiny
+    error = np.abs(got - table[ids])
+    assert np.all(error[normal] <= np.abs(table[ids])[normal] * 2.0**-11)
+    assert np.all(error[~normal] <= 2.0**-25)
 
 
 def make_session_from_model(model: onnx.ModelProto):
@@ -169,7 +195,8 @@ def test_script_help_and_unknown_variant():
 def test_each_recipe_method_runs_generate_in_every_mode(measured, pipeline):
     manifest = json.loads((pipeline.capture / "manifest.json").read_text())
     assert set(measured["variants"]) == {"fp32", *MEASURED}
-    assert {quantize.RECIPES[name].method for name in MEASURED} == {r.method for r in quantize.RECIPES.values()}
+    assert {quantize.RECIPES[name].method for name in MEASURED} == {r.method for r in quantize.RECIPES.values()
+                                                                     if r.bits < 32}
     for name, result in measured["variants"].items():
         assert set(result["end_to_end"]) == set(manifest["modes"]), name
         for mode, e2e in result["end_to_end"].items():
@@ -227,14 +254,6 @@ def test_unmasked_fp32_gives_nan_for_rows_whose_mask_is_not_all_true(pipeline, v
 
 
 @pytest.mark.slow
-def test_unmasked_fp32_keeps_every_token(measured):
-    result = measured["variants"]["fp32-unmasked"]
-    assert result["argmax_agreement_min"] == 1.0
-    assert all(e["token_match"] == 1.0 and e["first_divergent_step"] is None and e["same_duration"]
-               for e in result["end_to_end"].values())
-
-
-@pytest.mark.slow
 def test_parity_check_variant_measures_quantized_and_judges_fp32(pipeline, variants, tmp_path):
     import parity_check
 
@@ -253,27 +272,22 @@ def test_parity_check_variant_measures_quantized_and_judges_fp32(pipeline, varia
 
 @pytest.mark.slow
 def test_infer_onnx_variant_runs_generate_with_fp32_codecs(pipeline_copy):
+    """A quantized variant inside generate() and the runtime gets measurements, not verdicts; the
+    fp32 variants' verdicts are test_fusion's (infer_onnx --variant fp32-fused)."""
     import infer_onnx
 
     quantize_omnivoice.main(["--onnx-dir", str(pipeline_copy.onnx), "--variants", "int8,fp32-unmasked"])
     common = ["--onnx-dir", str(pipeline_copy.onnx), "--capture-dir", str(pipeline_copy.capture), "--no-torch-timing"]
     infer_onnx.main(["--variant", "int8", *common])
-    infer_onnx.main(["--variant", "fp32-unmasked", *common])
-    entries = read_report(pipeline_copy.onnx)["variants"]
-    assert entries["int8"]["end_to_end"]["cpu"]["verdict"].startswith("measurement")
-    unmasked = entries["fp32-unmasked"]["end_to_end"]["cpu"]
-    assert unmasked["verdict"] == "PASS" and all(m["token_match"] == 1.0 for m in unmasked["modes"].values())
-    # The runtime ran each variant too: a measurement for int8, the fp32 verdict for the unmasked graph.
-    int8_runtime = entries["int8"]["end_to_end"]["cpu"]["runtime"]
-    assert (int8_runtime["variant"], int8_runtime["verdict"]) == ("int8", "measurement")
-    assert all(m["passed"] is None for m in int8_runtime["modes"].values())
-    assert (unmasked["runtime"]["variant"], unmasked["runtime"]["verdict"], unmasked["runtime"]["token_match"]) == \
-        ("fp32-unmasked", "PASS", 1.0)
+    result = read_report(pipeline_copy.onnx)["variants"]["int8"]["end_to_end"]["cpu"]
+    assert result["verdict"].startswith("measurement")
+    assert all(m["passed"] is None and 0.0 <= m["token_match"] <= 1.0 for m in result["modes"].values())
+    assert (result["runtime"]["variant"], result["runtime"]["verdict"]) == ("int8", "measurement")
+    assert all(m["passed"] is None for m in result["runtime"]["modes"].values())
     manifest = capture.load_manifest(pipeline_copy.capture, verify_hashes=False)
-    for mode in unmasked["modes"]:
-        for label in ("onnx_int8", "onnx_fp32-unmasked"):
-            for name in (f"{label}_{mode}.wav", f"{label}_{mode}_spectrogram.png"):
-                for file in capture.item_files(manifest, mode, name):  # the batch mode: one per item
-                    assert (pipeline_copy.capture / file).is_file()
+    for mode in result["modes"]:
+        for name in (f"onnx_int8_{mode}.wav", f"onnx_int8_{mode}_spectrogram.png"):
+            for file in capture.item_files(manifest, mode, name):  # the batch mode: one per item
+                assert (pipeline_copy.capture / file).is_file()
     with pytest.raises(UserError, match="--no-split with variant fp32-unmasked"):
         infer_onnx.main(["--variant", "fp32-unmasked", "--no-split", *common])
