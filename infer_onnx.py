@@ -29,8 +29,9 @@ Synthesis mode (--text): speak any text with the torch-free runtime, omnivoice_o
 needs no torch, transformers, omnivoice or pydub: they are never imported on this path, and the
 export folder (graphs, tokenizer.json, runtime-config.json) is all it reads. A given --seed gives
 what upstream PyTorch generate() gives after torch.manual_seed(seed) on CPU. The graphs are
-checked against the export report first (sha256, metadata; a --variant is checked by its own
-metadata). Long text is split into chunks as upstream does. A reference WAV at another rate or
+checked against the export report first (sha256, metadata); the transformer is the --variant
+named, else fp32-fused when step 5 made it for this export (the faithful graph's logits, faster),
+else the faithful graph, and a variant is checked by its own metadata (variant name, model). Long text is split into chunks as upstream does. A reference WAV at another rate or
 with several channels is resampled/averaged (a note says so); an unknown --language is an error
 ('None' selects upstream's language-agnostic mode).
 
@@ -49,7 +50,7 @@ from omnivoice_export.cli import (DEFAULT_CAPTURE_DIR, NUM_STEP, SEED, THREADS, 
                                   run_main)
 from omnivoice_export.generation import DEFAULT_SEED, LANGUAGE, GenerationRequest, check_reference_audio, write_wav
 from omnivoice_onnx import OmniVoiceOnnx
-from omnivoice_onnx.api import DEFAULT_VARIANT
+from omnivoice_onnx.api import default_variant
 from omnivoice_onnx.contract import FP32_VARIANT
 from omnivoice_onnx.errors import UserError
 from omnivoice_onnx.prompt import instruct_use_zh, load_runtime_config, resolve_instruct, resolve_language
@@ -71,9 +72,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="compare mode: run cond and uncond rows as one padded transformer call (upstream's "
                              "layout) instead of each at its own length")
     parser.add_argument("--variant", default=None,
-                        help="run a transformer variant made by quantize_omnivoice.py (int8, int4-b32, fp32-unmasked, ...) "
+                        help="run a transformer variant made by quantize_omnivoice.py (int8, int4-b32, fp32-fused, ...) "
                              "with the export's fp32 codec graphs; compare mode then reports a quantized variant as "
-                             "measurements under variants.<name> in the report, not as a verdict")
+                             "measurements under variants.<name> in the report, not as a verdict. Default: compare "
+                             "mode the faithful fp32 graph; --text fp32-fused when the export holds it, else fp32")
     parser.add_argument("--no-torch-timing", action="store_true",
                         help="compare mode: skip the PyTorch generate() timing run")
     synth = parser.add_argument_group("synthesis mode (needs no capture, no PyTorch)")
@@ -119,7 +121,7 @@ def synthesize(args) -> None:
     resolve_language(language, config["languages"])
     resolve_instruct(args.instruct, instruct_use_zh(args.text, config["instruct"]), config["instruct"])
     export = report.load_report(args.onnx_dir)
-    variant = DEFAULT_VARIANT if args.variant is None else args.variant
+    variant = default_variant(args.onnx_dir, args.provider) if args.variant is None else args.variant
     # A variant's transformer is checked by the runtime (its metadata names the variant and the
     # codecs' model): the report's sha256 check of variants (quantize.verify_variant) imports torch.
     report.verify_graphs(args.onnx_dir, export, ["transformer", "encoder", "decoder"] if variant == FP32_VARIANT

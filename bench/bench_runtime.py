@@ -7,7 +7,7 @@ Both sides run the same ONNX export, the same voice-clone request (bench_omnivoi
 step 0's reference, the same seed) and the same split transformer calls, so what differs is the
 host: numpy against torch + transformers + omnivoice.
 
-    runtime    omnivoice_onnx.OmniVoiceOnnx.from_dir(onnx_dir).generate(...)
+    runtime    omnivoice_onnx.OmniVoiceOnnx.from_dir(onnx_dir, variant="fp32").generate(...)
     upstream   OmniVoice built around the ONNX graphs (omnivoice_export.ort_runtime), then
                torch.manual_seed + OmniVoice.generate(...), as infer_onnx.py's compare mode runs it
 
@@ -73,7 +73,7 @@ def runtime_worker(onnx_dir: Path, request: dict[str, Any]) -> tuple[float, floa
 
     from omnivoice_onnx import OmniVoiceOnnx, Trace
     imported = time.perf_counter() - started
-    tts = OmniVoiceOnnx.from_dir(onnx_dir)
+    tts = OmniVoiceOnnx.from_dir(onnx_dir, variant="fp32")  # the graph upstream's side runs, whatever the default
     ready = time.time()
     trace = Trace()
 

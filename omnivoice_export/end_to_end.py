@@ -28,7 +28,7 @@ from omnivoice_export.files import atomic_path
 from omnivoice_export.generation import GenerationRequest, generate_waveforms, read_wav, write_wav
 from omnivoice_export.ort_runtime import OrtGraphs, load_onnx_omnivoice
 from omnivoice_onnx import OmniVoiceOnnx, Trace
-from omnivoice_onnx.contract import GRAPH_NAMES, THRESHOLDS
+from omnivoice_onnx.contract import FP32_VARIANT, GRAPH_NAMES, THRESHOLDS
 from omnivoice_onnx.errors import UserError
 
 # The end-to-end entries of the threshold table, recorded with the results.
@@ -264,7 +264,9 @@ def compare(args) -> None:
 
 def compare_runtime(args, manifest: dict, judged: bool) -> dict[str, Any]:
     """The torch-free runtime (the same variant, provider and threads) on every capture request."""
-    tts = OmniVoiceOnnx.from_dir(args.onnx_dir, provider=args.provider, threads=args.threads, variant=args.variant)
+    # No --variant means the faithful graph here, as on the PyTorch side, not the runtime's default.
+    tts = OmniVoiceOnnx.from_dir(args.onnx_dir, provider=args.provider, threads=args.threads,
+                                 variant=FP32_VARIANT if args.variant is None else args.variant)
     results = {}
     for mode in manifest["modes"]:
         result = runtime_mode(tts, mode, manifest, args.capture_dir)

@@ -24,11 +24,10 @@ from typing import Any
 from omnivoice_export.cli import REPO_ROOT
 from omnivoice_export.files import (FILE_ENTRY_SCHEMA, Each, existing_file, file_entry, matches_entry, read_artefact,
                                     sha256_file, write_json_atomic)
-from omnivoice_onnx.contract import GRAPH_FILES
+from omnivoice_onnx.contract import GRAPH_FILES, REPORT_FILE
 from omnivoice_onnx.errors import UserError
 
 DEFAULT_ONNX_DIR = REPO_ROOT / "onnx"
-REPORT_NAME = "export-report.json"
 REPORT_FORMAT = 1
 REEXPORT_FIX = "re-run export_omnivoice.py (step 2)"
 _PACKAGES = ("torch", "transformers", "omnivoice", "onnx", "onnxscript", "onnxruntime", "onnxruntime-gpu", "numpy")
@@ -46,7 +45,7 @@ def package_versions() -> dict[str, str]:
 
 
 def report_path(onnx_dir: Path) -> Path:
-    return Path(onnx_dir) / REPORT_NAME
+    return Path(onnx_dir) / REPORT_FILE
 
 
 @dataclass

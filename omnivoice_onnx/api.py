@@ -19,11 +19,14 @@ is refused at load time, as is a missing file.
 A transformer variant made by quantize_omnivoice.py (step 5) is loaded by name,
 `from_dir("onnx", variant="int8")`: onnx/int8/omnivoice_transformer.onnx with the export's fp32
 codec graphs (omnivoice_onnx.contract.variant_path). Its metadata must name the variant and the
-codecs' model. Without a name the runtime takes DEFAULT_VARIANT.
+codecs' model. Without a name the runtime takes default_variant(): fp32-fused when step 5 made
+it for this export (the faithful graph's logits, bit for bit on every CPU call measured, and
+faster), else the faithful fp32 graph, which stays the reference every verdict is made on.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -31,7 +34,8 @@ from typing import Any
 import numpy as np
 
 from omnivoice_onnx import generate as gen
-from omnivoice_onnx.contract import FP32_VARIANT, ort_signature, signature_problems, variant_path, variants_present
+from omnivoice_onnx.contract import (FP32_VARIANT, REPORT_FILE, ort_signature, signature_problems, variant_path,
+                                     variants_present)
 from omnivoice_onnx.errors import UserError
 from omnivoice_onnx.prompt import TextTokenizer, load_runtime_config
 from omnivoice_onnx.rng import TorchCpuRng, fresh_seed
@@ -43,9 +47,29 @@ INT_METADATA = ("sample_rate", "hop_length", "frame_rate", "num_codebooks", "aud
 # runtime-config.json's model section -> the graph metadata key that must agree with it.
 CONFIG_VS_METADATA = {"audio_mask_id": "audio_mask_id", "num_audio_codebook": "num_codebooks",
                       "audio_vocab_size": "audio_vocab_size"}
-# The transformer graph used when no variant is named: the export's faithful fp32 graph. The one
-# place that choice is made (infer_onnx.py's --variant default is None, i.e. this).
-DEFAULT_VARIANT = FP32_VARIANT
+# The transformer graph used when no variant is named: the first of these that the export holds.
+# fp32-fused passes the fp32 verdicts (parity argmax 1.000000, tokens 100 %, its logits the same
+# bits as the faithful graph's on every CPU call measured: log Runs 19, 22) and runs faster; it
+# needs onnxruntime's contrib op com.microsoft.MultiHeadAttention (in every standard build; a
+# reduced mobile build may lack it: name variant="fp32" there). The one place the runtime's choice
+# is made; infer_onnx.py --text takes it, its compare mode always runs the faithful graph.
+DEFAULT_VARIANT_ORDER = ("fp32-fused", FP32_VARIANT)
+
+
+def default_variant(onnx_dir: Path, provider: str = "cpu") -> str:
+    """The variant the runtime loads from `onnx_dir` when none is named: the first of
+    DEFAULT_VARIANT_ORDER whose graph is in the folder AND that the export report lists (a re-export
+    writes a new report without variants, so a folder left from the previous export is never
+    taken), on the CPU provider only (the fused kernel was measured on CPU); else "fp32"."""
+    if provider != "cpu":
+        return FP32_VARIANT
+    try:
+        listed = set(json.loads((Path(onnx_dir) / REPORT_FILE).read_text()).get("variants", {}))
+    except (OSError, ValueError, AttributeError):
+        return FP32_VARIANT  # no readable report: the faithful graph, whose own checks then speak
+    present = variants_present(onnx_dir)
+    return next((name for name in DEFAULT_VARIANT_ORDER if name in present and (name == FP32_VARIANT or name in listed)),
+                FP32_VARIANT)
 
 
 def graph_metadata(session, path: Path, graph: str) -> dict[str, Any]:
@@ -86,7 +110,7 @@ class OmniVoiceOnnx:
         if not onnx_dir.is_dir():
             raise UserError(f"export folder not found: {onnx_dir}", "pass the folder export_omnivoice.py wrote")
         self.onnx_dir = onnx_dir
-        self.variant = DEFAULT_VARIANT if variant is None else variant
+        self.variant = default_variant(onnx_dir, provider) if variant is None else variant
         self.runtime_config = load_runtime_config(onnx_dir)
         self.tokenizer = TextTokenizer.from_dir(onnx_dir)
         path = transformer_path(onnx_dir, self.variant)
@@ -128,7 +152,7 @@ class OmniVoiceOnnx:
         threads: onnxruntime intra-op threads (None: its default); resident_codecs: keep the
         encoder and decoder loaded between calls (a server) instead of opening them per call;
         variant: a transformer variant of quantize_omnivoice.py ("int8", "fp32-unmasked", ...;
-        "fp32" the export's own; None: DEFAULT_VARIANT)."""
+        "fp32" the export's own; None: default_variant(), fp32-fused when step 5 made it, else fp32)."""
         return cls(Path(onnx_dir), provider, threads, resident_codecs, variant)
 
     @property

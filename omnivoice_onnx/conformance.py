@@ -40,6 +40,7 @@ import numpy as np
 import soundfile as sf
 
 from omnivoice_onnx.api import OmniVoiceOnnx
+from omnivoice_onnx.contract import FP32_VARIANT
 from omnivoice_onnx.errors import UserError
 from omnivoice_onnx.generate import IterativeTrace, Trace
 from omnivoice_onnx.prompt import RUNTIME_CONFIG_FILE, TOKENIZER_FILE
@@ -152,7 +153,7 @@ def run_case(tts: OmniVoiceOnnx, name: str, case: dict[str, Any], folder: Path) 
 
 def write_vectors(onnx_dir: Path, out: Path, threads: int | None = None) -> list[Path]:
     """Run every case of CASES on the export at `onnx_dir`; write ref_voice.wav and one JSON each."""
-    tts = OmniVoiceOnnx.from_dir(onnx_dir, threads=threads)
+    tts = OmniVoiceOnnx.from_dir(onnx_dir, threads=threads, variant=FP32_VARIANT)  # the reference graph
     out.mkdir(parents=True, exist_ok=True)
     written = []
     for name, case in CASES.items():

@@ -108,6 +108,9 @@ CONTRACTS = {
 GRAPH_FILES = {name: contract.file for name, contract in CONTRACTS.items()}
 GRAPH_NAMES = tuple(CONTRACTS)
 
+# The export report (omnivoice_export.report writes it; the runtime reads only its `variants` keys).
+REPORT_FILE = "export-report.json"
+
 # Transformer variants (quantize_omnivoice.py, step 5): onnx/<name>/omnivoice_transformer.onnx and
 # its sidecar, used with the export's own fp32 codec graphs. "fp32" names the export's transformer.
 FP32_VARIANT = "fp32"

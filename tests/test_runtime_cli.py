@@ -26,6 +26,7 @@ from omnivoice_export import quantize
 from omnivoice_export.cli import EXIT_BAD_INPUT, run_main
 from omnivoice_export.generation import DEFAULT_SEED, LANGUAGE
 from omnivoice_onnx import OmniVoiceOnnx, UserError
+from omnivoice_onnx.api import default_variant
 from omnivoice_onnx.contract import FP32_VARIANT, GRAPH_FILES, variant_dir, variant_path, variants_present
 
 BLOCKED = ("torch", "torchaudio", "transformers", "omnivoice", "pydub")
@@ -64,11 +65,27 @@ def test_variant_path_rule_is_the_runtimes(tmp_path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def variants_export(pipeline: Pipeline, tmp_path_factory) -> Path:
-    """A copy of the session export with variants int8 and fp32-unmasked (quantize_omnivoice.py)."""
+    """A copy of the session export with variants int8, fp32-unmasked and fp32-fused (quantize_omnivoice.py)."""
     onnx = tmp_path_factory.mktemp("variants") / "onnx"
     shutil.copytree(pipeline.onnx, onnx)
-    quantize_omnivoice.main(["--onnx-dir", str(onnx), "--variants", "int8,fp32-unmasked"])
+    quantize_omnivoice.main(["--onnx-dir", str(onnx), "--variants", "int8,fp32-unmasked,fp32-fused"])
     return onnx
+
+
+@pytest.mark.slow
+def test_default_ignores_a_fused_folder_the_report_does_not_list(variants_export: Path, tmp_path: Path) -> None:
+    """A re-export writes a new report without variants and leaves onnx/fp32-fused/ from the last
+    export behind: the runtime must not take that graph by default (it may be another export's)."""
+    onnx = tmp_path / "onnx"
+    shutil.copytree(variants_export, onnx)
+    assert default_variant(onnx) == "fp32-fused"
+    report_file = onnx / "export-report.json"
+    report = json.loads(report_file.read_text())
+    del report["variants"]
+    report_file.write_text(json.dumps(report))
+    assert default_variant(onnx) == FP32_VARIANT
+    report_file.unlink()
+    assert default_variant(onnx) == FP32_VARIANT
 
 
 def _tokens(tts: OmniVoiceOnnx, **kwargs) -> np.ndarray:
@@ -81,12 +98,17 @@ def _tokens(tts: OmniVoiceOnnx, **kwargs) -> np.ndarray:
 
 
 @pytest.mark.slow
-def test_runtime_loads_a_variant_by_name(variants_export: Path) -> None:
+def test_runtime_loads_a_variant_by_name(pipeline: Pipeline, variants_export: Path) -> None:
     """from_dir(variant=NAME) runs onnx/NAME/'s transformer with the export's fp32 codecs; the
     unmasked fp32 graph gives the faithful graph's tokens exactly (every runtime call is split,
-    so every mask is all True); int8 is another graph (its tokens are measured, not judged)."""
-    fp32 = OmniVoiceOnnx.from_dir(variants_export)
+    so every mask is all True); int8 is another graph (its tokens are measured, not judged).
+    No name: fp32-fused where the export holds it (the same tokens), else the faithful graph."""
+    fp32 = OmniVoiceOnnx.from_dir(variants_export, variant=FP32_VARIANT)
     assert fp32.variant == FP32_VARIANT and "variant" not in fp32.metadata
+    default = OmniVoiceOnnx.from_dir(variants_export)
+    assert default.variant == default.metadata["variant"] == "fp32-fused"
+    assert default_variant(pipeline.onnx) == FP32_VARIANT  # step 5 not run there
+    assert default_variant(variants_export, "cuda-fp32") == FP32_VARIANT  # the fused kernel is measured on CPU only
     assert fp32.codecs.paths["encoder"] == variants_export / GRAPH_FILES["encoder"]
     unmasked = OmniVoiceOnnx.from_dir(variants_export, variant="fp32-unmasked")
     int8 = OmniVoiceOnnx.from_dir(variants_export, variant="int8")
@@ -95,7 +117,7 @@ def test_runtime_loads_a_variant_by_name(variants_export: Path) -> None:
     assert unmasked.metadata["model_fingerprint"] == int8.metadata["model_fingerprint"] == fp32.metadata["model_fingerprint"]
     reference = _tokens(fp32)
     assert np.array_equal(_tokens(unmasked), reference)
-    assert np.array_equal(_tokens(OmniVoiceOnnx.from_dir(variants_export, variant=FP32_VARIANT)), reference)
+    assert np.array_equal(_tokens(default), reference)
     assert _tokens(int8).shape == reference.shape
 
 
@@ -104,7 +126,7 @@ def test_missing_or_mislabelled_variant_is_one_error(variants_export: Path, tmp_
     with pytest.raises(UserError) as missing:
         OmniVoiceOnnx.from_dir(variants_export, variant="int4-b32")
     assert str(missing.value) == (f"the export in {variants_export} has no transformer variant 'int4-b32' (present: "
-                                  "fp32, fp32-unmasked, int8); run quantize_omnivoice.py --variants int4-b32")
+                                  "fp32, fp32-fused, fp32-unmasked, int8); run quantize_omnivoice.py --variants int4-b32")
     # A folder holding another variant's graph under a new name: its metadata names the real one.
     onnx = tmp_path / "onnx"
     shutil.copytree(variants_export, onnx)
