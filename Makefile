@@ -54,14 +54,16 @@ venv-gpu: requirements-gpu.txt
 	$(PY) -m pip install --quiet --no-deps omnivoice==0.2.1 torchaudio==2.11.1
 	touch $(STAMP)
 
-# Two workers by default (CI has 2 cores); one file's tests stay in one worker (--dist loadfile).
-# TEST_WORKERS=0 runs the suite in this process, as plain pytest does.
+# Two workers by default (CI has 2 cores); one file's tests stay in one worker (--dist loadfile),
+# files handed out in the order tests/conftest.py sets (--no-loadscope-reorder: xdist would
+# otherwise sort them by test count). TEST_WORKERS=0 runs the suite in this process.
 TEST_WORKERS ?= 2
+XDIST := -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 test: $(STAMP)
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests
+	$(PY) -m pytest -q $(XDIST) tests
 
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not slow" tests
+	$(PY) -m pytest -q $(XDIST) -m "not slow" tests
 
 # The model marker changes only when MODEL does, so switching models re-runs every step.
 $(MODEL_MARK): FORCE

@@ -67,6 +67,7 @@ from omnivoice_export.files import atomic_path, write_json_atomic  # noqa: E402
 from omnivoice_export.report import DEFAULT_ONNX_DIR  # noqa: E402
 from omnivoice_onnx.contract import GRAPH_NAMES, SAMPLE_RATE  # noqa: E402
 from omnivoice_onnx.errors import UserError  # noqa: E402
+from omnivoice_onnx.sessions import THREADS_ENV, default_threads  # noqa: E402
 
 RESULTS = REPO / "bench" / "results"
 # Target texts giving S ~ 200 / 435 / 800 in clone mode with the ~5 s reference (real tokenizer).
@@ -555,7 +556,8 @@ def markdown(summary: dict[str, Any], meta: dict[str, Any]) -> str:
              f"CPU: {cpu['model_name']} ({cpu['vendor']} family {cpu['family']} model {cpu['model']}), "
              f"{cpu['logical_cores']} logical / {cpu['physical_cores']} physical cores; torch "
              f"{gemm['torch_threads']} threads, GEMM {gemm['libraries']['torch']}; ORT GEMM "
-             f"{gemm['libraries']['onnxruntime']}.", "",
+             f"{gemm['libraries']['onnxruntime']}, {meta.get('ort_threads') or 'default (one per core)'} intra-op "
+             f"threads (${THREADS_ENV}).", "",
              f"fp32 GEMM peak {gemm['peak_gflops']:.0f} GFLOP/s (best of torch.mm {gemm['torch_mkl_best']:.0f} and "
              f"ORT MatMul {gemm['ort_mlas_best']:.0f}, fresh process, same run); "
              f"{meta['repeats']} interleaved rounds, medians (min..max). Speedups are of this CPU: ORT padded vs "
@@ -619,7 +621,8 @@ def main(argv: list[str] | None = None) -> None:
             run.pop("e2e_final_tokens", None)
     meta = {"model": args.model, "fingerprint": fingerprint, "host": socket.gethostname(),
             "date": datetime.date.today().isoformat(), "cpu": cpu_description(), "repeats": args.repeats,
-            "calls": args.calls, "num_step": args.num_step, "python": platform.python_version()}
+            "calls": args.calls, "num_step": args.num_step, "python": platform.python_version(),
+            "ort_threads": default_threads()}  # None: onnxruntime's default, one per core
     stem = args.results_dir / f"{meta['date']}-{meta['host']}-{Path(args.model).name}"
     write_json_atomic(stem.with_suffix(".json"), {"meta": meta, "summary": summary, "rounds": rounds})
     text = markdown(summary, meta)

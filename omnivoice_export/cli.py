@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Callable, Iterator, NoReturn
 
 from omnivoice_onnx.errors import UserError
+from omnivoice_onnx.sessions import default_threads
 
 # pydub warns at import time when ffmpeg is absent; omnivoice imports pydub at module level but
 # only needs it for silence trimming of in-memory arrays, which does not use ffmpeg.
@@ -281,6 +282,7 @@ def run_main(main: Callable[[list[str] | None], None], argv: list[str] | None = 
     """
     debug = "--debug" in (sys.argv[1:] if argv is None else argv)
     try:
+        default_threads()  # a bad $OMNIVOICE_ORT_THREADS is named now, not after minutes of work
         with sigterm_raises() as sigterm:
             main(argv)
         if sigterm.received:  # swallowed where it was raised (see sigterm_raises): the run completed

@@ -13,6 +13,12 @@ TF32 under an fp32 verdict). onnxruntime may still run single nodes of a CUDA se
 (it keeps shape arithmetic there); `node_placement` reports which, from a profiled first run.
 The toolchain (omnivoice_export) and the runtime share this module; it imports numpy and
 onnxruntime only.
+
+Threads: a session uses `threads` intra-op threads when given (the scripts' --threads), else
+$OMNIVOICE_ORT_THREADS when set, else onnxruntime's default (one per physical core). Set the
+variable where several processes share the cores (one process per core on a server, a test suite
+on parallel workers): each session's pool would otherwise spin a thread per core, and on small
+graphs that spinning costs more CPU than the call itself (log Run 21).
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from omnivoice_onnx.contract import GRAPH_FILES
 from omnivoice_onnx.errors import UserError
 
 PROVIDERS = ("cpu", "cuda-fp32", "cuda-tf32")
+THREADS_ENV = "OMNIVOICE_ORT_THREADS"
 GPU_INSTALL_HINT = "install the GPU requirements (pip install --no-deps -r requirements-gpu.txt) on a machine with an NVIDIA GPU"
 
 
@@ -56,6 +63,16 @@ def check_provider(provider: str) -> None:
                         GPU_INSTALL_HINT)
 
 
+def default_threads() -> int | None:
+    """$OMNIVOICE_ORT_THREADS as a thread count (None when unset or empty: onnxruntime decides)."""
+    value = os.environ.get(THREADS_ENV, "").strip()
+    if not value:
+        return None
+    if not value.isdecimal() or int(value) < 1:
+        raise UserError(f"{THREADS_ENV}={value!r} is not a thread count", "set it to an integer >= 1, or unset it")
+    return int(value)
+
+
 def make_session(path: Path, provider: str = "cpu", threads: int | None = None, arena: bool = True,
                  profile: bool = False):
     """An InferenceSession for one graph; checks the requested provider really took it, with the
@@ -74,6 +91,7 @@ def make_session(path: Path, provider: str = "cpu", threads: int | None = None, 
     check_provider(provider)
     options = ort.SessionOptions()
     options.log_severity_level = 3
+    threads = threads or default_threads()
     if threads:
         options.intra_op_num_threads = threads
     if not arena:

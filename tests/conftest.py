@@ -11,8 +11,17 @@ directory under a file lock (`shared_build`); the other worker waits for them an
 
 from __future__ import annotations
 
-import json
 import os
+
+# One intra-op thread per process, set before torch is imported and inherited by every script the
+# tests run: two xdist workers on two cores would otherwise run a pool of one spinning thread per
+# core each, and on the tiny graphs that spinning costs more than the work (log Run 21: step 6 on
+# tiny takes 51 CPU-s on two threads, 23 on one, and less wall time). Tests check results, never
+# speed, and an explicit --threads still wins.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("OMNIVOICE_ORT_THREADS", "1")
+
+import json
 import shutil
 import subprocess
 import sys
@@ -107,9 +116,14 @@ def legacy_export(pipeline: Pipeline, tmp_path_factory) -> Pipeline:
 
 
 def copy_pipeline(pipeline: Pipeline, root: Path) -> Pipeline:
-    """Copy capture/ and onnx/ of `pipeline` under `root` (real copies, never links)."""
+    """Copy capture/ and onnx/ of `pipeline` under `root`: onnx/ as real copies (tests damage graphs
+    in place, and onnx refuses a sidecar reached through a link); capture/'s files as hard links
+    (~650 MB on tiny, read-only inputs: every script replaces a file by rename, never writes into
+    one, so a new or rewritten file in the copy stays the copy's; a test that must damage a
+    capture file replaces it the same way). A write through a link would change the shared
+    capture, and every later reader would refuse it by its manifest sha256, loudly."""
     capture, onnx = root / "capture", root / "onnx"
-    shutil.copytree(pipeline.capture, capture)
+    shutil.copytree(pipeline.capture, capture, copy_function=os.link)
     shutil.copytree(pipeline.onnx, onnx)
     return Pipeline(pipeline.model, capture, onnx)
 
@@ -305,10 +319,37 @@ def assert_same_bits_on_captured_calls(capture_dir: Path, session, reference) ->
     assert calls == len(capture.MODES) * 32
 
 
+# The files that need the session pipeline, longest first (log Run 21: `--durations=0` summed per
+# file on two workers; the first also builds the pipeline, ~70 s).
+LONGEST_FILES = ("test_reliability.py", "test_quantize.py", "test_hardening.py", "test_export.py",
+                 "test_runtime_generate.py", "test_parity.py", "test_runtime_cli.py", "test_infer.py",
+                 "test_fusion.py")
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Every test that needs the session pipeline (steps 0-2 on tiny, ~100 s on 2 cores) must carry
-    the `slow` mark, so that `make test-fast` never builds it: collection fails on one without."""
+    the `slow` mark, so that `make test-fast` never builds it: collection fails on one without.
+
+    Then the order in which xdist's loadfile scheduling hands out files (`make test` passes
+    --no-loadscope-reorder, so this order is kept): first the longest file that needs the pipeline
+    (one worker builds the pipeline at once), then every file that needs none (the other worker
+    runs them meanwhile instead of waiting on the build's lock), then the other pipeline files,
+    longest first (LONGEST_FILES), so that no long file starts last and runs alone at the end.
+    Within a file the order is kept."""
     unmarked = [item.nodeid for item in items
                 if "pipeline" in getattr(item, "fixturenames", ()) and item.get_closest_marker("slow") is None]
     if unmarked:
         raise pytest.UsageError(f"mark these @pytest.mark.slow (they use the pipeline fixture): {', '.join(unmarked)}")
+    needs_pipeline: dict[Path, bool] = {}
+    for item in items:
+        needs_pipeline[item.path] = (needs_pipeline.get(item.path, False)
+                                     or "pipeline" in getattr(item, "fixturenames", ()))
+
+    def rank(item: pytest.Item) -> tuple[int, int]:
+        name = item.path.name
+        longest = LONGEST_FILES.index(name) if name in LONGEST_FILES else len(LONGEST_FILES)
+        if not needs_pipeline[item.path]:
+            return 1, 0
+        return (0, 0) if longest == 0 else (2, longest)
+
+    items.sort(key=rank)

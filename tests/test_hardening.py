@@ -27,7 +27,8 @@ from onnx import TensorProto, helper, numpy_helper
 import export_omnivoice
 import infer_onnx
 import parity_check
-from conftest import REPO, Pipeline, install_graph, run_script
+import quantize_omnivoice
+from conftest import REPO, Pipeline, install_graph, read_report, run_script
 from omnivoice_export import capture, metrics
 from omnivoice_export.checkpoints import REQUIRED_FILES, load_omnivoice, model_fingerprint
 from omnivoice_export.cli import EXIT_BAD_INPUT, EXIT_CHECK_FAILED
@@ -318,30 +319,50 @@ def test_bench_refuses_an_export_of_another_model(pipeline: Pipeline, tmp_path: 
 
 
 @pytest.mark.slow
-def test_bench_fails_on_other_tokens_and_names_the_cpu(pipeline: Pipeline, perturbed_transformer: Path,
-                                                       tmp_path: Path) -> None:
-    """A transformer whose logits are off (argmax kept, confidences changed) gives other tokens in
-    generate(): the bench still writes its figures, with the CPU and GEMM libraries they belong
-    to and ORT padded vs torch padded beside the split, and exits 1."""
+def test_bench_fails_on_other_tokens_names_the_cpu_and_times_each_variant(pipeline: Pipeline,
+                                                                         perturbed_transformer: Path,
+                                                                         tmp_path: Path) -> None:
+    """One bench run (one round, 8 steps) for two properties, since each run costs a minute:
+    - the fp32 graph installed is the perturbed one (argmax kept, confidences changed), so its
+      generate() gives other tokens: the bench still writes its figures, with the CPU and GEMM
+      libraries they belong to and ORT padded vs torch padded beside the split, and exits 1;
+    - --variants int8 (built from the correct graph before the perturbed one replaced it): per
+      call at the three shapes and generate() beside fp32 ORT's in the same round, size on disk,
+      peak RSS, its own table row. (Each variant is one more pair of worker processes; the fp32
+      variants' tokens are held to the fp32 verdict by infer_onnx.py --variant, test_fusion.)
+    """
     onnx_dir = tmp_path / "onnx"
     shutil.copytree(pipeline.onnx, onnx_dir)
+    quantize_omnivoice.main(["--onnx-dir", str(onnx_dir), "--variants", "int8"])
     install_graph(perturbed_transformer, onnx_dir, "transformer")
     done = run_script("bench/bench_omnivoice.py", "--model", str(pipeline.model), "--onnx-dir", str(onnx_dir),
                       "--capture-dir", str(pipeline.capture), "--results-dir", str(tmp_path / "results"),
-                      "--repeats", "1", "--calls", "1", "--num-step", "8", timeout=900)
+                      "--repeats", "1", "--calls", "1", "--num-step", "8", "--variants", "int8",
+                      timeout=900)
     line = assert_one_line(Result(done.returncode, done.stdout, done.stderr), EXIT_CHECK_FAILED,
                            "ONNX generate()'s final tokens differ from PyTorch's")
     (results,) = (tmp_path / "results").glob("*.json")
     data = json.loads(results.read_text())
-    cpu = data["meta"]["cpu"]
+    summary, cpu = data["summary"], data["meta"]["cpu"]
     assert cpu["logical_cores"] == os.cpu_count() and cpu["model_name"] and cpu["family"] is not None
-    assert data["summary"]["gemm"]["libraries"]["onnxruntime"].startswith("MLAS")
-    assert data["summary"]["generate"]["final_token_match"] < 1.0, line
-    for row in data["summary"]["transformer"].values():
+    assert summary["gemm"]["libraries"]["onnxruntime"].startswith("MLAS")
+    assert summary["generate"]["final_token_match"] < 1.0, line
+    for row in summary["transformer"].values():
         assert row["speedup_ort_padded_vs_torch"] == pytest.approx(row["torch_padded"]["median"]
                                                                    / row["ort_padded"]["median"])
+    assert list(summary["variants"]) == ["int8"]
+    entries = read_report(onnx_dir)["variants"]
+    for name, variant in summary["variants"].items():
+        assert variant["bytes"] == entries[name]["bytes"]
+        assert variant["size_ratio"] == entries[name]["bytes"] / entries[name]["fp32_bytes"]
+        assert set(variant["transformer"]) == set(summary["transformer"])
+        for row in variant["transformer"].values():
+            assert row["ort_split"]["n"] == 1 and row["speedup_vs_fp32"] > 0
+            assert 0.0 <= row["vs_fp32"]["argmax_agreement"] <= 1.0 and 0.0 <= row["vs_torch"]["argmax_agreement"] <= 1.0
+        assert variant["generate"]["peak_rss_mb"]["median"] > 0 and variant["generate"]["speedup_vs_fp32"] > 0
     text = (results.with_suffix(".md")).read_text()
     assert "ORT padded vs torch" in text and cpu["model_name"] in text and " MiB" in text
+    assert all(any(row.startswith(f"| {name} |") for row in text.splitlines()) for name in ("fp32", "int8"))
 
 
 # --- 6. --model takes a Hugging Face repo id ----------------------------------------------------

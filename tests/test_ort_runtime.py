@@ -12,6 +12,7 @@ import pytest
 from omnivoice_export import capture
 from omnivoice_export.ort_runtime import OrtGraphs
 from omnivoice_onnx.contract import GRAPH_FILES
+from omnivoice_onnx.errors import UserError
 from omnivoice_onnx.sessions import make_session, prefix_lengths, run, run_split
 
 pytestmark = pytest.mark.slow  # every test here uses the session pipeline (steps 0-2, ~100 s)
@@ -87,3 +88,20 @@ def test_codec_sessions_per_call_equal_resident(pipeline) -> None:
     assert np.array_equal(per_call.codec.run("encoder", feeds)["audio_codes"],
                           resident.codec.run("encoder", feeds)["audio_codes"])
     assert per_call.audio_tokenizer().config == resident.audio_tokenizer().config
+
+
+@pytest.mark.parametrize("env, threads, expected", [("3", None, 3), ("3", 2, 2), ("", None, 0)])
+def test_session_threads_come_from_the_flag_then_the_environment(pipeline, monkeypatch, env, threads,
+                                                                   expected) -> None:
+    """--threads wins; else $OMNIVOICE_ORT_THREADS (the test suite sets 1 per worker); else ORT's
+    default, which SessionOptions reports as 0."""
+    monkeypatch.setenv("OMNIVOICE_ORT_THREADS", env)
+    session = make_session(pipeline.onnx / GRAPH_FILES["decoder"], threads=threads)
+    assert session.get_session_options().intra_op_num_threads == expected
+
+
+@pytest.mark.parametrize("env", ["0", "two", "-1"])
+def test_session_threads_environment_must_be_a_count(pipeline, monkeypatch, env) -> None:
+    monkeypatch.setenv("OMNIVOICE_ORT_THREADS", env)
+    with pytest.raises(UserError, match="OMNIVOICE_ORT_THREADS=.* is not a thread count"):
+        make_session(pipeline.onnx / GRAPH_FILES["decoder"])

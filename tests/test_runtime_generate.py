@@ -48,19 +48,9 @@ def export_dir(pipeline) -> Path:
     return pipeline.onnx
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """torch and onnxruntime on one thread each: on a busy 2-core machine their spinning worker
-    threads made tiny's generate() ~10x slower in CPU time (6.9 s against 0.5 s for one call)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def tts(export_dir) -> OmniVoiceOnnx:
-    return OmniVoiceOnnx.from_dir(export_dir, threads=1)
+    return OmniVoiceOnnx.from_dir(export_dir)  # one thread: tests/conftest.py
 
 
 @pytest.fixture(scope="module")

@@ -77,15 +77,6 @@ def test_unmask_schedules_equal_upstream():
 
 # ---- real logits of the tiny model ----------------------------------------------------------
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """torch on one thread: on a busy 2-core machine its spinning workers cost ~10x CPU time."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def real_logits(torch_model):
     """(c_logits, u_logits) torch tensors of every _predict_tokens_with_scoring call of two real
