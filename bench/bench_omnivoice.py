@@ -550,6 +550,16 @@ def variants_markdown(summary: dict[str, Any]) -> list[str]:
     return lines + [""]
 
 
+def load_line(load: dict[str, float], cores: int) -> str:
+    """The 1-min load average during the workers, read against the core count: each worker uses
+    every core, so a load up to the core count is the bench itself; above it (by more than the
+    average's lag from one worker to the next, ~0.5) other work shared the CPU."""
+    crowded = load["max"] > cores + 0.5
+    return (f"1-min load average during the workers: {load['min']:.1f}..{load['max']:.1f} on {cores} logical cores "
+            + ("(above the core count: other work shared the CPU, so the times are slower than this CPU's and their "
+               "ratios noisier)" if crowded else "(about the bench's own workers, which use every core: no sign of other work)"))
+
+
 def markdown(summary: dict[str, Any], meta: dict[str, Any]) -> str:
     gemm, cpu = summary["gemm"], meta["cpu"]
     lines = [f"# OmniVoice benchmark: {meta['model']} on {meta['host']} ({meta['date']})", "",
@@ -563,9 +573,7 @@ def markdown(summary: dict[str, Any], meta: dict[str, Any]) -> str:
              f"{meta['repeats']} interleaved rounds, medians (min..max). Speedups are of this CPU: ORT padded vs "
              "torch padded is the GEMM libraries' difference here; ORT split vs ORT padded is the split's, "
              "which does not depend on the CPU.", "",
-             *([f"1-min load average during the workers: {summary['load_1min']['min']:.1f}..{summary['load_1min']['max']:.1f} "
-                f"on {cpu['logical_cores']} logical cores (above the core count, other work shared the CPU: the times are "
-                "slower than this CPU's, and their ratios noisier)", ""] if summary.get("load_1min") else []),
+             *([load_line(summary["load_1min"], cpu["logical_cores"]), ""] if summary.get("load_1min") else []),
              "| transformer call | rows | torch padded s | ORT padded s | ORT split s | ORT padded vs torch | "
              "split vs ORT padded | split vs torch | GFLOP/s torch / ORT split (% of peak) |",
              "|---|---|---|---|---|---|---|---|---|"]
