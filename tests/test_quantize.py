@@ -105,16 +105,21 @@ def test_heads_and_embeddings_stay_fp32_where_the_recipe_says(variants):
         assert quantized == expected, (name, counts)
 
 
+def gather_model(table: np.ndarray, ids: np.ndarray) -> onnx.ModelProto:
+    """One Gather node "emb" reading `table` (an initializer) at input `ids`: an embedding as the export has it."""
+    graph = helper.make_graph([helper.make_node("Gather", ["table", "ids"], ["rows"], name="emb")], "g",
+                              [helper.make_tensor_value_info("ids", TensorProto.INT64, list(ids.shape))],
+                              [helper.make_tensor_value_info("rows", TensorProto.FLOAT, [*ids.shape, table.shape[1]])],
+                              [numpy_helper.from_array(table, "table")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
 def test_rowwise_embedding_is_q_times_scale_and_within_half_a_step():
     rng = np.random.default_rng(0)
     table = (rng.standard_normal((50, 24)) * rng.uniform(0.01, 3, (50, 1))).astype(np.float32)
     table[7] = 0  # an all-zero row must not divide by zero
     ids = np.array([[0, 7, 49, 3], [3, 3, 12, 1]], dtype=np.int64)
-    graph = helper.make_graph([helper.make_node("Gather", ["table", "ids"], ["rows"], name="emb")], "g",
-                              [helper.make_tensor_value_info("ids", TensorProto.INT64, [2, 4])],
-                              [helper.make_tensor_value_info("rows", TensorProto.FLOAT, [2, 4, 24])],
-                              [numpy_helper.from_array(table, "table")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model = gather_model(table, ids)
     quantize.quantize_embeddings_rowwise(model, ["emb"])
     inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
     q, scale = inits["emb_int8row_q"], inits["emb_int8row_scale"]
@@ -130,11 +135,7 @@ def test_fp16_embedding_is_the_rounded_row_and_half_the_bytes():
     rng = np.random.default_rng(1)
     table = (rng.standard_normal((40, 16)) * rng.uniform(1e-6, 4, (40, 1))).astype(np.float32)
     ids = np.array([[0, 39, 5], [5, 2, 2]], dtype=np.int64)
-    graph = helper.make_graph([helper.make_node("Gather", ["table", "ids"], ["rows"], name="emb")], "g",
-                              [helper.make_tensor_value_info("ids", TensorProto.INT64, [2, 3])],
-                              [helper.make_tensor_value_info("rows", TensorProto.FLOAT, [2, 3, 16])],
-                              [numpy_helper.from_array(table, "table")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model = gather_model(table, ids)
     quantize.store_embeddings_fp16(model, ["emb"])
     (stored,) = [numpy_helper.to_array(i) for i in model.graph.initializer]
     assert stored.dtype == np.float16 and stored.nbytes == table.nbytes // 2
