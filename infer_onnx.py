@@ -31,9 +31,10 @@ export folder (graphs, tokenizer.json, runtime-config.json) is all it reads. A g
 what upstream PyTorch generate() gives after torch.manual_seed(seed) on CPU. The graphs are
 checked against the export report first (sha256, metadata); the transformer is the --variant
 named, else fp32-fused when step 5 made it for this export (the faithful graph's logits, faster),
-else the faithful graph, and a variant is checked by its own metadata (variant name, model). Long text is split into chunks as upstream does. A reference WAV at another rate or
-with several channels is resampled/averaged (a note says so); an unknown --language is an error
-('None' selects upstream's language-agnostic mode).
+else the faithful graph, and a variant is checked by its own metadata (variant name, model).
+Long text is split into chunks as upstream does. A reference WAV at another rate or with several
+channels is resampled/averaged (a note says so); an unknown --language is an error ('None'
+selects upstream's language-agnostic mode).
 
     python infer_onnx.py
     python infer_onnx.py --text "Hello there." --out hello.wav
