@@ -43,7 +43,6 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import numpy as np
-import torch
 
 from omnivoice_export.cli import DEFAULT_CAPTURE_DIR
 from omnivoice_export.files import (FILE_ENTRY_SCHEMA, Each, atomic_path, existing_file, file_entry, matches_entry,
@@ -143,7 +142,13 @@ def pad_items(items: list[np.ndarray], fill: int) -> np.ndarray:
 
 
 def precision_settings() -> dict[str, Any]:
-    """torch's switches that decide whether CUDA computes in TF32, as the manifest records them."""
+    """torch's switches that decide whether CUDA computes in TF32, as the manifest records them.
+
+    torch is imported here and in the recorder, not at the top: parity_check.py, infer_onnx.py and
+    the bench's orchestrator read captures through this module, and none of them needs torch for it
+    (its import is ~2 s, paid on every `--help` and every refused input)."""
+    import torch
+
     return {"cuda_matmul_allow_tf32": torch.backends.cuda.matmul.allow_tf32,
             "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32}
 
@@ -160,6 +165,8 @@ def full_fp32() -> Iterator[dict[str, Any]]:
     used: torch 2.13 raises when a process mixes them with its newer fp32_precision settings, and
     set_float32_matmul_precision is one of those.
     """
+    import torch
+
     saved = precision_settings()
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
@@ -251,6 +258,8 @@ class Recorder:
         return recording_generate_iterative
 
     def _tokenizer_call(self, original, calls: list, input_name: str, output_name: str):
+        import torch
+
         def recording_call(values, *args, **kwargs):
             output = original(values, *args, **kwargs)
             result = output if isinstance(output, torch.Tensor) else getattr(output, output_name)
@@ -298,6 +307,8 @@ def write_manifest(capture_dir: Path, model: dict[str, str], device: str, precis
     ran under (full_fp32). The reference's sha256 is taken from the copy in `capture_dir`, so a
     later step 0 cannot silently swap the voice the clone tokens came from.
     """
+    import torch
+
     capture_dir = Path(capture_dir)
     reference = capture_dir / REF_WAV
     manifest = {

@@ -37,7 +37,7 @@ from omnivoice_export.capture import read_rows
 from omnivoice_export.cli import environment_error
 from omnivoice_export.files import umask_mode
 from omnivoice_export.measure import PeakRss
-from omnivoice_export.report import ExportResult
+from omnivoice_export.report import ExportResult, save_with_sidecar
 from omnivoice_onnx.contract import (CONTRACTS, FRAME_RATE, GRAPH_FILES, HOP_LENGTH, LEGACY_AXIS_NAMES, SAMPLE_RATE,
                                      SAMPLES_AXIS, THRESHOLDS)
 from omnivoice_onnx.errors import UserError
@@ -158,12 +158,6 @@ def consolidate_external_data(src: Path, dst: Path) -> list[str]:
     onnx.load_external_data_for_model(model, str(src.parent))
     save_with_sidecar(model, dst)
     return original
-
-
-def save_with_sidecar(model: onnx.ModelProto, dst: Path) -> None:
-    """Save `model` as `dst` with every tensor over 1 KB in the one sidecar `dst.name + '.data'`."""
-    onnx.save_model(model, str(dst), save_as_external_data=True, all_tensors_to_one_file=True,
-                    location=dst.name + ".data", size_threshold=1024)
 
 
 def set_metadata(path: Path, graph: str, metadata: dict[str, str]) -> None:

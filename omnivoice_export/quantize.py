@@ -50,10 +50,9 @@ import onnx
 from onnx import helper, numpy_helper
 
 from omnivoice_export import fusion, report
-from omnivoice_export.exporting import save_with_sidecar
 from omnivoice_export.files import file_entry, matches_entry, sha256_file, temporary_dir, umask_mode
 from omnivoice_export.measure import PeakRss
-from omnivoice_export.ort_runtime import read_graph_metadata
+from omnivoice_export.report import read_graph_metadata, save_with_sidecar
 from omnivoice_onnx.contract import GRAPH_FILES, variant_dir, variant_path
 from omnivoice_onnx.errors import UserError
 

@@ -144,6 +144,15 @@ def read_graph_metadata(path: Path) -> dict[str, str]:
     return {prop.key: prop.value for prop in onnx.load(str(path), load_external_data=False).metadata_props}
 
 
+def save_with_sidecar(model, dst: Path) -> None:
+    """Save the onnx.ModelProto `model` as `dst` with every tensor over 1 KB in the one sidecar
+    `dst.name + '.data'`: the two files a report entry names (graph_files)."""
+    import onnx
+
+    onnx.save_model(model, str(dst), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location=dst.name + ".data", size_threshold=1024)
+
+
 def check_graph_metadata(path: Path, graph: str, entry: dict[str, Any], fingerprint: str) -> None:
     """The graph's own metadata_props name the exporter, opset and model the report says.
 

@@ -237,7 +237,7 @@ def scaled_graph(source_dir: Path, graph: str, initializer: str, scale: float, o
     model = onnx.load(str(source_dir / name))
     (weight,) = [init for init in model.graph.initializer if init.name == initializer]
     weight.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(weight) * np.float32(scale), initializer))
-    exporting.save_with_sidecar(model, out / name)
+    report.save_with_sidecar(model, out / name)
     return out
 
 
@@ -278,7 +278,7 @@ def perturbed_transformer(pipeline: Pipeline, tmp_path_factory) -> Path:
     assert len(heads) == 1, f"expected one audio_heads MatMul weight, found {[h.name for h in heads]}"
     scaled = numpy_helper.to_array(heads[0]) * np.float32(AUDIO_HEAD_SCALE)
     heads[0].CopyFrom(numpy_helper.from_array(scaled, heads[0].name))
-    exporting.save_with_sidecar(model, out / name)
+    report.save_with_sidecar(model, out / name)
     assert sorted(os.listdir(out)) == [name, name + ".data"]
     return out
 

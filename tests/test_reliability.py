@@ -516,6 +516,22 @@ def test_debug_shows_traceback() -> None:
     assert done.returncode != 0
     assert "Traceback" in done.stderr and "UserError: unknown provider 'tpu'" in done.stderr
 
+# Scripts whose work needs no torch until it has checked its input: their --help and every refusal
+# skip torch's ~2 s import (the export and capture steps load the model, so they import it).
+TORCH_FREE_SCRIPTS = ("parity_check.py", "infer_onnx.py", "quantize_omnivoice.py", "quality_omnivoice.py",
+                      "make_reference.py", "capture_reference.py", "bench/bench_omnivoice.py", "bench/bench_runtime.py")
+
+
+def test_checking_scripts_import_no_torch_before_their_work() -> None:
+    code = ("import runpy, sys\n"
+            f"for script in {TORCH_FREE_SCRIPTS!r}:\n"
+            "    runpy.run_path(script, run_name='imported')\n"
+            "print(sorted(m for m in ('torch', 'transformers', 'omnivoice') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]"
+
+
 
 @pytest.mark.parametrize("script", [make_reference, capture_reference, export_omnivoice, parity_check, infer_onnx],
                          ids=lambda script: script.__name__)
