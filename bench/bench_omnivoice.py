@@ -5,10 +5,10 @@ Measures, for one checkpoint (tiny, full-random or a path) and its ONNX export:
     gemm         this machine's fp32 GEMM peak, in a fresh process: torch.mm (MKL) and a one-node
                  ONNX MatMul (ORT's MLAS) at square and model shapes; the higher is the ceiling
                  the transformer's achieved GFLOP/s is reported against
-    transformer  one forward at representative shapes (S ~ 200, 435, 800) with generate()'s real
+    transformer  one forward at representative shapes (--shapes: S ~ 200, 435, 800) with generate()'s real
                  cond/uncond layout; PyTorch padded (upstream) vs ORT padded vs ORT split
                  (cond and uncond rows each at their own length)
-    encoder      5 s and 20 s of audio;  decoder  the same durations as codes
+    encoder      --codec-seconds of audio (5 s and 20 s);  decoder  the same durations as codes
     generate()   a voice clone from the ~5 s capture reference, each in a fresh process that
                  loads the model and generates once: PyTorch eager (upstream) vs the ONNX graphs
                  inside the same generate() without PyTorch weights; final tokens compared, and
@@ -62,7 +62,7 @@ import numpy as np  # noqa: E402
 from omnivoice_export import quantize, report  # noqa: E402
 from omnivoice_export.capture import DEFAULT_DIR, REF_TXT, REF_WAV  # noqa: E402
 from omnivoice_export.checkpoints import model_fingerprint, resolve_model  # noqa: E402
-from omnivoice_export.cli import NUM_STEP, CheckFailed, int_range, parse, run_main  # noqa: E402
+from omnivoice_export.cli import NUM_STEP, CheckFailed, float_range, int_range, parse, parse_subset, run_main  # noqa: E402
 from omnivoice_export.files import atomic_path, write_json_atomic  # noqa: E402
 from omnivoice_export.report import DEFAULT_ONNX_DIR  # noqa: E402
 from omnivoice_onnx.contract import GRAPH_NAMES, SAMPLE_RATE  # noqa: E402
@@ -82,7 +82,7 @@ SHAPE_TEXTS = {
               "lunch, unless the weather turns bad and the trains are delayed again by the storm."),
 }
 E2E_TEXT = SHAPE_TEXTS["S~435"]
-CODEC_SECONDS = (5, 20)
+CODEC_SECONDS = "5,20"
 # One round, in order: the GEMM ceiling, then each pair of variants A B.
 WORKERS = ("gemm", "torch-calls", "onnx-calls", "torch-e2e", "onnx-e2e")
 # GEMM shapes (m, k, n): a square one and the transformer's own at S~435 split (730 rows).
@@ -106,6 +106,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="timed transformer/codec calls per worker and shape")
     parser.add_argument("--num-step", type=NUM_STEP, default=32, help="generate() steps")
     parser.add_argument("--skip-e2e", action="store_true", help="per-call figures only")
+    parser.add_argument("--shapes", default=",".join(SHAPE_TEXTS),
+                        help=f"comma-separated transformer call shapes to time, of {', '.join(SHAPE_TEXTS)}")
+    parser.add_argument("--codec-seconds", default=CODEC_SECONDS,
+                        help="comma-separated audio durations (whole seconds) the encoder and decoder are timed at")
+    parser.add_argument("--gemm-seconds", type=float_range(0.01), default=1.0,
+                        help="seconds each GEMM shape is repeated for, per library (the ceiling's precision)")
     parser.add_argument("--variants", default=None,
                         help="comma-separated transformer variants (quantize_omnivoice.py) to time against fp32 ORT in "
                              "the same run; default: every variant in the export report; 'none' for none")
@@ -113,7 +119,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--worker", choices=WORKERS, help=argparse.SUPPRESS)
     parser.add_argument("--scratch", type=Path, help=argparse.SUPPRESS)  # torch logits for the ONNX worker
     parser.add_argument("--variant", default="fp32", help=argparse.SUPPRESS)  # an ONNX worker's transformer
-    return parse(parser, argv)
+    args = parse(parser, argv)
+    args.shape_labels = parse_subset(args.shapes, "--shapes", tuple(SHAPE_TEXTS))
+    args.codec_durations = codec_durations(args.codec_seconds)
+    return args
+
+
+def codec_durations(text: str) -> list[int]:
+    """--codec-seconds as whole seconds, each given once, or a UserError."""
+    picked = [item.strip() for item in text.split(",") if item.strip()]
+    if not picked or not all(item.isdigit() and int(item) > 0 for item in picked) or len(set(picked)) < len(picked):
+        raise UserError(f"--codec-seconds: {text!r} is not a list of distinct whole seconds",
+                        f"give e.g. --codec-seconds {CODEC_SECONDS}")
+    return [int(item) for item in picked]
 
 
 # --- worker side --------------------------------------------------------------------------------
@@ -152,7 +170,7 @@ def transformer_flops(config: dict[str, Any], lengths: list[int]) -> float:
                      for length in lengths))
 
 
-def rate(fn, flops: float, seconds: float = 1.0) -> float:
+def rate(fn, flops: float, seconds: float) -> float:
     """GFLOP/s of `fn` repeated for about `seconds`, after one warm-up call."""
     fn()
     started, count = time.perf_counter(), 0
@@ -162,7 +180,7 @@ def rate(fn, flops: float, seconds: float = 1.0) -> float:
     return flops * count / (time.perf_counter() - started) / 1e9
 
 
-def gemm_worker() -> dict[str, Any]:
+def gemm_worker(seconds: float) -> dict[str, Any]:
     """fp32 GEMM GFLOP/s of torch.mm and of ORT's MatMul (weight as an initializer, as in the
     graph) per shape, all threads, before anything else is loaded. On CPUs that MKL does not
     dispatch its AVX-512 kernels for (AMD), the two differ widely: the ceiling is the higher."""
@@ -178,14 +196,14 @@ def gemm_worker() -> dict[str, Any]:
         a = rng.standard_normal((m, k), dtype=np.float32)
         b = rng.standard_normal((k, n), dtype=np.float32)
         ta, tb = torch.from_numpy(a), torch.from_numpy(b)
-        result["torch_mkl"][label] = rate(lambda: torch.mm(ta, tb), flops)
+        result["torch_mkl"][label] = rate(lambda: torch.mm(ta, tb), flops, seconds)
         graph = helper.make_graph([helper.make_node("MatMul", ["a", "b"], ["c"])], "gemm",
                                   [helper.make_tensor_value_info("a", TensorProto.FLOAT, [m, k])],
                                   [helper.make_tensor_value_info("c", TensorProto.FLOAT, [m, n])],
                                   [numpy_helper.from_array(b, "b")])
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
         session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-        result["ort_mlas"][label] = rate(lambda: session.run(None, {"a": a}), flops)
+        result["ort_mlas"][label] = rate(lambda: session.run(None, {"a": a}), flops, seconds)
     result["peak_gflops"] = max(max(result["torch_mkl"].values()), max(result["ort_mlas"].values()))
     return result
 
@@ -301,8 +319,8 @@ def calls_worker(args, runtime: str) -> dict[str, Any]:
     config = json.loads((resolve_model(args.model) / "config.json").read_text())
     result: dict[str, Any] = {"transformer": {}, "encoder": {}, "decoder": {}, "torch_threads": torch.get_num_threads()}
     model, graphs = load_variant(args, runtime, resident_codec=True)  # a call's time, not a session load
-    for label, text in SHAPE_TEXTS.items():
-        feeds = first_forward_inputs(model, clone_request(args.capture_dir, text, args.num_step))
+    for label in args.shape_labels:
+        feeds = first_forward_inputs(model, clone_request(args.capture_dir, SHAPE_TEXTS[label], args.num_step))
         lengths = prefix_lengths(feeds["attention_mask"])
         seq = feeds["input_ids"].shape[-1]
         entry = {"S": seq, "row_lengths": lengths, "flops_padded": transformer_flops(config, [seq] * len(lengths)),
@@ -325,7 +343,7 @@ def calls_worker(args, runtime: str) -> dict[str, Any]:
         result["transformer"][label] = entry
 
     rng = np.random.default_rng(0)
-    for seconds in CODEC_SECONDS:
+    for seconds in args.codec_durations:
         audio = (rng.standard_normal((1, 1, seconds * SAMPLE_RATE)) * 0.1).astype(np.float32)
         with torch.inference_mode():
             codes = model.audio_tokenizer.encode(torch.from_numpy(audio)).audio_codes
@@ -348,8 +366,8 @@ def variant_calls(args) -> dict[str, Any]:
     model, graphs = load_variant(args, "onnx")
     session = graphs.transformer
     result: dict[str, Any] = {"transformer": {}}
-    for label, text in SHAPE_TEXTS.items():
-        feeds = first_forward_inputs(model, clone_request(args.capture_dir, text, args.num_step))
+    for label in args.shape_labels:
+        feeds = first_forward_inputs(model, clone_request(args.capture_dir, SHAPE_TEXTS[label], args.num_step))
         entry: dict[str, Any] = {"S": feeds["input_ids"].shape[-1], "row_lengths": prefix_lengths(feeds["attention_mask"]),
                                  "ort_split": timed(lambda: run_split(session, **feeds), args.calls)}
         rows = read_rows(run_split(session, **feeds), feeds["attention_mask"])
@@ -388,7 +406,7 @@ def worker(args) -> dict[str, Any]:
     load_before = os.getloadavg()[0]
     with PeakRss() as peak:
         if args.worker == "gemm":
-            result = gemm_worker()
+            result = gemm_worker(args.gemm_seconds)
         else:
             runtime, kind = args.worker.split("-")
             result = (calls_worker if kind == "calls" else e2e_worker)(args, runtime)
@@ -403,7 +421,8 @@ def worker(args) -> dict[str, Any]:
 def spawn(args, worker: str, variant: str = "fp32") -> dict[str, Any]:
     command = [sys.executable, __file__, "--worker", worker, "--model", args.model, "--onnx-dir", str(args.onnx_dir),
                "--capture-dir", str(args.capture_dir), "--calls", str(args.calls), "--num-step", str(args.num_step),
-               "--scratch", str(args.scratch), "--variant", variant]
+               "--scratch", str(args.scratch), "--variant", variant, "--shapes", args.shapes,
+               "--codec-seconds", args.codec_seconds, "--gemm-seconds", str(args.gemm_seconds)]
     done = subprocess.run(command, capture_output=True, text=True, cwd=REPO)
     if done.returncode != 0:
         raise RuntimeError(f"{worker} worker ({variant}) failed:\n{done.stderr[-3000:]}")
@@ -442,7 +461,7 @@ def summarise(rounds: list[dict[str, dict]], variants: dict[str, dict[str, Any]]
                  "torch_threads": gemm[0]["torch_threads"], "libraries": gemm[0]["libraries"]},
         "transformer": {}, "codec": {}}
     torch_calls, onnx_calls = runs("torch-calls"), runs("onnx-calls")
-    for label in SHAPE_TEXTS:
+    for label in torch_calls[0]["transformer"]:  # the shapes timed (--shapes)
         first = torch_calls[0]["transformer"][label]
         row = {"S": first["S"], "row_lengths": first["row_lengths"]}
         for key, calls in (("torch_padded", torch_calls), ("ort_padded", onnx_calls), ("ort_split", onnx_calls)):
@@ -459,8 +478,7 @@ def summarise(rounds: list[dict[str, dict]], variants: dict[str, dict[str, Any]]
         row["split_vs_torch_max_abs"] = max(r["transformer"][label].get("split_vs_torch_max_abs", 0.0) for r in onnx_calls)
         summary["transformer"][label] = row
     for part in ("encoder", "decoder"):
-        for seconds in CODEC_SECONDS:
-            key = f"{seconds}s"
+        for key in torch_calls[0][part]:  # the durations timed (--codec-seconds)
             torch_t = spread([t for r in torch_calls for t in r[part][key]])
             onnx_t = spread([t for r in onnx_calls for t in r[part][key]])
             summary["codec"][f"{part} {key}"] = {"torch": torch_t, "ort": onnx_t,
@@ -496,7 +514,7 @@ def summarise_variant(rounds: list[dict[str, dict]], name: str, entry: dict[str,
     fp32_calls = [r["onnx-calls"] for r in rounds]
     result: dict[str, Any] = {"recipe": entry["recipe"], "bytes": entry["bytes"], "fp32_bytes": entry["fp32_bytes"],
                               "size_ratio": entry["bytes"] / entry["fp32_bytes"], "transformer": {}}
-    for label in SHAPE_TEXTS:
+    for label in summary["transformer"]:
         mine = spread([t for r in calls for t in r["transformer"][label]["ort_split"]])
         fp32 = spread([t for r in fp32_calls for t in r["transformer"][label]["ort_split"]])
         row = {"ort_split": mine, "fp32_ort_split": fp32, "speedup_vs_fp32": fp32["median"] / mine["median"]}
@@ -523,7 +541,7 @@ def variants_markdown(summary: dict[str, Any]) -> list[str]:
     """The table per variant: fp32 ORT first, then each variant measured in the same rounds."""
     if not summary["variants"]:
         return []
-    labels = list(SHAPE_TEXTS)
+    labels = list(summary["transformer"])
     lines = ["Transformer variants against fp32 ORT in the same run (per call: split, as generate() runs it; "
              "argmax and max |d| on the rows generate() reads, against fp32 ORT's logits of the same call; tokens: "
              "generate()'s final tokens against torch's):", "",
@@ -600,7 +618,8 @@ def markdown(summary: dict[str, Any], meta: dict[str, Any]) -> str:
                   f"({rss['onnx']['min']:.0f}..{rss['onnx']['max']:.0f}): "
                   f"**{rss['onnx']['median'] / rss['torch']['median']:.2f}x**"]
     calls = summary["peak_rss_mb_calls"]
-    lines += [f"Peak RSS of the per-call workers (every shape above, 20 s codec calls): torch {calls['torch']:.0f} MiB, "
+    longest = max(int(label.split()[-1][:-1]) for label in summary["codec"])
+    lines += [f"Peak RSS of the per-call workers (every shape above, {longest} s codec calls): torch {calls['torch']:.0f} MiB, "
               f"ONNX {calls['onnx']:.0f} MiB", ""]
     return "\n".join(lines + variants_markdown(summary))
 
@@ -629,7 +648,7 @@ def main(argv: list[str] | None = None) -> None:
             run.pop("e2e_final_tokens", None)
     meta = {"model": args.model, "fingerprint": fingerprint, "host": socket.gethostname(),
             "date": datetime.date.today().isoformat(), "cpu": cpu_description(), "repeats": args.repeats,
-            "calls": args.calls, "num_step": args.num_step, "python": platform.python_version(),
+            "calls": args.calls, "gemm_seconds": args.gemm_seconds, "num_step": args.num_step, "python": platform.python_version(),
             "ort_threads": default_threads()}  # None: onnxruntime's default, one per core
     stem = args.results_dir / f"{meta['date']}-{meta['host']}-{Path(args.model).name}"
     write_json_atomic(stem.with_suffix(".json"), {"meta": meta, "summary": summary, "rounds": rounds})

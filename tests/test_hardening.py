@@ -322,7 +322,8 @@ def test_bench_refuses_an_export_of_another_model(pipeline: Pipeline, tmp_path: 
 def test_bench_fails_on_other_tokens_names_the_cpu_and_times_each_variant(pipeline: Pipeline,
                                                                          perturbed_transformer: Path,
                                                                          tmp_path: Path) -> None:
-    """One bench run (one round, 8 steps) for two properties, since each run costs a minute:
+    """One bench run (one round, 8 steps, one call shape, 1 s codec calls, a short GEMM ceiling) for
+    two properties, since each run costs most of a minute:
     - the fp32 graph installed is the perturbed one (argmax kept, confidences changed), so its
       generate() gives other tokens: the bench still writes its figures, with the CPU and GEMM
       libraries they belong to and ORT padded vs torch padded beside the split, and exits 1;
@@ -338,7 +339,7 @@ def test_bench_fails_on_other_tokens_names_the_cpu_and_times_each_variant(pipeli
     done = run_script("bench/bench_omnivoice.py", "--model", str(pipeline.model), "--onnx-dir", str(onnx_dir),
                       "--capture-dir", str(pipeline.capture), "--results-dir", str(tmp_path / "results"),
                       "--repeats", "1", "--calls", "1", "--num-step", "8", "--variants", "int8",
-                      timeout=900)
+                      "--shapes", "S~200", "--codec-seconds", "1", "--gemm-seconds", "0.05", timeout=900)
     line = assert_one_line(Result(done.returncode, done.stdout, done.stderr), EXIT_CHECK_FAILED,
                            "ONNX generate()'s final tokens differ from PyTorch's")
     (results,) = (tmp_path / "results").glob("*.json")
@@ -365,16 +366,36 @@ def test_bench_fails_on_other_tokens_names_the_cpu_and_times_each_variant(pipeli
     assert all(any(row.startswith(f"| {name} |") for row in text.splitlines()) for name in ("fp32", "int8"))
 
 
-def test_bench_load_line_flags_only_load_beyond_its_own_workers() -> None:
-    """Each bench worker uses every core, so a 1-min load up to the core count is the bench itself
-    (the results used to call any load "above the core count, other work shared the CPU")."""
+def bench_module():
+    """bench/bench_omnivoice.py as a module (bench/ is not a package)."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("bench_omnivoice", REPO / "bench" / "bench_omnivoice.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
+    return bench
+
+
+def test_bench_load_line_flags_only_load_beyond_its_own_workers() -> None:
+    """Each bench worker uses every core, so a 1-min load up to the core count is the bench itself
+    (the results used to call any load "above the core count, other work shared the CPU")."""
+    bench = bench_module()
     assert "no sign of other work" in bench.load_line({"min": 1.7, "max": 2.3}, 2)
     assert "other work shared the CPU" in bench.load_line({"min": 1.7, "max": 2.7}, 2)
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--shapes", "S~200,S~999"], "--shapes: unknown value(s) S~999"),
+    (["--shapes", "S~200,S~200"], "--shapes: S~200 given more than once"),
+    (["--codec-seconds", "5,5"], "--codec-seconds: '5,5' is not a list of distinct whole seconds"),
+    (["--codec-seconds", "0.5"], "--codec-seconds: '0.5' is not a list"),
+    (["--gemm-seconds", "0"], "argument --gemm-seconds: 0 is out of range"),
+], ids=["unknown-shape", "repeated-shape", "repeated-seconds", "fraction", "gemm-zero"])
+def test_bench_measurement_flags_refused_before_any_worker(argv: list, message: str, tmp_path: Path, capsys) -> None:
+    result = run_inprocess(bench_module(), [*argv, "--capture-dir", tmp_path / "none", "--results-dir", tmp_path / "r"],
+                           capsys)
+    assert_one_line(result, EXIT_BAD_INPUT, message)
+    assert sorted(tmp_path.iterdir()) == []
 
 
 # --- 6. --model takes a Hugging Face repo id ----------------------------------------------------
