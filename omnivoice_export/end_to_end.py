@@ -36,15 +36,18 @@ END_TO_END_THRESHOLDS = {k: v for k, v in THRESHOLDS.items() if k.startswith("en
 
 
 def spectrogram_png(path: Path, reference: np.ndarray, candidate: np.ndarray, title: str) -> None:
-    """PyTorch | ONNX | difference log spectrograms, side by side."""
-    import matplotlib
+    """PyTorch | ONNX | difference log spectrograms, side by side.
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    A bare Figure rendered by the Agg canvas (no pyplot state to close) with fixed margins:
+    matplotlib's constrained layout took 40 % of each figure's time (0.5 s vs 0.3 s), in a step
+    that draws one per item and mode."""
+    from matplotlib.figure import Figure
 
     length = min(reference.size, candidate.size)
     ref, got = metrics.log_spectrum(reference[:length]).T, metrics.log_spectrum(candidate[:length]).T
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4), constrained_layout=True)
+    fig = Figure(figsize=(15, 4))
+    axes = fig.subplots(1, 3)
+    fig.subplots_adjust(left=0.05, right=0.97, bottom=0.14, top=0.85, wspace=0.3)
     span = max(float(np.abs(got - ref).max()), 1e-9)  # symmetric, so white means "no difference"
     for ax, data, name, cmap, limits in ((axes[0], ref, "PyTorch", "magma", (None, None)),
                                          (axes[1], got, "ONNX", "magma", (None, None)),
@@ -57,7 +60,6 @@ def spectrogram_png(path: Path, reference: np.ndarray, candidate: np.ndarray, ti
     fig.suptitle(title)
     with atomic_path(path) as tmp:
         fig.savefig(tmp, format="png", dpi=80)
-    plt.close(fig)
 
 
 def compare_item(capture_dir: Path, mode: str, index: int, items: int, reference_name: str, audio: np.ndarray,

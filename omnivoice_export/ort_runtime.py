@@ -7,6 +7,7 @@ and an OmniVoice built on the meta device around them.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -78,6 +79,20 @@ class OrtGraphs:
         return OrtAudioTokenizer(self.codec, self.codec_config())
 
 
+@functools.lru_cache(maxsize=4)
+def _text_tokenizer(model_path: str, files_state: tuple):
+    """The checkpoint's text tokenizer, parsed once per process and state of its files: the Qwen
+    tokenizer.json takes ~1.2 s to load, and step 6 loads one model per variant. `files_state`
+    (each file's size and mtime) keys the cache, so a changed file is read again. Read-only."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_path)
+
+
+def _files_state(directory: Path) -> tuple:
+    return tuple((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(Path(directory).iterdir()) if p.is_file())
+
+
 def load_onnx_omnivoice(model_path: Path, graphs: OrtGraphs, split: bool = True):
     """An OmniVoice whose generate() runs on the ONNX graphs, without the PyTorch weights.
 
@@ -87,7 +102,6 @@ def load_onnx_omnivoice(model_path: Path, graphs: OrtGraphs, split: bool = True)
     """
     from omnivoice.models.omnivoice import OmniVoice, OmniVoiceConfig
     from omnivoice.utils.duration import RuleDurationEstimator
-    from transformers import AutoTokenizer
 
     class OnnxOmniVoice(OmniVoice):
         @property
@@ -97,7 +111,7 @@ def load_onnx_omnivoice(model_path: Path, graphs: OrtGraphs, split: bool = True)
     config = OmniVoiceConfig.from_pretrained(str(model_path))
     with torch.device("meta"):
         model = OnnxOmniVoice(config)
-    model.text_tokenizer = AutoTokenizer.from_pretrained(str(model_path))
+    model.text_tokenizer = _text_tokenizer(str(Path(model_path).resolve()), _files_state(model_path))
     model.audio_tokenizer = graphs.audio_tokenizer()
     model.sampling_rate = model.audio_tokenizer.config.sample_rate
     model.duration_estimator = RuleDurationEstimator()

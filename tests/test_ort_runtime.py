@@ -105,3 +105,21 @@ def test_session_threads_environment_must_be_a_count(pipeline, monkeypatch, env)
     monkeypatch.setenv("OMNIVOICE_ORT_THREADS", env)
     with pytest.raises(UserError, match="OMNIVOICE_ORT_THREADS=.* is not a thread count"):
         make_session(pipeline.onnx / GRAPH_FILES["decoder"])
+
+
+def test_text_tokenizer_is_parsed_once_per_state_of_its_files(tiny_model, tmp_path) -> None:
+    """Step 6 loads one OmniVoice per variant; the ~1.2 s tokenizer parse is shared while the
+    checkpoint's files are unchanged, and read again once one of them changes."""
+    import os
+    import shutil
+
+    from omnivoice_export.ort_runtime import _files_state, _text_tokenizer
+
+    checkpoint = tmp_path / "checkpoint"
+    shutil.copytree(tiny_model, checkpoint, ignore=shutil.ignore_patterns("audio_tokenizer", "*.safetensors"))
+    first = _text_tokenizer(str(checkpoint), _files_state(checkpoint))
+    assert _text_tokenizer(str(checkpoint), _files_state(checkpoint)) is first
+    config = checkpoint / "tokenizer_config.json"
+    os.utime(config, ns=(config.stat().st_atime_ns, config.stat().st_mtime_ns + 10**9))
+    again = _text_tokenizer(str(checkpoint), _files_state(checkpoint))
+    assert again is not first and again("hello").input_ids == first("hello").input_ids

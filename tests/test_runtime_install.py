@@ -51,13 +51,15 @@ def test_runtime_imports_without_the_toolchain() -> None:
 def test_runtime_synthesises_from_an_empty_venv(pipeline, tmp_path: Path) -> None:
     # pip sees this workplace's configuration here; requirements-runtime.txt is the whole closure
     # (--no-deps), so nothing beyond it can arrive.
+    # The venv gets no pip of its own (ensurepip costs seconds): this venv's pip installs into it.
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     python = str(venv / "bin" / "python")
-    install = subprocess.run([python, "-m", "pip", "install", "--quiet", "--no-deps", "-r",
-                              str(REPO / "requirements-runtime.txt")], capture_output=True, text=True)
+    pip = [sys.executable, "-m", "pip", "--python", python]
+    install = subprocess.run([*pip, "install", "--quiet", "--no-deps", "-r", str(REPO / "requirements-runtime.txt")],
+                             capture_output=True, text=True)
     assert install.returncode == 0, install.stderr
-    listed = subprocess.run([python, "-m", "pip", "list", "--format=freeze"], capture_output=True, text=True).stdout
+    listed = subprocess.run([*pip, "list", "--format=freeze"], capture_output=True, text=True).stdout
     assert not any(line.lower().startswith(("torch", "transformers", "omnivoice", "pydub")) for line in listed.splitlines())
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     result = subprocess.run([python, "-c", SYNTHESIS, str(pipeline.onnx)], capture_output=True, text=True, env=env,
