@@ -618,8 +618,8 @@ def markdown(summary: dict[str, Any], meta: dict[str, Any]) -> str:
                   f"({rss['onnx']['min']:.0f}..{rss['onnx']['max']:.0f}): "
                   f"**{rss['onnx']['median'] / rss['torch']['median']:.2f}x**"]
     calls = summary["peak_rss_mb_calls"]
-    longest = max(int(label.split()[-1][:-1]) for label in summary["codec"])
-    lines += [f"Peak RSS of the per-call workers (every shape above, {longest} s codec calls): torch {calls['torch']:.0f} MiB, "
+    lines += [f"Peak RSS of the per-call workers (every shape above, {max(meta['codec_seconds'])} s codec calls): "
+              f"torch {calls['torch']:.0f} MiB, "
               f"ONNX {calls['onnx']:.0f} MiB", ""]
     return "\n".join(lines + variants_markdown(summary))
 
@@ -648,7 +648,8 @@ def main(argv: list[str] | None = None) -> None:
             run.pop("e2e_final_tokens", None)
     meta = {"model": args.model, "fingerprint": fingerprint, "host": socket.gethostname(),
             "date": datetime.date.today().isoformat(), "cpu": cpu_description(), "repeats": args.repeats,
-            "calls": args.calls, "gemm_seconds": args.gemm_seconds, "num_step": args.num_step, "python": platform.python_version(),
+            "calls": args.calls, "shapes": args.shape_labels, "codec_seconds": args.codec_durations,
+            "gemm_seconds": args.gemm_seconds, "num_step": args.num_step, "python": platform.python_version(),
             "ort_threads": default_threads()}  # None: onnxruntime's default, one per core
     stem = args.results_dir / f"{meta['date']}-{meta['host']}-{Path(args.model).name}"
     write_json_atomic(stem.with_suffix(".json"), {"meta": meta, "summary": summary, "rounds": rounds})

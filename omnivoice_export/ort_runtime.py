@@ -90,7 +90,9 @@ def _text_tokenizer(model_path: str, files_state: tuple):
 
 
 def _files_state(directory: Path) -> tuple:
-    return tuple((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(Path(directory).iterdir()) if p.is_file())
+    """(name, size, mtime) of each file directly in `directory`: the key of _text_tokenizer's cache."""
+    stats = ((path.name, path.stat()) for path in sorted(Path(directory).iterdir()) if path.is_file())
+    return tuple((name, stat.st_size, stat.st_mtime_ns) for name, stat in stats)
 
 
 def load_onnx_omnivoice(model_path: Path, graphs: OrtGraphs, split: bool = True):

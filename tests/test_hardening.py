@@ -328,7 +328,7 @@ def test_bench_fails_on_other_tokens_names_the_cpu_and_times_each_variant(pipeli
       generate() gives other tokens: the bench still writes its figures, with the CPU and GEMM
       libraries they belong to and ORT padded vs torch padded beside the split, and exits 1;
     - --variants int8 (built from the correct graph before the perturbed one replaced it): per
-      call at the three shapes and generate() beside fp32 ORT's in the same round, size on disk,
+      call at each shape timed and generate() beside fp32 ORT's in the same round, size on disk,
       peak RSS, its own table row. (Each variant is one more pair of worker processes; the fp32
       variants' tokens are held to the fp32 verdict by infer_onnx.py --variant, test_fusion.)
     """
@@ -363,6 +363,7 @@ def test_bench_fails_on_other_tokens_names_the_cpu_and_times_each_variant(pipeli
         assert variant["generate"]["peak_rss_mb"]["median"] > 0 and variant["generate"]["speedup_vs_fp32"] > 0
     text = (results.with_suffix(".md")).read_text()
     assert "ORT padded vs torch" in text and cpu["model_name"] in text and " MiB" in text
+    assert (data["meta"]["shapes"], data["meta"]["codec_seconds"]) == (["S~200"], [1]) and "1 s codec calls" in text
     assert all(any(row.startswith(f"| {name} |") for row in text.splitlines()) for name in ("fp32", "int8"))
 
 
