@@ -7,7 +7,8 @@ Measures, for one checkpoint (tiny, full-random or a path) and its ONNX export:
                  the transformer's achieved GFLOP/s is reported against
     transformer  one forward at representative shapes (--shapes: S ~ 200, 435, 800) with generate()'s real
                  cond/uncond layout; PyTorch padded (upstream) vs ORT padded vs ORT split
-                 (cond and uncond rows each at their own length)
+                 (cond and uncond rows each at their own length); the ONNX workers time the
+                 inputs the torch worker built and load no PyTorch weights
     encoder      --codec-seconds of audio (5 s and 20 s);  decoder  the same durations as codes
     generate()   a voice clone from the ~5 s capture reference, each in a fresh process that
                  loads the model and generates once: PyTorch eager (upstream) vs the ONNX graphs
@@ -117,7 +118,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              "the same run; default: every variant in the export report; 'none' for none")
     parser.add_argument("--results-dir", type=Path, default=RESULTS, help="where the .json and .md results go")
     parser.add_argument("--worker", choices=WORKERS, help=argparse.SUPPRESS)
-    parser.add_argument("--scratch", type=Path, help=argparse.SUPPRESS)  # torch logits for the ONNX worker
+    parser.add_argument("--scratch", type=Path, help=argparse.SUPPRESS)  # torch's call inputs and logits, for the ONNX workers
     parser.add_argument("--variant", default="fp32", help=argparse.SUPPRESS)  # an ONNX worker's transformer
     args = parse(parser, argv)
     args.shape_labels = parse_subset(args.shapes, "--shapes", tuple(SHAPE_TEXTS))
@@ -281,17 +282,24 @@ def timed(fn, calls: int) -> list[float]:
     return times
 
 
+def variant_graphs(args, resident_codec: bool = False, variant: str | None = None):
+    """The export's ONNX sessions with `variant`'s transformer (default: the worker's --variant)."""
+    from omnivoice_export.ort_runtime import OrtGraphs
+
+    variant = variant or args.variant
+    transformer = None if variant == "fp32" else quantize.variant_path(args.onnx_dir, variant)
+    return OrtGraphs.load(args.onnx_dir, "cpu", resident_codec=resident_codec, transformer=transformer)
+
+
 def load_variant(args, runtime: str, resident_codec: bool = False, variant: str | None = None):
     """(model, graphs or None): PyTorch eager OmniVoice, or the ONNX graphs inside generate()
     (`variant`'s transformer; default: the worker's --variant)."""
     from omnivoice_export.checkpoints import load_omnivoice, resolve_model
-    from omnivoice_export.ort_runtime import OrtGraphs, load_onnx_omnivoice
+    from omnivoice_export.ort_runtime import load_onnx_omnivoice
 
     if runtime == "torch":
         return load_omnivoice(resolve_model(args.model)), None
-    variant = variant or args.variant
-    transformer = None if variant == "fp32" else quantize.variant_path(args.onnx_dir, variant)
-    graphs = OrtGraphs.load(args.onnx_dir, "cpu", resident_codec=resident_codec, transformer=transformer)
+    graphs = variant_graphs(args, resident_codec, variant)
     return load_onnx_omnivoice(resolve_model(args.model), graphs, split=True), graphs
 
 
@@ -303,79 +311,88 @@ def clone_request(capture_dir: Path, text: str, num_step: int):
                              ref_text=(capture_dir / REF_TXT).read_text().strip(), num_step=num_step)
 
 
-def calls_worker(args, runtime: str) -> dict[str, Any]:
-    """Per-call latencies of the transformer at each shape and of the codec graphs. A variant's
-    worker times its transformer split only (fp32-unmasked and fp32-fused are valid only there)
-    and compares its logits with fp32 ORT's and torch's; the codec graphs are fp32's, not retimed."""
+def codec_audio(seconds: int) -> np.ndarray:
+    """The audio the encoder is timed on: seeded noise, the same in every worker."""
+    return (np.random.default_rng(0).standard_normal((1, 1, seconds * SAMPLE_RATE)) * 0.1).astype(np.float32)
+
+
+def torch_calls(args) -> dict[str, Any]:
+    """PyTorch eager per-call latencies at each shape (padded, as upstream runs it) and of the codec.
+    What it fed the transformer and the decoder goes to --scratch, with its logits: the ONNX
+    workers of the round time and compare on exactly those inputs, without loading PyTorch
+    weights (their peak RSS is ORT's alone)."""
     import torch
 
     from omnivoice_export.capture import read_rows
-    from omnivoice_export.checkpoints import resolve_model
-    from omnivoice_onnx.sessions import prefix_lengths, run, run_split
-
-    if runtime == "onnx" and args.variant != "fp32":
-        return variant_calls(args)
+    from omnivoice_onnx.sessions import prefix_lengths
 
     config = json.loads((resolve_model(args.model) / "config.json").read_text())
     result: dict[str, Any] = {"transformer": {}, "encoder": {}, "decoder": {}, "torch_threads": torch.get_num_threads()}
-    model, graphs = load_variant(args, runtime, resident_codec=True)  # a call's time, not a session load
+    model, _ = load_variant(args, "torch")
     for label in args.shape_labels:
         feeds = first_forward_inputs(model, clone_request(args.capture_dir, SHAPE_TEXTS[label], args.num_step))
+        np.savez(args.scratch / f"inputs-{label}.npz", **feeds)
         lengths = prefix_lengths(feeds["attention_mask"])
         seq = feeds["input_ids"].shape[-1]
         entry = {"S": seq, "row_lengths": lengths, "flops_padded": transformer_flops(config, [seq] * len(lengths)),
                  "flops_split": transformer_flops(config, lengths)}
-        if runtime == "torch":
-            tensors = {k: torch.from_numpy(v) for k, v in feeds.items()}
-            with torch.inference_mode():
-                entry["torch_padded"] = timed(lambda: model(**tensors), args.calls)
-                reference = model(**tensors).logits.numpy()
-            np.save(args.scratch / f"{label}.npy", read_rows(reference, feeds["attention_mask"]))
-        else:
-            session = graphs.transformer
-            entry["ort_padded"] = timed(lambda: run(session, feeds), args.calls)
-            entry["ort_split"] = timed(lambda: run_split(session, **feeds), args.calls)
-            rows = read_rows(run_split(session, **feeds), feeds["attention_mask"])
-            np.save(args.scratch / f"ort-{label}.npy", rows)  # what each variant is compared with
-            reference_path = args.scratch / f"{label}.npy"
-            if reference_path.is_file():
-                entry["split_vs_torch_max_abs"] = float(np.abs(rows - np.load(reference_path)).max())
+        tensors = {k: torch.from_numpy(v) for k, v in feeds.items()}
+        with torch.inference_mode():
+            entry["torch_padded"] = timed(lambda: model(**tensors), args.calls)
+            reference = model(**tensors).logits.numpy()
+        np.save(args.scratch / f"{label}.npy", read_rows(reference, feeds["attention_mask"]))
         result["transformer"][label] = entry
 
-    rng = np.random.default_rng(0)
     for seconds in args.codec_durations:
-        audio = (rng.standard_normal((1, 1, seconds * SAMPLE_RATE)) * 0.1).astype(np.float32)
+        audio = torch.from_numpy(codec_audio(seconds))
         with torch.inference_mode():
-            codes = model.audio_tokenizer.encode(torch.from_numpy(audio)).audio_codes
-            if runtime == "torch":
-                result["encoder"][f"{seconds}s"] = timed(lambda: model.audio_tokenizer.encode(torch.from_numpy(audio)), args.calls)
-                result["decoder"][f"{seconds}s"] = timed(lambda: model.audio_tokenizer.decode(codes), args.calls)
-            else:
-                result["encoder"][f"{seconds}s"] = timed(lambda: graphs.codec.run("encoder", {"input_values": audio}), args.calls)
-                result["decoder"][f"{seconds}s"] = timed(lambda: graphs.codec.run("decoder", {"audio_codes": codes.numpy()}), args.calls)
+            codes = model.audio_tokenizer.encode(audio).audio_codes
+            np.save(args.scratch / f"codes-{seconds}s.npy", codes.numpy())
+            result["encoder"][f"{seconds}s"] = timed(lambda: model.audio_tokenizer.encode(audio), args.calls)
+            result["decoder"][f"{seconds}s"] = timed(lambda: model.audio_tokenizer.decode(codes), args.calls)
     return result
 
 
-def variant_calls(args) -> dict[str, Any]:
-    """Per-call latencies of variant args.variant's transformer at each shape (split), and its logits
-    on the rows generate() reads against fp32 ORT's (same run, same inputs) and torch's."""
+def torch_inputs(args, label: str) -> dict[str, np.ndarray]:
+    """The transformer inputs the round's torch-calls worker built for shape `label`."""
+    with np.load(args.scratch / f"inputs-{label}.npz") as data:
+        return {name: data[name] for name in data.files}
+
+
+def onnx_calls(args) -> dict[str, Any]:
+    """ORT per-call latencies at each shape (padded and split) and of the codec graphs, on the
+    torch-calls worker's inputs; logits against its. A variant's worker times its transformer
+    split only (fp32-unmasked and fp32-fused are valid only there) and compares its logits with
+    fp32 ORT's and torch's; the codec graphs are fp32's, not retimed."""
     from omnivoice_export.capture import read_rows
     from omnivoice_export.metrics import logit_stats
-    from omnivoice_onnx.sessions import prefix_lengths, run_split
+    from omnivoice_onnx.sessions import prefix_lengths, run, run_split
 
-    model, graphs = load_variant(args, "onnx")
+    fp32 = args.variant == "fp32"
+    graphs = variant_graphs(args, resident_codec=fp32)  # a call's time, not a session load
     session = graphs.transformer
-    result: dict[str, Any] = {"transformer": {}}
+    result: dict[str, Any] = {"transformer": {}, "encoder": {}, "decoder": {}} if fp32 else {"transformer": {}}
     for label in args.shape_labels:
-        feeds = first_forward_inputs(model, clone_request(args.capture_dir, SHAPE_TEXTS[label], args.num_step))
-        entry: dict[str, Any] = {"S": feeds["input_ids"].shape[-1], "row_lengths": prefix_lengths(feeds["attention_mask"]),
-                                 "ort_split": timed(lambda: run_split(session, **feeds), args.calls)}
+        feeds = torch_inputs(args, label)
+        entry: dict[str, Any] = {"S": feeds["input_ids"].shape[-1], "row_lengths": prefix_lengths(feeds["attention_mask"])}
+        if fp32:
+            entry["ort_padded"] = timed(lambda: run(session, feeds), args.calls)
+        entry["ort_split"] = timed(lambda: run_split(session, **feeds), args.calls)
         rows = read_rows(run_split(session, **feeds), feeds["attention_mask"])
-        for against, file in (("fp32", f"ort-{label}.npy"), ("torch", f"{label}.npy")):
-            if (args.scratch / file).is_file():
+        if fp32:
+            np.save(args.scratch / f"ort-{label}.npy", rows)  # what each variant is compared with
+            entry["split_vs_torch_max_abs"] = float(np.abs(rows - np.load(args.scratch / f"{label}.npy")).max())
+        else:
+            for against, file in (("fp32", f"ort-{label}.npy"), ("torch", f"{label}.npy")):
                 stats = logit_stats(np.load(args.scratch / file), rows)
                 entry[f"vs_{against}"] = {"argmax_agreement": stats.argmax_agreement, "max_abs": stats.max_abs}
         result["transformer"][label] = entry
+
+    if fp32:
+        for seconds in args.codec_durations:
+            audio, codes = codec_audio(seconds), np.load(args.scratch / f"codes-{seconds}s.npy")
+            result["encoder"][f"{seconds}s"] = timed(lambda: graphs.codec.run("encoder", {"input_values": audio}), args.calls)
+            result["decoder"][f"{seconds}s"] = timed(lambda: graphs.codec.run("decoder", {"audio_codes": codes}), args.calls)
     return result
 
 
@@ -407,9 +424,12 @@ def worker(args) -> dict[str, Any]:
     with PeakRss() as peak:
         if args.worker == "gemm":
             result = gemm_worker(args.gemm_seconds)
+        elif args.worker == "torch-calls":
+            result = torch_calls(args)
+        elif args.worker == "onnx-calls":
+            result = onnx_calls(args)
         else:
-            runtime, kind = args.worker.split("-")
-            result = (calls_worker if kind == "calls" else e2e_worker)(args, runtime)
+            result = e2e_worker(args, args.worker.split("-")[0])
     result["peak_rss_mb"] = peak.peak_mb
     # Other work on the machine slows every figure: the 1-min load average before and after.
     result["load_1min"] = [load_before, os.getloadavg()[0]]
