@@ -66,7 +66,7 @@ from omnivoice_export.checkpoints import model_fingerprint, resolve_model  # noq
 from omnivoice_export.cli import NUM_STEP, CheckFailed, float_range, int_range, parse, parse_subset, run_main  # noqa: E402
 from omnivoice_export.files import atomic_path, write_json_atomic  # noqa: E402
 from omnivoice_export.report import DEFAULT_ONNX_DIR  # noqa: E402
-from omnivoice_onnx.contract import GRAPH_NAMES, SAMPLE_RATE  # noqa: E402
+from omnivoice_onnx.contract import GRAPH_FILES, GRAPH_NAMES, SAMPLE_RATE  # noqa: E402
 from omnivoice_onnx.errors import UserError  # noqa: E402
 from omnivoice_onnx.sessions import THREADS_ENV, default_threads  # noqa: E402
 
@@ -84,7 +84,8 @@ SHAPE_TEXTS = {
 }
 E2E_TEXT = SHAPE_TEXTS["S~435"]
 CODEC_SECONDS = "5,20"
-# One round, in order: the GEMM ceiling, then each pair of variants A B.
+# One round, in order: the GEMM ceiling, then each pair of variants A B. torch-calls must run before
+# onnx-calls, and fp32's onnx-calls before each variant's: each writes to --scratch what the next reads.
 WORKERS = ("gemm", "torch-calls", "onnx-calls", "torch-e2e", "onnx-e2e")
 # GEMM shapes (m, k, n): a square one and the transformer's own at S~435 split (730 rows).
 GEMM_SHAPES = ((2048, 2048, 2048), (730, 1024, 3072), (730, 3072, 1024), (730, 1024, 2048))
@@ -282,24 +283,21 @@ def timed(fn, calls: int) -> list[float]:
     return times
 
 
-def variant_graphs(args, resident_codec: bool = False, variant: str | None = None):
-    """The export's ONNX sessions with `variant`'s transformer (default: the worker's --variant)."""
-    from omnivoice_export.ort_runtime import OrtGraphs
-
+def variant_transformer(args, variant: str | None = None) -> Path:
+    """The transformer graph of `variant` (default: the worker's --variant) in the export."""
     variant = variant or args.variant
-    transformer = None if variant == "fp32" else quantize.variant_path(args.onnx_dir, variant)
-    return OrtGraphs.load(args.onnx_dir, "cpu", resident_codec=resident_codec, transformer=transformer)
+    return args.onnx_dir / GRAPH_FILES["transformer"] if variant == "fp32" else quantize.variant_path(args.onnx_dir, variant)
 
 
-def load_variant(args, runtime: str, resident_codec: bool = False, variant: str | None = None):
+def load_variant(args, runtime: str, variant: str | None = None):
     """(model, graphs or None): PyTorch eager OmniVoice, or the ONNX graphs inside generate()
     (`variant`'s transformer; default: the worker's --variant)."""
-    from omnivoice_export.checkpoints import load_omnivoice, resolve_model
-    from omnivoice_export.ort_runtime import load_onnx_omnivoice
+    from omnivoice_export.checkpoints import load_omnivoice
+    from omnivoice_export.ort_runtime import OrtGraphs, load_onnx_omnivoice
 
     if runtime == "torch":
         return load_omnivoice(resolve_model(args.model)), None
-    graphs = variant_graphs(args, resident_codec, variant)
+    graphs = OrtGraphs.load(args.onnx_dir, "cpu", transformer=variant_transformer(args, variant))
     return load_onnx_omnivoice(resolve_model(args.model), graphs, split=True), graphs
 
 
@@ -316,11 +314,11 @@ def codec_audio(seconds: int) -> np.ndarray:
     return (np.random.default_rng(0).standard_normal((1, 1, seconds * SAMPLE_RATE)) * 0.1).astype(np.float32)
 
 
-def torch_calls(args) -> dict[str, Any]:
+def torch_calls_worker(args) -> dict[str, Any]:
     """PyTorch eager per-call latencies at each shape (padded, as upstream runs it) and of the codec.
     What it fed the transformer and the decoder goes to --scratch, with its logits: the ONNX
-    workers of the round time and compare on exactly those inputs, without loading PyTorch
-    weights (their peak RSS is ORT's alone)."""
+    workers of the round time and compare on exactly those inputs with ORT sessions alone (no
+    torch import, no weights: their peak RSS is ORT's)."""
     import torch
 
     from omnivoice_export.capture import read_rows
@@ -353,27 +351,26 @@ def torch_calls(args) -> dict[str, Any]:
     return result
 
 
-def torch_inputs(args, label: str) -> dict[str, np.ndarray]:
+def saved_inputs(args, label: str) -> dict[str, np.ndarray]:
     """The transformer inputs the round's torch-calls worker built for shape `label`."""
     with np.load(args.scratch / f"inputs-{label}.npz") as data:
         return {name: data[name] for name in data.files}
 
 
-def onnx_calls(args) -> dict[str, Any]:
+def onnx_calls_worker(args) -> dict[str, Any]:
     """ORT per-call latencies at each shape (padded and split) and of the codec graphs, on the
     torch-calls worker's inputs; logits against its. A variant's worker times its transformer
     split only (fp32-unmasked and fp32-fused are valid only there) and compares its logits with
     fp32 ORT's and torch's; the codec graphs are fp32's, not retimed."""
     from omnivoice_export.capture import read_rows
     from omnivoice_export.metrics import logit_stats
-    from omnivoice_onnx.sessions import prefix_lengths, run, run_split
+    from omnivoice_onnx.sessions import TRANSFORMER_ARENA, CodecSessions, make_session, prefix_lengths, run, run_split
 
     fp32 = args.variant == "fp32"
-    graphs = variant_graphs(args, resident_codec=fp32)  # a call's time, not a session load
-    session = graphs.transformer
+    session = make_session(variant_transformer(args), "cpu", arena=TRANSFORMER_ARENA)
     result: dict[str, Any] = {"transformer": {}, "encoder": {}, "decoder": {}} if fp32 else {"transformer": {}}
     for label in args.shape_labels:
-        feeds = torch_inputs(args, label)
+        feeds = saved_inputs(args, label)
         entry: dict[str, Any] = {"S": feeds["input_ids"].shape[-1], "row_lengths": prefix_lengths(feeds["attention_mask"])}
         if fp32:
             entry["ort_padded"] = timed(lambda: run(session, feeds), args.calls)
@@ -389,10 +386,11 @@ def onnx_calls(args) -> dict[str, Any]:
         result["transformer"][label] = entry
 
     if fp32:
+        codec = CodecSessions(args.onnx_dir, "cpu", None, resident=True)  # a call's time, not a session load
         for seconds in args.codec_durations:
             audio, codes = codec_audio(seconds), np.load(args.scratch / f"codes-{seconds}s.npy")
-            result["encoder"][f"{seconds}s"] = timed(lambda: graphs.codec.run("encoder", {"input_values": audio}), args.calls)
-            result["decoder"][f"{seconds}s"] = timed(lambda: graphs.codec.run("decoder", {"audio_codes": codes}), args.calls)
+            result["encoder"][f"{seconds}s"] = timed(lambda: codec.run("encoder", {"input_values": audio}), args.calls)
+            result["decoder"][f"{seconds}s"] = timed(lambda: codec.run("decoder", {"audio_codes": codes}), args.calls)
     return result
 
 
@@ -425,9 +423,9 @@ def worker(args) -> dict[str, Any]:
         if args.worker == "gemm":
             result = gemm_worker(args.gemm_seconds)
         elif args.worker == "torch-calls":
-            result = torch_calls(args)
+            result = torch_calls_worker(args)
         elif args.worker == "onnx-calls":
-            result = onnx_calls(args)
+            result = onnx_calls_worker(args)
         else:
             result = e2e_worker(args, args.worker.split("-")[0])
     result["peak_rss_mb"] = peak.peak_mb
@@ -495,7 +493,7 @@ def summarise(rounds: list[dict[str, dict]], variants: dict[str, dict[str, Any]]
         row["speedup_ort_padded_vs_torch"] = row["torch_padded"]["median"] / row["ort_padded"]["median"]
         row["speedup_ort_split_vs_ort_padded"] = row["ort_padded"]["median"] / row["ort_split"]["median"]
         row["speedup_ort_split_vs_torch"] = row["torch_padded"]["median"] / row["ort_split"]["median"]
-        row["split_vs_torch_max_abs"] = max(r["transformer"][label].get("split_vs_torch_max_abs", 0.0) for r in onnx_calls)
+        row["split_vs_torch_max_abs"] = max(r["transformer"][label]["split_vs_torch_max_abs"] for r in onnx_calls)
         summary["transformer"][label] = row
     for part in ("encoder", "decoder"):
         for key in torch_calls[0][part]:  # the durations timed (--codec-seconds)
@@ -539,10 +537,9 @@ def summarise_variant(rounds: list[dict[str, dict]], name: str, entry: dict[str,
         fp32 = spread([t for r in fp32_calls for t in r["transformer"][label]["ort_split"]])
         row = {"ort_split": mine, "fp32_ort_split": fp32, "speedup_vs_fp32": fp32["median"] / mine["median"]}
         for against in ("fp32", "torch"):
-            stats = [r["transformer"][label][f"vs_{against}"] for r in calls if f"vs_{against}" in r["transformer"][label]]
-            if stats:
-                row[f"vs_{against}"] = {"argmax_agreement": min(s["argmax_agreement"] for s in stats),
-                                        "max_abs": max(s["max_abs"] for s in stats)}
+            stats = [r["transformer"][label][f"vs_{against}"] for r in calls]
+            row[f"vs_{against}"] = {"argmax_agreement": min(s["argmax_agreement"] for s in stats),
+                                    "max_abs": max(s["max_abs"] for s in stats)}
         result["transformer"][label] = row
     e2e = [r[f"onnx-e2e@{name}"] for r in rounds if f"onnx-e2e@{name}" in r]
     if e2e and "generate" in summary:
@@ -578,13 +575,13 @@ def variants_markdown(summary: dict[str, Any]) -> list[str]:
     for name, variant in summary["variants"].items():
         rows = variant["transformer"]
         cells = [f"{rows[label]['ort_split']['median']:.3f} ({rows[label]['speedup_vs_fp32']:.2f}x)" for label in labels]
-        argmax = min((rows[label]["vs_fp32"]["argmax_agreement"] for label in labels if "vs_fp32" in rows[label]), default=None)
-        max_abs = max((rows[label]["vs_fp32"]["max_abs"] for label in labels if "vs_fp32" in rows[label]), default=None)
+        argmax = min(rows[label]["vs_fp32"]["argmax_agreement"] for label in labels)
+        max_abs = max(rows[label]["vs_fp32"]["max_abs"] for label in labels)
         g = variant.get("generate")
         e2e = (f"{g['seconds']['median']:.1f} | {g['speedup_vs_fp32']:.2f}x | {g['speedup_vs_torch']:.2f}x | "
                f"{100 * g['final_token_match']:.2f}% | {g['peak_rss_mb']['median']:.0f}" if g else "- | - | - | - | -")
         lines.append(f"| {name} | {variant['bytes'] / 2**20:.1f} ({100 * variant['size_ratio']:.1f}%) | " + " | ".join(cells)
-                     + f" | {'-' if argmax is None else f'{argmax:.6f}'} | {'-' if max_abs is None else f'{max_abs:.1e}'} | {e2e} |")
+                     + f" | {argmax:.6f} | {max_abs:.1e} | {e2e} |")
     return lines + [""]
 
 
@@ -655,12 +652,15 @@ def main(argv: list[str] | None = None) -> None:
     fingerprint = check_export(args, args.variant_names)
     args.scratch = Path(tempfile.mkdtemp(prefix="omnivoice-bench-"))
     rounds = []
-    for index in range(args.repeats):
-        round_ = {}
-        for key, worker_name, variant in round_workers(args):  # A B A B: drift hits both alike
-            print(f"round {index + 1}/{args.repeats}: {key} ...", flush=True)
-            round_[key] = spawn(args, worker_name, variant)
-        rounds.append(round_)
+    try:
+        for index in range(args.repeats):
+            round_ = {}
+            for key, worker_name, variant in round_workers(args):  # A B A B: drift hits both alike
+                print(f"round {index + 1}/{args.repeats}: {key} ...", flush=True)
+                round_[key] = spawn(args, worker_name, variant)
+            rounds.append(round_)
+    finally:  # the workers' inputs and logits, also when one failed or the run was interrupted
+        shutil.rmtree(args.scratch, ignore_errors=True)
     entries = report.load_report(args.onnx_dir).get("variants", {})
     summary = summarise(rounds, {name: entries[name] for name in args.variant_names})
     for round_ in rounds:  # the tokens were compared in summarise(); keep the result file small
@@ -676,7 +676,6 @@ def main(argv: list[str] | None = None) -> None:
     text = markdown(summary, meta)
     with atomic_path(stem.with_suffix(".md")) as tmp:
         tmp.write_text(text)
-    shutil.rmtree(args.scratch, ignore_errors=True)
     print(text)
     print(f"results: {stem.with_suffix('.json')}")
     fp32_variants = [name for name, v in summary["variants"].items() if v["recipe"]["bits"] == 32 and "generate" in v
