@@ -66,7 +66,7 @@ from omnivoice_export.checkpoints import model_fingerprint, resolve_model  # noq
 from omnivoice_export.cli import NUM_STEP, CheckFailed, float_range, int_range, parse, parse_subset, run_main  # noqa: E402
 from omnivoice_export.files import atomic_path, write_json_atomic  # noqa: E402
 from omnivoice_export.report import DEFAULT_ONNX_DIR  # noqa: E402
-from omnivoice_onnx.contract import GRAPH_FILES, GRAPH_NAMES, SAMPLE_RATE  # noqa: E402
+from omnivoice_onnx.contract import GRAPH_NAMES, SAMPLE_RATE, variant_path  # noqa: E402
 from omnivoice_onnx.errors import UserError  # noqa: E402
 from omnivoice_onnx.sessions import THREADS_ENV, default_threads  # noqa: E402
 
@@ -283,12 +283,6 @@ def timed(fn, calls: int) -> list[float]:
     return times
 
 
-def variant_transformer(args, variant: str | None = None) -> Path:
-    """The transformer graph of `variant` (default: the worker's --variant) in the export."""
-    variant = variant or args.variant
-    return args.onnx_dir / GRAPH_FILES["transformer"] if variant == "fp32" else quantize.variant_path(args.onnx_dir, variant)
-
-
 def load_variant(args, runtime: str, variant: str | None = None):
     """(model, graphs or None): PyTorch eager OmniVoice, or the ONNX graphs inside generate()
     (`variant`'s transformer; default: the worker's --variant)."""
@@ -297,7 +291,7 @@ def load_variant(args, runtime: str, variant: str | None = None):
 
     if runtime == "torch":
         return load_omnivoice(resolve_model(args.model)), None
-    graphs = OrtGraphs.load(args.onnx_dir, "cpu", transformer=variant_transformer(args, variant))
+    graphs = OrtGraphs.load(args.onnx_dir, "cpu", transformer=variant_path(args.onnx_dir, variant or args.variant))
     return load_onnx_omnivoice(resolve_model(args.model), graphs, split=True), graphs
 
 
@@ -367,7 +361,7 @@ def onnx_calls_worker(args) -> dict[str, Any]:
     from omnivoice_onnx.sessions import TRANSFORMER_ARENA, CodecSessions, make_session, prefix_lengths, run, run_split
 
     fp32 = args.variant == "fp32"
-    session = make_session(variant_transformer(args), "cpu", arena=TRANSFORMER_ARENA)
+    session = make_session(variant_path(args.onnx_dir, args.variant), "cpu", arena=TRANSFORMER_ARENA)
     result: dict[str, Any] = {"transformer": {}, "encoder": {}, "decoder": {}} if fp32 else {"transformer": {}}
     for label in args.shape_labels:
         feeds = saved_inputs(args, label)
