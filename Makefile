@@ -2,7 +2,8 @@
 # when requirements.txt changes. Each pipeline stage is a file target (sherpa-onnx run.sh style),
 # so re-running `make demo` redoes only what changed: a new model, an edited script or package.
 #
-#   make demo                 steps 0-4 on the tiny checkpoint, then the parity and end-to-end summaries
+#   make demo                 steps 0-4 on the tiny checkpoint: a summary per step (all output in demo.log);
+#                             a second run with nothing changed does nothing
 #   make demo MODEL=full-random   the same at the real dims (minutes; ~10 GB RAM)
 #   make test                 the whole pytest suite on two workers (tiny checkpoint, CPU; minutes)
 #   make test-fast            the quick subset: skips tests marked slow (pytest.ini), i.e. all that need steps 0-2
@@ -24,7 +25,14 @@ PROVIDER ?= cpu
 CAPTURE := capture
 ONNX := onnx
 MODEL_MARK := checkpoints/.demo-model
-PACKAGE := $(wildcard omnivoice_export/*.py omnivoice_onnx/*.py)
+PACKAGE := $(wildcard omnivoice_export/*.py omnivoice_onnx/*.py omnivoice_onnx/*/*.py)
+# make demo's whole output; the terminal gets each step's summary (scripts/demo_step.sh).
+DEMO_LOG := demo.log
+STEP := scripts/demo_step.sh $(DEMO_LOG)
+# Steps 3-4 write their verdicts into the export report; this marker, touched after them, is what
+# makes a second `make demo` with nothing changed do nothing (a new export, script or package
+# file, or another PROVIDER, re-runs them).
+DEMO_DONE := $(CAPTURE)/.demo-$(PROVIDER).done
 
 .PHONY: demo test test-fast venv venv-gpu bench quality clean gpu-check FORCE
 # A step that fails must not leave a target that looks up to date: make deletes a target its
@@ -71,17 +79,21 @@ $(MODEL_MARK): FORCE
 	@echo "$(MODEL)" | cmp -s - $@ || echo "$(MODEL)" > $@
 
 $(CAPTURE)/ref_voice.wav: $(STAMP) $(MODEL_MARK) make_reference.py $(PACKAGE)
-	$(PY) make_reference.py --model $(MODEL)
+	@$(STEP) "step 0: reference voice ($(MODEL))" $(PY) make_reference.py --model $(MODEL)
 
 $(CAPTURE)/manifest.json: $(CAPTURE)/ref_voice.wav capture_reference.py
-	$(PY) capture_reference.py --model $(MODEL)
+	@$(STEP) "step 1: capture PyTorch generate() I/O" $(PY) capture_reference.py --model $(MODEL)
 
 $(ONNX)/export-report.json: $(CAPTURE)/manifest.json export_omnivoice.py
-	$(PY) export_omnivoice.py --model $(MODEL)
+	@$(STEP) "step 2: export the three graphs" $(PY) export_omnivoice.py --model $(MODEL)
 
-demo: $(ONNX)/export-report.json
-	$(PY) parity_check.py --provider $(PROVIDER)
-	$(PY) infer_onnx.py --provider $(PROVIDER)
+$(DEMO_DONE): $(ONNX)/export-report.json parity_check.py infer_onnx.py $(PACKAGE)
+	@$(STEP) "step 3: parity, provider $(PROVIDER)" $(PY) parity_check.py --provider $(PROVIDER)
+	@$(STEP) "step 4: end to end, provider $(PROVIDER)" $(PY) infer_onnx.py --provider $(PROVIDER)
+	@touch $@
+
+demo: $(DEMO_DONE)
+	@echo "demo: steps 0-4 up to date for $(MODEL) on $(PROVIDER); verdicts in $(ONNX)/export-report.json, whole output in $(DEMO_LOG)"
 
 bench: $(ONNX)/export-report.json
 	$(PY) bench/bench_omnivoice.py --model $(MODEL) --onnx-dir $(ONNX) --capture-dir $(CAPTURE)
@@ -97,4 +109,4 @@ gpu-check:
 	PY=$(PY) scripts/gpu_check.sh
 
 clean:
-	rm -rf $(CAPTURE) $(ONNX) $(MODEL_MARK)
+	rm -rf $(CAPTURE) $(ONNX) $(MODEL_MARK) $(DEMO_LOG)
