@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -465,3 +466,39 @@ def test_export_stderr_is_empty(request, exporter: str) -> None:
     stderr = request.getfixturevalue("pipeline" if exporter == "dynamo" else "legacy_export").export_stderr
     assert not [noise for noise in NOISE if noise in stderr], stderr[:3000]
     assert stderr == "", stderr[:3000]
+
+
+def test_make_demo_prints_summaries_and_a_second_run_does_nothing(tmp_path: Path) -> None:
+    """`make demo` shows each step's summary (per-call check lines go to the log only), and a second
+    run with nothing changed runs no step: steps 0-2 are file targets, steps 3-4 sit behind a marker
+    touched after them (they rewrite the report, so the report cannot be their target)."""
+    if shutil.which("make") is None:
+        pytest.skip("no make")
+    capture_dir, onnx_dir, calls = tmp_path / "capture", tmp_path / "onnx", tmp_path / "calls"
+    fake_python = tmp_path / "python"  # stands in for $(PY): each script writes its target and prints a check line
+    fake_python.write_text(textwrap.dedent(f"""\
+        #!/bin/sh
+        echo "$1" >> {calls}
+        mkdir -p {capture_dir} {onnx_dir}
+        case "$1" in
+          make_reference.py) touch {capture_dir}/ref_voice.wav ;;
+          capture_reference.py) touch {capture_dir}/manifest.json ;;
+          export_omnivoice.py) touch {onnx_dir}/export-report.json ;;
+          *) touch {onnx_dir}/export-report.json ;;
+        esac
+        echo "[transformer] clone step  0 argmax=1.000000 OK"
+        echo "OVERALL: PASS ($1)"
+        """))
+    fake_python.chmod(0o755)
+    argv = ["make", "-C", str(REPO), f"PY={fake_python}", f"CAPTURE={capture_dir}", f"ONNX={onnx_dir}",
+            f"MODEL_MARK={tmp_path / 'model-mark'}", f"DEMO_LOG={tmp_path / 'demo.log'}", "-o", ".venv/.installed",
+            "demo"]
+    first = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert calls.read_text().split() == ["make_reference.py", "capture_reference.py", "export_omnivoice.py",
+                                         "parity_check.py", "infer_onnx.py"]
+    assert "OVERALL: PASS (parity_check.py)" in first.stdout and "[transformer]" not in first.stdout
+    assert "[transformer] clone step  0" in (tmp_path / "demo.log").read_text()
+    second = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert second.returncode == 0 and "up to date" in second.stdout
+    assert len(calls.read_text().split()) == 5  # nothing ran again
