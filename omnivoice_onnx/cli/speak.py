@@ -156,7 +156,13 @@ def voice_kwargs(args: argparse.Namespace, tts, kwargs: dict[str, Any]) -> dict[
     same thing twice is refused. The voices module is imported here, when a voice is asked for."""
     if args.voice is None:
         return kwargs
-    from omnivoice_onnx import voices
+    try:
+        from omnivoice_onnx import voices
+    except ModuleNotFoundError as exc:
+        if exc.name != "omnivoice_onnx.voices":
+            raise
+        raise UserError("this omnivoice-onnx has no saved voices (omnivoice_onnx.voices)",
+                        "use --ref-audio and --ref-text, or install a version with `omnivoice-onnx voice`") from exc
 
     folder = voices.voices_dir(args.model_dir, args.voices)
     voice = voices.load_voice(args.voice, folder, tts.metadata["model_fingerprint"])
