@@ -102,7 +102,7 @@ def test_progress_line_and_summary() -> None:
     text = err.getvalue()
     assert "chunk 1/2 step 3/4" in text and "ETA" in text
     assert text.rstrip().split("\x1b[K")[-1].startswith("omnivoice-onnx: 2.00 s of audio in ")
-    assert "RTF" in text and "seed 42 -> x.wav" in text
+    assert "RTF" in text and "model loaded in" in text and "seed 42 -> x.wav" in text
     quiet = io.StringIO()
     speak.Reporter(False, quiet).progress(Progress(1, 1, 1, 1))
     assert quiet.getvalue() == ""
