@@ -42,6 +42,7 @@ import numpy as np
 
 from omnivoice_onnx.contract import AUDIO_VOCAB_SIZE, NUM_CODEBOOKS
 from omnivoice_onnx.errors import UserError
+from omnivoice_onnx.files import atomic_path
 from omnivoice_onnx.generate import VoiceClonePrompt
 
 VOICES_ENV = "OMNIVOICE_VOICES"
@@ -75,7 +76,7 @@ def check_name(name: str) -> str:
     if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
         raise UserError(f"voice name {name!r} is not a plain name (a letter or digit, then letters, digits, "
                         "'_' or '-', at most 64; no dots, slashes or spaces)",
-                        "pass a name like 'alice' or 'narrator_2', or a voice file's path (with its .json/.pt)")
+                        "pass a name like 'alice' or 'narrator_2'")
     return name
 
 
@@ -198,8 +199,8 @@ def load_voice(spec: str, voices: Path, model_fingerprint: str) -> Voice:
     another model is refused, naming both. An upstream .pt carries no fingerprint and is taken as is."""
     voice = read_voice(spec, voices)
     if voice.model_fingerprint and voice.model_fingerprint != model_fingerprint:
-        raise UserError(f"voice {voice.name!r} ({voice.path}) was made for model {voice.model_fingerprint[:16]}, but "
-                        f"this bundle is model {model_fingerprint[:16]}: its tokens are another model's codes",
+        raise UserError(f"voice {voice.name!r} ({voice.path}) was made for model {voice.model_fingerprint}, but "
+                        f"this bundle is model {model_fingerprint}: its tokens are another model's codes",
                         ADD_FIX.replace("NAME", voice.name))
     return voice
 
@@ -218,13 +219,8 @@ def save_voice(voices: Path, name: str, voice: Voice) -> Path:
     """Write `voice` as <voices>/<name>.json (atomically; an existing one is replaced) -> its path."""
     path = voice_path(voices, name)
     text = json.dumps(voice.to_json(), ensure_ascii=False, separators=(",", ":")) + "\n"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")  # until omnivoice_onnx.files.atomic_path is merged
-    try:
+    with atomic_path(path) as tmp:
         tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
     return path
 
 
