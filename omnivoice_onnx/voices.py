@@ -218,6 +218,10 @@ def list_voices(voices: Path) -> list[Voice]:
 def save_voice(voices: Path, name: str, voice: Voice) -> Path:
     """Write `voice` as <voices>/<name>.json (atomically; an existing one is replaced) -> its path."""
     path = voice_path(voices, name)
+    if not voice.model_fingerprint or (voice.prompt is None and voice.instruct is None):
+        # What _read_json_voice would refuse is never written.
+        raise UserError(f"voice {name!r} has no model fingerprint, or neither a reference nor an instruct",
+                        "give it the bundle's model_fingerprint and a prompt or an instruct")
     text = json.dumps(voice.to_json(), ensure_ascii=False, separators=(",", ":")) + "\n"
     with atomic_path(path) as tmp:
         tmp.write_text(text, encoding="utf-8")
