@@ -92,6 +92,9 @@ def run(args: argparse.Namespace) -> int:
             path = variant_path(onnx_dir, variant)
             label = metadata_props(path).get("variant", "?")
             print(f"  {variant}/{_files_line(path)}  (metadata variant {label})")
+            sidecar = path.with_name(path.name + ".data")
+            if sidecar.is_file():
+                print(f"  {variant}/{_files_line(sidecar)}")
     print(f"verdicts    {_verdicts(_report(onnx_dir))}")
     print(f"languages   {len(languages['ids'])} (list them: omnivoice-onnx info --languages; --language takes a "
           "name or an id)")
