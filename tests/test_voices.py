@@ -162,6 +162,14 @@ def test_saved_voice_speaks_as_its_reference(pipeline: Pipeline, tts, tmp_path: 
     saved = tts.generate(text, **voice.generate_kwargs(), generation_config=FEW_STEPS, seed=3)[0]
     direct = tts.generate(text, ref_audio=ref_audio, ref_text=ref_text, generation_config=FEW_STEPS, seed=3)[0]
     assert np.array_equal(saved, direct)
+    # The same through `speak`: --voice NAME writes the file --ref-audio/--ref-text writes.
+    outs = {name: tmp_path / f"{name}.wav" for name in ("voice", "reference")}
+    common = ["speak", text, "--model-dir", str(pipeline.onnx), "--seed", "3", "--num-step", "4"]
+    for name, given in (("voice", ["--voice", "alice", "--voices", str(voices)]),
+                        ("reference", ["--ref-audio", ref_audio, "--ref-text", ref_text])):
+        spoken = _cli(*common, *given, "--out", str(outs[name]))
+        assert spoken.returncode == 0, spoken.stderr
+    assert outs["voice"].read_bytes() == outs["reference"].read_bytes()
 
     again = _cli("voice", "add", "alice", "--instruct", "female", *flags)
     assert again.returncode == 2 and "--force" in single_stderr_line(again)

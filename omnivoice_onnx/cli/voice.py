@@ -20,18 +20,19 @@ import sys
 from pathlib import Path
 
 from omnivoice_onnx.bundle import bundle_metadata
+from omnivoice_onnx.cli.speak import DEFAULT_MODEL_DIR
 from omnivoice_onnx.cliutil import prepare
 from omnivoice_onnx.contract import FRAME_RATE
 from omnivoice_onnx.errors import UserError
 from omnivoice_onnx.voices import (VOICES_ENV, Voice, list_voices, load_upstream_voice, read_voice, save_voice,
                                    voice_path, voices_dir)
 
-DEFAULT_MODEL_DIR = Path("onnx")
 FORCE_FIX = "pass --force to replace it, or choose another name"
 
 
 def _common(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    parser.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL_DIR, help="the export folder (the bundle)")
+    parser.add_argument("--model-dir", "--model_dir", dest="model_dir", type=Path, default=DEFAULT_MODEL_DIR,
+                        help="the export folder (the bundle)")
     parser.add_argument("--voices", type=Path, default=None,
                         help=f"the voices folder (default: ${VOICES_ENV}, else <model-dir>/voices)")
     return prepare(parser)
