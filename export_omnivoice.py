@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from omnivoice_export import capture, exporting, report, wrappers
+from omnivoice_export import capture, exporting, model_card, report, wrappers
 from omnivoice_export.checkpoints import add_model_arg, load_omnivoice, model_fingerprint, resolve_model
 from omnivoice_export.cli import CheckFailed, check_input_dir, check_output, int_range, parse, parse_subset, run_main
 from omnivoice_export.files import sha256_file, temporary_dir
@@ -141,6 +141,7 @@ def main(argv: list[str] | None = None) -> None:
     modules = wrappers.make_wrappers(model)
     config = json.loads((model_path / "config.json").read_text())
     versions = report.package_versions()
+    provenance = model_card.provenance(model_path)
     t_example, t_checks = transformer_examples(args.capture_dir, manifest)
     codec = codec_examples(args.capture_dir, manifest) if {"encoder", "decoder"} & set(graphs) else {}
 
@@ -152,7 +153,7 @@ def main(argv: list[str] | None = None) -> None:
             result = exporting.export_graph(modules[graph], graph, inputs, staging, not args.no_dynamo, args.opset)
             path = staging / GRAPH_FILES[graph]
             exporting.set_metadata(path, graph, exporting.graph_metadata(graph, config, fingerprint, result.exporter,
-                                                                  args.opset, versions))
+                                                                  args.opset, versions, provenance))
             result.checker = exporting.check_graph(path)
             session = make_session(path, "cpu")
             if graph == "transformer":
@@ -181,10 +182,12 @@ def main(argv: list[str] | None = None) -> None:
 
     # What the torch-free runtime needs besides the graphs, so that onnx/ can be used alone.
     assets = write_runtime_assets(model_path, args.onnx_dir)
+    model_card.copy_licence_files(model_path, args.onnx_dir, provenance["license_files"])
     report.write_export_report(args.onnx_dir, model_path, fingerprint, args.capture_dir,
                                manifest["model"]["fingerprint"], manifest_sha256, versions,
-                               {**(previous["graphs"] if previous else {}), **entries}, assets)
-    print(f"\n[step 2] export complete: {args.onnx_dir}  report {report.report_path(args.onnx_dir)}")
+                               {**(previous["graphs"] if previous else {}), **entries}, assets, provenance)
+    print(f"\n[step 2] export complete: {args.onnx_dir}  report {report.report_path(args.onnx_dir)}  model card "
+          f"{args.onnx_dir / model_card.MODEL_CARD_FILE}")
 
 
 if __name__ == "__main__":

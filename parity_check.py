@@ -282,7 +282,7 @@ def main(argv: list[str] | None = None) -> None:
                         "re-run capture_reference.py with clone among --modes, or pass --graphs transformer,decoder")
     model_path = None
     if "encoder" in graphs and not args.no_sweep:
-        model_path = validate_checkpoint_dir(Path(export["model"]["path"]))
+        model_path = validate_checkpoint_dir(report.recorded_path(export["model"]["path"]))
     informational = args.provider == "cuda-tf32"
     print(f"[step 3] provider {args.provider}; model {export['model']['fingerprint']}; "
           f"capture device {manifest['device']}" + ("; TF32: a speed/precision trade-off, not a parity verdict"

@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> None:
     if not made:
         raise UserError(f"the export in {args.onnx_dir} has no variants", "run quantize_omnivoice.py (step 5) first")
     names = list(made) if args.variants is None else parse_subset(args.variants, "--variants", made)
-    model_path = resolve_model(args.model) if args.model else validate_checkpoint_dir(Path(export["model"]["path"]))
+    model_path = resolve_model(args.model) if args.model else validate_checkpoint_dir(report.recorded_path(export["model"]["path"]))
     wav_dir = args.wav_dir or args.capture_dir / "variants"
     machine = quality.machine()
     print(f"[step 6] fp32 and {', '.join(names)} on {machine['cpu']}, {machine['cores']} cores, "

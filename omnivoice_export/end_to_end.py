@@ -216,7 +216,7 @@ def compare(args) -> None:
     check_compare_flags(args, manifest)
     if "clone" in manifest["modes"]:
         capture.reference_wav(args.capture_dir, manifest)  # the very reference the clone tokens came from
-    model_path = resolve_model(args.model) if args.model else validate_checkpoint_dir(Path(export["model"]["path"]))
+    model_path = resolve_model(args.model) if args.model else validate_checkpoint_dir(report.recorded_path(export["model"]["path"]))
     transformer, judged = variant_transformer(args, export)
     graphs = OrtGraphs.load(args.onnx_dir, args.provider, args.threads, transformer=transformer)
     model = load_onnx_omnivoice(model_path, graphs, split=not args.no_split)

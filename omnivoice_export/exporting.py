@@ -176,8 +176,10 @@ def set_metadata(path: Path, graph: str, metadata: dict[str, str]) -> None:
 
 
 def graph_metadata(graph: str, config: dict[str, Any], fingerprint: str, exporter: str, opset: int,
-                   versions: dict[str, str]) -> dict[str, str]:
-    """Constants a runtime needs, carried inside each graph (sherpa-onnx add_meta_data style)."""
+                   versions: dict[str, str], provenance: dict[str, Any]) -> dict[str, str]:
+    """Constants a runtime needs, carried inside each graph (sherpa-onnx add_meta_data style), and
+    the licence and source of the weights (omnivoice_export.model_card.provenance): a graph copied
+    out of its bundle still says what terms it carries."""
     from omnivoice.models.omnivoice import OmniVoiceGenerationConfig
     import dataclasses
 
@@ -197,6 +199,8 @@ def graph_metadata(graph: str, config: dict[str, Any], fingerprint: str, exporte
         "exporter": exporter,
         "opset": str(opset),
         "versions": json.dumps(versions),
+        "license": provenance["license"],
+        "source": provenance["source"],
     }
 
 

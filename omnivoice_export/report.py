@@ -3,9 +3,15 @@
 The report is what users read after export and after each parity / end-to-end run. The export
 writes it whole (a new export makes earlier parity and end-to-end results stale); every later
 stage merges its own section into it with an atomic write, so a run for one provider never erases
-another's and an interrupted update leaves the previous report intact.
+another's and an interrupted update leaves the previous report intact. Every write also
+re-renders the bundle's model card (onnx/README.md, omnivoice_export.model_card) from the report,
+so the card's variants and verdicts are always the report's.
 
     format, model {path, fingerprint}, capture {dir, fingerprint, manifest_sha256}, versions,
+    provenance         license, license_from, source, random_weights, license_files
+                       (omnivoice_export.model_card.provenance)
+    local_only         the fields holding a path outside the project (absolute, meaningful on the
+                       machine that built the export only); every other path is relative to the project
     graphs.<graph>     file, exporter, fallback_reason, opset, signature, export_seconds,
                        peak_rss_mb, checker, original_external_files, self_checks, files
     parity.<provider>  provider, verdict, thresholds, capture_device, seconds, graphs
@@ -21,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from omnivoice_export import model_card
 from omnivoice_export.cli import REPO_ROOT
 from omnivoice_export.files import (FILE_ENTRY_SCHEMA, Each, existing_file, file_entry, matches_entry, read_artefact,
                                     sha256_file, write_json_atomic)
@@ -82,20 +89,45 @@ def graph_entry(result: ExportResult, signature: dict[str, Any], files: dict[str
     }
 
 
+def project_path(path: Path) -> tuple[str, bool]:
+    """(how the report writes `path`, whether it is local-only): relative to the project when it
+    lies inside it (checkpoints/tiny, capture), so a copied bundle names no build machine's
+    directories; else absolute, and marked local-only by the caller (`local_only`)."""
+    path = Path(path)
+    for candidate in (path.absolute(), path.resolve()):  # a symlinked checkpoints/ is inside by its name
+        try:
+            return candidate.relative_to(REPO_ROOT).as_posix(), False
+        except ValueError:
+            continue
+    return str(path.resolve()), True
+
+
+def recorded_path(path: str) -> Path:
+    """A path the report recorded (project_path), as a path to open: relative ones are the project's."""
+    return REPO_ROOT / path if not Path(path).is_absolute() else Path(path)
+
+
 def write_export_report(onnx_dir: Path, model_path: Path, fingerprint: str, capture_dir: Path,
                         capture_fingerprint: str, manifest_sha256: str, versions: dict[str, str],
-                        graphs: dict[str, Any], runtime_assets: dict[str, Any]) -> None:
-    """Write a new report: the export's provenance, `graphs` and the runtime's files (tokenizer,
-    runtime config: {name: {sha256, bytes}}). Parity and end-to-end results describe the graphs
-    they ran on; a new export makes them stale, so they are not kept."""
-    write_json_atomic(report_path(onnx_dir), {
+                        graphs: dict[str, Any], runtime_assets: dict[str, Any], provenance: dict[str, Any]) -> None:
+    """Write a new report: the export's provenance (model_card.provenance), `graphs` and the
+    runtime's files (tokenizer, runtime config: {name: {sha256, bytes}}); then the model card.
+    Parity and end-to-end results describe the graphs they ran on; a new export makes them stale,
+    so they are not kept."""
+    model, model_local = project_path(model_path)
+    capture, capture_local = project_path(capture_dir)
+    data = {
         "format": REPORT_FORMAT,
-        "model": {"path": str(model_path), "fingerprint": fingerprint},
-        "capture": {"dir": str(capture_dir), "fingerprint": capture_fingerprint, "manifest_sha256": manifest_sha256},
+        "model": {"path": model, "fingerprint": fingerprint},
+        "capture": {"dir": capture, "fingerprint": capture_fingerprint, "manifest_sha256": manifest_sha256},
+        "local_only": [field for field, local in (("model.path", model_local), ("capture.dir", capture_local)) if local],
+        "provenance": provenance,
         "versions": versions,
         "graphs": graphs,
         "runtime_assets": runtime_assets,
-    })
+    }
+    write_json_atomic(report_path(onnx_dir), data)
+    model_card.write(onnx_dir, data)
 
 
 # What the stages read from a report (schema_problem's notation); parity and end-to-end sections
@@ -239,4 +271,5 @@ def merge_section(onnx_dir: Path, path: tuple[str, ...], value: Any) -> dict[str
         node = node.setdefault(key, {})
     node[path[-1]] = value
     write_json_atomic(report_path(onnx_dir), report)
+    model_card.write(onnx_dir, report)
     return report

@@ -38,7 +38,7 @@ from filelock import FileLock
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from omnivoice_export import exporting, report, wrappers  # noqa: E402
+from omnivoice_export import exporting, model_card, report, wrappers  # noqa: E402
 from omnivoice_export.checkpoints import ensure_built, load_omnivoice, model_fingerprint  # noqa: E402
 from omnivoice_export.files import write_json_atomic  # noqa: E402
 from omnivoice_onnx.contract import GRAPH_FILES  # noqa: E402
@@ -202,7 +202,7 @@ def export_wrong_transformer(pipeline: Pipeline, module: torch.nn.Module, out: P
     config = json.loads((pipeline.model / "config.json").read_text())
     exporting.set_metadata(out / GRAPH_FILES["transformer"], "transformer", exporting.graph_metadata(
         "transformer", config, model_fingerprint(pipeline.model), "dynamo", exporting.DEFAULT_OPSET,
-        report.package_versions()))
+        report.package_versions(), model_card.provenance(pipeline.model)))
 
 
 @pytest.fixture(scope="session")

@@ -21,6 +21,7 @@ from conftest import CausalTransformerWrapper, Pipeline, read_report
 from omnivoice_export import capture, exporting
 from omnivoice_export.checkpoints import model_fingerprint
 from omnivoice_export.files import sha256_file
+from omnivoice_onnx.bundle import MODEL_CARD_FILE, card_license
 from omnivoice_onnx.contract import CONTRACTS, GRAPH_FILES, GRAPH_NAMES, THRESHOLDS, ort_signature, signature_problems
 from omnivoice_onnx.sessions import make_session
 from omnivoice_onnx.prompt import RUNTIME_CONFIG_FILE, TOKENIZER_FILE, TextTokenizer, load_runtime_config
@@ -85,11 +86,11 @@ def test_session_meets_the_contract(export: tuple[str, Path], graph: str) -> Non
 
 
 def test_one_sidecar_per_graph_and_no_stray_files(export: tuple[str, Path]) -> None:
-    """onnx/ holds exactly three graphs, their three sidecars, the report and the runtime's two
-    files (the legacy exporter alone scatters ~200 weight files at real size), and every external
-    tensor of a graph lies inside its own sidecar."""
+    """onnx/ holds exactly three graphs, their three sidecars, the report, the model card and the
+    runtime's two files (the legacy exporter alone scatters ~200 weight files at real size; tiny
+    ships no licence file to copy), and every external tensor of a graph lies inside its own sidecar."""
     _, onnx_dir = export
-    expected = ({REPORT_NAME, TOKENIZER_FILE, RUNTIME_CONFIG_FILE}
+    expected = ({REPORT_NAME, MODEL_CARD_FILE, TOKENIZER_FILE, RUNTIME_CONFIG_FILE}
                 | {n for name in GRAPH_FILES.values() for n in (name, name + ".data")})
     assert {p.name for p in onnx_dir.iterdir()} == expected
     for name in GRAPH_FILES.values():
@@ -123,6 +124,9 @@ def test_metadata_props(export: tuple[str, Path], pipeline: Pipeline, graph: str
     assert defaults["num_step"] == 32 and "guidance_scale" in defaults
     versions = json.loads(meta["versions"])
     assert {"torch", "onnx", "onnxruntime", "transformers", "omnivoice"} <= versions.keys()
+    # The licence and source travel with a graph copied out of its bundle (tiny: random weights).
+    assert (meta["license"], meta["source"]) == ("other", "random-weight tiny checkpoint (omnivoice_export.builder, "
+                                                          "seed 0)")
 
 
 def test_report(export: tuple[str, Path], pipeline: Pipeline) -> None:
@@ -155,6 +159,41 @@ def test_report(export: tuple[str, Path], pipeline: Pipeline) -> None:
         assert (info["bytes"], info["sha256"]) == ((onnx_dir / file).stat().st_size, sha256_file(onnx_dir / file))
     assert load_runtime_config(onnx_dir)["model"]["audio_mask_id"] == 1024
     assert TextTokenizer.from_dir(onnx_dir).encode("<|text_start|>hi<|text_end|>")[0] == 151674
+
+
+def _strings(value, where: str = ""):
+    """(field path, string) of every string in a JSON value."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            yield from _strings(item, f"{where}.{key}" if where else key)
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            yield from _strings(item, f"{where}[{index}]")
+    elif isinstance(value, str):
+        yield where, value
+
+
+def test_report_paths_and_model_card(pipeline: Pipeline) -> None:
+    """The bundle describes itself (issue 25): the report names the checkpoint relative to the
+    project and marks the one path outside it (the test's capture, in a temporary directory)
+    local-only, no other absolute path; the export wrote README.md, a model card with the hub's
+    YAML header whose licence is what the checkpoint declares (tiny: random weights, "other"), the
+    files, the licences a bundle inherits and the misuse notice, and no path of this machine."""
+    data = read_report(pipeline.onnx)
+    assert data["model"]["path"] == "checkpoints/tiny"
+    assert data["local_only"] == ["capture.dir"]
+    absolute = {where for where, text in _strings(data) if text.startswith("/")}
+    assert absolute == {"capture.dir"}, absolute
+    assert data["provenance"]["license"] == "other" and data["provenance"]["random_weights"] is True
+    card = (pipeline.onnx / MODEL_CARD_FILE).read_text()
+    assert card.startswith("---\nlicense: other\nbase_model: k2-fsa/OmniVoice\npipeline_tag: text-to-speech\n"
+                           "library_name: onnx\n")
+    assert card_license(pipeline.onnx) == "other"
+    for expected in ("Random weights", "speaks noise", "omnivoice_transformer.onnx", "runtime-config.json",
+                     "| fp32 (the export) |", "not run", "pip install", "omnivoice-onnx speak", "Apache-2.0",
+                     "CC-BY-NC-4.0", "Higgs audio tokenizer", "voice cloning"):
+        assert expected in card, expected
+    assert str(pipeline.capture) not in card and str(Path.cwd()) not in card
 
 
 def _probe_inputs(pipeline: Pipeline) -> dict[str, np.ndarray]:

@@ -1,0 +1,155 @@
+"""Keep voices by name: encode a reference once, speak with it later as `speak --voice NAME`.
+
+    omnivoice-onnx voice add alice --ref-audio ref.wav --ref-text "The reference's words."
+    omnivoice-onnx voice add calm --instruct "female, low pitch"     # a designed voice
+    omnivoice-onnx voice list
+    omnivoice-onnx voice show alice
+    omnivoice-onnx voice remove alice
+    omnivoice-onnx voice import my_voice.pt bob      # upstream VoiceClonePrompt.save file, read without torch
+
+A voice is a small JSON file <voices>/<name>.json holding the reference's encoded tokens, its
+transcript and RMS (or an instruct), and the fingerprint of the model that made them
+(omnivoice_onnx.voices; format in docs/runtime.md). The voices folder is --voices, else
+$OMNIVOICE_VOICES, else <model-dir>/voices. A voice belongs to one model: another bundle refuses it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from omnivoice_onnx.bundle import bundle_metadata
+from omnivoice_onnx.cli.speak import DEFAULT_MODEL_DIR
+from omnivoice_onnx.cliutil import prepare
+from omnivoice_onnx.contract import FRAME_RATE
+from omnivoice_onnx.errors import UserError
+from omnivoice_onnx.voices import (VOICES_ENV, Voice, list_voices, load_upstream_voice, read_voice, save_voice,
+                                   voice_path, voices_dir)
+
+FORCE_FIX = "pass --force to replace it, or choose another name"
+
+
+def _common(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    parser.add_argument("--model-dir", "--model_dir", dest="model_dir", type=Path, default=DEFAULT_MODEL_DIR,
+                        help="the export folder (the bundle)")
+    parser.add_argument("--voices", type=Path, default=None,
+                        help=f"the voices folder (default: ${VOICES_ENV}, else <model-dir>/voices)")
+    return prepare(parser)
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser("voice", help="keep voices by name: add, list, show, remove, import",
+                                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    actions = parser.add_subparsers(dest="voice_command", metavar="ACTION", required=True)
+    fmt = argparse.ArgumentDefaultsHelpFormatter
+
+    add = _common(actions.add_parser("add", help="encode a reference (or keep an instruct) as a named voice",
+                                     formatter_class=fmt))
+    add.add_argument("name", help="the voice's name (letters, digits, '_' and '-')")
+    add.add_argument("--ref-audio", "--ref_audio", dest="ref_audio", help="the reference recording (wav/flac)")
+    add.add_argument("--ref-text", "--ref_text", dest="ref_text", help="what the reference says (its transcript)")
+    add.add_argument("--instruct", help="a voice-design instruct instead of (or with) a reference, e.g. "
+                                        "'female, low pitch'")
+    add.add_argument("--force", action="store_true", help="replace a voice of that name")
+
+    _common(actions.add_parser("list", help="the saved voices", formatter_class=fmt))
+    show = _common(actions.add_parser("show", help="one voice's contents", formatter_class=fmt))
+    show.add_argument("name", help="a voice's name, or a voice file's path (.json, or upstream .pt)")
+    remove = _common(actions.add_parser("remove", help="delete a saved voice", formatter_class=fmt))
+    remove.add_argument("name", help="the voice's name")
+    imp = _common(actions.add_parser("import", help="keep an upstream VoiceClonePrompt.save (.pt) file as a named "
+                                                    "voice of this bundle", formatter_class=fmt))
+    imp.add_argument("file", type=Path, help="the .pt file (read without torch; its pickle is never executed)")
+    imp.add_argument("name", help="the voice's name")
+    imp.add_argument("--force", action="store_true", help="replace a voice of that name")
+    return parser
+
+
+def _target(args: argparse.Namespace, voices: Path) -> Path:
+    """The file a new voice `args.name` goes to; refused now, before any work, if it exists without --force."""
+    path = voice_path(voices, args.name)
+    if path.exists() and not args.force:
+        raise UserError(f"voice {args.name!r} already exists ({path})", FORCE_FIX)
+    return path
+
+
+def _add(args: argparse.Namespace, voices: Path) -> Voice:
+    if args.ref_audio is None and args.instruct is None:
+        raise UserError("voice add needs a reference (--ref-audio F --ref-text T) or an --instruct",
+                        "pass --ref-audio and --ref-text, or --instruct 'female, low pitch'")
+    if (args.ref_audio is None) != (args.ref_text is None):
+        raise UserError("--ref-audio and --ref-text go together (this runtime has no speech recogniser)",
+                        "pass the reference's transcript with --ref-text" if args.ref_text is None
+                        else "pass the recording with --ref-audio")
+    _target(args, voices)
+    if args.ref_audio is None:  # a designed voice: no graph needs to run, only the instruct checked
+        from omnivoice_onnx.prompt import load_runtime_config, resolve_instruct
+
+        fingerprint = bundle_metadata(args.model_dir)["model_fingerprint"]
+        resolve_instruct(args.instruct, False, load_runtime_config(args.model_dir)["instruct"])
+        return Voice(args.name, None, args.instruct.strip(), fingerprint, Path())
+    from omnivoice_onnx.api import OmniVoiceOnnx
+
+    tts = OmniVoiceOnnx.from_dir(args.model_dir)
+    if args.instruct is not None:
+        from omnivoice_onnx.prompt import resolve_instruct
+
+        resolve_instruct(args.instruct, False, tts.runtime_config["instruct"])
+    prompt = tts.create_voice_clone_prompt(args.ref_audio, args.ref_text)
+    return Voice(args.name, prompt, args.instruct.strip() if args.instruct else None,
+                 tts.metadata["model_fingerprint"], Path())
+
+
+def describe(voice: Voice, frame_rate: int) -> str:
+    """One line: kind, length or instruct, transcript."""
+    parts = []
+    if voice.prompt is not None:
+        seconds = voice.prompt.ref_audio_tokens.shape[-1] / frame_rate
+        parts.append(f"clone {seconds:.1f} s {voice.prompt.ref_text!r}")
+    if voice.instruct is not None:
+        parts.append(f"design {voice.instruct!r}")
+    return ", ".join(parts)
+
+
+def run(args: argparse.Namespace) -> int:
+    voices = voices_dir(args.model_dir, args.voices)
+
+    if args.voice_command in ("add", "import"):
+        if args.voice_command == "import":
+            # Read (or refused) first: a crafted file is stopped before anything else happens.
+            upstream = load_upstream_voice(args.file)
+            _target(args, voices)
+            voice = Voice(args.name, upstream.prompt, None, bundle_metadata(args.model_dir)["model_fingerprint"],
+                          Path())
+        else:
+            voice = _add(args, voices)
+        path = save_voice(voices, args.name, voice)
+        print(f"saved voice {args.name!r}: {describe(voice, FRAME_RATE)} -> {path}")
+    elif args.voice_command == "list":
+        found = list_voices(voices)
+        if not found:
+            print(f"no voices in {voices} (add one with `omnivoice-onnx voice add NAME --ref-audio F --ref-text T`)",
+                  file=sys.stderr)
+        width = max((len(v.name) for v in found), default=0)
+        for voice in found:
+            print(f"{voice.name:<{width}}  {describe(voice, FRAME_RATE)}  model {voice.model_fingerprint}")
+    elif args.voice_command == "show":
+        voice = read_voice(args.name, voices)
+        print(f"name               {voice.name}")
+        print(f"file               {voice.path}")
+        print(f"model fingerprint  {voice.model_fingerprint or 'unknown (an upstream .pt carries none)'}")
+        if voice.prompt is not None:
+            tokens = voice.prompt.ref_audio_tokens
+            print(f"reference tokens   {list(tokens.shape)} ({tokens.shape[-1] / FRAME_RATE:.2f} s)")
+            print(f"reference text     {voice.prompt.ref_text}")
+            print(f"reference RMS      {voice.prompt.ref_rms:.6g}")
+        if voice.instruct is not None:
+            print(f"instruct           {voice.instruct}")
+    elif args.voice_command == "remove":
+        path = voice_path(voices, args.name)
+        if not path.is_file():
+            raise UserError(f"no voice named {args.name!r} in {voices}", "see `omnivoice-onnx voice list`")
+        path.unlink()
+        print(f"removed voice {args.name!r} ({path})")
+    return 0
