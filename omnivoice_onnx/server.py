@@ -304,6 +304,14 @@ class Job:
             self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, payload))
 
 
+def scrub_paths(message: str, folders: dict[str, Path]) -> str:
+    """`message` with this machine's folders replaced by their labels (a runtime error may name a file)."""
+    for label, folder in folders.items():
+        for spelling in sorted({str(folder), str(Path(folder).resolve())}, key=len, reverse=True):
+            message = message.replace(spelling, label)
+    return message
+
+
 class QueueFull(Exception):
     """No room in the queue (429)."""
 
@@ -315,13 +323,16 @@ class Draining(Exception):
 class WorkerPool:
     """N worker threads, each with its own OmniVoiceOnnx, fed from one bounded queue."""
 
-    def __init__(self, models: list[OmniVoiceOnnx], queue_size: int) -> None:
+    def __init__(self, models: list[OmniVoiceOnnx], queue_size: int, folders: dict[str, Path]) -> None:
         self.models = models
+        self.folders = folders  # label -> folder, kept out of what clients see (scrub_paths)
         self.queue: queue.Queue[Job | None] = queue.Queue(maxsize=queue_size)
         self.queue_size = queue_size
         self.running = 0
         self.draining = False
         self.cut_off = 0  # requests cancelled while draining (exit 143 when > 0)
+        # Outcomes since start, in /health: what an operator (and the tests) can see of cancellation.
+        self.counts = {"completed": 0, "cancelled": 0, "timed_out": 0, "failed": 0}
         self.mean_seconds = 1.0  # running mean of a request's worker time, for Retry-After
         self._lock = threading.Lock()
         self._threads = [threading.Thread(target=self._work, args=(model,), name=f"omnivoice-worker-{i}", daemon=True)
@@ -369,10 +380,15 @@ class WorkerPool:
                     self.running -= 1
                     self.mean_seconds = 0.8 * self.mean_seconds + 0.2 * (time.monotonic() - started)
 
+    def _count(self, outcome: str) -> None:
+        with self._lock:
+            self.counts[outcome] += 1
+
     def _cancelled(self, job: Job) -> None:
         if self.draining and not job.timed_out:
             with self._lock:
                 self.cut_off += 1
+        self._count("timed_out" if job.timed_out else "cancelled")
         job.emit("timeout" if job.timed_out else "cancelled")
 
     def _run(self, tts: OmniVoiceOnnx, job: Job) -> None:
@@ -382,12 +398,15 @@ class WorkerPool:
                     job.emit("chunk", chunk.samples)
             else:
                 job.emit("audio", tts.generate(job.text, **job.kwargs, seed=job.seed, cancel=job.cancel)[0])
+            self._count("completed")
             job.emit("done")
         except Cancelled:
             self._cancelled(job)
         except UserError as exc:
-            job.emit("error", ApiError(400, str(exc)))
+            self._count("failed")
+            job.emit("error", ApiError(400, scrub_paths(str(exc), self.folders)))
         except Exception:  # a bug or the machine (memory): logged with its traceback; the client gets one line
+            self._count("failed")
             LOG.exception("request failed")
             job.emit("error", ApiError(500, "the server failed to make this audio (its log has the details)",
                                        kind="server_error", code="internal_error"))
@@ -434,11 +453,7 @@ class Service:
     created: int = field(default_factory=lambda: int(time.time()))
 
     def scrub(self, message: str) -> str:
-        """`message` without this machine's folders in it (a runtime error may name a file)."""
-        for folder, label in ((self.voices, "<voices>"), (self.config.model_dir, "<model>")):
-            for spelling in {str(folder), str(Path(folder).resolve())}:
-                message = message.replace(spelling, label)
-        return message
+        return scrub_paths(message, self.pool.folders)
 
     def model_ids(self) -> list[str]:
         return [MODEL_ID, f"{MODEL_ID}-{self.variant}"]
@@ -593,7 +608,7 @@ def create_app(service: Service) -> Any:
     async def health() -> JSONResponse:
         pool = service.pool
         body = {"status": "draining" if pool.draining else "ok", "workers": pool.workers, "running": pool.running,
-                "queued": pool.queue.qsize(), "queue_size": pool.queue_size}
+                "queued": pool.queue.qsize(), "queue_size": pool.queue_size, **pool.counts}
         return JSONResponse(body, status_code=503 if pool.draining else 200)
 
     @app.get("/v1/models")
@@ -759,7 +774,8 @@ def load_service(config: ServerConfig) -> Service:
     voices = voice_store.voices_dir(config.model_dir, config.voices_dir)
     voice_store.list_voices(voices)  # a damaged voice file is named now, not at the first request
     first = models[0]
-    return Service(config=config, pool=WorkerPool(models, config.queue_size), voices=voices, formats=formats,
+    folders = {"<voices>": voices, "<model>": Path(config.model_dir)}
+    return Service(config=config, pool=WorkerPool(models, config.queue_size, folders), voices=voices, formats=formats,
                    default_format=default, fingerprint=first.metadata["model_fingerprint"], variant=first.variant,
                    sample_rate=first.sample_rate)
 
@@ -779,6 +795,57 @@ def serve(config: ServerConfig) -> int:
     if server.stopped_by is not None and service.pool.cut_off:
         return 128 + server.stopped_by
     return 0
+
+
+@dataclass
+class Launched:
+    """A server started by `launch`: its process, its port and its log file."""
+
+    process: Any  # subprocess.Popen
+    port: int
+    log: Path
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def stop(self, timeout: float = 60.0) -> int:
+        """SIGTERM, then wait (bounded) for the drain and exit; its exit code."""
+        import subprocess
+
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                return self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(10)
+                raise
+        return self.process.returncode
+
+
+def launch(model_dir: Path, log: Path, *flags: str, env: dict[str, str] | None = None,
+           start_timeout: float = 60.0) -> Launched:
+    """`omnivoice-onnx serve --model-dir M --port 0 FLAGS` as a child process, once it listens: the
+    port is read from uvicorn's start line, so there is no race for a free port (tests, benches)."""
+    import re
+    import subprocess
+    import sys
+
+    with open(log, "w") as handle:
+        process = subprocess.Popen([sys.executable, "-m", "omnivoice_onnx", "serve", "--model-dir", str(model_dir),
+                                    "--port", "0", *flags], env=env, stdout=handle, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + start_timeout
+    while time.monotonic() < deadline:
+        found = re.search(r"Uvicorn running on http://[^:]+:(\d+)", Path(log).read_text())
+        if found:
+            return Launched(process, int(found.group(1)), Path(log))
+        if process.poll() is not None:
+            break
+        time.sleep(0.1)
+    process.kill()
+    process.wait(10)
+    raise RuntimeError(f"the server did not start within {start_timeout:g} s; its log: {log}")
 
 
 def make_server(config: Any, pool: WorkerPool) -> Any:
