@@ -57,7 +57,6 @@ import math
 import os
 import queue
 import signal
-import struct
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -67,9 +66,11 @@ from typing import Any, Literal
 
 import numpy as np
 
+from omnivoice_onnx import audio_out
 from omnivoice_onnx import generate as gen
 from omnivoice_onnx import voices as voice_store
 from omnivoice_onnx.api import OmniVoiceOnnx
+from omnivoice_onnx.audio_out import to_pcm16
 from omnivoice_onnx.contract import variants_present
 from omnivoice_onnx.errors import UserError
 from omnivoice_onnx.generate import Cancelled
@@ -125,29 +126,17 @@ def available_formats() -> dict[str, AudioFormat]:
             if fmt.sf_format is None or fmt.sf_subtype in soundfile.available_subtypes(fmt.sf_format)}
 
 
-def to_pcm16(samples: np.ndarray) -> np.ndarray:
-    """float32 [-1, 1] -> int16: clipped, then round(x * 32767), as libsndfile writes PCM_16."""
-    return np.round(np.clip(samples, -1.0, 1.0) * 32767.0).astype("<i2")
-
-
 def encode_clip(samples: np.ndarray, fmt: str, sample_rate: int) -> bytes:
-    """A whole clip as the bytes of a `fmt` file."""
-    spec = FORMATS[fmt]
-    if spec.sf_format is None:
-        return to_pcm16(samples).tobytes()
+    """A whole clip as the bytes of a `fmt` file: wav/flac/pcm by the runtime's one writer
+    (audio_out), mp3/opus from the same 16-bit samples by libsndfile."""
+    if fmt in audio_out.FORMATS:
+        return audio_out.encode_audio(samples, sample_rate, fmt)
     import soundfile
 
-    buffer = io.BytesIO()  # int16 in, so libsndfile does no float conversion of its own (it scales by 32768)
+    spec = FORMATS[fmt]
+    buffer = io.BytesIO()  # int16 in: libsndfile's own float conversion scales by 32768, audio_out's by 32767
     soundfile.write(buffer, to_pcm16(samples), sample_rate, format=spec.sf_format, subtype=spec.sf_subtype)
     return buffer.getvalue()
-
-
-def wav_stream_header(sample_rate: int) -> bytes:
-    """A 16-bit mono WAV header whose RIFF and data sizes are 0xFFFFFFFF (length unknown when the
-    first bytes go out), as OpenAI's streamed WAV; libsndfile, ffmpeg and browsers read to the end."""
-    unknown = 0xFFFFFFFF
-    return (b"RIFF" + struct.pack("<I", unknown) + b"WAVE" + b"fmt " +
-            struct.pack("<IHHIIHH", 16, 1, 1, sample_rate, sample_rate * 2, 2, 16) + b"data" + struct.pack("<I", unknown))
 
 
 class _AppendOnly(io.RawIOBase):
@@ -209,7 +198,7 @@ class StreamEncoder:
 
     def start(self) -> bytes:
         """What goes out before the first chunk."""
-        return wav_stream_header(self.sample_rate) if self.spec.sf_format == "WAV" else b""
+        return audio_out.wav_header(self.sample_rate, None) if self.spec.sf_format == "WAV" else b""
 
     def write(self, samples: np.ndarray) -> bytes:
         if self._file is None:
@@ -593,16 +582,29 @@ def create_app(service: Service) -> Any:
         return error_response(ApiError(500, "internal server error (the server log has the details)",
                                        kind="server_error", code="internal_error"))
 
-    @app.middleware("http")
-    async def authenticate(request: Request, call_next: Callable) -> Any:
-        key = service.config.api_key
-        if key and request.url.path != "/health":
-            given = request.headers.get("authorization", "")
-            token = given[len("Bearer "):] if given.startswith("Bearer ") else ""
-            if not hmac.compare_digest(token.encode(), key.encode()):
-                return error_response(ApiError(401, "incorrect API key (send Authorization: Bearer <key>)",
-                                               code="invalid_api_key"))
-        return await call_next(request)
+    key = service.config.api_key
+
+    class RequireKey:
+        """`Authorization: Bearer <key>` on every route but /health (load balancers probe without
+        it). Plain ASGI rather than @app.middleware: starlette's BaseHTTPMiddleware breaks a
+        streamed response whose client leaves ("No response returned")."""
+
+        def __init__(self, app: Any) -> None:
+            self.app = app
+
+        async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+            if scope["type"] == "http" and scope["path"] != "/health":
+                given = dict(scope["headers"]).get(b"authorization", b"")
+                token = given[len(b"Bearer "):] if given.startswith(b"Bearer ") else b""
+                if not hmac.compare_digest(token, key.encode()):
+                    response = error_response(ApiError(401, "incorrect API key (send Authorization: Bearer <key>)",
+                                                       code="invalid_api_key"))
+                    await response(scope, receive, send)
+                    return
+            await self.app(scope, receive, send)
+
+    if key:
+        app.add_middleware(RequireKey)
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -657,7 +659,7 @@ def create_app(service: Service) -> Any:
             job.cancel.set()
             raise
         kind, payload = first
-        if kind in ("error", "timeout", "cancelled"):
+        if kind in ("error", "timeout", "cancelled", "gone"):
             timer.cancel()
             raise _failure(job, kind, payload)
         if not job.stream:
@@ -688,12 +690,13 @@ def _failure(job: Job, kind: str, payload: Any) -> ApiError:
         return payload
     if kind == "timeout":
         return ApiError(504, "the request took longer than the server's timeout", code="timeout", kind="server_error")
+    # 499 (nginx's "client closed request"): only the access log sees it, the client has gone.
     return ApiError(499, "request cancelled", code="cancelled")
 
 
 async def _first_event(job: Job, request: Any) -> tuple[str, Any]:
     """The job's first event; if the client goes away first, the job is cancelled (dropped from the
-    queue, or stopped between steps) and this raises CancelledError."""
+    queue, or stopped between steps) and this returns ("gone", None)."""
     getter = asyncio.ensure_future(job.events.get())
     watcher = asyncio.ensure_future(wait_disconnect(request))
     try:
@@ -703,7 +706,7 @@ async def _first_event(job: Job, request: Any) -> tuple[str, Any]:
     if not getter.done():
         getter.cancel()
         job.cancel.set()
-        raise asyncio.CancelledError("client disconnected")
+        return "gone", None
     return getter.result()
 
 

@@ -26,7 +26,7 @@ import soundfile as sf
 openai = pytest.importorskip("openai")
 pytest.importorskip("fastapi")
 
-from omnivoice_onnx import OmniVoiceOnnx, server  # noqa: E402
+from omnivoice_onnx import OmniVoiceOnnx, audio_out, server  # noqa: E402
 from omnivoice_onnx.voices import Voice, save_voice  # noqa: E402
 
 pytestmark = pytest.mark.slow  # the session pipeline's tiny export
@@ -97,7 +97,7 @@ def srv(pipeline, voices, tmp_path_factory):
 
 
 def pcm16(samples: np.ndarray) -> np.ndarray:
-    return server.to_pcm16(samples)
+    return audio_out.to_pcm16(samples)
 
 
 def error_of(body: bytes) -> dict:
