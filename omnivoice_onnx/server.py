@@ -545,7 +545,6 @@ async def wait_disconnect(request: Any) -> None:
 def create_app(service: Service) -> Any:
     """The FastAPI application over `service` (its WorkerPool is closed when the app shuts down)."""
     from fastapi import FastAPI, Request
-    from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse, Response, StreamingResponse
     from pydantic import ValidationError
     from starlette.exceptions import HTTPException
@@ -571,10 +570,6 @@ def create_app(service: Service) -> Any:
         if exc.status_code == 404:
             return error_response(ApiError(404, f"no route {request.method} {request.url.path}", code="not_found"))
         return error_response(ApiError(exc.status_code, str(exc.detail), code=None))
-
-    @app.exception_handler(RequestValidationError)
-    async def bad_request(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return error_response(ApiError(400, "invalid request", code="invalid_value"))
 
     @app.exception_handler(Exception)
     async def server_error(request: Request, exc: Exception) -> JSONResponse:
@@ -664,8 +659,8 @@ def create_app(service: Service) -> Any:
             raise _failure(job, kind, payload)
         if not job.stream:
             timer.cancel()
-            return Response(encode_clip(payload, fmt, service.sample_rate), media_type=service.formats[fmt].media_type,
-                            headers=headers)
+            data = await asyncio.to_thread(encode_clip, payload, fmt, service.sample_rate)  # mp3 of minutes: not on the loop
+            return Response(data, media_type=service.formats[fmt].media_type, headers=headers)
         chunks = _stream_bytes(job, first, StreamEncoder(fmt, service.sample_rate), timer)
         if parsed.stream_format == "sse":
             tts = service.pool.models[0]
