@@ -197,7 +197,9 @@ def test_bad_requests(srv, tmp_path):
         ({"response_format": "flac", "stream_format": "audio"}, "response_format", "cannot be streamed"),
         ({"sped": 2}, "sped", "unknown field"),
         ({"num_step": 0}, "num_step", "greater than or equal to 1"),
-        ({"language": "Klingonish"}, None, "language"),
+        ({"language": "Klingonish"}, None, "unknown language"),
+        ({"num_step": 100_000}, None, "MAX_NUM_STEP"),  # the runtime's limits (omnivoice_onnx.request)
+        ({"duration": 10_000}, None, "MAX_DURATION_S"),
     ]
     for change, param, words in cases:
         status, _, body = srv.request("POST", "/v1/audio/speech", {**base, **change})
