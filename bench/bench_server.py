@@ -1,0 +1,275 @@
+#!/usr/bin/env python3
+"""Load-test `omnivoice-onnx serve` with the official `openai` client on loopback (issue 29).
+
+What a deployment asks of the server, measured as its users' client sees it:
+    levels     at 1, 2, 4, 8 concurrent clients (each sends its next request as soon as the last
+               returns): requests/s, p50/p95 latency, and with stream_format="audio" on a
+               multi-sentence input the time to the first audio byte against the total time;
+               errors must be 0 (the queue holds every client)
+    overload   more clients than workers + queue: the extra requests must get 429 (with
+               Retry-After), never a crash, a timeout or a 5xx
+    memory     the server's RSS after 10 requests and after --memory-requests (1,000) more
+    batching   in-process: generate() on a batch of 4 texts vs 4 single calls, the only way
+               this runtime could batch queued requests (the server does not: see the result)
+
+The server is started by this script (omnivoice_onnx.server.launch) from --onnx-dir, one worker
+per --workers with threads = cores // workers. Results go to bench/results/<date>-<host>-<model>-server.json
+and .md with the CPU and the load average at start and end: on a shared machine the figures are
+the neighbours' too, and the .md says so.
+
+    python bench/bench_server.py --onnx-dir onnx --model tiny
+    python bench/bench_server.py --onnx-dir onnx --model tiny --quick      # 1/2 clients, 100-request memory run
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import datetime
+import json
+import os
+import socket
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+from omnivoice_onnx.cliutil import int_range, parse, run_main  # noqa: E402
+from omnivoice_onnx.errors import UserError  # noqa: E402
+
+STREAM_TEXT = ("The first sentence is here. A second one follows it, somewhat longer than the first. "
+               "Then a third, so that the stream has several chunks to send. And a fourth to end it.")
+SHORT_TEXT = "Hello there, how are you today?"
+LEVELS = (1, 2, 4, 8)
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmRSS")
+
+
+def timed_stream(client, text: str, num_step: int | None) -> dict[str, float]:
+    """One streamed request: seconds to the first audio byte and to the end."""
+    start = time.perf_counter()
+    first = None
+    size = 0
+    extra = {"num_step": num_step} if num_step else {}
+    with client.audio.speech.with_streaming_response.create(model="omnivoice", voice="auto", input=text,
+                                                            response_format="pcm", stream_format="audio",
+                                                            extra_body=extra) as response:
+        for piece in response.iter_bytes():
+            if piece and first is None:
+                first = time.perf_counter() - start
+            size += len(piece)
+    return {"ttfb_s": first, "total_s": time.perf_counter() - start, "bytes": size}
+
+
+def level(base_url: str, clients: int, per_client: int, num_step: int | None) -> dict[str, Any]:
+    """`clients` closed-loop clients, `per_client` streamed requests each."""
+    import openai
+
+    results: list[dict[str, float]] = []
+    errors: list[str] = []
+    lock = threading.Lock()
+
+    def run_client() -> None:
+        client = openai.OpenAI(base_url=base_url, api_key="bench", max_retries=0, timeout=600)
+        for _ in range(per_client):
+            try:
+                result = timed_stream(client, STREAM_TEXT, num_step)
+            except Exception as exc:  # counted, not raised: the figure is how many fail
+                with lock:
+                    errors.append(f"{type(exc).__name__}: {exc}"[:200])
+                continue
+            with lock:
+                results.append(result)
+
+    start = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(clients) as pool:
+        for future in [pool.submit(run_client) for _ in range(clients)]:
+            future.result()
+    wall = time.perf_counter() - start
+    totals = [r["total_s"] for r in results]
+    ttfb = [r["ttfb_s"] for r in results]
+    return {"clients": clients, "requests": len(results), "errors": len(errors), "error_samples": errors[:3],
+            "wall_s": wall, "requests_per_s": len(results) / wall,
+            "latency_p50_s": percentile(totals, 0.5), "latency_p95_s": percentile(totals, 0.95),
+            "ttfb_p50_s": percentile(ttfb, 0.5), "ttfb_p95_s": percentile(ttfb, 0.95)}
+
+
+def overload(base_url: str, clients: int, num_step: int | None) -> dict[str, Any]:
+    """`clients` simultaneous whole-clip requests against a small queue: statuses counted."""
+    import openai
+
+    def one(_: int) -> str:
+        client = openai.OpenAI(base_url=base_url, api_key="bench", max_retries=0, timeout=600)
+        try:
+            client.audio.speech.create(model="omnivoice", voice="auto", input=STREAM_TEXT, response_format="pcm",
+                                       extra_body={"num_step": num_step} if num_step else {}).read()
+            return "200"
+        except openai.RateLimitError as exc:
+            return f"429 retry-after={exc.response.headers.get('retry-after')}"
+        except openai.APIStatusError as exc:
+            return str(exc.status_code)
+        except Exception as exc:  # a timeout or a dropped connection: exactly what must not happen
+            return type(exc).__name__
+
+    with concurrent.futures.ThreadPoolExecutor(clients) as pool:
+        outcomes = list(pool.map(one, range(clients)))
+    counts: dict[str, int] = {}
+    for outcome in outcomes:
+        key = outcome.split()[0]
+        counts[key] = counts.get(key, 0) + 1
+    return {"clients": clients, "outcomes": counts,
+            "retry_after": sorted({o.split("=")[1] for o in outcomes if o.startswith("429")})}
+
+
+def memory(base_url: str, pid: int, total: int) -> dict[str, Any]:
+    """RSS after 10 whole-clip requests and after `total` (2 clients, short text, 4 steps: the
+    loop's allocations, not its speed, are the point)."""
+    import openai
+
+    client = openai.OpenAI(base_url=base_url, api_key="bench", max_retries=0, timeout=600)
+
+    def one(_: int) -> None:
+        client.audio.speech.create(model="omnivoice", voice="auto", input=SHORT_TEXT, response_format="wav",
+                                   extra_body={"num_step": 4}).read()
+
+    marks = {}
+    done = 0
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        for target in (10, total):
+            list(pool.map(one, range(target - done)))
+            done = target
+            marks[target] = rss_mib(pid)
+    return {"requests": total, "rss_mib_after_10": marks[10], "rss_mib_after_all": marks[total],
+            "growth_mib": marks[total] - marks[10]}
+
+
+def batching(onnx_dir: Path, threads: int, repeats: int = 3) -> dict[str, Any]:
+    """generate() of 4 texts as one batch vs one at a time (same texts, seeds differ by design:
+    a batch shares one generator), best of `repeats`."""
+    from omnivoice_onnx import OmniVoiceOnnx
+
+    tts = OmniVoiceOnnx.from_dir(onnx_dir, threads=threads, resident_codecs=True)
+    texts = [STREAM_TEXT.split(". ")[i] + "." for i in range(4)]
+    tts.generate(texts[0], seed=0)  # warm-up
+    single, batch = [], []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for text in texts:
+            tts.generate(text, seed=0)
+        single.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        tts.generate(texts, seed=0)
+        batch.append(time.perf_counter() - start)
+    return {"texts": len(texts), "four_single_calls_s": min(single), "one_batch_of_four_s": min(batch),
+            "batch_speedup": min(single) / min(batch)}
+
+
+def markdown(result: dict[str, Any]) -> str:
+    meta = result["meta"]
+    lines = [f"# omnivoice-onnx serve under load — {meta['model']} ({meta['date']})", "",
+             f"CPU: {meta['cpu']['model_name']} ({meta['cores']} cores available); load average at start "
+             f"{meta['load_start']}, at end {meta['load_end']}. {meta['note']}", "",
+             f"Server: {meta['workers']} worker(s) x {meta['threads']} thread(s), queue {meta['queue']}; client: the "
+             f"official openai {meta['openai']} Python client on loopback; streamed requests (stream_format=audio, "
+             f"pcm) of a {len(STREAM_TEXT)}-character, 4-sentence text"
+             + (f", num_step {meta['num_step']}" if meta["num_step"] else "") + ".", "",
+             "| clients | requests | errors | req/s | p50 latency s | p95 latency s | p50 first byte s | "
+             "p95 first byte s |", "|---|---|---|---|---|---|---|---|"]
+    for row in result["levels"]:
+        lines.append(f"| {row['clients']} | {row['requests']} | {row['errors']} | {row['requests_per_s']:.2f} | "
+                     f"{row['latency_p50_s']:.2f} | {row['latency_p95_s']:.2f} | {row['ttfb_p50_s']:.2f} | "
+                     f"{row['ttfb_p95_s']:.2f} |")
+    over = result["overload"]
+    mem = result["memory"]
+    bat = result["batching"]
+    lines += ["", f"Overload: {over['clients']} simultaneous requests against 1 worker + queue {over['queue']}: "
+              f"{over['outcomes']} (Retry-After values {', '.join(over['retry_after']) or '-'}).", "",
+              f"Memory: server RSS {mem['rss_mib_after_10']:.0f} MiB after 10 requests, "
+              f"{mem['rss_mib_after_all']:.0f} MiB after {mem['requests']} "
+              f"({mem['growth_mib']:+.1f} MiB).", "",
+              f"Batching (in-process, not in the server): 4 texts one at a time {bat['four_single_calls_s']:.2f} s, "
+              f"as one generate() batch {bat['one_batch_of_four_s']:.2f} s (x{bat['batch_speedup']:.2f})."]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--onnx-dir", type=Path, default=REPO / "onnx", help="the export to serve")
+    parser.add_argument("--model", default="tiny", help="label of the export's model in the results (tiny, full-random)")
+    parser.add_argument("--workers", type=int_range(1, 64), default=1, help="server workers")
+    parser.add_argument("--per-client", type=int_range(1), default=6, help="requests per client at each level")
+    parser.add_argument("--num-step", type=int_range(1), default=None, help="num_step of the timed requests")
+    parser.add_argument("--memory-requests", type=int_range(11), default=1000, help="requests of the memory run")
+    parser.add_argument("--quick", action="store_true", help="1 and 2 clients, 100 memory requests: a look, not a figure")
+    parser.add_argument("--out-dir", type=Path, default=REPO / "bench" / "results")
+    args = parse(parser, argv)
+    if not (args.onnx_dir / "runtime-config.json").is_file():
+        raise UserError(f"--onnx-dir {args.onnx_dir} holds no export", "pass the folder export_omnivoice.py wrote")
+    import openai
+
+    from bench_omnivoice import cpu_description
+    from omnivoice_onnx import server
+
+    cores = server.cores()
+    threads = max(1, cores // args.workers)
+    levels = LEVELS[:2] if args.quick else LEVELS
+    memory_requests = 100 if args.quick else args.memory_requests
+    load_start = os.getloadavg()
+    with tempfile.TemporaryDirectory() as tmp:
+        env = {key: value for key, value in os.environ.items() if key != server.API_KEY_ENV}
+        launched = server.launch(args.onnx_dir, Path(tmp) / "server.log", "--workers", str(args.workers),
+                                 "--queue", str(max(levels)), env=env)
+        try:
+            rows = []
+            for clients in levels:
+                rows.append(level(launched.base_url, clients, args.per_client, args.num_step))
+                print(f"{clients} clients: {rows[-1]['requests_per_s']:.2f} req/s, p50 {rows[-1]['latency_p50_s']:.2f} s, "
+                      f"first byte p50 {rows[-1]['ttfb_p50_s']:.2f} s, errors {rows[-1]['errors']}", file=sys.stderr)
+            mem = memory(launched.base_url, launched.process.pid, memory_requests)
+            print(f"memory: {mem}", file=sys.stderr)
+        finally:
+            code = launched.stop()
+        queue = 2
+        small = server.launch(args.onnx_dir, Path(tmp) / "small.log", "--workers", "1", "--queue", str(queue), env=env)
+        try:
+            over = {**overload(small.base_url, 4 * (queue + 1), args.num_step), "queue": queue}
+            print(f"overload: {over}", file=sys.stderr)
+        finally:
+            small_code = small.stop()
+    bat = batching(args.onnx_dir, cores)
+    print(f"batching: {bat}", file=sys.stderr)
+    now = datetime.datetime.now(datetime.timezone.utc)
+    result = {"meta": {"model": args.model, "date": now.strftime("%Y-%m-%d %H:%M UTC"), "host": socket.gethostname(),
+                       "cpu": cpu_description(), "cores": cores, "workers": args.workers, "threads": threads,
+                       "queue": max(levels), "num_step": args.num_step, "openai": openai.__version__,
+                       "load_start": [round(x, 2) for x in load_start],
+                       "load_end": [round(x, 2) for x in os.getloadavg()], "quick": args.quick,
+                       "server_exit_codes": [code, small_code],
+                       "note": "The machine is shared with other sessions' jobs: these figures include their load."},
+              "levels": rows, "overload": over, "memory": mem, "batching": bat}
+    stem = f"{now:%Y-%m-%d}-{socket.gethostname()}-{args.model}-server"
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    (args.out_dir / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
+    (args.out_dir / f"{stem}.md").write_text(markdown(result))
+    print(f"wrote {args.out_dir / stem}.json and .md", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    run_main(main)

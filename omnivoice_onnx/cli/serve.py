@@ -1,0 +1,72 @@
+"""omnivoice-onnx serve: an OpenAI-compatible speech server (POST /v1/audio/speech) on this machine.
+
+    pip install 'omnivoice-onnx[serve]'
+    omnivoice-onnx serve --model-dir onnx                       # http://127.0.0.1:8000/v1
+    curl -s http://127.0.0.1:8000/v1/audio/speech -H 'Content-Type: application/json' \\
+         -d '{"model": "omnivoice", "voice": "auto", "input": "Hello.", "response_format": "wav"}' -o hello.wav
+
+Binds 127.0.0.1 unless --host says otherwise: put a key on it (--api-key or $OMNIVOICE_API_KEY)
+before exposing it. Routes, formats, errors, streaming and how it stops: omnivoice_onnx.server.
+SIGTERM or Ctrl-C drains the requests in flight and exits 0; 143 (130) only if --drain-timeout
+cut some off.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from pathlib import Path
+
+from omnivoice_onnx.cliutil import float_range, int_range
+from omnivoice_onnx.errors import UserError
+
+INSTALL_FIX = "install the server's extra: pip install 'omnivoice-onnx[serve]'"
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    from omnivoice_onnx import server
+
+    parser = subparsers.add_parser("serve", help="run an OpenAI-compatible speech server", description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model-dir", type=Path, default=Path("onnx"), help="the export folder (default: onnx)")
+    parser.add_argument("--voices", type=Path, default=None,
+                        help="the saved voices folder (default: $OMNIVOICE_VOICES, else <model-dir>/voices)")
+    parser.add_argument("--variant", default=None, help="transformer variant to serve (default: the runtime's choice)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)")
+    parser.add_argument("--port", type=int_range(0, 65535), default=8000, help="TCP port (default: 8000; 0: any free)")
+    parser.add_argument("--api-key", default=None,
+                        help=f"require `Authorization: Bearer KEY` (default: ${server.API_KEY_ENV}; unset: no key)")
+    parser.add_argument("--workers", type=int_range(1, 64), default=1,
+                        help="inference workers, each with its own model sessions (default: 1)")
+    parser.add_argument("--threads", type=int_range(1, 1024), default=None,
+                        help="onnxruntime threads per worker (default: cores // workers)")
+    parser.add_argument("--queue", type=int_range(0, 10_000), default=server.DEFAULT_QUEUE,
+                        help=f"requests that may wait for a worker; more get 429 (default: {server.DEFAULT_QUEUE})")
+    parser.add_argument("--timeout", type=float_range(1.0, 86_400.0), default=server.DEFAULT_TIMEOUT_S,
+                        help=f"seconds a request may take, queue wait included (default: {server.DEFAULT_TIMEOUT_S:g})")
+    parser.add_argument("--drain-timeout", type=float_range(0.0, 86_400.0), default=server.DEFAULT_DRAIN_S,
+                        help=f"on SIGTERM, seconds in-flight requests may take to finish (default: "
+                             f"{server.DEFAULT_DRAIN_S:g})")
+    parser.add_argument("--default-format", choices=tuple(server.FORMATS), default=None,
+                        help="response_format when a request names none (default: mp3 as OpenAI, where libsndfile "
+                             "writes it; else wav)")
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        from omnivoice_onnx import server
+        import fastapi  # noqa: F401  (the extra's packages, named now rather than at the first request)
+        import uvicorn  # noqa: F401
+    except ModuleNotFoundError as exc:
+        raise UserError(f"omnivoice-onnx serve needs {exc.name}, which is not installed", INSTALL_FIX) from None
+    if not args.model_dir.is_dir():
+        raise UserError(f"--model-dir {args.model_dir} is not a folder", "pass the export folder (onnx/)")
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(message)s")
+    config = server.ServerConfig(
+        model_dir=args.model_dir, voices_dir=args.voices, host=args.host, port=args.port,
+        api_key=args.api_key or os.environ.get(server.API_KEY_ENV) or None, workers=args.workers,
+        threads=args.threads, queue_size=args.queue, timeout_s=args.timeout, drain_s=args.drain_timeout,
+        variant=args.variant, default_format=args.default_format)
+    return server.serve(config)

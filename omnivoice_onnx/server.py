@@ -1,0 +1,867 @@
+"""An OpenAI-compatible speech server over the torch-free runtime (`omnivoice-onnx serve`).
+
+    pip install 'omnivoice-onnx[serve]'
+    omnivoice-onnx serve --model-dir onnx --port 8000          # 127.0.0.1 unless --host says otherwise
+
+    from openai import OpenAI
+    client = OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="unused")
+    client.audio.speech.create(model="omnivoice", voice="auto", input="Hello.").write_to_file("hello.wav")
+
+Routes (OpenAI's shapes, so the official client and the tools built on it work unchanged):
+    POST /v1/audio/speech   model, input, voice, instructions, response_format, speed, stream_format,
+                            and the extensions language, seed, num_step, guidance_scale, duration
+    GET  /v1/audio/voices   the saved voices (omnivoice_onnx.voices) and the built-in modes
+    GET  /v1/models         the bundle's model id and the transformer variants in the folder
+    GET  /health            liveness and queue depth (no key needed: for load balancers)
+
+What a request gets:
+- Without stream_format: the whole clip from OmniVoiceOnnx.generate(), with upstream's global
+  post-processing, in one response. A `seed` gives generate()'s audio with that seed, to the
+  format's precision (16-bit PCM for wav/pcm/flac). The seed used is returned in `X-Seed`, so a
+  request without one can be repeated. OpenAI streams every response; this server streams only
+  when asked, because a text-chunk stream cannot equal the post-processed clip (see
+  OmniVoiceOnnx.stream) and a caller that sends a seed expects generate()'s audio.
+- stream_format "audio": chunked transfer of audio bytes as OmniVoiceOnnx.stream() decodes each
+  text chunk (pcm, wav with an open-ended header as OpenAI sends it, or Ogg Opus). "sse": OpenAI's
+  `speech.audio.delta` events (base64 of the same bytes) then one `speech.audio.done`. FLAC and
+  MP3 are offered whole only: libsndfile rewrites their headers when it closes the file (FLAC's
+  sample count, LAME's Info frame), and the bytes streamed before that are not a stream that
+  decoders read back (measured: log Run 26E).
+- Errors in OpenAI's shape {"error": {"message", "type", "param", "code"}}: 400 bad field, 401
+  wrong key, 404 unknown route, 413 body too large, 429 queue full and 503 shutting down (both
+  with Retry-After), 504 past the request timeout. No traceback or server path reaches a client:
+  it goes to the server's log.
+
+Concurrency: a bounded queue in front of N worker threads, each with its own OmniVoiceOnnx (own
+sessions, threads = cores // N, so N x threads = cores). A client that disconnects has its queued
+work dropped and its running work cancelled between unmasking steps (the `cancel` Event of
+generate()/stream()); a request past --timeout is cancelled the same way. Requests are never
+batched together (measured: log Run 26E); memory is each worker's model plus one request each.
+
+SIGTERM (or Ctrl-C) stops accepting connections, lets the requests in flight finish (up to
+--drain-timeout), and exits 0: for a server, a drained stop is the successful end of its work.
+Only when the drain timeout cut requests off does it exit 143 (130 for Ctrl-C), the CLI's code for
+"terminated with work undone".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import hmac
+import io
+import json
+import logging
+import math
+import os
+import queue
+import signal
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from omnivoice_onnx import audio_out
+from omnivoice_onnx import voices as voice_store
+from omnivoice_onnx.api import OmniVoiceOnnx
+from omnivoice_onnx.audio_out import to_pcm16
+from omnivoice_onnx.contract import variants_present
+from omnivoice_onnx.errors import UserError
+from omnivoice_onnx.generate import Cancelled
+from omnivoice_onnx.rng import SEED_MAX, SEED_MIN, fresh_seed
+
+LOG = logging.getLogger("omnivoice_onnx.server")
+
+MODEL_ID = "omnivoice"  # the `model` a request names; a variant is also reachable as "omnivoice-<variant>"
+API_KEY_ENV = "OMNIVOICE_API_KEY"  # --api-key's environment spelling (keeps the key out of `ps`)
+MAX_INPUT_CHARS = 4096  # OpenAI's documented limit for `input`
+MAX_INSTRUCTIONS_CHARS = 4096
+SPEED_MIN, SPEED_MAX = 0.25, 4.0  # OpenAI's documented range for `speed`
+MAX_BODY_BYTES = 64 * 1024  # 4096 chars of input are < 16 KiB even as \u escapes; leaves room
+DEFAULT_QUEUE = 16  # waiting requests beyond the ones running; more get 429
+DEFAULT_TIMEOUT_S = 300.0  # per request, queue wait included
+DEFAULT_DRAIN_S = 60.0  # SIGTERM: how long requests in flight may take to finish
+BUILTIN_VOICES = {
+    "auto": "upstream's auto mode: a voice the model picks; with `instructions`, voice design",
+    "design": "voice design from `instructions` (required), e.g. \"female, low pitch, british accent\"",
+}
+
+
+@dataclass(frozen=True)
+class AudioFormat:
+    """One response_format: how it is written and whether it can be sent as a stream."""
+
+    media_type: str
+    sf_format: str | None  # libsndfile container (None: raw s16le)
+    sf_subtype: str | None
+    streams: bool  # chunks concatenate to a stream decoders read (see the module docstring)
+
+
+FORMATS = {
+    "wav": AudioFormat("audio/wav", "WAV", "PCM_16", True),
+    "pcm": AudioFormat("audio/pcm", None, None, True),  # s16le, mono, at the model's rate (24 kHz)
+    "flac": AudioFormat("audio/flac", "FLAC", "PCM_16", False),
+    "mp3": AudioFormat("audio/mpeg", "MP3", "MPEG_LAYER_III", False),
+    "opus": AudioFormat("audio/ogg", "OGG", "OPUS", True),  # Ogg Opus, as OpenAI's opus
+}
+# OpenAI also offers aac; libsndfile has no AAC encoder, so it is refused like a format this
+# machine's libsndfile lacks.
+
+
+def available_formats() -> dict[str, AudioFormat]:
+    """The FORMATS the installed libsndfile writes (MP3 needs libsndfile >= 1.1 built with LAME,
+    Opus one built with libopus); the others are refused with a 400 that lists these."""
+    import soundfile
+
+    return {name: fmt for name, fmt in FORMATS.items()
+            if fmt.sf_format is None or fmt.sf_subtype in soundfile.available_subtypes(fmt.sf_format)}
+
+
+def encode_clip(samples: np.ndarray, fmt: str, sample_rate: int) -> bytes:
+    """A whole clip as the bytes of a `fmt` file: wav/flac/pcm by the runtime's one writer
+    (audio_out), mp3/opus from the same 16-bit samples by libsndfile."""
+    if fmt in audio_out.FORMATS:
+        return audio_out.encode_audio(samples, sample_rate, fmt)
+    import soundfile
+
+    spec = FORMATS[fmt]
+    buffer = io.BytesIO()  # int16 in: libsndfile's own float conversion scales by 32768, audio_out's by 32767
+    soundfile.write(buffer, to_pcm16(samples), sample_rate, format=spec.sf_format, subtype=spec.sf_subtype)
+    return buffer.getvalue()
+
+
+class _AppendOnly(io.RawIOBase):
+    """A write target for libsndfile that keeps only what was not yet taken: a container written
+    front to back (Ogg) streams through it; one that seeks back to rewrite a header fails loudly
+    instead of sending bytes that disagree with those already sent."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pending = bytearray()
+        self.position = 0
+
+    def writable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def readable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        self.pending += bytes(data)
+        self.position += len(data)
+        return len(data)
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        target = {0: offset, 1: self.position + offset, 2: self.position + offset}[whence]
+        if target != self.position:
+            raise OSError(f"the encoder seeks back to byte {target} of a stream at {self.position}")
+        return self.position
+
+    def tell(self) -> int:
+        return self.position
+
+    def read(self, size: int = -1) -> bytes:
+        return b""
+
+    def take(self) -> bytes:
+        data, self.pending = bytes(self.pending), bytearray()
+        return data
+
+
+class StreamEncoder:
+    """Audio chunks -> the bytes of one continuous `fmt` stream, as they become available."""
+
+    def __init__(self, fmt: str, sample_rate: int) -> None:
+        self.spec, self.sample_rate = FORMATS[fmt], sample_rate
+        if not self.spec.streams:
+            raise ValueError(f"{fmt} does not stream")
+        self._sink: _AppendOnly | None = None
+        self._file = None
+        if self.spec.sf_format not in (None, "WAV"):
+            import soundfile
+
+            self._sink = _AppendOnly()
+            self._file = soundfile.SoundFile(self._sink, "w", samplerate=sample_rate, channels=1,
+                                             format=self.spec.sf_format, subtype=self.spec.sf_subtype)
+
+    def start(self) -> bytes:
+        """What goes out before the first chunk."""
+        return audio_out.wav_header(self.sample_rate, None) if self.spec.sf_format == "WAV" else b""
+
+    def write(self, samples: np.ndarray) -> bytes:
+        if self._file is None:
+            return to_pcm16(samples).tobytes()
+        self._file.write(to_pcm16(samples))
+        return self._sink.take()
+
+    def finish(self) -> bytes:
+        if self._file is None:
+            return b""
+        self._file.close()
+        return self._sink.take()
+
+
+# --- requests ------------------------------------------------------------------------------------
+
+class ApiError(Exception):
+    """An error a client sees, in OpenAI's shape."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 kind: str = "invalid_request_error", headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
+        self.headers = headers or {}
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
+
+
+def speech_request_model():
+    """The pydantic model of a POST /v1/audio/speech body (built on first use: pydantic is the
+    `serve` extra's, not the runtime core's). Unknown fields are refused, as OpenAI refuses them:
+    a misspelt `sped` must not silently run at speed 1."""
+    from pydantic import BaseModel, ConfigDict, Field
+
+    class VoiceId(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        id: str
+
+    class SpeechRequest(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        model: str
+        input: str = Field(min_length=1, max_length=MAX_INPUT_CHARS)
+        voice: str | VoiceId
+        instructions: str | None = Field(None, max_length=MAX_INSTRUCTIONS_CHARS)
+        response_format: str | None = None
+        speed: float | None = Field(None, ge=SPEED_MIN, le=SPEED_MAX, allow_inf_nan=False)
+        stream_format: Literal["audio", "sse"] | None = None
+        # Extensions (not OpenAI's): the runtime's generate() arguments. Types and signs here; their
+        # upper limits are the runtime's (omnivoice_onnx.request, raisable by environment), checked by
+        # OmniVoiceOnnx.validate().
+        language: str | None = None
+        seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
+        num_step: int | None = Field(None, ge=1)
+        guidance_scale: float | None = Field(None, allow_inf_nan=False)
+        duration: float | None = Field(None, gt=0.0, allow_inf_nan=False)
+
+    return SpeechRequest
+
+
+def validation_error(exc: Any) -> ApiError:
+    """pydantic's first complaint as one 400 naming the field."""
+    first = exc.errors()[0]
+    param = ".".join(str(part) for part in first["loc"]) or None
+    if first["type"] == "extra_forbidden":
+        return ApiError(400, f"unknown field {param!r}", param, "unknown_parameter")
+    if first["type"] == "missing":
+        return ApiError(400, f"missing required field {param!r}", param, "missing_required_parameter")
+    if first["type"] == "string_too_long" and param == "input":
+        return ApiError(400, f"input is longer than {MAX_INPUT_CHARS} characters; split the text into several "
+                        "requests", param, "string_above_max_length")
+    return ApiError(400, f"{param}: {first['msg']}", param, "invalid_value")
+
+
+@dataclass
+class Job:
+    """One request's work, shared by its handler (event loop) and a worker thread."""
+
+    text: str
+    kwargs: dict[str, Any]  # generate()/stream() keywords besides text and seed
+    seed: int
+    stream: bool
+    loop: asyncio.AbstractEventLoop
+    deadline: float  # time.monotonic() after which it is cancelled
+    events: asyncio.Queue = field(default_factory=asyncio.Queue)  # ("chunk"|"audio", samples) ... ("done"|"error", x)
+    cancel: threading.Event = field(default_factory=threading.Event)
+    timed_out: bool = False
+    finished: bool = False
+    samples_out: int = 0  # audio samples streamed so far (the SSE usage's output tokens)
+
+    def emit(self, kind: str, payload: Any = None) -> None:
+        """From the worker thread: hand an event to the handler's loop (dropped if the loop is gone)."""
+        with contextlib.suppress(RuntimeError):  # the loop closed: the server is gone, nobody is listening
+            self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, payload))
+
+
+def scrub_paths(message: str, folders: dict[str, Path]) -> str:
+    """`message` with this machine's folders replaced by their labels (a runtime error may name a file)."""
+    for label, folder in folders.items():
+        for spelling in sorted({str(folder), str(Path(folder).resolve())}, key=len, reverse=True):
+            message = message.replace(spelling, label)
+    return message
+
+
+class QueueFull(Exception):
+    """No room in the queue (429)."""
+
+
+class Draining(Exception):
+    """The server is stopping (503)."""
+
+
+class WorkerPool:
+    """N worker threads, each with its own OmniVoiceOnnx, fed from one bounded queue."""
+
+    def __init__(self, models: list[OmniVoiceOnnx], queue_size: int, folders: dict[str, Path]) -> None:
+        self.models = models
+        self.folders = folders  # label -> folder, kept out of what clients see (scrub_paths)
+        self.queue: queue.Queue[Job | None] = queue.Queue(maxsize=queue_size)
+        self.queue_size = queue_size
+        self.running = 0
+        self.draining = False
+        self.cut_off = 0  # requests cancelled while draining (exit 143 when > 0)
+        # Outcomes since start, in /health: what an operator (and the tests) can see of cancellation.
+        self.counts = {"completed": 0, "cancelled": 0, "timed_out": 0, "failed": 0}
+        self.mean_seconds = 1.0  # running mean of a request's worker time, for Retry-After
+        self._lock = threading.Lock()
+        self._threads = [threading.Thread(target=self._work, args=(model,), name=f"omnivoice-worker-{i}", daemon=True)
+                         for i, model in enumerate(models)]
+        for thread in self._threads:
+            thread.start()
+
+    @property
+    def workers(self) -> int:
+        return len(self.models)
+
+    def retry_after(self) -> int:
+        """Seconds until a slot is likely free: the queue ahead, at the mean request time, over the workers."""
+        ahead = self.queue.qsize() + self.running
+        return max(1, math.ceil(self.mean_seconds * ahead / self.workers))
+
+    def submit(self, job: Job) -> None:
+        if self.draining:
+            raise Draining()
+        try:
+            self.queue.put_nowait(job)
+        except queue.Full:
+            raise QueueFull() from None
+
+    def close(self) -> None:
+        """Stop the workers after the jobs already queued (the drain has let them finish)."""
+        self.draining = True
+        for _ in self._threads:
+            self.queue.put(None)
+        for thread in self._threads:
+            thread.join()
+
+    def _work(self, tts: OmniVoiceOnnx) -> None:
+        while (job := self.queue.get()) is not None:
+            if job.cancel.is_set():  # its client left (or it timed out, or the drain ran out) while it waited
+                self._cancelled(job)
+                continue
+            with self._lock:
+                self.running += 1
+            started = time.monotonic()
+            try:
+                self._run(tts, job)
+            finally:
+                with self._lock:
+                    self.running -= 1
+                    self.mean_seconds = 0.8 * self.mean_seconds + 0.2 * (time.monotonic() - started)
+
+    def _count(self, outcome: str) -> None:
+        with self._lock:
+            self.counts[outcome] += 1
+
+    def _cancelled(self, job: Job) -> None:
+        if self.draining and not job.timed_out:
+            with self._lock:
+                self.cut_off += 1
+        self._count("timed_out" if job.timed_out else "cancelled")
+        job.emit("timeout" if job.timed_out else "cancelled")
+
+    def _run(self, tts: OmniVoiceOnnx, job: Job) -> None:
+        try:
+            if job.stream:
+                for chunk in tts.stream(job.text, **job.kwargs, seed=job.seed, cancel=job.cancel):
+                    job.emit("chunk", chunk.samples)
+            else:
+                job.emit("audio", tts.generate(job.text, **job.kwargs, seed=job.seed, cancel=job.cancel)[0])
+            self._count("completed")
+            job.emit("done")
+        except Cancelled:
+            self._cancelled(job)
+        except UserError as exc:
+            self._count("failed")
+            job.emit("error", ApiError(400, scrub_paths(str(exc), self.folders)))
+        except Exception:  # a bug or the machine (memory): logged with its traceback; the client gets one line
+            self._count("failed")
+            LOG.exception("request failed")
+            job.emit("error", ApiError(500, "the server failed to make this audio (its log has the details)",
+                                       kind="server_error", code="internal_error"))
+
+
+# --- the app -------------------------------------------------------------------------------------
+
+@dataclass
+class ServerConfig:
+    """What `omnivoice-onnx serve` was asked for."""
+
+    model_dir: Path
+    voices_dir: Path | None = None  # None: omnivoice_onnx.voices.voices_dir's default
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = None  # None: no key required
+    workers: int = 1
+    threads: int | None = None  # per worker; None: cores // workers
+    queue_size: int = DEFAULT_QUEUE
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    drain_s: float = DEFAULT_DRAIN_S
+    variant: str | None = None
+    default_format: str | None = None  # None: mp3 (OpenAI's default) where libsndfile writes it, else wav
+    max_body_bytes: int = MAX_BODY_BYTES
+
+
+def cores() -> int:
+    """CPUs this process may run on (the affinity mask, which containers and taskset narrow)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+@dataclass
+class Service:
+    """The loaded state the routes use."""
+
+    config: ServerConfig
+    pool: WorkerPool
+    voices: Path
+    formats: dict[str, AudioFormat]
+    default_format: str
+    fingerprint: str
+    variant: str
+    sample_rate: int
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def scrub(self, message: str) -> str:
+        return scrub_paths(message, self.pool.folders)
+
+    def model_ids(self) -> list[str]:
+        return [MODEL_ID, f"{MODEL_ID}-{self.variant}"]
+
+    def saved_voices(self) -> list[Any]:
+        try:
+            return voice_store.list_voices(self.voices)
+        except UserError as exc:
+            LOG.error("voices folder: %s", exc)
+            raise ApiError(500, "the voices folder holds a damaged voice file (the server log names it)",
+                           kind="server_error", code="voices_unreadable") from exc
+
+    def voice_kwargs(self, voice: Any, instructions: str | None) -> dict[str, Any]:
+        """generate() keywords for the request's voice and instructions (a name, never a path)."""
+        name = voice if isinstance(voice, str) else voice.id
+        if name in BUILTIN_VOICES:
+            if name == "design" and not instructions:
+                raise ApiError(400, "voice 'design' needs `instructions` describing the voice, e.g. "
+                               "\"female, low pitch\"", "instructions", "missing_required_parameter")
+            return {"instruct": instructions} if instructions else {}
+        try:
+            voice_store.check_name(name)
+        except UserError:
+            raise ApiError(400, f"voice {name!r} is not a voice name (names are names, not paths); voices: "
+                           f"{', '.join(self.voice_names())}", "voice", "invalid_voice") from None
+        if name not in self.voice_names():
+            raise ApiError(400, f"unknown voice {name!r}; voices: {', '.join(self.voice_names())}", "voice",
+                           "invalid_voice")
+        try:
+            kwargs = voice_store.load_voice(name, self.voices, self.fingerprint).generate_kwargs()
+        except UserError as exc:
+            raise ApiError(400, self.scrub(str(exc)), "voice", "invalid_voice") from exc
+        if instructions:
+            kwargs["instruct"] = instructions  # the request's description wins over a saved design voice's
+        return kwargs
+
+    def voice_names(self) -> list[str]:
+        return list(BUILTIN_VOICES) + [voice.name for voice in self.saved_voices()]
+
+
+def build_job(service: Service, request: Any, loop: asyncio.AbstractEventLoop) -> tuple[Job, str]:
+    """The validated work of one request and its response_format; ApiError (400) for anything
+    the runtime would refuse, found before the request takes a place in the queue."""
+    if request.model not in service.model_ids():
+        raise ApiError(404, f"model {request.model!r} does not exist; this server has {', '.join(service.model_ids())}",
+                       "model", "model_not_found")
+    fmt = request.response_format or service.default_format
+    if fmt not in service.formats:
+        raise ApiError(400, f"response_format {fmt!r} is not available here; choose one of "
+                       f"{', '.join(service.formats)}", "response_format", "unsupported_format")
+    if request.stream_format and not service.formats[fmt].streams:
+        streamable = [name for name, spec in service.formats.items() if spec.streams]
+        raise ApiError(400, f"response_format {fmt!r} cannot be streamed; with stream_format use one of "
+                       f"{', '.join(streamable)}, or drop stream_format to get the whole {fmt} file",
+                       "response_format", "unsupported_format")
+    kwargs = service.voice_kwargs(request.voice, request.instructions)
+    config = {key: value for key, value in (("num_step", request.num_step),
+                                             ("guidance_scale", request.guidance_scale)) if value is not None}
+    kwargs.update(language=request.language, speed=request.speed, duration=request.duration,
+                  generation_config=config or None)
+    seed = fresh_seed() if request.seed is None else request.seed
+    try:
+        service.pool.models[0].validate(request.input, **kwargs, seed=seed)  # no model work: a 400 before the queue
+    except UserError as exc:
+        raise ApiError(400, service.scrub(str(exc))) from exc
+    job = Job(text=request.input, kwargs=kwargs, seed=seed, stream=request.stream_format is not None, loop=loop,
+              deadline=time.monotonic() + service.config.timeout_s)
+    return job, fmt
+
+
+async def read_body(request: Any, limit: int) -> bytes:
+    """The request body, refused with 413 as soon as it passes `limit` bytes (declared or sent)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdecimal() and int(declared) > limit:
+        raise ApiError(413, f"request body of {declared} bytes is over the limit of {limit}", code="body_too_large")
+    body = bytearray()
+    async for piece in request.stream():
+        body += piece
+        if len(body) > limit:
+            raise ApiError(413, f"request body is over the limit of {limit} bytes", code="body_too_large")
+    return bytes(body)
+
+
+async def wait_disconnect(request: Any) -> None:
+    """Returns when the client goes away (after the body was read, receive() waits for that)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def create_app(service: Service) -> Any:
+    """The FastAPI application over `service` (its WorkerPool is closed when the app shuts down)."""
+    from fastapi import FastAPI, Request
+    from fastapi.responses import JSONResponse, Response, StreamingResponse
+    from pydantic import ValidationError
+    from starlette.exceptions import HTTPException
+
+    SpeechRequest = speech_request_model()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Any) -> AsyncIterator[None]:
+        yield
+        await asyncio.to_thread(service.pool.close)
+
+    app = FastAPI(title="omnivoice-onnx", description=__doc__, lifespan=lifespan, docs_url=None, redoc_url=None)
+
+    def error_response(error: ApiError) -> JSONResponse:
+        return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, exc: ApiError) -> JSONResponse:
+        return error_response(exc)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        if exc.status_code == 404:
+            return error_response(ApiError(404, f"no route {request.method} {request.url.path}", code="not_found"))
+        return error_response(ApiError(exc.status_code, str(exc.detail), code=None))
+
+    @app.exception_handler(Exception)
+    async def server_error(request: Request, exc: Exception) -> JSONResponse:
+        LOG.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+        return error_response(ApiError(500, "internal server error (the server log has the details)",
+                                       kind="server_error", code="internal_error"))
+
+    key = service.config.api_key
+
+    class RequireKey:
+        """`Authorization: Bearer <key>` on every route but /health (load balancers probe without
+        it). Plain ASGI rather than @app.middleware: starlette's BaseHTTPMiddleware breaks a
+        streamed response whose client leaves ("No response returned")."""
+
+        def __init__(self, app: Any) -> None:
+            self.app = app
+
+        async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+            if scope["type"] == "http" and scope["path"] != "/health":
+                given = dict(scope["headers"]).get(b"authorization", b"")
+                token = given[len(b"Bearer "):] if given.startswith(b"Bearer ") else b""
+                if not hmac.compare_digest(token, key.encode()):
+                    response = error_response(ApiError(401, "incorrect API key (send Authorization: Bearer <key>)",
+                                                       code="invalid_api_key"))
+                    await response(scope, receive, send)
+                    return
+            await self.app(scope, receive, send)
+
+    if key:
+        app.add_middleware(RequireKey)
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        pool = service.pool
+        body = {"status": "draining" if pool.draining else "ok", "workers": pool.workers, "running": pool.running,
+                "queued": pool.queue.qsize(), "queue_size": pool.queue_size, **pool.counts}
+        return JSONResponse(body, status_code=503 if pool.draining else 200)
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        present = variants_present(service.config.model_dir)
+        data = [{"id": MODEL_ID, "object": "model", "created": service.created, "owned_by": "omnivoice-onnx",
+                 "variant": service.variant, "served": True}]
+        data += [{"id": f"{MODEL_ID}-{name}", "object": "model", "created": service.created,
+                  "owned_by": "omnivoice-onnx", "variant": name, "served": name == service.variant}
+                 for name in present]
+        return {"object": "list", "data": data}
+
+    @app.get("/v1/audio/voices")
+    async def list_voices() -> dict[str, Any]:
+        data = [{"id": name, "name": name, "kind": "builtin", "description": text}
+                for name, text in BUILTIN_VOICES.items()]
+        data += [{"id": voice.name, "name": voice.name, "kind": "clone" if voice.prompt is not None else "design",
+                  "instruct": voice.instruct} for voice in service.saved_voices()]
+        return {"object": "list", "voices": [item["id"] for item in data], "data": data}
+
+    async def speech(request: Request) -> Any:
+        body = await read_body(request, service.config.max_body_bytes)
+        try:
+            parsed = SpeechRequest.model_validate_json(body)
+        except ValidationError as exc:
+            if any(error["type"] == "json_invalid" for error in exc.errors()):
+                raise ApiError(400, "the request body is not valid JSON", code="invalid_json") from None
+            raise validation_error(exc) from None
+        loop = asyncio.get_running_loop()
+        job, fmt = build_job(service, parsed, loop)
+        try:
+            service.pool.submit(job)
+        except QueueFull:
+            raise ApiError(429, f"the server is busy ({service.pool.workers} running, {service.pool.queue_size} "
+                           "queued); retry after the Retry-After seconds", code="queue_full",
+                           kind="rate_limit_error", headers={"Retry-After": str(service.pool.retry_after())}) from None
+        except Draining:
+            raise ApiError(503, "the server is shutting down", code="shutting_down", kind="server_error",
+                           headers={"Retry-After": "5"}) from None
+        timer = loop.call_at(loop.time() + service.config.timeout_s, _time_out, job)
+        headers = {"X-Seed": str(job.seed)}
+        try:
+            first = await _first_event(job, request)
+        except BaseException:
+            timer.cancel()
+            job.cancel.set()
+            raise
+        kind, payload = first
+        if kind in ("error", "timeout", "cancelled", "gone"):
+            timer.cancel()
+            raise _failure(job, kind, payload)
+        if not job.stream:
+            timer.cancel()
+            data = await asyncio.to_thread(encode_clip, payload, fmt, service.sample_rate)  # mp3 of minutes: not on the loop
+            return Response(data, media_type=service.formats[fmt].media_type, headers=headers)
+        chunks = _stream_bytes(job, first, StreamEncoder(fmt, service.sample_rate), timer)
+        if parsed.stream_format == "sse":
+            tts = service.pool.models[0]
+            input_tokens = len(tts.tokenizer.encode(job.text, add_special_tokens=False))
+            return StreamingResponse(_sse(chunks, job, input_tokens, tts.model.hop_length),
+                                     media_type="text/event-stream", headers=headers)
+        return StreamingResponse(chunks, media_type=service.formats[fmt].media_type, headers=headers)
+
+    # A plain Starlette route: the handler reads and validates the body itself (size limit first,
+    # then OpenAI-shaped 400s), so FastAPI's parameter injection has nothing to do here.
+    app.router.add_route("/v1/audio/speech", speech, methods=["POST"])
+    return app
+
+
+def _time_out(job: Job) -> None:
+    job.timed_out = True
+    job.cancel.set()
+
+
+def _failure(job: Job, kind: str, payload: Any) -> ApiError:
+    if kind == "error":
+        return payload
+    if kind == "timeout":
+        return ApiError(504, "the request took longer than the server's timeout", code="timeout", kind="server_error")
+    # 499 (nginx's "client closed request"): only the access log sees it, the client has gone.
+    return ApiError(499, "request cancelled", code="cancelled")
+
+
+async def _first_event(job: Job, request: Any) -> tuple[str, Any]:
+    """The job's first event; if the client goes away first, the job is cancelled (dropped from the
+    queue, or stopped between steps) and this returns ("gone", None)."""
+    getter = asyncio.ensure_future(job.events.get())
+    watcher = asyncio.ensure_future(wait_disconnect(request))
+    try:
+        await asyncio.wait({getter, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    if not getter.done():
+        getter.cancel()
+        job.cancel.set()
+        return "gone", None
+    return getter.result()
+
+
+class StreamFailed(Exception):
+    """A streamed response's generation failed after its headers went out: the connection is
+    closed without the final chunk, so the client sees an incomplete response, not a short clip."""
+
+
+async def _stream_bytes(job: Job, first: tuple[str, Any], encoder: StreamEncoder,
+                        timer: asyncio.TimerHandle) -> AsyncIterator[bytes]:
+    """The encoded bytes of a streamed job; on disconnect (the response task is cancelled) or any
+    exit before the end, the job is cancelled in `finally`."""
+    try:
+        yield encoder.start()
+        event = first
+        while True:
+            kind, payload = event
+            if kind == "chunk":
+                job.samples_out += payload.size
+                data = encoder.write(payload)
+                if data:
+                    yield data
+            elif kind == "done":
+                data = encoder.finish()
+                if data:
+                    yield data
+                job.finished = True
+                return
+            else:
+                raise StreamFailed(_failure(job, kind, payload).message)
+            event = await job.events.get()
+    finally:
+        timer.cancel()
+        if not job.finished:
+            job.cancel.set()
+
+
+async def _sse(chunks: AsyncIterator[bytes], job: Job, input_tokens: int, hop_length: int) -> AsyncIterator[bytes]:
+    """OpenAI's speech SSE events around the audio bytes; a failure after the start is an `error`
+    event. The done event's usage counts the input's text tokens and the audio frames made (the
+    model's output tokens: one per codebook column, 25 per second)."""
+    try:
+        async for data in chunks:
+            if data:
+                event = {"type": "speech.audio.delta", "audio": base64.b64encode(data).decode("ascii")}
+                yield f"data: {json.dumps(event)}\n\n".encode()
+    except StreamFailed as exc:
+        error = {"type": "error", "error": {"message": str(exc), "type": "server_error", "param": None, "code": None}}
+        yield f"data: {json.dumps(error)}\n\n".encode()
+        return
+    frames = job.samples_out // hop_length
+    done = {"type": "speech.audio.done",
+            "usage": {"input_tokens": input_tokens, "output_tokens": frames, "total_tokens": input_tokens + frames}}
+    yield f"data: {json.dumps(done)}\n\n".encode()
+
+
+# --- running it ----------------------------------------------------------------------------------
+
+def load_service(config: ServerConfig) -> Service:
+    """Load one OmniVoiceOnnx per worker and check the voices folder, before the port opens."""
+    threads = config.threads or max(1, cores() // config.workers)
+    # The first load checks the bundle's files against its report (OmniVoiceOnnx's verify); the
+    # other workers load the same files just checked, so they skip the re-hash (~3.7 GB at full size).
+    models = [OmniVoiceOnnx.from_dir(config.model_dir, threads=threads, resident_codecs=True, variant=config.variant,
+                                     verify=i == 0)
+              for i in range(config.workers)]
+    formats = available_formats()
+    default = config.default_format or ("mp3" if "mp3" in formats else "wav")
+    if default not in formats:
+        raise UserError(f"--default-format {default} is not available here", f"choose one of {', '.join(formats)}")
+    voices = voice_store.voices_dir(config.model_dir, config.voices_dir)
+    voice_store.list_voices(voices)  # a damaged voice file is named now, not at the first request
+    first = models[0]
+    folders = {"<voices>": voices, "<model>": Path(config.model_dir)}
+    return Service(config=config, pool=WorkerPool(models, config.queue_size, folders), voices=voices, formats=formats,
+                   default_format=default, fingerprint=first.metadata["model_fingerprint"], variant=first.variant,
+                   sample_rate=first.sample_rate)
+
+
+def serve(config: ServerConfig) -> int:
+    """Run the server until SIGTERM/SIGINT; the exit code (0 drained, 143/130 requests cut off)."""
+    import uvicorn
+
+    service = load_service(config)
+    server = make_server(uvicorn.Config(create_app(service), host=config.host, port=config.port, log_level="info",
+                                        timeout_graceful_shutdown=math.ceil(config.drain_s), lifespan="on"),
+                         service.pool)
+    LOG.info("omnivoice-onnx serve: %d worker(s) x %d thread(s), queue %d, default format %s, voices %s",
+             service.pool.workers, config.threads or max(1, cores() // config.workers), config.queue_size,
+             service.default_format, service.voices)
+    server.run()
+    if server.stopped_by is not None and service.pool.cut_off:
+        return 128 + server.stopped_by
+    return 0
+
+
+@dataclass
+class Launched:
+    """A server started by `launch`: its process, its port and its log file."""
+
+    process: Any  # subprocess.Popen
+    port: int
+    log: Path
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def stop(self, timeout: float = 60.0) -> int:
+        """SIGTERM, then wait (bounded) for the drain and exit; its exit code."""
+        import subprocess
+
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                return self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(10)
+                raise
+        return self.process.returncode
+
+
+def launch(model_dir: Path, log: Path, *flags: str, env: dict[str, str] | None = None,
+           start_timeout: float = 60.0) -> Launched:
+    """`omnivoice-onnx serve --model-dir M --port 0 FLAGS` as a child process, once it listens: the
+    port is read from uvicorn's start line, so there is no race for a free port (tests, benches)."""
+    import re
+    import subprocess
+    import sys
+
+    with open(log, "w") as handle:
+        process = subprocess.Popen([sys.executable, "-m", "omnivoice_onnx", "serve", "--model-dir", str(model_dir),
+                                    "--port", "0", *flags], env=env, stdout=handle, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + start_timeout
+    while time.monotonic() < deadline:
+        found = re.search(r"Uvicorn running on http://[^:]+:(\d+)", Path(log).read_text())
+        if found:
+            return Launched(process, int(found.group(1)), Path(log))
+        if process.poll() is not None:
+            break
+        time.sleep(0.1)
+    process.kill()
+    process.wait(10)
+    raise RuntimeError(f"the server did not start within {start_timeout:g} s; its log: {log}")
+
+
+def make_server(config: Any, pool: WorkerPool) -> Any:
+    """uvicorn's Server with the signal handling this server documents: uvicorn re-raises a caught
+    SIGTERM after its shutdown, so the process would die by the signal even after a clean drain.
+    Here the first SIGTERM/SIGINT marks the pool draining (new requests: 503) and starts uvicorn's
+    graceful shutdown; `stopped_by` records the signal."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        stopped_by: int | None = None
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            if threading.current_thread() is not threading.main_thread():
+                yield
+                return
+            previous = {sig: signal.signal(sig, self.stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+            try:
+                yield
+            finally:
+                for sig, handler in previous.items():
+                    signal.signal(sig, handler)
+
+        def stop(self, sig: int, frame: Any) -> None:
+            self.stopped_by = sig
+            pool.draining = True
+            self.handle_exit(sig, frame)
+
+    return Server(config)

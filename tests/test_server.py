@@ -1,0 +1,308 @@
+"""omnivoice-onnx serve, as its clients see it: a real server process on a free loopback port,
+driven by the official `openai` client and by raw HTTP (http.client, sockets).
+
+One server (module fixture) serves most tests: 1 worker, 1 thread, a queue of 2, an API key, a
+voices folder with one design voice. The SIGTERM test starts its own. Every wait is bounded:
+the server must be up within SERVER_START_S, a request answers within REQUEST_S.
+"""
+
+from __future__ import annotations
+
+import base64
+import concurrent.futures
+import http.client
+import io
+import json
+import os
+import signal
+import socket
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+openai = pytest.importorskip("openai")
+pytest.importorskip("fastapi")
+
+from omnivoice_onnx import OmniVoiceOnnx, audio_out, server  # noqa: E402
+from omnivoice_onnx.voices import Voice, save_voice  # noqa: E402
+
+pytestmark = pytest.mark.slow  # the session pipeline's tiny export
+
+KEY = "test-key"
+SERVER_START_S = 60
+REQUEST_S = 120
+TEXT = "Hello there."
+LONG_TEXT = ("The first sentence is here. A second one follows it, somewhat longer than the first. "
+             "Then a third, so that a stream has several chunks to send. And a fourth to end it.")
+
+
+class Server:
+    """A running `omnivoice-onnx serve` (server.launch) and how to reach it."""
+
+    def __init__(self, launched: server.Launched) -> None:
+        self.launched, self.proc, self.port, self.log = launched, launched.process, launched.port, launched.log
+
+    def client(self, key: str = KEY, **kwargs) -> "openai.OpenAI":
+        return openai.OpenAI(base_url=self.launched.base_url, api_key=key, max_retries=0, timeout=REQUEST_S, **kwargs)
+
+    def request(self, method: str, path: str, body: bytes | dict | None = None, key: str | None = KEY,
+                headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=REQUEST_S)
+        sent = {"Authorization": f"Bearer {key}"} if key else {}
+        if isinstance(body, dict):
+            body, sent["Content-Type"] = json.dumps(body).encode(), "application/json"
+        sent.update(headers or {})
+        try:
+            conn.request(method, path, body=body, headers=sent)
+            response = conn.getresponse()
+            return response.status, {k.lower(): v for k, v in response.getheaders()}, response.read()
+        finally:
+            conn.close()
+
+    def health(self) -> dict:
+        return json.loads(self.request("GET", "/health", key=None)[2])
+
+
+def start_server(onnx: Path, voices: Path, log: Path, *flags: str) -> Server:
+    env = {**os.environ, "OMNIVOICE_ORT_THREADS": "1"}
+    env.pop(server.API_KEY_ENV, None)
+    return Server(server.launch(onnx, log, "--voices", str(voices), "--threads", "1", *flags, env=env,
+                                start_timeout=SERVER_START_S))
+
+
+@pytest.fixture(scope="module")
+def tts(pipeline) -> OmniVoiceOnnx:
+    """The runtime in-process, one thread like the server's worker: its audio is the reference."""
+    return OmniVoiceOnnx.from_dir(pipeline.onnx, threads=1)
+
+
+@pytest.fixture(scope="module")
+def voices(tts, tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("voices")
+    save_voice(folder, "narrator", Voice("narrator", None, "female, low pitch", tts.metadata["model_fingerprint"],
+                                         Path()))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def srv(pipeline, voices, tmp_path_factory):
+    running = start_server(pipeline.onnx, voices, tmp_path_factory.mktemp("server") / "server.log",
+                           "--api-key", KEY, "--queue", "2", "--default-format", "wav")
+    yield running
+    assert running.launched.stop(SERVER_START_S) == 0, running.log.read_text()[-3000:]
+    assert "Traceback" not in running.log.read_text()
+
+
+def pcm16(samples: np.ndarray) -> np.ndarray:
+    return audio_out.to_pcm16(samples)
+
+
+def error_of(body: bytes) -> dict:
+    """The OpenAI-shaped error object of a response body (asserted to be one)."""
+    error = json.loads(body)["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    return error
+
+
+def test_routes(srv):
+    client = srv.client()
+    models = client.models.list()
+    assert [m.id for m in models.data][0] == "omnivoice"
+    status, _, body = srv.request("GET", "/v1/audio/voices")
+    assert status == 200 and json.loads(body)["voices"] == ["auto", "design", "narrator"]
+    health = srv.health()
+    assert health["status"] == "ok" and health["workers"] == 1 and health["queue_size"] == 2
+    status, _, body = srv.request("GET", "/v1/nothing")
+    assert status == 404 and error_of(body)["code"] == "not_found"
+
+
+def test_every_format_decodes_and_seed_equals_generate(srv, tts):
+    """Whole clips: each format decodes; a seed gives generate()'s audio (16-bit formats exactly)."""
+    client = srv.client()
+    want = pcm16(tts.generate(TEXT, seed=7)[0])
+    for fmt in server.available_formats():
+        response = client.audio.speech.create(model="omnivoice", voice="auto", input=TEXT, response_format=fmt,
+                                              extra_body={"seed": 7})
+        data = response.read()
+        assert response.response.headers["x-seed"] == "7"
+        if fmt == "pcm":
+            got = np.frombuffer(data, "<i2")
+        else:
+            got, rate = sf.read(io.BytesIO(data), dtype="int16")
+            assert rate == tts.sample_rate
+        if fmt in ("pcm", "wav", "flac"):
+            np.testing.assert_array_equal(got, want, err_msg=fmt)
+        else:  # lossy: the same length, within the codec's delay
+            assert abs(len(got) - len(want)) <= tts.sample_rate // 10, fmt
+
+
+def test_extensions_and_voices(srv, tts):
+    """language, num_step, guidance_scale, duration, speed and a saved (design) voice reach generate()."""
+    client = srv.client()
+    response = client.audio.speech.create(model="omnivoice", voice="narrator", input=TEXT, response_format="pcm",
+                                          speed=1.5, extra_body={"seed": 3, "language": "English", "num_step": 8,
+                                                                 "guidance_scale": 1.0})
+    want = tts.generate(TEXT, seed=3, language="English", instruct="female, low pitch", speed=1.5,
+                        generation_config={"num_step": 8, "guidance_scale": 1.0})[0]
+    np.testing.assert_array_equal(np.frombuffer(response.read(), "<i2"), pcm16(want))
+    response = client.audio.speech.create(model="omnivoice", voice="auto", input=TEXT, response_format="pcm",
+                                          extra_body={"seed": 3, "duration": 2.0, "num_step": 4})
+    assert len(response.read()) // 2 == pcm16(tts.generate(TEXT, seed=3, duration=2.0,
+                                                           generation_config={"num_step": 4})[0]).size
+
+
+def test_streams_concatenate(srv, tts):
+    """stream_format audio (wav, pcm, opus) and sse: the chunks form one valid stream, equal to
+    OmniVoiceOnnx.stream() with the same seed."""
+    client = srv.client()
+    want = pcm16(np.concatenate([c.samples for c in tts.stream(LONG_TEXT, seed=5)]))
+    for fmt in ("pcm", "wav", "opus"):
+        with client.audio.speech.with_streaming_response.create(
+                model="omnivoice", voice="auto", input=LONG_TEXT, response_format=fmt, stream_format="audio",
+                extra_body={"seed": 5}) as response:
+            pieces = list(response.iter_bytes())
+        data = b"".join(pieces)
+        if fmt == "opus":
+            got, _ = sf.read(io.BytesIO(data), dtype="int16")
+            assert abs(len(got) - len(want)) <= tts.sample_rate // 10
+            continue
+        got = np.frombuffer(data, "<i2") if fmt == "pcm" else sf.read(io.BytesIO(data), dtype="int16")[0]
+        np.testing.assert_array_equal(got, want, err_msg=fmt)
+    status, headers, body = srv.request("POST", "/v1/audio/speech", {
+        "model": "omnivoice", "voice": "auto", "input": LONG_TEXT, "response_format": "pcm", "stream_format": "sse",
+        "seed": 5})
+    assert status == 200 and headers["content-type"].startswith("text/event-stream")
+    events = [json.loads(line[len("data: "):]) for line in body.decode().splitlines() if line.startswith("data: ")]
+    assert [e["type"] for e in events[:-1]] == ["speech.audio.delta"] * (len(events) - 1)
+    assert events[-1]["type"] == "speech.audio.done" and events[-1]["usage"]["output_tokens"] > 0
+    audio = b"".join(base64.b64decode(e["audio"]) for e in events[:-1])
+    np.testing.assert_array_equal(np.frombuffer(audio, "<i2"), want)
+
+
+def test_bad_requests(srv, tmp_path):
+    """400s name the field; none carries a server path."""
+    base = {"model": "omnivoice", "voice": "auto", "input": TEXT}
+    cases = [
+        ({"voice": "nobody"}, "voice", "auto, design, narrator"),
+        ({"voice": "../etc/passwd"}, "voice", "not a voice name"),
+        ({"voice": {"id": "nobody"}}, "voice", "unknown voice"),
+        ({"voice": "design"}, "instructions", "needs `instructions`"),
+        ({"input": "x" * (server.MAX_INPUT_CHARS + 1)}, "input", "longer than"),
+        ({"input": ""}, "input", "at least 1"),
+        ({"speed": 4.5}, "speed", "less than or equal to 4"),
+        ({"response_format": "aac"}, "response_format", "not available"),
+        ({"response_format": "flac", "stream_format": "audio"}, "response_format", "cannot be streamed"),
+        ({"sped": 2}, "sped", "unknown field"),
+        ({"num_step": 0}, "num_step", "greater than or equal to 1"),
+        ({"language": "Klingonish"}, None, "unknown language"),
+        ({"num_step": 100_000}, None, "MAX_NUM_STEP"),  # the runtime's limits (omnivoice_onnx.request)
+        ({"duration": 10_000}, None, "MAX_DURATION_S"),
+    ]
+    for change, param, words in cases:
+        status, _, body = srv.request("POST", "/v1/audio/speech", {**base, **change})
+        error = error_of(body)
+        assert status == 400 and error["param"] == param and words in error["message"], (change, error)
+        assert str(tmp_path.parent.parent) not in error["message"] and "Traceback" not in error["message"]
+    status, _, body = srv.request("POST", "/v1/audio/speech", b"{not json", headers={"Content-Type": "application/json"})
+    assert status == 400 and error_of(body)["code"] == "invalid_json"
+    status, _, body = srv.request("POST", "/v1/audio/speech", {**base, "model": "tts-1"})
+    assert status == 404 and error_of(body)["code"] == "model_not_found"
+    with pytest.raises(openai.BadRequestError) as caught:
+        srv.client().audio.speech.create(model="omnivoice", voice="nobody", input=TEXT)
+    assert caught.value.status_code == 400 and "narrator" in caught.value.message
+
+
+def test_auth_and_body_limit(srv):
+    status, _, body = srv.request("GET", "/v1/models", key=None)
+    assert status == 401 and error_of(body)["code"] == "invalid_api_key"
+    with pytest.raises(openai.AuthenticationError):
+        srv.client(key="wrong").models.list()
+    assert srv.request("GET", "/health", key=None)[0] == 200  # load balancers probe without the key
+    big = json.dumps({"model": "omnivoice", "voice": "auto", "input": "x" * (server.MAX_BODY_BYTES + 1)}).encode()
+    status, _, body = srv.request("POST", "/v1/audio/speech", big, headers={"Content-Type": "application/json"})
+    assert status == 413 and error_of(body)["code"] == "body_too_large"
+    # The same without Content-Length (chunked upload): refused while it is read, not after.
+    conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=REQUEST_S)
+    conn.request("POST", "/v1/audio/speech", body=iter([big[i:i + 8192] for i in range(0, len(big), 8192)]),
+                 headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"},
+                 encode_chunked=True)
+    response = conn.getresponse()
+    assert response.status == 413 and error_of(response.read())["code"] == "body_too_large"
+    conn.close()
+
+
+def test_queue_full_is_429(srv):
+    """1 worker + 2 queued: of 8 simultaneous requests some get 429 with Retry-After, none fails
+    otherwise, and every accepted one returns audio."""
+    body = {"model": "omnivoice", "voice": "auto", "input": LONG_TEXT, "response_format": "pcm", "num_step": 16}
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(lambda _: srv.request("POST", "/v1/audio/speech", body), range(8)))
+    statuses = sorted(status for status, _, _ in results)
+    assert set(statuses) == {200, 429} and statuses.count(200) >= 3, statuses
+    for status, headers, data in results:
+        if status == 429:
+            assert int(headers["retry-after"]) >= 1 and error_of(data)["type"] == "rate_limit_error"
+        else:
+            assert len(data) > 0
+    assert srv.health()["running"] == 0
+
+
+def wait_for(condition, what: str, timeout: float = REQUEST_S) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def open_request(srv: Server, body: dict) -> socket.socket:
+    """A raw socket that has sent a speech request and not read the answer."""
+    payload = json.dumps(body).encode()
+    sock = socket.create_connection(("127.0.0.1", srv.port), timeout=REQUEST_S)
+    sock.sendall(b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 + f"Authorization: Bearer {KEY}\r\nContent-Length: {len(payload)}\r\n\r\n".encode() + payload)
+    return sock
+
+
+def test_disconnect_cancels(srv):
+    """A client that leaves: its running request stops between steps, its queued one is dropped,
+    and the worker is free for the next request."""
+    body = {"model": "omnivoice", "voice": "auto", "input": LONG_TEXT * 4, "response_format": "pcm",
+            "num_step": 256}
+    before = srv.health()
+    running = open_request(srv, body)
+    wait_for(lambda: srv.health()["running"] == 1, "the first request to run")
+    queued = open_request(srv, body)
+    wait_for(lambda: srv.health()["queued"] == 1, "the second request to queue")
+    queued.close()
+    running.close()
+    wait_for(lambda: srv.health()["cancelled"] == before["cancelled"] + 2, "both to be cancelled")
+    assert srv.health()["completed"] == before["completed"] and srv.health()["running"] == 0
+    # Mid-stream: read the first bytes, then leave.
+    sock = open_request(srv, {**body, "stream_format": "audio"})
+    assert sock.recv(1024).startswith(b"HTTP/1.1 200")
+    sock.close()
+    wait_for(lambda: srv.health()["cancelled"] == before["cancelled"] + 3, "the stream to be cancelled")
+    assert len(srv.client().audio.speech.create(model="omnivoice", voice="auto", input=TEXT).read()) > 44
+
+
+def test_sigterm_drains_then_exits_0(pipeline, voices, tmp_path):
+    """SIGTERM with a request in flight: the request completes, the process exits 0; new
+    connections are refused meanwhile."""
+    srv = start_server(pipeline.onnx, voices, tmp_path / "server.log")
+    try:
+        body = {"model": "omnivoice", "voice": "auto", "input": LONG_TEXT, "response_format": "wav", "num_step": 64,
+                "seed": 1}
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            pending = pool.submit(srv.request, "POST", "/v1/audio/speech", body, None)
+            wait_for(lambda: srv.health()["running"] == 1, "the request to run")
+            srv.proc.send_signal(signal.SIGTERM)
+            status, _, data = pending.result(REQUEST_S)
+        assert status == 200 and sf.read(io.BytesIO(data))[0].size > 0
+        assert srv.proc.wait(SERVER_START_S) == 0
+        with pytest.raises(OSError):
+            socket.create_connection(("127.0.0.1", srv.port), timeout=5).close()
+    finally:
+        srv.launched.stop(SERVER_START_S)
