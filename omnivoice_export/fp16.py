@@ -113,6 +113,14 @@ def transformer_keep(model: onnx.ModelProto, heads: str, groups: tuple[str, ...]
     return {group: sorted(names) for group, names in keep.items()}
 
 
+def convert_transformer(model: onnx.ModelProto, heads: str,
+                        groups: tuple[str, ...]) -> tuple[onnx.ModelProto, dict[str, list[str]]]:
+    """The fp16 transformer (convert) with `groups` kept float32 (transformer_keep); returns it
+    and the kept node names per group (the report records them)."""
+    kept = transformer_keep(model, heads, groups)
+    return convert(model, {name for names in kept.values() for name in names}), kept
+
+
 def name_nodes(model: onnx.ModelProto) -> None:
     """Give every unnamed node a unique name (the converter's block list is by name)."""
     used = {node.name for node in model.graph.node if node.name}

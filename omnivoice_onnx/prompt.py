@@ -69,8 +69,15 @@ DIALECT_SUFFIX = "话"  # a Chinese dialect item ends in it (河南话, ...)
 ACCENT_MARK = " accent"  # an English accent item contains it
 SUGGESTION_CUTOFF = 0.6  # difflib.get_close_matches cutoff for "did you mean"
 
-LANGUAGE_FIX = ("pass a language name (English, Chinese, ...) or id (en, zh, ...), or None for "
-                "language-agnostic mode")
+# A BCP-47 / POSIX-locale tag: primary language subtag, then any subtags (region, script, ...).
+BCP47_TAG = re.compile(r"([A-Za-z]{2,3})(?:[-_][A-Za-z0-9]{1,8})*")
+# Primary subtags people still send whose model id is another code: deprecated ISO 639-1 codes
+# (iw, in, ji, jw) and the usual code for Tagalog (the model knows it as Filipino, fil), Mandarin
+# (cmn, zh's main member) and Norwegian Bokmal's 639-2 code.
+LANGUAGE_ALIASES = {"iw": "he", "in": "id", "ji": "yi", "jw": "jv", "tl": "fil", "cmn": "zh", "nob": "nb"}
+
+LANGUAGE_FIX = ("pass a language name (English, Chinese, ...), id (en, zh, ...) or tag (en-US, pt_BR), or None "
+                "for language-agnostic mode")
 
 # runtime-config.json: section -> key -> expected JSON type.
 CONFIG_SCHEMA: dict[str, dict[str, type]] = {
@@ -102,7 +109,44 @@ def load_runtime_config(directory: Path) -> dict[str, Any]:
             if not isinstance(value, kind) or isinstance(value, bool):
                 raise UserError(f"runtime config {path}: {section}.{key} is missing or not a "
                                 f"{kind.__name__}", RERUN_EXPORT)
+    problem = _config_value_problem(config)
+    if problem:
+        raise UserError(f"runtime config {path}: {problem}", RERUN_EXPORT)
     return config
+
+
+def _config_value_problem(config: dict[str, Any]) -> str | None:
+    """What is wrong inside runtime-config.json's sections, as the runtime uses them (None if
+    nothing): positive sizes, the mask id inside the vocabulary, strings where strings are
+    matched, every name mapped to a language id the config lists, a Chinese pattern that compiles.
+    (The generation defaults are checked as a request's generation_config is, at load: api.py.)"""
+    model = config["model"]
+    for key in ("num_audio_codebook", "audio_vocab_size"):
+        if model[key] <= 0:
+            return f"model.{key} is {model[key]}, not a positive size"
+    if not 0 <= model["audio_mask_id"] < model["audio_vocab_size"]:
+        return f"model.audio_mask_id {model['audio_mask_id']} is outside the vocabulary [0, {model['audio_vocab_size']})"
+    languages, instruct = config["languages"], config["instruct"]
+    ids = languages["ids"]
+    if not ids or not all(isinstance(i, str) and i for i in ids):
+        return "languages.ids must be a non-empty list of language ids (strings)"
+    for name, lang in languages["name_to_id"].items():
+        if lang not in ids:
+            return f"languages.name_to_id maps {name!r} to {lang!r}, which is not in languages.ids"
+    for key in ("valid", "valid_en", "valid_zh"):
+        if not all(isinstance(item, str) for item in instruct[key]):
+            return f"instruct.{key} must list strings"
+    for key in ("en_to_zh", "zh_to_en"):
+        if not all(isinstance(v, str) for v in instruct[key].values()):
+            return f"instruct.{key} must map strings to strings"
+    if not all(isinstance(group, list) and all(isinstance(item, str) for item in group)
+               for group in instruct["mutually_exclusive"]):
+        return "instruct.mutually_exclusive must be a list of lists of strings"
+    try:
+        re.compile(instruct["zh_pattern"])
+    except re.error as exc:
+        return f"instruct.zh_pattern {instruct['zh_pattern']!r} is not a regular expression ({exc})"
+    return None
 
 
 class TextTokenizer:
@@ -152,7 +196,10 @@ class TextTokenizer:
 def resolve_language(language: str | None, languages: dict[str, Any]) -> str | None:
     """The language id for a name or id (_resolve_language); None for None or "None".
 
-    An id must match exactly ("en"); a name matches case-insensitively ("english"). Upstream
+    An id must match exactly ("en"); a name matches case-insensitively ("english"); a BCP-47 or
+    locale tag ("en-US", "pt_BR", "zh-Hant-TW", "EN") gives its primary language subtag,
+    lower-cased and with LANGUAGE_ALIASES applied, when that is an id (the model's ids are
+    ISO 639 codes without region or script: "pt-BR" and "pt-PT" are both "pt"). Upstream
     logs a warning for anything else and goes language-agnostic; here it is a UserError, so a
     typo never silently changes the output (None is the explicit language-agnostic choice).
     `languages` is runtime-config.json's "languages" section.
@@ -164,6 +211,12 @@ def resolve_language(language: str | None, languages: dict[str, Any]) -> str | N
     key = language.lower()
     if key in languages["name_to_id"]:
         return languages["name_to_id"][key]
+    tag = BCP47_TAG.fullmatch(language)
+    if tag:
+        primary = tag.group(1).lower()
+        primary = LANGUAGE_ALIASES.get(primary, primary)
+        if primary in languages["ids"]:
+            return primary
     raise UserError(f"unknown language {language!r}", LANGUAGE_FIX)
 
 
@@ -242,6 +295,20 @@ def resolve_instruct(instruct: str | None, use_zh: bool, instruct_data: dict[str
     return ("，" if has_chinese else ", ").join(normalised)
 
 
+def prompt_text_ids(tokenizer: TextTokenizer, text: str, ref_text: str | None, has_reference: bool,
+                    lang: str | None, instruct: str | None, denoise: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(style ids, text ids) int64 of one item's prompt: everything before its audio positions
+    (build_item_inputs' layout). Also what request.py measures a prompt's length with, before any
+    array of the request's size is made."""
+    style_text = DENOISE if denoise and has_reference else ""
+    style_text += f"{LANG_START}{lang if lang else NO_VALUE}{LANG_END}"
+    style_text += f"{INSTRUCT_START}{instruct if instruct else NO_VALUE}{INSTRUCT_END}"
+    style_ids = np.asarray(tokenizer.encode(style_text), dtype=np.int64)
+    wrapped_text = f"{TEXT_START}{combine_text(text, ref_text=ref_text)}{TEXT_END}"
+    text_ids = np.asarray(tokenizer.encode_with_nonverbal_tags(wrapped_text), dtype=np.int64)
+    return style_ids, text_ids
+
+
 def build_item_inputs(tokenizer: TextTokenizer, text: str, num_target_tokens: int, ref_text: str | None,
                       ref_audio_tokens: np.ndarray | None, lang: str | None, instruct: str | None, denoise: bool,
                       num_codebooks: int, mask_id: int) -> tuple[np.ndarray, np.ndarray]:
@@ -255,14 +322,8 @@ def build_item_inputs(tokenizer: TextTokenizer, text: str, num_target_tokens: in
     audio_mask is True from the first audio position (reference or target) to the end.
     `lang` and `instruct` are already resolved (resolve_language, resolve_instruct).
     """
-    style_text = DENOISE if denoise and ref_audio_tokens is not None else ""
-    style_text += f"{LANG_START}{lang if lang else NO_VALUE}{LANG_END}"
-    style_text += f"{INSTRUCT_START}{instruct if instruct else NO_VALUE}{INSTRUCT_END}"
-    style_ids = np.asarray(tokenizer.encode(style_text), dtype=np.int64)
-
-    wrapped_text = f"{TEXT_START}{combine_text(text, ref_text=ref_text)}{TEXT_END}"
-    text_ids = np.asarray(tokenizer.encode_with_nonverbal_tags(wrapped_text), dtype=np.int64)
-
+    style_ids, text_ids = prompt_text_ids(tokenizer, text, ref_text, ref_audio_tokens is not None, lang, instruct,
+                                          denoise)
     parts = [np.tile(style_ids, (num_codebooks, 1)), np.tile(text_ids, (num_codebooks, 1))]
     if ref_audio_tokens is not None:
         parts.append(np.asarray(ref_audio_tokens, dtype=np.int64))

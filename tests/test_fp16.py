@@ -12,7 +12,6 @@ every onnxruntime optimisation level.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 
@@ -25,7 +24,7 @@ import torch
 from omnivoice_export import exporting, fp16, quantize, report, wrappers
 from omnivoice_export.builder import LARGE_ACTIVATIONS, build_checkpoint
 from omnivoice_export.checkpoints import load_omnivoice, model_fingerprint
-from omnivoice_onnx.contract import THRESHOLDS
+from omnivoice_onnx.contract import AUDIO_VOCAB_SIZE, NUM_CODEBOOKS, THRESHOLDS
 from omnivoice_onnx.sessions import run
 
 from conftest import shared_build
@@ -70,9 +69,14 @@ def large_act(tmp_path_factory) -> Path:
         exporting.set_metadata(onnx_dir / TRANSFORMER, "transformer", exporting.graph_metadata(
             "transformer", config, model_fingerprint(model_dir), "dynamo", exporting.DEFAULT_OPSET,
             report.package_versions()))
-        metadata = report.read_graph_metadata(onnx_dir / TRANSFORMER)
-        # The transformer alone: this export has no codec graphs.
-        quantize.build_variant(onnx_dir, dataclasses.replace(quantize.RECIPES["fp16"], codecs=()), metadata)
+        # The fp16 recipe's transformer conversion, as step 5 makes it (this export has no report and no codecs).
+        source = onnx_dir / TRANSFORMER
+        recipe = quantize.RECIPES["fp16"]
+        heads, _ = quantize.weight_nodes(onnx.load(str(source), load_external_data=False), NUM_CODEBOOKS * AUDIO_VOCAB_SIZE)
+        variant, _ = fp16.convert_transformer(onnx.load(str(source)), heads[0], recipe.keep_fp32)
+        quantize.set_variant_metadata(variant, report.read_graph_metadata(source), recipe, source)
+        (onnx_dir / "fp16").mkdir()
+        report.save_with_sidecar(variant, onnx_dir / "fp16" / TRANSFORMER)
 
     return shared_build(tmp_path_factory, LARGE_ACT, build)
 
