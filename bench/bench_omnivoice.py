@@ -276,7 +276,8 @@ def load_variant(args, runtime: str, variant: str | None = None):
 
     if runtime == "torch":
         return load_omnivoice(resolve_model(args.model)), None
-    graphs = OrtGraphs.load(args.onnx_dir, "cpu", transformer=variant_path(args.onnx_dir, variant or args.variant))
+    name = variant or args.variant
+    graphs = OrtGraphs.load(args.onnx_dir, "cpu", transformer=variant_path(args.onnx_dir, name), variant=name)
     return load_onnx_omnivoice(resolve_model(args.model), graphs, split=True), graphs
 
 

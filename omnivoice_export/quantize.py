@@ -37,6 +37,10 @@ Why the recipes are what they are (issue 16; the quality table measures each):
   from the island's first input to its last output. Its codec graphs are float16 too, with the
   ops CODEC_KEEP_OPS names float32. The GPU / mobile format: an x86 CPU without native float16
   arithmetic runs it slower than fp32 (onnxruntime's CPU provider casts around what it lacks).
+- `int8-fused` is int8 on fp32-fused's graph (same calls, same output guard as fp32-unmasked):
+  the attention cores are MultiHeadAttention in fp32, the projections int8. One activation
+  quantization per input is already what quantize_dynamic writes: q/k/v share one
+  DynamicQuantizeLinear, gate/up another (4 per layer for 7 MatMulIntegers, counted on tiny).
 - `MatMulNBits` keeps weights block-wise (block along K, one scale and zero point per block);
   `accuracy_level` 0 dequantizes to fp32 and runs an fp32 GEMM, 4 quantizes activations to int8
   per block and runs an int8 GEMM (faster; the kind of error that flipped argmaxes on Qwen3-0.6B,
@@ -81,7 +85,7 @@ class Recipe:
     embeddings: str
     block_size: int | None = None  # nbits: weights per (scale, zero point) block along K
     accuracy_level: int | None = None  # nbits: 0 fp32 compute, 4 int8 activations
-    fusions: tuple[str, ...] = ()  # unmasked: omnivoice_export.fusion passes applied after drop_mask_work
+    fusions: tuple[str, ...] = ()  # unmasked, dynamic: omnivoice_export.fusion passes applied after drop_mask_work
     keep_fp32: tuple[str, ...] = ()  # fp16: the float32 islands of the transformer (fp16.TRANSFORMER_KEEP groups)
     codecs: tuple[str, ...] = ()  # codec graphs the variant converts and carries itself (else the export's fp32 ones)
     summary: str = ""
@@ -106,6 +110,10 @@ RECIPES: dict[str, Recipe] = {recipe.name: recipe for recipe in (
     Recipe("int8", "dynamic", 8, True, "fp16",
            summary="quantize_dynamic: int8 per-channel weights, uint8 per-tensor activations (MatMulInteger); "
                    "audio heads fp32, embedding tables stored fp16 (Gather, Cast)"),
+    Recipe("int8-fused", "dynamic", 8, True, "fp16", fusions=("attention",),
+           summary="int8 on fp32-fused's graph: without the per-layer mask work (run_split's calls; NaN logits for "
+                   "a row whose mask is not all True), each layer's attention core one com.microsoft "
+                   "MultiHeadAttention in fp32, the projections int8 as in int8"),
     Recipe("int8-emb32", "dynamic", 8, True, "fp32",
            summary="int8 with the embedding tables fp32: what storing them fp16 costs (46 % of fp32's size, not ~33 %)"),
     Recipe("int8-emb8", "dynamic", 8, True, "int8-row",
@@ -171,6 +179,19 @@ def quantize_dynamic_variant(source: Path, staging: Path, recipe: Recipe, exclud
         graph_only.with_name(graph_only.stem + "-inferred.onnx").unlink(missing_ok=True)
     shutil.rmtree(out.parent)
     return model
+
+
+def unmasked_source(source: Path, staging: Path, recipe: Recipe) -> Path:
+    """The fp32 graph without the mask work and with `recipe.fusions` applied, saved with its own
+    sidecar under `staging`: the input of a fused int8 recipe (quantize_dynamic then quantizes the
+    projections' MatMuls; the fused MultiHeadAttention nodes stay fp32, as in fp32-fused)."""
+    model = onnx.load(str(source))
+    drop_mask_work(model)
+    fusion.apply_fusions(model, recipe.fusions)
+    path = staging / "unmasked" / TRANSFORMER_FILE
+    path.parent.mkdir()
+    save_with_sidecar(model, path)
+    return path
 
 
 def quantize_nbits_variant(source: Path, recipe: Recipe, exclude: list[str]) -> onnx.ModelProto:
@@ -350,7 +371,8 @@ def build_variant(onnx_dir: Path, recipe: Recipe, fp32_metadata: dict[str, str])
     with temporary_dir(variant_dir(onnx_dir, recipe.name)) as staging:
         with PeakRss() as peak:
             if recipe.method == "dynamic":
-                model = quantize_dynamic_variant(source, staging, recipe, exclude)
+                model = quantize_dynamic_variant(unmasked_source(source, staging, recipe) if recipe.fusions else source,
+                                                 staging, recipe, exclude)
             elif recipe.method == "unmasked":
                 model = onnx.load(str(source))
                 drop_mask_work(model)

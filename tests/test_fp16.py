@@ -206,3 +206,23 @@ def test_fp16_variant_within_tolerance_at_every_optimisation_level(large_act, le
         relative = float(np.linalg.norm(got - want) / np.linalg.norm(want))
         assert relative <= THRESHOLDS["fp16_relative_error_max"], (level, relative)
         assert (got.argmax(-1) == want.argmax(-1)).mean() >= THRESHOLDS["fp16_argmax_min"], level
+
+
+@pytest.mark.slow
+@pytest.mark.gpu
+@pytest.mark.skipif("CUDAExecutionProvider" not in ort.get_available_providers(),
+                    reason="needs onnxruntime's CUDA provider (onnxruntime-gpu on an NVIDIA machine)")
+def test_on_cuda_naive_fp16_breaks_and_the_fp16_variant_holds(large_act, tmp_path):
+    """Where float16 kernels exist (CUDA), the naive graph's RMSNorm squares in float16 and its
+    logits stop following fp32's; the fp16 variant stays within its tolerance (make gpu-check)."""
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    naive = convert_float_to_float16(onnx.load(str(large_act / "onnx" / TRANSFORMER)), keep_io_types=True,
+                                     op_block_list=[])
+    onnx.save_model(naive, str(tmp_path / "naive.onnx"))
+    cuda = [("CUDAExecutionProvider", {"use_tf32": "0"}), "CPUExecutionProvider"]
+    want = run(session(large_act / "onnx" / TRANSFORMER), CALLS[0])["logits"]
+    naive_logits = run(ort.InferenceSession(str(tmp_path / "naive.onnx"), providers=cuda), CALLS[0])["logits"]
+    ours = run(ort.InferenceSession(str(large_act / "onnx" / "fp16" / TRANSFORMER), providers=cuda), CALLS[0])["logits"]
+    assert not np.isfinite(naive_logits).all() or (naive_logits.argmax(-1) == want.argmax(-1)).mean() < 0.5
+    assert np.linalg.norm(ours - want) / np.linalg.norm(want) <= THRESHOLDS["fp16_relative_error_max"]
