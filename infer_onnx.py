@@ -17,7 +17,7 @@ refuses a --seed or --num-step other than the capture's, a capture re-made after
 ref_voice.wav re-made after the capture (exit 2), rather than compare different runs.
 
 --variant NAME runs a transformer variant of step 5 (quantize_omnivoice.py) with the export's fp32
-codec graphs (files capture/onnx_<variant>_<mode>.*, results under variants.<name>.end_to_end in
+codec graphs, or the variant's own where it carries them (fp16) (files capture/onnx_<variant>_<mode>.*, results under variants.<name>.end_to_end in
 the report). A quantized variant is measured, never judged (exit 0 whatever its tokens); an fp32
 variant (fp32-unmasked) gets the fp32 verdict.
 

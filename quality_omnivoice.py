@@ -30,6 +30,7 @@ from pathlib import Path
 from omnivoice_export import capture, quality, report
 from omnivoice_export.checkpoints import resolve_model, validate_checkpoint_dir
 from omnivoice_export.cli import THREADS, check_output, parse, parse_subset, run_main
+from omnivoice_export.measure import cpu_line
 from omnivoice_onnx.errors import UserError
 
 
@@ -64,15 +65,21 @@ def main(argv: list[str] | None = None) -> None:
     names = list(made) if args.variants is None else parse_subset(args.variants, "--variants", made)
     model_path = resolve_model(args.model) if args.model else validate_checkpoint_dir(report.recorded_path(export["model"]["path"]))
     machine = quality.machine()
-    print(f"[step 6] fp32 and {', '.join(names)} on {machine['cpu']}, {machine['cores']} cores, "
+    print(f"[step 6] fp32 and {', '.join(names)} on {cpu_line(machine['cpu'])}, "
           f"load {machine['load_1min_at_start']}", flush=True)
     results = {}
     started = time.perf_counter()
+    greedy = None if args.no_end_to_end else quality.greedy_reference(model_path, args.capture_dir, manifest)
     for name in ["fp32", *names]:
         result = quality.measure_variant(name, model_path, args.onnx_dir, args.capture_dir, manifest, export,
-                                         args.threads, not args.no_end_to_end, wav_dir)
+                                         args.threads, not args.no_end_to_end, wav_dir, greedy)
         results[name] = result
-        e2e = "".join(f" {mode} tokens={r['token_match']:.4f}" for mode, r in result.get("end_to_end", {}).items())
+        e2e = "".join(f" {mode} tokens={r['token_match']:.4f} greedy={r['greedy_token_match']:.4f}"
+                      for mode, r in result.get("end_to_end", {}).items())
+        codecs = result.get("codecs", {})
+        if codecs:
+            e2e += (f" encoder code_match={codecs['encoder']['code_match']:.4f}" if "encoder" in codecs else "") + \
+                   (f" decoder LSD={codecs['decoder']['log_spectral_l1_max']:.1e}" if "decoder" in codecs else "")
         print(f"[quality] {name:<15} argmax min {result['argmax_agreement_min']:.4f} mean "
               f"{result['argmax_agreement_mean']:.4f}, rel err max {result['relative_error_max']:.1e}{e2e}", flush=True)
     report.merge_section(args.onnx_dir, ("quality",), {
@@ -82,7 +89,7 @@ def main(argv: list[str] | None = None) -> None:
         "variants": results})
     print()
     print(quality.table(results))
-    print(f"\n[step 6] measured on {machine['cpu']}, load {machine['load_1min_at_start']} at start; "
+    print(f"\n[step 6] measured on {cpu_line(machine['cpu'])}, load {machine['load_1min_at_start']} at start; "
           f"in {report.report_path(args.onnx_dir)} under quality")
 
 

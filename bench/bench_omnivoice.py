@@ -65,6 +65,7 @@ from omnivoice_export.capture import DEFAULT_DIR, REF_TXT, REF_WAV  # noqa: E402
 from omnivoice_export.checkpoints import model_fingerprint, resolve_model  # noqa: E402
 from omnivoice_export.cli import NUM_STEP, CheckFailed, float_range, int_range, parse, parse_subset, run_main  # noqa: E402
 from omnivoice_export.files import atomic_path, write_json_atomic  # noqa: E402
+from omnivoice_export.measure import cpu_description  # noqa: E402
 from omnivoice_export.report import DEFAULT_ONNX_DIR  # noqa: E402
 from omnivoice_onnx.contract import GRAPH_NAMES, SAMPLE_RATE, variant_path  # noqa: E402
 from omnivoice_onnx.errors import UserError  # noqa: E402
@@ -225,22 +226,6 @@ def gemm_libraries() -> dict[str, str]:
             "onnxruntime": f"MLAS (onnxruntime {ort.__version__})"}
 
 
-def cpu_description() -> dict[str, Any]:
-    """The CPU the figures belong to: vendor, model name, family/model numbers, logical and
-    physical cores (from /proc/cpuinfo on Linux; the fields stay None elsewhere)."""
-    import psutil
-
-    fields: dict[str, str] = {}
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.is_file():
-        for text in cpuinfo.read_text().splitlines():
-            key, _, value = text.partition(":")
-            fields.setdefault(key.strip(), value.strip())
-    return {"vendor": fields.get("vendor_id"), "model_name": fields.get("model name") or platform.processor() or None,
-            "family": fields.get("cpu family"), "model": fields.get("model"),
-            "logical_cores": os.cpu_count(), "physical_cores": psutil.cpu_count(logical=False)}
-
-
 def check_export(args, variants: list[str]) -> str:
     """The fingerprint of --model, once the export in --onnx-dir is proven to be of that model and
     intact (every graph and each of `variants` as its report records it, and none that failed its
@@ -291,7 +276,8 @@ def load_variant(args, runtime: str, variant: str | None = None):
 
     if runtime == "torch":
         return load_omnivoice(resolve_model(args.model)), None
-    graphs = OrtGraphs.load(args.onnx_dir, "cpu", transformer=variant_path(args.onnx_dir, variant or args.variant))
+    name = variant or args.variant
+    graphs = OrtGraphs.load(args.onnx_dir, "cpu", transformer=variant_path(args.onnx_dir, name), variant=name)
     return load_onnx_omnivoice(resolve_model(args.model), graphs, split=True), graphs
 
 

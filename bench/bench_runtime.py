@@ -193,7 +193,8 @@ def main(argv: list[str] | None = None) -> None:
     if argv[:1] == ["--worker"]:
         worker_main(argv)
         return
-    from bench_omnivoice import E2E_TEXT, check_export, clone_request, cpu_description
+    from bench_omnivoice import E2E_TEXT, check_export, clone_request
+    from omnivoice_export.measure import cpu_description
     from omnivoice_export.capture import REF_WAV
     from omnivoice_export.cli import CheckFailed
     from omnivoice_export.files import atomic_path, write_json_atomic

@@ -7,6 +7,9 @@ checkpoints.REQUIRED_FILES).
 `tiny`        the real structure at tiny width; builds in seconds; the default for demo and tests.
 `full-random` the real architecture and dims (612,577,280 + ~201M parameters), random weights,
               for scale, memory and speed work.
+`tiny-large-act`  tiny with a trained LLM's large activations (LARGE_ACTIVATIONS): a few residual
+              channels in the hundreds at every position, weighted down by every residual RMSNorm;
+              the check that an fp16 graph survives them (random weights never have them).
 
 The library's default init makes degenerate models (zero codebooks: every code identical; a DAC
 decoder whose output is almost constant; std-0.02 audio heads whose argmax is a near-tie
@@ -85,6 +88,21 @@ _WIDTHS = {
 }
 DIMS = {name: Dims(**{field: values[index] for field, values in _WIDTHS.items()})
         for index, name in enumerate(("tiny", "full-random"))}
+
+
+@dataclass(frozen=True)
+class LargeActivations:
+    """Residual channels that carry large values at every position, as trained Qwen models have
+    (a few channels in the hundreds to thousands; |x| > 256 squares past float16's 65504)."""
+
+    channels: tuple[int, ...]  # residual stream channels (of Dims.hidden)
+    values: tuple[float, ...]  # each one's offset at every position: text rows carry it, audio rows 1/8 each (8 codebooks are summed)
+    norm_weight: float  # the residual RMSNorms' weight on those channels: weights them down, as trained norms do
+
+
+LARGE_ACTIVATIONS = {"tiny-large-act": LargeActivations(channels=(3, 17, 42), values=(900.0, -600.0, 350.0),
+                                                        norm_weight=1e-3)}
+DIMS["tiny-large-act"] = DIMS["tiny"]
 
 
 def omnivoice_config(dims: Dims, vocab_size: int):
@@ -173,6 +191,49 @@ def _make_non_degenerate(omnivoice, higgs, seed: int) -> None:
         _calibrate_conv_scales(higgs.acoustic_decoder, lambda: higgs.acoustic_decoder(latent), final_std=0.1)
 
 
+def _add_large_activations(omnivoice, spec: LargeActivations, seed: int) -> None:
+    """Give the residual stream spec's large channels at every position, keeping the fp32 model's
+    behaviour: every RMSNorm that reads the residual gets spec.norm_weight on those channels and
+    its other channels rescaled, in forward order, so that their output has the scale it had
+    before (measured on random inputs, LSUV-style). q_norm/k_norm read projections: unchanged."""
+    import torch
+
+    llm = omnivoice.llm
+    gen = torch.Generator().manual_seed(seed + 2)
+    norms = [norm for layer in llm.layers for norm in (layer.input_layernorm, layer.post_attention_layernorm)]
+    norms.append(llm.norm)
+    seq = 24
+    ids = torch.randint(0, 1024, (2, NUM_CODEBOOKS, seq), generator=gen)
+    ids[:, :, : seq // 2] = torch.randint(0, 1000, (2, 1, seq // 2), generator=gen)  # text rows, then audio
+    audio_mask = torch.zeros(2, seq, dtype=torch.bool)
+    audio_mask[:, seq // 2:] = True
+    attention = torch.ones(2, 1, seq, seq, dtype=torch.bool)
+    channels = torch.tensor(spec.channels)
+    ordinary = torch.ones(llm.config.hidden_size, dtype=torch.bool)
+    ordinary[channels] = False
+
+    def output_scales() -> list[torch.Tensor]:
+        captured: list[torch.Tensor] = []
+        handles = [norm.register_forward_hook(lambda _m, _i, out: captured.append(out[..., ordinary].std()))
+                   for norm in norms]
+        try:
+            omnivoice(input_ids=ids, audio_mask=audio_mask, attention_mask=attention)
+        finally:
+            for handle in handles:
+                handle.remove()
+        return captured
+
+    with torch.no_grad():
+        before = output_scales()
+        values = torch.tensor(spec.values)
+        llm.embed_tokens.weight[:, channels] += values
+        omnivoice.audio_embeddings.weight[:, channels] += values / NUM_CODEBOOKS
+        for norm in norms:
+            norm.weight[channels] = spec.norm_weight
+        for index, norm in enumerate(norms):
+            norm.weight[ordinary] *= before[index] / output_scales()[index]
+
+
 def _calibrate_conv_scales(network, run, final_std: float) -> None:
     """Scale each conv, in forward order, so its output std is 1 (0.5 on a residual branch's last
     conv, final_std on the network's last conv): data-dependent init in the manner of LSUV."""
@@ -227,6 +288,8 @@ def build_checkpoint(name: str, out_dir: Path, seed: int = 0) -> Path:
         model = OmniVoice(config).eval()
         higgs = HiggsAudioV2TokenizerModel(higgs_config(DIMS[name])).eval()
         _make_non_degenerate(model, higgs, seed)
+        if name in LARGE_ACTIVATIONS:
+            _add_large_activations(model, LARGE_ACTIVATIONS[name], seed)
         model.save_pretrained(tmp)
         higgs.save_pretrained(tmp / "audio_tokenizer")
         DacFeatureExtractor(feature_size=1, sampling_rate=SAMPLE_RATE, hop_length=HOP_LENGTH,

@@ -218,7 +218,8 @@ def compare(args) -> None:
         capture.reference_wav(args.capture_dir, manifest)  # the very reference the clone tokens came from
     model_path = resolve_model(args.model) if args.model else validate_checkpoint_dir(report.recorded_path(export["model"]["path"]))
     transformer, judged = variant_transformer(args, export)
-    graphs = OrtGraphs.load(args.onnx_dir, args.provider, args.threads, transformer=transformer)
+    graphs = OrtGraphs.load(args.onnx_dir, args.provider, args.threads, transformer=transformer,
+                             variant=args.variant or FP32_VARIANT)  # fp16 carries its own codec graphs
     model = load_onnx_omnivoice(model_path, graphs, split=not args.no_split)
     torch_model = None if args.no_torch_timing else load_omnivoice(model_path)
     label = "onnx" if args.variant is None else f"onnx_{args.variant}"

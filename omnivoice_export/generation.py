@@ -41,6 +41,9 @@ DEFAULT_TEXTS = {
     "batch": ["Good morning.", "These days a chicken leg is a rare dish."],
 }
 DEFAULT_INSTRUCT = "male, low pitch, american accent"
+# Both temperatures 0: class argmax and position top-k without Gumbel noise, no random draw at all.
+# The agreement ports report (facts sheet): under sampling one early drift takes another path.
+GREEDY_CONFIG = {"class_temperature": 0.0, "position_temperature": 0.0}
 LANGUAGE = "English"
 
 
@@ -83,9 +86,10 @@ def run_generate(model, request: GenerationRequest) -> np.ndarray:
     return generate_waveforms(model, request)[0]
 
 
-def generate_waveforms(model, request: GenerationRequest) -> list[np.ndarray]:
+def generate_waveforms(model, request: GenerationRequest, config: dict[str, Any] | None = None) -> list[np.ndarray]:
     """Seed, then the upstream OmniVoice.generate() with this request; one 1-D float32 waveform
-    per text (a list of texts is one batched call, as upstream runs it).
+    per text (a list of texts is one batched call, as upstream runs it). `config`: fields of
+    OmniVoiceGenerationConfig passed on (step 6's greedy runs: GREEDY_CONFIG).
 
     Upstream's ValueErrors for bad input (unsupported instruct items, say) are surfaced as one-line
     UserErrors.
@@ -103,6 +107,7 @@ def generate_waveforms(model, request: GenerationRequest) -> list[np.ndarray]:
     if request.ref_audio:
         kwargs["ref_audio"] = request.ref_audio
         kwargs["ref_text"] = request.ref_text
+    kwargs.update(config or {})
     try:
         audios = model.generate(**kwargs)
     except ValueError as exc:

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from omnivoice_export.report import read_graph_metadata
-from omnivoice_onnx.contract import CONTRACTS, GRAPH_FILES
+from omnivoice_onnx.contract import CONTRACTS, FP32_VARIANT, GRAPH_FILES
 from omnivoice_onnx.sessions import (TRANSFORMER_ARENA, CodecConfig, CodecSessions, finite_output, make_session,
                                      run, run_split)
 
@@ -63,12 +63,14 @@ class OrtGraphs:
 
     @classmethod
     def load(cls, onnx_dir: Path, provider: str = "cpu", threads: int | None = None,
-             resident_codec: bool = False, transformer: Path | None = None) -> "OrtGraphs":
+             resident_codec: bool = False, transformer: Path | None = None,
+             variant: str = FP32_VARIANT) -> "OrtGraphs":
         """The export in onnx_dir; `transformer` replaces its transformer graph (a variant made by
-        quantize_omnivoice.py: variants hold only the transformer, the codec graphs stay onnx_dir's)."""
+        quantize_omnivoice.py); the codec graphs are `variant`'s (contract.variant_path: its own
+        where it carries them, as fp16 does, else onnx_dir's)."""
         path = Path(onnx_dir) / GRAPH_FILES["transformer"] if transformer is None else Path(transformer)
         transformer = make_session(path, provider, threads, arena=TRANSFORMER_ARENA)
-        return cls(transformer, CodecSessions(onnx_dir, provider, threads, resident_codec))
+        return cls(transformer, CodecSessions(onnx_dir, provider, threads, resident_codec, variant))
 
     def codec_config(self) -> CodecConfig:
         """From the encoder's metadata (read from the graph file: no session, no weights)."""

@@ -7,10 +7,18 @@ For each variant (and fp32, measured in the same run as the baseline of every ra
                  argmax agreement and relative logit error ||got - ref|| / ||ref|| (L2 over the
                  rows generate() reads) against the PyTorch logits of the capture, plus max |d|
                  and the wall time of the calls
-    end to end   upstream generate() with the variant's transformer inside (codec graphs fp32,
-                 from onnx/), per mode: final-token agreement with the PyTorch capture, the first
-                 step whose token state diverges, and the log-spectral L1 of the WAV against the
-                 PyTorch output WAV; wall time of generate()
+    end to end   upstream generate() with the variant's transformer inside (the export's fp32
+                 codec graphs, or the variant's own: fp16), per mode: final-token agreement with
+                 the PyTorch capture, the first step whose token state diverges, and the
+                 log-spectral L1 of the WAV against the PyTorch output WAV; wall time of generate()
+    greedy       the same requests with class and position temperatures 0 (GREEDY_CONFIG): final
+                 tokens against PyTorch's greedy run (greedy_reference), the agreement ports report
+    codecs       for a variant with its own codec graphs: encoder code match on the captured
+                 reference, decoder log-spectral L1 on every captured decode
+
+Why greedy too: under sampling (position temperature 5) one early drift sends the run down another
+path, so sampled token agreement punishes small errors without bound (a C++ port: 100 % f32, 1.9 %
+Q8_0 that still sounds right); greedy agreement is the figure other ports publish.
 
 Why both: a per-step flip at a near-tie may never be unmasked (unmasking takes the most confident
 positions), while one early flip changes every later step's input; only the 32-step token
@@ -29,6 +37,8 @@ from typing import Any
 import numpy as np
 
 from omnivoice_export import capture, metrics, quantize
+from omnivoice_export.measure import cpu_description
+from omnivoice_onnx.contract import variant_path
 from omnivoice_onnx.sessions import TRANSFORMER_ARENA, make_session, run_split
 
 
@@ -57,15 +67,35 @@ def step_quality(session, capture_dir: Path, manifest: dict[str, Any]) -> list[d
     return rows
 
 
-def run_recorded(model, request) -> tuple[list[np.ndarray], np.ndarray, float]:
+def run_recorded(model, request, config: dict[str, Any] | None = None) -> tuple[list[np.ndarray], np.ndarray, float]:
     """generate() with a token recorder: (audio per item, token state after each step [N,B,8,T], seconds)."""
     from omnivoice_export.generation import generate_waveforms
 
     recorder = capture.Recorder(model, Path("."), steps=set())  # steps=set(): no step files, tokens only
     started = time.perf_counter()
     with recorder.active():
-        audios = generate_waveforms(model, request)
+        audios = generate_waveforms(model, request, config)
     return audios, np.stack(recorder.token_states), time.perf_counter() - started
+
+
+def mode_requests(capture_dir: Path, manifest: dict[str, Any]):
+    """(mode, its captured GenerationRequest with the reference path resolved) per captured mode."""
+    from omnivoice_export.generation import GenerationRequest
+
+    for mode, entry in manifest["modes"].items():
+        request = GenerationRequest.from_dict(entry["request"])
+        if request.ref_audio:
+            request.ref_audio = str(Path(capture_dir) / request.ref_audio)
+        yield mode, request
+
+
+def greedy_reference(model_path: Path, capture_dir: Path, manifest: dict[str, Any]) -> dict[str, np.ndarray]:
+    """PyTorch's token states [N,B,8,T] per mode for the captured requests with GREEDY_CONFIG."""
+    from omnivoice_export.checkpoints import load_omnivoice
+    from omnivoice_export.generation import GREEDY_CONFIG
+
+    model = load_omnivoice(model_path)
+    return {mode: run_recorded(model, request, GREEDY_CONFIG)[1] for mode, request in mode_requests(capture_dir, manifest)}
 
 
 def first_divergence(reference: np.ndarray, candidate: np.ndarray) -> int | None:
@@ -76,18 +106,19 @@ def first_divergence(reference: np.ndarray, candidate: np.ndarray) -> int | None
     return None if len(reference) == len(candidate) else min(len(reference), len(candidate))
 
 
-def end_to_end(model_path: Path, onnx_dir: Path, transformer: Path, capture_dir: Path, manifest: dict[str, Any],
-               threads: int | None, wav_dir: Path | None) -> dict[str, dict[str, Any]]:
-    """Per mode: upstream generate() with `transformer` (codec graphs from onnx_dir) against the capture."""
-    from omnivoice_export.generation import GenerationRequest, read_wav, write_wav
+def end_to_end(model_path: Path, onnx_dir: Path, variant: str, capture_dir: Path, manifest: dict[str, Any],
+               threads: int | None, wav_dir: Path | None,
+               greedy: dict[str, np.ndarray] | None = None) -> dict[str, dict[str, Any]]:
+    """Per mode: upstream generate() with `variant`'s graphs (contract.variant_path) against the
+    capture, and with GREEDY_CONFIG against `greedy` (greedy_reference) when given."""
+    from omnivoice_export.generation import GREEDY_CONFIG, read_wav, write_wav
     from omnivoice_export.ort_runtime import OrtGraphs, load_onnx_omnivoice
 
-    model = load_onnx_omnivoice(model_path, OrtGraphs.load(onnx_dir, "cpu", threads, transformer=transformer))
+    graphs = OrtGraphs.load(onnx_dir, "cpu", threads, transformer=variant_path(onnx_dir, variant), variant=variant)
+    model = load_onnx_omnivoice(model_path, graphs)
     results = {}
-    for mode, entry in manifest["modes"].items():
-        request = GenerationRequest.from_dict(entry["request"])
-        if request.ref_audio:
-            request.ref_audio = str(Path(capture_dir) / request.ref_audio)
+    for mode, request in mode_requests(capture_dir, manifest):
+        entry = manifest["modes"][mode]
         audios, states, seconds = run_recorded(model, request)
         reference = capture.load_mode_file(capture_dir, mode, capture.TOKENS_FILE)
         names = capture.item_files(manifest, mode, capture.OUTPUT_WAV)  # one per item of a batched request
@@ -101,6 +132,11 @@ def end_to_end(model_path: Path, onnx_dir: Path, transformer: Path, capture_dir:
                                                 for ref, audio in zip(reference_audios, audios)),
                          "same_duration": [a.size for a in audios] == [r.size for r in reference_audios],
                          "seconds": round(seconds, 3)}
+        if greedy is not None:
+            _, greedy_states, _ = run_recorded(model, request, GREEDY_CONFIG)
+            results[mode]["greedy_token_match"] = metrics.code_match(
+                capture.real_tokens(greedy[mode][-1], target_lens), capture.real_tokens(greedy_states[-1], target_lens))[0]
+            results[mode]["greedy_first_divergent_step"] = first_divergence(greedy[mode], greedy_states)
         if wav_dir is not None:
             for index, audio in enumerate(audios):
                 write_wav(Path(wav_dir) / capture.item_file(f"{mode}.wav", index, len(audios)), audio,
@@ -109,22 +145,44 @@ def end_to_end(model_path: Path, onnx_dir: Path, transformer: Path, capture_dir:
 
 
 def machine() -> dict[str, Any]:
-    """The CPU and load a figure was measured on (figures are only comparable within one run)."""
-    info: dict[str, Any] = {"machine": platform.machine(), "cores": os.cpu_count(),
-                            "load_1min_at_start": round(os.getloadavg()[0], 2)}
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.is_file():
-        fields = dict(line.split(":", 1) for line in cpuinfo.read_text().splitlines() if ":" in line)
-        fields = {key.strip(): value.strip() for key, value in fields.items()}
-        info["cpu"] = f"{fields.get('model name', '?')} (family {fields.get('cpu family', '?')})"
-        info["vnni"] = "avx512_vnni" in fields.get("flags", "") or "avx_vnni" in fields.get("flags", "")
-    return info
+    """The CPU (measure.cpu_description) and load a figure was measured on (figures are only
+    comparable within one run; int8 quality depends on the CPU's integer kernels)."""
+    return {"cpu": cpu_description(), "machine": platform.machine(), "load_1min_at_start": round(os.getloadavg()[0], 2)}
+
+
+def codec_quality(onnx_dir: Path, variant: str, capture_dir: Path, manifest: dict[str, Any],
+                  threads: int | None) -> dict[str, Any]:
+    """A variant's own codec graphs on the capture: encoder code match on the clone reference
+    (against PyTorch's codes; RVQ flips near codebook boundaries cascade into later codebooks),
+    decoder log-spectral L1 and max |d| on every captured decode (against PyTorch's audio)."""
+    from omnivoice_onnx.sessions import CODEC_ARENA, run
+
+    result: dict[str, Any] = {}
+    encoder = variant_path(onnx_dir, variant, "encoder")
+    if encoder.parent != Path(onnx_dir) and "clone" in manifest["modes"]:
+        data = capture.load_mode_file(capture_dir, "clone", capture.ENCODER_FILE)
+        codes = run(make_session(encoder, "cpu", threads, arena=CODEC_ARENA), {"input_values": data["input_values"]})
+        rate, per_codebook = metrics.code_match(data["audio_codes"], codes["audio_codes"])
+        result["encoder"] = {"code_match": rate, "per_codebook": per_codebook}
+    decoder = variant_path(onnx_dir, variant, "decoder")
+    if decoder.parent != Path(onnx_dir):
+        session = make_session(decoder, "cpu", threads, arena=CODEC_ARENA)
+        lsd, max_abs = [], []
+        for mode in manifest["modes"]:
+            for name in capture.item_files(manifest, mode, capture.DECODER_FILE):
+                data = capture.load_mode_file(capture_dir, mode, name)
+                audio = run(session, {"audio_codes": data["audio_codes"]})["audio_values"]
+                lsd.append(metrics.log_spectral_l1(data["audio_values"], audio))
+                max_abs.append(float(np.abs(audio - data["audio_values"]).max()))
+        result["decoder"] = {"log_spectral_l1_max": max(lsd), "max_abs": max(max_abs)}
+    return result
 
 
 def measure_variant(name: str, model_path: Path, onnx_dir: Path, capture_dir: Path, manifest: dict[str, Any],
                     export: dict[str, Any], threads: int | None, end_to_end_too: bool,
-                    wav_root: Path | None) -> dict[str, Any]:
-    """Every measurement of one variant ('fp32': the export's own transformer)."""
+                    wav_root: Path | None, greedy: dict[str, np.ndarray] | None = None) -> dict[str, Any]:
+    """Every measurement of one variant ('fp32': the export's own graphs); `greedy`: PyTorch's
+    greedy token states (greedy_reference), measured against when given."""
     path = quantize.verify_variant(onnx_dir, export, name)
     session = make_session(path, "cpu", threads, arena=TRANSFORMER_ARENA)
     steps = step_quality(session, capture_dir, manifest)
@@ -137,9 +195,12 @@ def measure_variant(name: str, model_path: Path, onnx_dir: Path, capture_dir: Pa
         "relative_error_max": max(r["relative_error"] for r in steps),
         "relative_error_mean": float(np.mean([r["relative_error"] for r in steps])),
         "step_seconds": round(sum(r["seconds"] for r in steps), 3)}
+    codecs = codec_quality(onnx_dir, name, capture_dir, manifest, threads)
+    if codecs:
+        result["codecs"] = codecs
     if end_to_end_too:
-        result["end_to_end"] = end_to_end(model_path, onnx_dir, path, capture_dir, manifest, threads,
-                                          None if wav_root is None else Path(wav_root) / name)
+        result["end_to_end"] = end_to_end(model_path, onnx_dir, name, capture_dir, manifest, threads,
+                                          None if wav_root is None else Path(wav_root) / name, greedy)
     return result
 
 
@@ -147,8 +208,10 @@ def table(results: dict[str, dict[str, Any]]) -> str:
     """The quality table: one row per variant, ratios against fp32 measured in the same run."""
     base = results["fp32"]
     modes = list(next(iter(results.values())).get("end_to_end", {}))
+    greedy = bool(modes) and "greedy_token_match" in base["end_to_end"][modes[0]]
     header = (f"{'variant':<15}{'MB':>8}{'size':>7}{'step speed':>11}{'argmax min':>11}{'argmax mean':>12}"
-              f"{'rel err max':>12}" + "".join(f"{m + ' tok':>11}{'div':>5}{'LSD':>9}" for m in modes)
+              f"{'rel err max':>12}" + "".join(f"{m + ' tok':>11}{'div':>5}{'LSD':>9}" + (f"{'greedy':>8}" if greedy else "")
+                                               for m in modes)
               + ("  e2e speed" if modes else ""))
     lines = [header]
     for name, r in results.items():
@@ -159,6 +222,8 @@ def table(results: dict[str, dict[str, Any]]) -> str:
             e = r["end_to_end"][mode]
             div = "-" if e["first_divergent_step"] is None else str(e["first_divergent_step"])
             row += f"{e['token_match']:>11.4f}{div:>5}{e['log_spectral_l1']:>9.1e}"
+            if greedy:
+                row += f"{e['greedy_token_match']:>8.4f}"
         if modes:
             total = sum(e["seconds"] for e in r["end_to_end"].values())
             row += f"{sum(e['seconds'] for e in base['end_to_end'].values()) / total:>10.2f}x"

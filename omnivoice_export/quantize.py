@@ -1,8 +1,10 @@
 """Quantized variants of the fp32 transformer graph: recipes, the node choice, one-sidecar saves.
 
 A variant is `onnx/<name>/omnivoice_transformer.onnx` + its one `.onnx.data` sidecar, made from
-the fp32 export's transformer by one recipe of onnxruntime.quantization. Codec graphs stay fp32:
-a variant directory holds only the transformer, and loaders take the codec graphs from onnx/.
+the fp32 export's transformer by one recipe of onnxruntime.quantization (or omnivoice_export.fp16).
+Codec graphs stay fp32 and loaders take them from onnx/, except where a recipe converts them too
+(`codecs`: fp16 does): then the variant directory holds its own higgs_encoder/higgs_decoder graphs
+and loaders take those (omnivoice_onnx.contract.variant_path).
 
 Why the recipes are what they are (issue 16; the quality table measures each):
 - the audio heads (the last MatMul, hidden -> 8 x 1025) produce the logits that unmasking ranks
@@ -29,6 +31,16 @@ Why the recipes are what they are (issue 16; the quality table measures each):
   MultiHeadAttention (omnivoice_export.fusion): same calls, same output guard; its logits were
   the same bits as fp32-unmasked's on every call measured (tiny: all captured; real dims: the
   bench's three shapes), not a guarantee: the fused kernel owns its float order.
+- `fp16` (omnivoice_export.fp16): float16 weights and compute, float32 inputs and outputs, and
+  float32 islands where float16 overflows or loses the decision (`keep_fp32`: RMSNorm's square,
+  mean and rsqrt; RoPE's angles; softmax; the audio heads to the logits), computed in float32
+  from the island's first input to its last output. Its codec graphs are float16 too, with the
+  ops CODEC_KEEP_OPS names float32. The GPU / mobile format: an x86 CPU without native float16
+  arithmetic runs it slower than fp32 (onnxruntime's CPU provider casts around what it lacks).
+- `int8-fused` is int8 on fp32-fused's graph (same calls, same output guard as fp32-unmasked):
+  the attention cores are MultiHeadAttention in fp32, the projections int8. One activation
+  quantization per input is already what quantize_dynamic writes: q/k/v share one
+  DynamicQuantizeLinear, gate/up another (4 per layer for 7 MatMulIntegers, counted on tiny).
 - `MatMulNBits` keeps weights block-wise (block along K, one scale and zero point per block);
   `accuracy_level` 0 dequantizes to fp32 and runs an fp32 GEMM, 4 quantizes activations to int8
   per block and runs an int8 GEMM (faster; the kind of error that flipped argmaxes on Qwen3-0.6B,
@@ -49,7 +61,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from omnivoice_export import fusion, report
+from omnivoice_export import fp16, fusion, report
 from omnivoice_export.cli import check_output
 from omnivoice_export.files import file_entry, matches_entry, sha256_file, temporary_dir, umask_mode
 from omnivoice_export.measure import PeakRss
@@ -65,19 +77,23 @@ class Recipe:
     """How one variant is made from the fp32 transformer."""
 
     name: str
-    method: str  # "dynamic" (quantize_dynamic, MatMulInteger) | "nbits" (MatMulNBits) | "unmasked" (fp32)
+    method: str  # "dynamic" (quantize_dynamic, MatMulInteger) | "nbits" (MatMulNBits) | "unmasked" (fp32) | "fp16"
     bits: int
     keep_heads_fp32: bool
-    # "fp32" | "fp16" (store_embeddings_fp16) | "int8-row" (quantize_embeddings_rowwise) | "dynamic" (quantize_dynamic's)
+    # "fp32" | "fp16" (store_embeddings_fp16; the fp16 method's own Gathers) | "int8-row"
+    # (quantize_embeddings_rowwise) | "dynamic" (quantize_dynamic's)
     embeddings: str
     block_size: int | None = None  # nbits: weights per (scale, zero point) block along K
     accuracy_level: int | None = None  # nbits: 0 fp32 compute, 4 int8 activations
-    fusions: tuple[str, ...] = ()  # unmasked: omnivoice_export.fusion passes applied after drop_mask_work
+    fusions: tuple[str, ...] = ()  # unmasked, dynamic: omnivoice_export.fusion passes applied after drop_mask_work
+    keep_fp32: tuple[str, ...] = ()  # fp16: the float32 islands of the transformer (fp16.TRANSFORMER_KEEP groups)
+    codecs: tuple[str, ...] = ()  # codec graphs the variant converts and carries itself (else the export's fp32 ones)
     summary: str = ""
 
     def as_dict(self) -> dict[str, Any]:
         """As JSON reads it back (the report entry and the graph's `recipe` metadata)."""
-        return {**asdict(self), "fusions": list(self.fusions)}
+        return {**asdict(self), "fusions": list(self.fusions), "keep_fp32": list(self.keep_fp32),
+                "codecs": list(self.codecs)}
 
 
 RECIPES: dict[str, Recipe] = {recipe.name: recipe for recipe in (
@@ -87,9 +103,17 @@ RECIPES: dict[str, Recipe] = {recipe.name: recipe for recipe in (
     Recipe("fp32-fused", "unmasked", 32, True, "fp32", fusions=("attention",),
            summary="fp32-unmasked with each layer's attention core one com.microsoft MultiHeadAttention "
                    "(ORT contrib op): same calls, same guard; the same logits as fp32-unmasked where measured"),
+    Recipe("fp16", "fp16", 16, True, "fp16", keep_fp32=fp16.TRANSFORMER_KEEP, codecs=("encoder", "decoder"),
+           summary="float16 weights and compute, float32 I/O; float32 islands for RMSNorm (square, mean, rsqrt), "
+                   "RoPE angles, softmax and the audio heads; its own float16 codec graphs (GPU / mobile format: "
+                   "slower than fp32 on x86 CPUs without native float16)"),
     Recipe("int8", "dynamic", 8, True, "fp16",
            summary="quantize_dynamic: int8 per-channel weights, uint8 per-tensor activations (MatMulInteger); "
                    "audio heads fp32, embedding tables stored fp16 (Gather, Cast)"),
+    Recipe("int8-fused", "dynamic", 8, True, "fp16", fusions=("attention",),
+           summary="int8 on fp32-fused's graph: without the per-layer mask work (run_split's calls; NaN logits for "
+                   "a row whose mask is not all True), each layer's attention core one com.microsoft "
+                   "MultiHeadAttention in fp32, the projections int8 as in int8"),
     Recipe("int8-emb32", "dynamic", 8, True, "fp32",
            summary="int8 with the embedding tables fp32: what storing them fp16 costs (46 % of fp32's size, not ~33 %)"),
     Recipe("int8-emb8", "dynamic", 8, True, "int8-row",
@@ -155,6 +179,19 @@ def quantize_dynamic_variant(source: Path, staging: Path, recipe: Recipe, exclud
         graph_only.with_name(graph_only.stem + "-inferred.onnx").unlink(missing_ok=True)
     shutil.rmtree(out.parent)
     return model
+
+
+def unmasked_source(source: Path, staging: Path, recipe: Recipe) -> Path:
+    """The fp32 graph without the mask work and with `recipe.fusions` applied, saved with its own
+    sidecar under `staging`: the input of a fused int8 recipe (quantize_dynamic then quantizes the
+    projections' MatMuls; the fused MultiHeadAttention nodes stay fp32, as in fp32-fused)."""
+    model = onnx.load(str(source))
+    drop_mask_work(model)
+    fusion.apply_fusions(model, recipe.fusions)
+    path = staging / "unmasked" / TRANSFORMER_FILE
+    path.parent.mkdir()
+    save_with_sidecar(model, path)
+    return path
 
 
 def quantize_nbits_variant(source: Path, recipe: Recipe, exclude: list[str]) -> onnx.ModelProto:
@@ -301,7 +338,7 @@ def guard_output(model: onnx.ModelProto) -> None:
 
 def quantized_node_counts(model: onnx.ModelProto) -> dict[str, int]:
     """How many nodes of each quantized op type the variant holds (for the report)."""
-    kinds = ("MatMulInteger", "DynamicQuantizeLinear", "MatMulNBits", "MatMul", "Gather", "Softmax", "IsNaN",
+    kinds = ("MatMulInteger", "DynamicQuantizeLinear", "MatMulNBits", "MatMul", "Gather", "Softmax", "IsNaN", "Cast",
              "MultiHeadAttention")
     counts = {kind: 0 for kind in kinds}
     for node in model.graph.node:
@@ -311,10 +348,11 @@ def quantized_node_counts(model: onnx.ModelProto) -> dict[str, int]:
 
 
 def build_variant(onnx_dir: Path, recipe: Recipe, fp32_metadata: dict[str, str]) -> dict[str, Any]:
-    """Write `onnx/<recipe.name>/` from the fp32 transformer; return its report entry.
+    """Write `onnx/<recipe.name>/` from the fp32 transformer (and codec graphs, for a recipe with
+    `codecs`); return its report entry.
 
     Everything is written into a hidden staging directory first; the finished files are renamed
-    into the variant directory (old .onnx removed first, then the new sidecar, then the new .onnx),
+    into the variant directory (old .onnx removed first, then the new sidecars, then the new .onnx),
     so an interruption leaves a variant complete (old or new) or absent, never mixed. `seconds`
     is the whole build, install and hashing included: the time the user waits for the variant.
 
@@ -329,54 +367,88 @@ def build_variant(onnx_dir: Path, recipe: Recipe, fp32_metadata: dict[str, str])
     heads_width = int(fp32_metadata["num_codebooks"]) * int(fp32_metadata["audio_vocab_size"])
     heads, embeddings = weight_nodes(onnx.load(str(source), load_external_data=False), heads_width)
     exclude = (heads if recipe.keep_heads_fp32 else []) + (embeddings if recipe.embeddings != "dynamic" else [])
+    kept: dict[str, list[str]] = {}
     with temporary_dir(variant_dir(onnx_dir, recipe.name)) as staging:
         with PeakRss() as peak:
             if recipe.method == "dynamic":
-                model = quantize_dynamic_variant(source, staging, recipe, exclude)
+                model = quantize_dynamic_variant(unmasked_source(source, staging, recipe) if recipe.fusions else source,
+                                                 staging, recipe, exclude)
             elif recipe.method == "unmasked":
                 model = onnx.load(str(source))
                 drop_mask_work(model)
                 fusion.apply_fusions(model, recipe.fusions)
+            elif recipe.method == "fp16":
+                model = onnx.load(str(source))
+                model, kept = fp16.convert_transformer(model, heads[0], recipe.keep_fp32)
             else:
                 model = quantize_nbits_variant(source, recipe, exclude)
             if recipe.embeddings == "int8-row":
                 quantize_embeddings_rowwise(model, embeddings)
-            elif recipe.embeddings == "fp16":
+            elif recipe.embeddings == "fp16" and recipe.method != "fp16":  # fp16's Gathers are float16 already
                 store_embeddings_fp16(model, embeddings)
-            del model.metadata_props[:]
-            for key, value in {**fp32_metadata, "variant": recipe.name, "recipe": json.dumps(recipe.as_dict()),
-                               "fp32_transformer_sha256": sha256_file(source)}.items():
-                model.metadata_props.add(key=key, value=value)
+            set_variant_metadata(model, fp32_metadata, recipe, source)
             counts = quantized_node_counts(model)
             save_with_sidecar(model, staging / TRANSFORMER_FILE)
             del model
+            for graph in recipe.codecs:
+                convert_codec(onnx_dir, graph, recipe, staging)
         with report.report_lock(onnx_dir):
-            install_variant(staging, variant_dir(onnx_dir, recipe.name))
-            files = variant_files(onnx_dir, recipe.name)
+            install_variant(staging, variant_dir(onnx_dir, recipe.name), recipe_files(recipe))
+            files = variant_files(onnx_dir, recipe)
             fp32_bytes = sum((onnx_dir / name).stat().st_size
                              for name in (TRANSFORMER_FILE, TRANSFORMER_FILE + ".data"))
-            size = sum(info["bytes"] for info in files.values())
+            size = sum(files[name]["bytes"] for name in (TRANSFORMER_FILE, TRANSFORMER_FILE + ".data"))
             entry = {"recipe": recipe.as_dict(), "dir": recipe.name, "file": TRANSFORMER_FILE, "files": files,
                      "bytes": size, "fp32_bytes": fp32_bytes, "size_ratio": round(size / fp32_bytes, 4),
-                     "excluded_nodes": exclude, "node_counts": counts,
+                     "excluded_nodes": exclude if recipe.method != "fp16" else [], "node_counts": counts,
                      "seconds": round(time.perf_counter() - started, 2),
                      "peak_rss_mb": round(peak.peak_mb, 1)}
+            if recipe.method == "fp16":
+                entry["fp32_nodes"] = kept
             report.merge_section(onnx_dir, ("variants", recipe.name), entry)
     return entry
 
 
-def install_variant(staging: Path, target: Path) -> None:
-    """Rename the finished graph and sidecar from `staging` into `target`."""
+def set_variant_metadata(model: onnx.ModelProto, metadata: dict[str, str], recipe: Recipe, source: Path) -> None:
+    """A variant graph's metadata: its fp32 source's, plus the variant, its recipe and the source's sha256."""
+    del model.metadata_props[:]
+    graph = metadata.get("graph", "transformer")
+    for key, value in {**metadata, "variant": recipe.name, "recipe": json.dumps(recipe.as_dict()),
+                       f"fp32_{graph}_sha256": sha256_file(source)}.items():
+        model.metadata_props.add(key=key, value=value)
+
+
+def convert_codec(onnx_dir: Path, graph: str, recipe: Recipe, staging: Path) -> None:
+    """The export's codec `graph` as float16 with fp16.CODEC_KEEP_OPS float32 (the fp16 recipe),
+    saved into `staging` with its metadata plus the variant's."""
+    source = Path(onnx_dir) / GRAPH_FILES[graph]
+    model = onnx.load(str(source))
+    metadata = {prop.key: prop.value for prop in model.metadata_props}
+    model = fp16.convert_by_op(model, fp16.CODEC_KEEP_OPS)
+    set_variant_metadata(model, metadata, recipe, source)
+    save_with_sidecar(model, staging / GRAPH_FILES[graph])
+
+
+def recipe_files(recipe: Recipe) -> list[str]:
+    """The graph files a variant of `recipe` holds: its transformer, then its own codec graphs."""
+    return [TRANSFORMER_FILE, *(GRAPH_FILES[graph] for graph in recipe.codecs)]
+
+
+def install_variant(staging: Path, target: Path, graphs: list[str]) -> None:
+    """Rename the finished graphs and sidecars from `staging` into `target`."""
     target.mkdir(parents=True, exist_ok=True)
-    umask_mode(staging / TRANSFORMER_FILE, staging / (TRANSFORMER_FILE + ".data"))
-    (target / TRANSFORMER_FILE).unlink(missing_ok=True)
-    os.replace(staging / (TRANSFORMER_FILE + ".data"), target / (TRANSFORMER_FILE + ".data"))
-    os.replace(staging / TRANSFORMER_FILE, target / TRANSFORMER_FILE)
+    umask_mode(*(staging / name for graph in graphs for name in (graph, graph + ".data")))
+    for graph in graphs:
+        (target / graph).unlink(missing_ok=True)
+    for graph in graphs:
+        os.replace(staging / (graph + ".data"), target / (graph + ".data"))
+    for graph in graphs:
+        os.replace(staging / graph, target / graph)
 
 
-def variant_files(onnx_dir: Path, name: str) -> dict[str, dict[str, Any]]:
-    folder = variant_dir(onnx_dir, name)
-    return {file: file_entry(folder / file) for file in (TRANSFORMER_FILE, TRANSFORMER_FILE + ".data")}
+def variant_files(onnx_dir: Path, recipe: Recipe) -> dict[str, dict[str, Any]]:
+    folder = variant_dir(onnx_dir, recipe.name)
+    return {file: file_entry(folder / file) for graph in recipe_files(recipe) for file in (graph, graph + ".data")}
 
 
 def verify_variant(onnx_dir: Path, export: dict[str, Any], name: str) -> Path:

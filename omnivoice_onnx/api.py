@@ -18,7 +18,8 @@ is refused at load time, as is a missing file.
 
 A transformer variant made by quantize_omnivoice.py (step 5) is loaded by name,
 `from_dir("onnx", variant="int8")`: onnx/int8/omnivoice_transformer.onnx with the export's fp32
-codec graphs (omnivoice_onnx.contract.variant_path). Its metadata must name the variant and the
+codec graphs, or the variant's own where it carries them (`variant="fp16"`: float16 encoder and
+decoder too; omnivoice_onnx.contract.variant_path). Its metadata must name the variant and the
 codecs' model. Without a name the runtime takes default_variant(): fp32-fused when step 5 made
 it for this export (the faithful graph's logits, bit for bit on every CPU call measured, and
 faster), else the faithful fp32 graph, which stays the reference every verdict is made on.
@@ -169,12 +170,15 @@ class OmniVoiceOnnx:
         if self.metadata.get("variant", FP32_VARIANT) != self.variant:
             raise UserError(f"{path} is variant {self.metadata.get('variant', FP32_VARIANT)!r}, not "
                             f"{self.variant!r}", f"run quantize_omnivoice.py --variants {self.variant}")
-        self.codecs = CodecSessions(onnx_dir, provider, threads, resident_codecs)
+        self.codecs = CodecSessions(onnx_dir, provider, threads, resident_codecs, self.variant)
         for name in ("encoder", "decoder"):
             # Opened once here (then released unless resident) so a foreign graph fails now, not
             # after the whole transformer loop.
             session = self.codecs.held.get(name) or self.codecs.open(name)
             codec_meta = graph_metadata(session, self.codecs.paths[name], name)
+            if codec_meta.get("variant", FP32_VARIANT) not in (FP32_VARIANT, self.variant):
+                raise UserError(f"{self.codecs.paths[name]} is variant {codec_meta['variant']!r}'s {name}, not "
+                                f"{self.variant!r}'s", f"run quantize_omnivoice.py --variants {self.variant}")
             if codec_meta["model_fingerprint"] != self.metadata["model_fingerprint"]:
                 if self.variant != FP32_VARIANT:  # the codecs are the export's own: the variant is the stranger
                     raise UserError(f"{path} was made from another export (model "

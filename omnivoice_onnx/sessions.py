@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from omnivoice_onnx.contract import GRAPH_FILES
+from omnivoice_onnx.contract import FP32_VARIANT, GRAPH_FILES, variant_path
 from omnivoice_onnx.errors import UserError
 from omnivoice_onnx.request import check_threads
 
@@ -211,8 +211,10 @@ class CodecSessions:
     (measured in Run 9); a server making many requests wants them resident.
     """
 
-    def __init__(self, onnx_dir: Path, provider: str, threads: int | None, resident: bool) -> None:
-        self.paths = {name: Path(onnx_dir) / GRAPH_FILES[name] for name in ("encoder", "decoder")}
+    def __init__(self, onnx_dir: Path, provider: str, threads: int | None, resident: bool,
+                 variant: str = FP32_VARIANT) -> None:
+        # A variant's own codec graphs where it carries them (fp16), else the export's.
+        self.paths = {name: variant_path(onnx_dir, variant, name) for name in ("encoder", "decoder")}
         self.provider, self.threads = provider, threads
         self.held = {name: self.open(name) for name in self.paths} if resident else {}
 

@@ -14,7 +14,10 @@
 # provider): an export from each capture; parity --provider cuda-fp32 and cuda-tf32 against the
 # cuda capture (same-device reference; each graph's node placement is printed); infer_onnx.py
 # --provider cuda-fp32 against the cpu capture (generate() draws its noise on the CPU host, so
-# only a CPU capture can be replayed token for token).
+# only a CPU capture can be replayed token for token). The fp16 variant (float16 is what a GPU
+# runs fast): built into both exports, its transformer measured against the cuda capture, its
+# generate() (float16 codecs too) against the cpu capture, and tests/test_fp16.py on CUDA, where
+# the naive conversion's float16 RMSNorm really overflows (the CPU provider hides it).
 # Exit status: that of the first step that failed (parity and end to end exit 1 on a finding).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -51,4 +54,9 @@ step "$PY" parity_check.py --provider cuda-fp32 --capture-dir "$OUT/cuda" --onnx
 step "$PY" parity_check.py --provider cuda-tf32 --capture-dir "$OUT/cuda" --onnx-dir "$OUT/onnx-cuda"
 step "$PY" export_omnivoice.py --model tiny --capture-dir "$OUT/cpu" --onnx-dir "$OUT/onnx-cpu" || exit $status
 step "$PY" infer_onnx.py --provider cuda-fp32 --capture-dir "$OUT/cpu" --onnx-dir "$OUT/onnx-cpu" --no-torch-timing
+step "$PY" quantize_omnivoice.py --onnx-dir "$OUT/onnx-cuda" --variants fp16
+step "$PY" parity_check.py --provider cuda-fp32 --variant fp16 --capture-dir "$OUT/cuda" --onnx-dir "$OUT/onnx-cuda"
+step "$PY" quantize_omnivoice.py --onnx-dir "$OUT/onnx-cpu" --variants fp16
+step "$PY" infer_onnx.py --provider cuda-fp32 --variant fp16 --capture-dir "$OUT/cpu" --onnx-dir "$OUT/onnx-cpu" --no-torch-timing
+step "$PY" -m pytest -q -p no:cacheprovider tests/test_fp16.py
 exit $status
