@@ -1,0 +1,333 @@
+"""Saved voices: a cloning reference (or a voice-design instruct) kept as a small file, by name.
+
+    voices = voices_dir(Path("onnx"))                       # --voices > $OMNIVOICE_VOICES > onnx/voices
+    prompt = tts.create_voice_clone_prompt("ref.wav", "The reference's words.")
+    save_voice(voices, "alice", Voice("alice", prompt, None, tts.metadata["model_fingerprint"], Path()))
+    voice = load_voice("alice", voices, tts.metadata["model_fingerprint"])
+    audios = tts.generate("Hello.", **voice.generate_kwargs(), seed=1)
+
+A voice file `<voices>/<name>.json` (format documented in docs/runtime.md, "Voice files") holds
+what generate() needs instead of the reference audio: the encoded reference tokens (int64 [C, T]),
+its transcript and RMS, and/or a voice-design instruct, with the fingerprint of the model whose
+encoder made the tokens and a format version. JSON, not npz, because a port (C#, Swift, JS) reads
+it with its standard JSON library, where npz needs a zip reader and an .npy header parser; the
+tokens of a 5 s reference are 8 x 125 small ints (~5 KB of text), and the file stays readable
+and diffable. Tokens are codes of one model's audio tokenizer: a voice of another model (another
+fingerprint) is refused, not silently misread.
+
+Upstream's `VoiceClonePrompt.save(path)` files (.pt: torch.save of a dict) load too, WITHOUT torch
+and without executing the pickle inside: an allow-list unpickler (UpstreamUnpickler) builds only
+the dict of a version, a string, a float and one int64 tensor (read from the zip's data/ entry);
+a pickle that asks for any other global (os.system, builtins.eval, ...) is refused with one line
+before anything it names is called. An upstream file carries no fingerprint: that it was made by
+the same model cannot be checked (`omnivoice-onnx voice import` stamps the bundle's).
+
+Writes are atomic (temp + rename): an interrupted `voice add` leaves the old voice or the new one.
+"""
+
+from __future__ import annotations
+
+import collections
+import io
+import json
+import os
+import pickle
+import re
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from omnivoice_onnx.contract import AUDIO_VOCAB_SIZE, NUM_CODEBOOKS
+from omnivoice_onnx.errors import UserError
+from omnivoice_onnx.generate import VoiceClonePrompt
+
+VOICES_ENV = "OMNIVOICE_VOICES"
+VOICES_SUBDIR = "voices"  # the default voices folder, inside the bundle
+VOICE_SUFFIX = ".json"
+UPSTREAM_SUFFIX = ".pt"
+VOICE_FORMAT = "omnivoice-onnx voice"  # the file's "format" field: what it is, for a reader that finds it alone
+VOICE_FORMAT_VERSION = 1
+UPSTREAM_FORMAT_VERSION = 1  # omnivoice 0.2.1 _VOICE_CLONE_PROMPT_FORMAT_VERSION
+MAX_CODE = AUDIO_VOCAB_SIZE - 2  # codes 0..1023; 1024 is the mask id, never an encoder output
+# An upstream voice file is ~10 KB (8 x T int64 codes + a few strings); anything near this size
+# is not one, and the cap bounds what a crafted zip can make the reader inflate.
+MAX_UPSTREAM_BYTES = 64 << 20
+NAME_PATTERN = re.compile(r"[^\W_][\w-]{0,63}")  # letters/digits first, then letters, digits, _ and -
+ADD_FIX = "re-create it with `omnivoice-onnx voice add NAME --ref-audio F --ref-text T` for this model"
+
+
+def voices_dir(model_dir: Path, override: Path | None = None) -> Path:
+    """Where voices live: `override` (--voices) if given, else $OMNIVOICE_VOICES if set and not
+    empty, else <model_dir>/voices (beside the graphs, so a copied bundle keeps its voices)."""
+    if override is not None:
+        return Path(override)
+    env = os.environ.get(VOICES_ENV)
+    return Path(env) if env else Path(model_dir) / VOICES_SUBDIR
+
+
+def check_name(name: str) -> str:
+    """`name` if it is a plain voice name; a UserError otherwise. Names are names, not paths:
+    '../x', '/abs', 'a.b', '' and '-x' are refused, so a name can never write outside the folder
+    and `--voice` tells a name from a file path by its dot or slash."""
+    if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
+        raise UserError(f"voice name {name!r} is not a plain name (a letter or digit, then letters, digits, "
+                        "'_' or '-', at most 64; no dots, slashes or spaces)",
+                        "pass a name like 'alice' or 'narrator_2', or a voice file's path (with its .json/.pt)")
+    return name
+
+
+def voice_path(voices: Path, name: str) -> Path:
+    """The file of the saved voice `name` (checked to be a plain name)."""
+    return Path(voices) / f"{check_name(name)}{VOICE_SUFFIX}"
+
+
+def is_voice_path(spec: str) -> bool:
+    """Whether a --voice value names a file (it holds a slash or a dot) rather than a saved voice."""
+    return "/" in spec or os.sep in spec or "." in spec
+
+
+@dataclass(frozen=True)
+class Voice:
+    """A saved voice: what generate() takes instead of a reference, for one model."""
+
+    name: str
+    prompt: VoiceClonePrompt | None  # the encoded reference (clone), or None for a designed voice
+    instruct: str | None  # a voice-design instruct ("female, low pitch"), as the user wrote it
+    model_fingerprint: str  # the model whose encoder made the tokens; "" = unknown (an upstream .pt)
+    path: Path  # the file it was read from (Path() for one not yet saved)
+
+    def generate_kwargs(self) -> dict[str, Any]:
+        """The generate()/stream() keywords that speak in this voice."""
+        kwargs: dict[str, Any] = {}
+        if self.prompt is not None:
+            kwargs["voice_clone_prompt"] = self.prompt
+        if self.instruct is not None:
+            kwargs["instruct"] = self.instruct
+        return kwargs
+
+    def to_json(self) -> dict[str, Any]:
+        """The file's content (docs/runtime.md "Voice files")."""
+        prompt = self.prompt
+        return {
+            "format": VOICE_FORMAT,
+            "format_version": VOICE_FORMAT_VERSION,
+            "model_fingerprint": self.model_fingerprint,
+            "instruct": self.instruct,
+            "ref_text": prompt.ref_text if prompt else None,
+            "ref_rms": float(prompt.ref_rms) if prompt else None,
+            "ref_audio_tokens": np.asarray(prompt.ref_audio_tokens).tolist() if prompt else None,
+        }
+
+
+def check_tokens(tokens: Any, where: str) -> np.ndarray:
+    """Reference tokens as int64 [NUM_CODEBOOKS, T >= 1] with codes 0..MAX_CODE; UserError otherwise."""
+    try:
+        array = np.asarray(tokens)
+    except ValueError as exc:  # ragged nested lists
+        raise UserError(f"{where}: ref_audio_tokens is not a rectangular array ({exc})", ADD_FIX) from exc
+    if array.ndim != 2 or array.shape[0] != NUM_CODEBOOKS or array.shape[1] < 1 or array.dtype.kind not in "iu":
+        raise UserError(f"{where}: ref_audio_tokens must be integers [{NUM_CODEBOOKS}, T], got {array.dtype} "
+                        f"{list(array.shape)}", ADD_FIX)
+    if array.min() < 0 or array.max() > MAX_CODE:
+        raise UserError(f"{where}: ref_audio_tokens holds codes outside 0..{MAX_CODE}", ADD_FIX)
+    return array.astype(np.int64)
+
+
+def _prompt(tokens: Any, ref_text: Any, ref_rms: Any, where: str) -> VoiceClonePrompt:
+    if not isinstance(ref_text, str) or not ref_text.strip():
+        raise UserError(f"{where}: ref_text must be the reference's transcript (a non-empty string)", ADD_FIX)
+    if isinstance(ref_rms, bool) or not isinstance(ref_rms, (int, float)) or not np.isfinite(ref_rms) or ref_rms < 0:
+        raise UserError(f"{where}: ref_rms must be a finite number >= 0, got {ref_rms!r}", ADD_FIX)
+    return VoiceClonePrompt(ref_audio_tokens=check_tokens(tokens, where), ref_text=ref_text, ref_rms=float(ref_rms))
+
+
+def _read_json_voice(path: Path) -> Voice:
+    """A voice file, its fields checked (the fingerprint is the caller's to compare)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise UserError(f"cannot read voice file {path} ({exc.strerror})", "check the path") from exc
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise UserError(f"voice file {path} is not valid JSON ({exc})", ADD_FIX) from exc
+    if not isinstance(data, dict) or data.get("format") != VOICE_FORMAT:
+        raise UserError(f"{path} is not an omnivoice-onnx voice file (no \"format\": \"{VOICE_FORMAT}\")", ADD_FIX)
+    if data.get("format_version") != VOICE_FORMAT_VERSION:
+        raise UserError(f"voice file {path} has format_version {data.get('format_version')!r}; this runtime reads "
+                        f"{VOICE_FORMAT_VERSION}", ADD_FIX)
+    fingerprint, instruct = data.get("model_fingerprint"), data.get("instruct")
+    if not isinstance(fingerprint, str) or not fingerprint:
+        raise UserError(f"voice file {path} has no model_fingerprint", ADD_FIX)
+    if instruct is not None and (not isinstance(instruct, str) or not instruct.strip()):
+        raise UserError(f"voice file {path}: instruct must be a non-empty string or null", ADD_FIX)
+    prompt = None
+    if data.get("ref_audio_tokens") is not None:
+        prompt = _prompt(data["ref_audio_tokens"], data.get("ref_text"), data.get("ref_rms"), str(path))
+    elif instruct is None:
+        raise UserError(f"voice file {path} holds neither reference tokens nor an instruct", ADD_FIX)
+    return Voice(path.name[: -len(VOICE_SUFFIX)] if path.name.endswith(VOICE_SUFFIX) else path.stem,
+                 prompt, instruct, fingerprint, path)
+
+
+def read_voice(spec: str, voices: Path) -> Voice:
+    """The voice `spec` names, its fingerprint not compared: a saved voice's name
+    (<voices>/<name>.json), or a file's path (an omnivoice-onnx .json voice, or an upstream
+    VoiceClonePrompt.save .pt). For `voice show`, which must open another model's voice too."""
+    if not is_voice_path(spec):
+        path = voice_path(voices, spec)
+        if not path.is_file():
+            raise UserError(f"no voice named {spec!r} in {voices}",
+                            "see `omnivoice-onnx voice list`, or make it with `omnivoice-onnx voice add`")
+        return _read_json_voice(path)
+    path = Path(spec)
+    if not path.is_file():
+        raise UserError(f"voice file {path} not found", "pass an existing .json or .pt voice file, or a saved "
+                        "voice's name (`omnivoice-onnx voice list`)")
+    if path.suffix == UPSTREAM_SUFFIX:
+        return load_upstream_voice(path)
+    if path.suffix != VOICE_SUFFIX:
+        raise UserError(f"voice file {path} is neither .json (omnivoice-onnx) nor .pt (upstream "
+                        "VoiceClonePrompt.save)", "pass a .json or .pt voice file")
+    return _read_json_voice(path)
+
+
+def load_voice(spec: str, voices: Path, model_fingerprint: str) -> Voice:
+    """The voice `spec` names (read_voice), for the model `model_fingerprint`: a .json voice of
+    another model is refused, naming both. An upstream .pt carries no fingerprint and is taken as is."""
+    voice = read_voice(spec, voices)
+    if voice.model_fingerprint and voice.model_fingerprint != model_fingerprint:
+        raise UserError(f"voice {voice.name!r} ({voice.path}) was made for model {voice.model_fingerprint[:16]}, but "
+                        f"this bundle is model {model_fingerprint[:16]}: its tokens are another model's codes",
+                        ADD_FIX.replace("NAME", voice.name))
+    return voice
+
+
+def list_voices(voices: Path) -> list[Voice]:
+    """The saved voices in `voices`, by name (none when the folder does not exist). A damaged file
+    is a UserError naming it (`omnivoice-onnx voice remove NAME` deletes it)."""
+    voices = Path(voices)
+    if not voices.is_dir():
+        return []
+    return [_read_json_voice(path) for path in sorted(voices.glob(f"*{VOICE_SUFFIX}"))
+            if not path.name.startswith(".")]
+
+
+def save_voice(voices: Path, name: str, voice: Voice) -> Path:
+    """Write `voice` as <voices>/<name>.json (atomically; an existing one is replaced) -> its path."""
+    path = voice_path(voices, name)
+    text = json.dumps(voice.to_json(), ensure_ascii=False, separators=(",", ":")) + "\n"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")  # until omnivoice_onnx.files.atomic_path is merged
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
+# --- upstream .pt files, without torch ---------------------------------------------------------
+
+class Refused(pickle.UnpicklingError):
+    """The pickle asked for something an upstream voice file never holds."""
+
+
+class _LongStorage:
+    """Stands for torch.LongStorage, the one storage type an int64 tensor is saved with."""
+
+
+def _rebuild_tensor(storage: Any, offset: Any, size: Any, stride: Any, requires_grad: Any = False,
+                    backward_hooks: Any = None, metadata: Any = None) -> np.ndarray:
+    """torch._utils._rebuild_tensor_v2 for a CPU int64 tensor: a bounds-checked strided view of
+    the storage, copied. Anything but plain ints and an in-range view is refused."""
+    if not isinstance(storage, np.ndarray) or not all(isinstance(v, int) and v >= 0 for v in (offset, *size, *stride)):
+        raise Refused("a tensor with a storage or shape an upstream voice file never has")
+    if len(size) != len(stride) or (size and all(size) and offset + sum((n - 1) * s for n, s in zip(size, stride))
+                                    >= storage.size):
+        raise Refused("a tensor view outside its storage")
+    return np.lib.stride_tricks.as_strided(storage[offset:], shape=tuple(size),
+                                           strides=tuple(s * storage.itemsize for s in stride)).copy()
+
+
+class UpstreamUnpickler(pickle.Unpickler):
+    """Reads the pickle of torch.save({"format_version", "ref_audio_tokens", "ref_text", "ref_rms"})
+    and nothing else: find_class answers exactly the three globals that dict's pickle names (the
+    tensor rebuild, its storage type, the empty hooks OrderedDict) with local stand-ins; any other
+    global is Refused before it is looked up, so no callable of the file's choosing ever runs
+    (Python's "Restricting Globals" pattern). persistent_load reads a storage from the zip's
+    data/<key> entry as int64 of the file's byte order."""
+
+    ALLOWED = {("torch._utils", "_rebuild_tensor_v2"): _rebuild_tensor, ("torch", "LongStorage"): _LongStorage,
+               ("collections", "OrderedDict"): collections.OrderedDict}
+
+    def __init__(self, data: bytes, archive: zipfile.ZipFile, prefix: str, byteorder: str) -> None:
+        super().__init__(io.BytesIO(data))
+        self.archive, self.prefix, self.dtype = archive, prefix, np.dtype("<i8" if byteorder == "little" else ">i8")
+
+    def find_class(self, module: str, name: str) -> Any:
+        allowed = self.ALLOWED.get((module, name))
+        if allowed is None:
+            raise Refused(f"it asks for {module}.{name}")
+        return allowed
+
+    def persistent_load(self, pid: Any) -> np.ndarray:
+        if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage" and pid[1] is _LongStorage
+                and isinstance(pid[2], str) and isinstance(pid[4], int)):
+            raise Refused(f"it asks for a storage that is not an int64 one ({str(pid)[:80]})")
+        entry = _entry(self.archive, f"{self.prefix}data/{pid[2]}")
+        raw = self.archive.read(entry)
+        if len(raw) < pid[4] * self.dtype.itemsize:
+            raise Refused(f"storage {pid[2]} is shorter than the {pid[4]} values it declares")
+        return np.frombuffer(raw, self.dtype, count=pid[4]).astype(np.int64)
+
+
+def _entry(archive: zipfile.ZipFile, name: str) -> zipfile.ZipInfo:
+    try:
+        info = archive.getinfo(name)
+    except KeyError as exc:
+        raise Refused(f"its zip has no {name}") from exc
+    if info.file_size > MAX_UPSTREAM_BYTES:
+        raise Refused(f"{name} inflates to {info.file_size} bytes")
+    return info
+
+
+def load_upstream_voice(path: Path) -> Voice:
+    """An upstream VoiceClonePrompt.save file as a Voice (model_fingerprint "": a .pt carries none),
+    read without torch; anything but that dict is a UserError and its pickle is never executed."""
+    path = Path(path)
+    fix = "pass a file written by upstream's VoiceClonePrompt.save, or add the voice with `omnivoice-onnx voice add`"
+    try:
+        if path.stat().st_size > MAX_UPSTREAM_BYTES:
+            raise UserError(f"{path} is {path.stat().st_size} bytes: not an upstream voice file (~10 KB)", fix)
+        with zipfile.ZipFile(path) as archive:
+            pickles = [n for n in archive.namelist() if n.count("/") == 1 and n.endswith("/data.pkl")]
+            if len(pickles) != 1:
+                raise UserError(f"{path} is not a torch.save file (no single <name>/data.pkl in its zip)", fix)
+            prefix = pickles[0][: -len("data.pkl")]
+            names = set(archive.namelist())
+            byteorder = archive.read(prefix + "byteorder").decode() if prefix + "byteorder" in names else "little"
+            data = UpstreamUnpickler(archive.read(_entry(archive, pickles[0])), archive, prefix, byteorder).load()
+    except UserError:
+        raise
+    except Refused as exc:
+        raise UserError(f"refused {path}: {exc}, which an upstream voice file never holds (nothing in it was run)",
+                        fix) from exc
+    except zipfile.BadZipFile as exc:
+        raise UserError(f"{path} is not an upstream voice file (not a zip: {exc})", fix) from exc
+    except OSError as exc:
+        raise UserError(f"cannot read {path} ({exc.strerror or exc})", "check the path") from exc
+    except Exception as exc:  # a damaged or crafted pickle can fail in any opcode; none of it ran user code
+        raise UserError(f"{path} is not a readable upstream voice file ({type(exc).__name__}: {exc})", fix) from exc
+    expected = {"format_version", "ref_audio_tokens", "ref_text", "ref_rms"}
+    if not isinstance(data, dict) or set(data) != expected:
+        keys = sorted(map(str, data)) if isinstance(data, dict) else type(data).__name__
+        raise UserError(f"{path} holds {keys}, not upstream's voice dict {sorted(expected)}", fix)
+    if data["format_version"] != UPSTREAM_FORMAT_VERSION:
+        raise UserError(f"{path} has upstream format_version {data['format_version']!r}; this runtime reads "
+                        f"{UPSTREAM_FORMAT_VERSION}", fix)
+    if not isinstance(data["ref_audio_tokens"], np.ndarray):
+        raise UserError(f"{path}: ref_audio_tokens is not a tensor", fix)
+    prompt = _prompt(data["ref_audio_tokens"], data["ref_text"], data["ref_rms"], str(path))
+    return Voice(path.stem, prompt, None, "", path)
