@@ -49,10 +49,11 @@ import soundfile as sf
 from omnivoice_onnx import duration as dur
 from omnivoice_onnx.api import OmniVoiceOnnx
 from omnivoice_onnx.audio_out import encode_audio
+from omnivoice_onnx.cliutil import check_output
 from omnivoice_onnx.errors import UserError
-from omnivoice_onnx.files import atomic_path, remove_stale_temporaries, write_json_atomic
+from omnivoice_onnx.files import atomic_path, remove_stale_temporaries
 from omnivoice_onnx.rng import SEED_MAX, SEED_MIN
-from omnivoice_onnx.voices import load_voice, voices_dir
+from omnivoice_onnx.voices import is_voice_path, load_voice, voices_dir
 
 RESULTS_FILE = "results.jsonl"
 # upstream read_test_list's fields; language_name is read there but only its eval scripts use it.
@@ -106,7 +107,7 @@ class Line:
     speed: float | None
     seed: int  # the line's seed, else seed_for_id(id)
     seed_from: str  # "line" or "id"
-    voice: str | None  # a saved voice's name or file (omnivoice_onnx.voices)
+    voice: str | None  # a saved voice's name, or its file (absolute, as ref_audio)
 
     def as_task(self, generation_config: dict[str, Any], voices: str) -> str:
         """What a worker needs, as JSON text: travels through a process pipe or a Ray block
@@ -168,6 +169,8 @@ def parse_line(obj: Any, number: int, base: Path, default_language: str | None) 
     instruct = _optional(obj, "instruct", (str,), "a string")
     language = _optional(obj, "language_id", (str,), "a language id string") or default_language
     voice = _optional(obj, "voice", (str,), "a voice name or file")
+    if voice is not None and is_voice_path(voice):
+        voice = str((base / voice).absolute())  # a voice file, like ref_audio, is relative to the list
     seed = _optional(obj, "seed", (int,), "an integer")
     if seed is not None and not SEED_MIN <= seed <= SEED_MAX:
         raise ValueError(f"seed {seed} is outside [{SEED_MIN}, {SEED_MAX}]")
@@ -434,14 +437,17 @@ def is_done(line: Line, request: str, record: dict[str, Any] | None, res_dir: Pa
     return wav.is_file() and FileDigests()(wav) == record.get("wav_sha256")
 
 
-def make_plan(tts: OmniVoiceOnnx, test_list: TestList, options: Options, records: dict[str, dict[str, Any]]) -> Plan:
-    """Check every line, hash it, and split the good ones into done and to do (longest first)."""
+def make_plan(tts: OmniVoiceOnnx, test_list: TestList, options: Options, records: dict[str, dict[str, Any]],
+              log: Callable[[str], None]) -> Plan:
+    """Check every line, hash it, and split the good ones into done and to do (longest first).
+    Bad lines are logged one per line; unless options.skip_bad, they stop the run here (UserError)."""
     voices = voices_dir(options.model_dir, options.voices)
     bad_model, voice_of = check_lines(tts, test_list, options, voices)
     bad = sorted(test_list.bad + bad_model, key=lambda b: b.number)
+    for item in bad:
+        log(f"bad line: {test_list.path}:{item}")
     if bad and not options.skip_bad:
-        shown = "\n  ".join(map(str, bad[:20])) + (f"\n  ... and {len(bad) - 20} more" if len(bad) > 20 else "")
-        raise UserError(f"{len(bad)} bad line(s) in {test_list.path}, nothing was synthesised:\n  {shown}\n",
+        raise UserError(f"{len(bad)} bad line(s) in {test_list.path} (listed above); nothing was synthesised",
                         "fix them, or pass --skip-bad to run the rest and record these in results.jsonl")
     failed = {b.number for b in bad_model}
     config = dataclasses.asdict(tts.generation_config(options.generation_config))
@@ -525,16 +531,22 @@ def write_outcome(outcome: dict[str, Any], line: Line, request: str, res_dir: Pa
 # --- local engines ---------------------------------------------------------------------------------
 
 _WORKER: Synthesizer | None = None
+_WORKER_ARGS: tuple[str, str, int] | None = None
 
 
-def _pool_init(model_dir: str, variant: str | None, threads: int) -> None:
-    """A pool process: Ctrl-C goes to the driver alone (it stops the pool), then load the model."""
-    global _WORKER
+def _pool_init(model_dir: str, variant: str, threads: int) -> None:
+    """A pool process: Ctrl-C goes to the driver alone (it stops the pool). The model is loaded by
+    the first task, so that a load failure reaches the driver as itself (an initializer's error
+    would only break the pool)."""
+    global _WORKER_ARGS
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _WORKER = Synthesizer.load(model_dir, variant, threads)
+    _WORKER_ARGS = (model_dir, variant, threads)
 
 
 def _pool_run(task_json: str) -> dict[str, Any]:
+    global _WORKER
+    if _WORKER is None:
+        _WORKER = Synthesizer.load(*_WORKER_ARGS)
     return _WORKER.run(task_json)
 
 
@@ -603,15 +615,16 @@ def run_batch(options: Options, log: Callable[[str], None] = lambda message: pri
     if test_list.unknown_fields:
         log(f"note: {options.test_list} has field(s) {', '.join(test_list.unknown_fields)} that nothing reads "
             f"(known: {', '.join(UPSTREAM_FIELDS + OWN_FIELDS)})")
+    check_output(options.res_dir, "--res-dir", "dir")  # a read-only or unwritable folder: now, not after the model
+    engine = ray_engine() if options.ray is not None else None  # Ray missing: now, too
     threads = worker_threads(options.workers, options.threads)
     local_single = options.ray is None and options.workers == 1
     # The driver's model checks every line (validate) and names the model; on one local worker it
     # is also the worker. Elsewhere it is released before the workers load theirs.
     tts = OmniVoiceOnnx.from_dir(options.model_dir, threads=threads if local_single else 1, variant=options.variant)
     model = {"model_fingerprint": tts.metadata["model_fingerprint"], "variant": tts.variant}
-    options.res_dir.mkdir(parents=True, exist_ok=True)
     results = ResultsLog(options.res_dir / RESULTS_FILE, read_results(options.res_dir / RESULTS_FILE))
-    plan = make_plan(tts, test_list, options, results.records)
+    plan = make_plan(tts, test_list, options, results.records, log)
     summary = Summary(lines=len(test_list.lines) + len(test_list.bad), already=len(plan.done), bad=len(plan.bad))
     order = {line.id: line for line, _, _ in plan.todo}
 
@@ -621,14 +634,14 @@ def run_batch(options: Options, log: Callable[[str], None] = lambda message: pri
                 and line.id in plan.hashes]
         return sorted(good + [bad_record(b) for b in plan.bad], key=lambda r: r["line"])
 
-    results.rewrite(listed_records())  # an unwritable res_dir fails here, before any synthesis
+    options.res_dir.mkdir(parents=True, exist_ok=True)  # only now: a refused list leaves no folder behind
+    results.rewrite(listed_records())  # a full res_dir fails here, before any synthesis
     for line, _, _ in plan.todo:
         remove_stale_temporaries(options.res_dir / f"{line.id}.wav")
     tasks = [plan.tasks[line.id] for line, _, _ in plan.todo]
     if options.ray is not None:
         del tts
-        from omnivoice_onnx.batch_ray import run_ray  # ray is imported only for --ray
-        outcomes = run_ray(options, model["variant"], tasks, [e for _, _, e in plan.todo], threads)
+        outcomes = engine.run_ray(options, model["variant"], tasks, [e for _, _, e in plan.todo], threads)
     elif options.workers > 1:
         del tts
         outcomes = run_pool(options, model["variant"], tasks, threads)
@@ -637,7 +650,7 @@ def run_batch(options: Options, log: Callable[[str], None] = lambda message: pri
     log(f"batch: {len(plan.todo)} to synthesise ({len(plan.done)} already done, {len(plan.bad)} bad skipped) on "
         f"{'Ray ' + ('local' if options.ray == 'local' else options.ray) + ', ' if options.ray else ''}"
         f"{options.workers} worker(s) x {threads} thread(s); model {model['model_fingerprint'][:23]} {model['variant']}")
-    bar = _progress_bar(len(plan.todo), options.progress)
+    bar = _progress_bar(len(plan.todo), options.progress, log)
     try:
         for outcome in outcomes:
             line = order[outcome["id"]]
@@ -663,9 +676,25 @@ def run_batch(options: Options, log: Callable[[str], None] = lambda message: pri
     return summary
 
 
-def _progress_bar(total: int, wanted: bool):
-    """A tqdm bar with ETA on stderr when it is a terminal; None otherwise (logs stay clean)."""
+def _progress_bar(total: int, wanted: bool, log: Callable[[str], None]):
+    """A tqdm bar with ETA on stderr when it is a terminal; None otherwise (logs stay clean).
+    tqdm is not a core dependency of the runtime: without it the run says so once and goes on."""
     if not wanted or not sys.stderr.isatty() or total == 0:
         return None
-    from tqdm import tqdm  # only for a terminal: tqdm is not a runtime core dependency
+    try:
+        from tqdm import tqdm
+    except ModuleNotFoundError:
+        log("note: no progress bar: tqdm is not installed (pip install tqdm, or 'omnivoice-onnx[ray]')")
+        return None
     return tqdm(total=total, unit="line", desc="batch", dynamic_ncols=True)
+
+
+def ray_engine():
+    """omnivoice_onnx.batch_ray, or a UserError naming the extra when Ray is not installed."""
+    try:
+        from omnivoice_onnx import batch_ray
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").split(".")[0] != "ray":
+            raise
+        raise UserError("--ray needs Ray Data, which is not installed", "pip install 'omnivoice-onnx[ray]'") from None
+    return batch_ray
