@@ -34,7 +34,11 @@ named, else fp32-fused when step 5 made it for this export (the faithful graph's
 else the faithful graph, and a variant is checked by its own metadata (variant name, model).
 Long text is split into chunks as upstream does. A reference WAV at another rate or with several
 channels is resampled/averaged (a note says so); an unknown --language is an error ('None'
-selects upstream's language-agnostic mode).
+selects upstream's language-agnostic mode). It shares the runtime command's synthesis path and
+audio writer (omnivoice_onnx.cli.speak, omnivoice_onnx.audio_out): --out's extension picks 16-bit
+PCM WAV, FLAC or raw PCM, '-' is stdout, and the file is written atomically. In a venv with the
+runtime alone (requirements-runtime.txt, or `pip install .`), --text works and compare mode says
+in one line which install it needs; `omnivoice-onnx speak` is the same synthesis with every flag.
 
     python infer_onnx.py
     python infer_onnx.py --text "Hello there." --out hello.wav
@@ -44,19 +48,22 @@ selects upstream's language-agnostic mode).
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from omnivoice_export import report
-from omnivoice_export.cli import (DEFAULT_CAPTURE_DIR, NUM_STEP, SEED, THREADS, check_input_dir, check_output, parse,
-                                  run_main)
-from omnivoice_export.generation import DEFAULT_SEED, LANGUAGE, GenerationRequest, check_reference_audio, write_wav
-from omnivoice_onnx import OmniVoiceOnnx
+from omnivoice_export.cli import DEFAULT_CAPTURE_DIR, NUM_STEP, SEED, THREADS, check_input_dir, parse, run_main
+from omnivoice_export.generation import DEFAULT_SEED, LANGUAGE, GenerationRequest, check_reference_audio
+from omnivoice_onnx import OmniVoiceOnnx, audio_out
 from omnivoice_onnx.api import default_variant
+from omnivoice_onnx.cli.speak import speak
 from omnivoice_onnx.contract import FP32_VARIANT
 from omnivoice_onnx.errors import UserError
 from omnivoice_onnx.prompt import instruct_use_zh, load_runtime_config, resolve_instruct, resolve_language
 from omnivoice_onnx.sessions import PROVIDERS, check_provider
 
+# What compare mode imports beyond the runtime (requirements.txt); synthesis (--text) needs none of them.
+TOOLCHAIN_MODULES = ("torch", "torchaudio", "transformers", "omnivoice", "pydub", "onnx", "accelerate", "onnxscript")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -81,7 +88,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="compare mode: skip the PyTorch generate() timing run")
     synth = parser.add_argument_group("synthesis mode (needs no capture, no PyTorch)")
     synth.add_argument("--text", default=None, help="text to speak; selects synthesis mode")
-    synth.add_argument("--out", type=Path, default=Path("out.wav"), help="output WAV (24 kHz)")
+    synth.add_argument("--out", type=Path, default=Path("out.wav"),
+                       help="output audio: .wav (16-bit PCM, 24 kHz), .flac or .pcm (raw s16le); '-' for stdout")
     synth.add_argument("--ref-audio", type=Path, default=None, help="voice clone: reference WAV")
     synth.add_argument("--ref-text", default=None, help="voice clone: transcript of --ref-audio")
     synth.add_argument("--instruct", default=None, help="voice design: e.g. 'female, low pitch, british accent'")
@@ -111,7 +119,7 @@ def check_synthesis_flags(args) -> None:
 
 def synthesize(args) -> None:
     """Speak --text with omnivoice_onnx.OmniVoiceOnnx: numpy + onnxruntime, no torch."""
-    check_output(args.out, "--out", "file")
+    fmt = audio_out.check_destination(args.out, None, "--out")
     check_synthesis_flags(args)
     check_input_dir(args.onnx_dir, "--onnx-dir")
     if args.ref_audio is not None:
@@ -130,13 +138,14 @@ def synthesize(args) -> None:
     mode = "clone" if args.ref_audio else "design" if args.instruct else "auto"
     tts = OmniVoiceOnnx.from_dir(args.onnx_dir, provider=args.provider, threads=args.threads, variant=variant)
     num_step = GenerationRequest.num_step if args.num_step is None else args.num_step
-    audio = tts.generate(args.text, language=language, ref_text=args.ref_text,
-                         ref_audio=None if args.ref_audio is None else str(args.ref_audio), instruct=args.instruct,
-                         seed=DEFAULT_SEED if args.seed is None else args.seed,
-                         generation_config={"num_step": num_step})[0]
-    write_wav(args.out, audio, tts.sample_rate)
-    print(f"[synthesis] {mode}: {audio.size / tts.sample_rate:.2f} s of audio -> {args.out} "
-          f"(omnivoice_onnx, transformer {variant}, no PyTorch)")
+    # The command line's one synthesis path (omnivoice-onnx speak) and its one audio writer.
+    kwargs = {"language": language, "ref_text": args.ref_text, "instruct": args.instruct,
+              "ref_audio": None if args.ref_audio is None else str(args.ref_audio),
+              "generation_config": {"num_step": num_step}}
+    sink = audio_out.open_output(args.out, fmt, tts.sample_rate, what="--out")
+    spoken = speak(tts, args.text, sink, kwargs, DEFAULT_SEED if args.seed is None else args.seed, stream=False)
+    print(f"[synthesis] {mode}: {spoken.seconds:.2f} s of audio -> {args.out} "
+          f"(omnivoice_onnx, transformer {variant}, no PyTorch)", file=sys.stderr if str(args.out) == "-" else sys.stdout)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -145,8 +154,14 @@ def main(argv: list[str] | None = None) -> None:
     if args.text is not None:
         synthesize(args)
     else:
-        from omnivoice_export.end_to_end import compare  # torch and omnivoice: compare mode only
-
+        try:
+            from omnivoice_export.end_to_end import compare  # torch and omnivoice: compare mode only
+        except ModuleNotFoundError as exc:
+            if exc.name is None or exc.name.split(".")[0] not in TOOLCHAIN_MODULES:
+                raise
+            raise UserError(f"compare mode needs the toolchain, and {exc.name} is not installed",
+                            "pip install --no-deps -r requirements.txt (make venv), or speak with --text "
+                            "(or omnivoice-onnx speak), which needs the runtime only") from exc
         compare(args)
 
 

@@ -25,6 +25,7 @@ from omnivoice_export.cli import REPO_ROOT
 from omnivoice_export.files import (FILE_ENTRY_SCHEMA, Each, existing_file, file_entry, matches_entry, read_artefact,
                                     sha256_file, write_json_atomic)
 from omnivoice_onnx.contract import GRAPH_FILES, REPORT_FILE
+from omnivoice_onnx.graphmeta import read_metadata_props
 from omnivoice_onnx.errors import UserError
 
 DEFAULT_ONNX_DIR = REPO_ROOT / "onnx"
@@ -138,10 +139,10 @@ def load_report(onnx_dir: Path) -> dict[str, Any]:
 
 
 def read_graph_metadata(path: Path) -> dict[str, str]:
-    """A graph's metadata_props, read from its .onnx alone (no weights, no session)."""
-    import onnx
-
-    return {prop.key: prop.value for prop in onnx.load(str(path), load_external_data=False).metadata_props}
+    """A graph's metadata_props, read from its .onnx alone (no weights, no session, and no onnx
+    package: infer_onnx.py --text runs in a runtime-only venv, where `import onnx` would import the
+    repository's onnx/ export folder as a namespace package; see omnivoice_onnx.graphmeta)."""
+    return read_metadata_props(path)
 
 
 def save_with_sidecar(model, dst: Path) -> None:

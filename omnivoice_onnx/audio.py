@@ -110,13 +110,25 @@ def post_process(audio: np.ndarray, ref_rms: float | None, sample_rate: int, pos
     """
     if postprocess_output:
         audio = remove_silence(audio, sample_rate, *OUTPUT_SILENCE_MS)
-    if ref_rms is not None and ref_rms < TARGET_RMS:
-        audio = audio * ref_rms / TARGET_RMS
-    elif ref_rms is None and audio.size:
-        peak = np.abs(audio).max()
-        if peak > MIN_PEAK:
-            audio = audio / peak * PEAK_LEVEL
+    audio = level(audio, ref_rms, peak_of(audio))
     return _fade_and_pad(audio, pad_duration, fade_duration, sample_rate)
+
+
+def peak_of(audio: np.ndarray) -> np.float32 | None:
+    """The peak that level() normalises by (None for empty audio)."""
+    return np.abs(audio).max() if audio.size else None
+
+
+def level(audio: np.ndarray, ref_rms: float | None, peak: np.floating | None) -> np.ndarray:
+    """_post_process_audio's gain: with a reference quieter than TARGET_RMS, scale back by
+    ref_rms / TARGET_RMS; without a reference, set `peak` (the whole output's) to PEAK_LEVEL.
+    Elementwise with fixed factors, in upstream's operation order, so a stream that applies it
+    piece by piece with the same factors gets the same bits."""
+    if ref_rms is not None and ref_rms < TARGET_RMS:
+        return audio * ref_rms / TARGET_RMS
+    if ref_rms is None and peak is not None and peak > MIN_PEAK:
+        return audio / peak * PEAK_LEVEL
+    return audio
 
 
 def cross_fade_chunks(chunks: list[np.ndarray], sample_rate: int) -> np.ndarray:
@@ -207,3 +219,88 @@ def _checked_rate(rate: object) -> int:
         raise UserError(f"reference sample rate {rate!r} is not a positive whole number of Hz",
                         "pass the rate as an int, e.g. 16000")
     return int(rate)
+
+
+class StreamAssembler:
+    """cross_fade_chunks + post_process applied to chunks as they come (OmniVoiceOnnx.stream).
+
+    add(chunk [1, T], index, count) returns the samples that can be played now. The result,
+    concatenated, is what post_process(cross_fade_chunks(chunks)) gives, with two exceptions that
+    a stream cannot avoid, both of a function of the whole output (the facts: upstream's
+    post-processing is global):
+    - without a reference, upstream sets the whole output's peak to PEAK_LEVEL; a stream cannot
+      wait for the last chunk, so the gain is fixed from chunk 0's peak and kept for every chunk
+      (no loudness jump between chunks). The stream is then generate()'s audio times
+      peak(all) / peak(chunk 0) >= 1: louder by that one factor, clipped only where a later chunk's
+      peak exceeds 1 / gain (twice chunk 0's peak, since PEAK_LEVEL is 0.5). With a reference the
+      gain is fixed (ref_rms / TARGET_RMS) and this difference does not exist.
+    - with postprocess_output, long pauses are shortened per chunk (each chunk's edges keep
+      lead/trail 100 ms), not over the joined output: a pause that spans a chunk boundary is
+      100 ms + 100 ms of cross-fade silence + 100 ms instead of whatever the whole-output rule
+      leaves (at most 500 ms kept as is, longer ones cut to 200 ms). Inside chunks it is the same.
+    With postprocess_output=False and a reference, the stream equals generate() sample for sample.
+    The samples a later step may still change are held back: the cross-fade's fade-out
+    (CROSS_FADE_SILENCE_S / 3) and the final fade-out (fade_duration) at the end of what has come
+    so far, and everything until the output is long enough (2 x fade_duration) for the opening
+    fade to have its full length.
+    """
+
+    def __init__(self, sample_rate: int, ref_rms: float | None, postprocess_output: bool, pad_duration: float,
+                 fade_duration: float) -> None:
+        self.sample_rate, self.ref_rms, self.postprocess_output = sample_rate, ref_rms, postprocess_output
+        self.fade_n = int(CROSS_FADE_SILENCE_S * sample_rate) // 3  # cross_fade_chunks' fade and silence
+        self.edge_n = int(fade_duration * sample_rate)  # _fade_and_pad's fades
+        self.pad_n = int(pad_duration * sample_rate)
+        self.pending = np.zeros((1, 0), dtype=np.float32)  # joined, not yet played (before level and fades)
+        self.played = 0  # samples of the joined output already returned
+        self.peak: np.floating | None = None  # the level's peak, fixed from chunk 0 (no reference)
+
+    def add(self, chunk: np.ndarray, index: int, count: int) -> np.ndarray:
+        """One decoded chunk [1, T] (chunk `index` of `count`) -> float32 [n] samples to play now."""
+        if self.postprocess_output:
+            chunk = remove_silence(chunk, self.sample_rate, *OUTPUT_SILENCE_MS)
+        if index == 0:
+            self.peak = peak_of(chunk)
+            joined = chunk.copy()
+        else:  # cross_fade_chunks: fade out what came before, silence, fade the chunk in
+            joined = self.pending.copy()
+            fout_n = min(self.fade_n, self.played + joined.shape[-1])
+            joined[..., -fout_n:] *= np.linspace(1, 0, fout_n, dtype=np.float32)[np.newaxis, :]
+            fade_in = chunk.copy()
+            fin_n = min(self.fade_n, fade_in.shape[-1])
+            if fin_n > 0:
+                fade_in[..., :fin_n] *= np.linspace(0, 1, fin_n, dtype=np.float32)[np.newaxis, :]
+            joined = np.concatenate([joined, np.zeros((1, self.fade_n), np.float32), fade_in], axis=-1)
+        total = self.played + joined.shape[-1]
+        last = index == count - 1
+        if last:
+            ready = joined.shape[-1]
+        elif total < 2 * self.edge_n:
+            ready = 0
+        else:
+            ready = max(0, joined.shape[-1] - max(self.fade_n, self.edge_n))
+        out = level(joined[:, :ready], self.ref_rms, self.peak)
+        out = self._edge_fades(out, total if last else None)
+        self.pending = joined[:, ready:]
+        start = self.played == 0
+        self.played += ready
+        if self.pad_n > 0 and (start or last) and total > 0:
+            pad = np.zeros((1, self.pad_n), dtype=np.float32)
+            out = np.concatenate(([pad] if start and ready else []) + [out] + ([pad] if last else []), axis=-1)
+        return out[0].astype(np.float32, copy=False)
+
+    def _edge_fades(self, out: np.ndarray, total: int | None) -> np.ndarray:
+        """_fade_and_pad's fades on the piece [played, played + n) of the joined output; `total`
+        (known at the last chunk) places the closing fade."""
+        if self.edge_n <= 0 or out.shape[-1] == 0:
+            return out
+        out = out.copy()
+        begin, end = self.played, self.played + out.shape[-1]
+        # k as _fade_and_pad takes it: min(fade, T // 2); before the end, T >= 2 * fade is ensured (add)
+        k = min(self.edge_n, total // 2) if total is not None else self.edge_n
+        if k > 0 and begin < k:
+            out[..., :k - begin] *= np.linspace(0, 1, k, dtype=np.float32)[np.newaxis, begin:min(k, end)]
+        if total is not None and k > 0:
+            first = max(begin, total - k)
+            out[..., first - begin:] *= np.linspace(1, 0, k, dtype=np.float32)[np.newaxis, first - (total - k):]
+        return out

@@ -476,14 +476,47 @@ def generate(model: Model, texts: str | list[str], config: GenerationConfig, rng
     return [decode_and_post_process(model, results[i], task.ref_rms[i], config) for i in range(len(task.texts))]
 
 
+
 def stream(model: Model, text_: str, config: GenerationConfig, rng: TorchCpuRng, language: Any = None,
            ref_text: Any = None, ref_audio: Any = None, voice_clone_prompt: Any = None, instruct: Any = None,
            duration_s: Any = None, speed: Any = None, trace: Trace | None = None,
            monitor: Monitor | None = None) -> Iterator[AudioChunk]:
-    """One text's audio as AudioChunks (skeleton: the whole text as one chunk)."""
+    """generate() for one text, yielding each chunk's audio as soon as it is decoded.
+
+    The same preprocessing, chunking (chunk_texts) and generation order (iter_chunked: chunk 0,
+    1, ...) as generate(), with the same rng, so the tokens are generate()'s for the same config
+    and seed; a text under audio_chunk_threshold is one chunk. The audio is assembled by
+    audio.StreamAssembler: equal to generate()'s sample for sample with postprocess_output=False
+    and a reference; otherwise the difference its docstring states (a gain fixed from chunk 0
+    without a reference; pauses shortened per chunk with postprocess_output). A trace records
+    the task, chunks and results as generate()'s does.
+    """
     if not isinstance(text_, str):
-        raise UserError("stream() speaks one text (a str)", "call generate() for a batch")
-    audio = generate(model, text_, config, rng, language=language, ref_text=ref_text, ref_audio=ref_audio,
-                     voice_clone_prompt=voice_clone_prompt, instruct=instruct, duration_s=duration_s, speed=speed,
-                     trace=trace, monitor=monitor)[0]
-    yield AudioChunk(samples=audio, sample_rate=model.sample_rate, index=0, count=1)
+        raise UserError("stream() speaks one text (a str)", "call generate() for a batch of texts")
+    monitor = monitor or Monitor()
+    task = preprocess(model, text_, language=language, ref_text=ref_text, ref_audio=ref_audio,
+                      voice_clone_prompt=voice_clone_prompt, instruct=instruct,
+                      preprocess_prompt=config.preprocess_prompt, speed=speed, duration_s=duration_s)
+    _, long_idx = split_short_long(task.target_lens, config, model.frame_rate)
+    assembler = audio.StreamAssembler(model.sample_rate, task.ref_rms[0], config.postprocess_output,
+                                      config.pad_duration, config.fade_duration)
+    if trace is not None:
+        trace.task = task
+        trace.short_idx, trace.long_idx = ([], [0]) if long_idx else ([0], [])
+    if not long_idx:
+        monitor.chunks = 1
+        tokens = generate_iterative(model, task, config, rng, trace, monitor)[0]
+        if trace is not None:
+            trace.results = [tokens]
+        samples = assembler.add(model.decode(tokens[np.newaxis])[0], 0, 1)
+        yield AudioChunk(samples=samples, sample_rate=model.sample_rate, index=0, count=1)
+        return
+    chunks = chunk_texts(model, task, config)
+    count = monitor.chunks = len(chunks[0])
+    if trace is not None:
+        trace.chunks[0], trace.results = chunks[0], [[]]
+    for index, done in iter_chunked(model, task, config, rng, chunks, trace, monitor):
+        if trace is not None:
+            trace.results[0].append(done[0])
+        samples = assembler.add(model.decode(done[0][np.newaxis])[0], index, count)
+        yield AudioChunk(samples=samples, sample_rate=model.sample_rate, index=index, count=count)

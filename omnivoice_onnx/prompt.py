@@ -69,8 +69,15 @@ DIALECT_SUFFIX = "话"  # a Chinese dialect item ends in it (河南话, ...)
 ACCENT_MARK = " accent"  # an English accent item contains it
 SUGGESTION_CUTOFF = 0.6  # difflib.get_close_matches cutoff for "did you mean"
 
-LANGUAGE_FIX = ("pass a language name (English, Chinese, ...) or id (en, zh, ...), or None for "
-                "language-agnostic mode")
+# A BCP-47 / POSIX-locale tag: primary language subtag, then any subtags (region, script, ...).
+BCP47_TAG = re.compile(r"([A-Za-z]{2,3})(?:[-_][A-Za-z0-9]{1,8})*")
+# Primary subtags people still send whose model id is another code: deprecated ISO 639-1 codes
+# (iw, in, ji, jw) and the usual code for Tagalog (the model knows it as Filipino, fil), Mandarin
+# (cmn, zh's main member) and Norwegian Bokmal's 639-2 code.
+LANGUAGE_ALIASES = {"iw": "he", "in": "id", "ji": "yi", "jw": "jv", "tl": "fil", "cmn": "zh", "nob": "nb"}
+
+LANGUAGE_FIX = ("pass a language name (English, Chinese, ...), id (en, zh, ...) or tag (en-US, pt_BR), or None "
+                "for language-agnostic mode")
 
 # runtime-config.json: section -> key -> expected JSON type.
 CONFIG_SCHEMA: dict[str, dict[str, type]] = {
@@ -152,7 +159,10 @@ class TextTokenizer:
 def resolve_language(language: str | None, languages: dict[str, Any]) -> str | None:
     """The language id for a name or id (_resolve_language); None for None or "None".
 
-    An id must match exactly ("en"); a name matches case-insensitively ("english"). Upstream
+    An id must match exactly ("en"); a name matches case-insensitively ("english"); a BCP-47 or
+    locale tag ("en-US", "pt_BR", "zh-Hant-TW", "EN") gives its primary language subtag,
+    lower-cased and with LANGUAGE_ALIASES applied, when that is an id (the model's ids are
+    ISO 639 codes without region or script: "pt-BR" and "pt-PT" are both "pt"). Upstream
     logs a warning for anything else and goes language-agnostic; here it is a UserError, so a
     typo never silently changes the output (None is the explicit language-agnostic choice).
     `languages` is runtime-config.json's "languages" section.
@@ -164,6 +174,12 @@ def resolve_language(language: str | None, languages: dict[str, Any]) -> str | N
     key = language.lower()
     if key in languages["name_to_id"]:
         return languages["name_to_id"][key]
+    tag = BCP47_TAG.fullmatch(language)
+    if tag:
+        primary = tag.group(1).lower()
+        primary = LANGUAGE_ALIASES.get(primary, primary)
+        if primary in languages["ids"]:
+            return primary
     raise UserError(f"unknown language {language!r}", LANGUAGE_FIX)
 
 

@@ -1,0 +1,247 @@
+"""Speak text with an OmniVoice ONNX export: to a WAV/FLAC file, to stdout, or as raw PCM to a player.
+
+    omnivoice-onnx speak "Hello there." --out hello.wav               # 16-bit PCM WAV, 24 kHz mono
+    echo "Hello." | omnivoice-onnx speak --out hello.flac             # text from stdin
+    omnivoice-onnx speak --text-file story.txt --raw --stream | aplay -r 24000 -f S16_LE -c 1
+    omnivoice-onnx speak "Hi." --out - > hi.wav                       # WAV to stdout
+    omnivoice-onnx speak "Hi." --ref-audio me.wav --ref-text "What I say in me.wav." --out clone.wav
+    omnivoice-onnx speak "Hi." --instruct "female, low pitch" --language en-US --out designed.wav
+
+Text: the TEXT argument; `-`, or no TEXT with stdin a pipe, reads stdin; --text-file FILE reads a
+UTF-8 file. Output: --out FILE (format from the extension: .wav 16-bit PCM, .flac, .pcm/.raw raw
+s16le), --out - (WAV to stdout), --raw (raw s16le to stdout, as piper's --output-raw); without
+--out, stdout when it is a pipe. Regular files are written atomically (a Ctrl-C leaves the old
+file or none); devices, pipes and stdout are written in place; a symlink's target is written.
+
+--stream writes each chunk as soon as it is decoded: the text is cut into sentence-sized chunks
+(OmniVoiceOnnx.STREAM_CHUNK_DEFAULTS, 3 s of speech each) instead of upstream's 30 s threshold,
+so the first audio comes after the first chunk. Its tokens are those of the non-streamed run with
+the same chunking and --seed; its level is fixed from the first chunk when there is no reference
+(see OmniVoiceOnnx.stream). Without --stream, the output is upstream generate()'s for the seed.
+
+Modes: voice cloning (--ref-audio + --ref-text, or --voice NAME|FILE saved with `omnivoice-onnx
+voice add`), voice design (--instruct), or neither (a voice the model chooses). A progress line
+(chunk, step, ETA) and a one-line summary go to stderr when it is a terminal (never with --quiet);
+stdout carries audio only. No --seed draws one, and the summary prints it so the run can be repeated.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+from omnivoice_onnx import audio_out
+from omnivoice_onnx.cliutil import NUM_STEP, SEED, THREADS, float_range
+from omnivoice_onnx.errors import UserError
+from omnivoice_onnx.generate import Progress
+from omnivoice_onnx.sessions import PROVIDERS
+
+PROG = "omnivoice-onnx"
+DEFAULT_MODEL_DIR = Path("onnx")
+SPEED = float_range(0.1, 10.0)  # upstream divides the duration estimate by it; beyond these the words blur or drag
+DURATION = float_range(0.1, 600.0)  # seconds of speech asked for (overrides the estimate)
+GUIDANCE = float_range(0.0, 100.0)  # classifier-free guidance (upstream default 2.0; 0: none)
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser("speak", help="speak text to a file, stdout or a pipe", description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("text", nargs="?", metavar="TEXT",
+                        help="the text to speak; '-' (or nothing, with stdin a pipe) reads stdin")
+    parser.add_argument("--text-file", "--text_file", dest="text_file", type=Path, metavar="FILE",
+                        help="read the text from a UTF-8 file instead")
+    out = parser.add_argument_group("output")
+    out.add_argument("--out", "-o", "--output-file", "--output_file", dest="out", metavar="FILE",
+                     help="where the audio goes: a .wav (16-bit PCM), .flac or .pcm/.raw (s16le) file, or '-' for "
+                          "WAV on stdout (default: stdout when it is a pipe)")
+    out.add_argument("--raw", "--output-raw", "--output_raw", dest="raw", action="store_true",
+                     help="raw 16-bit little-endian mono PCM on stdout (no header; 24 kHz: aplay -r 24000 -f S16_LE)")
+    out.add_argument("--stream", action="store_true",
+                     help="write each sentence-sized chunk as soon as it is ready (pair with --raw or a pipe)")
+    out.add_argument("--quiet", "-q", action="store_true", help="no progress line and no summary on stderr")
+    gen = parser.add_argument_group("generation (as OmniVoiceOnnx.generate)")
+    gen.add_argument("--language", default=None,
+                     help="language name (English), id (en) or tag (en-US, pt_BR); default: none, as upstream "
+                          "(the model infers it)")
+    gen.add_argument("--instruct", default=None, help="voice design, e.g. 'female, low pitch, british accent'")
+    gen.add_argument("--ref-audio", "--ref_audio", dest="ref_audio", type=Path, metavar="WAV",
+                     help="voice cloning: a reference recording (3-10 s of clear speech; any rate, mono or stereo)")
+    gen.add_argument("--ref-text", "--ref_text", dest="ref_text", metavar="TEXT",
+                     help="voice cloning: the words spoken in --ref-audio (required with it: no speech recogniser)")
+    gen.add_argument("--voice", metavar="NAME|FILE",
+                     help="a saved voice: a name in the voices folder or a voice file's path (omnivoice-onnx voice)")
+    gen.add_argument("--voices", type=Path, metavar="DIR",
+                     help="the voices folder (default: $OMNIVOICE_VOICES, else <model-dir>/voices)")
+    gen.add_argument("--speed", type=SPEED, default=None, help="speaking rate factor (1.0 normal, 0.1-10)")
+    gen.add_argument("--duration", type=DURATION, default=None, help="length of the speech in seconds (overrides --speed)")
+    gen.add_argument("--num-step", "--num_step", dest="num_step", type=NUM_STEP, default=None,
+                     help="unmasking steps (default: the export's, upstream's 32); fewer is faster and rougher")
+    gen.add_argument("--guidance-scale", "--guidance_scale", dest="guidance_scale", type=GUIDANCE, default=None,
+                     help="classifier-free guidance scale (default: the export's, upstream's 2.0)")
+    gen.add_argument("--seed", type=SEED, default=None,
+                     help="random seed, as torch.manual_seed before upstream's generate() (default: a fresh one, "
+                          "printed in the summary)")
+    run = parser.add_argument_group("model and runtime")
+    run.add_argument("--model-dir", "--model_dir", dest="model_dir", type=Path, default=DEFAULT_MODEL_DIR,
+                     help="the export folder (graphs, tokenizer.json, runtime-config.json); default: ./onnx")
+    run.add_argument("--variant", default=None,
+                     help="transformer variant (fp32, fp32-fused, int8, ...); default: fp32-fused when present, else fp32")
+    run.add_argument("--threads", type=THREADS, default=None,
+                     help="onnxruntime intra-op threads (default: $OMNIVOICE_ORT_THREADS, else one per core)")
+    run.add_argument("--provider", default="cpu", choices=PROVIDERS, help="onnxruntime provider")
+    return parser
+
+
+def read_text(args: argparse.Namespace, stdin: TextIO | None = None) -> str:
+    """The text to speak, from TEXT, '-', piped stdin or --text-file; UserError if none or empty."""
+    stdin = sys.stdin if stdin is None else stdin
+    if args.text is not None and args.text_file is not None:
+        raise UserError("both TEXT and --text-file were given", "pass one of them")
+    if args.text_file is not None:
+        try:
+            text = args.text_file.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+            raise UserError(f"cannot read --text-file {args.text_file} ({reason})", "pass a UTF-8 text file") from exc
+    elif args.text == "-" or (args.text is None and stdin is not None and not stdin.isatty()):
+        try:
+            text = stdin.read()
+        except UnicodeDecodeError as exc:
+            raise UserError("stdin is not UTF-8 text", "pipe UTF-8 text, or pass it as TEXT") from exc
+    elif args.text is None:
+        raise UserError("no text to speak", "pass TEXT, --text-file FILE, or pipe the text on stdin")
+    else:
+        text = args.text
+    if not text.strip():
+        raise UserError("the text to speak is empty", "pass some words")
+    return text.strip()
+
+
+def output_spec(args: argparse.Namespace) -> tuple[str, str | None]:
+    """(destination, format) from --out/--raw; checked at once (audio_out.check_destination)."""
+    if args.raw:
+        if args.out not in (None, audio_out.STDOUT):
+            raise UserError("--raw writes to stdout, and --out names a file", "drop --out, or name a .pcm file with "
+                            "--out instead of --raw")
+        dest, fmt = audio_out.STDOUT, "pcm"
+    elif args.out is None:
+        if sys.stdout.isatty():
+            raise UserError("no output given", "pass --out FILE (.wav, .flac, .pcm), or pipe stdout (--out - or --raw)")
+        dest, fmt = audio_out.STDOUT, None
+    else:
+        dest, fmt = args.out, None
+    return dest, audio_out.check_destination(dest, fmt, "--out")
+
+
+def generation_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """The generate()/stream() keywords the flags give (None flags are left to the API's defaults)."""
+    if (args.ref_audio is None) != (args.ref_text is None):
+        raise UserError("voice cloning needs both --ref-audio and --ref-text",
+                        "pass the reference and its transcript, or a saved --voice")
+    if args.voice is not None and args.ref_audio is not None:
+        raise UserError("--voice and --ref-audio both give a voice", "pass one of them")
+    config = {key: value for key, value in (("num_step", args.num_step), ("guidance_scale", args.guidance_scale))
+              if value is not None}
+    return {"language": args.language, "instruct": args.instruct,
+            "ref_audio": None if args.ref_audio is None else str(args.ref_audio), "ref_text": args.ref_text,
+            "speed": args.speed, "duration": args.duration, "generation_config": config or None}
+
+
+def voice_kwargs(args: argparse.Namespace, tts, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """`kwargs` with --voice's (a saved clone prompt or instruct) merged in; a flag that gives the
+    same thing twice is refused. The voices module is imported here, when a voice is asked for."""
+    if args.voice is None:
+        return kwargs
+    from omnivoice_onnx import voices
+
+    folder = voices.voices_dir(args.model_dir, args.voices)
+    voice = voices.load_voice(args.voice, folder, tts.metadata["model_fingerprint"])
+    given = voice.generate_kwargs()
+    clash = [key for key in given if kwargs.get(key) is not None]
+    if clash:
+        raise UserError(f"--voice {args.voice} already sets {', '.join(clash)}", f"drop --{clash[0]}")
+    return {**kwargs, **given}
+
+
+class Reporter:
+    """The progress line and the summary on stderr, when it is a terminal and --quiet is not given."""
+
+    def __init__(self, enabled: bool, err: TextIO | None = None) -> None:
+        self.enabled, self.err = enabled, err or sys.stderr
+        self.start = time.monotonic()
+        self.drawn = False
+
+    def progress(self, p: Progress) -> None:
+        if not self.enabled:
+            return
+        done = ((p.chunk - 1) + p.step / p.steps) / p.chunks
+        elapsed = time.monotonic() - self.start
+        eta = elapsed * (1 - done) / done if done > 0 else 0.0
+        self.err.write(f"\r{PROG}: chunk {p.chunk}/{p.chunks} step {p.step}/{p.steps}  ETA {eta:4.0f} s \x1b[K")
+        self.err.flush()
+        self.drawn = True
+
+    def summary(self, seconds: float, seed: int, dest: str) -> None:
+        if not self.enabled:
+            return
+        wall = time.monotonic() - self.start
+        rtf = wall / seconds if seconds > 0 else float("inf")
+        self.err.write(("\r\x1b[K" if self.drawn else "") + f"{PROG}: {seconds:.2f} s of audio in {wall:.2f} s "
+                       f"(RTF {rtf:.2f}), seed {seed} -> {dest}\n")
+        self.err.flush()
+
+
+@dataclass
+class Spoken:
+    """What speak() wrote."""
+
+    samples: int
+    sample_rate: int
+    seed: int
+
+    @property
+    def seconds(self) -> float:
+        return self.samples / self.sample_rate
+
+
+def speak(tts, text: str, sink: audio_out.AudioSink, kwargs: dict[str, Any], seed: int, stream: bool,
+          reporter: Reporter | None = None) -> Spoken:
+    """Generate `text` and write it to `sink` (closed on success, aborted on any error): whole with
+    generate(), or chunk by chunk with stream(). The one synthesis path of the command line
+    (omnivoice-onnx speak, infer_onnx.py --text)."""
+    progress = reporter.progress if reporter is not None else None
+    with sink:
+        if stream:
+            for chunk in tts.stream(text, seed=seed, progress=progress, **kwargs):
+                sink.write(chunk.samples)
+        else:
+            (audio,) = tts.generate(text, seed=seed, progress=progress, **kwargs)
+            sink.write(audio)
+    return Spoken(sink.frames, tts.sample_rate, seed)
+
+
+def run(args: argparse.Namespace) -> int:
+    """omnivoice-onnx speak: every input checked before the model is loaded, then speak()."""
+    from omnivoice_onnx.api import OmniVoiceOnnx
+    from omnivoice_onnx.rng import fresh_seed
+    from omnivoice_onnx.sessions import check_provider
+
+    text = read_text(args)
+    dest, fmt = output_spec(args)
+    kwargs = generation_kwargs(args)
+    check_provider(args.provider)
+    if not args.model_dir.is_dir():
+        raise UserError(f"model folder {args.model_dir} not found", "pass --model-dir DIR, the export folder holding "
+                        "the .onnx graphs, tokenizer.json and runtime-config.json")
+    reporter = Reporter(sys.stderr.isatty() and not args.quiet)
+    tts = OmniVoiceOnnx.from_dir(args.model_dir, provider=args.provider, threads=args.threads, variant=args.variant)
+    kwargs = voice_kwargs(args, tts, kwargs)
+    seed = fresh_seed() if args.seed is None else args.seed
+    sink = audio_out.open_output(dest, fmt, tts.sample_rate, stream=args.stream, what="--out")
+    spoken = speak(tts, text, sink, kwargs, seed, args.stream, reporter)
+    reporter.summary(spoken.seconds, seed, "stdout" if dest == audio_out.STDOUT else str(dest))
+    return 0
