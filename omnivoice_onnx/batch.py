@@ -684,7 +684,7 @@ def _progress_bar(total: int, wanted: bool, log: Callable[[str], None]):
     try:
         from tqdm import tqdm
     except ModuleNotFoundError:
-        log("note: no progress bar: tqdm is not installed (pip install tqdm, or 'omnivoice-onnx[ray]')")
+        log("note: no progress bar: tqdm is not installed (pip install 'omnivoice-onnx[batch]')")
         return None
     return tqdm(total=total, unit="line", desc="batch", dynamic_ncols=True)
 

@@ -8,7 +8,7 @@ driver writes `<id>.wav` and its record as rows arrive, exactly as the local eng
 Ray run's files are the local run's files, byte for byte, and a resume works across engines.
 
 A worker that dies (a killed process, a lost node) is restarted by Ray and its unfinished block
-is run again (max_restarts / max_task_retries below): its lines had not reached the driver, so
+is run again (Ray Data's actor-pool retries, see run_ray): its lines had not reached the driver, so
 nothing is written twice and nothing is lost.
 
 On a cluster (`--ray ray://head:10001` or `--ray auto` on a node of it):
@@ -86,11 +86,12 @@ def run_ray(options: Options, variant: str, tasks: list[str], estimates: list[fl
         dataset = dataset.map_batches(
             SynthActor, fn_constructor_kwargs={"model_dir": os.fspath(options.model_dir.absolute()),
                                                "variant": variant, "threads": threads},
-            batch_size=None, batch_format="numpy", concurrency=options.workers, num_cpus=threads,
-            # Ray Data's defaults for an actor pool, stated because the job relies on them: a dead
-            # actor is restarted without limit and its block retried (an application error is
-            # not retried: Synthesizer.run returns a line's failure as data instead of raising).
-            max_restarts=-1, max_task_retries=-1)
+            batch_size=None, batch_format="numpy", concurrency=options.workers, num_cpus=threads)
+        # Retries: Ray Data gives a map_batches actor pool max_restarts=-1 and max_task_retries=-1
+        # unless told otherwise (ray/data/_internal/execution/operators/actor_pool_map_operator.py;
+        # passing them explicitly is deprecated since 2.60): a dead actor is restarted without limit
+        # and its block retried. An application error is not retried, which is why
+        # Synthesizer.run returns a line's failure as data instead of raising it.
         for row in dataset.iter_rows():
             yield {**json.loads(row["outcome"]), "wav": row["wav"] or None}
     finally:
