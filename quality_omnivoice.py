@@ -29,7 +29,7 @@ from pathlib import Path
 
 from omnivoice_export import capture, quality, report
 from omnivoice_export.checkpoints import resolve_model, validate_checkpoint_dir
-from omnivoice_export.cli import THREADS, parse, parse_subset, run_main
+from omnivoice_export.cli import THREADS, check_output, parse, parse_subset, run_main
 from omnivoice_onnx.errors import UserError
 
 
@@ -54,13 +54,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    wav_dir = args.wav_dir or args.capture_dir / "variants"
+    if not args.no_end_to_end:  # before minutes of measuring, not when the first WAV is written
+        check_output(wav_dir, "--wav-dir", "dir")
     manifest, export = report.verify_against_capture(args.capture_dir, args.onnx_dir, ["transformer"])
     made = tuple(export.get("variants", {}))
     if not made:
         raise UserError(f"the export in {args.onnx_dir} has no variants", "run quantize_omnivoice.py (step 5) first")
     names = list(made) if args.variants is None else parse_subset(args.variants, "--variants", made)
     model_path = resolve_model(args.model) if args.model else validate_checkpoint_dir(Path(export["model"]["path"]))
-    wav_dir = args.wav_dir or args.capture_dir / "variants"
     machine = quality.machine()
     print(f"[step 6] fp32 and {', '.join(names)} on {machine['cpu']}, {machine['cores']} cores, "
           f"load {machine['load_1min_at_start']}", flush=True)

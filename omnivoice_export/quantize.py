@@ -50,6 +50,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from omnivoice_export import fusion, report
+from omnivoice_export.cli import check_output
 from omnivoice_export.files import file_entry, matches_entry, sha256_file, temporary_dir, umask_mode
 from omnivoice_export.measure import PeakRss
 from omnivoice_export.report import read_graph_metadata, save_with_sidecar
@@ -133,12 +134,13 @@ def quantize_dynamic_variant(source: Path, staging: Path, recipe: Recipe, exclud
     quantize_dynamic reads its input by path and writes a shape-inferred copy beside it. onnx
     refuses a sidecar reached through a symlink or a hard link, and a ModelProto input costs two
     more in-memory copies of the weights (~5 GB at the real dims), so the input is the fp32 graph
-    proto alone, saved under a hidden name beside the fp32 sidecar it still points to; it and the
-    inferred copy are removed afterwards.
+    proto alone, saved beside the fp32 sidecar it still points to, under the staging directory's
+    name plus `-input.onnx`; it and the `-inferred` copy onnxruntime writes beside it are removed
+    afterwards, and after a kill -9 by the next run's staging (files.remove_stale_temporaries).
     """
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    graph_only = source.with_name(f".{staging.name}-input.onnx")
+    graph_only = source.with_name(f"{staging.name}-input.onnx")
     onnx.save_model(onnx.load(str(source), load_external_data=False), str(graph_only))
     out = staging / "dynamic" / TRANSFORMER_FILE
     out.parent.mkdir()
@@ -315,6 +317,11 @@ def build_variant(onnx_dir: Path, recipe: Recipe, fp32_metadata: dict[str, str])
     into the variant directory (old .onnx removed first, then the new sidecar, then the new .onnx),
     so an interruption leaves a variant complete (old or new) or absent, never mixed. `seconds`
     is the whole build, install and hashing included: the time the user waits for the variant.
+
+    Runs building into one onnx/ at once build in their own staging directories; installing,
+    hashing the installed files and merging the entry into the report happen under the report's
+    lock (report.report_lock), so the entry always describes the files in place and no run's
+    entry is lost.
     """
     started = time.perf_counter()
     onnx_dir = Path(onnx_dir)
@@ -343,15 +350,19 @@ def build_variant(onnx_dir: Path, recipe: Recipe, fp32_metadata: dict[str, str])
             counts = quantized_node_counts(model)
             save_with_sidecar(model, staging / TRANSFORMER_FILE)
             del model
-        install_variant(staging, variant_dir(onnx_dir, recipe.name))
-    files = variant_files(onnx_dir, recipe.name)
-    fp32_bytes = sum((onnx_dir / name).stat().st_size for name in (TRANSFORMER_FILE, TRANSFORMER_FILE + ".data"))
-    size = sum(info["bytes"] for info in files.values())
-    return {"recipe": recipe.as_dict(), "dir": recipe.name, "file": TRANSFORMER_FILE, "files": files,
-            "bytes": size, "fp32_bytes": fp32_bytes, "size_ratio": round(size / fp32_bytes, 4),
-            "excluded_nodes": exclude, "node_counts": counts,
-            "seconds": round(time.perf_counter() - started, 2),
-            "peak_rss_mb": round(peak.peak_mb, 1)}
+        with report.report_lock(onnx_dir):
+            install_variant(staging, variant_dir(onnx_dir, recipe.name))
+            files = variant_files(onnx_dir, recipe.name)
+            fp32_bytes = sum((onnx_dir / name).stat().st_size
+                             for name in (TRANSFORMER_FILE, TRANSFORMER_FILE + ".data"))
+            size = sum(info["bytes"] for info in files.values())
+            entry = {"recipe": recipe.as_dict(), "dir": recipe.name, "file": TRANSFORMER_FILE, "files": files,
+                     "bytes": size, "fp32_bytes": fp32_bytes, "size_ratio": round(size / fp32_bytes, 4),
+                     "excluded_nodes": exclude, "node_counts": counts,
+                     "seconds": round(time.perf_counter() - started, 2),
+                     "peak_rss_mb": round(peak.peak_mb, 1)}
+            report.merge_section(onnx_dir, ("variants", recipe.name), entry)
+    return entry
 
 
 def install_variant(staging: Path, target: Path) -> None:
@@ -393,11 +404,23 @@ def verify_variant(onnx_dir: Path, export: dict[str, Any], name: str) -> Path:
     return folder / TRANSFORMER_FILE
 
 
+def check_variant_outputs(onnx_dir: Path, names: list[str]) -> None:
+    """Before any build: every variant folder can be written (absent or a directory) and onnx/
+    accepts new files; a run must not fail at install after minutes of quantizing."""
+    for name in names:
+        folder = variant_dir(onnx_dir, name)
+        if os.path.lexists(folder) and not folder.is_dir():
+            raise UserError(f"{folder} exists and is not a directory: variant {name} is written into that folder",
+                            "move or remove it, then re-run")
+    check_output(Path(onnx_dir), "--onnx-dir", "dir")
+
+
 def quantize_variants(onnx_dir: Path, names: list[str], log=print) -> dict[str, dict[str, Any]]:
     """Build each named variant from the verified fp32 export; merge each entry into the report
     as soon as it is written (an interrupted run keeps the entries of the finished variants)."""
     export = report.load_report(onnx_dir)
     report.verify_graphs(onnx_dir, export, ["transformer"])
+    check_variant_outputs(onnx_dir, names)
     metadata = read_graph_metadata(Path(onnx_dir) / TRANSFORMER_FILE)
     entries = {}
     for index, name in enumerate(names, 1):
@@ -405,7 +428,6 @@ def quantize_variants(onnx_dir: Path, names: list[str], log=print) -> dict[str, 
         log(f"[quantize] {index}/{len(names)} {name}: {recipe.summary} ...")
         entry = build_variant(onnx_dir, recipe, metadata)
         entries[name] = entry
-        report.merge_section(onnx_dir, ("variants", name), entry)
         log(f"[quantize] {name}: {entry['bytes'] / 2**20:.1f} MB ({entry['size_ratio']:.1%} of fp32) in "
             f"{entry['seconds']:.1f} s, peak RSS {entry['peak_rss_mb']:.0f} MB; nodes {entry['node_counts']}")
     return entries

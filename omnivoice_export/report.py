@@ -15,11 +15,15 @@ another's and an interrupted update leaves the previous report intact.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import importlib.metadata
+import os
 import platform
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from omnivoice_export.cli import REPO_ROOT
 from omnivoice_export.files import (FILE_ENTRY_SCHEMA, Each, existing_file, file_entry, matches_entry, read_artefact,
@@ -47,6 +51,40 @@ def package_versions() -> dict[str, str]:
 
 def report_path(onnx_dir: Path) -> Path:
     return Path(onnx_dir) / REPORT_FILE
+
+
+_LOCKS_HELD: dict[str, int] = {}  # export folder -> nesting depth of report_lock in this process
+_LOCKS_GUARD = threading.Lock()
+
+
+@contextlib.contextmanager
+def report_lock(onnx_dir: Path) -> Iterator[None]:
+    """Hold the export folder's lock for a read-modify-write of its report; re-entrant within a process.
+
+    Each stage merges its section by reading the report, changing it and writing it back: two runs
+    at once (ten quantize_omnivoice.py processes into one onnx/, one recipe each) would each write
+    back what they read and lose the other's entry (log Run 26B). The lock is flock(2) on the
+    folder itself, so there is no lock file to leave behind, and the kernel releases it when its
+    holder dies (kill -9). flock works on local file systems; on a network mount where it does not,
+    run the stages one at a time.
+    """
+    key = os.path.realpath(onnx_dir)
+    with _LOCKS_GUARD:
+        nested = _LOCKS_HELD.get(key, 0) > 0
+        _LOCKS_HELD[key] = _LOCKS_HELD.get(key, 0) + 1
+    fd = None
+    try:
+        # A second flock on a new descriptor of the same folder would wait for this one. A missing
+        # folder holds no report to race on: the caller's read of it says what is wrong.
+        if not nested and os.path.isdir(key):
+            fd = os.open(key, os.O_RDONLY | os.O_DIRECTORY)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        if fd is not None:
+            os.close(fd)  # releases the lock
+        with _LOCKS_GUARD:
+            _LOCKS_HELD[key] -= 1
 
 
 @dataclass
@@ -88,14 +126,16 @@ def write_export_report(onnx_dir: Path, model_path: Path, fingerprint: str, capt
     """Write a new report: the export's provenance, `graphs` and the runtime's files (tokenizer,
     runtime config: {name: {sha256, bytes}}). Parity and end-to-end results describe the graphs
     they ran on; a new export makes them stale, so they are not kept."""
-    write_json_atomic(report_path(onnx_dir), {
-        "format": REPORT_FORMAT,
-        "model": {"path": str(model_path), "fingerprint": fingerprint},
-        "capture": {"dir": str(capture_dir), "fingerprint": capture_fingerprint, "manifest_sha256": manifest_sha256},
-        "versions": versions,
-        "graphs": graphs,
-        "runtime_assets": runtime_assets,
-    })
+    with report_lock(onnx_dir):  # not between another stage's read and write of its section
+        write_json_atomic(report_path(onnx_dir), {
+            "format": REPORT_FORMAT,
+            "model": {"path": str(model_path), "fingerprint": fingerprint},
+            "capture": {"dir": str(capture_dir), "fingerprint": capture_fingerprint,
+                        "manifest_sha256": manifest_sha256},
+            "versions": versions,
+            "graphs": graphs,
+            "runtime_assets": runtime_assets,
+        })
 
 
 # What the stages read from a report (schema_problem's notation); parity and end-to-end sections
@@ -232,11 +272,13 @@ def write_parity(onnx_dir: Path, provider: str, verdict: str, thresholds: dict[s
 
 
 def merge_section(onnx_dir: Path, path: tuple[str, ...], value: Any) -> dict[str, Any]:
-    """Set report[path[0]][path[1]]... = value, keeping every other section; atomic write."""
-    report = load_report(onnx_dir)
-    node = report
-    for key in path[:-1]:
-        node = node.setdefault(key, {})
-    node[path[-1]] = value
-    write_json_atomic(report_path(onnx_dir), report)
+    """Set report[path[0]][path[1]]... = value, keeping every other section; atomic write, under
+    report_lock so that concurrent stages each keep the other's sections."""
+    with report_lock(onnx_dir):
+        report = load_report(onnx_dir)
+        node = report
+        for key in path[:-1]:
+            node = node.setdefault(key, {})
+        node[path[-1]] = value
+        write_json_atomic(report_path(onnx_dir), report)
     return report

@@ -32,14 +32,24 @@ import math
 
 import numpy as np
 
+from omnivoice_onnx.errors import UserError
+
 LOWPASS_FILTER_WIDTH = 6  # zero crossings of the sinc kept on each side
 ROLLOFF = 0.99  # cut-off as a fraction of the lower rate's Nyquist frequency
+# The filter bank has new x (2 * width + orig) taps for gcd-reduced rates: 80 x 171 for 44.1 kHz
+# -> 24 kHz, but 24000 x 24015 (2.3 GB in float32) for 24001 Hz. Rates that need more are refused.
+MAX_KERNEL_TAPS = 2**22
+
+
+def kernel_width(orig: int, new: int) -> int:
+    """The filter's half-width in input samples, for gcd-reduced rates."""
+    return math.ceil(LOWPASS_FILTER_WIDTH * orig / (min(orig, new) * ROLLOFF))
 
 
 def sinc_kernel(orig: int, new: int, dtype: type[np.floating]) -> tuple[np.ndarray, int]:
     """The filter bank [new, 2*width + orig] and `width`, for gcd-reduced rates `orig` -> `new`."""
     base_freq = min(orig, new) * ROLLOFF
-    width = math.ceil(LOWPASS_FILTER_WIDTH * orig / base_freq)
+    width = kernel_width(orig, new)
     idx = np.arange(-width, width + orig, dtype=dtype)[np.newaxis, :] / dtype(orig)
     t = np.arange(0, -new, -1, dtype=dtype)[:, np.newaxis] / dtype(new) + idx
     t = np.clip(t * dtype(base_freq), -LOWPASS_FILTER_WIDTH, LOWPASS_FILTER_WIDTH).astype(dtype)
@@ -58,6 +68,11 @@ def resample(waveform: np.ndarray, orig_freq: int, new_freq: int) -> np.ndarray:
         return waveform
     gcd = math.gcd(orig_freq, new_freq)
     orig, new = orig_freq // gcd, new_freq // gcd
+    taps = new * (2 * kernel_width(orig, new) + orig)
+    if taps > MAX_KERNEL_TAPS:
+        raise UserError(f"resampling {orig_freq} Hz to {new_freq} Hz needs a {taps}-tap filter bank (rates with a "
+                        f"large ratio after reduction by their gcd {gcd})",
+                        "resample the reference to a common rate (16000, 22050, 24000, 44100 or 48000 Hz) first")
     dtype = waveform.dtype.type
     kernel, width = sinc_kernel(orig, new, dtype)
     length = waveform.shape[-1]

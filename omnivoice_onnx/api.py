@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -36,14 +37,16 @@ from typing import Any
 import numpy as np
 
 from omnivoice_onnx import generate as gen
-from omnivoice_onnx.contract import (FP32_VARIANT, REPORT_FILE, ort_signature, signature_problems, variant_path,
-                                     variants_present)
+from omnivoice_onnx import integrity, request
+from omnivoice_onnx.contract import (AUDIO_VOCAB_SIZE, FP32_VARIANT, NUM_CODEBOOKS, REPORT_FILE, ort_signature,
+                                     signature_problems, variant_path, variants_present)
 from omnivoice_onnx.errors import UserError
-from omnivoice_onnx.prompt import TextTokenizer, load_runtime_config
-from omnivoice_onnx.rng import TorchCpuRng, fresh_seed
+from omnivoice_onnx.prompt import RUNTIME_CONFIG_FILE, TextTokenizer, load_runtime_config
+from omnivoice_onnx.rng import TorchCpuRng, check_seed, fresh_seed
 from omnivoice_onnx.sessions import TRANSFORMER_ARENA, CodecSessions, finite_output, make_session, run_split
 
-RERUN_EXPORT = "re-run export_omnivoice.py into an empty folder"
+RERUN_EXPORT = integrity.RERUN_EXPORT
+VARIANT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # a folder name inside the export, never a path
 # Graph metadata (omnivoice_export.exporting.graph_metadata) the runtime reads, as ints.
 INT_METADATA = ("sample_rate", "hop_length", "frame_rate", "num_codebooks", "audio_vocab_size", "audio_mask_id")
 # runtime-config.json's model section -> the graph metadata key that must agree with it.
@@ -88,9 +91,32 @@ def graph_metadata(session, path: Path, graph: str) -> dict[str, Any]:
     if missing:
         raise UserError(f"{path} lacks metadata {', '.join(missing)}", RERUN_EXPORT)
     try:
-        return {**meta, **{key: int(meta[key]) for key in INT_METADATA}}
+        values = {key: int(meta[key]) for key in INT_METADATA}
     except ValueError as exc:
         raise UserError(f"{path} has non-integer metadata ({exc})", RERUN_EXPORT) from exc
+    problem = metadata_problem(values)
+    if problem:
+        raise UserError(f"{path} has impossible metadata: {problem}", RERUN_EXPORT)
+    return {**meta, **values}
+
+
+def metadata_problem(values: dict[str, int]) -> str | None:
+    """What is wrong with a graph's int metadata, as the runtime's arithmetic uses it (None if
+    nothing): rates and sizes positive, sample_rate = hop_length x frame_rate (frames <-> samples),
+    the contract's codebooks and vocabulary, the mask id the vocabulary's last entry (the codes
+    are [0, mask id): request.check_prompt)."""
+    for key in ("sample_rate", "hop_length", "frame_rate"):
+        if values[key] <= 0:
+            return f"{key}={values[key]} (must be > 0)"
+    if values["sample_rate"] != values["hop_length"] * values["frame_rate"]:
+        return (f"sample_rate={values['sample_rate']} is not hop_length x frame_rate = "
+                f"{values['hop_length']} x {values['frame_rate']}")
+    if (values["num_codebooks"], values["audio_vocab_size"]) != (NUM_CODEBOOKS, AUDIO_VOCAB_SIZE):
+        return (f"num_codebooks={values['num_codebooks']}, audio_vocab_size={values['audio_vocab_size']} (the graphs "
+                f"take {NUM_CODEBOOKS} and {AUDIO_VOCAB_SIZE})")
+    if values["audio_mask_id"] != values["audio_vocab_size"] - 1:
+        return f"audio_mask_id={values['audio_mask_id']} is not the vocabulary's last id {values['audio_vocab_size'] - 1}"
+    return None
 
 
 def transformer_path(onnx_dir: Path, variant: str) -> Path:
@@ -113,16 +139,32 @@ class OmniVoiceOnnx:
     STREAM_CHUNK_DEFAULTS: dict[str, Any] = {"audio_chunk_duration": 3.0, "audio_chunk_threshold": 3.0}
 
     def __init__(self, onnx_dir: Path, provider: str = "cpu", threads: int | None = None,
-                 resident_codecs: bool = False, variant: str | None = None) -> None:
+                 resident_codecs: bool = False, variant: str | None = None, verify: bool = True) -> None:
+        if not isinstance(onnx_dir, (str, os.PathLike)):
+            raise UserError(f"onnx_dir must be a path, got {type(onnx_dir).__name__}",
+                            "pass the folder export_omnivoice.py wrote")
+        if not isinstance(provider, str):
+            raise UserError(f"provider must be a string, got {type(provider).__name__}", "pass \"cpu\", \"cuda-fp32\" "
+                            "or \"cuda-tf32\"")
+        threads = request.check_threads(threads)
+        if not isinstance(resident_codecs, bool):
+            raise UserError(f"resident_codecs must be True or False, got {resident_codecs!r:.40}", "pass a bool")
+        if variant is not None and not (isinstance(variant, str) and VARIANT_NAME.fullmatch(variant)):
+            raise UserError(f"variant must be a variant's name (a folder of the export), got {variant!r:.60}",
+                            f"pass one of {', '.join(variants_present(Path(onnx_dir))) or 'fp32'}, or None")
+        verify = integrity.verify_requested(verify)
         onnx_dir = Path(onnx_dir)
         if not onnx_dir.is_dir():
             raise UserError(f"export folder not found: {onnx_dir}", "pass the folder export_omnivoice.py wrote")
         self.onnx_dir = onnx_dir
         self.variant = default_variant(onnx_dir, provider) if variant is None else variant
+        path = transformer_path(onnx_dir, self.variant)
+        if verify:  # before anything is loaded: a damaged sidecar loads, and runs
+            integrity.verify_bundle(onnx_dir, self.variant)
         self.runtime_config = load_runtime_config(onnx_dir)
         self.tokenizer = TextTokenizer.from_dir(onnx_dir)
-        path = transformer_path(onnx_dir, self.variant)
-        self.transformer = make_session(path, provider, threads, arena=TRANSFORMER_ARENA)
+        variant_fix = RERUN_EXPORT if self.variant == FP32_VARIANT else f"run quantize_omnivoice.py --variants {self.variant}"
+        self.transformer = make_session(path, provider, threads, arena=TRANSFORMER_ARENA, fix=variant_fix)
         self.metadata = graph_metadata(self.transformer, path, "transformer")
         if self.metadata.get("variant", FP32_VARIANT) != self.variant:
             raise UserError(f"{path} is variant {self.metadata.get('variant', FP32_VARIANT)!r}, not "
@@ -134,9 +176,22 @@ class OmniVoiceOnnx:
             session = self.codecs.held.get(name) or self.codecs.open(name)
             codec_meta = graph_metadata(session, self.codecs.paths[name], name)
             if codec_meta["model_fingerprint"] != self.metadata["model_fingerprint"]:
+                if self.variant != FP32_VARIANT:  # the codecs are the export's own: the variant is the stranger
+                    raise UserError(f"{path} was made from another export (model "
+                                    f"{self.metadata['model_fingerprint'][:16]}; this export's graphs are of "
+                                    f"{codec_meta['model_fingerprint'][:16]})", variant_fix)
                 raise UserError(f"{self.codecs.paths[name]} belongs to another export (model "
                                 f"{codec_meta['model_fingerprint'][:16]}, the transformer's is "
                                 f"{self.metadata['model_fingerprint'][:16]})", RERUN_EXPORT)
+            differ = [key for key in INT_METADATA if codec_meta[key] != self.metadata[key]]
+            if differ:
+                raise UserError(f"{self.codecs.paths[name]} says {differ[0]}={codec_meta[differ[0]]} but {path} says "
+                                f"{self.metadata[differ[0]]}", RERUN_EXPORT)
+        try:  # the export's own generation defaults, checked as a request's are
+            gen.GenerationConfig.from_dict(None, self.runtime_config["generation"])
+        except UserError as exc:
+            raise UserError(f"{onnx_dir / RUNTIME_CONFIG_FILE}: its generation defaults are wrong ({exc.problem})",
+                            RERUN_EXPORT) from exc
         for key, meta_key in CONFIG_VS_METADATA.items():
             if self.runtime_config["model"][key] != self.metadata[meta_key]:
                 raise UserError(f"runtime-config.json says {key}={self.runtime_config['model'][key]} but the graphs "
@@ -155,27 +210,48 @@ class OmniVoiceOnnx:
 
     @classmethod
     def from_dir(cls, onnx_dir: str | os.PathLike, provider: str = "cpu", threads: int | None = None,
-                 resident_codecs: bool = False, variant: str | None = None) -> "OmniVoiceOnnx":
+                 resident_codecs: bool = False, variant: str | None = None, verify: bool = True) -> "OmniVoiceOnnx":
         """Load an export folder. provider: "cpu", "cuda-fp32" or "cuda-tf32" (omnivoice_onnx.sessions);
-        threads: onnxruntime intra-op threads (None: its default); resident_codecs: keep the
-        encoder and decoder loaded between calls (a server) instead of opening them per call;
-        variant: a transformer variant of quantize_omnivoice.py ("int8", "fp32-unmasked", ...;
-        "fp32" the export's own; None: default_variant(), fp32-fused when step 5 made it, else fp32)."""
-        return cls(Path(onnx_dir), provider, threads, resident_codecs, variant)
+        threads: onnxruntime intra-op threads (None: its default; at most request.MAX_THREADS);
+        resident_codecs: keep the encoder and decoder loaded between calls (a server) instead of
+        opening them per call; variant: a transformer variant of quantize_omnivoice.py ("int8",
+        "fp32-unmasked", ...; "fp32" the export's own; None: default_variant(), fp32-fused when
+        step 5 made it, else fp32); verify: check every file loaded against export-report.json's
+        sha256 first (omnivoice_onnx.integrity; False, or OMNIVOICE_VERIFY=0, for a bundle
+        without a report)."""
+        return cls(onnx_dir, provider, threads, resident_codecs, variant, verify)
 
     @property
     def sample_rate(self) -> int:
         return self.model.sample_rate
 
-    def generation_config(self, values: dict[str, Any] | None = None) -> gen.GenerationConfig:
-        """upstream's defaults (from the export's runtime-config.json) overlaid with `values`."""
-        return gen.GenerationConfig.from_dict(values, self.runtime_config["generation"])
+    def generation_config(self, values: dict[str, Any] | None = None,
+                          base: dict[str, Any] | None = None) -> gen.GenerationConfig:
+        """upstream's defaults (from the export's runtime-config.json) overlaid with `base`, then
+        `values` (checked: request.GenerationConfig.from_dict)."""
+        defaults = {**self.runtime_config["generation"], **(base or {})}
+        return gen.GenerationConfig.from_dict(values, defaults)
+
+    def validate(self, text: str | list[str], language: Any = None, ref_text: Any = None, ref_audio: Any = None,
+                 voice_clone_prompt: Any = None, instruct: Any = None, duration: Any = None, speed: Any = None,
+                 generation_config: dict[str, Any] | None = None, seed: int | None = None) -> request.Request:
+        """The request generate() would run, checked whole (types, values, the limits of
+        omnivoice_onnx.request) without model work: the reference is loaded and prepared, not
+        encoded. A UserError names the first problem; a server answers 400 with it, a batch
+        refuses the line before any generation."""
+        with request.memory_errors_as_user_errors():
+            return request.validate(self.model, text, self.generation_config(generation_config), language=language,
+                                    ref_text=ref_text, ref_audio=ref_audio, voice_clone_prompt=voice_clone_prompt,
+                                    instruct=instruct, duration_s=duration, speed=speed, seed=seed)
 
     def create_voice_clone_prompt(self, ref_audio: Any, ref_text: str,
                                   preprocess_prompt: bool = True) -> gen.VoiceClonePrompt:
         """A reusable reference: ref_audio a file path or (waveform [T] or [C, T], sample_rate);
         ref_text its transcript (required: no speech recogniser here)."""
-        return gen.create_voice_clone_prompt(self.model, ref_audio, ref_text, preprocess_prompt)
+        if not isinstance(preprocess_prompt, bool):
+            raise UserError(f"preprocess_prompt must be True or False, got {preprocess_prompt!r:.40}", "pass a bool")
+        with request.memory_errors_as_user_errors():
+            return gen.create_voice_clone_prompt(self.model, ref_audio, ref_text, preprocess_prompt)
 
     def generate(self, text: str | list[str], language: Any = None, ref_text: Any = None, ref_audio: Any = None,
                  voice_clone_prompt: Any = None, instruct: Any = None, duration: Any = None, speed: Any = None,
@@ -193,14 +269,16 @@ class OmniVoiceOnnx:
         unmasking step; cancel: when set, the call raises Cancelled before its next step.
         """
         config = self.generation_config(generation_config)
-        seed = fresh_seed() if seed is None else seed
+        seed = fresh_seed() if seed is None else check_seed(seed)
+        check_trace(trace)
         rng = TorchCpuRng(seed)
         if trace is not None:
             trace.seed = seed
-        audios = gen.generate(self.model, text, config, rng, language=language, ref_text=ref_text,
-                              ref_audio=ref_audio, voice_clone_prompt=voice_clone_prompt, instruct=instruct,
-                              duration_s=duration, speed=speed, trace=trace,
-                              monitor=gen.Monitor(progress=progress, cancel=cancel))
+        with request.memory_errors_as_user_errors():
+            audios = gen.generate(self.model, text, config, rng, language=language, ref_text=ref_text,
+                                  ref_audio=ref_audio, voice_clone_prompt=voice_clone_prompt, instruct=instruct,
+                                  duration_s=duration, speed=speed, trace=trace,
+                                  monitor=gen.Monitor(progress=progress, cancel=cancel))
         if trace is not None:
             trace.words_drawn = rng.words_drawn
         return audios
@@ -218,11 +296,19 @@ class OmniVoiceOnnx:
         chunks one after another, 0, 1, ...). Audio: see gen.stream for what equals generate()
         sample for sample and what differs. Arguments as generate() (one text, not a batch).
         """
-        config = self.generation_config({**self.STREAM_CHUNK_DEFAULTS, **(generation_config or {})})
-        seed = fresh_seed() if seed is None else seed
+        config = self.generation_config(generation_config, base=self.STREAM_CHUNK_DEFAULTS)
+        seed = fresh_seed() if seed is None else check_seed(seed)
+        check_trace(trace)
         if trace is not None:
             trace.seed = seed
-        yield from gen.stream(self.model, text, config, TorchCpuRng(seed), language=language, ref_text=ref_text,
-                              ref_audio=ref_audio, voice_clone_prompt=voice_clone_prompt, instruct=instruct,
-                              duration_s=duration, speed=speed, trace=trace,
-                              monitor=gen.Monitor(progress=progress, cancel=cancel))
+        with request.memory_errors_as_user_errors():
+            yield from gen.stream(self.model, text, config, TorchCpuRng(seed), language=language, ref_text=ref_text,
+                                  ref_audio=ref_audio, voice_clone_prompt=voice_clone_prompt, instruct=instruct,
+                                  duration_s=duration, speed=speed, trace=trace,
+                                  monitor=gen.Monitor(progress=progress, cancel=cancel))
+
+
+def check_trace(trace: Any) -> None:
+    if trace is not None and not isinstance(trace, gen.Trace):
+        raise UserError(f"trace must be a Trace or None, got {type(trace).__name__} {trace!r:.40}",
+                        "pass trace=Trace() (omnivoice_onnx.Trace) to record the call")

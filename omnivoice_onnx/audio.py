@@ -51,34 +51,57 @@ OUTPUT_SILENCE_MS = (500, 100, 100)
 CROSS_FADE_SILENCE_S = 0.3  # cross_fade_chunks' silence_duration: fade-out, silence, fade-in thirds
 
 
-def load_reference(ref_audio: str | os.PathLike | tuple[np.ndarray, int], sample_rate: int) -> np.ndarray:
+def load_reference(ref_audio: str | os.PathLike | tuple[np.ndarray, int], sample_rate: int,
+                   max_seconds: float | None = None) -> np.ndarray:
     """float32 [1, T] mono at sample_rate (upstream load_audio / the tuple branch).
 
     A file is read with soundfile; a tuple is `(waveform [T] or [C, T], rate)`. Channels are
     averaged, then the audio is resampled to sample_rate as torchaudio does. A float64 waveform
     stays float64 (upstream computes the RMS boost in float64); prepare_reference returns float32.
+    A reference longer than `max_seconds` is refused from its header or shape, before it is read
+    or resampled (a 5-minute reference, or 3 s of samples labelled 1 Hz, would take GBs).
     """
     if isinstance(ref_audio, tuple):
         if len(ref_audio) != 2:
             raise UserError(f"reference audio tuple has {len(ref_audio)} items",
                             "pass (waveform, sample_rate)")
-        waveform, rate = _checked_array(ref_audio[0]), _checked_rate(ref_audio[1])
+        rate = _checked_rate(ref_audio[1])
+        if max_seconds is not None:
+            _check_length(np.shape(ref_audio[0])[-1] if np.ndim(ref_audio[0]) else 0, rate, max_seconds)
+        waveform = _checked_array(ref_audio[0])
         if waveform.ndim == 1:
             waveform = waveform[np.newaxis, :]
     else:
+        if max_seconds is not None and os.path.isfile(ref_audio):
+            try:
+                info = sf.info(ref_audio)
+            except sf.LibsndfileError:
+                info = None  # _read_file names the problem
+            if info is not None:
+                _check_length(info.frames, info.samplerate, max_seconds)
         waveform, rate = _read_file(ref_audio)
     if waveform.shape[0] > 1:
         waveform = np.mean(waveform, axis=0, keepdims=True)
     return _resample.resample(waveform, rate, sample_rate)
 
 
-def prepare_reference(wav: np.ndarray, sample_rate: int, hop_length: int, preprocess: bool = True
-                      ) -> tuple[np.ndarray, float]:
+def _check_length(samples: int, rate: int, max_seconds: float) -> None:
+    if samples / rate > max_seconds:
+        from omnivoice_onnx.request import too_large  # request.py builds on this module
+
+        raise too_large(f"the reference audio is {samples / rate:.1f} s long ({samples} samples at {rate} Hz)",
+                        "MAX_REF_SECONDS", "cut it to 3-10 s of clear speech")
+
+
+def prepare_reference(wav: np.ndarray, sample_rate: int, hop_length: int, preprocess: bool = True,
+                      min_seconds: float = 0.0) -> tuple[np.ndarray, float]:
     """(wav [1, T'] ready for the encoder: RMS-boosted, silence-removed if preprocess, clipped to a
     multiple of hop_length; ref_rms measured BEFORE the boost) = create_voice_clone_prompt's steps
     between loading and encode (with ref_text given).
 
-    The returned wav is float32 and T' is a positive multiple of hop_length.
+    The returned wav is float32 and T' is a positive multiple of hop_length, of at least
+    `min_seconds`. A silent reference (all zeros: anything else is boosted to TARGET_RMS) is
+    refused whatever its length: upstream encodes a short one and clones silence.
     """
     wav = _checked_array(wav)
     if wav.ndim != 2 or wav.shape[0] != 1:
@@ -86,6 +109,9 @@ def prepare_reference(wav: np.ndarray, sample_rate: int, hop_length: int, prepro
     ref_rms = float(np.sqrt(np.mean(wav**2)))
     if 0 < ref_rms < TARGET_RMS:
         wav = wav * TARGET_RMS / ref_rms
+    if not np.abs(wav).max() >= 10 ** (_silence.SILENCE_THRESH_DBFS / 20):  # boosted: only all-zero audio is
+        raise UserError("the reference audio is silent (all samples are zero)",
+                        "pass a reference with clearly audible speech")
     if preprocess:
         wav = remove_silence(wav, sample_rate, *REFERENCE_SILENCE_MS)
         if wav.shape[-1] == 0:
@@ -94,9 +120,9 @@ def prepare_reference(wav: np.ndarray, sample_rate: int, hop_length: int, prepro
     clip_size = wav.shape[-1] % hop_length
     if clip_size:
         wav = wav[:, :-clip_size]
-    if wav.shape[-1] == 0:
-        raise UserError(f"the reference audio is shorter than one codec frame ({hop_length} samples "
-                        f"at {sample_rate} Hz) after preparation", "pass a reference of a few seconds of speech")
+    if wav.shape[-1] == 0 or wav.shape[-1] < min_seconds * sample_rate:
+        raise UserError(f"the reference audio is {wav.shape[-1] / sample_rate:.2f} s long after preparation, under "
+                        f"{max(min_seconds, hop_length / sample_rate):g} s", "pass a reference of 3-10 s of speech")
     return wav.astype(np.float32), ref_rms  # a copy: never a view of the caller's array
 
 

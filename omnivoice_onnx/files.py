@@ -50,20 +50,23 @@ def remove_stale_temporaries(path: Path) -> None:
     """Clear what a killed run left beside `path`: its `.<name>.tmp-<pid>` files and directories
     whose process is gone (SIGKILL, a power cut: no `finally` ran), GBs for an export's staging.
 
-    A `.<name>.old-<pid>` is atomic_dir's previous `path`, renamed aside an instant before the new
-    one was renamed in; if the run died in that instant and `path` is absent, it is put back.
+    A run's other temporaries beside `path` carry its temporary name plus a suffix
+    (`.<name>.tmp-<pid>-input.onnx`: quantize's graph-only input and the `-inferred` copy
+    onnxruntime writes beside it), and go with it. A `.<name>.old-<pid>` is atomic_dir's previous
+    `path`, renamed aside an instant before the new one was renamed in; if the run died in that
+    instant and `path` is absent, it is put back.
     Another live run's temporaries (a concurrent export) are left alone. Process ids are this
     machine's: two machines writing one network folder at once are not told apart.
     """
     path = Path(path)
     if not path.parent.is_dir():
         return
-    pattern = re.compile(rf"\.{re.escape(path.name)}\.(tmp|old)-(\d+)")
+    pattern = re.compile(rf"\.{re.escape(path.name)}\.(tmp-(\d+)(?:-[^/]+)?|old-(\d+))")
     for sibling in path.parent.iterdir():
         match = pattern.fullmatch(sibling.name)
-        if match is None or _process_alive(int(match.group(2))):
+        if match is None or _process_alive(int(match.group(2) or match.group(3))):
             continue
-        if match.group(1) == "old" and not os.path.lexists(path):
+        if match.group(3) and not os.path.lexists(path):
             os.replace(sibling, path)
         elif sibling.is_dir() and not sibling.is_symlink():
             shutil.rmtree(sibling, ignore_errors=True)

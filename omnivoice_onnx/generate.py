@@ -5,11 +5,11 @@ Reproduces, from `omnivoice/models/omnivoice.py` (omnivoice 0.2.1), one function
     OmniVoice.generate                  generate
     OmniVoice._preprocess_all           preprocess
     OmniVoice.create_voice_clone_prompt create_voice_clone_prompt (ref_text required: no ASR here)
-    GenerationTask.get_indices          split_short_long
+    GenerationTask.get_indices          plan.split_short_long
     OmniVoice._generate_iterative       generate_iterative
     OmniVoice._generate_chunked         generate_chunked
     OmniVoice._decode_and_post_process  decode_and_post_process
-    OmniVoiceGenerationConfig.from_dict GenerationConfig.from_dict (an unknown field is an error)
+    OmniVoiceGenerationConfig.from_dict request.GenerationConfig.from_dict (an unknown field is an error)
 
 The three networks come in through `Model` (omnivoice_onnx.api builds it from the ONNX graphs).
 Everything random is one `TorchCpuRng`, shared in upstream's order by the whole call: the short
@@ -35,83 +35,19 @@ Subtle points, for a port:
 from __future__ import annotations
 
 import dataclasses
-import numbers
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from omnivoice_onnx import audio, duration, prompt, text
+from omnivoice_onnx import audio, plan, prompt, request
 from omnivoice_onnx.errors import UserError
 from omnivoice_onnx.prompt import TextTokenizer
+from omnivoice_onnx.request import GenerationConfig, Reference, VoiceClonePrompt
 from omnivoice_onnx.rng import TorchCpuRng
 from omnivoice_onnx.schedule import unmask_schedule
 from omnivoice_onnx.scoring import unmask_step
-
-MIN_CHUNK_LEN = 3  # the min_chunk_len _generate_chunked passes to chunk_text_punctuation
-
-
-@dataclass(frozen=True)
-class GenerationConfig:
-    """OmniVoiceGenerationConfig's fields (defaults come from the export's runtime-config.json,
-    which records upstream's dataclass defaults)."""
-
-    num_step: int  # unmasking steps (model calls)
-    guidance_scale: float  # classifier-free guidance; 0 uses the cond logits alone
-    t_shift: float  # time-step shift: small values unmask few cells early
-    layer_penalty_factor: float  # codebook c's scores lose c * this: earlier codebooks first
-    position_temperature: float  # Gumbel temperature of the cell choice (0: greedy)
-    class_temperature: float  # Gumbel temperature of the token choice (0: argmax)
-    denoise: bool  # put <|denoise|> in a cloning prompt
-    preprocess_prompt: bool  # silence-trim the reference, end its text with punctuation
-    postprocess_output: bool  # shorten long pauses of the output
-    audio_chunk_duration: float  # seconds per chunk of a long text
-    audio_chunk_threshold: float  # texts estimated longer than this (seconds) are chunked
-    pad_duration: float  # silence added at each end of the output (seconds)
-    fade_duration: float  # fade-in/out at the output's ends (seconds)
-
-    @classmethod
-    def from_dict(cls, values: dict[str, Any] | None, defaults: dict[str, Any]) -> "GenerationConfig":
-        """`defaults` overlaid with `values`; UserError for an unknown field or a bad value.
-
-        Upstream's from_dict silently drops unknown keys; here a misspelt field is an error, so it
-        never quietly runs with the default.
-        """
-        names = [f.name for f in dataclasses.fields(cls)]
-        values = dict(values or {})
-        unknown = sorted(set(values) - set(names))
-        if unknown:
-            raise UserError(f"unknown generation_config field(s) {', '.join(unknown)}",
-                            f"use OmniVoiceGenerationConfig's fields: {', '.join(names)}")
-        missing = [name for name in names if name not in defaults]
-        if missing:
-            raise UserError(f"the export's runtime-config.json lacks generation default(s) {', '.join(missing)}",
-                            "re-run export_omnivoice.py")
-        merged = {name: values.get(name, defaults[name]) for name in names}
-        for f in dataclasses.fields(cls):
-            merged[f.name] = _checked_field(f.name, f.type, merged[f.name])
-        return cls(**merged)
-
-
-def _checked_field(name: str, kind: str, value: Any) -> Any:
-    """A config value of the field's type and range, or UserError."""
-    fix = "see OmniVoiceGenerationConfig for the field's meaning"
-    if kind == "bool":
-        if not isinstance(value, (bool, np.bool_)):
-            raise UserError(f"generation_config.{name} must be true or false, got {value!r}", fix)
-        return bool(value)
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not np.isfinite(value):
-        raise UserError(f"generation_config.{name} must be a finite number, got {value!r}", fix)
-    if kind == "int":
-        if int(value) != value or value < 1:
-            raise UserError(f"generation_config.{name} must be a positive integer, got {value!r}", fix)
-        return int(value)
-    if name == "t_shift" and value <= 0:
-        raise UserError(f"generation_config.t_shift must be > 0, got {value!r}", fix)
-    if name not in ("guidance_scale", "layer_penalty_factor") and value < 0:
-        raise UserError(f"generation_config.{name} must be >= 0, got {value!r}", fix)
-    return float(value)
 
 
 @dataclass(frozen=True)
@@ -161,15 +97,6 @@ class Monitor:
     def after_step(self, step: int, steps: int) -> None:
         if self.progress is not None:
             self.progress(Progress(self.chunk, self.chunks, step, steps))
-
-
-@dataclass
-class VoiceClonePrompt:
-    """A reusable cloning reference (upstream VoiceClonePrompt)."""
-
-    ref_audio_tokens: np.ndarray  # [C, T] int64 codes of the prepared reference
-    ref_text: str  # its transcript (punctuated when preprocess_prompt)
-    ref_rms: float  # RMS of the reference before the level boost
 
 
 @dataclass
@@ -240,87 +167,55 @@ class Trace:
     results: list[np.ndarray | list[np.ndarray]] = field(default_factory=list)  # per item tokens (or chunks)
 
 
-def _per_item(value: Any, batch_size: int, name: str, repeat: bool = True) -> list:
-    """upstream _ensure_list: a list of 1 or batch_size values (or one value), repeated to the
-    batch unless `repeat` is False; UserError for another length."""
-    values = value if isinstance(value, list) else [value]
-    if len(values) not in (1, batch_size):
-        raise UserError(f"{name} has {len(values)} values for {batch_size} texts", f"pass one {name} or one per text")
-    return values * batch_size if repeat and len(values) == 1 else values
-
-
 def create_voice_clone_prompt(model: Model, ref_audio: Any, ref_text: str | None,
                               preprocess_prompt: bool = True) -> VoiceClonePrompt:
     """Load, prepare and encode a reference (create_voice_clone_prompt with ref_text given).
 
     Upstream transcribes a reference without ref_text with Whisper; this runtime has no ASR.
     """
-    if ref_text is None:
-        raise UserError("ref_text is required with ref_audio (this runtime has no speech recogniser)",
-                        "pass the reference's transcript as ref_text")
-    if not isinstance(ref_text, str):
-        raise UserError(f"ref_text must be a string, got {type(ref_text).__name__}", "pass the transcript as str")
-    wav = audio.load_reference(ref_audio, model.sample_rate)
-    wav, ref_rms = audio.prepare_reference(wav, model.sample_rate, model.hop_length, preprocess=preprocess_prompt)
-    tokens = model.encode(wav[np.newaxis])[0]
-    if preprocess_prompt:
-        ref_text = text.add_punctuation(ref_text)
-    return VoiceClonePrompt(ref_audio_tokens=tokens.astype(np.int64), ref_text=ref_text, ref_rms=ref_rms)
+    return encode_reference(model, request.load_reference(model, ref_audio, ref_text, preprocess_prompt))
+
+
+def encode_reference(model: Model, reference: Reference) -> VoiceClonePrompt:
+    """The prompt of a prepared reference: its codes from the encoder graph."""
+    tokens = model.encode(reference.wav[np.newaxis])[0]
+    return VoiceClonePrompt(ref_audio_tokens=tokens.astype(np.int64), ref_text=reference.ref_text,
+                            ref_rms=reference.ref_rms)
 
 
 def preprocess(model: Model, texts: str | list[str], language: Any = None, ref_text: Any = None,
                ref_audio: Any = None, voice_clone_prompt: Any = None, instruct: Any = None,
-               preprocess_prompt: bool = True, speed: Any = None, duration_s: Any = None) -> Task:
-    """The batch upstream _preprocess_all builds: languages and instructs resolved, references
-    encoded, target lengths estimated (duration overrides speed)."""
-    text_list = [texts] if isinstance(texts, str) else texts
-    if not isinstance(text_list, list) or not text_list or not all(isinstance(t, str) for t in text_list):
-        raise UserError("text must be a non-empty string or a non-empty list of strings", "pass the text to speak")
-    for i, item in enumerate(text_list):
-        if not item.strip():
-            raise UserError(f"text {i} is empty", "pass the text to speak")
-    batch_size = len(text_list)
-    config = model.runtime_config
-    langs = [prompt.resolve_language(lang, config["languages"]) for lang in _per_item(language, batch_size, "language")]
-    instructs = [prompt.resolve_instruct(item, prompt.instruct_use_zh(text_list[i], config["instruct"]),
-                                         config["instruct"]) if item is not None else None
-                 for i, item in enumerate(_per_item(instruct, batch_size, "instruct"))]
+               preprocess_prompt: bool | None = None, speed: Any = None, duration_s: Any = None,
+               config: GenerationConfig | None = None) -> Task:
+    """The batch upstream _preprocess_all builds: the request validated whole first
+    (request.validate: types, values and sizes; languages and instructs resolved, target lengths
+    estimated, duration overriding speed), then its references encoded, each distinct one once.
 
-    if voice_clone_prompt is not None and (ref_text is not None or ref_audio is not None):
-        # Upstream logs a warning and ignores ref_text/ref_audio.
-        raise UserError("voice_clone_prompt was given together with ref_text/ref_audio",
-                        "pass either a voice_clone_prompt or ref_audio + ref_text")
-    if voice_clone_prompt is None and ref_audio is not None:
-        ref_texts = _per_item(ref_text, batch_size, "ref_text", repeat=False)
-        ref_audios = _per_item(ref_audio, batch_size, "ref_audio", repeat=False)
-        if len(ref_texts) != len(ref_audios):
-            # Upstream makes len(ref_text) prompts from the first ref_audios: a silent mix-up.
-            raise UserError(f"{len(ref_audios)} ref_audio for {len(ref_texts)} ref_text",
-                            "pass one ref_text per ref_audio")
-        voice_clone_prompt = [create_voice_clone_prompt(model, a, t, preprocess_prompt)
-                              for a, t in zip(ref_audios, ref_texts)]
-    elif ref_text is not None:  # upstream ignores a ref_text without ref_audio
-        raise UserError("ref_text was given without ref_audio", "pass ref_audio too, or drop ref_text")
-    prompts = _per_item(voice_clone_prompt, batch_size, "voice_clone_prompt")
-    if prompts[0] is not None:
-        ref_texts = [p.ref_text for p in prompts]
-        ref_tokens = [p.ref_audio_tokens for p in prompts]
-        ref_rms = [p.ref_rms for p in prompts]
-    else:
-        ref_texts, ref_tokens, ref_rms = [None] * batch_size, [None] * batch_size, [None] * batch_size
-
-    target_lens, speed_list = duration.target_lengths(
-        text_list, ref_texts, [t.shape[-1] if t is not None else None for t in ref_tokens], speed, duration_s,
-        model.frame_rate)
-    return Task(texts=text_list, target_lens=target_lens, langs=langs, instructs=instructs, ref_texts=ref_texts,
-                ref_audio_tokens=ref_tokens, ref_rms=ref_rms, speed=speed_list)
+    `config` is what the request's size is checked against (the export's defaults when None);
+    `preprocess_prompt`, when given, overrides its field of that name.
+    """
+    config = config or GenerationConfig.from_dict(None, model.runtime_config["generation"])
+    if preprocess_prompt is not None and preprocess_prompt != config.preprocess_prompt:
+        config = dataclasses.replace(config, preprocess_prompt=preprocess_prompt)
+    return task_of(model, request.validate(model, texts, config, language=language, ref_text=ref_text,
+                                           ref_audio=ref_audio, voice_clone_prompt=voice_clone_prompt,
+                                           instruct=instruct, duration_s=duration_s, speed=speed))
 
 
-def split_short_long(target_lens: Sequence[int], config: GenerationConfig, frame_rate: int) -> tuple[list[int], list[int]]:
-    """(short, long) item indices: long ones exceed int(audio_chunk_threshold * frame_rate) frames."""
-    threshold = int(config.audio_chunk_threshold * frame_rate)
-    return ([i for i, n in enumerate(target_lens) if n <= threshold],
-            [i for i, n in enumerate(target_lens) if n > threshold])
+def task_of(model: Model, req: request.Request) -> Task:
+    """The Task of a validated request: its prepared references encoded, each distinct one once."""
+    encoded: dict[int, VoiceClonePrompt] = {}
+    prompts = []
+    for reference in req.references:
+        if isinstance(reference, Reference):
+            if id(reference) not in encoded:
+                encoded[id(reference)] = encode_reference(model, reference)
+            reference = encoded[id(reference)]
+        prompts.append(reference)
+    return Task(texts=req.texts, target_lens=req.target_lens, langs=req.langs, instructs=req.instructs,
+                ref_texts=[p.ref_text if p is not None else None for p in prompts],
+                ref_audio_tokens=[p.ref_audio_tokens if p is not None else None for p in prompts],
+                ref_rms=[p.ref_rms if p is not None else None for p in prompts], speed=req.speed)
 
 
 def generate_iterative(model: Model, task: Task, config: GenerationConfig, rng: TorchCpuRng,
@@ -372,54 +267,33 @@ def generate_iterative(model: Model, task: Task, config: GenerationConfig, rng: 
     return results
 
 
-def chunk_texts(model: Model, task: Task, config: GenerationConfig) -> list[list[str]]:
-    """Per long item, its text split at punctuation into ~audio_chunk_duration pieces."""
-    all_chunks = []
-    for i in range(len(task.texts)):
-        chunk_len = text.text_chunk_len(task.texts[i], task.target_lens[i], config.audio_chunk_duration,
-                                        model.frame_rate)
-        chunks = text.chunk_text_punctuation(task.texts[i], chunk_len, min_chunk_len=MIN_CHUNK_LEN)
-        if not chunks:
-            raise UserError(f"text {task.texts[i][:40]!r} gives no chunk to speak", "pass text with words in it")
-        all_chunks.append(chunks)
-    return all_chunks
+def chunk_plan(model: Model, task: Task, config: GenerationConfig) -> tuple[list[list[str]], list[plan.ChunkBatch]]:
+    """(per long item, its text split at punctuation into ~audio_chunk_duration pieces; the
+    batches that generate them): plan.plan_chunks, which request.validate() measured."""
+    return plan.plan_chunks(task.texts, task.target_lens, task.ref_texts,
+                            [t.shape[-1] if t is not None else None for t in task.ref_audio_tokens], task.speed,
+                            config.audio_chunk_duration, model.frame_rate)
 
 
-def iter_chunked(model: Model, task: Task, config: GenerationConfig, rng: TorchCpuRng, all_chunks: list[list[str]],
-                 trace: Trace | None = None, monitor: Monitor | None = None
+def iter_chunked(model: Model, task: Task, config: GenerationConfig, rng: TorchCpuRng,
+                 batches: list[plan.ChunkBatch], trace: Trace | None = None, monitor: Monitor | None = None
                  ) -> Iterator[tuple[int, dict[int, np.ndarray]]]:
-    """Long items' chunks (`all_chunks`, from chunk_texts), generated chunk index by chunk index as
-    batches, in upstream _generate_chunked's order: yields (chunk index, {item: its tokens [C, T]})
-    as each index is done, so a stream can decode chunk 0 while later ones are still to come."""
-    batch = len(task.texts)
-    has_ref = [t is not None for t in task.ref_audio_tokens]
-    if any(has_ref) and not all(has_ref):
-        raise UserError("long texts (chunked) in one call must all have a reference or all have none",
-                        "generate them in separate calls")
+    """Long items' chunks (`batches`, from chunk_plan), generated chunk index by chunk index, in
+    upstream _generate_chunked's order: yields (chunk index, {item: its tokens [C, T]}) as each
+    index is done, so a stream can decode chunk 0 while later ones are still to come."""
     first: dict[int, np.ndarray] = {}
-
-    def run_batch(indices: list[int], texts: list[str], ref_audios: list, ref_texts: list) -> dict[int, np.ndarray]:
-        target_lens = [duration.estimate_target_tokens(texts[j], ref_texts[j],
-                                                       ref_audios[j].shape[-1] if ref_audios[j] is not None else None,
-                                                       speed=task.speed[i] if task.speed else 1.0)
-                       for j, i in enumerate(indices)]
-        sub_task = Task(texts=texts, target_lens=target_lens, langs=[task.langs[i] for i in indices],
-                        instructs=[task.instructs[i] for i in indices], ref_texts=ref_texts,
-                        ref_audio_tokens=ref_audios, ref_rms=[task.ref_rms[i] for i in indices],
-                        speed=[task.speed[i] for i in indices] if task.speed else None)
-        return dict(zip(indices, generate_iterative(model, sub_task, config, rng, trace, monitor)))
-
-    for ci in range(max(len(c) for c in all_chunks)):
-        indices = [i for i in range(batch) if ci < len(all_chunks[i])]
-        texts = [all_chunks[i][ci] for i in indices]
-        if all(has_ref):
-            done = run_batch(indices, texts, [task.ref_audio_tokens[i] for i in indices],
-                             [task.ref_texts[i] for i in indices])
-        elif ci == 0:
-            done = first = run_batch(indices, texts, [None] * len(indices), [None] * len(indices))
-        else:  # without a reference, chunk 0's tokens and raw text are the later chunks' reference
-            done = run_batch(indices, texts, [first[i] for i in indices], [all_chunks[i][0] for i in indices])
-        yield ci, done
+    for call in batches:
+        # without a reference, chunk 0's tokens (and raw text, in the plan) are the later chunks' reference
+        refs = [task.ref_audio_tokens[i] if call.own_reference else first[i] if call.chunk > 0 else None
+                for i in call.indices]
+        sub_task = Task(texts=call.texts, target_lens=call.target_lens, langs=[task.langs[i] for i in call.indices],
+                        instructs=[task.instructs[i] for i in call.indices], ref_texts=call.ref_texts,
+                        ref_audio_tokens=refs, ref_rms=[task.ref_rms[i] for i in call.indices],
+                        speed=[task.speed[i] for i in call.indices] if task.speed else None)
+        done = dict(zip(call.indices, generate_iterative(model, sub_task, config, rng, trace, monitor)))
+        if call.chunk == 0:
+            first = done
+        yield call.chunk, done
 
 
 def generate_chunked(model: Model, task: Task, config: GenerationConfig, rng: TorchCpuRng,
@@ -428,12 +302,12 @@ def generate_chunked(model: Model, task: Task, config: GenerationConfig, rng: To
     """Long items, text split at punctuation into ~audio_chunk_duration pieces, generated chunk
     index by chunk index as batches -> per item, its chunks' tokens. `item_ids` (the items'
     indices in the whole call) only label the trace."""
-    all_chunks = chunk_texts(model, task, config)
+    all_chunks, batches = chunk_plan(model, task, config)
     if trace is not None:
         for i, chunks in enumerate(all_chunks):
             trace.chunks[item_ids[i] if item_ids is not None else i] = chunks
     results: list[list[np.ndarray]] = [[] for _ in task.texts]
-    for _, done in iter_chunked(model, task, config, rng, all_chunks, trace, monitor):
+    for _, done in iter_chunked(model, task, config, rng, batches, trace, monitor):
         for i, tokens in done.items():
             results[i].append(tokens)
     return results
@@ -457,12 +331,12 @@ def generate(model: Model, texts: str | list[str], config: GenerationConfig, rng
              monitor: Monitor | None = None) -> list[np.ndarray]:
     """upstream generate() after its config handling: one audio [T] float32 per text."""
     task = preprocess(model, texts, language=language, ref_text=ref_text, ref_audio=ref_audio,
-                      voice_clone_prompt=voice_clone_prompt, instruct=instruct,
-                      preprocess_prompt=config.preprocess_prompt, speed=speed, duration_s=duration_s)
-    short_idx, long_idx = split_short_long(task.target_lens, config, model.frame_rate)
+                      voice_clone_prompt=voice_clone_prompt, instruct=instruct, speed=speed, duration_s=duration_s,
+                      config=config)
+    short_idx, long_idx = plan.split_short_long(task.target_lens, config.audio_chunk_threshold, model.frame_rate)
     monitor = monitor or Monitor()
     long_task = task.slice(long_idx)
-    monitor.chunks = (1 if short_idx else 0) + (max(map(len, chunk_texts(model, long_task, config))) if long_idx
+    monitor.chunks = (1 if short_idx else 0) + (max(map(len, chunk_plan(model, long_task, config)[0])) if long_idx
                                                   else 0)
     results: list[Any] = [None] * len(task.texts)
     if short_idx:
@@ -483,7 +357,7 @@ def stream(model: Model, text_: str, config: GenerationConfig, rng: TorchCpuRng,
            monitor: Monitor | None = None) -> Iterator[AudioChunk]:
     """generate() for one text, yielding each chunk's audio as soon as it is decoded.
 
-    The same preprocessing, chunking (chunk_texts) and generation order (iter_chunked: chunk 0,
+    The same preprocessing, chunking (chunk_plan) and generation order (iter_chunked: chunk 0,
     1, ...) as generate(), with the same rng, so the tokens are generate()'s for the same config
     and seed; a text under audio_chunk_threshold is one chunk. The audio is assembled by
     audio.StreamAssembler: equal to generate()'s sample for sample with postprocess_output=False
@@ -495,9 +369,9 @@ def stream(model: Model, text_: str, config: GenerationConfig, rng: TorchCpuRng,
         raise UserError("stream() speaks one text (a str)", "call generate() for a batch of texts")
     monitor = monitor or Monitor()
     task = preprocess(model, text_, language=language, ref_text=ref_text, ref_audio=ref_audio,
-                      voice_clone_prompt=voice_clone_prompt, instruct=instruct,
-                      preprocess_prompt=config.preprocess_prompt, speed=speed, duration_s=duration_s)
-    _, long_idx = split_short_long(task.target_lens, config, model.frame_rate)
+                      voice_clone_prompt=voice_clone_prompt, instruct=instruct, speed=speed, duration_s=duration_s,
+                      config=config)
+    _, long_idx = plan.split_short_long(task.target_lens, config.audio_chunk_threshold, model.frame_rate)
     assembler = audio.StreamAssembler(model.sample_rate, task.ref_rms[0], config.postprocess_output,
                                       config.pad_duration, config.fade_duration)
     if trace is not None:
@@ -511,11 +385,11 @@ def stream(model: Model, text_: str, config: GenerationConfig, rng: TorchCpuRng,
         samples = assembler.add(model.decode(tokens[np.newaxis])[0], 0, 1)
         yield AudioChunk(samples=samples, sample_rate=model.sample_rate, index=0, count=1)
         return
-    chunks = chunk_texts(model, task, config)
+    chunks, batches = chunk_plan(model, task, config)
     count = monitor.chunks = len(chunks[0])
     if trace is not None:
         trace.chunks[0], trace.results = chunks[0], [[]]
-    for index, done in iter_chunked(model, task, config, rng, chunks, trace, monitor):
+    for index, done in iter_chunked(model, task, config, rng, batches, trace, monitor):
         if trace is not None:
             trace.results[0].append(done[0])
         samples = assembler.add(model.decode(done[0][np.newaxis])[0], index, count)

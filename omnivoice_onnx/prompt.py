@@ -109,7 +109,44 @@ def load_runtime_config(directory: Path) -> dict[str, Any]:
             if not isinstance(value, kind) or isinstance(value, bool):
                 raise UserError(f"runtime config {path}: {section}.{key} is missing or not a "
                                 f"{kind.__name__}", RERUN_EXPORT)
+    problem = _config_value_problem(config)
+    if problem:
+        raise UserError(f"runtime config {path}: {problem}", RERUN_EXPORT)
     return config
+
+
+def _config_value_problem(config: dict[str, Any]) -> str | None:
+    """What is wrong inside runtime-config.json's sections, as the runtime uses them (None if
+    nothing): positive sizes, the mask id inside the vocabulary, strings where strings are
+    matched, every name mapped to a language id the config lists, a Chinese pattern that compiles.
+    (The generation defaults are checked as a request's generation_config is, at load: api.py.)"""
+    model = config["model"]
+    for key in ("num_audio_codebook", "audio_vocab_size"):
+        if model[key] <= 0:
+            return f"model.{key} is {model[key]}, not a positive size"
+    if not 0 <= model["audio_mask_id"] < model["audio_vocab_size"]:
+        return f"model.audio_mask_id {model['audio_mask_id']} is outside the vocabulary [0, {model['audio_vocab_size']})"
+    languages, instruct = config["languages"], config["instruct"]
+    ids = languages["ids"]
+    if not ids or not all(isinstance(i, str) and i for i in ids):
+        return "languages.ids must be a non-empty list of language ids (strings)"
+    for name, lang in languages["name_to_id"].items():
+        if lang not in ids:
+            return f"languages.name_to_id maps {name!r} to {lang!r}, which is not in languages.ids"
+    for key in ("valid", "valid_en", "valid_zh"):
+        if not all(isinstance(item, str) for item in instruct[key]):
+            return f"instruct.{key} must list strings"
+    for key in ("en_to_zh", "zh_to_en"):
+        if not all(isinstance(v, str) for v in instruct[key].values()):
+            return f"instruct.{key} must map strings to strings"
+    if not all(isinstance(group, list) and all(isinstance(item, str) for item in group)
+               for group in instruct["mutually_exclusive"]):
+        return "instruct.mutually_exclusive must be a list of lists of strings"
+    try:
+        re.compile(instruct["zh_pattern"])
+    except re.error as exc:
+        return f"instruct.zh_pattern {instruct['zh_pattern']!r} is not a regular expression ({exc})"
+    return None
 
 
 class TextTokenizer:
@@ -258,6 +295,20 @@ def resolve_instruct(instruct: str | None, use_zh: bool, instruct_data: dict[str
     return ("，" if has_chinese else ", ").join(normalised)
 
 
+def prompt_text_ids(tokenizer: TextTokenizer, text: str, ref_text: str | None, has_reference: bool,
+                    lang: str | None, instruct: str | None, denoise: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(style ids, text ids) int64 of one item's prompt: everything before its audio positions
+    (build_item_inputs' layout). Also what request.py measures a prompt's length with, before any
+    array of the request's size is made."""
+    style_text = DENOISE if denoise and has_reference else ""
+    style_text += f"{LANG_START}{lang if lang else NO_VALUE}{LANG_END}"
+    style_text += f"{INSTRUCT_START}{instruct if instruct else NO_VALUE}{INSTRUCT_END}"
+    style_ids = np.asarray(tokenizer.encode(style_text), dtype=np.int64)
+    wrapped_text = f"{TEXT_START}{combine_text(text, ref_text=ref_text)}{TEXT_END}"
+    text_ids = np.asarray(tokenizer.encode_with_nonverbal_tags(wrapped_text), dtype=np.int64)
+    return style_ids, text_ids
+
+
 def build_item_inputs(tokenizer: TextTokenizer, text: str, num_target_tokens: int, ref_text: str | None,
                       ref_audio_tokens: np.ndarray | None, lang: str | None, instruct: str | None, denoise: bool,
                       num_codebooks: int, mask_id: int) -> tuple[np.ndarray, np.ndarray]:
@@ -271,14 +322,8 @@ def build_item_inputs(tokenizer: TextTokenizer, text: str, num_target_tokens: in
     audio_mask is True from the first audio position (reference or target) to the end.
     `lang` and `instruct` are already resolved (resolve_language, resolve_instruct).
     """
-    style_text = DENOISE if denoise and ref_audio_tokens is not None else ""
-    style_text += f"{LANG_START}{lang if lang else NO_VALUE}{LANG_END}"
-    style_text += f"{INSTRUCT_START}{instruct if instruct else NO_VALUE}{INSTRUCT_END}"
-    style_ids = np.asarray(tokenizer.encode(style_text), dtype=np.int64)
-
-    wrapped_text = f"{TEXT_START}{combine_text(text, ref_text=ref_text)}{TEXT_END}"
-    text_ids = np.asarray(tokenizer.encode_with_nonverbal_tags(wrapped_text), dtype=np.int64)
-
+    style_ids, text_ids = prompt_text_ids(tokenizer, text, ref_text, ref_audio_tokens is not None, lang, instruct,
+                                          denoise)
     parts = [np.tile(style_ids, (num_codebooks, 1)), np.tile(text_ids, (num_codebooks, 1))]
     if ref_audio_tokens is not None:
         parts.append(np.asarray(ref_audio_tokens, dtype=np.int64))

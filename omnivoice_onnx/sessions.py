@@ -35,6 +35,7 @@ import numpy as np
 
 from omnivoice_onnx.contract import GRAPH_FILES
 from omnivoice_onnx.errors import UserError
+from omnivoice_onnx.request import check_threads
 
 PROVIDERS = ("cpu", "cuda-fp32", "cuda-tf32")
 THREADS_ENV = "OMNIVOICE_ORT_THREADS"
@@ -70,11 +71,20 @@ def default_threads() -> int | None:
         return None
     if not value.isdecimal() or int(value) < 1:
         raise UserError(f"{THREADS_ENV}={value!r} is not a thread count", "set it to an integer >= 1, or unset it")
-    return int(value)
+    return check_threads(int(value))
+
+
+# What onnxruntime's messages say when an allocation fails (its arena, or the C++ allocator).
+ALLOCATION_FAILURES = ("Failed to allocate", "bad_alloc", "Out of memory", "out of memory")
+
+
+def allocation_failure(exc: BaseException) -> bool:
+    """Whether an onnxruntime exception is a failed allocation (not a broken graph or input)."""
+    return isinstance(exc, MemoryError) or any(text in str(exc) for text in ALLOCATION_FAILURES)
 
 
 def make_session(path: Path, provider: str = "cpu", threads: int | None = None, arena: bool = True,
-                 profile: bool = False):
+                 profile: bool = False, fix: str = "re-run export_omnivoice.py (step 2)"):
     """An InferenceSession for one graph; checks the requested provider really took it, with the
     options asked for (check_cuda_options).
 
@@ -91,7 +101,7 @@ def make_session(path: Path, provider: str = "cpu", threads: int | None = None, 
     check_provider(provider)
     options = ort.SessionOptions()
     options.log_severity_level = 3
-    threads = threads or default_threads()
+    threads = check_threads(threads) or default_threads()
     if threads:
         options.intra_op_num_threads = threads
     if not arena:
@@ -103,8 +113,10 @@ def make_session(path: Path, provider: str = "cpu", threads: int | None = None, 
     try:
         session = ort.InferenceSession(str(path), sess_options=options, providers=provider_chain(provider))
     except Exception as exc:  # onnxruntime raises its own Fail/InvalidProtobuf types
+        if allocation_failure(exc):
+            raise MemoryError(f"not enough memory to load {path} ({str(exc).splitlines()[0][:200]})") from exc
         raise UserError(f"onnxruntime cannot load {path} ({str(exc).splitlines()[0][:300]})",
-                        "re-run export_omnivoice.py (step 2); the graph or its .onnx.data is damaged") from exc
+                        f"{fix}; the graph or its .onnx.data is damaged") from exc
     if provider.startswith("cuda"):
         check_cuda_options(path.name, provider, session.get_providers(), session.get_provider_options())
     return session
@@ -164,9 +176,18 @@ def finite_output(array: np.ndarray, graph: str, file: str | os.PathLike | None 
 
 
 def run(session, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Run a session fed by input name; outputs by name."""
+    """Run a session fed by input name; outputs by name. An allocation onnxruntime could not
+    make is raised as MemoryError (the inputs' shapes in its message), so every entry point
+    treats it as numpy's: the request was too big (one line, exit 2; a UserError in the API)."""
     names = [o.name for o in session.get_outputs()]
-    return dict(zip(names, session.run(names, feeds)))
+    try:
+        outputs = session.run(names, feeds)
+    except Exception as exc:  # onnxruntime's RuntimeException/Fail carry the allocator's message
+        if not allocation_failure(exc):
+            raise
+        shapes = ", ".join(f"{name}{list(array.shape)}" for name, array in feeds.items())
+        raise MemoryError(f"onnxruntime could not allocate memory for {shapes}") from exc
+    return dict(zip(names, outputs))
 
 
 @dataclass

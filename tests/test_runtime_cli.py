@@ -131,14 +131,20 @@ def test_missing_or_mislabelled_variant_is_one_error(variants_export: Path, tmp_
     onnx = tmp_path / "onnx"
     shutil.copytree(variants_export, onnx)
     shutil.copytree(onnx / "int8", onnx / "int8-plain")
+    # Unverified (verify=False: a bundle without a report), so that the metadata check speaks; with
+    # the report, the folder is refused first as a variant the report does not list.
+    with pytest.raises(UserError, match="does not list variant 'int8-plain'"):
+        OmniVoiceOnnx.from_dir(onnx, variant="int8-plain")
     with pytest.raises(UserError, match=r"int8-plain/omnivoice_transformer.onnx is variant 'int8', not 'int8-plain'; "
                                         r"run quantize_omnivoice.py --variants int8-plain"):
-        OmniVoiceOnnx.from_dir(onnx, variant="int8-plain")
+        OmniVoiceOnnx.from_dir(onnx, variant="int8-plain", verify=False)
     # The export's own graph where a variant should be: it names no variant.
     shutil.copyfile(onnx / GRAPH_FILES["transformer"], onnx / "int8" / GRAPH_FILES["transformer"])
     shutil.copyfile(onnx / (GRAPH_FILES["transformer"] + ".data"), onnx / "int8" / (GRAPH_FILES["transformer"] + ".data"))
-    with pytest.raises(UserError, match="is variant 'fp32', not 'int8'"):
+    with pytest.raises(UserError, match="int8/omnivoice_transformer.onnx does not match the sha256"):
         OmniVoiceOnnx.from_dir(onnx, variant="int8")
+    with pytest.raises(UserError, match="is variant 'fp32', not 'int8'"):
+        OmniVoiceOnnx.from_dir(onnx, variant="int8", verify=False)
 
 
 # --- infer_onnx.py --text through the runtime ----------------------------------------------------

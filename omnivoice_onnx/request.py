@@ -1,0 +1,480 @@
+"""One validation of a generation request, before any model work.
+
+Every entry point builds its request here: OmniVoiceOnnx.generate() and stream() (through
+generate.preprocess, their common first step), OmniVoiceOnnx.validate() (the server's 400 and
+batch's up-front check), the CLIs. `validate()` returns a typed `Request` or raises ONE
+UserError naming the argument and the fix; front ends map that to their surface (one line and
+exit 2, an HTTP 4xx, a failed-line record).
+
+What is checked, in the order the request is used:
+- types: text, language, instruct and ref_text are str (one value, or a list with one per
+  text); numbers are numbers (numpy scalars included, bool not); ref_audio a path or
+  (waveform, sample_rate); voice_clone_prompt a VoiceClonePrompt or a list of them;
+  generation_config a dict of OmniVoiceGenerationConfig's fields.
+- values, in the arithmetic that will use them: finite and in range, and the float32 unmasking
+  arithmetic they feed checked to stay finite (the time-step schedule of t_shift and num_step;
+  temperatures whose division would overflow); text with nothing speakable (only spaces or
+  zero-width characters) refused; an empty ref_text with ref_audio refused; a silent or too
+  short reference refused; prompt tokens checked to be codebook entries.
+- size: the limits below, on the lengths the request WILL have: frames from the duration
+  estimate, and every transformer call's rows and sequence length from the chunk plan
+  (plan.py), before any array of the request's size exists. The reference is loaded and
+  prepared (length checked before reading and before resampling) but not encoded.
+
+Limits (named constants below) keep one request within memory and time on a CPU machine. Each
+can be raised or lowered per process with the environment variable OMNIVOICE_<NAME> (say
+OMNIVOICE_MAX_TEXT_CHARS=100000), read at each validation (docs/runtime.md, "Request limits").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import numbers
+import os
+import unicodedata
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Iterator, Mapping
+
+import numpy as np
+
+from omnivoice_onnx import audio, duration, plan, prompt, schedule, text
+from omnivoice_onnx.errors import UserError
+from omnivoice_onnx.rng import check_seed
+
+if TYPE_CHECKING:
+    from omnivoice_onnx.generate import Model
+
+LIMIT_ENV_PREFIX = "OMNIVOICE_"  # OMNIVOICE_<limit name> overrides a limit for the process
+# --- limits (raise them with OMNIVOICE_<NAME>) ---
+MAX_TEXT_CHARS = 20_000  # code points per text: ~20 min of English at ~15 characters per second
+MAX_TEXTS = 64  # texts per call: generate() runs the short ones as ONE batch
+MAX_DURATION_S = 600.0  # seconds of audio per text: a given duration, or the estimate / speed
+MAX_NUM_STEP = 256  # unmasking steps (upstream's default 32): each is one transformer call per batch
+MAX_THREADS = 256  # onnxruntime intra-op threads per session (from_dir(threads=...), --threads)
+MAX_REF_SECONDS = 60.0  # reference audio as given, checked before it is read or resampled (3-10 s is best)
+MAX_SEQUENCE = 4096  # positions in one transformer row: prompt + reference + target frames (~2.5 min)
+# rows x sequence^2 of one transformer call: its attention scores are that many float32 per head
+# and layer (x16 heads = 4 GiB at the real model's 16 heads, at this default); the default allows
+# one item at MAX_SEQUENCE (2 rows: cond and uncond), or 32 texts of a 15 s chunk each.
+MAX_ATTENTION_CELLS = 2**26
+MAX_PAD_SECONDS = 60.0  # generation_config pad_duration and fade_duration
+LIMITS = ("MAX_TEXT_CHARS", "MAX_TEXTS", "MAX_DURATION_S", "MAX_NUM_STEP", "MAX_THREADS", "MAX_REF_SECONDS",
+          "MAX_SEQUENCE", "MAX_ATTENTION_CELLS", "MAX_PAD_SECONDS")
+
+# --- ranges (what the arithmetic can carry, not resources) ---
+MIN_REF_SECONDS = 0.5  # a reference shorter than this after silence removal is not a voice to clone
+MIN_SPEED, MAX_SPEED = 0.05, 20.0  # speed divides the length estimate; beyond these it means nothing
+# Gumbel temperatures: scores / T in float32. Below this (but above 0, which is greedy) the noise
+# can no longer change a choice, and at ~1e-45 float32(T) is 0 and every score becomes -inf.
+MIN_TEMPERATURE = 1e-6
+# guidance_scale and layer_penalty_factor multiply log-probabilities (|x| < ~1e3): beyond this
+# the products overflow float32 and the scores become inf - inf = NaN.
+MAX_SCORE_FACTOR = 1e3
+LIMIT_FIX = ("raise it with the environment variable {env} (docs/runtime.md, Request limits) if the machine has the "
+             "memory and time")
+
+
+def limit(name: str) -> float:
+    """The current value of limit `name`: $OMNIVOICE_<name> when set, else the module constant."""
+    env = LIMIT_ENV_PREFIX + name
+    raw = os.environ.get(env, "").strip()
+    default = globals()[name]
+    if not raw:
+        return default
+    try:
+        value = type(default)(float(raw)) if isinstance(default, int) else float(raw)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or not math.isfinite(value):
+        raise UserError(f"{env}={raw!r} is not a positive number", f"set it to a number > 0 (default {default}), "
+                                                                   "or unset it")
+    return value
+
+
+def too_large(what: str, name: str, advice: str | None = None) -> UserError:
+    """The one error of a request over limit `name`: what is too large, the limit, `advice` (how
+    to make the request smaller) and how to raise the limit."""
+    fix = LIMIT_FIX.format(env=LIMIT_ENV_PREFIX + name)
+    return UserError(f"{what} (over {name}={limit(name):g})", f"{advice}, or {fix}" if advice else fix)
+
+
+OUT_OF_MEMORY_FIX = ("ask for less at once (shorter text or duration, fewer texts per call), or lower the request "
+                     "limits (OMNIVOICE_MAX_SEQUENCE, OMNIVOICE_MAX_ATTENTION_CELLS: docs/runtime.md) to what this "
+                     "machine holds")
+
+
+@contextlib.contextmanager
+def memory_errors_as_user_errors() -> Iterator[None]:
+    """A MemoryError in the block (numpy's, or onnxruntime's allocation failure, which
+    sessions.run raises as one) becomes the API's one error: the request was too big for this
+    machine. The limits should refuse such a request first; this is what remains when the
+    machine has less memory than they assume."""
+    try:
+        yield
+    except MemoryError as exc:
+        raise UserError(f"out of memory ({str(exc).splitlines()[0][:200] if str(exc) else 'MemoryError'})",
+                        OUT_OF_MEMORY_FIX) from exc
+
+
+def is_number(value: Any) -> bool:
+    """A real number: int, float or a numpy scalar of either; never a bool (True is not 1 here)."""
+    return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
+
+
+def checked_number(value: Any, name: str, low: float | None = None, high: float | None = None,
+                   low_open: bool = False, integer: bool = False, fix: str | None = None) -> float | int:
+    """`value` as a Python float (int when `integer`) within [low, high] ((low, high] when
+    `low_open`), finite; UserError naming `name` otherwise."""
+    bounds = f"{'(' if low_open else '['}{'-inf' if low is None else f'{low:g}'}, {'inf' if high is None else f'{high:g}'}]"
+    fix = fix or f"pass a {'whole number' if integer else 'number'} in {bounds}"
+    if not is_number(value):
+        raise UserError(f"{name} must be a number, got {type(value).__name__} {value!r:.60}", fix)
+    if not math.isfinite(value):
+        raise UserError(f"{name} must be finite, got {value!r}", fix)
+    if integer and int(value) != value:
+        raise UserError(f"{name} must be a whole number, got {value!r}", fix)
+    number = int(value) if integer else float(value)
+    if (low is not None and (number <= low if low_open else number < low)) or (high is not None and number > high):
+        raise UserError(f"{name} {value!r} is out of range {bounds}", fix)
+    return number
+
+
+def check_threads(threads: Any) -> int | None:
+    """onnxruntime intra-op threads: None (onnxruntime decides) or a whole number in [1, MAX_THREADS]."""
+    if threads is None:
+        return None
+    if is_number(threads) and isinstance(threads, numbers.Integral) and int(threads) > limit("MAX_THREADS"):
+        raise too_large(f"threads={int(threads)}", "MAX_THREADS")
+    return checked_number(threads, "threads", 1, None, integer=True,
+                          fix="pass a whole number of threads >= 1, or None for onnxruntime's default")
+
+
+# --- the request's types ----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    """OmniVoiceGenerationConfig's fields (defaults come from the export's runtime-config.json,
+    which records upstream's dataclass defaults)."""
+
+    num_step: int  # unmasking steps (model calls)
+    guidance_scale: float  # classifier-free guidance; 0 uses the cond logits alone
+    t_shift: float  # time-step shift: small values unmask few cells early
+    layer_penalty_factor: float  # codebook c's scores lose c * this: earlier codebooks first
+    position_temperature: float  # Gumbel temperature of the cell choice (0: greedy)
+    class_temperature: float  # Gumbel temperature of the token choice (0: argmax)
+    denoise: bool  # put <|denoise|> in a cloning prompt
+    preprocess_prompt: bool  # silence-trim the reference, end its text with punctuation
+    postprocess_output: bool  # shorten long pauses of the output
+    audio_chunk_duration: float  # seconds per chunk of a long text
+    audio_chunk_threshold: float  # texts estimated longer than this (seconds) are chunked
+    pad_duration: float  # silence added at each end of the output (seconds)
+    fade_duration: float  # fade-in/out at the output's ends (seconds)
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any] | None, defaults: dict[str, Any]) -> "GenerationConfig":
+        """`defaults` overlaid with `values`; UserError for an unknown field or a bad value.
+
+        Upstream's from_dict silently drops unknown keys; here a misspelt field is an error, so it
+        never quietly runs with the default.
+        """
+        names = [f.name for f in dataclasses.fields(cls)]
+        if isinstance(values, GenerationConfig):
+            values = dataclasses.asdict(values)
+        if values is not None and not isinstance(values, Mapping):
+            raise UserError(f"generation_config must be a dict of field -> value, got {type(values).__name__} "
+                            f"{values!r:.60}", "pass e.g. generation_config={'num_step': 16}")
+        values = dict(values or {})
+        unknown = sorted(map(str, set(values) - set(names)))
+        if unknown:
+            raise UserError(f"unknown generation_config field(s) {', '.join(unknown)}",
+                            f"use OmniVoiceGenerationConfig's fields: {', '.join(names)}")
+        missing = [name for name in names if name not in defaults]
+        if missing:
+            raise UserError(f"the export's runtime-config.json lacks generation default(s) {', '.join(missing)}",
+                            "re-run export_omnivoice.py")
+        merged = {name: values.get(name, defaults[name]) for name in names}
+        for f in dataclasses.fields(cls):
+            merged[f.name] = _checked_field(f.name, f.type, merged[f.name])
+        config = cls(**merged)
+        _check_schedule(config.num_step, config.t_shift)
+        return config
+
+
+def _checked_field(name: str, kind: str, value: Any) -> Any:
+    """A config value of the field's type and range, or UserError."""
+    label = f"generation_config.{name}"
+    if kind == "bool":
+        if not isinstance(value, (bool, np.bool_)):
+            raise UserError(f"{label} must be true or false, got {value!r:.60}", "pass True or False")
+        return bool(value)
+    if name == "num_step":
+        if is_number(value) and math.isfinite(value) and value > limit("MAX_NUM_STEP"):
+            raise too_large(f"{label}={value!r}", "MAX_NUM_STEP")
+        return checked_number(value, label, 1, None, integer=True)
+    if name in ("position_temperature", "class_temperature"):
+        value = checked_number(value, label, 0, None)
+        if 0 < value < MIN_TEMPERATURE:
+            raise UserError(f"{label} {value!r} is too small for float32 scores (below {MIN_TEMPERATURE:g})",
+                            "use 0 for greedy choice, or a temperature >= 1e-6")
+        return value
+    if name in ("guidance_scale", "layer_penalty_factor"):
+        return checked_number(value, label, -MAX_SCORE_FACTOR, MAX_SCORE_FACTOR)
+    if name == "t_shift":
+        return checked_number(value, label, 0, None, low_open=True)
+    if name == "audio_chunk_duration":
+        return checked_number(value, label, 0, limit("MAX_DURATION_S"), low_open=True)
+    if name in ("pad_duration", "fade_duration"):
+        value = checked_number(value, label, 0, None)
+        if value > limit("MAX_PAD_SECONDS"):
+            raise too_large(f"{label}={value:g} s", "MAX_PAD_SECONDS")
+        return value
+    return checked_number(value, label, 0, None)  # audio_chunk_threshold
+
+
+def _check_schedule(num_step: int, t_shift: float) -> None:
+    """The shifted time steps of (num_step, t_shift) are finite and rise from 0 to 1 (within float32
+    rounding), as the unmasking schedule needs (t_shift=1e39 is inf in float32: inf * 0 = NaN)."""
+    with np.errstate(all="ignore"):
+        steps = np.array(schedule.time_steps(num_step, t_shift))
+    if not (np.isfinite(steps).all() and steps[0] == 0 and abs(steps[-1] - 1) < 1e-3 and (np.diff(steps) >= 0).all()):
+        raise UserError(f"generation_config.t_shift={t_shift!r} with num_step={num_step} gives a time-step schedule "
+                        "that is not finite in float32", "use a t_shift between 0.01 and 100 (upstream's default 0.1)")
+
+
+@dataclass
+class VoiceClonePrompt:
+    """A reusable cloning reference (upstream VoiceClonePrompt)."""
+
+    ref_audio_tokens: np.ndarray  # [C, T] int64 codes of the prepared reference
+    ref_text: str  # its transcript (punctuated when preprocess_prompt)
+    ref_rms: float  # RMS of the reference before the level boost
+
+
+@dataclass(frozen=True)
+class Reference:
+    """A reference loaded and prepared for the encoder, not yet encoded."""
+
+    wav: np.ndarray  # float32 [1, T'], T' a positive multiple of hop_length
+    ref_text: str  # its transcript, punctuated when preprocess_prompt
+    ref_rms: float  # RMS before the level boost
+    frames: int  # T' / hop_length: the codes the encoder will give
+
+
+@dataclass(frozen=True)
+class Request:
+    """A validated request: what generate() runs, per text."""
+
+    texts: list[str]
+    langs: list[str | None]  # resolved language ids
+    instructs: list[str | None]  # normalised instructs
+    references: list[Reference | VoiceClonePrompt | None]  # the same object where texts share one
+    target_lens: list[int]  # frames per text (before chunking)
+    speed: list[float] | None  # per text, as upstream's speed_list
+    config: GenerationConfig
+    seed: int | None
+    calls: list[tuple[int, int]]  # (rows, sequence length) of each transformer batch, in order
+
+
+# --- validation -------------------------------------------------------------------------------
+
+def _texts(value: Any) -> list[str]:
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list) or not items:
+        raise UserError(f"text must be a string or a non-empty list of strings, got {type(value).__name__}",
+                        "pass the text to speak")
+    if len(items) > limit("MAX_TEXTS"):
+        raise too_large(f"{len(items)} texts in one call", "MAX_TEXTS")
+    for i, item in enumerate(items):
+        label = "text" if len(items) == 1 else f"text {i}"
+        if not isinstance(item, str):
+            raise UserError(f"{label} is {type(item).__name__}, not str", "pass the text to speak as a string")
+        if not item.strip():
+            raise UserError(f"{label} is empty", "pass the text to speak")
+        if not any(unicodedata.category(c)[0] in "LNPS" for c in item):
+            raise UserError(f"{label} holds nothing to speak (only spaces or invisible characters such as U+200B)",
+                            "pass text with words in it")
+        if len(item) > limit("MAX_TEXT_CHARS"):
+            raise too_large(f"{label} has {len(item)} characters", "MAX_TEXT_CHARS")
+    return list(items)
+
+
+def _per_item(value: Any, batch: int, name: str, check, repeat: bool = True) -> list:
+    """One value or a list of 1 or `batch` values, each passed through `check(value, label)`;
+    repeated to the batch unless `repeat` is False."""
+    values = value if isinstance(value, list) else [value]
+    if len(values) not in (1, batch):
+        raise UserError(f"{name} has {len(values)} values for {batch} texts", f"pass one {name} or one per text")
+    values = [check(v, name if len(values) == 1 else f"{name}[{i}]") for i, v in enumerate(values)]
+    return values * batch if repeat and len(values) == 1 else values
+
+
+def _optional_str(value: Any, label: str) -> str | None:
+    if value is not None and not isinstance(value, str):
+        raise UserError(f"{label} must be a string or None, got {type(value).__name__} {value!r:.60}",
+                        f"pass {label.split('[')[0]} as a string")
+    return value
+
+
+def _optional_number(low: float, high_limit: str | None, high: float | None = None):
+    def check(value: Any, label: str) -> float | None:
+        if value is None:
+            return None
+        if high_limit and is_number(value) and math.isfinite(value) and value > limit(high_limit):
+            raise too_large(f"{label}={value!r} s", high_limit)
+        return checked_number(value, label, low, limit(high_limit) if high_limit else high, low_open=True)
+    return check
+
+
+def _ref_audio(value: Any, label: str) -> Any:
+    if isinstance(value, (str, os.PathLike)):
+        return value
+    if isinstance(value, tuple) and len(value) == 2:
+        return value
+    raise UserError(f"{label} must be a file path or a (waveform, sample_rate) tuple, got {type(value).__name__}",
+                    "pass the reference's WAV/FLAC path, or (samples, rate)")
+
+
+def check_prompt(value: Any, label: str, model: "Model") -> VoiceClonePrompt:
+    """A VoiceClonePrompt whose tokens the transformer can read: [num_codebooks, T] integers,
+    each an entry of the codebook (0 <= code < mask id), T frames within MAX_REF_SECONDS."""
+    fix = "pass a prompt made by create_voice_clone_prompt() (or a saved voice) for this export"
+    if not isinstance(value, VoiceClonePrompt):
+        raise UserError(f"{label} must be a VoiceClonePrompt, got {type(value).__name__} {value!r:.60}", fix)
+    tokens = value.ref_audio_tokens
+    if not isinstance(tokens, np.ndarray) or tokens.dtype.kind not in "iu" or tokens.ndim != 2:
+        raise UserError(f"{label}.ref_audio_tokens must be an integer array [codebooks, frames], got "
+                        f"{getattr(tokens, 'dtype', type(tokens).__name__)} {getattr(tokens, 'shape', '')}", fix)
+    if tokens.shape[0] != model.num_codebooks or tokens.shape[1] < 1:
+        raise UserError(f"{label}.ref_audio_tokens is shaped {list(tokens.shape)}, expected "
+                        f"[{model.num_codebooks}, frames >= 1]", fix)
+    if tokens.shape[1] > limit("MAX_REF_SECONDS") * model.frame_rate:
+        raise too_large(f"{label} holds {tokens.shape[1] / model.frame_rate:.1f} s of reference", "MAX_REF_SECONDS")
+    if tokens.min() < 0 or tokens.max() >= model.mask_id:
+        raise UserError(f"{label}.ref_audio_tokens holds codes outside the codebook [0, {model.mask_id}) "
+                        f"(min {tokens.min()}, max {tokens.max()})", fix + " (it may be of another model)")
+    if not isinstance(value.ref_text, str) or not value.ref_text.strip():
+        raise UserError(f"{label}.ref_text must be the reference's transcript (a non-empty string)", fix)
+    checked_number(value.ref_rms, f"{label}.ref_rms", 0, None, fix=fix)
+    return value
+
+
+def load_reference(model: "Model", ref_audio: Any, ref_text: Any, preprocess_prompt: bool,
+                   label: str = "ref_audio") -> Reference:
+    """Load and prepare a reference for the encoder (create_voice_clone_prompt's steps before
+    encode), its length checked against MAX_REF_SECONDS before it is read or resampled."""
+    if ref_text is None:
+        raise UserError("ref_text is required with ref_audio (this runtime has no speech recogniser)",
+                        "pass the reference's transcript as ref_text")
+    if not isinstance(ref_text, str):
+        raise UserError(f"ref_text must be a string, got {type(ref_text).__name__}", "pass the transcript as str")
+    if not ref_text.strip():
+        raise UserError("ref_text is empty", "pass the transcript of the reference audio")
+    _ref_audio(ref_audio, label)
+    wav = audio.load_reference(ref_audio, model.sample_rate, max_seconds=limit("MAX_REF_SECONDS"))
+    wav, ref_rms = audio.prepare_reference(wav, model.sample_rate, model.hop_length, preprocess=preprocess_prompt,
+                                           min_seconds=MIN_REF_SECONDS)
+    return Reference(wav=wav, ref_text=text.add_punctuation(ref_text) if preprocess_prompt else ref_text,
+                     ref_rms=ref_rms, frames=wav.shape[-1] // model.hop_length)
+
+
+def reference_frames(reference: Reference | VoiceClonePrompt | None) -> int | None:
+    if reference is None:
+        return None
+    return reference.frames if isinstance(reference, Reference) else reference.ref_audio_tokens.shape[-1]
+
+
+def validate(model: "Model", texts: Any, config: GenerationConfig, language: Any = None, ref_text: Any = None,
+             ref_audio: Any = None, voice_clone_prompt: Any = None, instruct: Any = None, duration_s: Any = None,
+             speed: Any = None, seed: Any = None) -> Request:
+    """The request checked whole (types, values, sizes) and resolved, without model work."""
+    text_list = _texts(texts)
+    batch = len(text_list)
+    seed = None if seed is None else check_seed(seed)
+    data = model.runtime_config
+    langs = [prompt.resolve_language(lang, data["languages"])
+             for lang in _per_item(language, batch, "language", _optional_str)]
+    instructs = [prompt.resolve_instruct(item, prompt.instruct_use_zh(text_list[i], data["instruct"]),
+                                         data["instruct"]) if item is not None else None
+                 for i, item in enumerate(_per_item(instruct, batch, "instruct", _optional_str))]
+    durations = _per_item(duration_s, batch, "duration", _optional_number(0, "MAX_DURATION_S"))
+    speeds = _per_item(speed, batch, "speed", _optional_number(MIN_SPEED, None, MAX_SPEED))
+
+    if voice_clone_prompt is not None and (ref_text is not None or ref_audio is not None):
+        # Upstream logs a warning and ignores ref_text/ref_audio.
+        raise UserError("voice_clone_prompt was given together with ref_text/ref_audio",
+                        "pass either a voice_clone_prompt or ref_audio + ref_text")
+    references: list[Any]
+    if voice_clone_prompt is not None:
+        references = _per_item(voice_clone_prompt, batch, "voice_clone_prompt",
+                               lambda p, label: check_prompt(p, label, model))
+    elif ref_audio is not None:
+        ref_texts = _per_item(ref_text, batch, "ref_text", lambda v, label: v, repeat=False)
+        ref_audios = _per_item(ref_audio, batch, "ref_audio", _ref_audio, repeat=False)
+        if len(ref_texts) != len(ref_audios):
+            # Upstream makes len(ref_text) prompts from the first ref_audios: a silent mix-up.
+            raise UserError(f"{len(ref_audios)} ref_audio for {len(ref_texts)} ref_text",
+                            "pass one ref_text per ref_audio")
+        loaded = [load_reference(model, a, t, config.preprocess_prompt, "ref_audio" if len(ref_audios) == 1
+                                 else f"ref_audio[{i}]") for i, (a, t) in enumerate(zip(ref_audios, ref_texts))]
+        references = loaded * batch if len(loaded) == 1 else loaded
+    elif ref_text is not None:  # upstream ignores a ref_text without ref_audio
+        raise UserError("ref_text was given without ref_audio", "pass ref_audio too, or drop ref_text")
+    else:
+        references = [None] * batch
+
+    ref_texts = [r.ref_text if r is not None else None for r in references]
+    ref_frames = [reference_frames(r) for r in references]
+    target_lens, speed_list = duration.target_lengths(
+        text_list, ref_texts, ref_frames, None if speed is None else speeds,
+        None if duration_s is None else durations, model.frame_rate)
+    for i, frames in enumerate(target_lens):
+        if frames > limit("MAX_DURATION_S") * model.frame_rate:
+            raise too_large(f"text {i} would be {frames / model.frame_rate:.0f} s of audio (speed "
+                            f"{speeds[i] if speed is not None else 1.0:g})", "MAX_DURATION_S")
+    calls = _check_calls(model, config, text_list, langs, instructs, ref_texts, ref_frames, target_lens, speed_list)
+    return Request(texts=text_list, langs=langs, instructs=instructs, references=references,
+                   target_lens=target_lens, speed=speed_list, config=config, seed=seed, calls=calls)
+
+
+def _check_calls(model: "Model", config: GenerationConfig, texts: list[str], langs: list, instructs: list,
+                 ref_texts: list, ref_frames: list, target_lens: list[int],
+                 speeds: list[float] | None) -> list[tuple[int, int]]:
+    """Each transformer batch the request will run, as (rows, sequence), checked against
+    MAX_SEQUENCE and MAX_ATTENTION_CELLS from the plan alone (no array of that size is made)."""
+    short, long = plan.split_short_long(target_lens, config.audio_chunk_threshold, model.frame_rate)
+
+    def length(i: int, item_text: str, ref: str | None, frames: int | None, target: int) -> int:
+        style, ids = prompt.prompt_text_ids(model.tokenizer, item_text, ref, frames is not None, langs[i],
+                                            instructs[i], config.denoise)
+        return style.size + ids.size + (frames or 0) + target
+
+    calls: list[tuple[int, int]] = []
+
+    def check(indices: list[int], lengths: list[int], where: str) -> None:
+        rows, sequence = 2 * len(indices), max(lengths)
+        worst = indices[lengths.index(sequence)]
+        if sequence > limit("MAX_SEQUENCE"):
+            raise too_large(f"{where.format(i=worst)} would be one transformer call of {sequence} positions: words "
+                            "without punctuation (. , ; : ! ?) cannot be split into chunks, and a long duration or "
+                            "low speed stretches a chunk", "MAX_SEQUENCE",
+                            "add punctuation, shorten the text or lower its duration")
+        if rows * sequence**2 > limit("MAX_ATTENTION_CELLS"):
+            raise too_large(f"{len(indices)} texts of up to {sequence} positions in one batch make {rows} x "
+                            f"{sequence}^2 attention cells", "MAX_ATTENTION_CELLS", "pass fewer texts per call")
+        calls.append((rows, sequence))
+
+    if short:
+        check(short, [length(i, texts[i], ref_texts[i], ref_frames[i], target_lens[i]) for i in short], "text {i}")
+    if long:
+        _, batches = plan.plan_chunks([texts[i] for i in long], [target_lens[i] for i in long],
+                                      [ref_texts[i] for i in long], [ref_frames[i] for i in long],
+                                      [speeds[i] for i in long] if speeds else None, config.audio_chunk_duration,
+                                      model.frame_rate)
+        for call in batches:
+            items = [long[j] for j in call.indices]
+            check(items, [length(i, t, r, f, n) for i, t, r, f, n in zip(items, call.texts, call.ref_texts,
+                                                                          call.ref_frames, call.target_lens)],
+                  f"a chunk of text {{i}} (chunk {call.chunk})")
+    return calls
