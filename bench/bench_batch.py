@@ -1,0 +1,160 @@
+#!/usr/bin/env python3
+"""Benchmark `omnivoice-onnx batch` (omnivoice_onnx.batch) on its three engines, same list, same cores.
+
+A list of --lines lines (default 50) mixing the three modes in turn — auto (language given), voice
+design (an instruct), voice cloning (step 0's reference, shared by every clone line, so it is
+encoded once per worker) — over sentences of different lengths, run three times into fresh folders:
+
+    local 1x2   one worker in this process, 2 onnxruntime threads
+    local 2x1   two worker processes (spawned), 1 thread each
+    ray 2x1     a local Ray (started and stopped by the run, as `--ray` does), 2 actors x 1 thread
+
+Per engine: wall seconds of the whole run (model loads, the up-front check of every line, Ray's
+start and stop included: what a user waits for), lines per wall second, seconds of audio per wall
+second, the workers' summed generate() seconds; Ray's overhead against local 2x1 (the same workers
+and threads). Every engine's WAVs must be the same bytes (exit 1 otherwise: a speed for other audio
+is no figure). Results: bench/results/<date>-<host>-<model>-batch.json and .md, with the CPU and
+the load average at the start and end (the machine may be shared with other work; the markdown
+says so when it was).
+
+    python bench/bench_batch.py --model tiny --onnx-dir onnx --capture-dir capture
+    python bench/bench_batch.py --model full-random --onnx-dir bench/out/full/onnx \\
+        --capture-dir bench/out/full/capture --lines 12 --num-step 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import socket
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+BENCH = Path(__file__).resolve().parent
+sys.path[:0] = [str(REPO), str(BENCH)]
+
+# (name, workers, threads per worker, Ray?)
+ENGINES = (("local 1x2", 1, 2, False), ("local 2x1", 2, 1, False), ("ray 2x1", 2, 1, True))
+SENTENCES = (
+    "Good morning.",
+    "The weather today is mild, with a light breeze from the west.",
+    "Please remember to bring the documents to the meeting on Thursday afternoon.",
+    "She opened the window, listened to the rain for a while, and then went back to her book.",
+    "Numbers such as 42 and 1999 take longer to say than their digits suggest.",
+)
+INSTRUCTS = ("female, low pitch", "male, high pitch", "female, whisper")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    from omnivoice_export.cli import NUM_STEP, int_range, parse
+    from omnivoice_export.report import DEFAULT_ONNX_DIR
+    from omnivoice_export.capture import DEFAULT_DIR
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--model", default="tiny", help="the model's name, for the results' file name")
+    parser.add_argument("--onnx-dir", type=Path, default=DEFAULT_ONNX_DIR, help="the export to run")
+    parser.add_argument("--capture-dir", type=Path, default=DEFAULT_DIR,
+                        help="step 0's folder: its ref_voice.wav/.txt are the clone lines' reference")
+    parser.add_argument("--lines", type=int_range(3), default=50, help="lines in the list")
+    parser.add_argument("--num-step", type=NUM_STEP, default=32, help="unmasking steps per line")
+    parser.add_argument("--results-dir", type=Path, default=BENCH / "results", help="where the results go")
+    return parse(parser, argv)
+
+
+def write_list(folder: Path, count: int, ref_wav: Path, ref_text: str) -> Path:
+    """The bench's test list in upstream's format; clone lines name the reference relatively."""
+    (folder / "ref.wav").write_bytes(ref_wav.read_bytes())
+    rows = []
+    for i in range(count):
+        row = {"id": f"line_{i:03d}", "text": SENTENCES[(i // 3) % len(SENTENCES)]}
+        mode = i % 3
+        if mode == 0:
+            row["language_id"] = "en"
+        elif mode == 1:
+            row["instruct"] = INSTRUCTS[(i // 3) % len(INSTRUCTS)]
+        else:
+            row.update(ref_audio="ref.wav", ref_text=ref_text)
+        rows.append(json.dumps(row))
+    path = folder / "lines.jsonl"
+    path.write_text("\n".join(rows) + "\n")
+    return path
+
+
+def run_engine(name: str, workers: int, threads: int, ray: bool, args, lines: Path, out: Path) -> dict[str, Any]:
+    from omnivoice_onnx.batch import Options, run_batch
+
+    options = Options(test_list=lines, res_dir=out, model_dir=args.onnx_dir, workers=workers, threads=threads,
+                      generation_config={"num_step": args.num_step}, ray="local" if ray else None, progress=False)
+    print(f"bench: {name} ...", file=sys.stderr, flush=True)
+    summary = run_batch(options, log=lambda message: None)
+    return {"engine": name, "workers": workers, "threads": threads, "ray": ray, "made": summary.made,
+            "failed": summary.failed, "wall_s": summary.wall_seconds, "audio_s": summary.audio_seconds,
+            "synth_s": summary.synth_seconds, "lines_per_s": summary.made / summary.wall_seconds,
+            "audio_s_per_wall_s": summary.audio_seconds / summary.wall_seconds}
+
+
+def markdown(result: dict[str, Any]) -> str:
+    meta, cpu, load = result["meta"], result["meta"]["cpu"], result["meta"]["load_average"]
+    shared = load["start"][0] > 0.5
+    lines = [f"# omnivoice-onnx batch: local vs Ray, {meta['model']} on {meta['host']} ({meta['date']})", "",
+             f"CPU: {cpu['model_name']} ({cpu['vendor']} family {cpu['family']} model {cpu['model']}), "
+             f"{cpu['logical_cores']} logical / {cpu['physical_cores']} physical cores. Load average (1/5/15 min) "
+             f"at start {load['start'][0]:.2f} / {load['start'][1]:.2f} / {load['start'][2]:.2f}, at end "
+             f"{load['end'][0]:.2f} / {load['end'][1]:.2f} / {load['end'][2]:.2f}"
+             f"{' — **measured on a shared machine under load**: other work used the same cores, so the figures are '
+                'pessimistic and their ratios approximate' if shared else ''}.", "",
+             f"{meta['lines']} lines (auto / design / clone in turn), {meta['num_step']} steps each; wall time of the "
+             f"whole run (model loads, the up-front check, Ray start/stop included). WAVs byte-identical across the "
+             f"engines: **{'yes' if result['bytes_equal'] else 'NO'}**.", "",
+             "| engine | wall s | lines/s | audio s per wall s | workers' generate() s |", "|---|---|---|---|---|"]
+    for run in result["runs"]:
+        lines.append(f"| {run['engine']} | {run['wall_s']:.1f} | {run['lines_per_s']:.2f} | "
+                     f"{run['audio_s_per_wall_s']:.2f} | {run['synth_s']:.1f} |")
+    overhead = result["ray_overhead"]
+    lines += ["", f"Ray's overhead against local 2x1 (same workers and threads): {overhead['seconds']:+.1f} s wall "
+              f"({overhead['ratio']:.2f}x); audio: {result['runs'][0]['audio_s']:.1f} s per engine.", ""]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    from bench_omnivoice import cpu_description
+    from omnivoice_export.capture import REF_TXT, REF_WAV
+    from omnivoice_export.cli import CheckFailed
+    from omnivoice_export.files import atomic_path, write_json_atomic
+
+    load_start = os.getloadavg()
+    with tempfile.TemporaryDirectory(prefix="bench-batch-") as scratch:
+        scratch = Path(scratch)
+        lines = write_list(scratch, args.lines, args.capture_dir / REF_WAV, (args.capture_dir / REF_TXT).read_text().strip())
+        runs, wavs = [], []
+        for name, workers, threads, ray in ENGINES:
+            out = scratch / name.replace(" ", "-")
+            runs.append(run_engine(name, workers, threads, ray, args, lines, out))
+            wavs.append({p.name: p.read_bytes() for p in sorted(out.glob("*.wav"))})
+    equal = all(w == wavs[0] for w in wavs[1:]) and len(wavs[0]) == args.lines
+    local, ray = runs[1], runs[2]
+    date = datetime.date.today().isoformat()
+    result = {"meta": {"model": args.model, "host": socket.gethostname(), "date": date, "lines": args.lines,
+                       "num_step": args.num_step, "cpu": cpu_description(),
+                       "load_average": {"start": load_start, "end": os.getloadavg()}},
+              "runs": runs, "bytes_equal": equal,
+              "ray_overhead": {"seconds": ray["wall_s"] - local["wall_s"], "ratio": ray["wall_s"] / local["wall_s"]}}
+    stem = args.results_dir / f"{date}-{socket.gethostname()}-{args.model}-batch"
+    write_json_atomic(stem.with_suffix(".json"), result)
+    with atomic_path(stem.with_suffix(".md")) as tmp:
+        tmp.write_text(markdown(result))
+    print(markdown(result))
+    if not equal:
+        raise CheckFailed("the engines' WAVs differ: the batch is not order-free")
+
+
+if __name__ == "__main__":
+    from omnivoice_export.cli import run_main
+
+    run_main(main)

@@ -1,0 +1,99 @@
+"""omnivoice-onnx batch --ray [ADDRESS]: the batch job on Ray Data (extra `omnivoice-onnx[ray]`).
+
+Imported only for --ray. The driver (omnivoice_onnx.batch.run_batch) checks the list, plans the
+lines and writes every file; Ray only computes: a dataset of the planned tasks, longest first, cut
+into small blocks, mapped by an actor pool whose actors each hold one loaded OmniVoiceOnnx
+(omnivoice_onnx.batch.Synthesizer). An actor returns each line's WAV bytes and timings; the
+driver writes `<id>.wav` and its record as rows arrive, exactly as the local engines do, so a
+Ray run's files are the local run's files, byte for byte, and a resume works across engines.
+
+A worker that dies (a killed process, a lost node) is restarted by Ray and its unfinished block
+is run again (Ray Data's actor-pool retries, see run_ray): its lines had not reached the driver, so
+nothing is written twice and nothing is lost.
+
+On a cluster (`--ray ray://head:10001` or `--ray auto` on a node of it):
+- every node needs Python with `pip install 'omnivoice-onnx[ray]'` (onnxruntime, tokenizers,
+  soundfile); this package's own code is shipped to the workers by Ray (runtime_env py_modules),
+  so a driver's edited checkout runs as is;
+- the export folder (--model-dir) must be readable at the SAME absolute path on every node: shared
+  storage (NFS, a mounted bucket), or copied there beforehand (`ray rsync-up`, an image); at full
+  size it is ~3.2 GB, too big for Ray's runtime_env upload. References and voices too, as the
+  list names them (relative paths are made absolute against the list's folder on the driver);
+- res_dir is written by the driver alone, so it need not be shared.
+A worker whose export differs (another fingerprint or variant) stops the run with one line.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import ray
+import ray.data
+
+import omnivoice_onnx
+from omnivoice_onnx.batch import Options, Synthesizer
+
+# Lines per Ray block: small, so the longest-first order is kept at a fine grain and the actors
+# finish together, and a retried block redoes little; at least BLOCKS_PER_ACTOR blocks per actor.
+MAX_LINES_PER_BLOCK = 8
+BLOCKS_PER_ACTOR = 4
+
+
+class SynthActor:
+    """A Ray Data actor: one loaded model, a block of tasks in, their outcomes out (WAV bytes in
+    a binary column, the rest as JSON text so that no field is squeezed into an Arrow type)."""
+
+    def __init__(self, model_dir: str, variant: str, threads: int) -> None:
+        self.synth = Synthesizer.load(model_dir, variant, threads)
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        outcomes = [self.synth.run(task) for task in batch["task"]]
+        return {"wav": np.array([o.pop("wav") or b"" for o in outcomes], dtype=object),
+                "outcome": np.array([json.dumps(o) for o in outcomes], dtype=object)}
+
+
+def connect(address: str, cpus_wanted: int) -> bool:
+    """Join Ray: the running one (a test's, an application's), a cluster at `address`, or a new
+    local instance ("local") with room for every actor. True when this call started it."""
+    if ray.is_initialized():
+        return False
+    runtime_env = {"py_modules": [omnivoice_onnx]}  # this package's code, to every worker
+    quiet = {"logging_level": logging.WARNING, "include_dashboard": False, "runtime_env": runtime_env}
+    if address == "local":
+        ray.init(num_cpus=max(cpus_wanted, len(os.sched_getaffinity(0))), **quiet)
+    else:
+        ray.init(address=address, **quiet)
+    return True
+
+
+def run_ray(options: Options, variant: str, tasks: list[str], estimates: list[float],
+            threads: int) -> Iterator[dict[str, Any]]:
+    """The tasks (already longest first; `estimates` their seconds, kept as a column for
+    inspection) on `options.workers` actors of `threads` CPUs each; outcomes as blocks finish."""
+    started = connect(options.ray, options.workers * threads)
+    try:
+        context = ray.data.DataContext.get_current()
+        context.enable_progress_bars = False  # the driver has its own bar, per line
+        per_block = max(1, min(MAX_LINES_PER_BLOCK, len(tasks) // (BLOCKS_PER_ACTOR * options.workers)))
+        items = [{"task": task, "estimate": estimate} for task, estimate in zip(tasks, estimates)]
+        dataset = ray.data.from_items(items, override_num_blocks=max(1, math.ceil(len(items) / per_block)))
+        dataset = dataset.map_batches(
+            SynthActor, fn_constructor_kwargs={"model_dir": os.fspath(options.model_dir.absolute()),
+                                               "variant": variant, "threads": threads},
+            batch_size=None, batch_format="numpy", concurrency=options.workers, num_cpus=threads)
+        # Retries: Ray Data gives a map_batches actor pool max_restarts=-1 and max_task_retries=-1
+        # unless told otherwise (ray/data/_internal/execution/operators/actor_pool_map_operator.py;
+        # passing them explicitly is deprecated since 2.60): a dead actor is restarted without limit
+        # and its block retried. An application error is not retried, which is why
+        # Synthesizer.run returns a line's failure as data instead of raising it.
+        for row in dataset.iter_rows():
+            yield {**json.loads(row["outcome"]), "wav": row["wav"] or None}
+    finally:
+        if started:
+            ray.shutdown()
