@@ -423,11 +423,12 @@ def iter_chunked(model: Model, task: Task, config: GenerationConfig, rng: TorchC
 
 
 def generate_chunked(model: Model, task: Task, config: GenerationConfig, rng: TorchCpuRng,
-                     all_chunks: list[list[str]], trace: Trace | None = None, item_ids: Sequence[int] | None = None,
+                     trace: Trace | None = None, item_ids: Sequence[int] | None = None,
                      monitor: Monitor | None = None) -> list[list[np.ndarray]]:
-    """Long items, their texts split into `all_chunks` (chunk_texts), generated chunk index by
-    chunk index as batches -> per item, its chunks' tokens. `item_ids` (the items' indices in the
-    whole call) only label the trace."""
+    """Long items, text split at punctuation into ~audio_chunk_duration pieces, generated chunk
+    index by chunk index as batches -> per item, its chunks' tokens. `item_ids` (the items'
+    indices in the whole call) only label the trace."""
+    all_chunks = chunk_texts(model, task, config)
     if trace is not None:
         for i, chunks in enumerate(all_chunks):
             trace.chunks[item_ids[i] if item_ids is not None else i] = chunks
@@ -461,19 +462,19 @@ def generate(model: Model, texts: str | list[str], config: GenerationConfig, rng
     short_idx, long_idx = split_short_long(task.target_lens, config, model.frame_rate)
     monitor = monitor or Monitor()
     long_task = task.slice(long_idx)
-    long_chunks = chunk_texts(model, long_task, config) if long_idx else []
-    monitor.chunks = (1 if short_idx else 0) + max(map(len, long_chunks), default=0)
+    monitor.chunks = (1 if short_idx else 0) + (max(map(len, chunk_texts(model, long_task, config))) if long_idx
+                                                  else 0)
     results: list[Any] = [None] * len(task.texts)
     if short_idx:
         for i, tokens in zip(short_idx, generate_iterative(model, task.slice(short_idx), config, rng, trace, monitor)):
             results[i] = tokens
     if long_idx:
-        for i, chunks in zip(long_idx, generate_chunked(model, long_task, config, rng, long_chunks, trace, long_idx,
-                                                         monitor)):
+        for i, chunks in zip(long_idx, generate_chunked(model, long_task, config, rng, trace, long_idx, monitor)):
             results[i] = chunks
     if trace is not None:
         trace.task, trace.short_idx, trace.long_idx, trace.results = task, short_idx, long_idx, results
     return [decode_and_post_process(model, results[i], task.ref_rms[i], config) for i in range(len(task.texts))]
+
 
 
 def stream(model: Model, text_: str, config: GenerationConfig, rng: TorchCpuRng, language: Any = None,
