@@ -22,7 +22,9 @@ import omnivoice_onnx
 from conftest import REPO, import_blocker
 
 FORBIDDEN = ("torch", "torchaudio", "transformers", "omnivoice", "omnivoice_export", "pydub", "onnx")
-RUNTIME_MODULES = sorted(f"omnivoice_onnx.{m.name}" for m in pkgutil.iter_modules(omnivoice_onnx.__path__))
+# Every module of the package, subcommands included: `omnivoice-onnx --help` imports them all, so
+# none may import an extra's package (fastapi, ray) or the toolchain at module level.
+RUNTIME_MODULES = sorted(m.name for m in pkgutil.walk_packages(omnivoice_onnx.__path__, "omnivoice_onnx."))
 
 
 def test_runtime_imports_without_the_toolchain() -> None:
@@ -39,11 +41,13 @@ def test_runtime_imports_without_the_toolchain() -> None:
     assert len(RUNTIME_MODULES) >= 3
 
 
-def runtime_venv(path: Path) -> Path:
-    """A venv holding requirements-runtime.txt and nothing else; its python. pip sees this
-    workplace's configuration here; the file is the whole closure (--no-deps), so nothing beyond it
-    can arrive. The venv gets no pip of its own (ensurepip costs seconds): this venv's pip installs
-    into it (`pip --python`)."""
+@pytest.fixture(scope="module")
+def runtime_python(tmp_path_factory) -> Path:
+    """The python of a venv holding requirements-runtime.txt and nothing else (the tests install
+    omnivoice-onnx into it and uninstall it again). pip sees this workplace's configuration here;
+    the file is the whole closure (--no-deps), so nothing beyond it can arrive. The venv gets no pip
+    of its own (ensurepip costs seconds): this venv's pip installs into it (`pip --python`)."""
+    path = tmp_path_factory.mktemp("runtime") / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(path)], check=True)
     python = path / "bin" / "python"
     install = pip_into(python, "install", "--quiet", "--no-deps", "-r", str(REPO / "requirements-runtime.txt"))
@@ -102,11 +106,11 @@ def check_installed(python: Path, export: Path, work: Path) -> None:
 
 
 @pytest.mark.slow
-def test_wheel_and_pip_install_dot_need_no_torch(pipeline, tmp_path: Path) -> None:
+def test_wheel_and_pip_install_dot_need_no_torch(pipeline, runtime_python: Path, tmp_path: Path) -> None:
     """Issue 25's "done when": the wheel and `pip install .`, each into a venv with the runtime's
     requirements alone, give `omnivoice-onnx --version` and a 16-bit PCM 24 kHz WAV from text on
     stdin, importing no torch, onnx, transformers, omnivoice, pydub or toolchain module."""
-    python = runtime_venv(tmp_path / "venv")
+    python = runtime_python
     source = source_copy(tmp_path / "source")
     # The wheel is built by this venv's setuptools (no build isolation: no index needed for it).
     built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
@@ -140,11 +144,11 @@ def test_wheel_and_pip_install_dot_need_no_torch(pipeline, tmp_path: Path) -> No
 
 
 @pytest.mark.slow
-def test_infer_onnx_text_in_a_runtime_only_venv(pipeline, tmp_path: Path) -> None:
+def test_infer_onnx_text_in_a_runtime_only_venv(pipeline, runtime_python: Path, tmp_path: Path) -> None:
     """infer_onnx.py --text works with the runtime's requirements alone, beside a folder named onnx
     (the export folder) that `import onnx` would take for the missing package; compare mode says in
     one line which install it needs."""
-    python = runtime_venv(tmp_path / "venv")
+    python = runtime_python
     work = tmp_path / "work"
     work.mkdir()
     (work / "onnx").symlink_to(pipeline.onnx)
