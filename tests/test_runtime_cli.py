@@ -64,6 +64,20 @@ def test_variant_path_rule_is_the_runtimes(tmp_path: Path) -> None:
     assert variants_present(tmp_path) == [FP32_VARIANT, "int4-b32", "int8"]
 
 
+def test_a_variant_uses_its_own_codec_graphs_where_it_carries_them(tmp_path: Path) -> None:
+    """fp16 carries float16 codec graphs in its folder; int8 has none and takes the export's."""
+    from omnivoice_onnx.sessions import CodecSessions
+
+    for folder in ("fp16", "int8"):
+        (tmp_path / folder).mkdir()
+    for graph in ("encoder", "decoder"):
+        (tmp_path / "fp16" / GRAPH_FILES[graph]).write_bytes(b"")
+        assert variant_path(tmp_path, "fp16", graph) == tmp_path / "fp16" / GRAPH_FILES[graph]
+        assert variant_path(tmp_path, "int8", graph) == variant_path(tmp_path, FP32_VARIANT, graph) == tmp_path / GRAPH_FILES[graph]
+    assert CodecSessions(tmp_path, "cpu", 1, resident=False, variant="fp16").paths == {
+        graph: tmp_path / "fp16" / GRAPH_FILES[graph] for graph in ("encoder", "decoder")}
+
+
 @pytest.fixture(scope="module")
 def variants_export(pipeline: Pipeline, tmp_path_factory) -> Path:
     """A copy of the session export with variants int8, fp32-unmasked and fp32-fused (quantize_omnivoice.py)."""
