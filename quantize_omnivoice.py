@@ -5,8 +5,9 @@ Reads the fp32 export in --onnx-dir (checked against its report: sha256, metadat
 per variant, `onnx/<variant>/omnivoice_transformer.onnx` + its one `.onnx.data` sidecar. The
 graph's metadata_props are the fp32 graph's plus `variant` and `recipe`; the export report gets
 an entry per variant under `variants` (recipe, files with sizes and sha256, time, peak RSS).
-Codec graphs stay fp32: a variant directory holds only the transformer, and loaders take the
-encoder and decoder from onnx/. Files are written to a hidden staging directory and renamed into
+Codec graphs stay fp32 (a variant directory holds only the transformer, and loaders take the
+encoder and decoder from onnx/), except for fp16, which converts them too and carries its own
+float16 encoder and decoder in onnx/fp16/ (loaders take those). Files are written to a hidden staging directory and renamed into
 place only when complete.
 
 Recipes (omnivoice_export/quantize.py says why each is what it is):
@@ -17,6 +18,7 @@ end-to-end token agreement, LSD): variants are measurements, never parity verdic
 
     python quantize_omnivoice.py
     python quantize_omnivoice.py --variants int8,int4-b32
+    python quantize_omnivoice.py --variants fp16          # the GPU / mobile format (slower on x86 CPUs)
 """
 
 from __future__ import annotations

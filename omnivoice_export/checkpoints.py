@@ -5,15 +5,16 @@ A checkpoint is a directory in exactly the layout `OmniVoice.from_pretrained` re
     config.json  model.safetensors  tokenizer.json  tokenizer_config.json
     audio_tokenizer/{config.json, model.safetensors, preprocessor_config.json}
 
-`--model` takes `tiny` or `full-random` (built by omnivoice_export.builder on first use into the
-git-ignored checkpoints/, rebuilt when the builder changes), the path of a real k2-fsa/OmniVoice
+`--model` takes `tiny`, `full-random` or `tiny-large-act` (built by omnivoice_export.builder on
+first use into the git-ignored checkpoints/, rebuilt when the builder changes; tiny-large-act is
+tiny with a trained model's large residual activations, the fp16 check), the path of a real k2-fsa/OmniVoice
 checkout, or a Hugging Face repo id such as `k2-fsa/OmniVoice` (what upstream's from_pretrained
 takes): its snapshot in the local Hugging Face cache is used without any network access when it
 is there; otherwise it is downloaded with `snapshot_download`, unless HF_HUB_OFFLINE is set. Every
 artefact records the model's fingerprint, a hash of the files' contents, so tensors of different
 models are never compared silently and one model reached by two spellings is one model.
 
-CLI (build one by hand): python -m omnivoice_export.checkpoints {tiny,full-random} [--out DIR] [--seed N]
+CLI (build one by hand): python -m omnivoice_export.checkpoints {tiny,full-random,tiny-large-act} [--out DIR] [--seed N]
 """
 
 from __future__ import annotations

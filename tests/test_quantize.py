@@ -38,12 +38,13 @@ def variants(pipeline, tmp_path_factory) -> Path:
 
 
 # One quantized variant per way of building one (dynamic int8 with fp16 tables, quantized heads,
-# MatMulNBits); the variants left out differ only in numbers passed to the same quantizer or in
+# MatMulNBits, fp16 with its own codec graphs); the variants left out differ only in numbers passed
+# to the same quantizer, in the graph they quantize (int8-fused: int8 on fp32-fused's graph) or in
 # how the embedding tables are stored (checked op by op in the tests above), and still build,
 # load and keep the contract. The fp32 variants are judged, not measured: their logits are the
 # faithful graph's bits on every captured call (test_unmasked_fp32_is_bit_identical_through_run_split,
 # test_fusion) and infer_onnx.py --variant fp32-fused passes in every mode.
-MEASURED = ("int8", "int8-plain", "int4-b32")
+MEASURED = ("int8", "int8-plain", "int4-b32", "fp16")
 
 
 @pytest.fixture(scope="module")
@@ -207,9 +208,15 @@ def test_each_recipe_method_runs_generate_in_every_mode(measured, pipeline):
             for wav in capture.item_files(manifest, mode, f"{mode}.wav"):  # the batch mode: one per item
                 assert (measured["wav_dir"] / name / wav).is_file()
             assert 0.0 <= e2e["token_match"] <= 1.0 and np.isfinite(e2e["log_spectral_l1"])
-    # the fp32 baseline of the table is the export itself: tokens identical, as infer_onnx proves
-    assert all(e["token_match"] == 1.0 and e["first_divergent_step"] is None
-               for e in measured["variants"]["fp32"]["end_to_end"].values())
+            assert 0.0 <= e2e["greedy_token_match"] <= 1.0
+    # the fp32 baseline of the table is the export itself: tokens identical, as infer_onnx proves,
+    # sampled and greedy (both temperatures 0, against PyTorch's greedy run)
+    assert all(e["token_match"] == 1.0 and e["first_divergent_step"] is None and e["greedy_token_match"] == 1.0
+               and e["greedy_first_divergent_step"] is None for e in measured["variants"]["fp32"]["end_to_end"].values())
+    # only a variant with its own codec graphs gets codec figures: fp16's, measured on the capture
+    assert [name for name, r in measured["variants"].items() if "codecs" in r] == ["fp16"]
+    codecs = measured["variants"]["fp16"]["codecs"]
+    assert codecs["encoder"]["code_match"] > 0.9 and codecs["decoder"]["log_spectral_l1_max"] < 1e-2
 
 
 @pytest.mark.slow
