@@ -15,6 +15,7 @@ import io
 import json
 import os
 import signal
+import sys
 import socket
 import time
 from pathlib import Path
@@ -37,6 +38,8 @@ REQUEST_S = 120
 TEXT = "Hello there."
 LONG_TEXT = ("The first sentence is here. A second one follows it, somewhat longer than the first. "
              "Then a third, so that a stream has several chunks to send. And a fourth to end it.")
+STREAM_TEXT = "The first sentence is here. A second one follows it, somewhat longer than the first."
+STREAM_STEPS = 8  # streams are checked for bytes, not quality: few steps keep the five streams cheap
 
 
 class Server:
@@ -158,11 +161,13 @@ def test_streams_concatenate(srv, tts):
     """stream_format audio (wav, pcm, opus) and sse: the chunks form one valid stream, equal to
     OmniVoiceOnnx.stream() with the same seed."""
     client = srv.client()
-    want = pcm16(np.concatenate([c.samples for c in tts.stream(LONG_TEXT, seed=5)]))
+    chunks = list(tts.stream(STREAM_TEXT, seed=5, generation_config={"num_step": STREAM_STEPS}))
+    assert len(chunks) > 1  # a stream of several chunks, or this test would prove little
+    want = pcm16(np.concatenate([c.samples for c in chunks]))
     for fmt in ("pcm", "wav", "opus"):
         with client.audio.speech.with_streaming_response.create(
-                model="omnivoice", voice="auto", input=LONG_TEXT, response_format=fmt, stream_format="audio",
-                extra_body={"seed": 5}) as response:
+                model="omnivoice", voice="auto", input=STREAM_TEXT, response_format=fmt, stream_format="audio",
+                extra_body={"seed": 5, "num_step": STREAM_STEPS}) as response:
             pieces = list(response.iter_bytes())
         data = b"".join(pieces)
         if fmt == "opus":
@@ -172,8 +177,8 @@ def test_streams_concatenate(srv, tts):
         got = np.frombuffer(data, "<i2") if fmt == "pcm" else sf.read(io.BytesIO(data), dtype="int16")[0]
         np.testing.assert_array_equal(got, want, err_msg=fmt)
     status, headers, body = srv.request("POST", "/v1/audio/speech", {
-        "model": "omnivoice", "voice": "auto", "input": LONG_TEXT, "response_format": "pcm", "stream_format": "sse",
-        "seed": 5})
+        "model": "omnivoice", "voice": "auto", "input": STREAM_TEXT, "response_format": "pcm", "stream_format": "sse",
+        "seed": 5, "num_step": STREAM_STEPS})
     assert status == 200 and headers["content-type"].startswith("text/event-stream")
     events = [json.loads(line[len("data: "):]) for line in body.decode().splitlines() if line.startswith("data: ")]
     assert [e["type"] for e in events[:-1]] == ["speech.audio.delta"] * (len(events) - 1)
@@ -293,7 +298,7 @@ def test_sigterm_drains_then_exits_0(pipeline, voices, tmp_path):
     connections are refused meanwhile."""
     srv = start_server(pipeline.onnx, voices, tmp_path / "server.log")
     try:
-        body = {"model": "omnivoice", "voice": "auto", "input": LONG_TEXT, "response_format": "wav", "num_step": 64,
+        body = {"model": "omnivoice", "voice": "auto", "input": LONG_TEXT, "response_format": "wav", "num_step": 16,
                 "seed": 1}
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             pending = pool.submit(srv.request, "POST", "/v1/audio/speech", body, None)
@@ -306,3 +311,14 @@ def test_sigterm_drains_then_exits_0(pipeline, voices, tmp_path):
             socket.create_connection(("127.0.0.1", srv.port), timeout=5).close()
     finally:
         srv.launched.stop(SERVER_START_S)
+
+
+def test_without_the_extra_one_line(monkeypatch, capsys, tmp_path):
+    """`omnivoice-onnx serve` where fastapi is not installed: one line naming the extra, exit 2."""
+    from omnivoice_onnx.cli import main
+
+    monkeypatch.setitem(sys.modules, "fastapi", None)  # import fastapi -> ModuleNotFoundError
+    with pytest.raises(SystemExit) as stopped:
+        main(["serve", "--model-dir", str(tmp_path)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert stopped.value.code == 2 and len(err) == 1 and "omnivoice-onnx[serve]" in err[0], err
