@@ -278,7 +278,6 @@ class Job:
     seed: int
     stream: bool
     loop: asyncio.AbstractEventLoop
-    deadline: float  # time.monotonic() after which it is cancelled
     events: asyncio.Queue = field(default_factory=asyncio.Queue)  # ("chunk"|"audio", samples) ... ("done"|"error", x)
     cancel: threading.Event = field(default_factory=threading.Event)
     timed_out: bool = False
@@ -506,8 +505,7 @@ def build_job(service: Service, request: Any, loop: asyncio.AbstractEventLoop) -
         service.pool.models[0].validate(request.input, **kwargs, seed=seed)  # no model work: a 400 before the queue
     except UserError as exc:
         raise ApiError(400, service.scrub(str(exc))) from exc
-    job = Job(text=request.input, kwargs=kwargs, seed=seed, stream=request.stream_format is not None, loop=loop,
-              deadline=time.monotonic() + service.config.timeout_s)
+    job = Job(text=request.input, kwargs=kwargs, seed=seed, stream=request.stream_format is not None, loop=loop)
     return job, fmt
 
 
@@ -664,8 +662,11 @@ def create_app(service: Service) -> Any:
 
 
 def _time_out(job: Job) -> None:
+    """The request's time is up: its handler answers now (a queued job would otherwise wait for a
+    worker to reach it), and the worker drops it or stops it before its next step."""
     job.timed_out = True
     job.cancel.set()
+    job.events.put_nowait(("timeout", None))
 
 
 def _failure(job: Job, kind: str, payload: Any) -> ApiError:

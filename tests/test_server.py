@@ -242,7 +242,7 @@ def test_auth_and_body_limit(srv):
 def test_queue_full_is_429(srv):
     """1 worker + 2 queued: of 8 simultaneous requests some get 429 with Retry-After, none fails
     otherwise, and every accepted one returns audio."""
-    body = {"model": "omnivoice", "voice": "auto", "input": LONG_TEXT, "response_format": "pcm", "num_step": 16}
+    body = {"model": "omnivoice", "voice": "auto", "input": LONG_TEXT, "response_format": "pcm", "num_step": 8}
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         results = list(pool.map(lambda _: srv.request("POST", "/v1/audio/speech", body), range(8)))
     statuses = sorted(status for status, _, _ in results)
@@ -293,12 +293,17 @@ def test_disconnect_cancels(srv):
     assert len(srv.client().audio.speech.create(model="omnivoice", voice="auto", input=TEXT).read()) > 44
 
 
-def test_sigterm_drains_then_exits_0(pipeline, voices, tmp_path):
-    """SIGTERM with a request in flight: the request completes, the process exits 0; new
-    connections are refused meanwhile."""
-    srv = start_server(pipeline.onnx, voices, tmp_path / "server.log")
+def test_timeout_then_sigterm_drains_and_exits_0(pipeline, voices, tmp_path):
+    """Its own server, --timeout 4: a request past it gets 504 (stopped between steps). Then SIGTERM
+    with a request in flight: the request completes, the process exits 0, the port closes."""
+    srv = start_server(pipeline.onnx, voices, tmp_path / "server.log", "--timeout", "4")
     try:
-        body = {"model": "omnivoice", "voice": "auto", "input": LONG_TEXT, "response_format": "wav", "num_step": 16,
+        status, _, body = srv.request("POST", "/v1/audio/speech", {
+            "model": "omnivoice", "voice": "auto", "input": LONG_TEXT * 8, "response_format": "wav",
+            "num_step": 256}, None)
+        assert status == 504 and error_of(body)["code"] == "timeout"
+        wait_for(lambda: srv.health()["timed_out"] == 1 and srv.health()["running"] == 0, "the worker to stop")
+        body = {"model": "omnivoice", "voice": "auto", "input": STREAM_TEXT, "response_format": "wav", "num_step": 4,
                 "seed": 1}
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             pending = pool.submit(srv.request, "POST", "/v1/audio/speech", body, None)

@@ -43,7 +43,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         help="inference workers, each with its own model sessions (default: 1)")
     parser.add_argument("--threads", type=int_range(1, 1024), default=None,
                         help="onnxruntime threads per worker (default: cores // workers)")
-    parser.add_argument("--queue", type=int_range(0, 10_000), default=server.DEFAULT_QUEUE,
+    parser.add_argument("--queue", type=int_range(1, 10_000), default=server.DEFAULT_QUEUE,
                         help=f"requests that may wait for a worker; more get 429 (default: {server.DEFAULT_QUEUE})")
     parser.add_argument("--timeout", type=float_range(1.0, 86_400.0), default=server.DEFAULT_TIMEOUT_S,
                         help=f"seconds a request may take, queue wait included (default: {server.DEFAULT_TIMEOUT_S:g})")
