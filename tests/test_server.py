@@ -17,6 +17,7 @@ import os
 import signal
 import sys
 import socket
+import subprocess
 import time
 from pathlib import Path
 
@@ -294,10 +295,14 @@ def test_disconnect_cancels(srv):
 
 
 def test_timeout_then_sigterm_drains_and_exits_0(pipeline, voices, tmp_path):
-    """Its own server, --timeout 4: a request past it gets 504 (stopped between steps). Then SIGTERM
+    """Its own server, --timeout 4: a second server on its port is refused in one line (exit 2); a
+    request past the timeout gets 504 (stopped between steps). Then SIGTERM
     with a request in flight: the request completes, the process exits 0, the port closes."""
     srv = start_server(pipeline.onnx, voices, tmp_path / "server.log", "--timeout", "4")
     try:
+        busy = subprocess.run([sys.executable, "-m", "omnivoice_onnx", "serve", "--model-dir", str(pipeline.onnx),
+                               "--port", str(srv.port)], capture_output=True, text=True, timeout=SERVER_START_S)
+        assert busy.returncode == 2 and busy.stderr.count("\n") == 1 and "Address already in use" in busy.stderr
         status, _, body = srv.request("POST", "/v1/audio/speech", {
             "model": "omnivoice", "voice": "auto", "input": LONG_TEXT * 8, "response_format": "wav",
             "num_step": 256}, None)
