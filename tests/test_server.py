@@ -29,7 +29,7 @@ openai = pytest.importorskip("openai")
 pytest.importorskip("fastapi")
 
 from omnivoice_onnx import OmniVoiceOnnx, audio_out, server  # noqa: E402
-from omnivoice_onnx.voices import Voice, save_voice  # noqa: E402
+from omnivoice_onnx.voices import Voice, load_voice, save_voice  # noqa: E402
 
 pytestmark = pytest.mark.slow  # the session pipeline's tiny export
 
@@ -86,8 +86,12 @@ def tts(pipeline) -> OmniVoiceOnnx:
 @pytest.fixture(scope="module")
 def voices(tts, tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("voices")
-    save_voice(folder, "narrator", Voice("narrator", None, "female, low pitch", tts.metadata["model_fingerprint"],
-                                         Path()))
+    fingerprint = tts.metadata["model_fingerprint"]
+    save_voice(folder, "narrator", Voice("narrator", None, "female, low pitch", fingerprint, Path()))
+    rng = np.random.default_rng(0)
+    reference = (0.3 * np.sin(np.arange(2 * tts.sample_rate) * 0.05) + 0.05 * rng.standard_normal(2 * tts.sample_rate))
+    prompt = tts.create_voice_clone_prompt((reference.astype(np.float32), tts.sample_rate), "A short reference.")
+    save_voice(folder, "clone", Voice("clone", prompt, None, fingerprint, Path()))
     return folder
 
 
@@ -116,7 +120,7 @@ def test_routes(srv):
     models = client.models.list()
     assert [m.id for m in models.data][0] == "omnivoice"
     status, _, body = srv.request("GET", "/v1/audio/voices")
-    assert status == 200 and json.loads(body)["voices"] == ["auto", "design", "narrator"]
+    assert status == 200 and json.loads(body)["voices"] == ["auto", "design", "clone", "narrator"]
     health = srv.health()
     assert health["status"] == "ok" and health["workers"] == 1 and health["queue_size"] == 2
     status, _, body = srv.request("GET", "/v1/nothing")
@@ -143,14 +147,19 @@ def test_every_format_decodes_and_seed_equals_generate(srv, tts):
             assert abs(len(got) - len(want)) <= tts.sample_rate // 10, fmt
 
 
-def test_extensions_and_voices(srv, tts):
-    """language, num_step, guidance_scale, duration, speed and a saved (design) voice reach generate()."""
+def test_extensions_and_voices(srv, tts, voices):
+    """language, num_step, guidance_scale, duration, speed and saved voices (design, clone) reach generate()."""
     client = srv.client()
     response = client.audio.speech.create(model="omnivoice", voice="narrator", input=TEXT, response_format="pcm",
                                           speed=1.5, extra_body={"seed": 3, "language": "English", "num_step": 8,
                                                                  "guidance_scale": 1.0})
     want = tts.generate(TEXT, seed=3, language="English", instruct="female, low pitch", speed=1.5,
                         generation_config={"num_step": 8, "guidance_scale": 1.0})[0]
+    np.testing.assert_array_equal(np.frombuffer(response.read(), "<i2"), pcm16(want))
+    clone = load_voice("clone", voices, tts.metadata["model_fingerprint"])
+    response = client.audio.speech.create(model="omnivoice", voice="clone", input=TEXT, response_format="pcm",
+                                          extra_body={"seed": 3, "num_step": 4})
+    want = tts.generate(TEXT, seed=3, voice_clone_prompt=clone.prompt, generation_config={"num_step": 4})[0]
     np.testing.assert_array_equal(np.frombuffer(response.read(), "<i2"), pcm16(want))
     response = client.audio.speech.create(model="omnivoice", voice="auto", input=TEXT, response_format="pcm",
                                           extra_body={"seed": 3, "duration": 2.0, "num_step": 4})
@@ -188,11 +197,11 @@ def test_streams_concatenate(srv, tts):
     np.testing.assert_array_equal(np.frombuffer(audio, "<i2"), want)
 
 
-def test_bad_requests(srv, tmp_path):
+def test_bad_requests(srv, voices, tmp_path):
     """400s name the field; none carries a server path."""
     base = {"model": "omnivoice", "voice": "auto", "input": TEXT}
     cases = [
-        ({"voice": "nobody"}, "voice", "auto, design, narrator"),
+        ({"voice": "nobody"}, "voice", "auto, design, clone, narrator"),
         ({"voice": "../etc/passwd"}, "voice", "not a voice name"),
         ({"voice": {"id": "nobody"}}, "voice", "unknown voice"),
         ({"voice": "design"}, "instructions", "needs `instructions`"),
@@ -216,6 +225,15 @@ def test_bad_requests(srv, tmp_path):
     assert status == 400 and error_of(body)["code"] == "invalid_json"
     status, _, body = srv.request("POST", "/v1/audio/speech", {**base, "model": "tts-1"})
     assert status == 404 and error_of(body)["code"] == "model_not_found"
+    # A voice of another model: refused by the runtime, whose message names the file; the client's doesn't.
+    foreign = save_voice(voices, "foreign", Voice("foreign", None, "male", "0" * 64, Path()))
+    try:
+        status, _, body = srv.request("POST", "/v1/audio/speech", {**base, "voice": "foreign"})
+    finally:
+        foreign.unlink()
+    error = error_of(body)
+    assert status == 400 and "made for model" in error["message"], error
+    assert str(voices) not in error["message"] and "<voices>" in error["message"]
     with pytest.raises(openai.BadRequestError) as caught:
         srv.client().audio.speech.create(model="omnivoice", voice="nobody", input=TEXT)
     assert caught.value.status_code == 400 and "narrator" in caught.value.message
