@@ -57,6 +57,7 @@ import math
 import os
 import queue
 import signal
+import socket
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -85,6 +86,7 @@ SPEED_MIN, SPEED_MAX = 0.25, 4.0  # OpenAI's documented range for `speed`
 MAX_BODY_BYTES = 64 * 1024  # 4096 chars of input are < 16 KiB even as \u escapes; leaves room
 DEFAULT_QUEUE = 16  # waiting requests beyond the ones running; more get 429
 DEFAULT_TIMEOUT_S = 300.0  # per request, queue wait included
+LISTENING = "omnivoice-onnx serve: listening on "  # the start line's prefix, read by launch()
 DEFAULT_DRAIN_S = 60.0  # SIGTERM: how long requests in flight may take to finish
 BUILTIN_VOICES = {
     "auto": "upstream's auto mode: a voice the model picks; with `instructions`, voice design",
@@ -278,7 +280,6 @@ class Job:
     seed: int
     stream: bool
     loop: asyncio.AbstractEventLoop
-    deadline: float  # time.monotonic() after which it is cancelled
     events: asyncio.Queue = field(default_factory=asyncio.Queue)  # ("chunk"|"audio", samples) ... ("done"|"error", x)
     cancel: threading.Event = field(default_factory=threading.Event)
     timed_out: bool = False
@@ -506,8 +507,7 @@ def build_job(service: Service, request: Any, loop: asyncio.AbstractEventLoop) -
         service.pool.models[0].validate(request.input, **kwargs, seed=seed)  # no model work: a 400 before the queue
     except UserError as exc:
         raise ApiError(400, service.scrub(str(exc))) from exc
-    job = Job(text=request.input, kwargs=kwargs, seed=seed, stream=request.stream_format is not None, loop=loop,
-              deadline=time.monotonic() + service.config.timeout_s)
+    job = Job(text=request.input, kwargs=kwargs, seed=seed, stream=request.stream_format is not None, loop=loop)
     return job, fmt
 
 
@@ -664,8 +664,11 @@ def create_app(service: Service) -> Any:
 
 
 def _time_out(job: Job) -> None:
+    """The request's time is up: its handler answers now (a queued job would otherwise wait for a
+    worker to reach it), and the worker drops it or stops it before its next step."""
     job.timed_out = True
     job.cancel.set()
+    job.events.put_nowait(("timeout", None))
 
 
 def _failure(job: Job, kind: str, payload: Any) -> ApiError:
@@ -769,18 +772,36 @@ def load_service(config: ServerConfig) -> Service:
                    sample_rate=first.sample_rate)
 
 
+def bind(host: str, port: int) -> socket.socket:
+    """The listening socket, or a UserError naming the address (uvicorn itself logs and exits 1)."""
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        listener = socket.socket(family, socket.SOCK_STREAM)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind((host, port))
+        listener.listen(2048)  # uvicorn's backlog; a client that connects before the loop runs waits in it
+    except OSError as exc:
+        raise UserError(f"cannot listen on {host}:{port} ({exc.strerror or exc})",
+                        "choose another --port (0: any free one) or --host, or stop what uses it") from None
+    return listener
+
+
 def serve(config: ServerConfig) -> int:
     """Run the server until SIGTERM/SIGINT; the exit code (0 drained, 143/130 requests cut off)."""
     import uvicorn
 
+    listener = bind(config.host, config.port)  # a busy port is named before the models load
     service = load_service(config)
     server = make_server(uvicorn.Config(create_app(service), host=config.host, port=config.port, log_level="info",
                                         timeout_graceful_shutdown=math.ceil(config.drain_s), lifespan="on"),
                          service.pool)
+    host, port = listener.getsockname()[:2]
     LOG.info("omnivoice-onnx serve: %d worker(s) x %d thread(s), queue %d, default format %s, voices %s",
              service.pool.workers, config.threads or max(1, cores() // config.workers), config.queue_size,
              service.default_format, service.voices)
-    server.run()
+    # uvicorn prints no address for a socket it is given; this line has the real port (--port 0).
+    LOG.info("%s%s", LISTENING, f"http://{f'[{host}]' if ':' in host else host}:{port}/v1")
+    server.run(sockets=[listener])
     if server.stopped_by is not None and service.pool.cut_off:
         return 128 + server.stopped_by
     return 0
@@ -826,7 +847,7 @@ def launch(model_dir: Path, log: Path, *flags: str, env: dict[str, str] | None =
                                     "--port", "0", *flags], env=env, stdout=handle, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + start_timeout
     while time.monotonic() < deadline:
-        found = re.search(r"Uvicorn running on http://[^:]+:(\d+)", Path(log).read_text())
+        found = re.search(re.escape(LISTENING) + r"http://.+:(\d+)/v1", Path(log).read_text())
         if found:
             return Launched(process, int(found.group(1)), Path(log))
         if process.poll() is not None:

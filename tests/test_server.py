@@ -15,7 +15,9 @@ import io
 import json
 import os
 import signal
+import sys
 import socket
+import subprocess
 import time
 from pathlib import Path
 
@@ -27,7 +29,7 @@ openai = pytest.importorskip("openai")
 pytest.importorskip("fastapi")
 
 from omnivoice_onnx import OmniVoiceOnnx, audio_out, server  # noqa: E402
-from omnivoice_onnx.voices import Voice, save_voice  # noqa: E402
+from omnivoice_onnx.voices import Voice, load_voice, save_voice  # noqa: E402
 
 pytestmark = pytest.mark.slow  # the session pipeline's tiny export
 
@@ -37,6 +39,8 @@ REQUEST_S = 120
 TEXT = "Hello there."
 LONG_TEXT = ("The first sentence is here. A second one follows it, somewhat longer than the first. "
              "Then a third, so that a stream has several chunks to send. And a fourth to end it.")
+STREAM_TEXT = "The first sentence is here. A second one follows it, somewhat longer than the first."
+STREAM_STEPS = 8  # streams are checked for bytes, not quality: few steps keep the five streams cheap
 
 
 class Server:
@@ -82,8 +86,12 @@ def tts(pipeline) -> OmniVoiceOnnx:
 @pytest.fixture(scope="module")
 def voices(tts, tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("voices")
-    save_voice(folder, "narrator", Voice("narrator", None, "female, low pitch", tts.metadata["model_fingerprint"],
-                                         Path()))
+    fingerprint = tts.metadata["model_fingerprint"]
+    save_voice(folder, "narrator", Voice("narrator", None, "female, low pitch", fingerprint, Path()))
+    rng = np.random.default_rng(0)
+    reference = (0.3 * np.sin(np.arange(2 * tts.sample_rate) * 0.05) + 0.05 * rng.standard_normal(2 * tts.sample_rate))
+    prompt = tts.create_voice_clone_prompt((reference.astype(np.float32), tts.sample_rate), "A short reference.")
+    save_voice(folder, "clone", Voice("clone", prompt, None, fingerprint, Path()))
     return folder
 
 
@@ -112,7 +120,7 @@ def test_routes(srv):
     models = client.models.list()
     assert [m.id for m in models.data][0] == "omnivoice"
     status, _, body = srv.request("GET", "/v1/audio/voices")
-    assert status == 200 and json.loads(body)["voices"] == ["auto", "design", "narrator"]
+    assert status == 200 and json.loads(body)["voices"] == ["auto", "design", "clone", "narrator"]
     health = srv.health()
     assert health["status"] == "ok" and health["workers"] == 1 and health["queue_size"] == 2
     status, _, body = srv.request("GET", "/v1/nothing")
@@ -139,14 +147,19 @@ def test_every_format_decodes_and_seed_equals_generate(srv, tts):
             assert abs(len(got) - len(want)) <= tts.sample_rate // 10, fmt
 
 
-def test_extensions_and_voices(srv, tts):
-    """language, num_step, guidance_scale, duration, speed and a saved (design) voice reach generate()."""
+def test_extensions_and_voices(srv, tts, voices):
+    """language, num_step, guidance_scale, duration, speed and saved voices (design, clone) reach generate()."""
     client = srv.client()
     response = client.audio.speech.create(model="omnivoice", voice="narrator", input=TEXT, response_format="pcm",
                                           speed=1.5, extra_body={"seed": 3, "language": "English", "num_step": 8,
                                                                  "guidance_scale": 1.0})
     want = tts.generate(TEXT, seed=3, language="English", instruct="female, low pitch", speed=1.5,
                         generation_config={"num_step": 8, "guidance_scale": 1.0})[0]
+    np.testing.assert_array_equal(np.frombuffer(response.read(), "<i2"), pcm16(want))
+    clone = load_voice("clone", voices, tts.metadata["model_fingerprint"])
+    response = client.audio.speech.create(model="omnivoice", voice="clone", input=TEXT, response_format="pcm",
+                                          extra_body={"seed": 3, "num_step": 4})
+    want = tts.generate(TEXT, seed=3, voice_clone_prompt=clone.prompt, generation_config={"num_step": 4})[0]
     np.testing.assert_array_equal(np.frombuffer(response.read(), "<i2"), pcm16(want))
     response = client.audio.speech.create(model="omnivoice", voice="auto", input=TEXT, response_format="pcm",
                                           extra_body={"seed": 3, "duration": 2.0, "num_step": 4})
@@ -158,11 +171,13 @@ def test_streams_concatenate(srv, tts):
     """stream_format audio (wav, pcm, opus) and sse: the chunks form one valid stream, equal to
     OmniVoiceOnnx.stream() with the same seed."""
     client = srv.client()
-    want = pcm16(np.concatenate([c.samples for c in tts.stream(LONG_TEXT, seed=5)]))
+    chunks = list(tts.stream(STREAM_TEXT, seed=5, generation_config={"num_step": STREAM_STEPS}))
+    assert len(chunks) > 1  # a stream of several chunks, or this test would prove little
+    want = pcm16(np.concatenate([c.samples for c in chunks]))
     for fmt in ("pcm", "wav", "opus"):
         with client.audio.speech.with_streaming_response.create(
-                model="omnivoice", voice="auto", input=LONG_TEXT, response_format=fmt, stream_format="audio",
-                extra_body={"seed": 5}) as response:
+                model="omnivoice", voice="auto", input=STREAM_TEXT, response_format=fmt, stream_format="audio",
+                extra_body={"seed": 5, "num_step": STREAM_STEPS}) as response:
             pieces = list(response.iter_bytes())
         data = b"".join(pieces)
         if fmt == "opus":
@@ -172,8 +187,8 @@ def test_streams_concatenate(srv, tts):
         got = np.frombuffer(data, "<i2") if fmt == "pcm" else sf.read(io.BytesIO(data), dtype="int16")[0]
         np.testing.assert_array_equal(got, want, err_msg=fmt)
     status, headers, body = srv.request("POST", "/v1/audio/speech", {
-        "model": "omnivoice", "voice": "auto", "input": LONG_TEXT, "response_format": "pcm", "stream_format": "sse",
-        "seed": 5})
+        "model": "omnivoice", "voice": "auto", "input": STREAM_TEXT, "response_format": "pcm", "stream_format": "sse",
+        "seed": 5, "num_step": STREAM_STEPS})
     assert status == 200 and headers["content-type"].startswith("text/event-stream")
     events = [json.loads(line[len("data: "):]) for line in body.decode().splitlines() if line.startswith("data: ")]
     assert [e["type"] for e in events[:-1]] == ["speech.audio.delta"] * (len(events) - 1)
@@ -182,11 +197,11 @@ def test_streams_concatenate(srv, tts):
     np.testing.assert_array_equal(np.frombuffer(audio, "<i2"), want)
 
 
-def test_bad_requests(srv, tmp_path):
+def test_bad_requests(srv, voices, tmp_path):
     """400s name the field; none carries a server path."""
     base = {"model": "omnivoice", "voice": "auto", "input": TEXT}
     cases = [
-        ({"voice": "nobody"}, "voice", "auto, design, narrator"),
+        ({"voice": "nobody"}, "voice", "auto, design, clone, narrator"),
         ({"voice": "../etc/passwd"}, "voice", "not a voice name"),
         ({"voice": {"id": "nobody"}}, "voice", "unknown voice"),
         ({"voice": "design"}, "instructions", "needs `instructions`"),
@@ -210,6 +225,15 @@ def test_bad_requests(srv, tmp_path):
     assert status == 400 and error_of(body)["code"] == "invalid_json"
     status, _, body = srv.request("POST", "/v1/audio/speech", {**base, "model": "tts-1"})
     assert status == 404 and error_of(body)["code"] == "model_not_found"
+    # A voice of another model: refused by the runtime, whose message names the file; the client's doesn't.
+    foreign = save_voice(voices, "foreign", Voice("foreign", None, "male", "0" * 64, Path()))
+    try:
+        status, _, body = srv.request("POST", "/v1/audio/speech", {**base, "voice": "foreign"})
+    finally:
+        foreign.unlink()
+    error = error_of(body)
+    assert status == 400 and "made for model" in error["message"], error
+    assert str(voices) not in error["message"] and "<voices>" in error["message"]
     with pytest.raises(openai.BadRequestError) as caught:
         srv.client().audio.speech.create(model="omnivoice", voice="nobody", input=TEXT)
     assert caught.value.status_code == 400 and "narrator" in caught.value.message
@@ -237,7 +261,7 @@ def test_auth_and_body_limit(srv):
 def test_queue_full_is_429(srv):
     """1 worker + 2 queued: of 8 simultaneous requests some get 429 with Retry-After, none fails
     otherwise, and every accepted one returns audio."""
-    body = {"model": "omnivoice", "voice": "auto", "input": LONG_TEXT, "response_format": "pcm", "num_step": 16}
+    body = {"model": "omnivoice", "voice": "auto", "input": LONG_TEXT, "response_format": "pcm", "num_step": 8}
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         results = list(pool.map(lambda _: srv.request("POST", "/v1/audio/speech", body), range(8)))
     statuses = sorted(status for status, _, _ in results)
@@ -288,12 +312,21 @@ def test_disconnect_cancels(srv):
     assert len(srv.client().audio.speech.create(model="omnivoice", voice="auto", input=TEXT).read()) > 44
 
 
-def test_sigterm_drains_then_exits_0(pipeline, voices, tmp_path):
-    """SIGTERM with a request in flight: the request completes, the process exits 0; new
-    connections are refused meanwhile."""
-    srv = start_server(pipeline.onnx, voices, tmp_path / "server.log")
+def test_timeout_then_sigterm_drains_and_exits_0(pipeline, voices, tmp_path):
+    """Its own server, --timeout 4: a second server on its port is refused in one line (exit 2); a
+    request past the timeout gets 504 (stopped between steps). Then SIGTERM
+    with a request in flight: the request completes, the process exits 0, the port closes."""
+    srv = start_server(pipeline.onnx, voices, tmp_path / "server.log", "--timeout", "4")
     try:
-        body = {"model": "omnivoice", "voice": "auto", "input": LONG_TEXT, "response_format": "wav", "num_step": 64,
+        busy = subprocess.run([sys.executable, "-m", "omnivoice_onnx", "serve", "--model-dir", str(pipeline.onnx),
+                               "--port", str(srv.port)], capture_output=True, text=True, timeout=SERVER_START_S)
+        assert busy.returncode == 2 and busy.stderr.count("\n") == 1 and "Address already in use" in busy.stderr
+        status, _, body = srv.request("POST", "/v1/audio/speech", {
+            "model": "omnivoice", "voice": "auto", "input": LONG_TEXT * 8, "response_format": "wav",
+            "num_step": 256}, None)
+        assert status == 504 and error_of(body)["code"] == "timeout"
+        wait_for(lambda: srv.health()["timed_out"] == 1 and srv.health()["running"] == 0, "the worker to stop")
+        body = {"model": "omnivoice", "voice": "auto", "input": STREAM_TEXT, "response_format": "wav", "num_step": 4,
                 "seed": 1}
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             pending = pool.submit(srv.request, "POST", "/v1/audio/speech", body, None)
@@ -306,3 +339,14 @@ def test_sigterm_drains_then_exits_0(pipeline, voices, tmp_path):
             socket.create_connection(("127.0.0.1", srv.port), timeout=5).close()
     finally:
         srv.launched.stop(SERVER_START_S)
+
+
+def test_without_the_extra_one_line(monkeypatch, capsys, tmp_path):
+    """`omnivoice-onnx serve` where fastapi is not installed: one line naming the extra, exit 2."""
+    from omnivoice_onnx.cli import main
+
+    monkeypatch.setitem(sys.modules, "fastapi", None)  # import fastapi -> ModuleNotFoundError
+    with pytest.raises(SystemExit) as stopped:
+        main(["serve", "--model-dir", str(tmp_path)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert stopped.value.code == 2 and len(err) == 1 and "omnivoice-onnx[serve]" in err[0], err

@@ -18,6 +18,7 @@ import logging
 import os
 from pathlib import Path
 
+from omnivoice_onnx.cli.speak import DEFAULT_MODEL_DIR
 from omnivoice_onnx.cliutil import float_range, int_range
 from omnivoice_onnx.errors import UserError
 
@@ -29,26 +30,27 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
     parser = subparsers.add_parser("serve", help="run an OpenAI-compatible speech server", description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model-dir", type=Path, default=Path("onnx"), help="the export folder (default: onnx)")
+    parser.add_argument("--model-dir", "--model_dir", dest="model_dir", type=Path, default=DEFAULT_MODEL_DIR,
+                        help=f"the export folder (default: {DEFAULT_MODEL_DIR})")
     parser.add_argument("--voices", type=Path, default=None,
                         help="the saved voices folder (default: $OMNIVOICE_VOICES, else <model-dir>/voices)")
     parser.add_argument("--variant", default=None, help="transformer variant to serve (default: the runtime's choice)")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)")
     parser.add_argument("--port", type=int_range(0, 65535), default=8000, help="TCP port (default: 8000; 0: any free)")
-    parser.add_argument("--api-key", default=None,
+    parser.add_argument("--api-key", "--api_key", dest="api_key", default=None,
                         help=f"require `Authorization: Bearer KEY` (default: ${server.API_KEY_ENV}; unset: no key)")
     parser.add_argument("--workers", type=int_range(1, 64), default=1,
                         help="inference workers, each with its own model sessions (default: 1)")
     parser.add_argument("--threads", type=int_range(1, 1024), default=None,
                         help="onnxruntime threads per worker (default: cores // workers)")
-    parser.add_argument("--queue", type=int_range(0, 10_000), default=server.DEFAULT_QUEUE,
+    parser.add_argument("--queue", type=int_range(1, 10_000), default=server.DEFAULT_QUEUE,
                         help=f"requests that may wait for a worker; more get 429 (default: {server.DEFAULT_QUEUE})")
     parser.add_argument("--timeout", type=float_range(1.0, 86_400.0), default=server.DEFAULT_TIMEOUT_S,
                         help=f"seconds a request may take, queue wait included (default: {server.DEFAULT_TIMEOUT_S:g})")
-    parser.add_argument("--drain-timeout", type=float_range(0.0, 86_400.0), default=server.DEFAULT_DRAIN_S,
+    parser.add_argument("--drain-timeout", "--drain_timeout", dest="drain_timeout", type=float_range(0.0, 86_400.0), default=server.DEFAULT_DRAIN_S,
                         help=f"on SIGTERM, seconds in-flight requests may take to finish (default: "
                              f"{server.DEFAULT_DRAIN_S:g})")
-    parser.add_argument("--default-format", choices=tuple(server.FORMATS), default=None,
+    parser.add_argument("--default-format", "--default_format", dest="default_format", choices=tuple(server.FORMATS), default=None,
                         help="response_format when a request names none (default: mp3 as OpenAI, where libsndfile "
                              "writes it; else wav)")
     return parser
