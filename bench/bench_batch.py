@@ -100,7 +100,7 @@ def run_engine(name: str, workers: int, threads: int, ray: bool, args, lines: Pa
     summary = run_batch(options, log=lambda message: None)
     return {"engine": name, "workers": workers, "threads": threads, "ray": ray, "made": summary.made,
             "failed": summary.failed, "wall_s": summary.wall_seconds, "audio_s": summary.audio_seconds,
-            "synth_s": summary.synth_seconds, "lines_per_s": summary.made / summary.wall_seconds,
+            "synth_s": summary.synth_seconds, "cpu_s": summary.cpu_seconds, "lines_per_s": summary.made / summary.wall_seconds,
             "audio_s_per_wall_s": summary.audio_seconds / summary.wall_seconds}
 
 
@@ -108,7 +108,7 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Per engine and figure: median, min, max over the rounds."""
     from bench_omnivoice import spread
 
-    figures = ("wall_s", "lines_per_s", "audio_s_per_wall_s", "synth_s")
+    figures = ("wall_s", "lines_per_s", "audio_s_per_wall_s", "synth_s", "cpu_s")
     return {name: {f: spread([r[f] for r in runs if r["engine"] == name]) for f in figures}
             for name, _, _, _ in ENGINES}
 
@@ -126,14 +126,19 @@ def markdown(result: dict[str, Any]) -> str:
              f"{meta['repeats']} round(s), engine order rotated per round; medians (min..max). Wall time is the "
              f"whole run (model loads, the up-front check of every line, Ray's start and stop included). WAVs "
              f"byte-identical across every engine and round: **{'yes' if result['bytes_equal'] else 'NO'}**.", "",
-             "| engine | wall s | lines/s | audio s per wall s | workers' generate() s |", "|---|---|---|---|---|"]
+             "| engine | wall s | lines/s | audio s per wall s | workers' generate() s | their CPU s |",
+             "|---|---|---|---|---|---|"]
     for name, figures in result["summary"].items():
         cells = [f"{figures[f]['median']:.{d}f} ({figures[f]['min']:.{d}f}..{figures[f]['max']:.{d}f})"
-                 for f, d in (("wall_s", 1), ("lines_per_s", 2), ("audio_s_per_wall_s", 2), ("synth_s", 1))]
+                 for f, d in (("wall_s", 1), ("lines_per_s", 2), ("audio_s_per_wall_s", 2), ("synth_s", 1),
+                              ("cpu_s", 1))]
         lines.append(f"| {name} | {' | '.join(cells)} |")
     overhead = result["ray_overhead"]
     lines += ["", f"Ray's overhead against local 2x1 (same workers and threads), medians: {overhead['seconds']:+.1f} s "
-              f"wall ({overhead['ratio']:.2f}x); {result['runs'][0]['audio_s']:.1f} s of audio per run.", ""]
+              f"wall ({overhead['ratio']:.2f}x); {result['runs'][0]['audio_s']:.1f} s of audio per run.",
+              "", "generate() s: wall time inside the workers' generate() calls, summed (stretched by any other "
+              "work on the cores); CPU s: those calls' CPU time in the workers, all threads (what the work itself "
+              "cost: 2 onnxruntime threads spend about twice the CPU of 1 on tiny's small graphs).", ""]
     return "\n".join(lines)
 
 
