@@ -12,7 +12,8 @@ encoded once per worker) — over sentences of different lengths, run three time
 Per engine: wall seconds of the whole run (model loads, the up-front check of every line, Ray's
 start and stop included: what a user waits for), lines per wall second, seconds of audio per wall
 second, the workers' summed generate() seconds; Ray's overhead against local 2x1 (the same workers
-and threads). Every engine's WAVs must be the same bytes (exit 1 otherwise: a speed for other audio
+and threads). --repeats N runs N rounds, the engine order rotated each round, and reports medians
+(min..max). Every engine's WAVs must be the same bytes (exit 1 otherwise: a speed for other audio
 is no figure). Results: bench/results/<date>-<host>-<model>-batch.json and .md, with the CPU and
 the load average at the start and end (the machine may be shared with other work; the markdown
 says so when it was).
@@ -20,6 +21,7 @@ says so when it was).
     python bench/bench_batch.py --model tiny --onnx-dir onnx --capture-dir capture
     python bench/bench_batch.py --model full-random --onnx-dir bench/out/full/onnx \\
         --capture-dir bench/out/full/capture --lines 12 --num-step 8
+    python bench/bench_batch.py --lines 50 --num-step 8 --repeats 3     # the README's tiny figures
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import argparse
 import datetime
 import json
 import os
+import shutil
 import socket
 import sys
 import tempfile
@@ -62,6 +65,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="step 0's folder: its ref_voice.wav/.txt are the clone lines' reference")
     parser.add_argument("--lines", type=int_range(3), default=50, help="lines in the list")
     parser.add_argument("--num-step", type=NUM_STEP, default=32, help="unmasking steps per line")
+    parser.add_argument("--repeats", type=int_range(1), default=1,
+                        help="rounds; each runs every engine, the order rotated per round so that a "
+                             "neighbour's load falls on all of them alike; figures are medians")
     parser.add_argument("--results-dir", type=Path, default=BENCH / "results", help="where the results go")
     return parse(parser, argv)
 
@@ -94,30 +100,45 @@ def run_engine(name: str, workers: int, threads: int, ray: bool, args, lines: Pa
     summary = run_batch(options, log=lambda message: None)
     return {"engine": name, "workers": workers, "threads": threads, "ray": ray, "made": summary.made,
             "failed": summary.failed, "wall_s": summary.wall_seconds, "audio_s": summary.audio_seconds,
-            "synth_s": summary.synth_seconds, "lines_per_s": summary.made / summary.wall_seconds,
+            "synth_s": summary.synth_seconds, "cpu_s": summary.cpu_seconds, "lines_per_s": summary.made / summary.wall_seconds,
             "audio_s_per_wall_s": summary.audio_seconds / summary.wall_seconds}
+
+
+def summarise(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per engine and figure: median, min, max over the rounds."""
+    from bench_omnivoice import spread
+
+    figures = ("wall_s", "lines_per_s", "audio_s_per_wall_s", "synth_s", "cpu_s")
+    return {name: {f: spread([r[f] for r in runs if r["engine"] == name]) for f in figures}
+            for name, _, _, _ in ENGINES}
 
 
 def markdown(result: dict[str, Any]) -> str:
     meta, cpu, load = result["meta"], result["meta"]["cpu"], result["meta"]["load_average"]
-    shared = load["start"][0] > 0.5
+    shared = (" — **measured on a shared machine under load**: other work used the same cores, so the figures "
+              "are pessimistic and their ratios approximate") if load["start"][0] > 0.5 else ""
     lines = [f"# omnivoice-onnx batch: local vs Ray, {meta['model']} on {meta['host']} ({meta['date']})", "",
              f"CPU: {cpu['model_name']} ({cpu['vendor']} family {cpu['family']} model {cpu['model']}), "
              f"{cpu['logical_cores']} logical / {cpu['physical_cores']} physical cores. Load average (1/5/15 min) "
              f"at start {load['start'][0]:.2f} / {load['start'][1]:.2f} / {load['start'][2]:.2f}, at end "
-             f"{load['end'][0]:.2f} / {load['end'][1]:.2f} / {load['end'][2]:.2f}"
-             f"{' — **measured on a shared machine under load**: other work used the same cores, so the figures are '
-                'pessimistic and their ratios approximate' if shared else ''}.", "",
-             f"{meta['lines']} lines (auto / design / clone in turn), {meta['num_step']} steps each; wall time of the "
-             f"whole run (model loads, the up-front check, Ray start/stop included). WAVs byte-identical across the "
-             f"engines: **{'yes' if result['bytes_equal'] else 'NO'}**.", "",
-             "| engine | wall s | lines/s | audio s per wall s | workers' generate() s |", "|---|---|---|---|---|"]
-    for run in result["runs"]:
-        lines.append(f"| {run['engine']} | {run['wall_s']:.1f} | {run['lines_per_s']:.2f} | "
-                     f"{run['audio_s_per_wall_s']:.2f} | {run['synth_s']:.1f} |")
+             f"{load['end'][0]:.2f} / {load['end'][1]:.2f} / {load['end'][2]:.2f}{shared}.", "",
+             f"{meta['lines']} lines (auto / design / clone in turn), {meta['num_step']} steps each, "
+             f"{meta['repeats']} round(s), engine order rotated per round; medians (min..max). Wall time is the "
+             f"whole run (model loads, the up-front check of every line, Ray's start and stop included). WAVs "
+             f"byte-identical across every engine and round: **{'yes' if result['bytes_equal'] else 'NO'}**.", "",
+             "| engine | wall s | lines/s | audio s per wall s | workers' generate() s | their CPU s |",
+             "|---|---|---|---|---|---|"]
+    for name, figures in result["summary"].items():
+        cells = [f"{figures[f]['median']:.{d}f} ({figures[f]['min']:.{d}f}..{figures[f]['max']:.{d}f})"
+                 for f, d in (("wall_s", 1), ("lines_per_s", 2), ("audio_s_per_wall_s", 2), ("synth_s", 1),
+                              ("cpu_s", 1))]
+        lines.append(f"| {name} | {' | '.join(cells)} |")
     overhead = result["ray_overhead"]
-    lines += ["", f"Ray's overhead against local 2x1 (same workers and threads): {overhead['seconds']:+.1f} s wall "
-              f"({overhead['ratio']:.2f}x); audio: {result['runs'][0]['audio_s']:.1f} s per engine.", ""]
+    lines += ["", f"Ray's overhead against local 2x1 (same workers and threads), medians: {overhead['seconds']:+.1f} s "
+              f"wall ({overhead['ratio']:.2f}x); {result['runs'][0]['audio_s']:.1f} s of audio per run.",
+              "", "generate() s: wall time inside the workers' generate() calls, summed (stretched by any other "
+              "work on the cores); CPU s: those calls' CPU time in the workers, all threads (what the work itself "
+              "cost: 2 onnxruntime threads spend about twice the CPU of 1 on tiny's small graphs).", ""]
     return "\n".join(lines)
 
 
@@ -132,19 +153,24 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory(prefix="bench-batch-") as scratch:
         scratch = Path(scratch)
         lines = write_list(scratch, args.lines, args.capture_dir / REF_WAV, (args.capture_dir / REF_TXT).read_text().strip())
-        runs, wavs = [], []
-        for name, workers, threads, ray in ENGINES:
-            out = scratch / name.replace(" ", "-")
-            runs.append(run_engine(name, workers, threads, ray, args, lines, out))
-            wavs.append({p.name: p.read_bytes() for p in sorted(out.glob("*.wav"))})
-    equal = all(w == wavs[0] for w in wavs[1:]) and len(wavs[0]) == args.lines
-    local, ray = runs[1], runs[2]
+        runs, reference, equal = [], None, True
+        for round_index in range(args.repeats):
+            shift = round_index % len(ENGINES)
+            for name, workers, threads, ray in ENGINES[shift:] + ENGINES[:shift]:
+                out = scratch / f"{round_index}-{name.replace(' ', '-')}"
+                runs.append({**run_engine(name, workers, threads, ray, args, lines, out), "round": round_index})
+                wavs = {p.name: p.read_bytes() for p in sorted(out.glob("*.wav"))}
+                reference = wavs if reference is None else reference
+                equal = equal and wavs == reference and len(wavs) == args.lines
+                shutil.rmtree(out)
+    summary = summarise(runs)
+    local, ray = summary["local 2x1"]["wall_s"]["median"], summary["ray 2x1"]["wall_s"]["median"]
     date = datetime.date.today().isoformat()
     result = {"meta": {"model": args.model, "host": socket.gethostname(), "date": date, "lines": args.lines,
-                       "num_step": args.num_step, "cpu": cpu_description(),
+                       "num_step": args.num_step, "repeats": args.repeats, "cpu": cpu_description(),
                        "load_average": {"start": load_start, "end": os.getloadavg()}},
-              "runs": runs, "bytes_equal": equal,
-              "ray_overhead": {"seconds": ray["wall_s"] - local["wall_s"], "ratio": ray["wall_s"] / local["wall_s"]}}
+              "runs": runs, "summary": summary, "bytes_equal": equal,
+              "ray_overhead": {"seconds": ray - local, "ratio": ray / local}}
     stem = args.results_dir / f"{date}-{socket.gethostname()}-{args.model}-batch"
     write_json_atomic(stem.with_suffix(".json"), result)
     with atomic_path(stem.with_suffix(".md")) as tmp:

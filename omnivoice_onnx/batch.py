@@ -74,6 +74,8 @@ RESULT_FIELDS = {
     "wav_sha256": "sha256 of the WAV file's bytes",
     "audio_seconds": "seconds of audio",
     "synth_seconds": "wall seconds of its generate() call in its worker",
+    "cpu_seconds": "CPU seconds of its worker process during that call (all its threads): unlike "
+                   "synth_seconds, not inflated by other work sharing the cores",
     "rtf": "synth_seconds / audio_seconds",
     "seed": "the seed used",
     "seed_from": "'line' (given) or 'id' (seed_for_id)",
@@ -338,14 +340,15 @@ class Synthesizer:
         task = json.loads(task_json)
         outcome = {"id": task["id"], "worker": self.worker, "model_fingerprint": self.tts.metadata["model_fingerprint"],
                    "variant": self.tts.variant, "wav": None, "audio_seconds": None, "synth_seconds": None,
-                   "error": None}
-        start = time.perf_counter()
+                   "cpu_seconds": None, "error": None}
+        start, cpu_start = time.perf_counter(), time.process_time()
         try:
             samples = self.tts.generate(task["text"], **self.generate_kwargs(task))[0]
         except (UserError, RuntimeError) as exc:
             outcome["error"] = f"{type(exc).__name__}: {exc}"
             return outcome
         outcome["synth_seconds"] = time.perf_counter() - start
+        outcome["cpu_seconds"] = time.process_time() - cpu_start
         outcome["audio_seconds"] = len(samples) / self.tts.sample_rate
         outcome["wav"] = encode_audio(samples, self.tts.sample_rate, "wav")
         return outcome
@@ -516,7 +519,8 @@ def write_outcome(outcome: dict[str, Any], line: Line, request: str, res_dir: Pa
                         f"{outcome['variant']}, not {model['model_fingerprint'][:23]} {model['variant']}",
                         "give every node the same export folder (--model-dir) and --variant")
     record = {"id": line.id, "line": line.number, "wav": None, "wav_sha256": None,
-              "audio_seconds": outcome["audio_seconds"], "synth_seconds": outcome["synth_seconds"], "rtf": None,
+              "audio_seconds": outcome["audio_seconds"], "synth_seconds": outcome["synth_seconds"],
+              "cpu_seconds": outcome["cpu_seconds"], "rtf": None,
               "seed": line.seed, "seed_from": line.seed_from, **model, "request_hash": request,
               "worker": outcome["worker"], "error": outcome["error"]}
     if outcome["error"] is None:
@@ -594,6 +598,7 @@ class Summary:
     bad: int = 0  # bad lines skipped (skip_bad)
     audio_seconds: float = 0.0  # audio made by this run
     synth_seconds: float = 0.0  # the workers' generate() time, summed
+    cpu_seconds: float = 0.0  # the workers' CPU time in generate(), summed
     wall_seconds: float = 0.0  # this run, from model load to the last file
 
     def text(self) -> str:
@@ -660,6 +665,7 @@ def run_batch(options: Options, log: Callable[[str], None] = lambda message: pri
                 summary.made += 1
                 summary.audio_seconds += record["audio_seconds"]
                 summary.synth_seconds += record["synth_seconds"]
+                summary.cpu_seconds += record["cpu_seconds"]
             else:
                 summary.failed += 1
                 log(f"failed: line {line.number} ({line.id}): {record['error']}")

@@ -77,6 +77,9 @@ def run_ray(options: Options, variant: str, tasks: list[str], estimates: list[fl
     """The tasks (already longest first; `estimates` their seconds, kept as a column for
     inspection) on `options.workers` actors of `threads` CPUs each; outcomes as blocks finish."""
     started = connect(options.ray, options.workers * threads)
+    data_logger = logging.getLogger("ray.data")
+    level = data_logger.level
+    data_logger.setLevel(logging.WARNING)  # Ray Data's per-dataset INFO lines; the driver reports progress
     try:
         context = ray.data.DataContext.get_current()
         context.enable_progress_bars = False  # the driver has its own bar, per line
@@ -86,7 +89,8 @@ def run_ray(options: Options, variant: str, tasks: list[str], estimates: list[fl
         dataset = dataset.map_batches(
             SynthActor, fn_constructor_kwargs={"model_dir": os.fspath(options.model_dir.absolute()),
                                                "variant": variant, "threads": threads},
-            batch_size=None, batch_format="numpy", concurrency=options.workers, num_cpus=threads)
+            batch_size=None, batch_format="numpy", compute=ray.data.ActorPoolStrategy(size=options.workers),
+            num_cpus=threads)
         # Retries: Ray Data gives a map_batches actor pool max_restarts=-1 and max_task_retries=-1
         # unless told otherwise (ray/data/_internal/execution/operators/actor_pool_map_operator.py;
         # passing them explicitly is deprecated since 2.60): a dead actor is restarted without limit
@@ -95,5 +99,6 @@ def run_ray(options: Options, variant: str, tasks: list[str], estimates: list[fl
         for row in dataset.iter_rows():
             yield {**json.loads(row["outcome"]), "wav": row["wav"] or None}
     finally:
+        data_logger.setLevel(level)
         if started:
             ray.shutdown()

@@ -191,9 +191,9 @@ def test_sigterm_then_resume(corpus, pipeline, reference_run, tmp_path):
     resumed = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stderr
     assert f"{12 - len(records)} made, {len(records)} already done" in resumed.stdout
-    fresh = subprocess.run(cli(*args[4:6], "--res-dir", str(tmp_path / "fresh"), *args[8:]), cwd=REPO,
-                           capture_output=True, text=True, timeout=600)
-    assert fresh.returncode == 0, fresh.stderr
+    fresh = Options(test_list=lines, res_dir=tmp_path / "fresh", model_dir=pipeline.onnx,
+                    generation_config={"num_step": 16}, threads=1, progress=False)
+    assert run_batch(fresh, log=lambda message: None).made == 12
     assert wav_bytes(res_dir) == wav_bytes(tmp_path / "fresh")
 
 
