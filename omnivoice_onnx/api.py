@@ -34,8 +34,8 @@ from typing import Any
 import numpy as np
 
 from omnivoice_onnx import generate as gen
-from omnivoice_onnx.contract import (FP32_VARIANT, REPORT_FILE, ort_signature, signature_problems, variant_path,
-                                     variants_present)
+from omnivoice_onnx.contract import (FP32_VARIANT, REPORT_FILE, contract_table, ort_signature, signature_problems,
+                                     variant_path, variants_present)
 from omnivoice_onnx.errors import UserError
 from omnivoice_onnx.prompt import TextTokenizer, load_runtime_config
 from omnivoice_onnx.rng import TorchCpuRng, fresh_seed
@@ -129,6 +129,9 @@ class OmniVoiceOnnx:
                 raise UserError(f"{self.codecs.paths[name]} belongs to another export (model "
                                 f"{codec_meta['model_fingerprint'][:16]}, the transformer's is "
                                 f"{self.metadata['model_fingerprint'][:16]})", RERUN_EXPORT)
+        if self.runtime_config["graphs"] != contract_table():
+            raise UserError("runtime-config.json's graphs section is not this runtime's I/O contract "
+                            "(omnivoice_onnx.contract)", RERUN_EXPORT)
         for key, meta_key in CONFIG_VS_METADATA.items():
             if self.runtime_config["model"][key] != self.metadata[meta_key]:
                 raise UserError(f"runtime-config.json says {key}={self.runtime_config['model'][key]} but the graphs "

@@ -34,6 +34,7 @@ from __future__ import annotations
 import math
 import numbers
 import os
+from typing import Any
 
 import numpy as np
 import soundfile as sf
@@ -41,14 +42,15 @@ import soundfile as sf
 from omnivoice_onnx import _resample, _silence
 from omnivoice_onnx.errors import UserError
 
-TARGET_RMS = 0.1  # references quieter than this are boosted to it; outputs scaled back down
-PEAK_LEVEL = 0.5  # without a reference, the output peak is set to this
-MIN_PEAK = 1e-6  # ...unless the output is (near) silent
-# create_voice_clone_prompt's remove_silence(mid_sil, lead_sil, trail_sil), in ms
-REFERENCE_SILENCE_MS = (200, 100, 200)
-# _post_process_audio's remove_silence(mid_sil, lead_sil, trail_sil), in ms
-OUTPUT_SILENCE_MS = (500, 100, 100)
-CROSS_FADE_SILENCE_S = 0.3  # cross_fade_chunks' silence_duration: fade-out, silence, fade-in thirds
+# The settings (`rules`: runtime-config.json's audio section, written by
+# omnivoice_export/runtime_assets.py from upstream; docs/runtime.md states each):
+#   target_rms 0.1            references quieter than this are boosted to it; outputs scaled back down
+#   peak_level 0.5, min_peak 1e-6   without a reference the output peak is set to peak_level,
+#                             unless it is <= min_peak (near silent)
+#   reference_silence_ms [200, 100, 200]   create_voice_clone_prompt's remove_silence(mid, lead, trail)
+#   output_silence_ms [500, 100, 100]      _post_process_audio's remove_silence(mid, lead, trail)
+#   silence_thresh_dbfs -50, seek_step_ms 10, leading_chunk_ms 10   pydub's silence parameters
+#   cross_fade_silence_s 0.3  cross_fade_chunks' gap: fade-out, silence, fade-in thirds
 
 
 def load_reference(ref_audio: str | os.PathLike | tuple[np.ndarray, int], sample_rate: int) -> np.ndarray:
@@ -72,8 +74,8 @@ def load_reference(ref_audio: str | os.PathLike | tuple[np.ndarray, int], sample
     return _resample.resample(waveform, rate, sample_rate)
 
 
-def prepare_reference(wav: np.ndarray, sample_rate: int, hop_length: int, preprocess: bool = True
-                      ) -> tuple[np.ndarray, float]:
+def prepare_reference(wav: np.ndarray, sample_rate: int, hop_length: int, rules: dict[str, Any],
+                      preprocess: bool = True) -> tuple[np.ndarray, float]:
     """(wav [1, T'] ready for the encoder: RMS-boosted, silence-removed if preprocess, clipped to a
     multiple of hop_length; ref_rms measured BEFORE the boost) = create_voice_clone_prompt's steps
     between loading and encode (with ref_text given).
@@ -84,10 +86,11 @@ def prepare_reference(wav: np.ndarray, sample_rate: int, hop_length: int, prepro
     if wav.ndim != 2 or wav.shape[0] != 1:
         raise ValueError(f"prepare_reference takes mono audio [1, T], got shape {wav.shape}")
     ref_rms = float(np.sqrt(np.mean(wav**2)))
-    if 0 < ref_rms < TARGET_RMS:
-        wav = wav * TARGET_RMS / ref_rms
+    target_rms = rules["target_rms"]
+    if 0 < ref_rms < target_rms:
+        wav = wav * target_rms / ref_rms
     if preprocess:
-        wav = remove_silence(wav, sample_rate, *REFERENCE_SILENCE_MS)
+        wav = remove_silence(wav, sample_rate, *rules["reference_silence_ms"], rules)
         if wav.shape[-1] == 0:
             raise UserError("the reference audio is silent or too quiet: nothing is left after "
                             "silence removal (-50 dBFS)", "pass a reference with clearly audible speech")
@@ -100,36 +103,39 @@ def prepare_reference(wav: np.ndarray, sample_rate: int, hop_length: int, prepro
     return wav.astype(np.float32), ref_rms  # a copy: never a view of the caller's array
 
 
-def post_process(audio: np.ndarray, ref_rms: float | None, sample_rate: int, postprocess_output: bool = True,
-                 pad_duration: float = 0.1, fade_duration: float = 0.1) -> np.ndarray:
+def post_process(audio: np.ndarray, ref_rms: float | None, sample_rate: int, rules: dict[str, Any],
+                 postprocess_output: bool, pad_duration: float, fade_duration: float) -> np.ndarray:
     """[1, T] -> [1, T'] as upstream _post_process_audio.
 
-    Long pauses shrink (if postprocess_output), the level follows the reference (a reference
-    quieter than TARGET_RMS was boosted, so the output is scaled back by ref_rms / TARGET_RMS;
-    without one the peak is set to PEAK_LEVEL), then fades and silent padding avoid clicks.
+    Long pauses shrink (if postprocess_output: rules["output_silence_ms"]), the level follows the
+    reference (a reference quieter than target_rms was boosted, so the output is scaled back:
+    `(x * ref_rms) / target_rms`; without one `(x / peak) * peak_level` when peak > min_peak, in
+    that order), then fades and silent padding avoid clicks.
     """
     if postprocess_output:
-        audio = remove_silence(audio, sample_rate, *OUTPUT_SILENCE_MS)
-    if ref_rms is not None and ref_rms < TARGET_RMS:
-        audio = audio * ref_rms / TARGET_RMS
+        audio = remove_silence(audio, sample_rate, *rules["output_silence_ms"], rules)
+    if ref_rms is not None and ref_rms < rules["target_rms"]:
+        audio = audio * ref_rms / rules["target_rms"]
     elif ref_rms is None and audio.size:
         peak = np.abs(audio).max()
-        if peak > MIN_PEAK:
-            audio = audio / peak * PEAK_LEVEL
+        if peak > rules["min_peak"]:
+            audio = audio / peak * rules["peak_level"]
     return _fade_and_pad(audio, pad_duration, fade_duration, sample_rate)
 
 
-def cross_fade_chunks(chunks: list[np.ndarray], sample_rate: int) -> np.ndarray:
-    """as upstream utils/audio.cross_fade_chunks (same defaults, same shapes in/out).
+def cross_fade_chunks(chunks: list[np.ndarray], sample_rate: int, rules: dict[str, Any]) -> np.ndarray:
+    """as upstream utils/audio.cross_fade_chunks (same shapes in/out).
 
-    Chunks [C, T_i] are joined as: chunk, linear fade-out over its last 0.1 s, 0.1 s of zeros,
-    next chunk with a linear fade-in over its first 0.1 s. A single chunk is returned as is.
+    Chunks [C, T_i] are joined as: chunk, linear fade-out over its last n samples, n zeros, next
+    chunk with a linear fade-in over its first n samples, n = int(cross_fade_silence_s * rate) // 3
+    (2400 at 24 kHz); a chunk shorter than n fades over its whole length. A single chunk is
+    returned as is.
     """
     if not chunks:
         raise ValueError("cross_fade_chunks needs at least one chunk")
     if len(chunks) == 1:
         return chunks[0]
-    fade_n = int(CROSS_FADE_SILENCE_S * sample_rate) // 3
+    fade_n = int(rules["cross_fade_silence_s"] * sample_rate) // 3
     silence_n = fade_n
     merged = chunks[0].copy()
     for chunk in chunks[1:]:
@@ -145,15 +151,22 @@ def cross_fade_chunks(chunks: list[np.ndarray], sample_rate: int) -> np.ndarray:
     return merged
 
 
-def remove_silence(audio: np.ndarray, sample_rate: int, mid_sil: int, lead_sil: int, trail_sil: int) -> np.ndarray:
+def remove_silence(audio: np.ndarray, sample_rate: int, mid_sil: int, lead_sil: int, trail_sil: int,
+                   rules: dict[str, Any]) -> np.ndarray:
     """Upstream utils/audio.remove_silence on mono [1, T] audio -> float32 [1, T'] (see _silence.py):
-    silences over mid_sil ms (-50 dBFS) keep mid_sil ms on each side; edges keep lead_sil/trail_sil ms."""
-    return _silence.remove_silence(audio, sample_rate, mid_sil, lead_sil, trail_sil)
+    silences over mid_sil ms (rules' -50 dBFS) keep mid_sil ms on each side; edges keep
+    lead_sil/trail_sil ms."""
+    return _silence.remove_silence(audio, sample_rate, mid_sil, lead_sil, trail_sil,
+                                   silence_thresh=rules["silence_thresh_dbfs"], seek_step=rules["seek_step_ms"],
+                                   leading_chunk=rules["leading_chunk_ms"])
 
 
 def _fade_and_pad(audio: np.ndarray, pad_duration: float, fade_duration: float, sample_rate: int) -> np.ndarray:
-    """upstream utils/audio.fade_and_pad_audio: linear fades of fade_duration s at both ends (at
-    most half the audio each), then pad_duration s of zeros on each side; empty audio unchanged."""
+    """upstream utils/audio.fade_and_pad_audio: linear fades of k = min(int(fade_duration * rate),
+    T // 2) samples at both ends, then int(pad_duration * rate) zeros on each side; empty audio
+    unchanged. Gains (np.linspace, float64 then rounded once): fade-in g[i] = f32(i / (k - 1)),
+    fade-out the exact mirror g[k - 1 - i] (not 1 - g[i]); k = 1 gives [0] in and [1] out.
+    Each sample is multiplied by its gain in float32 (docs/runtime.md, tests/test_runtime_formulas.py)."""
     if audio.shape[-1] == 0:
         return audio
     fade_samples = int(fade_duration * sample_rate)

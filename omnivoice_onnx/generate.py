@@ -49,8 +49,6 @@ from omnivoice_onnx.rng import TorchCpuRng
 from omnivoice_onnx.schedule import unmask_schedule
 from omnivoice_onnx.scoring import unmask_step
 
-MIN_CHUNK_LEN = 3  # the min_chunk_len _generate_chunked passes to chunk_text_punctuation
-
 
 @dataclass(frozen=True)
 class GenerationConfig:
@@ -212,10 +210,11 @@ def create_voice_clone_prompt(model: Model, ref_audio: Any, ref_text: str | None
     if not isinstance(ref_text, str):
         raise UserError(f"ref_text must be a string, got {type(ref_text).__name__}", "pass the transcript as str")
     wav = audio.load_reference(ref_audio, model.sample_rate)
-    wav, ref_rms = audio.prepare_reference(wav, model.sample_rate, model.hop_length, preprocess=preprocess_prompt)
+    wav, ref_rms = audio.prepare_reference(wav, model.sample_rate, model.hop_length, model.runtime_config["audio"],
+                                           preprocess=preprocess_prompt)
     tokens = model.encode(wav[np.newaxis])[0]
     if preprocess_prompt:
-        ref_text = text.add_punctuation(ref_text)
+        ref_text = text.add_punctuation(ref_text, model.runtime_config["text"])
     return VoiceClonePrompt(ref_audio_tokens=tokens.astype(np.int64), ref_text=ref_text, ref_rms=ref_rms)
 
 
@@ -262,7 +261,7 @@ def preprocess(model: Model, texts: str | list[str], language: Any = None, ref_t
 
     target_lens, speed_list = duration.target_lengths(
         text_list, ref_texts, [t.shape[-1] if t is not None else None for t in ref_tokens], speed, duration_s,
-        model.frame_rate)
+        model.frame_rate, config["duration"])
     return Task(texts=text_list, target_lens=target_lens, langs=langs, instructs=instructs, ref_texts=ref_texts,
                 ref_audio_tokens=ref_tokens, ref_rms=ref_rms, speed=speed_list)
 
@@ -280,7 +279,7 @@ def generate_iterative(model: Model, task: Task, config: GenerationConfig, rng: 
     batch, codebooks, mask_id = len(task.texts), model.num_codebooks, model.mask_id
     items = [prompt.build_item_inputs(model.tokenizer, task.texts[i], task.target_lens[i], task.ref_texts[i],
                                       task.ref_audio_tokens[i], task.langs[i], task.instructs[i], config.denoise,
-                                      codebooks, mask_id) for i in range(batch)]
+                                      codebooks, mask_id, model.runtime_config) for i in range(batch)]
     input_ids, audio_mask, attention_mask, c_lens = prompt.batch_inputs(items, task.target_lens, codebooks, mask_id)
     tokens = [np.full((1, codebooks, t_len), mask_id, dtype=np.int64) for t_len in task.target_lens]
     schedules = [unmask_schedule(t_len, codebooks, config.num_step, config.t_shift) for t_len in task.target_lens]
@@ -329,7 +328,8 @@ def generate_chunked(model: Model, task: Task, config: GenerationConfig, rng: To
     for i in range(batch):
         chunk_len = text.text_chunk_len(task.texts[i], task.target_lens[i], config.audio_chunk_duration,
                                         model.frame_rate)
-        chunks = text.chunk_text_punctuation(task.texts[i], chunk_len, min_chunk_len=MIN_CHUNK_LEN)
+        text_rules = model.runtime_config["text"]
+        chunks = text.chunk_text_punctuation(task.texts[i], chunk_len, text_rules, text_rules["min_chunk_len"])
         if not chunks:
             raise UserError(f"text {task.texts[i][:40]!r} gives no chunk to speak", "pass text with words in it")
         all_chunks.append(chunks)
@@ -345,6 +345,7 @@ def generate_chunked(model: Model, task: Task, config: GenerationConfig, rng: To
     def run_batch(indices: list[int], texts: list[str], ref_audios: list, ref_texts: list) -> None:
         target_lens = [duration.estimate_target_tokens(texts[j], ref_texts[j],
                                                        ref_audios[j].shape[-1] if ref_audios[j] is not None else None,
+                                                       model.runtime_config["duration"],
                                                        speed=task.speed[i] if task.speed else 1.0)
                        for j, i in enumerate(indices)]
         sub_task = Task(texts=texts, target_lens=target_lens, langs=[task.langs[i] for i in indices],
@@ -373,10 +374,12 @@ def decode_and_post_process(model: Model, tokens: np.ndarray | list[np.ndarray],
                             config: GenerationConfig) -> np.ndarray:
     """Tokens [C, T] (or a list of chunks' tokens, cross-faded) -> post-processed audio [T'] float32."""
     if isinstance(tokens, list):
-        waveform = audio.cross_fade_chunks([model.decode(t[np.newaxis])[0] for t in tokens], model.sample_rate)
+        waveform = audio.cross_fade_chunks([model.decode(t[np.newaxis])[0] for t in tokens], model.sample_rate,
+                                           model.runtime_config["audio"])
     else:
         waveform = model.decode(tokens[np.newaxis])[0]
-    waveform = audio.post_process(waveform, ref_rms, model.sample_rate, postprocess_output=config.postprocess_output,
+    waveform = audio.post_process(waveform, ref_rms, model.sample_rate, model.runtime_config["audio"],
+                                  postprocess_output=config.postprocess_output,
                                   pad_duration=config.pad_duration, fade_duration=config.fade_duration)
     return waveform[0]
 
