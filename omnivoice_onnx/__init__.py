@@ -7,6 +7,10 @@ never imports torch, transformers, omnivoice, pydub or the toolchain (omnivoice_
     from omnivoice_onnx import OmniVoiceOnnx
     tts = OmniVoiceOnnx.from_dir("onnx")
     audios = tts.generate("Hello.", language="English", seed=1)
+    for chunk in tts.stream("First sentence. Second one.", seed=1):   # audio as each chunk is ready
+        play(chunk.samples, chunk.sample_rate)
+
+The command line: `omnivoice-onnx speak "Hello." --out hello.wav` (omnivoice_onnx.cli).
 
 Modules, one host stage each:
     api          OmniVoiceOnnx: load an export folder, generate, create_voice_clone_prompt
@@ -22,10 +26,19 @@ Modules, one host stage each:
     duration     the rule-based duration estimate, speed and fixed durations
     text         long-text chunking, reference-text punctuation
     audio        reference loading and preparation, post-processing, chunk cross-fade
+    audio_out    the one audio writer: WAV (16-bit PCM), FLAC, raw s16le; files, pipes, stdout
+    cli          the `omnivoice-onnx` command and its subcommands
+    cliutil      argument types, exit codes, one-line errors (shared with the toolchain)
+    files        atomic file writing, sha256, JSON artefacts (shared with the toolchain)
 """
 
-from omnivoice_onnx.api import OmniVoiceOnnx
-from omnivoice_onnx.errors import UserError
-from omnivoice_onnx.generate import GenerationConfig, Trace, VoiceClonePrompt
+# The one version: pyproject.toml reads it from here (setuptools dynamic version).
+__version__ = "0.3.0"
 
-__all__ = ["OmniVoiceOnnx", "UserError", "GenerationConfig", "Trace", "VoiceClonePrompt"]
+from omnivoice_onnx.api import OmniVoiceOnnx  # noqa: E402
+from omnivoice_onnx.errors import UserError  # noqa: E402
+from omnivoice_onnx.generate import (AudioChunk, Cancelled, GenerationConfig, Progress, Trace,  # noqa: E402
+                                     VoiceClonePrompt)
+
+__all__ = ["OmniVoiceOnnx", "UserError", "GenerationConfig", "Trace", "VoiceClonePrompt", "AudioChunk", "Progress",
+           "Cancelled", "__version__"]

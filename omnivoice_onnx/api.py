@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import json
 import os
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -104,6 +106,12 @@ def transformer_path(onnx_dir: Path, variant: str) -> Path:
 class OmniVoiceOnnx:
     """An OmniVoice export loaded for generation. Build it with `from_dir`."""
 
+    # The chunking stream() uses unless generation_config says otherwise. Upstream chunks only
+    # texts estimated over 30 s, into 15 s pieces (made for batch quality, not latency); a stream
+    # wants its first audio after about one sentence, so texts over STREAM_CHUNK_SECONDS are cut
+    # into pieces of about that length (sentences, merged up to it; see docs in gen.stream).
+    STREAM_CHUNK_DEFAULTS: dict[str, Any] = {"audio_chunk_duration": 3.0, "audio_chunk_threshold": 3.0}
+
     def __init__(self, onnx_dir: Path, provider: str = "cpu", threads: int | None = None,
                  resident_codecs: bool = False, variant: str | None = None) -> None:
         onnx_dir = Path(onnx_dir)
@@ -175,7 +183,8 @@ class OmniVoiceOnnx:
     def generate(self, text: str | list[str], language: Any = None, ref_text: Any = None, ref_audio: Any = None,
                  voice_clone_prompt: Any = None, instruct: Any = None, duration: Any = None, speed: Any = None,
                  generation_config: dict[str, Any] | None = None, seed: int | None = None,
-                 trace: gen.Trace | None = None) -> list[np.ndarray]:
+                 trace: gen.Trace | None = None, progress: Callable[[gen.Progress], None] | None = None,
+                 cancel: threading.Event | None = None) -> list[np.ndarray]:
         """Speech for `text` (a string or a list: a batch): one float32 [T] array per text.
 
         Modes: voice cloning (ref_audio + ref_text, or a voice_clone_prompt), voice design
@@ -183,7 +192,8 @@ class OmniVoiceOnnx:
         instruct, duration (seconds) and speed take one value for all texts or a list, one per
         text. generation_config: a dict of OmniVoiceGenerationConfig fields. seed: as
         torch.manual_seed(seed) before upstream's generate(); None draws a fresh one (recorded
-        in `trace.seed` when a Trace is passed).
+        in `trace.seed` when a Trace is passed). progress: called with a Progress after every
+        unmasking step; cancel: when set, the call raises Cancelled before its next step.
         """
         config = self.generation_config(generation_config)
         seed = fresh_seed() if seed is None else seed
@@ -192,7 +202,30 @@ class OmniVoiceOnnx:
             trace.seed = seed
         audios = gen.generate(self.model, text, config, rng, language=language, ref_text=ref_text,
                               ref_audio=ref_audio, voice_clone_prompt=voice_clone_prompt, instruct=instruct,
-                              duration_s=duration, speed=speed, trace=trace)
+                              duration_s=duration, speed=speed, trace=trace,
+                              monitor=gen.Monitor(progress=progress, cancel=cancel))
         if trace is not None:
             trace.words_drawn = rng.words_drawn
         return audios
+
+    def stream(self, text: str, *, language: Any = None, ref_text: Any = None, ref_audio: Any = None,
+               voice_clone_prompt: Any = None, instruct: Any = None, duration: Any = None, speed: Any = None,
+               generation_config: dict[str, Any] | None = None, seed: int | None = None,
+               progress: Callable[[gen.Progress], None] | None = None, cancel: threading.Event | None = None,
+               trace: gen.Trace | None = None) -> Iterator[gen.AudioChunk]:
+        """Speech for one `text`, yielded as AudioChunks as each chunk of upstream's chunking is decoded.
+
+        The chunking is STREAM_CHUNK_DEFAULTS overlaid with `generation_config`: sentence-sized
+        chunks, so the first audio comes after the first chunk rather than after the whole text.
+        The tokens are generate()'s with that same generation_config and seed (upstream generates
+        chunks one after another, 0, 1, ...). Audio: see gen.stream for what equals generate()
+        sample for sample and what differs. Arguments as generate() (one text, not a batch).
+        """
+        config = self.generation_config({**self.STREAM_CHUNK_DEFAULTS, **(generation_config or {})})
+        seed = fresh_seed() if seed is None else seed
+        if trace is not None:
+            trace.seed = seed
+        yield from gen.stream(self.model, text, config, TorchCpuRng(seed), language=language, ref_text=ref_text,
+                              ref_audio=ref_audio, voice_clone_prompt=voice_clone_prompt, instruct=instruct,
+                              duration_s=duration, speed=speed, trace=trace,
+                              monitor=gen.Monitor(progress=progress, cancel=cancel))

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -110,6 +110,55 @@ def _checked_field(name: str, kind: str, value: Any) -> Any:
     if name not in ("guidance_scale", "layer_penalty_factor") and value < 0:
         raise UserError(f"generation_config.{name} must be >= 0, got {value!r}", fix)
     return float(value)
+
+
+@dataclass(frozen=True)
+class AudioChunk:
+    """One piece of a stream (OmniVoiceOnnx.stream): audio as soon as a chunk of the text is decoded."""
+
+    samples: np.ndarray  # float32 [n] at sample_rate
+    sample_rate: int
+    index: int  # chunk index, 0-based
+    count: int  # number of chunks of this text
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Where a generation is: step `step` of `steps` within chunk `chunk` of `chunks` (all 1-based).
+    A text that is not chunked is one chunk."""
+
+    chunk: int
+    chunks: int
+    step: int
+    steps: int
+
+
+class Cancelled(Exception):
+    """Raised by generate()/stream() when the caller's cancel event is set; checked between
+    unmasking steps (one transformer call is the longest wait)."""
+
+
+@dataclass
+class Monitor:
+    """Progress reports and cancellation for one call: generate_iterative calls begin_chunk() once
+    and before_step()/after_step() around each of its steps. `chunks` counts the call's
+    generate_iterative runs (a batch of short texts is one, each chunk index of long texts one)."""
+
+    progress: Callable[[Progress], None] | None = None  # called after each step
+    cancel: Any = None  # a threading.Event (anything with is_set()); set -> Cancelled before the next step
+    chunks: int = 1
+    chunk: int = 0  # the current run, 1-based (0 before the first)
+
+    def begin_chunk(self) -> None:
+        self.chunk += 1
+
+    def before_step(self) -> None:
+        if self.cancel is not None and self.cancel.is_set():
+            raise Cancelled(f"cancelled before a step of chunk {self.chunk} of {self.chunks}")
+
+    def after_step(self, step: int, steps: int) -> None:
+        if self.progress is not None:
+            self.progress(Progress(self.chunk, self.chunks, step, steps))
 
 
 @dataclass
@@ -274,8 +323,10 @@ def split_short_long(target_lens: Sequence[int], config: GenerationConfig, frame
 
 
 def generate_iterative(model: Model, task: Task, config: GenerationConfig, rng: TorchCpuRng,
-                       trace: Trace | None = None) -> list[np.ndarray]:
+                       trace: Trace | None = None, monitor: Monitor | None = None) -> list[np.ndarray]:
     """num_step model calls, each unmasking a scheduled number of cells per item -> tokens [C, T_i]."""
+    monitor = monitor or Monitor()
+    monitor.begin_chunk()
     batch, codebooks, mask_id = len(task.texts), model.num_codebooks, model.mask_id
     items = [prompt.build_item_inputs(model.tokenizer, task.texts[i], task.target_lens[i], task.ref_texts[i],
                                       task.ref_audio_tokens[i], task.langs[i], task.instructs[i], config.denoise,
@@ -294,6 +345,7 @@ def generate_iterative(model: Model, task: Task, config: GenerationConfig, rng: 
         trace.iterations.append(record)
 
     for step in range(config.num_step):
+        monitor.before_step()
         logits = model.transformer(input_ids, audio_mask, attention_mask)
         step_cells = []
         for i in range(batch):
@@ -312,20 +364,17 @@ def generate_iterative(model: Model, task: Task, config: GenerationConfig, rng: 
             step_cells.append(cells)
         if record is not None:
             record.cells.append(step_cells)
+        monitor.after_step(step + 1, config.num_step)
     results = [t[0] for t in tokens]
     if record is not None:
         record.tokens = [t.copy() for t in results]
     return results
 
 
-def generate_chunked(model: Model, task: Task, config: GenerationConfig, rng: TorchCpuRng,
-                     trace: Trace | None = None, item_ids: Sequence[int] | None = None) -> list[list[np.ndarray]]:
-    """Long items, text split at punctuation into ~audio_chunk_duration pieces, generated chunk
-    index by chunk index as batches -> per item, its chunks' tokens. `item_ids` (the items'
-    indices in the whole call) only label the trace."""
-    batch = len(task.texts)
+def chunk_texts(model: Model, task: Task, config: GenerationConfig) -> list[list[str]]:
+    """Per long item, its text split at punctuation into ~audio_chunk_duration pieces."""
     all_chunks = []
-    for i in range(batch):
+    for i in range(len(task.texts)):
         chunk_len = text.text_chunk_len(task.texts[i], task.target_lens[i], config.audio_chunk_duration,
                                         model.frame_rate)
         text_rules = model.runtime_config["text"]
@@ -333,16 +382,23 @@ def generate_chunked(model: Model, task: Task, config: GenerationConfig, rng: To
         if not chunks:
             raise UserError(f"text {task.texts[i][:40]!r} gives no chunk to speak", "pass text with words in it")
         all_chunks.append(chunks)
-        if trace is not None:
-            trace.chunks[item_ids[i] if item_ids is not None else i] = chunks
+    return all_chunks
 
+
+def iter_chunked(model: Model, task: Task, config: GenerationConfig, rng: TorchCpuRng, all_chunks: list[list[str]],
+                 trace: Trace | None = None, monitor: Monitor | None = None
+                 ) -> Iterator[tuple[int, dict[int, np.ndarray]]]:
+    """Long items' chunks (`all_chunks`, from chunk_texts), generated chunk index by chunk index as
+    batches, in upstream _generate_chunked's order: yields (chunk index, {item: its tokens [C, T]})
+    as each index is done, so a stream can decode chunk 0 while later ones are still to come."""
+    batch = len(task.texts)
     has_ref = [t is not None for t in task.ref_audio_tokens]
     if any(has_ref) and not all(has_ref):
         raise UserError("long texts (chunked) in one call must all have a reference or all have none",
                         "generate them in separate calls")
-    results: list[list[np.ndarray]] = [[] for _ in range(batch)]
+    first: dict[int, np.ndarray] = {}
 
-    def run_batch(indices: list[int], texts: list[str], ref_audios: list, ref_texts: list) -> None:
+    def run_batch(indices: list[int], texts: list[str], ref_audios: list, ref_texts: list) -> dict[int, np.ndarray]:
         target_lens = [duration.estimate_target_tokens(texts[j], ref_texts[j],
                                                        ref_audios[j].shape[-1] if ref_audios[j] is not None else None,
                                                        model.runtime_config["duration"],
@@ -352,21 +408,35 @@ def generate_chunked(model: Model, task: Task, config: GenerationConfig, rng: To
                         instructs=[task.instructs[i] for i in indices], ref_texts=ref_texts,
                         ref_audio_tokens=ref_audios, ref_rms=[task.ref_rms[i] for i in indices],
                         speed=[task.speed[i] for i in indices] if task.speed else None)
-        for j, tokens in zip(indices, generate_iterative(model, sub_task, config, rng, trace)):
-            results[j].append(tokens)
+        return dict(zip(indices, generate_iterative(model, sub_task, config, rng, trace, monitor)))
 
-    max_chunks = max(len(c) for c in all_chunks)
-    if all(has_ref):
-        for ci in range(max_chunks):
-            indices = [i for i in range(batch) if ci < len(all_chunks[i])]
-            run_batch(indices, [all_chunks[i][ci] for i in indices], [task.ref_audio_tokens[i] for i in indices],
-                      [task.ref_texts[i] for i in indices])
-    else:
-        run_batch(list(range(batch)), [c[0] for c in all_chunks], [None] * batch, [None] * batch)
-        for ci in range(1, max_chunks):
-            indices = [i for i in range(batch) if ci < len(all_chunks[i])]
-            run_batch(indices, [all_chunks[i][ci] for i in indices], [results[i][0] for i in indices],
-                      [all_chunks[i][0] for i in indices])
+    for ci in range(max(len(c) for c in all_chunks)):
+        indices = [i for i in range(batch) if ci < len(all_chunks[i])]
+        texts = [all_chunks[i][ci] for i in indices]
+        if all(has_ref):
+            done = run_batch(indices, texts, [task.ref_audio_tokens[i] for i in indices],
+                             [task.ref_texts[i] for i in indices])
+        elif ci == 0:
+            done = first = run_batch(indices, texts, [None] * len(indices), [None] * len(indices))
+        else:  # without a reference, chunk 0's tokens and raw text are the later chunks' reference
+            done = run_batch(indices, texts, [first[i] for i in indices], [all_chunks[i][0] for i in indices])
+        yield ci, done
+
+
+def generate_chunked(model: Model, task: Task, config: GenerationConfig, rng: TorchCpuRng,
+                     trace: Trace | None = None, item_ids: Sequence[int] | None = None,
+                     monitor: Monitor | None = None) -> list[list[np.ndarray]]:
+    """Long items, text split at punctuation into ~audio_chunk_duration pieces, generated chunk
+    index by chunk index as batches -> per item, its chunks' tokens. `item_ids` (the items'
+    indices in the whole call) only label the trace."""
+    all_chunks = chunk_texts(model, task, config)
+    if trace is not None:
+        for i, chunks in enumerate(all_chunks):
+            trace.chunks[item_ids[i] if item_ids is not None else i] = chunks
+    results: list[list[np.ndarray]] = [[] for _ in task.texts]
+    for _, done in iter_chunked(model, task, config, rng, all_chunks, trace, monitor):
+        for i, tokens in done.items():
+            results[i].append(tokens)
     return results
 
 
@@ -386,19 +456,37 @@ def decode_and_post_process(model: Model, tokens: np.ndarray | list[np.ndarray],
 
 def generate(model: Model, texts: str | list[str], config: GenerationConfig, rng: TorchCpuRng, language: Any = None,
              ref_text: Any = None, ref_audio: Any = None, voice_clone_prompt: Any = None, instruct: Any = None,
-             duration_s: Any = None, speed: Any = None, trace: Trace | None = None) -> list[np.ndarray]:
+             duration_s: Any = None, speed: Any = None, trace: Trace | None = None,
+             monitor: Monitor | None = None) -> list[np.ndarray]:
     """upstream generate() after its config handling: one audio [T] float32 per text."""
     task = preprocess(model, texts, language=language, ref_text=ref_text, ref_audio=ref_audio,
                       voice_clone_prompt=voice_clone_prompt, instruct=instruct,
                       preprocess_prompt=config.preprocess_prompt, speed=speed, duration_s=duration_s)
     short_idx, long_idx = split_short_long(task.target_lens, config, model.frame_rate)
+    monitor = monitor or Monitor()
+    long_task = task.slice(long_idx)
+    monitor.chunks = (1 if short_idx else 0) + (max(map(len, chunk_texts(model, long_task, config))) if long_idx
+                                                  else 0)
     results: list[Any] = [None] * len(task.texts)
     if short_idx:
-        for i, tokens in zip(short_idx, generate_iterative(model, task.slice(short_idx), config, rng, trace)):
+        for i, tokens in zip(short_idx, generate_iterative(model, task.slice(short_idx), config, rng, trace, monitor)):
             results[i] = tokens
     if long_idx:
-        for i, chunks in zip(long_idx, generate_chunked(model, task.slice(long_idx), config, rng, trace, long_idx)):
+        for i, chunks in zip(long_idx, generate_chunked(model, long_task, config, rng, trace, long_idx, monitor)):
             results[i] = chunks
     if trace is not None:
         trace.task, trace.short_idx, trace.long_idx, trace.results = task, short_idx, long_idx, results
     return [decode_and_post_process(model, results[i], task.ref_rms[i], config) for i in range(len(task.texts))]
+
+
+def stream(model: Model, text_: str, config: GenerationConfig, rng: TorchCpuRng, language: Any = None,
+           ref_text: Any = None, ref_audio: Any = None, voice_clone_prompt: Any = None, instruct: Any = None,
+           duration_s: Any = None, speed: Any = None, trace: Trace | None = None,
+           monitor: Monitor | None = None) -> Iterator[AudioChunk]:
+    """One text's audio as AudioChunks (skeleton: the whole text as one chunk)."""
+    if not isinstance(text_, str):
+        raise UserError("stream() speaks one text (a str)", "call generate() for a batch")
+    audio = generate(model, text_, config, rng, language=language, ref_text=ref_text, ref_audio=ref_audio,
+                     voice_clone_prompt=voice_clone_prompt, instruct=instruct, duration_s=duration_s, speed=speed,
+                     trace=trace, monitor=monitor)[0]
+    yield AudioChunk(samples=audio, sample_rate=model.sample_rate, index=0, count=1)

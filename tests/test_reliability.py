@@ -22,6 +22,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,7 +39,7 @@ import infer_onnx
 import make_reference
 import parity_check
 from conftest import REPO, Pipeline, run_script
-from omnivoice_export import capture, cli, exporting, generation, report
+from omnivoice_export import capture, exporting, generation, report
 from omnivoice_export.checkpoints import REQUIRED_FILES
 from omnivoice_export.cli import (EXIT_BAD_INPUT, EXIT_BROKEN_PIPE, EXIT_CHECK_FAILED, EXIT_INTERRUPTED,
                                   EXIT_TERMINATED, run_main)
@@ -610,13 +611,13 @@ def _unwritable_dir(path: Path, monkeypatch) -> Path:
     not stop) creating a file there raises EACCES, as the kernel answers any other user."""
     path.mkdir(mode=0o555)
     if os.geteuid() == 0:
-        real_mkstemp = cli.tempfile.mkstemp
+        real_mkstemp = tempfile.mkstemp
 
         def mkstemp(*args, dir=None, **kwargs):
             if dir is not None and Path(dir) == path:
                 raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(Path(dir) / ".write-test"))
             return real_mkstemp(*args, dir=dir, **kwargs)
-        monkeypatch.setattr(cli.tempfile, "mkstemp", mkstemp)
+        monkeypatch.setattr(tempfile, "mkstemp", mkstemp)
     return path
 
 

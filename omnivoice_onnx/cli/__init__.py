@@ -1,0 +1,66 @@
+"""omnivoice-onnx: speak text with an OmniVoice ONNX export (numpy + onnxruntime, no torch).
+
+    omnivoice-onnx speak "Hello there." --out hello.wav     # a 16-bit PCM WAV, 24 kHz
+    echo "Hello." | omnivoice-onnx speak --raw | aplay -r 24000 -f S16_LE -c 1
+    omnivoice-onnx COMMAND --help                            # every command's flags
+
+Each command is a module omnivoice_onnx/cli/<name>.py listed in SUBCOMMANDS, exposing
+`add_parser(subparsers) -> argparse.ArgumentParser` and `run(args) -> int | None`; a listed module
+that is not installed yet is left out. Commands import their heavy dependencies (onnxruntime
+sessions, fastapi, ray) when they run, so `--help` and `--version` start fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+from types import ModuleType
+
+from omnivoice_onnx import __version__
+from omnivoice_onnx.cliutil import EXIT_BAD_INPUT, EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, EXIT_TERMINATED, prepare, run_main
+
+PROG = "omnivoice-onnx"
+SUBCOMMANDS = ("speak", "voice", "info", "serve", "batch")
+EXIT_CODES = (f"exit codes: 0 success, {EXIT_BAD_INPUT} bad or missing input (one line on stderr names the fix), "
+              f"{EXIT_INTERRUPTED} interrupted (Ctrl-C), {EXIT_TERMINATED} terminated (SIGTERM), {EXIT_BROKEN_PIPE} "
+              "output pipe closed; --debug shows the traceback of an error")
+
+
+def subcommand_modules() -> dict[str, ModuleType]:
+    """The SUBCOMMANDS modules that exist, by name. Only a missing module itself is skipped: a module
+    that exists but fails to import (a bug, a missing dependency of its own) raises."""
+    found = {}
+    for name in SUBCOMMANDS:
+        module_name = f"{__name__}.{name}"
+        try:
+            found[name] = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name != module_name:
+                raise
+    return found
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The whole command line: the top-level parser with one sub-parser per installed command."""
+    parser = prepare(argparse.ArgumentParser(prog=PROG, description=__doc__,
+                                             formatter_class=argparse.RawDescriptionHelpFormatter), EXIT_CODES)
+    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for module in subcommand_modules().values():
+        sub = prepare(module.add_parser(subparsers), EXIT_CODES)
+        sub.set_defaults(run=module.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The `omnivoice-onnx` console script: parse, run the command, map errors to one line + exit code
+    (omnivoice_onnx.cliutil.run_main). Returns the command's exit code."""
+    code = 0
+
+    def run(argv: list[str] | None) -> None:
+        nonlocal code
+        args = build_parser().parse_args(argv)
+        code = args.run(args) or 0
+
+    run_main(run, argv, prog=PROG)
+    return code

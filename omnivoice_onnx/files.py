@@ -1,0 +1,289 @@
+"""Files: atomic writes, sha256 and the `{sha256, bytes}` entry, JSON artefacts and their schemas,
+modes. Shared by the runtime (audio output, voices) and the toolchain (omnivoice_export.files
+re-exports it): one copy.
+
+Users run the scripts for minutes at a time on multi-GB files. An interrupted run must never
+leave a half-written artefact where a complete one was: every file and directory is written
+under a hidden temporary name beside its destination and renamed into place only when complete
+(rename within one directory is atomic on POSIX); what a killed run left is removed by the next
+write beside it. Every artefact records each file it lists as a `{sha256, bytes}` entry, so a
+later stage can prove it reads what was written; its reader checks it against a schema, so a
+hand-edited or damaged artefact is one line naming the field, never a KeyError.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import json
+import os
+import re
+import shutil
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from omnivoice_onnx.cliutil import ENVIRONMENT
+from omnivoice_onnx.errors import UserError
+
+PERMISSION_FIX = "give this user read access to it (chmod/chown), or run as its owner"
+
+
+def temp_path_for(path: Path) -> Path:
+    """The hidden sibling a file or directory is written to before it is renamed into place."""
+    return path.with_name(f".{path.name}.tmp-{os.getpid()}")
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
+
+
+def remove_stale_temporaries(path: Path) -> None:
+    """Clear what a killed run left beside `path`: its `.<name>.tmp-<pid>` files and directories
+    whose process is gone (SIGKILL, a power cut: no `finally` ran), GBs for an export's staging.
+
+    A `.<name>.old-<pid>` is atomic_dir's previous `path`, renamed aside an instant before the new
+    one was renamed in; if the run died in that instant and `path` is absent, it is put back.
+    Another live run's temporaries (a concurrent export) are left alone. Process ids are this
+    machine's: two machines writing one network folder at once are not told apart.
+    """
+    path = Path(path)
+    if not path.parent.is_dir():
+        return
+    pattern = re.compile(rf"\.{re.escape(path.name)}\.(tmp|old)-(\d+)")
+    for sibling in path.parent.iterdir():
+        match = pattern.fullmatch(sibling.name)
+        if match is None or _process_alive(int(match.group(2))):
+            continue
+        if match.group(1) == "old" and not os.path.lexists(path):
+            os.replace(sibling, path)
+        elif sibling.is_dir() and not sibling.is_symlink():
+            shutil.rmtree(sibling, ignore_errors=True)
+        else:
+            sibling.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def _errors_name(path: Path) -> Iterator[None]:
+    """Give a machine error (full disk, denied access) raised without a file name the name of
+    `path`: a write through an open file object raises ENOSPC with none, and the user must know
+    which disk to free."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.filename is not None or exc.errno not in ENVIRONMENT:
+            raise
+        raise OSError(exc.errno, exc.strerror, str(path)) from exc
+
+
+@contextlib.contextmanager
+def atomic_path(path: Path) -> Iterator[Path]:
+    """Yield a temporary path beside `path`; rename it onto `path` only if the block succeeds.
+
+    Readers see the old file or the new one, never a partial write. On any exception (Ctrl-C
+    included) the temporary file is removed.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temporaries(path)
+    tmp = temp_path_for(path)
+    try:
+        with _errors_name(path):
+            yield tmp
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+
+
+@contextlib.contextmanager
+def temporary_dir(path: Path) -> Iterator[Path]:
+    """A fresh empty directory beside `path` (same filesystem, so renames out of it are atomic),
+    removed when the block ends, whatever happens."""
+    path = Path(path)
+    tmp = temp_path_for(path)
+    remove_stale_temporaries(path)
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        with _errors_name(tmp):
+            yield tmp
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def atomic_dir(path: Path) -> Iterator[Path]:
+    """Yield a fresh directory to fill; it replaces the directory `path` only if the block succeeds.
+
+    Until then an interrupted run has touched nothing in `path`. The old directory is renamed
+    aside before the new one is renamed in, so `path` is absent for an instant but never mixed.
+    """
+    path = Path(path)
+    with temporary_dir(path) as tmp:
+        yield tmp
+        old = path.with_name(f".{path.name}.old-{os.getpid()}")
+        if path.exists():
+            os.replace(path, old)
+        os.replace(tmp, path)
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def umask_mode(*paths: Path) -> None:
+    """Give each file the mode a plain open() gives (0666 minus the umask).
+
+    onnx's external-data writer and safetensors create their files 0600, so an exported graph's
+    sidecar or a built checkpoint would be unreadable to other users of a shared machine or
+    container while its `.onnx` is readable.
+    """
+    mask = os.umask(0)
+    os.umask(mask)
+    for path in paths:
+        os.chmod(path, 0o666 & ~mask)
+
+
+def sha256_file(path: Path, chunk: int = 16 << 20) -> str:
+    """Hex sha256 of a file, read in chunks (graphs and checkpoints are GBs)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def file_entry(path: Path) -> dict[str, Any]:
+    """How an artefact lists one of its files: `{"sha256": ..., "bytes": ...}`."""
+    path = Path(path)
+    return {"sha256": sha256_file(path), "bytes": path.stat().st_size}
+
+
+FILE_ENTRY_SCHEMA = {"sha256": str, "bytes": int}  # file_entry() in schema_problem's notation
+
+
+def matches_entry(path: Path, entry: dict[str, Any]) -> bool:
+    """Whether `path` is the file `entry` lists (size first: a truncated file costs no hashing)."""
+    return Path(path).stat().st_size == entry["bytes"] and sha256_file(path) == entry["sha256"]
+
+
+def existing_file(path: Path, what: str, fix: str | None) -> Path:
+    """`path` if it is a regular file this process can open for reading; otherwise a UserError
+    that says which of those it is not (not found, a directory, a symlink loop, permission
+    denied), with `fix` or, for a permission, how to grant it."""
+    path = Path(path)
+    try:
+        mode = path.stat().st_mode  # follows symlinks
+    except FileNotFoundError:
+        if path.is_symlink():
+            raise UserError(f"{what} {path} is a symlink to a missing file ({os.readlink(path)})", fix) from None
+        raise UserError(f"{what} not found: {path}", fix) from None
+    except OSError as exc:  # a symlink loop, a parent that is a file or may not be entered
+        raise UserError(f"{what} {path} cannot be reached ({exc.strerror})",
+                        PERMISSION_FIX if exc.errno in (errno.EACCES, errno.EPERM) else fix) from exc
+    if stat.S_ISDIR(mode):
+        raise UserError(f"{what} {path} is a directory, not a file", fix)
+    if not stat.S_ISREG(mode):
+        raise UserError(f"{what} {path} is not a regular file", fix)
+    try:
+        open(path, "rb").close()
+    except OSError as exc:
+        raise UserError(f"cannot read {what} {path} ({exc.strerror})",
+                        PERMISSION_FIX if exc.errno in (errno.EACCES, errno.EPERM) else fix) from exc
+    return path
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
+
+
+def read_json(path: Path, what: str, fix: str) -> Any:
+    """Load JSON or raise a UserError naming the file and how to regenerate it."""
+    path = existing_file(path, what, fix)
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise UserError(f"{what} is not valid JSON ({path}: {exc})", fix) from exc
+
+
+@dataclass(frozen=True)
+class Each:
+    """Schema of a JSON object whose keys are data (graph names, file names): every value is `schema`."""
+
+    schema: Any
+
+
+_KINDS = {type(None): "null", bool: "a boolean", int: "an integer", float: "a number", str: "a string",
+          list: "a list", dict: "an object"}
+
+
+def _json_kind(value: Any) -> str:
+    return _KINDS.get(type(value), type(value).__name__)
+
+
+def _at(where: str, key: Any) -> str:
+    key = str(key)
+    if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+        return f"{where}.{key}" if where else key
+    return f'{where}["{key}"]'
+
+
+def schema_problem(value: Any, schema: Any, where: str = "") -> str | None:
+    """The first place where the JSON `value` departs from `schema`, as one phrase
+    (`graphs.decoder.files["higgs_decoder.onnx"].bytes is missing`), or None.
+
+    A schema is a type or a tuple of types (None: null is allowed); a dict {key: schema}, an
+    object holding at least those keys; Each(schema), an object of any keys; [schema], a list.
+    An integer is a number; a boolean is neither. Keys beyond the schema are allowed: readers use
+    only what it names, and every reader of an artefact goes through its schema, so a hand-edited
+    or truncated file is refused in one line rather than met as a KeyError deep in a stage.
+    """
+    name = where or "the top level"
+    if isinstance(schema, (dict, Each)):
+        if not isinstance(value, dict):
+            return f"{name} is {_json_kind(value)}, expected an object"
+        pairs = schema.items() if isinstance(schema, dict) else ((key, schema.schema) for key in value)
+        for key, sub in pairs:
+            if key not in value:
+                return f"{_at(where, key)} is missing"
+            problem = schema_problem(value[key], sub, _at(where, key))
+            if problem:
+                return problem
+        return None
+    if isinstance(schema, list):
+        if not isinstance(value, list):
+            return f"{name} is {_json_kind(value)}, expected a list"
+        for index, item in enumerate(value):
+            problem = schema_problem(item, schema[0], f"{where}[{index}]")
+            if problem:
+                return problem
+        return None
+    types = tuple(type(None) if t is None else t for t in (schema if isinstance(schema, tuple) else (schema,)))
+    accepted = types + ((int,) if float in types else ())
+    if type(value) not in accepted:  # exact types: JSON gives no subclasses, and a bool is not an int here
+        return f"{name} is {_json_kind(value)}, expected {' or '.join(_KINDS[t] for t in types)}"
+    return None
+
+
+def read_artefact(path: Path, what: str, fix: str, version: int, schema: dict[str, Any],
+                  check: Callable[[dict], str | None] = lambda data: None,
+                  stale_fix: str | None = None) -> dict[str, Any]:
+    """A JSON artefact (capture manifest, export report) whose `format` is `version`, that meets
+    `schema` (see schema_problem) and whose values `check` accepts (it returns a problem or None);
+    otherwise a UserError saying what is wrong with it (fix: `stale_fix`, else `fix`)."""
+    data = read_json(path, what, fix)
+    found = data.get("format") if isinstance(data, dict) else None
+    if found != version:
+        raise UserError(f"{what} {path} is of format {found!r}, not {version}: it is from another version, or "
+                        "not one", stale_fix or fix)
+    problem = schema_problem(data, schema) or check(data)
+    if problem:
+        raise UserError(f"{what} {path} is malformed: {problem}", stale_fix or fix)
+    return data
