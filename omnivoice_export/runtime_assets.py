@@ -121,6 +121,7 @@ def host_sections() -> dict[str, Any]:
     from omnivoice.utils import audio as upstream_audio
     from omnivoice.utils import text as upstream_text
     from omnivoice.utils.duration import RuleDurationEstimator
+    import torchaudio
 
     estimator = RuleDurationEstimator()
     return {
@@ -144,7 +145,9 @@ def host_sections() -> dict[str, Any]:
             "reference_silence_ms": list(REFERENCE_SILENCE_MS), "output_silence_ms": list(OUTPUT_SILENCE_MS),
             "silence_thresh_dbfs": SILENCE_THRESH_DBFS, "seek_step_ms": SEEK_STEP_MS,
             "leading_chunk_ms": _default(upstream_audio.detect_leading_silence, "chunk_size"),
-            "cross_fade_silence_s": _default(upstream_audio.cross_fade_chunks, "silence_duration")},
+            "cross_fade_silence_s": _default(upstream_audio.cross_fade_chunks, "silence_duration"),
+            "resample": {name: _default(torchaudio.functional.resample, name)
+                         for name in ("lowpass_filter_width", "rolloff")}},
         "graphs": contract_table(),
     }
 

@@ -51,9 +51,11 @@ from omnivoice_onnx.errors import UserError
 #   output_silence_ms [500, 100, 100]      _post_process_audio's remove_silence(mid, lead, trail)
 #   silence_thresh_dbfs -50, seek_step_ms 10, leading_chunk_ms 10   pydub's silence parameters
 #   cross_fade_silence_s 0.3  cross_fade_chunks' gap: fade-out, silence, fade-in thirds
+#   resample {lowpass_filter_width 6, rolloff 0.99}   torchaudio.functional.resample's defaults
 
 
-def load_reference(ref_audio: str | os.PathLike | tuple[np.ndarray, int], sample_rate: int) -> np.ndarray:
+def load_reference(ref_audio: str | os.PathLike | tuple[np.ndarray, int], sample_rate: int, rules: dict[str, Any]
+                   ) -> np.ndarray:
     """float32 [1, T] mono at sample_rate (upstream load_audio / the tuple branch).
 
     A file is read with soundfile; a tuple is `(waveform [T] or [C, T], rate)`. Channels are
@@ -71,7 +73,21 @@ def load_reference(ref_audio: str | os.PathLike | tuple[np.ndarray, int], sample
         waveform, rate = _read_file(ref_audio)
     if waveform.shape[0] > 1:
         waveform = np.mean(waveform, axis=0, keepdims=True)
-    return _resample.resample(waveform, rate, sample_rate)
+    return resample(waveform, rate, sample_rate, rules)
+
+
+def resample(waveform: np.ndarray, orig_freq: int, new_freq: int, rules: dict[str, Any]) -> np.ndarray:
+    """torchaudio.functional.resample with the parameters of rules["resample"] (_resample.py)."""
+    return _resample.resample(waveform, orig_freq, new_freq, **rules["resample"])
+
+
+def reference_rms(wav: np.ndarray) -> float:
+    """upstream's `float(np.sqrt(np.mean(wav**2)))`, in the array's dtype: the squares rounded to
+    float32 (for float32 input), summed by numpy's pairwise summation (docs/runtime.md states it:
+    8 accumulators over blocks of at most 128, halves split at a multiple of 8), divided by the
+    count in that dtype, then the square root and the conversion to a Python float. A sequential
+    sum gives another float32 (tests/test_runtime_formulas.py), hence another boost and level."""
+    return float(np.sqrt(np.mean(wav**2)))
 
 
 def prepare_reference(wav: np.ndarray, sample_rate: int, hop_length: int, rules: dict[str, Any],
@@ -85,7 +101,7 @@ def prepare_reference(wav: np.ndarray, sample_rate: int, hop_length: int, rules:
     wav = _checked_array(wav)
     if wav.ndim != 2 or wav.shape[0] != 1:
         raise ValueError(f"prepare_reference takes mono audio [1, T], got shape {wav.shape}")
-    ref_rms = float(np.sqrt(np.mean(wav**2)))
+    ref_rms = reference_rms(wav)
     target_rms = rules["target_rms"]
     if 0 < ref_rms < target_rms:
         wav = wav * target_rms / ref_rms

@@ -108,6 +108,15 @@ def estimate_duration(target_text: str, ref_text: str, ref_duration: float, rule
     return estimated
 
 
+def rate_reference(ref_text: str | None, num_ref_audio_tokens: int | None, rules: dict[str, Any]) -> tuple[str, int]:
+    """The (transcript, frames) whose speaking rate an estimate uses: the reference's, or without
+    one (no frame count, or an empty/None transcript) rules["fallback_ref_text"] in
+    rules["fallback_ref_frames"] frames ("Nice to meet you." in 25)."""
+    if num_ref_audio_tokens is None or ref_text is None or len(ref_text) == 0:
+        return rules["fallback_ref_text"], rules["fallback_ref_frames"]
+    return ref_text, num_ref_audio_tokens
+
+
 def estimate_target_tokens(text: str, ref_text: str | None, num_ref_audio_tokens: int | None, rules: dict[str, Any],
                            speed: float = 1.0) -> int:
     """Frames to generate for `text` (OmniVoice._estimate_target_tokens).
@@ -116,8 +125,7 @@ def estimate_target_tokens(text: str, ref_text: str | None, num_ref_audio_tokens
     rules["fallback_ref_text"] in rules["fallback_ref_frames"] frames. The estimate is divided by
     `speed` when speed > 0 and != 1.0, truncated with int() and kept >= 1.
     """
-    if num_ref_audio_tokens is None or ref_text is None or len(ref_text) == 0:
-        ref_text, num_ref_audio_tokens = rules["fallback_ref_text"], rules["fallback_ref_frames"]
+    ref_text, num_ref_audio_tokens = rate_reference(ref_text, num_ref_audio_tokens, rules)
     estimated = estimate_duration(text, ref_text, num_ref_audio_tokens, rules)
     if speed > 0 and speed != 1.0:
         estimated = estimated / speed

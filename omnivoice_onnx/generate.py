@@ -258,7 +258,7 @@ def create_voice_clone_prompt(model: Model, ref_audio: Any, ref_text: str | None
                         "pass the reference's transcript as ref_text")
     if not isinstance(ref_text, str):
         raise UserError(f"ref_text must be a string, got {type(ref_text).__name__}", "pass the transcript as str")
-    wav = audio.load_reference(ref_audio, model.sample_rate)
+    wav = audio.load_reference(ref_audio, model.sample_rate, model.runtime_config["audio"])
     wav, ref_rms = audio.prepare_reference(wav, model.sample_rate, model.hop_length, model.runtime_config["audio"],
                                            preprocess=preprocess_prompt)
     tokens = model.encode(wav[np.newaxis])[0]
@@ -440,15 +440,19 @@ def generate_chunked(model: Model, task: Task, config: GenerationConfig, rng: To
     return results
 
 
+def decode(model: Model, tokens: np.ndarray | list[np.ndarray]) -> np.ndarray:
+    """Tokens [C, T] -> the decoder's audio [1, 960*T] float32; a list of chunks' tokens is decoded
+    chunk by chunk and cross-faded (audio.cross_fade_chunks)."""
+    if isinstance(tokens, list):
+        return audio.cross_fade_chunks([model.decode(t[np.newaxis])[0] for t in tokens], model.sample_rate,
+                                       model.runtime_config["audio"])
+    return model.decode(tokens[np.newaxis])[0]
+
+
 def decode_and_post_process(model: Model, tokens: np.ndarray | list[np.ndarray], ref_rms: float | None,
                             config: GenerationConfig) -> np.ndarray:
     """Tokens [C, T] (or a list of chunks' tokens, cross-faded) -> post-processed audio [T'] float32."""
-    if isinstance(tokens, list):
-        waveform = audio.cross_fade_chunks([model.decode(t[np.newaxis])[0] for t in tokens], model.sample_rate,
-                                           model.runtime_config["audio"])
-    else:
-        waveform = model.decode(tokens[np.newaxis])[0]
-    waveform = audio.post_process(waveform, ref_rms, model.sample_rate, model.runtime_config["audio"],
+    waveform = audio.post_process(decode(model, tokens), ref_rms, model.sample_rate, model.runtime_config["audio"],
                                   postprocess_output=config.postprocess_output,
                                   pad_duration=config.pad_duration, fade_duration=config.fade_duration)
     return waveform[0]

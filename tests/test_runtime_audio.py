@@ -159,7 +159,7 @@ def upstream_prompt(model: OmniVoice, ref_audio, preprocess: bool) -> tuple[np.n
 
 
 def runtime_prompt(ref_audio, preprocess: bool) -> tuple[np.ndarray, float]:
-    return audio.prepare_reference(audio.load_reference(ref_audio, SR), SR, HOP, RULES, preprocess)
+    return audio.prepare_reference(audio.load_reference(ref_audio, SR, RULES), SR, HOP, RULES, preprocess)
 
 
 def assert_identical(ours: np.ndarray, theirs: np.ndarray) -> None:
@@ -181,7 +181,7 @@ def test_sinc_kernel_equals_torchaudio_within_4_ulps(orig, new):
     for dtype, torch_dtype, int_type, max_abs in ((np.float32, torch.float32, np.int32, 1.2e-7),
                                                    (np.float64, torch.float64, np.int64, 1e-16)):
         theirs, width = _get_sinc_resample_kernel(orig, new, gcd, dtype=torch_dtype)
-        ours, our_width = _resample.sinc_kernel(orig // gcd, new // gcd, dtype)
+        ours, our_width = _resample.sinc_kernel(orig // gcd, new // gcd, dtype, **RULES["resample"])
         theirs = theirs.numpy()[:, 0, :]
         assert our_width == width and ours.shape == theirs.shape and ours.dtype == theirs.dtype
         assert np.array_equal(np.sign(ours), np.sign(theirs))
@@ -198,7 +198,7 @@ def test_resample_equals_torchaudio(orig, new):
             for dtype in (np.float32, np.float64):
                 x = rng.uniform(-1, 1, (channels, length)).astype(dtype)
                 theirs = torchaudio.functional.resample(torch.from_numpy(x), orig, new).numpy()
-                ours = _resample.resample(x, orig, new)
+                ours = _resample.resample(x, orig, new, **RULES["resample"])
                 assert ours.shape == theirs.shape and ours.dtype == theirs.dtype
                 worst[dtype] = max(worst[dtype], float(np.abs(ours - theirs).max()))
     print(f"[resample] {orig}->{new} max_abs f32={worst[np.float32]:.2e} f64={worst[np.float64]:.2e}")
@@ -210,11 +210,11 @@ def test_resample_speech_there_and_back():
     for rate in (8000, 16000, 22050, 44100, 48000):
         for seed in range(3):
             x = speech_like(1.3, SR, seed).astype(np.float32)[np.newaxis, :]
-            down = _resample.resample(x, SR, rate)
+            down = _resample.resample(x, SR, rate, **RULES["resample"])
             assert_close = np.abs(down - torchaudio.functional.resample(torch.from_numpy(x), SR, rate).numpy()).max()
             assert assert_close <= RESAMPLE_MAX_ABS_F32
             back = torchaudio.functional.resample(torch.from_numpy(down), rate, SR).numpy()
-            assert np.abs(_resample.resample(down, rate, SR) - back).max() <= RESAMPLE_MAX_ABS_F32
+            assert np.abs(_resample.resample(down, rate, SR, **RULES["resample"]) - back).max() <= RESAMPLE_MAX_ABS_F32
 
 
 # ---------------------------------------------------------------------------------------------
@@ -339,7 +339,7 @@ def test_reference_files_equal_upstream(torch_model, tmp_path: Path, rate):
             data = speech if channels == 1 else np.stack([speech, 0.7 * np.roll(speech, 11)], axis=1)
             path = tmp_path / f"ref-{rate}-{subtype}-{channels}.{fmt}"
             sf.write(path, data, rate, subtype=subtype, format=fmt.upper())
-            loaded = audio.load_reference(path, SR)
+            loaded = audio.load_reference(path, SR, RULES)
             their_loaded = upstream.load_audio(str(path), SR)
             assert loaded.dtype == their_loaded.dtype == np.float32 and loaded.shape == their_loaded.shape
             worst = max(worst, float(np.abs(loaded - their_loaded).max()))
@@ -393,7 +393,7 @@ def test_bad_reference_input_is_a_user_error(tmp_path: Path):
     ]
     for ref_audio, message in bad:
         with pytest.raises(UserError, match=message):
-            audio.load_reference(ref_audio, SR)
+            audio.load_reference(ref_audio, SR, RULES)
     with pytest.raises(UserError, match="shorter than one codec frame"):
         audio.prepare_reference(speech[np.newaxis, :HOP - 1], SR, HOP, RULES, preprocess=False)
 
