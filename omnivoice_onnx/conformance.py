@@ -60,7 +60,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import sys
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -321,7 +320,8 @@ def output_record(tts: OmniVoiceOnnx, result: Any, final: np.ndarray, postproces
     return {**audio_summary(final), "stages": stages}
 
 
-def run_case(tts: OmniVoiceOnnx, name: str, case: dict[str, Any], folder: Path) -> tuple[dict[str, Any], list[np.ndarray]]:
+def run_case(tts: OmniVoiceOnnx, name: str, case: dict[str, Any], folder: Path
+             ) -> tuple[dict[str, Any], list[np.ndarray]]:
     """Generate one case (ref_audio names a file in `folder`) -> (its JSON record, its audio)."""
     kwargs = {key: value for key, value in case.items() if key != "seed"}
     ref_files = sorted({kwargs["ref_audio"]} if isinstance(kwargs.get("ref_audio"), str) else set())
@@ -478,7 +478,8 @@ def write_vectors(onnx_dir: Path, out: Path, threads: int | None = None) -> list
             record = post_process_case(tts, name, runs, folder)
             path.write_text(json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n", encoding="utf-8")
             names.append(path.name)
-            print(f"{out / path.name}  {path.stat().st_size / 1024:.0f} kB  {len(runs)} post_process run(s)", flush=True)
+            print(f"{out / path.name}  {path.stat().st_size / 1024:.0f} kB  {len(runs)} post_process run(s)",
+                  flush=True)
         (folder / README).write_text(FOLDER_README, encoding="utf-8")
         names.append(README)
     return [out / name for name in names]

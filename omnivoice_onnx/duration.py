@@ -18,12 +18,12 @@ Subtle points, for a port:
 - `speed` divides the estimate only when it is > 0 and != 1.0; speeds <= 0 are ignored, as
   upstream ignores them.
 - Characters are code points: a combining mark weighs 0 on its own, an emoji is a symbol
-  (punctuation, 0.5).
+  (punctuation, 0.5). The Unicode category comes from Python's unicodedata (Unicode 14.0 in
+  Python 3.11); a port on another Unicode version may weigh newly assigned characters otherwise.
 - Data: the weight table, the Unicode ranges, the special code points, the lift's threshold and
   strength and the fallback reference are the `duration` section of the export's
   runtime-config.json (passed in as `rules`); omnivoice_export/runtime_assets.py writes it from
-  upstream's RuleDurationEstimator. docs/runtime.md states the rules. The Unicode category comes from Python's unicodedata (Unicode 14.0 in
-  Python 3.11); a port on another Unicode version may weigh newly assigned characters otherwise.
+  upstream's RuleDurationEstimator. docs/runtime.md states the rules.
 """
 
 from __future__ import annotations

@@ -157,7 +157,8 @@ CONFIG_SCHEMA: dict[str, dict[str, tuple[Callable[[Any], bool], str]]] = {
         "leading_chunk_ms": (_int_at_least(1), "a positive integer"),
         "cross_fade_silence_s": (_non_negative, "a number >= 0"),
         "resample": (lambda v: isinstance(v, dict) and set(v) == {"lowpass_filter_width", "rolloff"}
-                     and _int_at_least(1)(v["lowpass_filter_width"]) and _number(v["rolloff"]) and 0 < v["rolloff"] <= 1,
+                     and _int_at_least(1)(v["lowpass_filter_width"])
+                     and _number(v["rolloff"]) and 0 < v["rolloff"] <= 1,
                      '{"lowpass_filter_width": int >= 1, "rolloff": number in (0, 1]}')},
     "graphs": {name: (lambda v: isinstance(v, dict), "an object") for name in ("transformer", "encoder", "decoder")},
 }

@@ -52,7 +52,8 @@ def chunk_text_punctuation(text: str, chunk_len: int, rules: dict[str, Any], min
     a short first chunk takes the second one in. OmniVoice._generate_chunked passes
     rules["min_chunk_len"] (3); None (upstream's own default) skips that step.
     """
-    split, closing, abbreviations = set(rules["split_punctuation"]), set(rules["closing_marks"]), set(rules["abbreviations"])
+    split, closing = set(rules["split_punctuation"]), set(rules["closing_marks"])
+    abbreviations = set(rules["abbreviations"])
     sentences: list[list[str]] = []
     current: list[str] = []
     for char in text:

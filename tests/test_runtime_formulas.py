@@ -19,29 +19,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from omnivoice_export.runtime_assets import write_runtime_assets
 from omnivoice_onnx import audio, duration, generate, prompt, text
 
 REPO = Path(__file__).resolve().parent.parent
 SR = 24000
 F32 = np.float32
-
-
-@pytest.fixture(scope="module")
-def assets(tiny_model: Path, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("formulas")
-    write_runtime_assets(tiny_model, out)
-    return out
-
-
-@pytest.fixture(scope="module")
-def config(assets: Path) -> dict:
-    return prompt.load_runtime_config(assets)
-
-
-@pytest.fixture(scope="module")
-def tokenizer(assets: Path) -> prompt.TextTokenizer:
-    return prompt.TextTokenizer.from_dir(assets)
 
 
 # ---- Duration --------------------------------------------------------------------------------
@@ -164,7 +146,8 @@ def test_add_punctuation_is_the_documented_rule_and_only_for_ref_text(config, to
         stripped = sample.strip()
         expected = stripped
         if stripped and stripped[-1] not in rules["end_punctuation"]:
-            expected += rules["chinese_full_stop"] if any(first <= ord(c) <= last for c in stripped) else rules["full_stop"]
+            chinese = any(first <= ord(c) <= last for c in stripped)
+            expected += rules["chinese_full_stop"] if chinese else rules["full_stop"]
         assert text.add_punctuation(sample, rules) == expected
 
     # the reference transcript gets it (create_voice_clone_prompt), the target text never does

@@ -297,8 +297,8 @@ def test_conformance_cli_check_replays_the_committed_vectors(export_dir, tmp_pat
     folder.mkdir()
     for name in ("auto-en.json", "post-process-silences.json", conformance.SILENCES_WAV):
         shutil.copyfile(CONFORMANCE_DIR / name, folder / name)
-    run = lambda: subprocess.run([sys.executable, "-m", "omnivoice_onnx.conformance", "--onnx-dir", str(export_dir),  # noqa: E731
-                                  "--check", str(folder)], capture_output=True, text=True, timeout=600,
+    command = [sys.executable, "-m", "omnivoice_onnx.conformance", "--onnx-dir", str(export_dir), "--check", str(folder)]
+    run = lambda: subprocess.run(command, capture_output=True, text=True, timeout=600,  # noqa: E731
                                  cwd=Path(__file__).resolve().parent.parent)
     done = run()
     assert done.returncode == 0 and "OVERALL: PASS (2/2" in done.stdout, done.stdout + done.stderr

@@ -121,23 +121,6 @@ def recording(obj, name: str, record):
         delattr(obj, name)
 
 
-@pytest.fixture(scope="module")
-def assets(tiny_model: Path, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("runtime_assets")
-    write_runtime_assets(tiny_model, out)
-    return out
-
-
-@pytest.fixture(scope="module")
-def config(assets: Path) -> dict:
-    return prompt.load_runtime_config(assets)
-
-
-@pytest.fixture(scope="module")
-def tokenizer(assets: Path) -> prompt.TextTokenizer:
-    return prompt.TextTokenizer.from_dir(assets)
-
-
 # ----------------------------------------------------------------------------------------------
 # Duration
 # ----------------------------------------------------------------------------------------------
@@ -257,7 +240,8 @@ def test_chunk_text_punctuation(config, min_chunk_len):
     for long_text in _long_texts() + TEXTS:
         for chunk_len in (0, 1, 5, 20, 57, 100, 250, 1000):
             assert (text.chunk_text_punctuation(long_text, chunk_len, config["text"], min_chunk_len)
-                    == upstream_text.chunk_text_punctuation(long_text, chunk_len, min_chunk_len)), (long_text, chunk_len)
+                    == upstream_text.chunk_text_punctuation(long_text, chunk_len, min_chunk_len)), \
+                (long_text, chunk_len)
 
 
 def test_chunk_text_punctuation_min_chunk_len_is_generate_chunked_value(config):
@@ -313,8 +297,8 @@ def test_nonverbal_tag_tokenization(torch_model, tokenizer, config):
     samples += ["[laughter]", "[sigh][sigh]", "x[laughter]", "[laughter]x", "[Laughter] [sigh ] [question-yi]"]
     for sample in samples:
         expected = upstream._tokenize_with_nonverbal_tags(sample, torch_model.text_tokenizer)
-        assert tokenizer.encode_with_nonverbal_tags(sample, config["prompt"]["nonverbal_pattern"]) == expected[0].tolist(), \
-            sample
+        ours = tokenizer.encode_with_nonverbal_tags(sample, config["prompt"]["nonverbal_pattern"])
+        assert ours == expected[0].tolist(), sample
 
 
 # ----------------------------------------------------------------------------------------------
