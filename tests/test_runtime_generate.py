@@ -410,3 +410,8 @@ def test_foreign_graphs_are_user_errors(export_dir, tmp_path):
     config["model"]["audio_mask_id"] += 1
     (mismatched / RUNTIME_CONFIG_FILE).write_text(json.dumps(config))
     assert "audio_mask_id" in one_line_user_error(lambda: OmniVoiceOnnx.from_dir(mismatched))
+
+    config["model"]["audio_mask_id"] -= 1
+    config["graphs"]["transformer"]["inputs"][0]["dtype"] = "int32"  # a contract table that is not the graphs'
+    (mismatched / RUNTIME_CONFIG_FILE).write_text(json.dumps(config))
+    assert "graphs section" in one_line_user_error(lambda: OmniVoiceOnnx.from_dir(mismatched))
