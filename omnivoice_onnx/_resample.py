@@ -34,26 +34,28 @@ import numpy as np
 
 from omnivoice_onnx.errors import UserError
 
-LOWPASS_FILTER_WIDTH = 6  # zero crossings of the sinc kept on each side
-ROLLOFF = 0.99  # cut-off as a fraction of the lower rate's Nyquist frequency
+# torchaudio's defaults, lowpass_filter_width 6 (zero crossings of the sinc kept on each side) and
+# rolloff 0.99 (the cut-off as a fraction of the lower rate's Nyquist frequency), are the export's
+# runtime-config.json audio.resample section, passed in by audio.load_reference.
 # The filter bank has new x (2 * width + orig) taps for gcd-reduced rates: 80 x 171 for 44.1 kHz
 # -> 24 kHz, but 24000 x 24015 (2.3 GB in float32) for 24001 Hz. Rates that need more are refused.
 MAX_KERNEL_TAPS = 2**22
 
 
-def kernel_width(orig: int, new: int) -> int:
+def kernel_width(orig: int, new: int, lowpass_filter_width: int, rolloff: float) -> int:
     """The filter's half-width in input samples, for gcd-reduced rates."""
-    return math.ceil(LOWPASS_FILTER_WIDTH * orig / (min(orig, new) * ROLLOFF))
+    return math.ceil(lowpass_filter_width * orig / (min(orig, new) * rolloff))
 
 
-def sinc_kernel(orig: int, new: int, dtype: type[np.floating]) -> tuple[np.ndarray, int]:
+def sinc_kernel(orig: int, new: int, dtype: type[np.floating], lowpass_filter_width: int, rolloff: float
+                ) -> tuple[np.ndarray, int]:
     """The filter bank [new, 2*width + orig] and `width`, for gcd-reduced rates `orig` -> `new`."""
-    base_freq = min(orig, new) * ROLLOFF
-    width = kernel_width(orig, new)
+    base_freq = min(orig, new) * rolloff
+    width = kernel_width(orig, new, lowpass_filter_width, rolloff)
     idx = np.arange(-width, width + orig, dtype=dtype)[np.newaxis, :] / dtype(orig)
     t = np.arange(0, -new, -1, dtype=dtype)[:, np.newaxis] / dtype(new) + idx
-    t = np.clip(t * dtype(base_freq), -LOWPASS_FILTER_WIDTH, LOWPASS_FILTER_WIDTH).astype(dtype)
-    window_arg = t * dtype(math.pi) / dtype(LOWPASS_FILTER_WIDTH) / dtype(2)
+    t = np.clip(t * dtype(base_freq), -lowpass_filter_width, lowpass_filter_width).astype(dtype)
+    window_arg = t * dtype(math.pi) / dtype(lowpass_filter_width) / dtype(2)
     window = np.cos(window_arg.astype(np.float64)).astype(dtype) ** 2
     t = t * dtype(math.pi)
     with np.errstate(divide="ignore", invalid="ignore"):  # t == 0 is replaced by 1 just below
@@ -62,19 +64,20 @@ def sinc_kernel(orig: int, new: int, dtype: type[np.floating]) -> tuple[np.ndarr
     return kernel * (window * dtype(base_freq / orig)), width
 
 
-def resample(waveform: np.ndarray, orig_freq: int, new_freq: int) -> np.ndarray:
+def resample(waveform: np.ndarray, orig_freq: int, new_freq: int, lowpass_filter_width: int, rolloff: float
+             ) -> np.ndarray:
     """[C, T] float32/float64 at `orig_freq` -> [C, ceil(T * new / orig)] at `new_freq`, same dtype."""
     if orig_freq == new_freq:
         return waveform
     gcd = math.gcd(orig_freq, new_freq)
     orig, new = orig_freq // gcd, new_freq // gcd
-    taps = new * (2 * kernel_width(orig, new) + orig)
+    taps = new * (2 * kernel_width(orig, new, lowpass_filter_width, rolloff) + orig)
     if taps > MAX_KERNEL_TAPS:
         raise UserError(f"resampling {orig_freq} Hz to {new_freq} Hz needs a {taps}-tap filter bank (rates with a "
                         f"large ratio after reduction by their gcd {gcd})",
                         "resample the reference to a common rate (16000, 22050, 24000, 44100 or 48000 Hz) first")
     dtype = waveform.dtype.type
-    kernel, width = sinc_kernel(orig, new, dtype)
+    kernel, width = sinc_kernel(orig, new, dtype, lowpass_filter_width, rolloff)
     length = waveform.shape[-1]
     padded = np.pad(waveform, ((0, 0), (width, width + orig)))
     # frames[c, j, :] = padded[c, j*orig : j*orig + kernel width], j = 0 .. length // orig

@@ -38,9 +38,9 @@ import math
 
 import numpy as np
 
-SILENCE_THRESH_DBFS = -50.0  # upstream passes -50 dBFS to every pydub call
-SEEK_STEP_MS = 10  # split_on_silence's seek_step in upstream remove_silence
-LEADING_CHUNK_MS = 10  # detect_leading_silence's default chunk_size
+# The threshold (-50 dBFS), seek step (10 ms) and leading-silence chunk (10 ms) are the export's
+# runtime-config.json audio section, passed in by audio.remove_silence. What stays here is pydub's
+# own arithmetic: the int16 scale and the rate pieces are joined at.
 INT16_SCALE = 32768.0  # full scale of int16 audio; also pydub's max_possible_amplitude
 PYDUB_JOIN_RATE = 11025  # AudioSegment.silent()'s frame rate, which `+` syncs every piece up to
 
@@ -154,11 +154,11 @@ def split_on_silence(seg: Int16Segment, min_silence_len: int, silence_thresh: fl
     return [seg.slice(max(start, 0), min(end, len(seg))) for start, end in output_ranges]
 
 
-def detect_leading_silence(seg: Int16Segment, silence_threshold: float) -> int:
-    """pydub.silence.detect_leading_silence (10-ms chunks): the ms where the leading silence ends."""
+def detect_leading_silence(seg: Int16Segment, silence_threshold: float, chunk_ms: int) -> int:
+    """pydub.silence.detect_leading_silence (chunk_ms-ms chunks): the ms where the leading silence ends."""
     trim_ms = 0
-    while _dbfs(seg.rms(trim_ms, trim_ms + LEADING_CHUNK_MS)) < silence_threshold and trim_ms < len(seg):
-        trim_ms += LEADING_CHUNK_MS
+    while _dbfs(seg.rms(trim_ms, trim_ms + chunk_ms)) < silence_threshold and trim_ms < len(seg):
+        trim_ms += chunk_ms
     return min(trim_ms, len(seg))
 
 
@@ -169,12 +169,16 @@ def _dbfs(rms: int) -> float:
     return 20 * math.log(rms / INT16_SCALE, 10)
 
 
-def remove_silence_edges(seg: Int16Segment, lead_sil: int, trail_sil: int, silence_threshold: float
-                         ) -> Int16Segment:
-    """upstream remove_silence_edges: keep at most lead_sil / trail_sil ms of edge silence."""
-    start_ms = max(0, detect_leading_silence(seg, silence_threshold) - lead_sil)
+def remove_silence_edges(seg: Int16Segment, lead_sil: int, trail_sil: int, silence_threshold: float,
+                         chunk_ms: int) -> Int16Segment:
+    """upstream remove_silence_edges: keep at most lead_sil / trail_sil ms of edge silence.
+
+    start = max(0, leading_silence_ms - lead_sil); seg = seg[start:] reversed; the same with
+    trail_sil on the reversed segment; reversed back. (pydub's slicing rules: Int16Segment.slice.)
+    """
+    start_ms = max(0, detect_leading_silence(seg, silence_threshold, chunk_ms) - lead_sil)
     seg = seg.slice(start_ms, len(seg)).reverse()
-    start_ms = max(0, detect_leading_silence(seg, silence_threshold) - trail_sil)
+    start_ms = max(0, detect_leading_silence(seg, silence_threshold, chunk_ms) - trail_sil)
     return seg.slice(start_ms, len(seg)).reverse()
 
 
@@ -183,12 +187,13 @@ def to_int16(audio: np.ndarray) -> np.ndarray:
     return (audio * INT16_SCALE).clip(-32768, 32767).astype(np.int16)
 
 
-def remove_silence(audio: np.ndarray, sample_rate: int, mid_sil: int, lead_sil: int, trail_sil: int
-                   ) -> np.ndarray:
+def remove_silence(audio: np.ndarray, sample_rate: int, mid_sil: int, lead_sil: int, trail_sil: int, *,
+                   silence_thresh: float, seek_step: int, leading_chunk: int) -> np.ndarray:
     """upstream remove_silence on mono audio: float [1, T] -> float32 [1, T'] on the int16 grid.
 
-    Silences longer than mid_sil ms (at -50 dBFS) shrink to at most mid_sil ms on each side of the
-    speech around them (0 skips this), then the edges keep lead_sil / trail_sil ms of silence.
+    Silences longer than mid_sil ms (at silence_thresh dBFS, windows every seek_step ms) shrink to
+    at most mid_sil ms on each side of the speech around them (0 skips this), then the edges keep
+    lead_sil / trail_sil ms of silence (leading_chunk-ms chunks).
     """
     if audio.ndim != 2 or audio.shape[0] != 1:
         raise ValueError(f"remove_silence takes mono audio [1, T], got shape {audio.shape}")
@@ -197,9 +202,8 @@ def remove_silence(audio: np.ndarray, sample_rate: int, mid_sil: int, lead_sil: 
                          f"below it), got {sample_rate}")
     seg = Int16Segment(to_int16(audio[0]), sample_rate)
     if mid_sil > 0:
-        pieces = split_on_silence(seg, mid_sil, SILENCE_THRESH_DBFS, keep_silence=mid_sil,
-                                  seek_step=SEEK_STEP_MS)
+        pieces = split_on_silence(seg, mid_sil, silence_thresh, keep_silence=mid_sil, seek_step=seek_step)
         joined = [piece.samples for piece in pieces]
         seg = Int16Segment(np.concatenate(joined) if joined else np.zeros(0, np.int16), sample_rate)
-    seg = remove_silence_edges(seg, lead_sil, trail_sil, SILENCE_THRESH_DBFS)
+    seg = remove_silence_edges(seg, lead_sil, trail_sil, silence_thresh, leading_chunk)
     return (seg.samples.astype(np.float32) / INT16_SCALE)[np.newaxis, :]

@@ -39,8 +39,8 @@ import numpy as np
 
 from omnivoice_onnx import generate as gen
 from omnivoice_onnx import integrity, request
-from omnivoice_onnx.contract import (AUDIO_VOCAB_SIZE, FP32_VARIANT, NUM_CODEBOOKS, REPORT_FILE, ort_signature,
-                                     signature_problems, variant_path, variants_present)
+from omnivoice_onnx.contract import (AUDIO_VOCAB_SIZE, FP32_VARIANT, NUM_CODEBOOKS, REPORT_FILE, contract_table,
+                                     ort_signature, signature_problems, variant_path, variants_present)
 from omnivoice_onnx.errors import UserError
 from omnivoice_onnx.prompt import RUNTIME_CONFIG_FILE, TextTokenizer, load_runtime_config
 from omnivoice_onnx.rng import TorchCpuRng, check_seed, fresh_seed
@@ -196,6 +196,9 @@ class OmniVoiceOnnx:
         except UserError as exc:
             raise UserError(f"{onnx_dir / RUNTIME_CONFIG_FILE}: its generation defaults are wrong ({exc.problem})",
                             RERUN_EXPORT) from exc
+        if self.runtime_config["graphs"] != contract_table():
+            raise UserError("runtime-config.json's graphs section is not this runtime's I/O contract "
+                            "(omnivoice_onnx.contract)", RERUN_EXPORT)
         for key, meta_key in CONFIG_VS_METADATA.items():
             if self.runtime_config["model"][key] != self.metadata[meta_key]:
                 raise UserError(f"runtime-config.json says {key}={self.runtime_config['model'][key]} but the graphs "

@@ -34,6 +34,7 @@ from __future__ import annotations
 import math
 import numbers
 import os
+from typing import Any
 
 import numpy as np
 import soundfile as sf
@@ -41,17 +42,19 @@ import soundfile as sf
 from omnivoice_onnx import _resample, _silence
 from omnivoice_onnx.errors import UserError
 
-TARGET_RMS = 0.1  # references quieter than this are boosted to it; outputs scaled back down
-PEAK_LEVEL = 0.5  # without a reference, the output peak is set to this
-MIN_PEAK = 1e-6  # ...unless the output is (near) silent
-# create_voice_clone_prompt's remove_silence(mid_sil, lead_sil, trail_sil), in ms
-REFERENCE_SILENCE_MS = (200, 100, 200)
-# _post_process_audio's remove_silence(mid_sil, lead_sil, trail_sil), in ms
-OUTPUT_SILENCE_MS = (500, 100, 100)
-CROSS_FADE_SILENCE_S = 0.3  # cross_fade_chunks' silence_duration: fade-out, silence, fade-in thirds
+# The settings (`rules`: runtime-config.json's audio section, written by
+# omnivoice_export/runtime_assets.py from upstream; docs/runtime.md states each):
+#   target_rms 0.1            references quieter than this are boosted to it; outputs scaled back down
+#   peak_level 0.5, min_peak 1e-6   without a reference the output peak is set to peak_level,
+#                             unless it is <= min_peak (near silent)
+#   reference_silence_ms [200, 100, 200]   create_voice_clone_prompt's remove_silence(mid, lead, trail)
+#   output_silence_ms [500, 100, 100]      _post_process_audio's remove_silence(mid, lead, trail)
+#   silence_thresh_dbfs -50, seek_step_ms 10, leading_chunk_ms 10   pydub's silence parameters
+#   cross_fade_silence_s 0.3  cross_fade_chunks' gap: fade-out, silence, fade-in thirds
+#   resample {lowpass_filter_width 6, rolloff 0.99}   torchaudio.functional.resample's defaults
 
 
-def load_reference(ref_audio: str | os.PathLike | tuple[np.ndarray, int], sample_rate: int,
+def load_reference(ref_audio: str | os.PathLike | tuple[np.ndarray, int], sample_rate: int, rules: dict[str, Any],
                    max_seconds: float | None = None) -> np.ndarray:
     """float32 [1, T] mono at sample_rate (upstream load_audio / the tuple branch).
 
@@ -82,7 +85,7 @@ def load_reference(ref_audio: str | os.PathLike | tuple[np.ndarray, int], sample
         waveform, rate = _read_file(ref_audio)
     if waveform.shape[0] > 1:
         waveform = np.mean(waveform, axis=0, keepdims=True)
-    return _resample.resample(waveform, rate, sample_rate)
+    return resample(waveform, rate, sample_rate, rules)
 
 
 def _check_length(samples: int, rate: int, max_seconds: float) -> None:
@@ -93,27 +96,42 @@ def _check_length(samples: int, rate: int, max_seconds: float) -> None:
                         "MAX_REF_SECONDS", "cut it to 3-10 s of clear speech")
 
 
-def prepare_reference(wav: np.ndarray, sample_rate: int, hop_length: int, preprocess: bool = True,
-                      min_seconds: float = 0.0) -> tuple[np.ndarray, float]:
+def resample(waveform: np.ndarray, orig_freq: int, new_freq: int, rules: dict[str, Any]) -> np.ndarray:
+    """torchaudio.functional.resample with the parameters of rules["resample"] (_resample.py)."""
+    return _resample.resample(waveform, orig_freq, new_freq, **rules["resample"])
+
+
+def reference_rms(wav: np.ndarray) -> float:
+    """upstream's `float(np.sqrt(np.mean(wav**2)))`, in the array's dtype: the squares rounded to
+    float32 (for float32 input), summed by numpy's pairwise summation (docs/runtime.md states it:
+    8 accumulators over blocks of at most 128, halves split at a multiple of 8), divided by the
+    count in that dtype, then the square root and the conversion to a Python float. A sequential
+    sum gives another float32 (tests/test_runtime_formulas.py), hence another boost and level."""
+    return float(np.sqrt(np.mean(wav**2)))
+
+
+def prepare_reference(wav: np.ndarray, sample_rate: int, hop_length: int, rules: dict[str, Any],
+                      preprocess: bool = True, min_seconds: float = 0.0) -> tuple[np.ndarray, float]:
     """(wav [1, T'] ready for the encoder: RMS-boosted, silence-removed if preprocess, clipped to a
     multiple of hop_length; ref_rms measured BEFORE the boost) = create_voice_clone_prompt's steps
     between loading and encode (with ref_text given).
 
     The returned wav is float32 and T' is a positive multiple of hop_length, of at least
-    `min_seconds`. A silent reference (all zeros: anything else is boosted to TARGET_RMS) is
+    `min_seconds`. A silent reference (all zeros: anything else is boosted to target_rms) is
     refused whatever its length: upstream encodes a short one and clones silence.
     """
     wav = _checked_array(wav)
     if wav.ndim != 2 or wav.shape[0] != 1:
         raise ValueError(f"prepare_reference takes mono audio [1, T], got shape {wav.shape}")
-    ref_rms = float(np.sqrt(np.mean(wav**2)))
-    if 0 < ref_rms < TARGET_RMS:
-        wav = wav * TARGET_RMS / ref_rms
-    if not np.abs(wav).max() >= 10 ** (_silence.SILENCE_THRESH_DBFS / 20):  # boosted: only all-zero audio is
+    ref_rms = reference_rms(wav)
+    target_rms = rules["target_rms"]
+    if 0 < ref_rms < target_rms:
+        wav = wav * target_rms / ref_rms
+    if not np.abs(wav).max() >= 10 ** (rules["silence_thresh_dbfs"] / 20):  # boosted: only all-zero audio is
         raise UserError("the reference audio is silent (all samples are zero)",
                         "pass a reference with clearly audible speech")
     if preprocess:
-        wav = remove_silence(wav, sample_rate, *REFERENCE_SILENCE_MS)
+        wav = remove_silence(wav, sample_rate, *rules["reference_silence_ms"], rules)
         if wav.shape[-1] == 0:
             raise UserError("the reference audio is silent or too quiet: nothing is left after "
                             "silence removal (-50 dBFS)", "pass a reference with clearly audible speech")
@@ -126,17 +144,18 @@ def prepare_reference(wav: np.ndarray, sample_rate: int, hop_length: int, prepro
     return wav.astype(np.float32), ref_rms  # a copy: never a view of the caller's array
 
 
-def post_process(audio: np.ndarray, ref_rms: float | None, sample_rate: int, postprocess_output: bool = True,
-                 pad_duration: float = 0.1, fade_duration: float = 0.1) -> np.ndarray:
+def post_process(audio: np.ndarray, ref_rms: float | None, sample_rate: int, rules: dict[str, Any],
+                 postprocess_output: bool, pad_duration: float, fade_duration: float) -> np.ndarray:
     """[1, T] -> [1, T'] as upstream _post_process_audio.
 
-    Long pauses shrink (if postprocess_output), the level follows the reference (a reference
-    quieter than TARGET_RMS was boosted, so the output is scaled back by ref_rms / TARGET_RMS;
-    without one the peak is set to PEAK_LEVEL), then fades and silent padding avoid clicks.
+    Long pauses shrink (if postprocess_output: rules["output_silence_ms"]), the level follows the
+    reference (a reference quieter than target_rms was boosted, so the output is scaled back:
+    `(x * ref_rms) / target_rms`; without one `(x / peak) * peak_level` when peak > min_peak, in
+    that order), then fades and silent padding avoid clicks.
     """
     if postprocess_output:
-        audio = remove_silence(audio, sample_rate, *OUTPUT_SILENCE_MS)
-    audio = level(audio, ref_rms, peak_of(audio))
+        audio = remove_silence(audio, sample_rate, *rules["output_silence_ms"], rules)
+    audio = level(audio, ref_rms, peak_of(audio), rules)
     return _fade_and_pad(audio, pad_duration, fade_duration, sample_rate)
 
 
@@ -145,29 +164,31 @@ def peak_of(audio: np.ndarray) -> np.float32 | None:
     return np.abs(audio).max() if audio.size else None
 
 
-def level(audio: np.ndarray, ref_rms: float | None, peak: np.floating | None) -> np.ndarray:
-    """_post_process_audio's gain: with a reference quieter than TARGET_RMS, scale back by
-    ref_rms / TARGET_RMS; without a reference, set `peak` (the whole output's) to PEAK_LEVEL.
-    Elementwise with fixed factors, in upstream's operation order, so a stream that applies it
-    piece by piece with the same factors gets the same bits."""
-    if ref_rms is not None and ref_rms < TARGET_RMS:
-        return audio * ref_rms / TARGET_RMS
-    if ref_rms is None and peak is not None and peak > MIN_PEAK:
-        return audio / peak * PEAK_LEVEL
+def level(audio: np.ndarray, ref_rms: float | None, peak: np.floating | None, rules: dict[str, Any]) -> np.ndarray:
+    """_post_process_audio's gain: with a reference quieter than target_rms, `(x * ref_rms) /
+    target_rms`; without a reference, `(x / peak) * peak_level` when `peak` (the whole output's)
+    is > min_peak. Elementwise with fixed factors, in upstream's operation order, so a stream that
+    applies it piece by piece with the same factors gets the same bits."""
+    if ref_rms is not None and ref_rms < rules["target_rms"]:
+        return audio * ref_rms / rules["target_rms"]
+    if ref_rms is None and peak is not None and peak > rules["min_peak"]:
+        return audio / peak * rules["peak_level"]
     return audio
 
 
-def cross_fade_chunks(chunks: list[np.ndarray], sample_rate: int) -> np.ndarray:
-    """as upstream utils/audio.cross_fade_chunks (same defaults, same shapes in/out).
+def cross_fade_chunks(chunks: list[np.ndarray], sample_rate: int, rules: dict[str, Any]) -> np.ndarray:
+    """as upstream utils/audio.cross_fade_chunks (same shapes in/out).
 
-    Chunks [C, T_i] are joined as: chunk, linear fade-out over its last 0.1 s, 0.1 s of zeros,
-    next chunk with a linear fade-in over its first 0.1 s. A single chunk is returned as is.
+    Chunks [C, T_i] are joined as: chunk, linear fade-out over its last n samples, n zeros, next
+    chunk with a linear fade-in over its first n samples, n = int(cross_fade_silence_s * rate) // 3
+    (2400 at 24 kHz); a chunk shorter than n fades over its whole length. A single chunk is
+    returned as is.
     """
     if not chunks:
         raise ValueError("cross_fade_chunks needs at least one chunk")
     if len(chunks) == 1:
         return chunks[0]
-    fade_n = int(CROSS_FADE_SILENCE_S * sample_rate) // 3
+    fade_n = int(rules["cross_fade_silence_s"] * sample_rate) // 3
     silence_n = fade_n
     merged = chunks[0].copy()
     for chunk in chunks[1:]:
@@ -183,15 +204,22 @@ def cross_fade_chunks(chunks: list[np.ndarray], sample_rate: int) -> np.ndarray:
     return merged
 
 
-def remove_silence(audio: np.ndarray, sample_rate: int, mid_sil: int, lead_sil: int, trail_sil: int) -> np.ndarray:
+def remove_silence(audio: np.ndarray, sample_rate: int, mid_sil: int, lead_sil: int, trail_sil: int,
+                   rules: dict[str, Any]) -> np.ndarray:
     """Upstream utils/audio.remove_silence on mono [1, T] audio -> float32 [1, T'] (see _silence.py):
-    silences over mid_sil ms (-50 dBFS) keep mid_sil ms on each side; edges keep lead_sil/trail_sil ms."""
-    return _silence.remove_silence(audio, sample_rate, mid_sil, lead_sil, trail_sil)
+    silences over mid_sil ms (rules' -50 dBFS) keep mid_sil ms on each side; edges keep
+    lead_sil/trail_sil ms."""
+    return _silence.remove_silence(audio, sample_rate, mid_sil, lead_sil, trail_sil,
+                                   silence_thresh=rules["silence_thresh_dbfs"], seek_step=rules["seek_step_ms"],
+                                   leading_chunk=rules["leading_chunk_ms"])
 
 
 def _fade_and_pad(audio: np.ndarray, pad_duration: float, fade_duration: float, sample_rate: int) -> np.ndarray:
-    """upstream utils/audio.fade_and_pad_audio: linear fades of fade_duration s at both ends (at
-    most half the audio each), then pad_duration s of zeros on each side; empty audio unchanged."""
+    """upstream utils/audio.fade_and_pad_audio: linear fades of k = min(int(fade_duration * rate),
+    T // 2) samples at both ends, then int(pad_duration * rate) zeros on each side; empty audio
+    unchanged. Gains (np.linspace, float64 then rounded once): fade-in g[i] = f32(i / (k - 1)),
+    fade-out the exact mirror g[k - 1 - i] (not 1 - g[i]); k = 1 gives [0] in and [1] out.
+    Each sample is multiplied by its gain in float32 (docs/runtime.md, tests/test_runtime_formulas.py)."""
     if audio.shape[-1] == 0:
         return audio
     fade_samples = int(fade_duration * sample_rate)
@@ -254,27 +282,28 @@ class StreamAssembler:
     concatenated, is what post_process(cross_fade_chunks(chunks)) gives, with two exceptions that
     a stream cannot avoid, both of a function of the whole output (the facts: upstream's
     post-processing is global):
-    - without a reference, upstream sets the whole output's peak to PEAK_LEVEL; a stream cannot
+    - without a reference, upstream sets the whole output's peak to peak_level; a stream cannot
       wait for the last chunk, so the gain is fixed from chunk 0's peak and kept for every chunk
       (no loudness jump between chunks). The stream is then generate()'s audio times
       peak(all) / peak(chunk 0) >= 1: louder by that one factor, clipped only where a later chunk's
-      peak exceeds 1 / gain (twice chunk 0's peak, since PEAK_LEVEL is 0.5). With a reference the
-      gain is fixed (ref_rms / TARGET_RMS) and this difference does not exist.
+      peak exceeds 1 / gain (twice chunk 0's peak, since peak_level is 0.5). With a reference the
+      gain is fixed (ref_rms / target_rms) and this difference does not exist.
     - with postprocess_output, long pauses are shortened per chunk (each chunk's edges keep
       lead/trail 100 ms), not over the joined output: a pause that spans a chunk boundary is
       100 ms + 100 ms of cross-fade silence + 100 ms instead of whatever the whole-output rule
       leaves (at most 500 ms kept as is, longer ones cut to 200 ms). Inside chunks it is the same.
     With postprocess_output=False and a reference, the stream equals generate() sample for sample.
     The samples a later step may still change are held back: the cross-fade's fade-out
-    (CROSS_FADE_SILENCE_S / 3) and the final fade-out (fade_duration) at the end of what has come
+    (rules["cross_fade_silence_s"] / 3) and the final fade-out (fade_duration) at the end of what has come
     so far, and everything until the output is long enough (2 x fade_duration) for the opening
     fade to have its full length.
     """
 
-    def __init__(self, sample_rate: int, ref_rms: float | None, postprocess_output: bool, pad_duration: float,
-                 fade_duration: float) -> None:
-        self.sample_rate, self.ref_rms, self.postprocess_output = sample_rate, ref_rms, postprocess_output
-        self.fade_n = int(CROSS_FADE_SILENCE_S * sample_rate) // 3  # cross_fade_chunks' fade and silence
+    def __init__(self, sample_rate: int, rules: dict[str, Any], ref_rms: float | None, postprocess_output: bool,
+                 pad_duration: float, fade_duration: float) -> None:
+        self.sample_rate, self.rules, self.ref_rms = sample_rate, rules, ref_rms
+        self.postprocess_output = postprocess_output
+        self.fade_n = int(rules["cross_fade_silence_s"] * sample_rate) // 3  # cross_fade_chunks' fade and silence
         self.edge_n = int(fade_duration * sample_rate)  # _fade_and_pad's fades
         self.pad_n = int(pad_duration * sample_rate)
         self.pending = np.zeros((1, 0), dtype=np.float32)  # joined, not yet played (before level and fades)
@@ -284,7 +313,7 @@ class StreamAssembler:
     def add(self, chunk: np.ndarray, index: int, count: int) -> np.ndarray:
         """One decoded chunk [1, T] (chunk `index` of `count`) -> float32 [n] samples to play now."""
         if self.postprocess_output:
-            chunk = remove_silence(chunk, self.sample_rate, *OUTPUT_SILENCE_MS)
+            chunk = remove_silence(chunk, self.sample_rate, *self.rules["output_silence_ms"], self.rules)
         if index == 0:
             self.peak = peak_of(chunk)
             joined = chunk.copy()
@@ -305,7 +334,7 @@ class StreamAssembler:
             ready = 0
         else:
             ready = max(0, joined.shape[-1] - max(self.fade_n, self.edge_n))
-        out = level(joined[:, :ready], self.ref_rms, self.peak)
+        out = level(joined[:, :ready], self.ref_rms, self.peak, self.rules)
         out = self._edge_fades(out, total if last else None)
         self.pending = joined[:, ready:]
         start = self.played == 0

@@ -275,7 +275,8 @@ def request_hash(line: Line, generation_config: dict[str, Any], digests: FileDig
     return "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def estimated_seconds(line: Line, frame_rate: int, voice_frames: int | None = None) -> float:
+def estimated_seconds(line: Line, frame_rate: int, duration_rules: dict[str, Any],
+                      voice_frames: int | None = None) -> float:
     """Work estimate for ordering (upstream sorts by reference + generated seconds): the line's
     duration, or the runtime's rule-based estimate (omnivoice_onnx.duration), plus its reference."""
     ref_frames = voice_frames
@@ -286,7 +287,7 @@ def estimated_seconds(line: Line, frame_rate: int, voice_frames: int | None = No
     if line.duration is not None:
         target = line.duration * frame_rate
     else:
-        target = dur.estimate_target_tokens(line.text, ref_text, ref_frames if ref_text else None,
+        target = dur.estimate_target_tokens(line.text, ref_text, ref_frames if ref_text else None, duration_rules,
                                             line.speed or 1.0)
     return (target + (ref_frames or 0)) / frame_rate
 
@@ -465,7 +466,7 @@ def make_plan(tts: OmniVoiceOnnx, test_list: TestList, options: Options, records
             plan.done.append(line)
             continue
         voice_frames = None if voice is None or voice.prompt is None else voice.prompt.ref_audio_tokens.shape[-1]
-        plan.todo.append((line, request, estimated_seconds(line, tts.model.frame_rate, voice_frames)))
+        plan.todo.append((line, request, estimated_seconds(line, tts.model.frame_rate, tts.runtime_config["duration"], voice_frames)))
         plan.tasks[line.id] = line.as_task(options.generation_config, os.fspath(voices))
     plan.todo.sort(key=lambda item: -item[2])  # longest first: the last lines to start are short
     return plan

@@ -1,29 +1,58 @@
 """Conformance vectors: a fixed list of generate() cases, each written as one JSON trace that a
-port (C#, mobile) replays step by step.
+port (C#, Node, mobile) replays stage by stage, and the replay that checks a folder of them.
 
-    python -m omnivoice_onnx.conformance --onnx-dir onnx --out conformance/
+    python -m omnivoice_onnx.conformance --onnx-dir onnx --out conformance/     # write the vectors
+    python -m omnivoice_onnx.conformance --onnx-dir onnx --check conformance/   # replay them here
 
-writes into --out:
-    ref_voice.wav        the clone cases' reference: the "design-reference" case's output, as
-                         16-bit PCM (an input file: ports read it, they never regenerate it)
-    <case>.json          one per case (CASES), format FORMAT:
+--out is written whole: the vectors go to a temporary folder beside it, which replaces --out only
+when every case is written (a full disk, Ctrl-C or SIGTERM leave --out as it was, and one line).
+--check replays every vector in the folder against this runtime and prints, per case, the first
+difference in COMPARE_ORDER (exit 1 when any case differs).
+
+The folder holds (FORMAT "omnivoice-conformance/2"):
+    README.md            what the files are and the order to compare them in (FOLDER_README)
+    ref_voice.wav        the "design-reference" case's output, 24 kHz mono 16-bit PCM
+    ref_quiet_44k_stereo.wav  ref_voice.wav's first 1.2 s at 44.1 kHz, stereo, quiet (RMS 0.03), with
+                         0.3 s of silence before, 0.7 s inside and 0.5 s after the speech: the reference
+                         path's resampling, channel mean, RMS boost, silence trimming, output rescale
+    ref_16k.wav          ref_voice.wav at 16 kHz mono: resampling up
+    decoded_with_silences.wav  stretches of ref_voice.wav between long silences (SILENCES_LAYOUT_MS):
+                         the input of the post_process vectors
+    <case>.json          one per case of CASES ("kind": "generate"):
+      format, case
       export        the graphs' model fingerprint, sha256 of runtime-config.json and tokenizer.json
-      request       generate()'s arguments (generation_config resolved to every field) and seed
-      rng           the seed's first MT19937 words and float32 draws, and the words the whole call
-                    drew (per step and item with k > 0: C*T*V for a class draw, C*T for a position draw)
+      request       generate()'s arguments (generation_config resolved to every field); the seed
+                    as a decimal STRING (seeds >= 2**53 and negative ones stay exact in readers that
+                    parse JSON numbers as doubles)
+      rng           the seed (string), its first MT19937 words and float32 draws, and the words
+                    the whole call drew (per step and item with k > 0: C*T*V for a class draw, C*T
+                    for a position draw)
+      references    per reference file of the request: its rate, channels and frames; `loaded`
+                    (mono at 24 kHz, before anything else), ref_rms (the RMS before the boost, as
+                    a JSON double), `prepared` (what the encoder gets: boosted, silence-trimmed,
+                    clipped to a multiple of 960), each an audio summary
       task          after preprocessing: per item target_len (the duration estimate), language,
                     instruct, reference transcript, rms and audio tokens (the encoder's codes)
+      durations     per item: text_weight, ref_weight, ref_frames (the reference's or the
+                    fallback's) and estimate, the float before speed, int() and the 1-frame floor
       short_idx, long_idx, chunks   which items were chunked, and their chunk texts
       iterations    one per unmasking run (a batch): per item prompt ids (codebook 0 of the
                     style + text prompt), c_len, schedule, and the final tokens [C][T] with
                     unmask_step [C] strings: the step (one STEP_DIGITS character) at which each cell
                     was unmasked. Cells never change once unmasked, so step s unmasked exactly
                     the cells marked s and chose the final tokens there.
-      outputs       per text: sample count, sha256 of the float32 little-endian samples, peak,
-                    rms, and min/max per ENVELOPE_BLOCK samples (a port whose audio is within
-                    a tolerance of ours has every block's min/max within it too)
+      outputs       per text: the final audio's summary, with `stages`: `decoded` (the decoder's
+                    audio, chunks cross-faded) and `silence_removed` (after the output's silence
+                    removal; absent when postprocess_output is off)
+    An audio summary: sample count, sha256 of the float32 little-endian samples, peak, rms, and
+    min/max per ENVELOPE_BLOCK samples (a port whose audio is within a tolerance of ours has every
+    block's min/max within it too).
 
-What must match exactly and what within a tolerance: docs/runtime.md.
+    <name>.json          one per POST_PROCESS_CASES entry ("kind": "post_process"): `input` (the
+                         file's summary) and per run its settings (ref_rms, postprocess_output,
+                         pad_duration, fade_duration), `silence_removed` and `output` summaries
+
+What must match exactly and what within a tolerance: docs/runtime.md, and FOLDER_README.
 """
 
 from __future__ import annotations
@@ -31,7 +60,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import sys
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -39,26 +67,39 @@ from typing import Any
 import numpy as np
 import soundfile as sf
 
+from omnivoice_onnx import audio, duration
 from omnivoice_onnx.api import OmniVoiceOnnx
+from omnivoice_onnx.cliutil import THREADS, CheckFailed, check_input_dir, check_output, parse, run_main
 from omnivoice_onnx.contract import FP32_VARIANT
 from omnivoice_onnx.errors import UserError
-from omnivoice_onnx.generate import IterativeTrace, Trace
+from omnivoice_onnx.files import atomic_dir, sha256_file
+from omnivoice_onnx.generate import IterativeTrace, Trace, decode
 from omnivoice_onnx.prompt import RUNTIME_CONFIG_FILE, TOKENIZER_FILE
 from omnivoice_onnx.rng import TorchCpuRng
 
-FORMAT = "omnivoice-conformance/1"
+FORMAT = "omnivoice-conformance/2"
 REF_WAV = "ref_voice.wav"
+REF_QUIET = "ref_quiet_44k_stereo.wav"
+REF_16K = "ref_16k.wav"
+README = "README.md"
 STEP_DIGITS = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"  # step s -> STEP_DIGITS[s]
 ENVELOPE_BLOCK = 480  # samples per envelope block: 20 ms at 24 kHz
 RNG_PREVIEW = 8  # first words / float32 draws of the seed recorded
+AUDIO_TOLERANCE = 1e-4  # the envelope tolerance --check applies (an ORT build's float differences)
 DESIGN_TEXT = "The quick brown fox jumps over the lazy dog."  # short: ref_voice.wav stays ~100 kB
 LONG_TEXT = ("The first sentence sets the scene. A second one follows it closely, with a few more words. "
              "Then a third arrives; it is short. Finally, the fourth sentence ends this long text for good.")
-# Chunking limits (seconds) lowered so that LONG_TEXT is chunked, and 8 steps to keep it small.
+# Abbreviations (no split after "Dr." or "e.g."), closing marks and punctuation that follow a split
+# (they join the previous sentence), a short sentence merged into its neighbour.
+ABBREVIATED_TEXT = ('Dr. Smith met Mr. Jones at St. Mary\'s on Jan. 3. "We should go," he said. (They left.) '
+                    "Why? Prof. Lee, i.e. the host, agreed; approx. five people came, e.g. Ann. Ok.")
+# Chunking limits (seconds) lowered so that the long texts are chunked, and 8 steps to keep it small.
 CHUNKED = {"audio_chunk_threshold": 3.0, "audio_chunk_duration": 2.0, "num_step": 8}
+# The quiet reference: its RMS (below the 0.1 boost threshold) and silences (ms at 44.1 kHz).
+QUIET_RATE, QUIET_RMS, QUIET_SILENCES_MS, QUIET_SPEECH_S = 44100, 0.03, (300, 700, 500), 1.2
 
-# name -> generate() keyword arguments. "ref_audio": REF_WAV means the file written by the
-# "design-reference" case, which therefore comes first.
+# name -> generate() keyword arguments. A ref_audio names a file of the folder: REF_WAV is the
+# "design-reference" case's output (so that case comes first); REF_QUIET and REF_16K are made from it.
 CASES: dict[str, dict[str, Any]] = {
     "design-reference": {"text": DESIGN_TEXT, "instruct": "female, low pitch", "language": "English", "seed": 1234},
     "auto-en": {"text": "Hello there, this is a test of the model.", "language": "en", "seed": 0},
@@ -76,16 +117,142 @@ CASES: dict[str, dict[str, Any]] = {
     "chunked-auto": {"text": LONG_TEXT, "generation_config": CHUNKED, "seed": 5},
     "chunked-clone": {"text": ["Short.", LONG_TEXT], "ref_audio": REF_WAV, "ref_text": DESIGN_TEXT,
                       "generation_config": CHUNKED, "seed": 6},
+    # --- version 2 ---
+    "clone-quiet-44k-stereo": {"text": "A quiet voice, read from a stereo file.", "ref_audio": REF_QUIET,
+                               "ref_text": DESIGN_TEXT, "generation_config": {"num_step": 16}, "seed": 21},
+    "clone-16k": {"text": "Sixteen kilohertz, resampled up.", "ref_audio": REF_16K, "ref_text": DESIGN_TEXT,
+                  "generation_config": {"num_step": 16}, "seed": 2**53 + 1},
+    "nonverbal-tags": {"text": "[laughter] That is so funny! [sigh] Okay then, [question-en] really?",
+                       "language": "en", "generation_config": {"num_step": 16}, "seed": 2**64 - 1},
+    "chunked-abbreviations": {"text": ABBREVIATED_TEXT, "ref_audio": REF_WAV, "ref_text": DESIGN_TEXT,
+                              "generation_config": CHUNKED, "seed": 9},
+    "design-accent-dialect": {"text": ["Good morning, my friends.", "你好，朋友们，今天很好。", "Hello from the west."],
+                              "instruct": ["female, british accent", "男，河南话", "male, 四川话"],
+                              "language": [None, "zh", None], "generation_config": {"num_step": 16}, "seed": -7},
+    # Greedy cells (position_temperature 0) over six 16 s items: at one step two cells' scores are
+    # so close that a float32 log_softmax (sequential or numpy-pairwise sum) picks another cell,
+    # where the float64 recipe and upstream torch agree (found by search, log Run 26C).
+    "recipe-sensitive": {"text": ["Hello there, this is a test of the model.", "Sampling the classes as well.",
+                                  "Good morning, my friends.", "One more sentence for the batch.",
+                                  "And another one here.", "The last of six texts."], "duration": 16.0,
+                         "generation_config": {"num_step": 16, "position_temperature": 0.0}, "seed": 0},
 }
 
+# name -> audio.post_process runs over one input file (SILENCES_WAV: decoder-like audio with long
+# inner and edge silences, which the tiny checkpoint's noise-like speech never has): the output
+# silence trimming, peak normalisation, rescale by ref_rms / 0.1, fades and padding.
+SILENCES_WAV = "decoded_with_silences.wav"
+SILENCES_LAYOUT_MS = (("silence", 800), ("speech", 600), ("silence", 1200), ("speech", 400), ("silence", 300),
+                      ("speech", 600), ("silence", 1000))  # 0.3 s pause kept; 0.8/1.2/1.0 s trimmed
+POST_PROCESS_CASES: dict[str, list[dict[str, Any]]] = {
+    "post-process-silences": [
+        {"ref_rms": None, "postprocess_output": True, "pad_duration": 0.1, "fade_duration": 0.1},
+        {"ref_rms": 0.05, "postprocess_output": True, "pad_duration": 0.1, "fade_duration": 0.1},
+        {"ref_rms": 0.2, "postprocess_output": True, "pad_duration": 0.25, "fade_duration": 0.05},
+        {"ref_rms": None, "postprocess_output": False, "pad_duration": 0.0, "fade_duration": 0.3},
+    ],
+}
 
-def sha256_file(path: Path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+# What a replay compares, in order: the first difference names the stage to look at (everything
+# before it was equal). "exact": JSON-equal; "audio": audio summaries (sample counts exact,
+# envelopes within a tolerance). A path's "*" runs over a list.
+COMPARE_ORDER: tuple[tuple[str, str], ...] = (
+    ("kind", "exact"),
+    ("rng.seed", "exact"), ("rng.first_words", "exact"), ("rng.first_floats", "exact"),
+    ("references.*.sample_rate", "exact"), ("references.*.channels", "exact"), ("references.*.frames", "exact"),
+    ("references.*.loaded", "audio"), ("references.*.ref_rms", "exact"), ("references.*.prepared", "audio"),
+    ("task.texts", "exact"), ("task.langs", "exact"), ("task.instructs", "exact"), ("task.ref_texts", "exact"),
+    ("task.ref_rms", "exact"), ("task.ref_audio_tokens", "exact"), ("durations", "exact"),
+    ("task.target_lens", "exact"), ("task.speed", "exact"),
+    ("short_idx", "exact"), ("long_idx", "exact"), ("chunks", "exact"),
+    ("iterations.*.texts", "exact"), ("iterations.*.ref_texts", "exact"), ("iterations.*.target_lens", "exact"),
+    ("iterations.*.prompt_ids", "exact"), ("iterations.*.c_lens", "exact"), ("iterations.*.ref_frames", "exact"),
+    ("iterations.*.schedules", "exact"), ("iterations.*.items.*.unmask_step", "exact"),
+    ("iterations.*.items.*.tokens", "exact"), ("rng.words_drawn", "exact"),
+    ("outputs.*.stages.decoded", "audio"), ("outputs.*.stages.silence_removed", "audio"), ("outputs.*", "audio"),
+)
+# The same for a post_process vector.
+POST_PROCESS_ORDER: tuple[tuple[str, str], ...] = (
+    ("kind", "exact"), ("input", "audio"), ("runs.*.ref_rms", "exact"), ("runs.*.postprocess_output", "exact"),
+    ("runs.*.pad_duration", "exact"), ("runs.*.fade_duration", "exact"), ("runs.*.silence_removed", "audio"),
+    ("runs.*.output", "audio"),
+)
+
+FOLDER_README = """# OmniVoice conformance vectors (omnivoice-conformance/2)
+
+Written by `python -m omnivoice_onnx.conformance --onnx-dir <export> --out <this folder>` (the
+folder is replaced whole); replayed by `python -m omnivoice_onnx.conformance --onnx-dir <export>
+--check <this folder>` and, against upstream PyTorch, by `tests/test_runtime_generate.py`.
+The guide to what a port computes is `docs/runtime.md`; every table and constant it names is in
+the export's `runtime-config.json` (check `export.runtime_config_sha256`).
+
+## Files
+
+- `<case>.json`: one `generate()` call each: `request` (its arguments; `seed` is a decimal string,
+  exact for seeds >= 2**53 and negative seeds), then what each stage produced. The format is the
+  docstring of `omnivoice_onnx/conformance.py`.
+- `post-process-silences.json`: output post-processing alone (`"kind": "post_process"`) on
+  `decoded_with_silences.wav` (decoder-like audio with 0.8 s, 1.2 s and 1.0 s silences and a
+  0.3 s pause): silence trimming, peak normalisation, rescale, fades and padding, per run.
+- `ref_voice.wav` (24 kHz mono), `ref_quiet_44k_stereo.wav` (44.1 kHz stereo, RMS 0.03, with edge
+  and inner silences) and `ref_16k.wav` (16 kHz mono): the clone cases' references, 16-bit PCM.
+  They and `decoded_with_silences.wav` are inputs: read them, never regenerate them.
+
+## Replay, in this order
+
+Load the export whose graphs carry `export.model_fingerprint`, call generate with `request`
+(a `ref_audio` is a file of this folder) and compare, stopping at the first difference:
+
+1. `rng.seed`, `rng.first_words`, `rng.first_floats`: your MT19937 and float32 draws.
+2. `references[*]`: `sample_rate`/`channels`/`frames` of the file as read; `loaded` (channels
+   averaged, resampled to 24 kHz) within the audio tolerance; `ref_rms` exactly (numpy's pairwise
+   float32 sum: docs/runtime.md); `prepared` (boost, silence trimming, hop clip): `samples`
+   exactly, envelope within the tolerance (`sha256_f32le` equal when no resampling was needed).
+3. `task`: texts, languages, normalised instructs, reference texts (punctuated), `ref_rms`, the
+   encoder's `ref_audio_tokens` (same graph, same provider: RVQ argmin can flip across devices).
+4. `durations[*]`: `text_weight`, `ref_weight`, `ref_frames`, `estimate` (doubles, exact), then
+   `task.target_lens` and `task.speed` (the speed list).
+5. `short_idx`, `long_idx`, `chunks` (chunk texts, exact).
+6. Per `iterations[*]`: `texts`, `ref_texts`, `target_lens`, `prompt_ids`, `c_lens`,
+   `ref_frames`, `schedules`, then per item `unmask_step` (one character of `0-9a-zA-Z` per cell:
+   the step that unmasked it) and `tokens`. The first step that differs is where to look; its
+   inputs were the earlier steps' tokens, which were equal.
+7. `rng.words_drawn`.
+8. Per `outputs[*]`: `stages.decoded`, `stages.silence_removed`, then the output itself:
+   `samples` exactly, `envelope_min`/`envelope_max` (per 480 samples) within your audio tolerance
+   (1e-4 here; one int16 step of silence removal is 3.1e-5). `sha256_f32le` is the Python
+   runtime's exact audio, equal only on the same onnxruntime build.
+
+## Cases
+
+| case | what it covers |
+|---|---|
+| design-reference | voice design; its output is ref_voice.wav |
+| auto-en | auto voice, language id |
+| design-zh-dialect | Chinese text, a dialect instruct |
+| clone-en | cloning, a seed >= 2**32 (only the low 32 bits seed MT19937) |
+| batch-scripts | four scripts in one batch (ja, ko, ru, hi), mixed instructs |
+| class-temperature | class_temperature 1: the class draw (C*T*1025 words per step) |
+| speed-duration-clone | speed, a fixed duration (the speed list), guidance 0 |
+| chunked-auto | chunked long text without a reference (chunk 0 becomes the voice) |
+| chunked-clone | a short and a chunked item with a reference |
+| clone-quiet-44k-stereo | 44.1 kHz stereo reference: channel mean, resampling, RMS boost, reference silence trimming (edge and inner), output rescale by ref_rms/0.1; a sequential float32 sum gets its ref_rms wrong |
+| clone-16k | 16 kHz reference (resampling up); seed 2**53 + 1 |
+| nonverbal-tags | [laughter], [sigh], [question-en] tokenized alone; seed 2**64 - 1 |
+| chunked-abbreviations | abbreviations, closing marks and merged short sentences in chunked text |
+| design-accent-dialect | an accent (English items), a dialect (Chinese items), a dialect forcing Chinese for English text; seed -7 |
+| recipe-sensitive | six 16 s items, greedy cells: a float32 log_softmax (sequential or pairwise sum) chooses another cell at one step; the float64 recipe and torch agree |
+| post-process-silences | output silence trimming (long inner and edge silences), peak normalisation, rescale by ref_rms/0.1, fades, padding |
+
+For a post_process vector: read `input`'s file as float32, run post-processing with each run's
+settings and compare `silence_removed` then `output` (`samples` exactly, envelopes within the
+tolerance; no resampling is involved, so `sha256_f32le` should match exactly).
+"""
 
 
-def audio_summary(audio: np.ndarray) -> dict[str, Any]:
-    """Sample count, exact hash and tolerance-friendly statistics of one output [T] float32."""
-    samples = np.asarray(audio, dtype=np.float32)
+def audio_summary(samples: np.ndarray) -> dict[str, Any]:
+    """Sample count, exact hash and tolerance-friendly statistics of one signal [T] float32."""
+    samples = np.asarray(samples, dtype=np.float32)
     blocks = [samples[i:i + ENVELOPE_BLOCK] for i in range(0, samples.size, ENVELOPE_BLOCK)]
     return {
         "samples": int(samples.size),
@@ -119,68 +286,247 @@ def iteration_record(iteration: IterativeTrace) -> dict[str, Any]:
     }
 
 
-def run_case(tts: OmniVoiceOnnx, name: str, case: dict[str, Any], folder: Path) -> tuple[dict[str, Any], list[np.ndarray]]:
+def reference_record(tts: OmniVoiceOnnx, path: Path, preprocess: bool) -> dict[str, Any]:
+    """A reference file as the clone path prepares it (audio.load_reference, audio.prepare_reference)."""
+    info = sf.info(str(path))
+    loaded = audio.load_reference(str(path), tts.sample_rate, tts.runtime_config["audio"])
+    prepared, ref_rms = audio.prepare_reference(loaded, tts.sample_rate, tts.model.hop_length,
+                                                tts.runtime_config["audio"], preprocess=preprocess)
+    return {"file": path.name, "sample_rate": info.samplerate, "channels": info.channels, "frames": info.frames,
+            "loaded": audio_summary(loaded[0]), "ref_rms": ref_rms, "prepared": audio_summary(prepared[0])}
+
+
+def duration_records(task: Any, rules: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per item, the doubles the duration estimate is made of (duration.rate_reference, text_weight,
+    estimate_duration): the speaking rate's reference and the estimate before speed and int()."""
+    records = []
+    for text, ref_text, tokens in zip(task.texts, task.ref_texts, task.ref_audio_tokens):
+        rate_text, rate_frames = duration.rate_reference(ref_text, tokens.shape[-1] if tokens is not None else None,
+                                                         rules)
+        records.append({"text_weight": duration.text_weight(text, rules),
+                        "ref_weight": duration.text_weight(rate_text, rules), "ref_frames": rate_frames,
+                        "estimate": duration.estimate_duration(text, rate_text, rate_frames, rules)})
+    return records
+
+
+def output_record(tts: OmniVoiceOnnx, result: Any, final: np.ndarray, postprocess: bool) -> dict[str, Any]:
+    """The final audio's summary with its stages: the decoder's audio, and after silence removal."""
+    decoded = decode(tts.model, result)
+    stages = {"decoded": audio_summary(decoded[0])}
+    if postprocess:
+        rules = tts.runtime_config["audio"]
+        stages["silence_removed"] = audio_summary(
+            audio.remove_silence(decoded, tts.sample_rate, *rules["output_silence_ms"], rules)[0])
+    return {**audio_summary(final), "stages": stages}
+
+
+def run_case(tts: OmniVoiceOnnx, name: str, case: dict[str, Any], folder: Path
+             ) -> tuple[dict[str, Any], list[np.ndarray]]:
     """Generate one case (ref_audio names a file in `folder`) -> (its JSON record, its audio)."""
     kwargs = {key: value for key, value in case.items() if key != "seed"}
-    if kwargs.get("ref_audio") is not None:
+    ref_files = sorted({kwargs["ref_audio"]} if isinstance(kwargs.get("ref_audio"), str) else set())
+    if ref_files:
         kwargs["ref_audio"] = str(folder / kwargs["ref_audio"])
+    config = tts.generation_config(case.get("generation_config"))
     trace = Trace()
     audios = tts.generate(**kwargs, seed=case["seed"], trace=trace)
-    preview = TorchCpuRng(case["seed"])
-    words = preview.words(RNG_PREVIEW)
     task = trace.task
     record = {
         "format": FORMAT,
+        "kind": "generate",
         "case": name,
         "export": {"model_fingerprint": tts.metadata["model_fingerprint"],
                    "runtime_config_sha256": sha256_file(tts.onnx_dir / RUNTIME_CONFIG_FILE),
                    "tokenizer_sha256": sha256_file(tts.onnx_dir / TOKENIZER_FILE)},
-        "request": {**case, "generation_config": asdict(tts.generation_config(case.get("generation_config")))},
-        "rng": {"seed": case["seed"], "first_words": words.tolist(),
+        "request": {**case, "seed": str(case["seed"]), "generation_config": asdict(config)},
+        "rng": {"seed": str(case["seed"]), "first_words": TorchCpuRng(case["seed"]).words(RNG_PREVIEW).tolist(),
                 "first_floats": [float(x) for x in TorchCpuRng(case["seed"]).rand(RNG_PREVIEW)],
                 "words_drawn": trace.words_drawn},
+        "references": [reference_record(tts, folder / file, config.preprocess_prompt) for file in ref_files],
         "task": {"texts": task.texts, "target_lens": task.target_lens, "langs": task.langs,
                  "instructs": task.instructs, "ref_texts": task.ref_texts, "ref_rms": task.ref_rms,
                  "speed": task.speed,
                  "ref_audio_tokens": [t.tolist() if t is not None else None for t in task.ref_audio_tokens]},
+        "durations": duration_records(task, tts.runtime_config["duration"]),
         "short_idx": trace.short_idx, "long_idx": trace.long_idx,
         "chunks": {str(item): chunks for item, chunks in trace.chunks.items()},
         "iterations": [iteration_record(it) for it in trace.iterations],
-        "outputs": [audio_summary(a) for a in audios],
+        "outputs": [output_record(tts, result, final, config.postprocess_output)
+                    for result, final in zip(trace.results, audios)],
     }
     return record, audios
 
 
+def post_process_case(tts: OmniVoiceOnnx, name: str, runs: list[dict[str, Any]], folder: Path) -> dict[str, Any]:
+    """One POST_PROCESS_CASES entry: audio.post_process on SILENCES_WAV with each run's settings."""
+    rules = tts.runtime_config["audio"]
+    decoded = sf.read(folder / SILENCES_WAV, dtype="float32")[0][np.newaxis]
+    records = []
+    for run in runs:
+        removed = audio.remove_silence(decoded, tts.sample_rate, *rules["output_silence_ms"], rules)
+        output = audio.post_process(decoded, run["ref_rms"], tts.sample_rate, rules, run["postprocess_output"],
+                                    run["pad_duration"], run["fade_duration"])
+        records.append({**run, "silence_removed": audio_summary(removed[0]) if run["postprocess_output"] else None,
+                        "output": audio_summary(output[0])})
+    return {"format": FORMAT, "kind": "post_process", "case": name,
+            "export": {"runtime_config_sha256": sha256_file(tts.onnx_dir / RUNTIME_CONFIG_FILE)},
+            "input": {"file": SILENCES_WAV, **audio_summary(decoded[0])}, "runs": records}
+
+
+def silences_input(voice: np.ndarray, rate: int) -> np.ndarray:
+    """SILENCES_WAV's samples: stretches of ref_voice.wav and of zeros, as SILENCES_LAYOUT_MS says."""
+    parts, used = [], 0
+    for kind, ms in SILENCES_LAYOUT_MS:
+        n = rate * ms // 1000
+        parts.append(voice[used:used + n] if kind == "speech" else np.zeros(n, np.float32))
+        used += n if kind == "speech" else 0
+    return np.concatenate(parts)
+
+
+def _values(record: Any, path: list[str], where: str = "") -> list[tuple[str, Any]]:
+    """(location, value) pairs at a dotted path, "*" running over a list; a missing key gives None."""
+    if not path:
+        return [(where, record)]
+    head, rest = path[0], path[1:]
+    if head == "*":
+        items = record if isinstance(record, list) else []
+        return [pair for i, item in enumerate(items) for pair in _values(item, rest, f"{where}[{i}]")]
+    value = record.get(head) if isinstance(record, dict) else None
+    return _values(value, rest, f"{where}.{head}" if where else head)
+
+
+def _audio_difference(ours: Any, theirs: Any, tolerance: float) -> str | None:
+    if ours is None or theirs is None:
+        return None if ours is theirs else "present on one side only"
+    if ours["samples"] != theirs["samples"]:
+        return f"samples {ours['samples']} != {theirs['samples']}"
+    for stat in ("envelope_min", "envelope_max"):
+        worst = float(np.abs(np.subtract(ours[stat], theirs[stat])).max()) if ours[stat] else 0.0
+        if worst > tolerance:
+            block = int(np.argmax(np.abs(np.subtract(ours[stat], theirs[stat]))))
+            return f"{stat} differs by {worst:.3g} > {tolerance:g} (block {block}, sample {block * ENVELOPE_BLOCK})"
+    return None
+
+
+def compare_records(expected: dict[str, Any], actual: dict[str, Any], tolerance: float = AUDIO_TOLERANCE) -> list[str]:
+    """Differences between a stored vector and a replay, in COMPARE_ORDER (the first one is where
+    to look); [] when the replay conforms. Audio compares sample counts exactly and envelopes
+    within `tolerance`; everything else must be JSON-equal."""
+    problems = []
+    if expected.get("format") != FORMAT:
+        return [f"format {expected.get('format')!r}, this replay reads {FORMAT!r}"]
+    for path, kind in POST_PROCESS_ORDER if expected.get("kind") == "post_process" else COMPARE_ORDER:
+        theirs = dict(_values(expected, path.split(".")))
+        ours = dict(_values(actual, path.split(".")))
+        for where in sorted(set(theirs) | set(ours), key=lambda w: (len(w), w)):
+            if kind == "exact":
+                if theirs.get(where) != ours.get(where):
+                    problems.append(f"{where}: expected {_short(theirs.get(where))}, got {_short(ours.get(where))}")
+            else:
+                difference = _audio_difference(ours.get(where), theirs.get(where), tolerance)
+                if difference:
+                    problems.append(f"{where}: {difference}")
+    return problems
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value, ensure_ascii=False)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def quiet_stereo_reference(voice: np.ndarray, rate: int, rules: dict[str, Any]) -> np.ndarray:
+    """REF_QUIET's samples [T, 2] at QUIET_RATE from ref_voice.wav's float32 [T]: its first
+    QUIET_SPEECH_S resampled, split in two halves with QUIET_SILENCES_MS of zeros before, between
+    and after, scaled to RMS QUIET_RMS, the right channel at 0.6 of the left."""
+    speech = audio.resample(voice[np.newaxis, :int(QUIET_SPEECH_S * rate)].astype(np.float32), rate, QUIET_RATE,
+                            rules)[0]
+    speech = speech * np.float32(QUIET_RMS / float(np.sqrt(np.mean(speech.astype(np.float64) ** 2))))
+    gaps = [np.zeros(QUIET_RATE * ms // 1000, np.float32) for ms in QUIET_SILENCES_MS]
+    half = speech.size // 2
+    left = np.concatenate([gaps[0], speech[:half], gaps[1], speech[half:], gaps[2]])
+    return np.stack([left, left * np.float32(0.6)], axis=1)
+
+
+def write_references(folder: Path, voice: np.ndarray, rate: int, rules: dict[str, Any]) -> list[Path]:
+    """REF_WAV (the design-reference output) and the two references made from it, 16-bit PCM."""
+    sf.write(folder / REF_WAV, voice, rate, subtype="PCM_16")
+    voice, rate = sf.read(folder / REF_WAV, dtype="float32")  # what the cases will read
+    sf.write(folder / REF_QUIET, quiet_stereo_reference(voice, rate, rules), QUIET_RATE, subtype="PCM_16")
+    sf.write(folder / REF_16K, audio.resample(voice[np.newaxis], rate, 16000, rules)[0], 16000, subtype="PCM_16")
+    sf.write(folder / SILENCES_WAV, silences_input(voice, rate), rate, subtype="PCM_16")
+    return [folder / REF_WAV, folder / REF_QUIET, folder / REF_16K, folder / SILENCES_WAV]
+
+
 def write_vectors(onnx_dir: Path, out: Path, threads: int | None = None) -> list[Path]:
-    """Run every case of CASES on the export at `onnx_dir`; write ref_voice.wav and one JSON each."""
+    """Run every case of CASES on the export at `onnx_dir` into a temporary folder that replaces
+    `out` when all are written: the references, one JSON per case, README.md."""
     tts = OmniVoiceOnnx.from_dir(onnx_dir, threads=threads, variant=FP32_VARIANT)  # the reference graph
-    out.mkdir(parents=True, exist_ok=True)
-    written = []
-    for name, case in CASES.items():
-        record, audios = run_case(tts, name, case, out)
-        if name == "design-reference":
-            sf.write(out / REF_WAV, audios[0], tts.sample_rate, subtype="PCM_16")
-            written.append(out / REF_WAV)
-        path = out / f"{name}.json"
-        path.write_text(json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n", encoding="utf-8")
-        written.append(path)
-        print(f"{path}  {path.stat().st_size / 1024:.0f} kB  {len(record['iterations'])} run(s), "
-              f"target_lens {record['task']['target_lens']}")
-    return written
+    names = []
+    with atomic_dir(out) as folder:
+        for name, case in CASES.items():
+            record, audios = run_case(tts, name, case, folder)
+            if name == "design-reference":
+                names += [p.name for p in write_references(folder, audios[0], tts.sample_rate,
+                                                           tts.runtime_config["audio"])]
+            path = folder / f"{name}.json"
+            path.write_text(json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n", encoding="utf-8")
+            names.append(path.name)
+            print(f"{out / path.name}  {path.stat().st_size / 1024:.0f} kB  {len(record['iterations'])} run(s), "
+                  f"target_lens {record['task']['target_lens']}", flush=True)
+        for name, runs in POST_PROCESS_CASES.items():
+            path = folder / f"{name}.json"
+            record = post_process_case(tts, name, runs, folder)
+            path.write_text(json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n", encoding="utf-8")
+            names.append(path.name)
+            print(f"{out / path.name}  {path.stat().st_size / 1024:.0f} kB  {len(runs)} post_process run(s)",
+                  flush=True)
+        (folder / README).write_text(FOLDER_README, encoding="utf-8")
+        names.append(README)
+    return [out / name for name in names]
+
+
+def check_vectors(onnx_dir: Path, folder: Path, threads: int | None = None) -> dict[str, list[str]]:
+    """Replay every <case>.json of `folder` on the export at `onnx_dir` -> {case: its differences}."""
+    tts = OmniVoiceOnnx.from_dir(onnx_dir, threads=threads, variant=FP32_VARIANT)
+    results = {}
+    for path in sorted(folder.glob("*.json")):
+        stored = json.loads(path.read_text(encoding="utf-8"))
+        name = stored.get("case", path.stem)
+        if name in CASES:
+            record, _ = run_case(tts, name, CASES[name], folder)
+        elif name in POST_PROCESS_CASES:
+            record = post_process_case(tts, name, POST_PROCESS_CASES[name], folder)
+        else:
+            results[name] = [f"{path.name}: case {name!r} is not one of this runtime's cases"]
+            continue
+        results[name] = compare_records(stored, record)
+        print(f"[{name}] {'OK' if not results[name] else 'FAIL: ' + results[name][0]}", flush=True)
+    return results
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m omnivoice_onnx.conformance", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--onnx-dir", type=Path, default=Path("onnx"), help="the export folder")
-    parser.add_argument("--out", type=Path, required=True, help="folder for ref_voice.wav and the JSON vectors")
-    parser.add_argument("--threads", type=int, default=None, help="onnxruntime intra-op threads")
-    args = parser.parse_args(argv)
-    try:
+    mode = parser.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--out", type=Path, help="folder to (re)write whole: references, vectors, README.md")
+    mode.add_argument("--check", type=Path, help="folder of vectors to replay against this runtime")
+    parser.add_argument("--threads", type=THREADS, default=None, help="onnxruntime intra-op threads (>= 1)")
+    args = parse(parser, argv)
+    check_input_dir(args.onnx_dir, "--onnx-dir")
+    if args.out is not None:
+        check_output(args.out, "--out", "tree")  # before the model loads: a refusal costs nothing
         write_vectors(args.onnx_dir, args.out, args.threads)
-    except UserError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(2)
+        return
+    if not args.check.is_dir() or not any(args.check.glob("*.json")):
+        raise UserError(f"--check {args.check}: no vectors (*.json) there",
+                        "pass the folder `--out` wrote (tests/conformance holds the tiny checkpoint's)")
+    results = check_vectors(args.onnx_dir, args.check, args.threads)
+    failed = sorted(name for name, problems in results.items() if problems)
+    print(f"OVERALL: {'PASS' if not failed else 'FAIL'} ({len(results) - len(failed)}/{len(results)} cases conform)")
+    if failed:
+        raise CheckFailed(f"{len(failed)} case(s) differ: {', '.join(failed)}")
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main, prog="python -m omnivoice_onnx.conformance")

@@ -111,6 +111,17 @@ CONTRACTS = {
         tolerances=("decoder_log_spectral_l1_max",)),
 }
 GRAPH_FILES = {name: contract.file for name, contract in CONTRACTS.items()}
+
+
+def contract_table() -> dict[str, Any]:
+    """CONTRACTS as JSON data: the `graphs` section of runtime-config.json, for ports whose
+    onnxruntime binding cannot read metadata_props (onnxruntime-node). Per graph: file, summary,
+    and per input/output {name, dtype, axes} in feed order; an axis is a size (int) or a symbolic
+    name, "960*frames" meaning HOP_LENGTH times the `frames` of the same call."""
+    def tensors(items: tuple[Tensor, ...]) -> list[dict[str, Any]]:
+        return [{"name": t.name, "dtype": t.dtype, "axes": list(t.axes)} for t in items]
+    return {name: {"file": c.file, "summary": c.summary, "inputs": tensors(c.inputs), "outputs": tensors(c.outputs)}
+            for name, c in CONTRACTS.items()}
 GRAPH_NAMES = tuple(CONTRACTS)
 
 # The export report (omnivoice_export.report writes it; the runtime reads only its `variants` keys).

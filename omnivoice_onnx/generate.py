@@ -226,7 +226,7 @@ def generate_iterative(model: Model, task: Task, config: GenerationConfig, rng: 
     batch, codebooks, mask_id = len(task.texts), model.num_codebooks, model.mask_id
     items = [prompt.build_item_inputs(model.tokenizer, task.texts[i], task.target_lens[i], task.ref_texts[i],
                                       task.ref_audio_tokens[i], task.langs[i], task.instructs[i], config.denoise,
-                                      codebooks, mask_id) for i in range(batch)]
+                                      codebooks, mask_id, model.runtime_config) for i in range(batch)]
     input_ids, audio_mask, attention_mask, c_lens = prompt.batch_inputs(items, task.target_lens, codebooks, mask_id)
     tokens = [np.full((1, codebooks, t_len), mask_id, dtype=np.int64) for t_len in task.target_lens]
     schedules = [unmask_schedule(t_len, codebooks, config.num_step, config.t_shift) for t_len in task.target_lens]
@@ -272,7 +272,7 @@ def chunk_plan(model: Model, task: Task, config: GenerationConfig) -> tuple[list
     batches that generate them): plan.plan_chunks, which request.validate() measured."""
     return plan.plan_chunks(task.texts, task.target_lens, task.ref_texts,
                             [t.shape[-1] if t is not None else None for t in task.ref_audio_tokens], task.speed,
-                            config.audio_chunk_duration, model.frame_rate)
+                            config.audio_chunk_duration, model.frame_rate, model.runtime_config)
 
 
 def iter_chunked(model: Model, task: Task, config: GenerationConfig, rng: TorchCpuRng,
@@ -313,14 +313,20 @@ def generate_chunked(model: Model, task: Task, config: GenerationConfig, rng: To
     return results
 
 
+def decode(model: Model, tokens: np.ndarray | list[np.ndarray]) -> np.ndarray:
+    """Tokens [C, T] -> the decoder's audio [1, 960*T] float32; a list of chunks' tokens is decoded
+    chunk by chunk and cross-faded (audio.cross_fade_chunks)."""
+    if isinstance(tokens, list):
+        return audio.cross_fade_chunks([model.decode(t[np.newaxis])[0] for t in tokens], model.sample_rate,
+                                       model.runtime_config["audio"])
+    return model.decode(tokens[np.newaxis])[0]
+
+
 def decode_and_post_process(model: Model, tokens: np.ndarray | list[np.ndarray], ref_rms: float | None,
                             config: GenerationConfig) -> np.ndarray:
     """Tokens [C, T] (or a list of chunks' tokens, cross-faded) -> post-processed audio [T'] float32."""
-    if isinstance(tokens, list):
-        waveform = audio.cross_fade_chunks([model.decode(t[np.newaxis])[0] for t in tokens], model.sample_rate)
-    else:
-        waveform = model.decode(tokens[np.newaxis])[0]
-    waveform = audio.post_process(waveform, ref_rms, model.sample_rate, postprocess_output=config.postprocess_output,
+    waveform = audio.post_process(decode(model, tokens), ref_rms, model.sample_rate, model.runtime_config["audio"],
+                                  postprocess_output=config.postprocess_output,
                                   pad_duration=config.pad_duration, fade_duration=config.fade_duration)
     return waveform[0]
 
@@ -372,7 +378,8 @@ def stream(model: Model, text_: str, config: GenerationConfig, rng: TorchCpuRng,
                       voice_clone_prompt=voice_clone_prompt, instruct=instruct, speed=speed, duration_s=duration_s,
                       config=config)
     _, long_idx = plan.split_short_long(task.target_lens, config.audio_chunk_threshold, model.frame_rate)
-    assembler = audio.StreamAssembler(model.sample_rate, task.ref_rms[0], config.postprocess_output,
+    assembler = audio.StreamAssembler(model.sample_rate, model.runtime_config["audio"], task.ref_rms[0],
+                                      config.postprocess_output,
                                       config.pad_duration, config.fade_duration)
     if trace is not None:
         trace.task = task

@@ -13,13 +13,10 @@ their reference length is chunk 0's target length, known before chunk 0 is gener
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 from omnivoice_onnx import duration, text
 from omnivoice_onnx.errors import UserError
-
-MIN_CHUNK_LEN = 3  # the min_chunk_len _generate_chunked passes to chunk_text_punctuation
-
 
 def split_short_long(target_lens: Sequence[int], audio_chunk_threshold: float,
                      frame_rate: int) -> tuple[list[int], list[int]]:
@@ -45,19 +42,22 @@ class ChunkBatch:
 
 def plan_chunks(texts: Sequence[str], target_lens: Sequence[int], ref_texts: Sequence[str | None],
                 ref_frames: Sequence[int | None], speeds: Sequence[float] | None, audio_chunk_duration: float,
-                frame_rate: int) -> tuple[list[list[str]], list[ChunkBatch]]:
+                frame_rate: int, config: dict[str, Any]) -> tuple[list[list[str]], list[ChunkBatch]]:
     """(each long item's chunk texts, the batches in generation order), as _generate_chunked makes them.
 
     Texts are split at punctuation into ~audio_chunk_duration pieces; chunk index ci of every item
     that has one runs as one batch. Items with a reference keep it for every chunk; without one,
     chunk 0 of all items runs first, then chunk 0 (its tokens and raw text) is the reference of
     the later chunks. Each chunk's target length is its own estimate at the item's speed.
+    `config` is runtime-config.json (its text and duration rules; text.min_chunk_len is the
+    min_chunk_len _generate_chunked passes).
     """
+    text_rules = config["text"]
     batch = len(texts)
     all_chunks = []
     for i in range(batch):
         chunk_len = text.text_chunk_len(texts[i], target_lens[i], audio_chunk_duration, frame_rate)
-        chunks = text.chunk_text_punctuation(texts[i], chunk_len, min_chunk_len=MIN_CHUNK_LEN)
+        chunks = text.chunk_text_punctuation(texts[i], chunk_len, text_rules, text_rules["min_chunk_len"])
         if not chunks:
             raise UserError(f"text {texts[i][:40]!r} gives no chunk to speak", "pass text with words in it")
         all_chunks.append(chunks)
@@ -68,7 +68,7 @@ def plan_chunks(texts: Sequence[str], target_lens: Sequence[int], ref_texts: Seq
 
     def batch_of(ci: int, chunk_texts: list[str], refs: list[str | None], frames: list[int | None],
                  indices: list[int], own: bool) -> ChunkBatch:
-        lens = [duration.estimate_target_tokens(chunk_texts[j], refs[j], frames[j],
+        lens = [duration.estimate_target_tokens(chunk_texts[j], refs[j], frames[j], config["duration"],
                                                 speed=speeds[i] if speeds else 1.0) for j, i in enumerate(indices)]
         return ChunkBatch(ci, indices, chunk_texts, refs, frames, lens, own)
 

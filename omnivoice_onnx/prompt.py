@@ -9,10 +9,12 @@ Reproduces (omnivoice 0.2.1, omnivoice/models/omnivoice.py):
     _prepare_inference_inputs            build_item_inputs
     _generate_iterative (its top half)   batch_inputs: the 2B cond/uncond padded layout
 
-Data: the language map, the instruct vocabularies and mappings, and the Chinese regex are read
-from the export's runtime-config.json, which omnivoice_export/runtime_assets.py writes from the
-installed upstream package; none of it is copied here. The prompt's control tokens and the
-non-verbal tag pattern are literals in upstream's code, and are literals here.
+Data: the language map, the instruct vocabularies, mappings and rules, the Chinese regex, the
+non-verbal tag pattern and the text written for an absent value are read from the export's
+runtime-config.json, which omnivoice_export/runtime_assets.py writes from the installed upstream
+package; none of it is copied here. load_runtime_config checks every key's JSON type before any
+of it is used (the bundle's files are not trusted). The prompt's control tokens are the format
+of the tokenizer's added tokens, checked against tokenizer.json at load.
 
 Subtle points, for a port:
 - The tokenizer.json is the backend AutoTokenizer really runs (transformers may rebuild the
@@ -34,7 +36,9 @@ from __future__ import annotations
 
 import difflib
 import json
+import math
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -42,11 +46,12 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from omnivoice_onnx.errors import UserError
-from omnivoice_onnx.text import combine_text, is_chinese
+from omnivoice_onnx.text import combine_text
 
 TOKENIZER_FILE = "tokenizer.json"
 RUNTIME_CONFIG_FILE = "runtime-config.json"
 RERUN_EXPORT = "re-run export_omnivoice.py"
+RUNTIME_CONFIG_VERSION = 2  # 2: the host tables (duration, text, prompt, audio, graphs) are data too
 
 # The prompt's control tokens (the literals of _prepare_inference_inputs); each must be a single
 # added token of the tokenizer.
@@ -55,20 +60,6 @@ LANG_START, LANG_END = "<|lang_start|>", "<|lang_end|>"
 INSTRUCT_START, INSTRUCT_END = "<|instruct_start|>", "<|instruct_end|>"
 TEXT_START, TEXT_END = "<|text_start|>", "<|text_end|>"
 CONTROL_TOKENS = (DENOISE, LANG_START, LANG_END, INSTRUCT_START, INSTRUCT_END, TEXT_START, TEXT_END)
-NO_VALUE = "None"  # written in the prompt for an absent language or instruct
-
-NONVERBAL_PATTERN = re.compile(
-    r"\[(laughter|sigh|confirmation-en|question-en|question-ah|question-oh|"
-    r"question-ei|question-yi|surprise-ah|surprise-oh|surprise-wa|"
-    r"surprise-yo|dissatisfaction-hnn)\]"
-)
-
-# _resolve_instruct: items are separated by an ASCII or a full-width comma and any spaces.
-INSTRUCT_SPLIT = re.compile(r"\s*[,，]\s*")
-DIALECT_SUFFIX = "话"  # a Chinese dialect item ends in it (河南话, ...)
-ACCENT_MARK = " accent"  # an English accent item contains it
-SUGGESTION_CUTOFF = 0.6  # difflib.get_close_matches cutoff for "did you mean"
-
 # A BCP-47 / POSIX-locale tag: primary language subtag, then any subtags (region, script, ...).
 BCP47_TAG = re.compile(r"([A-Za-z]{2,3})(?:[-_][A-Za-z0-9]{1,8})*")
 # Primary subtags people still send whose model id is another code: deprecated ISO 639-1 codes
@@ -79,19 +70,111 @@ LANGUAGE_ALIASES = {"iw": "he", "in": "id", "ji": "yi", "jw": "jv", "tl": "fil",
 LANGUAGE_FIX = ("pass a language name (English, Chinese, ...), id (en, zh, ...) or tag (en-US, pt_BR), or None "
                 "for language-agnostic mode")
 
-# runtime-config.json: section -> key -> expected JSON type.
-CONFIG_SCHEMA: dict[str, dict[str, type]] = {
-    "model": {"audio_mask_id": int, "num_audio_codebook": int, "audio_vocab_size": int},
-    "generation": {},
-    "languages": {"ids": list, "name_to_id": dict},
-    "instruct": {"valid": list, "valid_en": list, "valid_zh": list, "en_to_zh": dict, "zh_to_en": dict,
-                 "mutually_exclusive": list, "zh_pattern": str},
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _str_list(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
+def _str_dict(value: Any) -> bool:
+    return isinstance(value, dict) and all(isinstance(v, str) for v in value.values())
+
+
+def _regex(value: Any) -> bool:
+    if not isinstance(value, str):
+        return False
+    try:
+        re.compile(value)
+    except re.error:
+        return False
+    return True
+
+
+def _int_at_least(low: int) -> Callable[[Any], bool]:
+    return lambda value: isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+
+def _ms_triple(value: Any) -> bool:
+    return isinstance(value, list) and len(value) == 3 and all(_int_at_least(0)(v) for v in value)
+
+
+def _ranges(value: Any) -> bool:
+    """[[last code point, script], ...] ascending."""
+    return (isinstance(value, list) and all(isinstance(r, list) and len(r) == 2 and _int_at_least(0)(r[0])
+                                            and isinstance(r[1], str) for r in value)
+            and all(a[0] < b[0] for a, b in zip(value, value[1:])))
+
+
+def _non_negative(value: Any) -> bool:
+    return _number(value) and value >= 0
+
+
+def _positive(value: Any) -> bool:
+    return _number(value) and value > 0
+
+
+# runtime-config.json: section -> key -> (check, what it must be). docs/runtime.md says what each
+# key means; omnivoice_export/runtime_assets.py writes them.
+CONFIG_SCHEMA: dict[str, dict[str, tuple[Callable[[Any], bool], str]]] = {
+    "model": {key: (_int_at_least(1), "a positive integer")
+              for key in ("audio_mask_id", "num_audio_codebook", "audio_vocab_size")},
+    "generation": {},  # checked field by field by generate.GenerationConfig
+    "languages": {"ids": (_str_list, "a list of strings"), "name_to_id": (_str_dict, "an object of strings")},
+    "instruct": {
+        "valid": (_str_list, "a list of strings"), "valid_en": (_str_list, "a list of strings"),
+        "valid_zh": (_str_list, "a list of strings"), "en_to_zh": (_str_dict, "an object of strings"),
+        "zh_to_en": (_str_dict, "an object of strings"),
+        "mutually_exclusive": (lambda v: isinstance(v, list) and all(_str_list(c) for c in v),
+                               "a list of lists of strings"),
+        "zh_pattern": (_regex, "a regular expression"), "split_pattern": (_regex, "a regular expression"),
+        "dialect_suffix": (lambda v: isinstance(v, str) and v != "", "a non-empty string"),
+        "accent_mark": (lambda v: isinstance(v, str) and v != "", "a non-empty string"),
+        "joiners": (lambda v: _str_dict(v) and set(v) == {"zh", "en"}, 'an object {"zh": str, "en": str}'),
+        "suggestion_cutoff": (lambda v: _number(v) and 0 <= v <= 1, "a number in [0, 1]")},
+    "duration": {
+        "weights": (lambda v: isinstance(v, dict) and all(_non_negative(w) for w in v.values())
+                    and {"latin", "space", "mark", "punctuation", "digit", "default"} <= set(v),
+                    "an object of numbers >= 0 with latin, space, mark, punctuation, digit, default"),
+        "ranges": (_ranges, "an ascending list of [last code point, script]"),
+        "tatweel": (_int_at_least(0), "a code point"), "upper_planes_start": (_int_at_least(0), "a code point"),
+        "upper_planes_script": (lambda v: isinstance(v, str), "a script name"),
+        "low_threshold": (_positive, "a number > 0"), "boost_strength": (_positive, "a number > 0"),
+        "fallback_ref_text": (lambda v: isinstance(v, str) and v != "", "a non-empty string"),
+        "fallback_ref_frames": (_int_at_least(1), "a positive integer")},
+    "text": {
+        "split_punctuation": (lambda v: _str_list(v) and all(len(c) == 1 for c in v), "a list of characters"),
+        "closing_marks": (lambda v: _str_list(v) and all(len(c) == 1 for c in v), "a list of characters"),
+        "end_punctuation": (_str_list, "a list of strings"), "abbreviations": (_str_list, "a list of strings"),
+        "chinese_range": (lambda v: isinstance(v, list) and len(v) == 2 and all(_int_at_least(0)(c) for c in v)
+                          and v[0] <= v[1] <= 0x10FFFF, "[first, last] code points"),
+        "chinese_full_stop": (lambda v: isinstance(v, str) and v != "", "a non-empty string"),
+        "full_stop": (lambda v: isinstance(v, str) and v != "", "a non-empty string"),
+        "min_chunk_len": (_int_at_least(0), "an integer >= 0")},
+    "prompt": {"nonverbal_pattern": (_regex, "a regular expression"),
+               "no_value": (lambda v: isinstance(v, str) and v != "", "a non-empty string")},
+    "audio": {
+        "target_rms": (_positive, "a number > 0"), "peak_level": (_positive, "a number > 0"),
+        "min_peak": (_non_negative, "a number >= 0"),
+        "reference_silence_ms": (_ms_triple, "[mid, lead, trail] ms, integers >= 0"),
+        "output_silence_ms": (_ms_triple, "[mid, lead, trail] ms, integers >= 0"),
+        "silence_thresh_dbfs": (lambda v: _number(v) and v <= 0, "a number <= 0 (dBFS)"),
+        "seek_step_ms": (_int_at_least(1), "a positive integer"),
+        "leading_chunk_ms": (_int_at_least(1), "a positive integer"),
+        "cross_fade_silence_s": (_non_negative, "a number >= 0"),
+        "resample": (lambda v: isinstance(v, dict) and set(v) == {"lowpass_filter_width", "rolloff"}
+                     and _int_at_least(1)(v["lowpass_filter_width"])
+                     and _number(v["rolloff"]) and 0 < v["rolloff"] <= 1,
+                     '{"lowpass_filter_width": int >= 1, "rolloff": number in (0, 1]}')},
+    "graphs": {name: (lambda v: isinstance(v, dict), "an object") for name in ("transformer", "encoder", "decoder")},
 }
 
 
 def load_runtime_config(directory: Path) -> dict[str, Any]:
     """The export's runtime-config.json (written by omnivoice_export.runtime_assets); UserError
-    naming the file when it is missing, not JSON, or lacks a section or key the runtime reads."""
+    naming the file when it is missing, not JSON, of another version, or when a section or key
+    the runtime reads is missing or of the wrong type (CONFIG_SCHEMA)."""
     path = Path(directory) / RUNTIME_CONFIG_FILE
     if not path.is_file():
         raise UserError(f"runtime config not found: {path}", RERUN_EXPORT)
@@ -101,14 +184,21 @@ def load_runtime_config(directory: Path) -> dict[str, Any]:
         raise UserError(f"runtime config {path} is not valid JSON ({exc})", RERUN_EXPORT) from exc
     if not isinstance(config, dict):
         raise UserError(f"runtime config {path} is not a JSON object", RERUN_EXPORT)
+    if config.get("version") != RUNTIME_CONFIG_VERSION:
+        raise UserError(f"runtime config {path} is version {config.get('version')!r}; this runtime reads version "
+                        f"{RUNTIME_CONFIG_VERSION} (the host tables as data)", RERUN_EXPORT)
     for section, keys in CONFIG_SCHEMA.items():
         if not isinstance(config.get(section), dict):
             raise UserError(f"runtime config {path} lacks the section {section!r}", RERUN_EXPORT)
-        for key, kind in keys.items():
-            value = config[section].get(key)
-            if not isinstance(value, kind) or isinstance(value, bool):
-                raise UserError(f"runtime config {path}: {section}.{key} is missing or not a "
-                                f"{kind.__name__}", RERUN_EXPORT)
+        for key, (check, expected) in keys.items():
+            if not check(config[section].get(key)):
+                raise UserError(f"runtime config {path}: {section}.{key} is missing or not {expected}", RERUN_EXPORT)
+    duration = config["duration"]
+    unknown = sorted({script for _, script in duration["ranges"]} - set(duration["weights"])
+                     | ({duration["upper_planes_script"]} - set(duration["weights"])))
+    if unknown:
+        raise UserError(f"runtime config {path}: duration names script(s) {', '.join(unknown)} without a weight",
+                        RERUN_EXPORT)
     problem = _config_value_problem(config)
     if problem:
         raise UserError(f"runtime config {path}: {problem}", RERUN_EXPORT)
@@ -116,36 +206,20 @@ def load_runtime_config(directory: Path) -> dict[str, Any]:
 
 
 def _config_value_problem(config: dict[str, Any]) -> str | None:
-    """What is wrong inside runtime-config.json's sections, as the runtime uses them (None if
-    nothing): positive sizes, the mask id inside the vocabulary, strings where strings are
-    matched, every name mapped to a language id the config lists, a Chinese pattern that compiles.
-    (The generation defaults are checked as a request's generation_config is, at load: api.py.)"""
+    """What CONFIG_SCHEMA's per-key checks cannot see, as the runtime uses the values (None if
+    nothing): the mask id inside the vocabulary, non-empty language ids, every name mapped to a
+    language id the config lists. (The generation defaults are checked as a request's
+    generation_config is, at load: api.py.)"""
     model = config["model"]
-    for key in ("num_audio_codebook", "audio_vocab_size"):
-        if model[key] <= 0:
-            return f"model.{key} is {model[key]}, not a positive size"
     if not 0 <= model["audio_mask_id"] < model["audio_vocab_size"]:
         return f"model.audio_mask_id {model['audio_mask_id']} is outside the vocabulary [0, {model['audio_vocab_size']})"
-    languages, instruct = config["languages"], config["instruct"]
+    languages = config["languages"]
     ids = languages["ids"]
-    if not ids or not all(isinstance(i, str) and i for i in ids):
+    if not ids or not all(ids):
         return "languages.ids must be a non-empty list of language ids (strings)"
     for name, lang in languages["name_to_id"].items():
         if lang not in ids:
             return f"languages.name_to_id maps {name!r} to {lang!r}, which is not in languages.ids"
-    for key in ("valid", "valid_en", "valid_zh"):
-        if not all(isinstance(item, str) for item in instruct[key]):
-            return f"instruct.{key} must list strings"
-    for key in ("en_to_zh", "zh_to_en"):
-        if not all(isinstance(v, str) for v in instruct[key].values()):
-            return f"instruct.{key} must map strings to strings"
-    if not all(isinstance(group, list) and all(isinstance(item, str) for item in group)
-               for group in instruct["mutually_exclusive"]):
-        return "instruct.mutually_exclusive must be a list of lists of strings"
-    try:
-        re.compile(instruct["zh_pattern"])
-    except re.error as exc:
-        return f"instruct.zh_pattern {instruct['zh_pattern']!r} is not a regular expression ({exc})"
     return None
 
 
@@ -177,13 +251,14 @@ class TextTokenizer:
         """Token ids of `text`, as transformers' tokenizer(text, add_special_tokens=...).input_ids."""
         return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
 
-    def encode_with_nonverbal_tags(self, text: str) -> list[int]:
-        """_tokenize_with_nonverbal_tags: each non-verbal tag and each stretch between tags
-        tokenized on its own (no special tokens added), the ids concatenated; when that gives
-        nothing, the whole text tokenized once with special tokens."""
+    def encode_with_nonverbal_tags(self, text: str, nonverbal_pattern: str) -> list[int]:
+        """_tokenize_with_nonverbal_tags: each match of `nonverbal_pattern` (runtime-config.json
+        prompt.nonverbal_pattern) and each stretch between matches tokenized on its own (no
+        special tokens added), the ids concatenated; when that gives nothing, the whole text
+        tokenized once with special tokens."""
         parts: list[int] = []
         last_end = 0
-        for match in NONVERBAL_PATTERN.finditer(text):
+        for match in re.finditer(nonverbal_pattern, text):
             if match.start() > last_end:
                 parts.extend(self.encode(text[last_end:match.start()], add_special_tokens=False))
             parts.extend(self.encode(match.group(), add_special_tokens=False))
@@ -250,12 +325,12 @@ def resolve_instruct(instruct: str | None, use_zh: bool, instruct_data: dict[str
     valid = set(instruct_data["valid"])
 
     normalised, unknown = [], []
-    for raw in (item for item in INSTRUCT_SPLIT.split(instruct_str) if item):
+    for raw in (item for item in re.split(instruct_data["split_pattern"], instruct_str) if item):
         item = raw.strip().lower()
         if item in valid:
             normalised.append(item)
         else:
-            suggestion = difflib.get_close_matches(item, valid, n=1, cutoff=SUGGESTION_CUTOFF)
+            suggestion = difflib.get_close_matches(item, valid, n=1, cutoff=instruct_data["suggestion_cutoff"])
             unknown.append((raw, item, suggestion[0] if suggestion else None))
     if unknown:
         lines = [f"  '{raw}' -> '{item}' (unsupported; did you mean '{suggestion}'?)" if suggestion
@@ -268,8 +343,8 @@ def resolve_instruct(instruct: str | None, use_zh: bool, instruct_data: dict[str
                "(e.g. '男，河南话').")
         raise UserError(_one_line(problem), _one_line(fix))
 
-    has_dialect = any(item.endswith(DIALECT_SUFFIX) for item in normalised)
-    has_accent = any(ACCENT_MARK in item for item in normalised)
+    has_dialect = any(item.endswith(instruct_data["dialect_suffix"]) for item in normalised)
+    has_accent = any(instruct_data["accent_mark"] in item for item in normalised)
     if has_dialect and has_accent:
         raise UserError("Cannot mix Chinese dialect and English accent in a single instruct. "
                         "Dialects are for Chinese speech, accents for English speech.")
@@ -291,27 +366,30 @@ def resolve_instruct(instruct: str | None, use_zh: bool, instruct_data: dict[str
                         + "; ".join(" vs ".join(f"'{item}'" for item in group) for group in conflicts)
                         + ". Each category (gender, age, pitch, style, accent, dialect) allows at most one item.")
 
-    has_chinese = any(any(is_chinese(c) for c in item) for item in normalised)
-    return ("，" if has_chinese else ", ").join(normalised)
+    has_chinese = any(re.search(instruct_data["zh_pattern"], item) for item in normalised)
+    return instruct_data["joiners"]["zh" if has_chinese else "en"].join(normalised)
 
 
 def prompt_text_ids(tokenizer: TextTokenizer, text: str, ref_text: str | None, has_reference: bool,
-                    lang: str | None, instruct: str | None, denoise: bool) -> tuple[np.ndarray, np.ndarray]:
+                    lang: str | None, instruct: str | None, denoise: bool, config: dict[str, Any]
+                    ) -> tuple[np.ndarray, np.ndarray]:
     """(style ids, text ids) int64 of one item's prompt: everything before its audio positions
     (build_item_inputs' layout). Also what request.py measures a prompt's length with, before any
-    array of the request's size is made."""
+    array of the request's size is made. `config` is runtime-config.json."""
+    no_value = config["prompt"]["no_value"]
     style_text = DENOISE if denoise and has_reference else ""
-    style_text += f"{LANG_START}{lang if lang else NO_VALUE}{LANG_END}"
-    style_text += f"{INSTRUCT_START}{instruct if instruct else NO_VALUE}{INSTRUCT_END}"
+    style_text += f"{LANG_START}{lang if lang else no_value}{LANG_END}"
+    style_text += f"{INSTRUCT_START}{instruct if instruct else no_value}{INSTRUCT_END}"
     style_ids = np.asarray(tokenizer.encode(style_text), dtype=np.int64)
-    wrapped_text = f"{TEXT_START}{combine_text(text, ref_text=ref_text)}{TEXT_END}"
-    text_ids = np.asarray(tokenizer.encode_with_nonverbal_tags(wrapped_text), dtype=np.int64)
+    wrapped_text = f"{TEXT_START}{combine_text(text, config['text'], ref_text=ref_text)}{TEXT_END}"
+    text_ids = np.asarray(tokenizer.encode_with_nonverbal_tags(wrapped_text, config["prompt"]["nonverbal_pattern"]),
+                          dtype=np.int64)
     return style_ids, text_ids
 
 
 def build_item_inputs(tokenizer: TextTokenizer, text: str, num_target_tokens: int, ref_text: str | None,
                       ref_audio_tokens: np.ndarray | None, lang: str | None, instruct: str | None, denoise: bool,
-                      num_codebooks: int, mask_id: int) -> tuple[np.ndarray, np.ndarray]:
+                      num_codebooks: int, mask_id: int, config: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
     """One item's prompt (_prepare_inference_inputs):
     input_ids [1,C,N] int64, audio_mask [1,N] bool.
 
@@ -320,10 +398,11 @@ def build_item_inputs(tokenizer: TextTokenizer, text: str, num_target_tokens: in
     (<|text_start|>combine_text(text, ref_text)<|text_end|>, non-verbal tags tokenized alone),
     the reference's audio tokens [C,T] when given, then num_target_tokens mask ids.
     audio_mask is True from the first audio position (reference or target) to the end.
-    `lang` and `instruct` are already resolved (resolve_language, resolve_instruct).
+    `lang` and `instruct` are already resolved (resolve_language, resolve_instruct); an absent
+    one is written as prompt.no_value ("None"). `config` is runtime-config.json.
     """
     style_ids, text_ids = prompt_text_ids(tokenizer, text, ref_text, ref_audio_tokens is not None, lang, instruct,
-                                          denoise)
+                                          denoise, config)
     parts = [np.tile(style_ids, (num_codebooks, 1)), np.tile(text_ids, (num_codebooks, 1))]
     if ref_audio_tokens is not None:
         parts.append(np.asarray(ref_audio_tokens, dtype=np.int64))

@@ -372,10 +372,12 @@ def load_reference(model: "Model", ref_audio: Any, ref_text: Any, preprocess_pro
     if not ref_text.strip():
         raise UserError("ref_text is empty", "pass the transcript of the reference audio")
     _ref_audio(ref_audio, label)
-    wav = audio.load_reference(ref_audio, model.sample_rate, max_seconds=limit("MAX_REF_SECONDS"))
-    wav, ref_rms = audio.prepare_reference(wav, model.sample_rate, model.hop_length, preprocess=preprocess_prompt,
+    wav = audio.load_reference(ref_audio, model.sample_rate, model.runtime_config["audio"],
+                               max_seconds=limit("MAX_REF_SECONDS"))
+    wav, ref_rms = audio.prepare_reference(wav, model.sample_rate, model.hop_length, model.runtime_config["audio"],
+                                           preprocess=preprocess_prompt,
                                            min_seconds=MIN_REF_SECONDS)
-    return Reference(wav=wav, ref_text=text.add_punctuation(ref_text) if preprocess_prompt else ref_text,
+    return Reference(wav=wav, ref_text=text.add_punctuation(ref_text, model.runtime_config["text"]) if preprocess_prompt else ref_text,
                      ref_rms=ref_rms, frames=wav.shape[-1] // model.hop_length)
 
 
@@ -428,7 +430,7 @@ def validate(model: "Model", texts: Any, config: GenerationConfig, language: Any
     ref_frames = [reference_frames(r) for r in references]
     target_lens, speed_list = duration.target_lengths(
         text_list, ref_texts, ref_frames, None if speed is None else speeds,
-        None if duration_s is None else durations, model.frame_rate)
+        None if duration_s is None else durations, model.frame_rate, data["duration"])
     for i, frames in enumerate(target_lens):
         if frames > limit("MAX_DURATION_S") * model.frame_rate:
             raise too_large(f"text {i} would be {frames / model.frame_rate:.0f} s of audio (speed "
@@ -447,7 +449,7 @@ def _check_calls(model: "Model", config: GenerationConfig, texts: list[str], lan
 
     def length(i: int, item_text: str, ref: str | None, frames: int | None, target: int) -> int:
         style, ids = prompt.prompt_text_ids(model.tokenizer, item_text, ref, frames is not None, langs[i],
-                                            instructs[i], config.denoise)
+                                            instructs[i], config.denoise, model.runtime_config)
         return style.size + ids.size + (frames or 0) + target
 
     calls: list[tuple[int, int]] = []
@@ -471,7 +473,7 @@ def _check_calls(model: "Model", config: GenerationConfig, texts: list[str], lan
         _, batches = plan.plan_chunks([texts[i] for i in long], [target_lens[i] for i in long],
                                       [ref_texts[i] for i in long], [ref_frames[i] for i in long],
                                       [speeds[i] for i in long] if speeds else None, config.audio_chunk_duration,
-                                      model.frame_rate)
+                                      model.frame_rate, model.runtime_config)
         for call in batches:
             items = [long[j] for j in call.indices]
             check(items, [length(i, t, r, f, n) for i, t, r, f, n in zip(items, call.texts, call.ref_texts,

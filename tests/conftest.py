@@ -152,6 +152,31 @@ def torch_model(tiny_model: Path):
     return load_omnivoice(tiny_model)
 
 
+@pytest.fixture(scope="session")
+def assets(tiny_model: Path, tmp_path_factory) -> Path:
+    """tokenizer.json and runtime-config.json of the tiny checkpoint (runtime_assets alone, no export)."""
+    from omnivoice_export.runtime_assets import write_runtime_assets
+
+    out = tmp_path_factory.mktemp("runtime_assets")
+    write_runtime_assets(tiny_model, out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def config(assets: Path) -> dict:
+    """The runtime-config.json a port reads, loaded (and type-checked) by the runtime."""
+    from omnivoice_onnx.prompt import load_runtime_config
+
+    return load_runtime_config(assets)
+
+
+@pytest.fixture(scope="session")
+def tokenizer(assets: Path):
+    from omnivoice_onnx.prompt import TextTokenizer
+
+    return TextTokenizer.from_dir(assets)
+
+
 def read_report(onnx_dir: Path) -> dict:
     """The export report as JSON, read without the package's validation (tests judge it)."""
     return json.loads(report.report_path(onnx_dir).read_text())

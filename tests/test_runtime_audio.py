@@ -32,6 +32,7 @@ with warnings.catch_warnings():  # pydub warns at import that ffmpeg is missing;
 import torchaudio
 from torchaudio.functional.functional import _get_sinc_resample_kernel
 
+from omnivoice_export.runtime_assets import host_sections
 from omnivoice_onnx import _resample, audio
 from omnivoice_onnx.errors import UserError
 
@@ -42,6 +43,7 @@ INT16_STEP = 1 / 32768
 # (test_resample_equals_torchaudio, all rate pairs); float64 6.7e-16.
 RESAMPLE_MAX_ABS_F32 = 4.0e-7
 RESAMPLE_MAX_ABS_F64 = 1.0e-15
+RULES = host_sections()["audio"]  # runtime-config.json's audio section, as the export writes it
 RATE_PAIRS = [(8000, SR), (16000, SR), (22050, SR), (44100, SR), (48000, SR), (11025, SR), (32000, SR),
               (SR, 8000), (SR, 16000), (SR, 22050), (SR, 44100), (SR, 48000)]
 
@@ -157,7 +159,7 @@ def upstream_prompt(model: OmniVoice, ref_audio, preprocess: bool) -> tuple[np.n
 
 
 def runtime_prompt(ref_audio, preprocess: bool) -> tuple[np.ndarray, float]:
-    return audio.prepare_reference(audio.load_reference(ref_audio, SR), SR, HOP, preprocess)
+    return audio.prepare_reference(audio.load_reference(ref_audio, SR, RULES), SR, HOP, RULES, preprocess)
 
 
 def assert_identical(ours: np.ndarray, theirs: np.ndarray) -> None:
@@ -179,7 +181,7 @@ def test_sinc_kernel_equals_torchaudio_within_4_ulps(orig, new):
     for dtype, torch_dtype, int_type, max_abs in ((np.float32, torch.float32, np.int32, 1.2e-7),
                                                    (np.float64, torch.float64, np.int64, 1e-16)):
         theirs, width = _get_sinc_resample_kernel(orig, new, gcd, dtype=torch_dtype)
-        ours, our_width = _resample.sinc_kernel(orig // gcd, new // gcd, dtype)
+        ours, our_width = _resample.sinc_kernel(orig // gcd, new // gcd, dtype, **RULES["resample"])
         theirs = theirs.numpy()[:, 0, :]
         assert our_width == width and ours.shape == theirs.shape and ours.dtype == theirs.dtype
         assert np.array_equal(np.sign(ours), np.sign(theirs))
@@ -196,7 +198,7 @@ def test_resample_equals_torchaudio(orig, new):
             for dtype in (np.float32, np.float64):
                 x = rng.uniform(-1, 1, (channels, length)).astype(dtype)
                 theirs = torchaudio.functional.resample(torch.from_numpy(x), orig, new).numpy()
-                ours = _resample.resample(x, orig, new)
+                ours = _resample.resample(x, orig, new, **RULES["resample"])
                 assert ours.shape == theirs.shape and ours.dtype == theirs.dtype
                 worst[dtype] = max(worst[dtype], float(np.abs(ours - theirs).max()))
     print(f"[resample] {orig}->{new} max_abs f32={worst[np.float32]:.2e} f64={worst[np.float64]:.2e}")
@@ -208,11 +210,11 @@ def test_resample_speech_there_and_back():
     for rate in (8000, 16000, 22050, 44100, 48000):
         for seed in range(3):
             x = speech_like(1.3, SR, seed).astype(np.float32)[np.newaxis, :]
-            down = _resample.resample(x, SR, rate)
+            down = _resample.resample(x, SR, rate, **RULES["resample"])
             assert_close = np.abs(down - torchaudio.functional.resample(torch.from_numpy(x), SR, rate).numpy()).max()
             assert assert_close <= RESAMPLE_MAX_ABS_F32
             back = torchaudio.functional.resample(torch.from_numpy(down), rate, SR).numpy()
-            assert np.abs(_resample.resample(down, rate, SR) - back).max() <= RESAMPLE_MAX_ABS_F32
+            assert np.abs(_resample.resample(down, rate, SR, **RULES["resample"]) - back).max() <= RESAMPLE_MAX_ABS_F32
 
 
 # ---------------------------------------------------------------------------------------------
@@ -231,7 +233,7 @@ def test_remove_silence_equals_upstream(sr):
             signal = x.astype(dtype)[np.newaxis, :]
             for mid, lead, trail in params:
                 theirs = upstream.remove_silence(signal, sr, mid_sil=mid, lead_sil=lead, trail_sil=trail)
-                ours = audio.remove_silence(signal, sr, mid, lead, trail)
+                ours = audio.remove_silence(signal, sr, mid, lead, trail, RULES)
                 try:
                     assert_identical(ours, theirs)
                 except AssertionError as exc:
@@ -246,12 +248,12 @@ def test_remove_silence_pads_and_drops_like_pydub():
         x = (0.3 * np.sin(np.arange(n) * 0.05)).astype(np.float32)[np.newaxis, :]
         theirs = upstream.remove_silence(x, SR, mid_sil=0, lead_sil=100, trail_sil=100)
         assert theirs.shape[-1] == expected
-        assert_identical(audio.remove_silence(x, SR, 0, 100, 100), theirs)
+        assert_identical(audio.remove_silence(x, SR, 0, 100, 100, RULES), theirs)
 
 
 def test_remove_silence_refuses_pydub_resampling_rates():
     with pytest.raises(ValueError, match="11025"):
-        audio.remove_silence(np.zeros((1, 8000), np.float32), 8000, 200, 100, 200)
+        audio.remove_silence(np.zeros((1, 8000), np.float32), 8000, 200, 100, 200, RULES)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -337,7 +339,7 @@ def test_reference_files_equal_upstream(torch_model, tmp_path: Path, rate):
             data = speech if channels == 1 else np.stack([speech, 0.7 * np.roll(speech, 11)], axis=1)
             path = tmp_path / f"ref-{rate}-{subtype}-{channels}.{fmt}"
             sf.write(path, data, rate, subtype=subtype, format=fmt.upper())
-            loaded = audio.load_reference(path, SR)
+            loaded = audio.load_reference(path, SR, RULES)
             their_loaded = upstream.load_audio(str(path), SR)
             assert loaded.dtype == their_loaded.dtype == np.float32 and loaded.shape == their_loaded.shape
             worst = max(worst, float(np.abs(loaded - their_loaded).max()))
@@ -391,9 +393,9 @@ def test_bad_reference_input_is_a_user_error(tmp_path: Path):
     ]
     for ref_audio, message in bad:
         with pytest.raises(UserError, match=message):
-            audio.load_reference(ref_audio, SR)
+            audio.load_reference(ref_audio, SR, RULES)
     with pytest.raises(UserError, match="after preparation, under 0.04 s"):  # one codec frame
-        audio.prepare_reference(speech[np.newaxis, :HOP - 1], SR, HOP, preprocess=False)
+        audio.prepare_reference(speech[np.newaxis, :HOP - 1], SR, HOP, RULES, preprocess=False)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -425,7 +427,7 @@ def test_post_process_equals_upstream(torch_model):
                 except ValueError:  # np.max of the empty array: upstream crashes where we return empty
                     assert ref_rms is None
                     theirs = np.zeros((1, 0), np.float32)
-                ours = audio.post_process(signal.copy(), ref_rms, SR, postprocess_output, pad, fade)
+                ours = audio.post_process(signal.copy(), ref_rms, SR, RULES, postprocess_output, pad, fade)
                 assert_identical(ours, theirs)
                 compared += 1
     print(f"[post_process] {compared} cases bit-identical")
@@ -441,7 +443,7 @@ def test_cross_fade_chunks_equals_upstream(sr):
             chunks = [rng.uniform(-0.5, 0.5, (channels, n)).astype(np.float32) for n in lengths]
             before = [c.copy() for c in chunks]
             theirs = upstream.cross_fade_chunks([c.copy() for c in chunks], sr)
-            ours = audio.cross_fade_chunks(chunks, sr)
+            ours = audio.cross_fade_chunks(chunks, sr, RULES)
             assert_identical(ours, theirs)
             assert all(np.array_equal(a, b) for a, b in zip(chunks, before)), "inputs must not change"
 

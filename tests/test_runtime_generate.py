@@ -10,6 +10,7 @@ silence removal is 3.1e-5).
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import shutil
 import subprocess
@@ -23,6 +24,7 @@ import torch
 from omnivoice.models.omnivoice import OmniVoiceGenerationConfig
 
 from omnivoice_onnx import OmniVoiceOnnx, Trace, UserError, conformance
+from omnivoice_onnx.cliutil import Terminated, run_main
 from omnivoice_onnx.contract import GRAPH_FILES
 from omnivoice_onnx.prompt import RUNTIME_CONFIG_FILE, TOKENIZER_FILE
 
@@ -203,26 +205,24 @@ def test_runtime_runs_with_the_toolchain_unimportable(export_dir, reference):
 
 def test_conformance_vectors_are_committed_and_small():
     names = sorted(p.stem for p in CONFORMANCE_DIR.glob("*.json"))
-    assert names == sorted(conformance.CASES), f"vectors and CASES differ; regenerate: {REGENERATE}"
-    assert all(p.stat().st_size < 200_000 for p in CONFORMANCE_DIR.iterdir())
+    assert names == sorted([*conformance.CASES, *conformance.POST_PROCESS_CASES]), \
+        f"vectors and cases differ; regenerate: {REGENERATE}"
+    assert (CONFORMANCE_DIR / conformance.README).read_text(encoding="utf-8") == conformance.FOLDER_README
+    sizes = {p.name: p.stat().st_size for p in CONFORMANCE_DIR.iterdir()}
+    assert max(sizes.values()) < 600_000 and sum(sizes.values()) < 2_500_000, sizes
 
 
 @pytest.mark.parametrize("name", list(conformance.CASES))
 def test_conformance_vector_replays_and_equals_upstream(torch_model, tts, name):
-    """Replay a committed vector as a port would: everything but the audio exactly, the audio's
-    envelope within WAV_TOLERANCE; and upstream torch, given the same request, makes the same tokens."""
+    """Replay a committed vector as a port would (conformance.compare_records: everything but the
+    audio exactly, the audio's envelopes within WAV_TOLERANCE); and upstream torch, given the same
+    request, makes the same tokens."""
     stored = json.loads((CONFORMANCE_DIR / f"{name}.json").read_text(encoding="utf-8"))
     assert stored["export"]["model_fingerprint"] == tts.metadata["model_fingerprint"], \
         f"the vectors were made from another checkpoint; regenerate: {REGENERATE}"
     case = conformance.CASES[name]
     record, _ = conformance.run_case(tts, name, case, CONFORMANCE_DIR)
-    for key in stored:
-        if key not in ("export", "outputs"):
-            assert record[key] == stored[key], key
-    for ours, theirs in zip(record["outputs"], stored["outputs"], strict=True):
-        assert ours["samples"] == theirs["samples"]
-        for stat in ("envelope_min", "envelope_max"):
-            assert np.abs(np.subtract(ours[stat], theirs[stat])).max() <= WAV_TOLERANCE, stat
+    assert conformance.compare_records(stored, record, WAV_TOLERANCE) == []
 
     kwargs = {key: value for key, value in case.items() if key not in ("seed", "generation_config")}
     if "ref_audio" in kwargs:
@@ -235,6 +235,109 @@ def test_conformance_vector_replays_and_equals_upstream(torch_model, tts, name):
     assert len(upstream["tokens"]) == len(stored_tokens)
     for theirs, ours in zip(upstream["tokens"], stored_tokens):
         assert len(theirs) == len(ours) and all(np.array_equal(a, b) for a, b in zip(theirs, ours))
+
+
+@pytest.mark.parametrize("name", list(conformance.POST_PROCESS_CASES))
+def test_post_process_vector_replays_and_equals_upstream(torch_model, tts, name):
+    """The post_process vectors: the runtime replays them, and upstream _post_process_audio on the
+    same input gives the stored outputs bit for bit (no resampling is involved)."""
+    stored = json.loads((CONFORMANCE_DIR / f"{name}.json").read_text(encoding="utf-8"))
+    record = conformance.post_process_case(tts, name, conformance.POST_PROCESS_CASES[name], CONFORMANCE_DIR)
+    assert conformance.compare_records(stored, record, WAV_TOLERANCE) == []
+    decoded = sf.read(CONFORMANCE_DIR / stored["input"]["file"], dtype="float32")[0][np.newaxis]
+    trimmed = 0
+    for run in stored["runs"]:
+        config = OmniVoiceGenerationConfig(postprocess_output=run["postprocess_output"],
+                                           pad_duration=run["pad_duration"], fade_duration=run["fade_duration"])
+        theirs = torch_model._post_process_audio(decoded.copy(), ref_rms=run["ref_rms"], gen_config=config)
+        assert conformance.audio_summary(theirs[0]) == run["output"]
+        trimmed += run["postprocess_output"] and run["silence_removed"]["samples"] < stored["input"]["samples"]
+    assert trimmed  # long inner and edge silences were removed
+
+
+def sequential_f32_log_softmax(x: np.ndarray) -> np.ndarray:
+    """The wrong recipe: float32 exp and log, the sum taken sequentially in float32."""
+    shifted = x - x.max(axis=-1, keepdims=True)
+    return shifted - np.log(np.cumsum(np.exp(shifted), axis=-1, dtype=np.float32)[..., -1:])
+
+
+def pairwise_f32_log_softmax(x: np.ndarray) -> np.ndarray:
+    """Also wrong: float32 exp and log with numpy's pairwise float32 sum."""
+    shifted = x - x.max(axis=-1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True, dtype=np.float32))
+
+
+def sequential_rms(wav: np.ndarray) -> float:
+    """The wrong recipe for ref_rms: the float32 squares summed one after another."""
+    total = np.float32(0)
+    for value in (wav * wav).ravel():
+        total = np.float32(total + value)
+    return float(np.sqrt(np.float32(total / np.float32(wav.size))))
+
+
+@pytest.mark.parametrize("target, wrong, case, first_difference", [
+    ("omnivoice_onnx.scoring.log_softmax", sequential_f32_log_softmax, "recipe-sensitive", "unmask_step"),
+    ("omnivoice_onnx.scoring.log_softmax", pairwise_f32_log_softmax, "recipe-sensitive", "unmask_step"),
+    ("omnivoice_onnx.audio.reference_rms", sequential_rms, "clone-quiet-44k-stereo", "ref_rms"),
+], ids=["sequential-f32-log-softmax", "pairwise-f32-log-softmax", "sequential-rms"])
+def test_a_wrong_float_recipe_fails_its_vector(tts, monkeypatch, target, wrong, case, first_difference):
+    """docs/runtime.md's recipes are not interchangeable with the obvious float32 ones: with one
+    swapped into the runtime, the vector made to tell them apart no longer replays."""
+    stored = json.loads((CONFORMANCE_DIR / f"{case}.json").read_text(encoding="utf-8"))
+    monkeypatch.setattr(target, wrong)
+    record, _ = conformance.run_case(tts, case, conformance.CASES[case], CONFORMANCE_DIR)
+    problems = conformance.compare_records(stored, record, WAV_TOLERANCE)
+    assert problems and first_difference in problems[0], problems[:3]
+
+
+def test_conformance_cli_check_replays_the_committed_vectors(export_dir, tmp_path):
+    """The port's replay entry point, on a copy holding two vectors: OVERALL: PASS, exit 0; a
+    changed token: the case and its first difference named, exit 1."""
+    folder = tmp_path / "vectors"
+    folder.mkdir()
+    for name in ("auto-en.json", "post-process-silences.json", conformance.SILENCES_WAV):
+        shutil.copyfile(CONFORMANCE_DIR / name, folder / name)
+    command = [sys.executable, "-m", "omnivoice_onnx.conformance", "--onnx-dir", str(export_dir), "--check", str(folder)]
+    run = lambda: subprocess.run(command, capture_output=True, text=True, timeout=600,  # noqa: E731
+                                 cwd=Path(__file__).resolve().parent.parent)
+    done = run()
+    assert done.returncode == 0 and "OVERALL: PASS (2/2" in done.stdout, done.stdout + done.stderr
+    vector = json.loads((folder / "auto-en.json").read_text(encoding="utf-8"))
+    vector["iterations"][0]["items"][0]["tokens"][3][5] += 1
+    (folder / "auto-en.json").write_text(json.dumps(vector), encoding="utf-8")
+    done = run()
+    assert done.returncode == 1 and "[auto-en] FAIL: iterations[0].items[0].tokens" in done.stdout, done.stdout
+    assert done.stderr.strip().count("\n") == 0 and "auto-en" in done.stderr
+
+
+@pytest.mark.parametrize("stop, code, words", [
+    (KeyboardInterrupt, 130, "interrupted"),
+    (lambda: Terminated(), 143, "terminated"),
+    (lambda: OSError(errno.ENOSPC, "No space left on device"), 2, "disk full"),
+], ids=["ctrl-c", "sigterm", "disk-full"])
+def test_conformance_cli_leaves_out_as_it_was(export_dir, tmp_path, monkeypatch, capsys, stop, code, words):
+    """Writing stops in the third case: one line, the exit code, --out untouched, no temporary left."""
+    out = tmp_path / "vectors"
+    out.mkdir()
+    (out / "keep.txt").write_text("earlier vectors")
+    calls = []
+    original = conformance.run_case
+
+    def failing(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise stop()
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(conformance, "run_case", failing)
+    with pytest.raises(SystemExit) as info:
+        run_main(conformance.main, ["--onnx-dir", str(export_dir), "--out", str(out), "--threads", "1"],
+                 prog="python -m omnivoice_onnx.conformance")
+    assert info.value.code == code
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and words in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["vectors"]
+    assert sorted(p.name for p in out.iterdir()) == ["keep.txt"]
 
 
 # ---- expected bad input: one-line UserErrors ---------------------------------------------------
@@ -309,3 +412,8 @@ def test_foreign_graphs_are_user_errors(export_dir, tmp_path):
     config["model"]["audio_mask_id"] += 1
     (mismatched / RUNTIME_CONFIG_FILE).write_text(json.dumps(config))
     assert "audio_mask_id" in one_line_user_error(lambda: OmniVoiceOnnx.from_dir(mismatched, verify=False))
+
+    config["model"]["audio_mask_id"] -= 1
+    config["graphs"]["transformer"]["inputs"][0]["dtype"] = "int32"  # a contract table that is not the graphs'
+    (mismatched / RUNTIME_CONFIG_FILE).write_text(json.dumps(config))
+    assert "graphs section" in one_line_user_error(lambda: OmniVoiceOnnx.from_dir(mismatched, verify=False))

@@ -121,62 +121,47 @@ def recording(obj, name: str, record):
         delattr(obj, name)
 
 
-@pytest.fixture(scope="module")
-def assets(tiny_model: Path, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("runtime_assets")
-    write_runtime_assets(tiny_model, out)
-    return out
-
-
-@pytest.fixture(scope="module")
-def config(assets: Path) -> dict:
-    return prompt.load_runtime_config(assets)
-
-
-@pytest.fixture(scope="module")
-def tokenizer(assets: Path) -> prompt.TextTokenizer:
-    return prompt.TextTokenizer.from_dir(assets)
-
-
 # ----------------------------------------------------------------------------------------------
 # Duration
 # ----------------------------------------------------------------------------------------------
 
 
-def test_duration_tables_are_upstreams():
+def test_duration_tables_are_upstreams(config):
     estimator = RuleDurationEstimator()
-    assert duration.SCRIPT_WEIGHTS == estimator.weights
-    assert list(duration.SCRIPT_RANGES) == estimator.ranges
+    assert config["duration"]["weights"] == estimator.weights
+    assert [tuple(r) for r in config["duration"]["ranges"]] == estimator.ranges
 
 
-def test_char_weight_every_code_point():
+def test_char_weight_every_code_point(config):
     """All 1,114,112 code points (surrogates included), against _get_char_weight."""
-    estimator = RuleDurationEstimator()
+    estimator, rules = RuleDurationEstimator(), config["duration"]
     mismatches = [code for code in range(0x110000)
-                  if duration.char_weight(chr(code)) != estimator._get_char_weight(chr(code))]
+                  if duration.char_weight(chr(code), rules) != estimator._get_char_weight(chr(code))]
     assert mismatches == []
 
 
-def test_estimate_duration_exact():
+def test_estimate_duration_exact(config):
     estimator = RuleDurationEstimator()
     rng = random.Random(0)
     texts = TEXTS + RANDOM_TEXTS
     cases = [(t, r, f) for t in TEXTS for r in TEXTS for f in (1, 25, 125.0)]
     cases += [(rng.choice(texts), rng.choice(texts), rng.choice([0, -3, 1, 7, 25, 50, 125, 333, 500, 0.5]))
               for _ in range(5000)]
+    rules = config["duration"]
     for target, ref, frames in cases:
-        assert duration.estimate_duration(target, ref, frames) == estimator.estimate_duration(target, ref, frames), \
-            (target, ref, frames)
+        assert (duration.estimate_duration(target, ref, frames, rules)
+                == estimator.estimate_duration(target, ref, frames)), (target, ref, frames)
     for target in texts:  # other thresholds and boosts, and no threshold at all
         for low, boost in ((None, 3), (10, 2), (100, 1), (50, 4)):
-            assert (duration.estimate_duration(target, "Nice to meet you.", 25, low, boost)
+            other = {**rules, "low_threshold": low, "boost_strength": boost}
+            assert (duration.estimate_duration(target, "Nice to meet you.", 25, other)
                     == estimator.estimate_duration(target, "Nice to meet you.", 25, low, boost))
 
 
 SPEEDS = [1.0, 0.5, 0.8, 1.2, 2.0, 3.7, 0.0, -1.0, 1]
 
 
-def test_estimate_target_tokens(torch_model):
+def test_estimate_target_tokens(torch_model, config):
     rng = random.Random(1)
     texts = TEXTS + RANDOM_TEXTS
     cases = [(t, None, None, s) for t in texts for s in SPEEDS]
@@ -184,7 +169,7 @@ def test_estimate_target_tokens(torch_model):
     cases += [(rng.choice(texts), rng.choice(TEXTS), rng.choice([1, 10, 75, 125, 250, 500]), rng.choice(SPEEDS))
               for _ in range(4000)]
     for target, ref, frames, speed in cases:
-        assert (duration.estimate_target_tokens(target, ref, frames, speed)
+        assert (duration.estimate_target_tokens(target, ref, frames, config["duration"], speed)
                 == torch_model._estimate_target_tokens(target, ref, frames, speed=speed)), (target, ref, frames, speed)
 
 
@@ -204,25 +189,25 @@ TARGET_LENGTH_CASES = [  # (speed, duration) as generate() takes them
 
 @pytest.mark.parametrize("with_ref", [False, True], ids=["no-ref", "ref"])
 @pytest.mark.parametrize("speed,dur", TARGET_LENGTH_CASES)
-def test_target_lengths_match_preprocess_all(torch_model, with_ref, speed, dur):
+def test_target_lengths_match_preprocess_all(torch_model, config, with_ref, speed, dur):
     texts = [TEXTS[1], TEXTS[4], TEXTS[20]]
     refs = [("The quick brown fox.", 113), ("你好世界。", 61), ("Short.", 9)] if with_ref else [(None, None)] * 3
     prompts = [_prompt(r, f) for r, f in refs] if with_ref else None
     task = torch_model._preprocess_all(text=texts, voice_clone_prompt=prompts, speed=speed, duration=dur)
     lengths, speed_list = duration.target_lengths(texts, [r for r, _ in refs], [f for _, f in refs], speed, dur,
-                                                  FRAME_RATE)
+                                                  FRAME_RATE, config["duration"])
     assert lengths == task.target_lens
     assert speed_list == task.speed
     assert torch_model.audio_tokenizer.config.frame_rate == FRAME_RATE
 
 
 @pytest.mark.parametrize("speed,dur", [([1.2], None), (None, [2.0]), ([None, 1.0], None), ([1.0, None], [2.0, None])])
-def test_target_lengths_user_errors_where_upstream_crashes(torch_model, speed, dur):
+def test_target_lengths_user_errors_where_upstream_crashes(torch_model, config, speed, dur):
     texts = ["One.", "Two."]
     with pytest.raises((IndexError, TypeError)):
         torch_model._preprocess_all(text=texts, speed=speed, duration=dur)
     with pytest.raises(UserError):
-        duration.target_lengths(texts, [None, None], [None, None], speed, dur, FRAME_RATE)
+        duration.target_lengths(texts, [None, None], [None, None], speed, dur, FRAME_RATE, config["duration"])
 
 
 # ----------------------------------------------------------------------------------------------
@@ -230,12 +215,13 @@ def test_target_lengths_user_errors_where_upstream_crashes(torch_model, speed, d
 # ----------------------------------------------------------------------------------------------
 
 
-def test_text_tables_are_upstreams():
-    assert text.SPLIT_PUNCTUATION == upstream_text.SPLIT_PUNCTUATION
-    assert text.CLOSING_MARKS == upstream_text.CLOSING_MARKS
-    assert text.END_PUNCTUATION == upstream_text.END_PUNCTUATION
-    assert text.ABBREVIATIONS == upstream_text.ABBREVIATIONS
-    assert prompt.NONVERBAL_PATTERN.pattern == upstream._NONVERBAL_PATTERN.pattern
+def test_text_tables_are_upstreams(config):
+    rules = config["text"]
+    assert set(rules["split_punctuation"]) == upstream_text.SPLIT_PUNCTUATION
+    assert set(rules["closing_marks"]) == upstream_text.CLOSING_MARKS
+    assert set(rules["end_punctuation"]) == upstream_text.END_PUNCTUATION
+    assert set(rules["abbreviations"]) == upstream_text.ABBREVIATIONS
+    assert config["prompt"]["nonverbal_pattern"] == upstream._NONVERBAL_PATTERN.pattern
 
 
 def _long_texts() -> list[str]:
@@ -250,29 +236,32 @@ def _long_texts() -> list[str]:
 
 
 @pytest.mark.parametrize("min_chunk_len", [None, 1, 3, 10])
-def test_chunk_text_punctuation(min_chunk_len):
+def test_chunk_text_punctuation(config, min_chunk_len):
     for long_text in _long_texts() + TEXTS:
         for chunk_len in (0, 1, 5, 20, 57, 100, 250, 1000):
-            assert (text.chunk_text_punctuation(long_text, chunk_len, min_chunk_len)
-                    == upstream_text.chunk_text_punctuation(long_text, chunk_len, min_chunk_len)), (long_text, chunk_len)
+            assert (text.chunk_text_punctuation(long_text, chunk_len, config["text"], min_chunk_len)
+                    == upstream_text.chunk_text_punctuation(long_text, chunk_len, min_chunk_len)), \
+                (long_text, chunk_len)
 
 
-def test_chunk_text_punctuation_default_is_generate_chunked_value():
+def test_chunk_text_punctuation_min_chunk_len_is_generate_chunked_value(config):
+    rules = config["text"]
     for long_text in _long_texts():
-        assert text.chunk_text_punctuation(long_text, 80) == upstream_text.chunk_text_punctuation(long_text, 80, 3)
+        assert (text.chunk_text_punctuation(long_text, 80, rules, rules["min_chunk_len"])
+                == upstream_text.chunk_text_punctuation(long_text, 80, 3))
 
 
-def test_add_punctuation():
+def test_add_punctuation(config):
     for sample in TEXTS + RANDOM_TEXTS + [t + suffix for t in TEXTS[:6] for suffix in ("……", "、", "  ", "\n", "x")]:
-        assert text.add_punctuation(sample) == upstream_text.add_punctuation(sample), sample
+        assert text.add_punctuation(sample, config["text"]) == upstream_text.add_punctuation(sample), sample
 
 
-def test_combine_text():
+def test_combine_text(config):
     rng = random.Random(3)
     pairs = [(t, r) for t in TEXTS for r in (None, "", "  ", TEXTS[3], TEXTS[4], TEXTS[23], TEXTS[24])]
     pairs += [(rng.choice(RANDOM_TEXTS), rng.choice(RANDOM_TEXTS + [None])) for _ in range(500)]
     for target, ref in pairs:
-        assert text.combine_text(target, ref) == upstream._combine_text(target, ref), (target, ref)
+        assert text.combine_text(target, config["text"], ref) == upstream._combine_text(target, ref), (target, ref)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -303,12 +292,13 @@ def test_control_tokens_are_single_ids(torch_model, tokenizer):
         assert len(tokenizer.encode(token)) == 1
 
 
-def test_nonverbal_tag_tokenization(torch_model, tokenizer):
+def test_nonverbal_tag_tokenization(torch_model, tokenizer, config):
     samples = [f"<|text_start|>{t}<|text_end|>" for t in TEXTS + RANDOM_TEXTS[:50]] + TEXTS
     samples += ["[laughter]", "[sigh][sigh]", "x[laughter]", "[laughter]x", "[Laughter] [sigh ] [question-yi]"]
     for sample in samples:
         expected = upstream._tokenize_with_nonverbal_tags(sample, torch_model.text_tokenizer)
-        assert tokenizer.encode_with_nonverbal_tags(sample) == expected[0].tolist(), sample
+        ours = tokenizer.encode_with_nonverbal_tags(sample, config["prompt"]["nonverbal_pattern"])
+        assert ours == expected[0].tolist(), sample
 
 
 # ----------------------------------------------------------------------------------------------
@@ -424,7 +414,7 @@ def test_build_item_inputs_matches_prepare_inference_inputs(torch_model, tokeniz
                     lang, instruct, denoise)
                 ids, mask = prompt.build_item_inputs(tokenizer, target, num_target, ref_text, ref_tokens, lang,
                                                      instruct, denoise, model["num_audio_codebook"],
-                                                     model["audio_mask_id"])
+                                                     model["audio_mask_id"], config)
                 assert ids.dtype == np.int64 and mask.dtype == np.bool_
                 np.testing.assert_array_equal(ids, expected["input_ids"].numpy())
                 np.testing.assert_array_equal(mask, expected["audio_mask"].numpy())
@@ -483,9 +473,9 @@ def test_batch_inputs_match_generate_first_forward(torch_model, tokenizer, confi
     instructs = [prompt.resolve_instruct(instruct, prompt.instruct_use_zh(t, data), data)
                  for instruct, t in zip(per_item(case["instruct"]), texts)]
     target_lens, _ = duration.target_lengths(texts, [r for r, _ in refs], [f for _, f in refs], case["speed"],
-                                             case["duration"], FRAME_RATE)
+                                             case["duration"], FRAME_RATE, config["duration"])
     items = [prompt.build_item_inputs(tokenizer, t, n, r, tokens, lang, instruct, True,
-                                      model["num_audio_codebook"], model["audio_mask_id"])
+                                      model["num_audio_codebook"], model["audio_mask_id"], config)
              for t, n, (r, _), tokens, lang, instruct in zip(texts, target_lens, refs, ref_tokens, langs, instructs)]
     input_ids, audio_mask, attention_mask, c_lens = prompt.batch_inputs(
         items, target_lens, model["num_audio_codebook"], model["audio_mask_id"])
@@ -496,11 +486,12 @@ def test_batch_inputs_match_generate_first_forward(torch_model, tokenizer, confi
         np.testing.assert_array_equal(ours, captured[key], err_msg=key)
 
 
-def _chunk_plan(texts, refs, target_lens, speed_list, generated_lens):
+def _chunk_plan(texts, refs, target_lens, speed_list, generated_lens, config):
     """Our prediction of _generate_chunked's sub-tasks: (texts, target_lens, ref_texts) per call.
 
     `generated_lens[i]` is the frame count of item i's chunk 0 (its own estimate, as generated)."""
-    chunks = [text.chunk_text_punctuation(t, text.text_chunk_len(t, n, 15.0, FRAME_RATE))
+    rules = config["text"]
+    chunks = [text.chunk_text_punctuation(t, text.text_chunk_len(t, n, 15.0, FRAME_RATE), rules, rules["min_chunk_len"])
               for t, n in zip(texts, target_lens)]
     speeds = speed_list or [1.0] * len(texts)
     calls = []
@@ -514,7 +505,7 @@ def _chunk_plan(texts, refs, target_lens, speed_list, generated_lens):
         else:
             ref_texts, ref_lens = [chunks[i][0] for i in indices], [generated_lens[i] for i in indices]
         chunk_texts = [chunks[i][ci] for i in indices]
-        lens = [duration.estimate_target_tokens(t, r, n, speed=speeds[i])
+        lens = [duration.estimate_target_tokens(t, r, n, config["duration"], speed=speeds[i])
                 for t, r, n, i in zip(chunk_texts, ref_texts, ref_lens, indices)]
         calls.append((chunk_texts, lens, ref_texts))
     return calls
@@ -529,7 +520,7 @@ LONG_B = "".join([TEXTS[4], TEXTS[22]] * 5)
 @pytest.mark.parametrize("with_ref,speed,dur", [(False, None, None), (True, None, None), (True, 0.8, None),
                                                 (False, [0.9, 1.0], [None, 40.0])],
                          ids=["no-ref", "ref", "ref-speed", "no-ref-duration"])
-def test_chunk_plan_matches_generate_chunked(torch_model, with_ref, speed, dur):
+def test_chunk_plan_matches_generate_chunked(torch_model, config, with_ref, speed, dur):
     """Long texts (> 30 s estimated): chunk texts, per-chunk lengths and references equal those
     upstream's _generate_chunked passes to _generate_iterative."""
     texts = [LONG_A, LONG_B]
@@ -546,10 +537,10 @@ def test_chunk_plan_matches_generate_chunked(torch_model, with_ref, speed, dur):
         torch_model.generate(text=texts, voice_clone_prompt=prompts, speed=speed, duration=dur, num_step=1)
 
     target_lens, speed_list = duration.target_lengths(texts, [r for r, _ in refs], [f for _, f in refs], speed, dur,
-                                                      FRAME_RATE)
+                                                      FRAME_RATE, config["duration"])
     assert all(n > int(30.0 * FRAME_RATE) for n in target_lens)  # both items take the chunked path
     chunk0_lens = calls[0][1]
-    assert _chunk_plan(texts, refs, target_lens, speed_list, chunk0_lens) == calls
+    assert _chunk_plan(texts, refs, target_lens, speed_list, chunk0_lens, config) == calls
     assert len(calls) > 2
 
 
@@ -598,12 +589,20 @@ def test_loaders_reject_missing_and_damaged_files(assets, tmp_path):
     (tmp_path / "runtime-config.json").write_text("[1, 2]")
     _expect_user_error(lambda: prompt.load_runtime_config(tmp_path), "not a JSON object")
     good = json.loads((assets / "runtime-config.json").read_text(encoding="utf-8"))
-    for section, key in (("instruct", None), ("languages", "name_to_id"), ("model", "audio_mask_id")):
+    damages = [("instruct", None, None), ("languages", "name_to_id", "oops"), ("model", "audio_mask_id", "oops"),
+               ("instruct", "zh_pattern", "[unclosed"), ("prompt", "nonverbal_pattern", "(bad"),
+               ("duration", "ranges", [[0x2AF, "latin"], [0x100, "greek"]]), ("duration", "weights", {"latin": "1"}),
+               ("text", "abbreviations", [1, 2]), ("text", "split_punctuation", [".."]),
+               ("audio", "reference_silence_ms", [200, 100]), ("audio", "seek_step_ms", 0),
+               ("audio", "min_peak", float("nan")), ("graphs", None, None), ("version", None, 1)]
+    for section, key, value in damages:
         damaged = json.loads(json.dumps(good))
-        if key is None:
+        if key is None and value is None:
             del damaged[section]
+        elif key is None:
+            damaged[section] = value
         else:
-            damaged[section][key] = "oops"
+            damaged[section][key] = value
         (tmp_path / "runtime-config.json").write_text(json.dumps(damaged))
         _expect_user_error(lambda: prompt.load_runtime_config(tmp_path), section)
 
