@@ -11,9 +11,11 @@ import numpy as np
 import pytest
 
 from conftest import Pipeline
+from omnivoice_export.runtime_assets import host_sections
 from omnivoice_onnx import Cancelled, OmniVoiceOnnx, Trace, audio
 
 RATE = 24000
+RULES = host_sections()["audio"]  # runtime-config.json's audio section, as the export writes it
 # Three sentences: several chunks under STREAM_CHUNK_DEFAULTS, one under upstream's 30 s threshold.
 TEXT = ("The first sentence sets the scene. A second one follows it closely, with a few more words. "
         "And a third one ends the paragraph here.")
@@ -31,12 +33,12 @@ def synthetic_chunks(seed: int, loud_last: float = 1.0) -> list[np.ndarray]:
 
 
 def assemble(chunks, ref_rms, postprocess, pad=0.1, fade=0.1) -> np.ndarray:
-    assembler = audio.StreamAssembler(RATE, ref_rms, postprocess, pad, fade)
+    assembler = audio.StreamAssembler(RATE, RULES, ref_rms, postprocess, pad, fade)
     return np.concatenate([assembler.add(c, i, len(chunks)) for i, c in enumerate(chunks)])
 
 
 def whole(chunks, ref_rms, postprocess, pad=0.1, fade=0.1) -> np.ndarray:
-    return audio.post_process(audio.cross_fade_chunks(chunks, RATE), ref_rms, RATE, postprocess, pad, fade)[0]
+    return audio.post_process(audio.cross_fade_chunks(chunks, RATE, RULES), ref_rms, RATE, RULES, postprocess, pad, fade)[0]
 
 
 @pytest.mark.parametrize("pad,fade", [(0.1, 0.1), (0.0, 0.0), (0.3, 2.5)])
