@@ -23,7 +23,7 @@ import pytest
 
 from omnivoice_onnx import OmniVoiceOnnx
 from omnivoice_onnx.audio_out import encode_audio
-from omnivoice_onnx.batch import RESULTS_FILE, Options, read_results, read_test_list, run_batch, seed_for_id
+from omnivoice_onnx.batch import RESULT_FIELDS, RESULTS_FILE, Options, read_results, read_test_list, run_batch, seed_for_id
 from omnivoice_onnx.voices import Voice, save_voice
 
 pytestmark = pytest.mark.slow
@@ -121,6 +121,7 @@ def test_outputs_equal_generate(reference_run, corpus, pipeline):
                              speed=line.speed, generation_config=GENERATION, seed=line.seed, **kwargs)[0]
         assert wavs[line.id] == encode_audio(audio, tts.sample_rate, "wav"), line.id
         record = records[line.id]
+        assert set(record) == set(RESULT_FIELDS)
         assert record["seed"] == line.seed and record["error"] is None and record["line"] == line.number
         assert record["wav_sha256"] == "sha256:" + hashlib.sha256(wavs[line.id]).hexdigest()
         assert record["audio_seconds"] == pytest.approx((len(wavs[line.id]) - 44) / 2 / tts.sample_rate)
