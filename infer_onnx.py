@@ -156,7 +156,9 @@ def main(argv: list[str] | None = None) -> None:
     else:
         try:
             from omnivoice_export.end_to_end import compare  # torch and omnivoice: compare mode only
-        except ModuleNotFoundError as exc:
+        except ImportError as exc:
+            # Not installed; or, for onnx, the export folder onnx/ in the repository taken as an empty
+            # namespace package (`cannot import name 'helper' from 'onnx' (unknown location)`).
             if exc.name is None or exc.name.split(".")[0] not in TOOLCHAIN_MODULES:
                 raise
             raise UserError(f"compare mode needs the toolchain, and {exc.name} is not installed",

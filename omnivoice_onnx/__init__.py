@@ -30,6 +30,7 @@ Modules, one host stage each:
     cli          the `omnivoice-onnx` command and its subcommands
     cliutil      argument types, exit codes, one-line errors (shared with the toolchain)
     files        atomic file writing, sha256, JSON artefacts (shared with the toolchain)
+    graphmeta    a graph's metadata_props read from the .onnx protobuf (no onnx package, no session)
 """
 
 # The one version: pyproject.toml reads it from here (setuptools dynamic version).

@@ -238,7 +238,7 @@ def _destination(dest: str | os.PathLike | None, fmt: str | None, what: str) -> 
     target = Path(os.path.realpath(given))  # symlinks followed: the link's target is what is written
     try:
         mode = target.stat().st_mode
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # a new file (check_output names a parent that is a file)
         mode = None
     except OSError as exc:
         raise UserError(f"{what} {given} cannot be reached ({exc.strerror})", "pass a path you may write") from exc

@@ -18,6 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 
 METADATA_PROPS_FIELD = 14  # ModelProto.metadata_props
+GRAPH_FIELD = 7  # ModelProto.graph: every model has one
 KEY_FIELD, VALUE_FIELD = 1, 2  # StringStringEntryProto
 VARINT, FIXED64, LENGTH_DELIMITED, FIXED32 = 0, 1, 2, 5  # protobuf wire types
 
@@ -59,10 +60,14 @@ def _fields(data: bytes):
 
 
 def read_metadata_props(path: str | Path) -> dict[str, str]:
-    """A graph's metadata_props as a dict; ValueError for a file that is not an ONNX ModelProto."""
-    props = {}
+    """A graph's metadata_props as a dict; ValueError for a file that is not an ONNX ModelProto
+    (malformed protobuf, or no graph field: an empty file parses as an empty message)."""
+    props, has_graph = {}, False
     for number, wire, value in _fields(Path(path).read_bytes()):
+        has_graph |= number == GRAPH_FIELD and wire == LENGTH_DELIMITED
         if number == METADATA_PROPS_FIELD and wire == LENGTH_DELIMITED:
             entry = {n: v for n, w, v in _fields(value) if w == LENGTH_DELIMITED}
             props[entry.get(KEY_FIELD, b"").decode("utf-8")] = entry.get(VALUE_FIELD, b"").decode("utf-8")
+    if not has_graph:
+        raise ValueError("no graph in it: not an ONNX model")
     return props

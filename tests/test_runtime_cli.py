@@ -27,6 +27,7 @@ from omnivoice_export.cli import EXIT_BAD_INPUT, run_main
 from omnivoice_export.generation import DEFAULT_SEED, LANGUAGE
 from omnivoice_onnx import OmniVoiceOnnx, UserError
 from omnivoice_onnx.api import default_variant
+from omnivoice_onnx.audio_out import to_pcm16
 from omnivoice_onnx.contract import FP32_VARIANT, GRAPH_FILES, variant_dir, variant_path, variants_present
 
 BLOCKED = ("torch", "torchaudio", "transformers", "omnivoice", "pydub")
@@ -163,13 +164,13 @@ def test_infer_text_synthesises_without_torch(mode: str, pipeline: Pipeline, tmp
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip().splitlines()[-1] == "imported: []"
     assert f"[synthesis] {mode}:" in done.stdout and "no PyTorch" in done.stdout
-    written, rate = soundfile.read(out, dtype="float32")
+    written, rate = soundfile.read(out, dtype="int16")  # 16-bit PCM: the one audio writer (audio_out)
     tts = OmniVoiceOnnx.from_dir(pipeline.onnx)
     request = ({"ref_audio": str(pipeline.capture / "ref_voice.wav"), "ref_text": ref_text, "language": LANGUAGE}
                if mode == "clone" else {"instruct": "female, low pitch", "language": None})
     (expected,) = tts.generate("Hello there, this is a test.", seed=5, generation_config={"num_step": 4}, **request)
     assert rate == tts.sample_rate
-    assert np.array_equal(written, expected)
+    assert np.array_equal(written, to_pcm16(expected))
 
 
 @pytest.mark.slow
@@ -182,7 +183,7 @@ def test_infer_text_default_seed_and_variant(pipeline: Pipeline, variants_export
         tts = OmniVoiceOnnx.from_dir(variants_export, variant=variant)
         (expected,) = tts.generate("Good morning.", language=LANGUAGE, seed=DEFAULT_SEED,
                                    generation_config={"num_step": 4})
-        assert np.array_equal(soundfile.read(out, dtype="float32")[0], expected)
+        assert np.array_equal(soundfile.read(out, dtype="int16")[0], to_pcm16(expected))
 
 
 @pytest.mark.slow

@@ -156,7 +156,13 @@ def voice_kwargs(args: argparse.Namespace, tts, kwargs: dict[str, Any]) -> dict[
     same thing twice is refused. The voices module is imported here, when a voice is asked for."""
     if args.voice is None:
         return kwargs
-    from omnivoice_onnx import voices
+    try:
+        from omnivoice_onnx import voices
+    except ModuleNotFoundError as exc:
+        if exc.name != "omnivoice_onnx.voices":
+            raise
+        raise UserError("this omnivoice-onnx has no saved voices (omnivoice_onnx.voices)",
+                        "use --ref-audio and --ref-text, or install a version with `omnivoice-onnx voice`") from exc
 
     folder = voices.voices_dir(args.model_dir, args.voices)
     voice = voices.load_voice(args.voice, folder, tts.metadata["model_fingerprint"])
@@ -168,18 +174,23 @@ def voice_kwargs(args: argparse.Namespace, tts, kwargs: dict[str, Any]) -> dict[
 
 
 class Reporter:
-    """The progress line and the summary on stderr, when it is a terminal and --quiet is not given."""
+    """The progress line and the summary on stderr, when it is a terminal and --quiet is not given.
+    The ETA and the real-time factor count from begin() (generation), the load time before it."""
 
     def __init__(self, enabled: bool, err: TextIO | None = None) -> None:
         self.enabled, self.err = enabled, err or sys.stderr
-        self.start = time.monotonic()
+        self.start = self.generation_start = time.monotonic()
         self.drawn = False
+
+    def begin(self) -> None:
+        """Generation starts now (the model is loaded)."""
+        self.generation_start = time.monotonic()
 
     def progress(self, p: Progress) -> None:
         if not self.enabled:
             return
         done = ((p.chunk - 1) + p.step / p.steps) / p.chunks
-        elapsed = time.monotonic() - self.start
+        elapsed = time.monotonic() - self.generation_start
         eta = elapsed * (1 - done) / done if done > 0 else 0.0
         self.err.write(f"\r{PROG}: chunk {p.chunk}/{p.chunks} step {p.step}/{p.steps}  ETA {eta:4.0f} s \x1b[K")
         self.err.flush()
@@ -188,10 +199,11 @@ class Reporter:
     def summary(self, seconds: float, seed: int, dest: str) -> None:
         if not self.enabled:
             return
-        wall = time.monotonic() - self.start
-        rtf = wall / seconds if seconds > 0 else float("inf")
-        self.err.write(("\r\x1b[K" if self.drawn else "") + f"{PROG}: {seconds:.2f} s of audio in {wall:.2f} s "
-                       f"(RTF {rtf:.2f}), seed {seed} -> {dest}\n")
+        now = time.monotonic()
+        generation, load = now - self.generation_start, self.generation_start - self.start
+        rtf = generation / seconds if seconds > 0 else float("inf")
+        self.err.write(("\r\x1b[K" if self.drawn else "") + f"{PROG}: {seconds:.2f} s of audio in {generation:.2f} s "
+                       f"(RTF {rtf:.2f}; model loaded in {load:.2f} s), seed {seed} -> {dest}\n")
         self.err.flush()
 
 
@@ -214,6 +226,8 @@ def speak(tts, text: str, sink: audio_out.AudioSink, kwargs: dict[str, Any], see
     generate(), or chunk by chunk with stream(). The one synthesis path of the command line
     (omnivoice-onnx speak, infer_onnx.py --text)."""
     progress = reporter.progress if reporter is not None else None
+    if reporter is not None:
+        reporter.begin()
     with sink:
         if stream:
             for chunk in tts.stream(text, seed=seed, progress=progress, **kwargs):
