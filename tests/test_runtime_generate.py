@@ -255,7 +255,7 @@ def one_line_user_error(call) -> str:
     ({"text": "Hi.", "instruct": "purple voice"}, "Unsupported instruct"),
     ({"text": "Hi.", "instruct": "male, female"}, "Conflicting"),
     ({"text": "Hi.", "generation_config": {"num_steps": 8}}, "unknown generation_config field"),
-    ({"text": "Hi.", "generation_config": {"num_step": 0}}, "positive integer"),
+    ({"text": "Hi.", "generation_config": {"num_step": 0}}, "num_step 0 is out of range [1,"),
     ({"text": "Hi.", "seed": 2**64}, "seed"),
     ({"text": ["a.", "b.", "c."], "language": ["en", "en"]}, "language has 2 values"),
     ({"text": "Hi.", "ref_text": "no audio"}, "without ref_audio"),
