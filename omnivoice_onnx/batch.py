@@ -699,6 +699,8 @@ def _progress_bar(total: int, wanted: bool, log: Callable[[str], None]):
 def ray_engine():
     """omnivoice_onnx.batch_ray, or a UserError naming the extra when Ray is not installed."""
     try:
+        import ray.data  # noqa: F401  (batch_ray imports it where it runs; checked here, before any work)
+
         from omnivoice_onnx import batch_ray
     except ModuleNotFoundError as exc:
         if (exc.name or "").split(".")[0] != "ray":

@@ -344,3 +344,18 @@ def test_ray_worker_killed_mid_run(ray_local, corpus, pipeline, tmp_path):
     local = run_batch(dataclasses.replace(base, res_dir=tmp_path / "local", ray=None, workers=1), log=lambda m: None)
     assert local.made == 16 and wav_bytes(tmp_path / "ray") == wav_bytes(tmp_path / "local")
     assert leftovers(tmp_path / "ray") == []
+
+
+def test_ray_missing_is_one_line(corpus, pipeline, tmp_path, monkeypatch, capsys):
+    """--ray without Ray installed: one line naming the extra, before any model work or file."""
+    from omnivoice_onnx.cli import main
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` now fails as if it were not installed
+    monkeypatch.setitem(sys.modules, "ray.data", None)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["batch", "--test-list", str(corpus / "lines.jsonl"), "--res-dir", str(tmp_path / "out"),
+              "--model-dir", str(pipeline.onnx), "--ray"])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.strip() == ("omnivoice-onnx: error: --ray needs Ray Data, which is not installed; "
+                                                "pip install 'omnivoice-onnx[ray]'")
+    assert not (tmp_path / "out").exists()
