@@ -264,14 +264,20 @@ def small_mount(tmp_path):
         subprocess.run(["umount", str(point)], check=True)
 
 
-def test_read_only_res_dir(corpus, pipeline, small_mount):
-    res_dir = small_mount("1M", read_only=True) / "out"
+def test_read_only_res_dir(corpus, pipeline, small_mount, tmp_path):
+    """Refused before the model loads, one line. Root (whom mode bits do not stop) gets a read-only
+    tmpfs; another user a folder without write permission."""
+    if os.geteuid() == 0:
+        parent, reason = small_mount("1M", read_only=True), "Read-only file system"
+    else:
+        parent, reason = tmp_path / "locked", "Permission denied"
+        parent.mkdir(mode=0o555)
+    res_dir = parent / "out"
     done = subprocess.run(cli("--test-list", str(corpus / "lines.jsonl"), "--res-dir", str(res_dir),
                               "--model-dir", str(pipeline.onnx)), cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
     assert done.stderr.strip() == (f"omnivoice-onnx: error: --res-dir {res_dir}: cannot create files in "
-                                   f"{res_dir.parent} (Read-only file system); choose a writable location, or fix "
-                                   "its permissions")
+                                   f"{parent} ({reason}); choose a writable location, or fix its permissions")
 
 
 def test_full_res_dir_stops_cleanly_and_resumes(corpus, pipeline, reference_run, small_mount, tmp_path):
