@@ -66,7 +66,8 @@ MAX_ID_BYTES = 200
 # What the request hash covers besides the line: bump when the WAV encoding of the same samples
 # changes, so a resume redoes files written the old way.
 OUTPUT_FORMAT = "wav-pcm16-v1"
-# One record of results.jsonl (a successful line; a failed or skipped one has error set and no wav_*).
+# The fields of a results.jsonl record, each with its meaning (tests hold records to exactly these; a
+# failed line has error set and wav/wav_sha256 null; a skipped bad line has only id, line, error).
 RESULT_FIELDS = {
     "id": "the line's id",
     "line": "its line number in the list",
@@ -135,7 +136,7 @@ def check_id(value: Any) -> str:
     if not isinstance(value, str) or not value:
         raise ValueError(f"id must be a non-empty string, got {value!r}")
     if "/" in value or "\\" in value or value in (".", "..") or value.startswith("."):
-        raise ValueError(f"id {value!r} is not a plain file name (no '/', '\\\\', leading '.')")
+        raise ValueError(f"id {value!r} is not a plain file name (no '/' or backslash, no leading '.')")
     if any(ord(c) < 32 or ord(c) == 127 for c in value):
         raise ValueError(f"id {value!r} contains a control character")
     if len(value.encode("utf-8")) > MAX_ID_BYTES:
@@ -699,6 +700,8 @@ def _progress_bar(total: int, wanted: bool, log: Callable[[str], None]):
 def ray_engine():
     """omnivoice_onnx.batch_ray, or a UserError naming the extra when Ray is not installed."""
     try:
+        import ray.data  # noqa: F401  (batch_ray imports it where it runs; checked here, before any work)
+
         from omnivoice_onnx import batch_ray
     except ModuleNotFoundError as exc:
         if (exc.name or "").split(".")[0] != "ray":

@@ -33,11 +33,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
-import ray
-import ray.data
 
 import omnivoice_onnx
 from omnivoice_onnx.batch import Options, Synthesizer
+
+# ray is imported inside the functions that use it: every runtime module must import without an
+# extra's package (tests/test_runtime_install.py imports them all, as `omnivoice-onnx --help` may).
 
 # Lines per Ray block: small, so the longest-first order is kept at a fine grain and the actors
 # finish together, and a retried block redoes little; at least BLOCKS_PER_ACTOR blocks per actor.
@@ -61,6 +62,8 @@ class SynthActor:
 def connect(address: str, cpus_wanted: int) -> bool:
     """Join Ray: the running one (a test's, an application's), a cluster at `address`, or a new
     local instance ("local") with room for every actor. True when this call started it."""
+    import ray
+
     if ray.is_initialized():
         return False
     runtime_env = {"py_modules": [omnivoice_onnx]}  # this package's code, to every worker
@@ -76,6 +79,9 @@ def run_ray(options: Options, variant: str, tasks: list[str], estimates: list[fl
             threads: int) -> Iterator[dict[str, Any]]:
     """The tasks (already longest first; `estimates` their seconds, kept as a column for
     inspection) on `options.workers` actors of `threads` CPUs each; outcomes as blocks finish."""
+    import ray
+    import ray.data
+
     started = connect(options.ray, options.workers * threads)
     data_logger = logging.getLogger("ray.data")
     level = data_logger.level

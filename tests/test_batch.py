@@ -23,7 +23,7 @@ import pytest
 
 from omnivoice_onnx import OmniVoiceOnnx
 from omnivoice_onnx.audio_out import encode_audio
-from omnivoice_onnx.batch import RESULTS_FILE, Options, read_results, read_test_list, run_batch, seed_for_id
+from omnivoice_onnx.batch import RESULT_FIELDS, RESULTS_FILE, Options, read_results, read_test_list, run_batch, seed_for_id
 from omnivoice_onnx.voices import Voice, save_voice
 
 pytestmark = pytest.mark.slow
@@ -121,6 +121,7 @@ def test_outputs_equal_generate(reference_run, corpus, pipeline):
                              speed=line.speed, generation_config=GENERATION, seed=line.seed, **kwargs)[0]
         assert wavs[line.id] == encode_audio(audio, tts.sample_rate, "wav"), line.id
         record = records[line.id]
+        assert set(record) == set(RESULT_FIELDS)
         assert record["seed"] == line.seed and record["error"] is None and record["line"] == line.number
         assert record["wav_sha256"] == "sha256:" + hashlib.sha256(wavs[line.id]).hexdigest()
         assert record["audio_seconds"] == pytest.approx((len(wavs[line.id]) - 44) / 2 / tts.sample_rate)
@@ -263,14 +264,20 @@ def small_mount(tmp_path):
         subprocess.run(["umount", str(point)], check=True)
 
 
-def test_read_only_res_dir(corpus, pipeline, small_mount):
-    res_dir = small_mount("1M", read_only=True) / "out"
+def test_read_only_res_dir(corpus, pipeline, small_mount, tmp_path):
+    """Refused before the model loads, one line. Root (whom mode bits do not stop) gets a read-only
+    tmpfs; another user a folder without write permission."""
+    if os.geteuid() == 0:
+        parent, reason = small_mount("1M", read_only=True), "Read-only file system"
+    else:
+        parent, reason = tmp_path / "locked", "Permission denied"
+        parent.mkdir(mode=0o555)
+    res_dir = parent / "out"
     done = subprocess.run(cli("--test-list", str(corpus / "lines.jsonl"), "--res-dir", str(res_dir),
                               "--model-dir", str(pipeline.onnx)), cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
     assert done.stderr.strip() == (f"omnivoice-onnx: error: --res-dir {res_dir}: cannot create files in "
-                                   f"{res_dir.parent} (Read-only file system); choose a writable location, or fix "
-                                   "its permissions")
+                                   f"{parent} ({reason}); choose a writable location, or fix its permissions")
 
 
 def test_full_res_dir_stops_cleanly_and_resumes(corpus, pipeline, reference_run, small_mount, tmp_path):
@@ -343,3 +350,18 @@ def test_ray_worker_killed_mid_run(ray_local, corpus, pipeline, tmp_path):
     local = run_batch(dataclasses.replace(base, res_dir=tmp_path / "local", ray=None, workers=1), log=lambda m: None)
     assert local.made == 16 and wav_bytes(tmp_path / "ray") == wav_bytes(tmp_path / "local")
     assert leftovers(tmp_path / "ray") == []
+
+
+def test_ray_missing_is_one_line(corpus, pipeline, tmp_path, monkeypatch, capsys):
+    """--ray without Ray installed: one line naming the extra, before any model work or file."""
+    from omnivoice_onnx.cli import main
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` now fails as if it were not installed
+    monkeypatch.setitem(sys.modules, "ray.data", None)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["batch", "--test-list", str(corpus / "lines.jsonl"), "--res-dir", str(tmp_path / "out"),
+              "--model-dir", str(pipeline.onnx), "--ray"])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.strip() == ("omnivoice-onnx: error: --ray needs Ray Data, which is not installed; "
+                                                "pip install 'omnivoice-onnx[ray]'")
+    assert not (tmp_path / "out").exists()

@@ -12,6 +12,7 @@ Writes res-dir/<id>.wav (16-bit PCM) and res-dir/results.jsonl; run the same com
 interruption (Ctrl-C, kill) and it does only what is left. A line without a seed gets the first 8
 bytes of sha256(id) >> 1, so every WAV is the same bytes on any engine, worker count or order.
 Upstream's underscore spellings (--test_list, --res_dir, --num_step, --lang_id, ...) are accepted.
+Exit 1 when some lines failed while synthesising (each recorded with its error; the rest written).
 """
 
 from __future__ import annotations
