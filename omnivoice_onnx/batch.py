@@ -467,7 +467,8 @@ def make_plan(tts: OmniVoiceOnnx, test_list: TestList, options: Options, records
             plan.done.append(line)
             continue
         voice_frames = None if voice is None or voice.prompt is None else voice.prompt.ref_audio_tokens.shape[-1]
-        plan.todo.append((line, request, estimated_seconds(line, tts.model.frame_rate, tts.runtime_config["duration"], voice_frames)))
+        plan.todo.append((line, request, estimated_seconds(line, tts.model.frame_rate, tts.runtime_config["duration"],
+                                                           voice_frames)))
         plan.tasks[line.id] = line.as_task(options.generation_config, os.fspath(voices))
     plan.todo.sort(key=lambda item: -item[2])  # longest first: the last lines to start are short
     return plan
