@@ -21,7 +21,7 @@ import onnxruntime as ort
 import pytest
 import torch
 
-from omnivoice_export import exporting, fp16, quantize, report, wrappers
+from omnivoice_export import exporting, fp16, model_card, quantize, report, wrappers
 from omnivoice_export.builder import LARGE_ACTIVATIONS, build_checkpoint
 from omnivoice_export.checkpoints import load_omnivoice, model_fingerprint
 from omnivoice_onnx.contract import AUDIO_VOCAB_SIZE, NUM_CODEBOOKS, THRESHOLDS
@@ -68,7 +68,7 @@ def large_act(tmp_path_factory) -> Path:
         config = json.loads((model_dir / "config.json").read_text())
         exporting.set_metadata(onnx_dir / TRANSFORMER, "transformer", exporting.graph_metadata(
             "transformer", config, model_fingerprint(model_dir), "dynamo", exporting.DEFAULT_OPSET,
-            report.package_versions()))
+            report.package_versions(), model_card.provenance(model_dir)))
         # The fp16 recipe's transformer conversion, as step 5 makes it (this export has no report and no codecs).
         source = onnx_dir / TRANSFORMER
         recipe = quantize.RECIPES["fp16"]

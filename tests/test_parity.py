@@ -18,7 +18,7 @@ import parity_check
 from conftest import Pipeline, install_graph, read_report, rehash_graph, run_script, single_stderr_line
 from omnivoice_export import capture, report
 from omnivoice_export.cli import CheckFailed
-from omnivoice_onnx.contract import GRAPH_FILES, GRAPH_NAMES, THRESHOLDS
+from omnivoice_onnx.contract import CONTRACTS, GRAPH_FILES, GRAPH_NAMES, THRESHOLDS
 
 pytestmark = pytest.mark.slow  # every test here uses the session pipeline (steps 0-2, ~100 s)
 NUM_STEP = 32
@@ -47,8 +47,7 @@ def test_passes_on_the_correct_export(passing_report: dict, pipeline: Pipeline) 
     """Every graph passes on every captured input, within the one threshold table."""
     section = passing_report["parity"]["cpu"]
     assert section["verdict"] == "PASS"
-    assert section["thresholds"] == {k: v for k, v in THRESHOLDS.items()
-                                     if not k.startswith(("end_to_end", "self_check"))}
+    assert section["thresholds"] == {k: THRESHOLDS[k] for contract in CONTRACTS.values() for k in contract.tolerances}
     graphs = section["graphs"]
     assert all(graphs[g]["passed"] and not graphs[g]["failures"] for g in GRAPH_NAMES)
     manifest = capture.load_manifest(pipeline.capture, verify_hashes=False)
