@@ -439,11 +439,11 @@ def _edit_config(section: str, key: str, value):
 @pytest.mark.slow
 @pytest.mark.parametrize("edit,words", [
     (_edit_config("instruct", "zh_pattern", "[\u4e00-"), "instruct.zh_pattern"),
-    (_edit_config("languages", "ids", [5, "en"]), "languages.ids must be a non-empty list"),
+    (_edit_config("languages", "ids", [5, "en"]), "languages.ids is missing or not a list of strings"),
     (_edit_config("languages", "name_to_id", {"english": "xx"}), "maps 'english' to 'xx', which is not in"),
-    (_edit_config("instruct", "valid", ["male", 3]), "instruct.valid must list strings"),
-    (_edit_config("instruct", "mutually_exclusive", ["male"]), "mutually_exclusive must be a list of lists"),
-    (_edit_config("model", "audio_vocab_size", 0), "model.audio_vocab_size is 0"),
+    (_edit_config("instruct", "valid", ["male", 3]), "instruct.valid is missing or not a list of strings"),
+    (_edit_config("instruct", "mutually_exclusive", ["male"]), "instruct.mutually_exclusive is missing or not a list of lists of strings"),
+    (_edit_config("model", "audio_vocab_size", 0), "model.audio_vocab_size is missing or not a positive integer"),
     (_edit_config("generation", "num_step", "32"), "its generation defaults are wrong (generation_config.num_step"),
     (_edit_config("generation", "t_shift", 1e39), "its generation defaults are wrong"),
 ], ids=["regex", "ids-types", "id-out-of-range", "instruct-types", "exclusive-shape", "vocab-0", "num-step-str",
