@@ -344,11 +344,12 @@ def assert_same_bits_on_captured_calls(capture_dir: Path, session, reference) ->
     assert calls == len(capture.MODES) * 32
 
 
-# The files that need the session pipeline, longest first (log Run 21: `--durations=0` summed per
-# file on two workers; the first also builds the pipeline, ~70 s).
-LONGEST_FILES = ("test_reliability.py", "test_quantize.py", "test_hardening.py", "test_export.py",
-                 "test_runtime_generate.py", "test_parity.py", "test_runtime_cli.py", "test_infer.py",
-                 "test_fusion.py")
+# The files that need the session pipeline, longest first (log Run 27: `--durations=0` summed per
+# file on two workers; the first also builds the pipeline, ~65 s).
+LONGEST_FILES = ("test_reliability.py", "test_runtime_generate.py", "test_quantize.py", "test_batch.py",
+                 "test_hardening.py", "test_reliability3.py", "test_parity.py", "test_runtime_cli.py",
+                 "test_export.py", "test_fusion.py", "test_infer.py", "test_runtime_install.py", "test_server.py",
+                 "test_stream.py", "test_voices.py", "test_speak.py", "test_model_card.py")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
