@@ -29,22 +29,12 @@ Subtle points, for a port:
 from __future__ import annotations
 
 import bisect
-import functools
 import unicodedata
 from typing import Any, Sequence
 
 from omnivoice_onnx.errors import UserError
 
 ASCII_SPACE = 32  # checked before the Unicode category, as upstream does
-
-
-@functools.lru_cache(maxsize=8)
-def _breakpoints(ranges: tuple[tuple[int, str], ...]) -> list[int]:
-    return [end for end, _ in ranges]
-
-
-def _range_key(rules: dict[str, Any]) -> tuple[tuple[int, str], ...]:
-    return tuple((end, script) for end, script in rules["ranges"])
 
 
 def char_weight(char: str, rules: dict[str, Any]) -> float:
@@ -73,8 +63,8 @@ def char_weight(char: str, rules: dict[str, Any]) -> float:
         return weights["space"]
     if category.startswith("N"):
         return weights["digit"]
-    ranges = _range_key(rules)
-    index = bisect.bisect_left(_breakpoints(ranges), code)
+    ranges = rules["ranges"]  # ascending [last code point, script] (checked at load)
+    index = bisect.bisect_left(ranges, code, key=lambda r: r[0])
     if index < len(ranges):
         return weights[ranges[index][1]]
     if code > rules["upper_planes_start"]:
