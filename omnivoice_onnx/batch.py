@@ -51,7 +51,7 @@ from omnivoice_onnx.api import OmniVoiceOnnx
 from omnivoice_onnx.audio_out import encode_audio
 from omnivoice_onnx.cliutil import check_output
 from omnivoice_onnx.errors import UserError
-from omnivoice_onnx.files import atomic_path, remove_stale_temporaries
+from omnivoice_onnx.files import atomic_path, remove_stale_temporaries, sha256_file
 from omnivoice_onnx.rng import SEED_MAX, SEED_MIN
 from omnivoice_onnx.voices import is_voice_path, load_voice, voices_dir
 
@@ -254,11 +254,7 @@ class FileDigests:
         stat = os.stat(path)
         key = (os.fspath(path), stat.st_mtime_ns, stat.st_size)
         if key not in self._cache:
-            digest = hashlib.sha256()
-            with open(path, "rb") as handle:
-                for block in iter(lambda: handle.read(1 << 20), b""):
-                    digest.update(block)
-            self._cache[key] = "sha256:" + digest.hexdigest()
+            self._cache[key] = "sha256:" + sha256_file(Path(path))
         return self._cache[key]
 
 
@@ -439,7 +435,7 @@ def is_done(line: Line, request: str, record: dict[str, Any] | None, res_dir: Pa
     if record.get("model_fingerprint") != model["model_fingerprint"] or record.get("variant") != model["variant"]:
         return False
     wav = res_dir / f"{line.id}.wav"
-    return wav.is_file() and FileDigests()(wav) == record.get("wav_sha256")
+    return wav.is_file() and "sha256:" + sha256_file(wav) == record.get("wav_sha256")
 
 
 def make_plan(tts: OmniVoiceOnnx, test_list: TestList, options: Options, records: dict[str, dict[str, Any]],

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Callable, Iterator, NoReturn
 
 from omnivoice_onnx.errors import UserError
+from omnivoice_onnx.rng import SEED_MAX, SEED_MIN  # what torch.manual_seed accepts (re-exported: --seed)
 from omnivoice_onnx.sessions import default_threads
 
 EXIT_CHECK_FAILED = 1  # a parity/end-to-end check ran and failed: a finding, not a crash
@@ -37,6 +38,7 @@ EXIT_TERMINATED = 128 + signal.SIGTERM  # 143
 # that SIGPIPE ended, as `yes | head -1` does; artefacts from before the run are intact.
 EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE  # 141
 
+
 class CheckFailed(Exception):
     """A check ran to completion and failed; exit code 1."""
 
@@ -46,8 +48,6 @@ EXIT_CODES_HELP = (f"exit codes: 0 success, {EXIT_CHECK_FAILED} a check ran and 
                    f"{EXIT_TERMINATED} terminated (SIGTERM), {EXIT_BROKEN_PIPE} output pipe closed; "
                    "errors are one line on stderr, --debug shows the traceback")
 
-# What torch.manual_seed accepts (its documented range); anything else fails deep inside generate().
-SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
 
 
 def _bounds(low: float | None, high: float | None) -> str:

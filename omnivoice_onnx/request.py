@@ -78,6 +78,8 @@ LIMIT_FIX = ("raise it with the environment variable {env} (docs/runtime.md, Req
 
 def limit(name: str) -> float:
     """The current value of limit `name`: $OMNIVOICE_<name> when set, else the module constant."""
+    if name not in LIMITS:
+        raise KeyError(f"{name} is not one of request.LIMITS")
     env = LIMIT_ENV_PREFIX + name
     raw = os.environ.get(env, "").strip()
     default = globals()[name]

@@ -38,11 +38,12 @@ from omnivoice_onnx import audio_out
 from omnivoice_onnx.cliutil import NUM_STEP, SEED, THREADS, float_range
 from omnivoice_onnx.errors import UserError
 from omnivoice_onnx.generate import Progress
+from omnivoice_onnx.request import MAX_SPEED, MIN_SPEED
 from omnivoice_onnx.sessions import PROVIDERS
 
 PROG = "omnivoice-onnx"
 DEFAULT_MODEL_DIR = Path("onnx")
-SPEED = float_range(0.1, 10.0)  # upstream divides the duration estimate by it; beyond these the words blur or drag
+SPEED = float_range(MIN_SPEED, MAX_SPEED)  # the API's own range (request.py): one source
 DURATION = float_range(0.1, 600.0)  # seconds of speech asked for (overrides the estimate)
 GUIDANCE = float_range(0.0, 100.0)  # classifier-free guidance (upstream default 2.0; 0: none)
 
@@ -76,7 +77,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                      help="a saved voice: a name in the voices folder or a voice file's path (omnivoice-onnx voice)")
     gen.add_argument("--voices", type=Path, metavar="DIR",
                      help="the voices folder (default: $OMNIVOICE_VOICES, else <model-dir>/voices)")
-    gen.add_argument("--speed", type=SPEED, default=None, help="speaking rate factor (1.0 normal, 0.1-10)")
+    gen.add_argument("--speed", type=SPEED, default=None, help=f"speaking rate factor (1.0 normal, {MIN_SPEED:g}-{MAX_SPEED:g})")
     gen.add_argument("--duration", type=DURATION, default=None, help="length of the speech in seconds (overrides --speed)")
     gen.add_argument("--num-step", "--num_step", dest="num_step", type=NUM_STEP, default=None,
                      help="unmasking steps (default: the export's, upstream's 32); fewer is faster and rougher")
