@@ -3,9 +3,15 @@
 
 Runs one forward (after a warm-up) at the S~435 clone layout, padded (upstream's layout) and
 split (cond and uncond rows at their own length), with ORT profiling on, and prints the time per
-op type and its share. MatMul's achieved GFLOP/s is printed against the analytic FLOP count.
---variants adds transformer variants of step 5 (quantize_omnivoice.py), profiled split only: the
-fp32-unmasked and fp32-fused graphs are valid only for all-True masks (run_split's calls).
+op type and its share. Achieved GFLOP/s against the analytic FLOP count: fp32 MatMul (every GEMM
+of the faithful graph), the int8 GEMM kernels against the projections' FLOPs, MultiHeadAttention
+against attention's. --variants adds transformer variants of step 5 (quantize_omnivoice.py),
+profiled split only: the unmasked and fused graphs are valid only for all-True masks (run_split's
+calls). For a variant with int8 GEMMs, the ceiling they are measured against is a one-node
+DynamicQuantizeMatMul (what onnxruntime fuses int8's DynamicQuantizeLinear + MatMulInteger into)
+at the call's longest row and the widest projection (hidden -> 2 x intermediate, int8's merged
+gate/up), timed in the same process: the share of it the graph's int8 GEMMs reach is issue 28's
+"share of the int8 GEMM rate".
 
     python bench/profile_transformer.py --model full-random --onnx-dir bench/out/full/onnx \\
         --capture-dir bench/out/full/capture --variants fp32,fp32-unmasked,fp32-fused
@@ -54,6 +60,36 @@ def profile(session_path: Path, feeds_list: list[dict]) -> tuple[dict[str, float
     return dict(per_op), sum(per_op.values())
 
 
+INT8_GEMMS = ("DynamicQuantizeMatMul", "MatMulIntegerToFloat", "MatMulInteger", "MatMulNBits")
+
+
+def int8_gemm_ceiling(rows: int, hidden: int, width: int, seconds: float = 3.0) -> float:
+    """GFLOP/s of one DynamicQuantizeMatMul node [rows, hidden] x int8 [hidden, width] (per-column
+    scales, as quantize_dynamic writes them), all threads, after a warm-up."""
+    import time
+
+    import numpy as np
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    weight = numpy_helper.from_array(rng.integers(-127, 128, size=(hidden, width), dtype=np.int8), "w")
+    scale = numpy_helper.from_array(np.full(width, 0.01, dtype=np.float32), "w_scale")
+    graph = helper.make_graph(
+        [helper.make_node("DynamicQuantizeMatMul", ["x", "w", "w_scale"], ["y"], domain="com.microsoft")], "gemm",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [rows, hidden])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [rows, width])], initializer=[weight, scale])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1)])
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    feeds = {"x": rng.standard_normal((rows, hidden), dtype=np.float32)}
+    session.run(None, feeds)
+    started, count = time.perf_counter(), 0
+    while time.perf_counter() - started < seconds:
+        session.run(None, feeds)
+        count += 1
+    return 2 * rows * hidden * width * count / (time.perf_counter() - started) / 1e9
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     from omnivoice_export.checkpoints import resolve_model
@@ -76,15 +112,35 @@ def main(argv: list[str] | None = None) -> None:
         if variant == "fp32":
             runs.append((variant, "padded", [feeds, feeds], transformer_flops(config, [seq] * len(lengths))))
         runs.append((variant, "split", split + split, transformer_flops(config, lengths)))
+    llm = config["llm_config"]
+    ceiling = None
     for variant, label, passes, flops in runs:
         per_op, total = profile(variant_path(args.onnx_dir, variant), passes)
         print(f"\n{variant} {label}: S={seq} rows={lengths}  kernel time {total / 1e6:.3f} s, "
               f"{flops / 1e9:.0f} GFLOP -> {flops / total / 1e3:.0f} GFLOP/s overall")
         for op, micros in sorted(per_op.items(), key=lambda kv: -kv[1])[:12]:
-            print(f"  {op:<16}{micros / 1e6:>8.3f} s {100 * micros / total:>6.1f}%")
-        matmul = per_op.get("MatMul", 0.0)
-        if matmul:
-            print(f"  MatMul alone: {flops / matmul / 1e3:.0f} GFLOP/s")
+            print(f"  {op:<28}{micros / 1e6:>8.3f} s {100 * micros / total:>6.1f}%")
+        # The passes hold every split group twice (the warm-up, then the profiled pass).
+        row_lengths = [length for group in passes[:len(passes) // 2] for length in [group["input_ids"].shape[-1]]
+                       * group["input_ids"].shape[0]]
+        attention = float(sum(llm["num_hidden_layers"] * 4 * n * n * llm["num_attention_heads"] * llm["head_dim"]
+                              for n in row_lengths))
+        heads_flops = float(sum(2 * n * llm["hidden_size"] * config["num_audio_codebook"] * config["audio_vocab_size"]
+                                for n in row_lengths))
+        projections = flops - attention - heads_flops
+        int8_micros = sum(per_op.get(op, 0.0) for op in INT8_GEMMS)
+        if per_op.get("MatMul", 0.0) and not int8_micros and "MultiHeadAttention" not in per_op:
+            print(f"  MatMul (every GEMM): {flops / per_op['MatMul'] / 1e3:.0f} GFLOP/s")
+        if per_op.get("MultiHeadAttention"):
+            print(f"  MultiHeadAttention: {attention / per_op['MultiHeadAttention'] / 1e3:.0f} GFLOP/s")
+        if int8_micros:
+            if ceiling is None:
+                ceiling = int8_gemm_ceiling(max(row_lengths), llm["hidden_size"], 2 * llm["intermediate_size"])
+            achieved = projections / int8_micros / 1e3
+            print(f"  int8 GEMMs ({', '.join(op for op in INT8_GEMMS if op in per_op)}): {achieved:.0f} GFLOP/s = "
+                  f"{100 * achieved / ceiling:.0f} % of one DynamicQuantizeMatMul node's {ceiling:.0f} GFLOP/s "
+                  f"([{max(row_lengths)}, {llm['hidden_size']}] x [{llm['hidden_size']}, "
+                  f"{2 * llm['intermediate_size']}]); the whole graph: {100 * flops / total / 1e3 / ceiling:.0f} %")
 
 
 if __name__ == "__main__":

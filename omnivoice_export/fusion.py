@@ -44,7 +44,7 @@ from onnx import helper, numpy_helper
 from omnivoice_onnx.errors import UserError
 
 MS_DOMAIN = "com.microsoft"
-FUSIONS = ("attention",)
+FUSIONS = ("attention", "projections", "rms_norm")
 _FIX = "build fp32-fused from the fp32 export made by export_omnivoice.py (step 2): quantize_omnivoice.py --variants fp32-fused"
 
 
@@ -172,6 +172,97 @@ def fuse_attention(model: onnx.ModelProto) -> int:
     return len(matches)
 
 
+def fuse_projections(model: onnx.ModelProto, exclude: tuple[str, ...] = ()) -> int:
+    """Merge the MatMuls that read one activation with constant weights into one MatMul + Split; in place.
+
+    Each layer's q/k/v projections read the input norm's output, gate/up the post-attention
+    norm's: X @ [Wq | Wk | Wv] then Split along the last axis gives the same columns as the three
+    MatMuls. Meant before quantize_dynamic (the `int8` recipe): its weights are int8 per output
+    column (axis -1) and its activation scale is per tensor, shared by q/k/v already, so the
+    merged MatMulInteger computes every output column with the same integers and the same two
+    scales as the separate ones: the same bits, in one larger GEMM with one activation pass and
+    one kernel launch instead of three (measured: tests/test_fusion.py on tiny, the bench at the
+    real dims). Not used for the fp32 recipes: an fp32 GEMM of another width may block its sums
+    differently, so fp32 bits would no longer be promised. MatMuls in `exclude` (the audio heads)
+    stay as they are. Returns the number of merged groups.
+    """
+    g = _Graph(model.graph)
+    weights = {name: init for name, init in g.initializers.items() if len(init.dims) == 2}
+    groups: dict[str, list[onnx.NodeProto]] = {}
+    for node in model.graph.node:
+        if node.op_type == "MatMul" and node.name not in exclude and node.input[1] in weights:
+            groups.setdefault(node.input[0], []).append(node)
+    merged = 0
+    for activation, nodes in groups.items():
+        rows = {weights[node.input[1]].dims[0] for node in nodes}
+        if len(nodes) < 2 or len(rows) != 1:
+            continue
+        arrays = [numpy_helper.to_array(weights[node.input[1]]) for node in nodes]
+        prefix = f"fused_projections_{merged}"
+        joined = numpy_helper.from_array(np.concatenate(arrays, axis=1), f"{prefix}_weight")
+        widths = numpy_helper.from_array(np.array([a.shape[1] for a in arrays], dtype=np.int64), f"{prefix}_widths")
+        model.graph.initializer.extend([joined, widths])
+        first = list(model.graph.node).index(nodes[0])
+        model.graph.node.insert(first, helper.make_node("MatMul", [activation, joined.name], [f"{prefix}_out"],
+                                                        name=prefix))
+        model.graph.node.insert(first + 1, helper.make_node("Split", [f"{prefix}_out", widths.name],
+                                                            [node.output[0] for node in nodes], axis=-1,
+                                                            name=f"{prefix}_split"))
+        for node in nodes:
+            node.output[0] = f"{node.output[0]}_unmerged"
+        merged += 1
+    return merged
+
+
+def _match_rms_norm(g: _Graph, pow_node: onnx.NodeProto) -> dict | None:
+    """Qwen3RMSNorm as the dynamo exporter writes it, from its Pow: weight * (x * 1/sqrt(mean(x^2) + eps))."""
+    exponent = g.constant(pow_node.input[1])
+    if exponent is None or exponent.size != 1 or float(exponent.reshape(-1)[0]) != 2.0:
+        return None
+    x = pow_node.input[0]
+    mean = g.only_consumer(pow_node.output[0], "ReduceMean")
+    if mean is None or attribute(mean, "keepdims", 1) != 1:
+        return None
+    axes = g.constant(mean.input[1]) if len(mean.input) > 1 else np.array(attribute(mean, "axes", []))
+    if axes is None or list(axes.reshape(-1)) != [-1]:
+        return None
+    add = g.only_consumer(mean.output[0], "Add")
+    eps = g.split_constant(add) if add is not None else None
+    sqrt = g.only_consumer(add.output[0], "Sqrt") if eps is not None else None
+    inverse = g.only_consumer(sqrt.output[0], "Reciprocal") if sqrt is not None else None
+    scaled = g.only_consumer(inverse.output[0], "Mul") if inverse is not None else None
+    if scaled is None or set(scaled.input) != {x, inverse.output[0]}:
+        return None
+    weighted = g.only_consumer(scaled.output[0], "Mul")
+    weight = next((name for name in weighted.input if name != scaled.output[0]), None) if weighted is not None else None
+    init = g.initializers.get(weight) if weight is not None else None
+    if init is None or len(init.dims) != 1:
+        return None
+    return {"input": x, "weight": weight, "epsilon": float(eps[1].reshape(-1)[0]), "output": weighted.output[0]}
+
+
+def fuse_rms_norm(model: onnx.ModelProto) -> int:
+    """Replace each RMSNorm's seven nodes by onnxruntime's SimplifiedLayerNormalization; in place.
+
+    For the int8 recipe only: the kernel computes mean(x^2) and the scaling in its own order, so
+    its float bits are not upstream's (fp32 logits moved by up to 1.2e-5 at the real dims, log
+    Run 19: the reason the fp32 recipes keep the exported nodes), a difference far below int8's
+    own error (per-call max |d| ~0.4). With it onnxruntime's optimizer also folds each residual
+    Add into the following norm (SkipSimplifiedLayerNormalization). Returns the number fused.
+    """
+    g = _Graph(model.graph)
+    matches = [match for match in (_match_rms_norm(g, node) for node in model.graph.node if node.op_type == "Pow")
+               if match is not None]
+    for index, match in enumerate(matches):
+        old = g.producer[match["output"]]
+        old.output[0] = f"{match['output']}_unfused"
+        position = list(model.graph.node).index(old)
+        model.graph.node.insert(position + 1, helper.make_node(
+            "SimplifiedLayerNormalization", [match["input"], match["weight"]], [match["output"]],
+            name=f"fused_rms_norm_{index}", axis=-1, epsilon=match["epsilon"]))
+    return len(matches)
+
+
 def prune_dead_nodes(model: onnx.ModelProto) -> int:
     """Drop nodes whose outputs reach no graph output, then initializers no node reads; returns
     the number of nodes dropped. Node order (topological) is kept."""
@@ -196,10 +287,15 @@ def add_opset(model: onnx.ModelProto, domain: str, version: int) -> None:
         model.opset_import.append(helper.make_opsetid(domain, version))
 
 
-def apply_fusions(model: onnx.ModelProto, fusions: tuple[str, ...]) -> dict[str, int]:
-    """Run the named fusions (of FUSIONS) on an unmasked graph, then prune; counts per fusion."""
+def apply_fusions(model: onnx.ModelProto, fusions: tuple[str, ...], exclude: tuple[str, ...] = ()) -> dict[str, int]:
+    """Run the named fusions (of FUSIONS) on an unmasked graph, then prune; counts per fusion.
+    `exclude`: MatMul names the projections fusion leaves alone."""
     counts = {}
     if "attention" in fusions:
         counts["attention"] = fuse_attention(model)
+    if "projections" in fusions:
+        counts["projections"] = fuse_projections(model, exclude)
+    if "rms_norm" in fusions:
+        counts["rms_norm"] = fuse_rms_norm(model)
     counts["pruned_nodes"] = prune_dead_nodes(model)
     return counts

@@ -37,10 +37,14 @@ Why the recipes are what they are (issue 16; the quality table measures each):
   from the island's first input to its last output. Its codec graphs are float16 too, with the
   ops CODEC_KEEP_OPS names float32. The GPU / mobile format: an x86 CPU without native float16
   arithmetic runs it slower than fp32 (onnxruntime's CPU provider casts around what it lacks).
-- `int8-fused` is int8 on fp32-fused's graph (same calls, same output guard as fp32-unmasked):
-  the attention cores are MultiHeadAttention in fp32, the projections int8. One activation
-  quantization per input is already what quantize_dynamic writes: q/k/v share one
-  DynamicQuantizeLinear, gate/up another (4 per layer for 7 MatMulIntegers, counted on tiny).
+- `int8` is quantize_dynamic on fp32-fused's graph (same calls, same output guard as
+  fp32-unmasked), with two more rewrites before quantizing (omnivoice_export.fusion; issue 28,
+  log Run 28): the MatMuls that read one activation merged into one (q/k/v, gate/up: the same
+  int8 bits, one GEMM instead of three or two) and each RMSNorm as onnxruntime's
+  SimplifiedLayerNormalization (its own float order: not for the fp32 recipes). The attention
+  cores stay MultiHeadAttention in fp32: at the real dims they are a quarter of int8's time, the
+  bound on what int8 projections can gain. `int8-unfused` is the same quantization of the
+  faithful graph (valid for any mask), kept to measure what the rewrites gain.
 - `MatMulNBits` keeps weights block-wise (block along K, one scale and zero point per block);
   `accuracy_level` 0 dequantizes to fp32 and runs an fp32 GEMM, 4 quantizes activations to int8
   per block and runs an int8 GEMM (faster; the kind of error that flipped argmaxes on Qwen3-0.6B,
@@ -107,20 +111,20 @@ RECIPES: dict[str, Recipe] = {recipe.name: recipe for recipe in (
            summary="float16 weights and compute, float32 I/O; float32 islands for RMSNorm (square, mean, rsqrt), "
                    "RoPE angles, softmax and the audio heads; its own float16 codec graphs (GPU / mobile format: "
                    "slower than fp32 on x86 CPUs without native float16)"),
-    Recipe("int8", "dynamic", 8, True, "fp16",
-           summary="quantize_dynamic: int8 per-channel weights, uint8 per-tensor activations (MatMulInteger); "
-                   "audio heads fp32, embedding tables stored fp16 (Gather, Cast)"),
-    Recipe("int8-fused", "dynamic", 8, True, "fp16", fusions=("attention",),
-           summary="int8 on fp32-fused's graph: without the per-layer mask work (run_split's calls; NaN logits for "
-                   "a row whose mask is not all True), each layer's attention core one com.microsoft "
-                   "MultiHeadAttention in fp32, the projections int8 as in int8"),
+    Recipe("int8", "dynamic", 8, True, "fp16", fusions=("attention", "projections", "rms_norm"),
+           summary="quantize_dynamic on fp32-fused's graph: int8 per-channel weights, uint8 per-tensor activations; "
+                   "q/k/v and gate/up each one int8 GEMM, attention one MultiHeadAttention (fp32), RMSNorm onnxruntime's "
+                   "kernel; audio heads fp32, embedding tables fp16; for run_split's calls (NaN logits for a row whose "
+                   "mask is not all True)"),
+    Recipe("int8-unfused", "dynamic", 8, True, "fp16",
+           summary="int8 on the faithful graph (any mask), nothing fused: what the fusions of int8 gain"),
     Recipe("int8-emb32", "dynamic", 8, True, "fp32",
-           summary="int8 with the embedding tables fp32: what storing them fp16 costs (46 % of fp32's size, not ~33 %)"),
+           summary="int8-unfused with the embedding tables fp32: what storing them fp16 costs (46 % of fp32's size, not ~33 %)"),
     Recipe("int8-emb8", "dynamic", 8, True, "int8-row",
-           summary="int8, and the embedding tables int8 with one fp32 scale per row (Gather, Cast, Mul): "
+           summary="int8-unfused, and the embedding tables int8 with one fp32 scale per row (Gather, Cast, Mul): "
                    "the text table is most of the file"),
     Recipe("int8-plain", "dynamic", 8, False, "dynamic",
-           summary="int8 over every op quantize_dynamic supports (audio heads and embeddings too): "
+           summary="int8-unfused over every op quantize_dynamic supports (audio heads and embeddings too): "
                    "the recipe NOT to use, kept to show why the heads stay fp32"),
     Recipe("int8-nbits-a0", "nbits", 8, True, "fp32", block_size=32, accuracy_level=0,
            summary="MatMulNBits 8-bit, block 32, accuracy_level 0 (fp32 compute); audio heads and embeddings fp32"),
@@ -181,13 +185,13 @@ def quantize_dynamic_variant(source: Path, staging: Path, recipe: Recipe, exclud
     return model
 
 
-def unmasked_source(source: Path, staging: Path, recipe: Recipe) -> Path:
+def unmasked_source(source: Path, staging: Path, recipe: Recipe, exclude: list[str]) -> Path:
     """The fp32 graph without the mask work and with `recipe.fusions` applied, saved with its own
     sidecar under `staging`: the input of a fused int8 recipe (quantize_dynamic then quantizes the
     projections' MatMuls; the fused MultiHeadAttention nodes stay fp32, as in fp32-fused)."""
     model = onnx.load(str(source))
     drop_mask_work(model)
-    fusion.apply_fusions(model, recipe.fusions)
+    fusion.apply_fusions(model, recipe.fusions, tuple(exclude))
     path = staging / "unmasked" / TRANSFORMER_FILE
     path.parent.mkdir()
     save_with_sidecar(model, path)
@@ -371,7 +375,7 @@ def build_variant(onnx_dir: Path, recipe: Recipe, fp32_metadata: dict[str, str])
     with temporary_dir(variant_dir(onnx_dir, recipe.name)) as staging:
         with PeakRss() as peak:
             if recipe.method == "dynamic":
-                model = quantize_dynamic_variant(unmasked_source(source, staging, recipe) if recipe.fusions else source,
+                model = quantize_dynamic_variant(unmasked_source(source, staging, recipe, exclude) if recipe.fusions else source,
                                                  staging, recipe, exclude)
             elif recipe.method == "unmasked":
                 model = onnx.load(str(source))

@@ -4,6 +4,8 @@ It must pass the same fp32 verdicts as the faithful export (parity_check.py --va
 1.000000 and max |d| within the fp32 threshold on every captured call; infer_onnx.py --variant:
 final tokens 100 % in every mode), hold one MultiHeadAttention per layer and no Softmax, keep the
 unmasked graph's guard (a padded call gives NaN rows), and refuse a graph it cannot fully fuse.
+The int8 recipe's two further rewrites are checked here too: merged projections give int8's same
+bits, and the RMSNorm kernel computes the same function within float32 rounding.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import parity_check
 import quantize_omnivoice
 from omnivoice_export import capture, fusion, quantize
 from omnivoice_onnx.errors import UserError
-from omnivoice_onnx.sessions import make_session, run
+from omnivoice_onnx.sessions import make_session, run, run_split
 
 from conftest import assert_same_bits_on_captured_calls, read_report, run_script
 
@@ -139,3 +141,62 @@ def test_bench_refuses_a_variant_the_export_does_not_have(pipeline, fused, tmp_p
         "error: --variants: int3 not in the export report (made so far: fp32-unmasked, fp32-fused); "
         "run quantize_omnivoice.py --variants int3"]
     assert not (tmp_path / "results").exists()
+
+
+def _quantized(source: Path, staging: Path, fusions: tuple[str, ...], exclude: list[str]) -> Path:
+    """quantize_dynamic (int8's settings) of `source` after `fusions`, saved under `staging`."""
+    recipe = quantize.Recipe("probe", "dynamic", 8, True, "fp32", fusions=fusions)
+    staging.mkdir()
+    model = quantize.quantize_dynamic_variant(quantize.unmasked_source(source, staging, recipe, exclude), staging,
+                                              recipe, exclude)
+    path = staging / "probe.onnx"
+    quantize.save_with_sidecar(model, path)
+    return path
+
+
+@pytest.mark.slow
+def test_merged_projections_give_the_same_int8_bits_on_every_captured_call(pipeline, fused, tmp_path):
+    """q/k/v and gate/up as one MatMul + Split before quantize_dynamic: int8 per output column and one
+    activation scale per tensor make every column the same integers and scales, so the logits are
+    the separate projections' bits (every 8th captured step of each mode: the property is
+    structural, the sample keeps the test cheap), with 4 MatMulInteger per layer (q/k/v, o,
+    gate/up, down) instead of 7."""
+    source = fused / TRANSFORMER
+    config = json.loads((pipeline.model / "config.json").read_text())
+    heads, _ = quantize.weight_nodes(onnx.load(str(source), load_external_data=False),
+                                     config["num_audio_codebook"] * config["audio_vocab_size"])
+    separate = _quantized(source, tmp_path / "separate", ("attention",), heads)
+    merged = _quantized(source, tmp_path / "merged", ("attention", "projections"), heads)
+    ops = [node.op_type for node in onnx.load(str(merged), load_external_data=False).graph.node]
+    assert ops.count("MatMulInteger") == 4 * layers(pipeline) and ops.count("MatMul") == 1  # the fp32 heads
+    merged_session, separate_session = make_session(merged), make_session(separate)
+    manifest = capture.load_manifest(pipeline.capture)
+    for mode in manifest["modes"]:
+        for step in capture.mode_steps(manifest, mode)[::8]:
+            data = capture.load_step(pipeline.capture, mode, step)
+            feeds = (data["input_ids"], data["audio_mask"], data["attention_mask"])
+            assert np.array_equal(run_split(merged_session, *feeds), run_split(separate_session, *feeds)), (mode, step)
+
+
+@pytest.mark.slow
+def test_rms_norm_fusion_replaces_every_norm_with_the_same_function(pipeline, fused, tmp_path):
+    """Every RMSNorm (input, post-attention, q and k per layer, the final one) becomes one
+    SimplifiedLayerNormalization with the graph's weight and epsilon, no Pow is left, and on the
+    fp32 graph the logits stay within float32 rounding of the exported nodes' (the kernel's own
+    order: why only the int8 recipe uses it)."""
+    model = onnx.load(str(fused / "fp32-unmasked" / TRANSFORMER))
+    assert fusion.fuse_rms_norm(model) == 4 * layers(pipeline) + 1
+    fusion.prune_dead_nodes(model)
+    ops = [node.op_type for node in model.graph.node]
+    assert "Pow" not in ops and "Reciprocal" not in ops
+    eps = json.loads((pipeline.model / "config.json").read_text())["llm_config"]["rms_norm_eps"]
+    norms = [node for node in model.graph.node if node.op_type == "SimplifiedLayerNormalization"]
+    assert all(np.float32(fusion.attribute(node, "epsilon")) == np.float32(eps) for node in norms)
+    quantize.save_with_sidecar(model, tmp_path / TRANSFORMER)
+    session = make_session(tmp_path / TRANSFORMER)
+    reference = make_session(fused / "fp32-unmasked" / TRANSFORMER)
+    data = capture.load_step(pipeline.capture, "clone", 0)
+    feeds = [data[k] for k in ("input_ids", "audio_mask", "attention_mask")]
+    got, want = run_split(session, *feeds), run_split(reference, *feeds)
+    assert np.max(np.abs(got - want)) <= 1e-4 * max(1.0, float(np.max(np.abs(want))))
+

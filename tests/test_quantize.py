@@ -39,12 +39,15 @@ def variants(pipeline, tmp_path_factory) -> Path:
 
 # One quantized variant per way of building one (dynamic int8 with fp16 tables, quantized heads,
 # MatMulNBits, fp16 with its own codec graphs); the variants left out differ only in numbers passed
-# to the same quantizer, in the graph they quantize (int8-fused: int8 on fp32-fused's graph) or in
-# how the embedding tables are stored (checked op by op in the tests above), and still build,
-# load and keep the contract. The fp32 variants are judged, not measured: their logits are the
-# faithful graph's bits on every captured call (test_unmasked_fp32_is_bit_identical_through_run_split,
-# test_fusion) and infer_onnx.py --variant fp32-fused passes in every mode.
-MEASURED = ("int8", "int8-plain", "int4-b32", "fp16")
+# to the same quantizer, in the graph they quantize (int8: int8-unfused's quantization of a
+# rewritten graph) or in how the embedding tables are stored (checked op by op in the tests above),
+# and still build, load and keep the contract. int8's rewrites are tested in test_fusion (merged
+# projections give the same bits) and below (its ops), its generate() by infer_onnx --variant int8;
+# int8-unfused, not int8, is measured beside int8-plain so that the heads are their one difference.
+# The fp32 variants are judged, not measured: their logits are the faithful graph's bits on every
+# captured call (test_unmasked_fp32_is_bit_identical_through_run_split, test_fusion) and
+# infer_onnx.py --variant fp32-fused passes in every mode.
+MEASURED = ("int8-unfused", "int8-plain", "int4-b32", "fp16")
 
 
 @pytest.fixture(scope="module")
@@ -104,9 +107,22 @@ def test_heads_and_embeddings_stay_fp32_where_the_recipe_says(variants):
         assert len(half_gathers) == (len(embeddings) if recipe.embeddings == "fp16" else 0), name
         counts = quantize.quantized_node_counts(model)
         quantized = counts.get("MatMulInteger", 0) + counts.get("MatMulNBits", 0)
-        # every MatMul with a weight but the heads (2 layers x 7 + heads on tiny); fp16 is float, not integer
-        expected = 0 if recipe.bits >= 16 else 14 + (0 if recipe.keep_heads_fp32 else 1)
+        # every MatMul with a weight but the heads (2 layers x 7 + heads on tiny; 2 x 4 where q/k/v and
+        # gate/up are merged, "projections"); fp16 is float, not integer
+        per_layer = 4 if "projections" in recipe.fusions else 7
+        expected = 0 if recipe.bits >= 16 else 2 * per_layer + (0 if recipe.keep_heads_fp32 else 1)
         assert quantized == expected, (name, counts)
+
+
+@pytest.mark.slow
+def test_int8_holds_its_three_rewrites(variants):
+    """`int8` as step 5 builds it: per layer one MultiHeadAttention, four MatMulIntegers (q/k/v, o,
+    gate/up, down) and four RMSNorm kernels (input, post-attention, q, k; plus the final norm)."""
+    model = onnx.load(str(variants / "int8" / TRANSFORMER), load_external_data=False)
+    ops = [node.op_type for node in model.graph.node]
+    assert (ops.count("MultiHeadAttention"), ops.count("MatMulInteger"), ops.count("SimplifiedLayerNormalization"),
+            ops.count("Pow"), ops.count("Softmax")) == (2, 8, 9, 0, 0)
+    assert quantize.RECIPES["int8"].fusions == ("attention", "projections", "rms_norm")
 
 
 def gather_model(table: np.ndarray, ids: np.ndarray) -> onnx.ModelProto:
@@ -221,12 +237,12 @@ def test_each_recipe_method_runs_generate_in_every_mode(measured, pipeline):
 
 @pytest.mark.slow
 def test_quantizing_the_audio_heads_is_measurably_worse(measured):
-    heads_fp32, plain = measured["variants"]["int8"], measured["variants"]["int8-plain"]
+    heads_fp32, plain = measured["variants"]["int8-unfused"], measured["variants"]["int8-plain"]
     assert plain["relative_error_mean"] > 1.5 * heads_fp32["relative_error_mean"]
     assert plain["argmax_agreement_mean"] < heads_fp32["argmax_agreement_mean"]
     tokens = {name: np.mean([e["token_match"] for e in measured["variants"][name]["end_to_end"].values()])
-              for name in ("int8", "int8-plain")}
-    assert tokens["int8-plain"] < tokens["int8"]
+              for name in ("int8-unfused", "int8-plain")}
+    assert tokens["int8-plain"] < tokens["int8-unfused"]
 
 
 @pytest.mark.slow
