@@ -73,19 +73,20 @@ def test_concurrent_runs_of_the_same_variants_all_succeed(onnx_copy: Path) -> No
 
 @pytest.mark.slow
 def test_kill_9_leftovers_are_removed_by_the_next_run(onnx_copy: Path) -> None:
-    """A run killed mid-build leaves its staging folder and, for the dynamic recipes, the graph-only
-    input beside the fp32 sidecar (`.int8.tmp-<pid>-input.onnx`); the next run removes both."""
-    proc = quantize_process(onnx_copy, "int8")
+    """A run killed mid-build leaves its staging folder and, for a dynamic recipe on the faithful
+    graph (int8-unfused; int8 quantizes a rewritten copy inside its staging folder), the graph-only
+    input beside the fp32 sidecar (`.int8-unfused.tmp-<pid>-input.onnx`); the next run removes both."""
+    proc = quantize_process(onnx_copy, "int8-unfused")
     deadline = time.monotonic() + 300
-    while (not list(onnx_copy.glob(".int8.tmp-*-input.onnx")) and proc.poll() is None
+    while (not list(onnx_copy.glob(".int8-unfused.tmp-*-input.onnx")) and proc.poll() is None
            and time.monotonic() < deadline):
         time.sleep(0.02)
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=60)
-    assert list(onnx_copy.glob(".int8.tmp-*")), "the run ended before its staging could be seen"
-    again = quantize_process(onnx_copy, "int8")
+    assert list(onnx_copy.glob(".int8-unfused.tmp-*-input.onnx")), "the run ended before its input could be seen"
+    again = quantize_process(onnx_copy, "int8-unfused")
     assert again.wait(timeout=600) == 0, again.stderr.read()[-2000:]
-    assert_variants_as_reported(onnx_copy, ["int8"])
+    assert_variants_as_reported(onnx_copy, ["int8-unfused"])
 
 
 @pytest.mark.slow
