@@ -183,13 +183,14 @@ def variant_transformer(args, export: dict) -> tuple[Path | None, bool]:
     """(--variant's transformer graph or None for the export's, whether the fp32 verdicts apply).
 
     An fp32 variant (fp32-unmasked) must pass the fp32 verdicts; a quantized one is measured.
-    The unmasked graph is valid only for calls whose mask is all True, i.e. through run_split.
+    The unmasked graph is valid only for calls whose mask is all True, i.e. through run_split:
+    so is every recipe with fusions (fp32-fused, int8), which are applied to the unmasked graph.
     """
     if args.variant is None:
         return None, True
     path = quantize.verify_variant(args.onnx_dir, export, args.variant)
     recipe = export["variants"][args.variant]["recipe"]
-    if args.no_split and recipe["method"] == "unmasked":
+    if args.no_split and (recipe["method"] == "unmasked" or recipe["fusions"]):
         raise UserError(f"--no-split with variant {args.variant}: the unmasked graph gives NaN logits for padded "
                         "rows", "drop --no-split (cond and uncond rows then run at their own lengths)")
     return path, recipe["bits"] == 32

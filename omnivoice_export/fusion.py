@@ -1,6 +1,13 @@
-"""Fused fp32 transformer: each layer's attention core -> one com.microsoft MultiHeadAttention.
+"""Graph rewrites of the unmasked transformer (FUSIONS), for the fp32-fused and int8 recipes.
 
-Applied after quantize.drop_mask_work (the `fp32-fused` recipe): the graph it rewrites is already
+- attention (fp32-fused, int8): each layer's attention core -> one com.microsoft MultiHeadAttention
+  (below);
+- projections (int8 only): the MatMuls that read one activation -> one MatMul + Split, the same
+  int8 bits (fuse_projections);
+- rms_norm (int8 only): each RMSNorm -> onnxruntime's SimplifiedLayerNormalization, its own float
+  order (fuse_rms_norm).
+
+Applied after quantize.drop_mask_work: the graph they rewrite is already
 unmasked, i.e. valid only for calls whose attention mask is all True, which is every call
 omnivoice_onnx.sessions.run_split makes (cond and uncond rows at their own lengths). A padded call
 still gets NaN logits from drop_mask_work's output guard, so it is loud, never silently wrong.
@@ -27,10 +34,12 @@ s * s as its scale. Measured, the logits are the same bits as the unmasked graph
 captured call (head_dim 16: s = 0.5) and on the three benchmark calls at the real dims (head_dim
 128), so the fp32 verdicts hold exactly as for fp32-unmasked (tests/test_fusion.py, the bench).
 
-Not fused, measured (investigation log, Run 19): RMSNorm -> ORT's SimplifiedLayerNormalization.
-Its kernel does not follow upstream's pow / mean / rsqrt / multiply order: logits moved by up to
-1.2e-5 against the faithful graph at the real dims, a 1-ULP near-tie flipped its argmax on tiny
-(auto step 17: argmax 0.999399, so not the fp32 verdict), and no speed gain showed (nor in Run 9).
+Not fused in fp32, measured (investigation log, Run 19): RMSNorm -> ORT's
+SimplifiedLayerNormalization. Its kernel does not follow upstream's pow / mean / rsqrt / multiply
+order: logits moved by up to 1.2e-5 against the faithful graph at the real dims, a 1-ULP near-tie
+flipped its argmax on tiny (auto step 17: argmax 0.999399, so not the fp32 verdict), and no speed
+gain showed in fp32 (nor in Run 9). In int8, where that difference is far below the recipe's own
+error, it gains 1.02-1.03x per call (Run 28), so the int8 recipe uses it.
 ORT 1.32's GroupQueryAttention (causal=0, 8 kv heads without the repeat) timed the same as
 MultiHeadAttention on one attention call at the real dims, within the noise.
 """
@@ -45,7 +54,7 @@ from omnivoice_onnx.errors import UserError
 
 MS_DOMAIN = "com.microsoft"
 FUSIONS = ("attention", "projections", "rms_norm")
-_FIX = "build fp32-fused from the fp32 export made by export_omnivoice.py (step 2): quantize_omnivoice.py --variants fp32-fused"
+_FIX = "build the variant from the fp32 export made by export_omnivoice.py (step 2) with quantize_omnivoice.py"
 
 
 class _Graph:
@@ -181,10 +190,11 @@ def fuse_projections(model: onnx.ModelProto, exclude: tuple[str, ...] = ()) -> i
     column (axis -1) and its activation scale is per tensor, shared by q/k/v already, so the
     merged MatMulInteger computes every output column with the same integers and the same two
     scales as the separate ones: the same bits, in one larger GEMM with one activation pass and
-    one kernel launch instead of three (measured: tests/test_fusion.py on tiny, the bench at the
-    real dims). Not used for the fp32 recipes: an fp32 GEMM of another width may block its sums
+    one kernel launch instead of three (the same bits: tests/test_fusion.py on tiny; 1.05x per call
+    at the real dims, log Run 28). Not used for the fp32 recipes: an fp32 GEMM of another width may block its sums
     differently, so fp32 bits would no longer be promised. MatMuls in `exclude` (the audio heads)
-    stay as they are. Returns the number of merged groups.
+    stay as they are. Refuses (UserError) a graph with nothing to merge. Returns the number of
+    merged groups.
     """
     g = _Graph(model.graph)
     weights = {name: init for name, init in g.initializers.items() if len(init.dims) == 2}
@@ -211,6 +221,8 @@ def fuse_projections(model: onnx.ModelProto, exclude: tuple[str, ...] = ()) -> i
         for node in nodes:
             node.output[0] = f"{node.output[0]}_unmerged"
         merged += 1
+    if merged == 0:
+        raise UserError("found no MatMuls with constant weights sharing one input (q/k/v, gate/up) to merge", _FIX)
     return merged
 
 
@@ -247,12 +259,16 @@ def fuse_rms_norm(model: onnx.ModelProto) -> int:
     For the int8 recipe only: the kernel computes mean(x^2) and the scaling in its own order, so
     its float bits are not upstream's (fp32 logits moved by up to 1.2e-5 at the real dims, log
     Run 19: the reason the fp32 recipes keep the exported nodes), a difference far below int8's
-    own error (per-call max |d| ~0.4). With it onnxruntime's optimizer also folds each residual
-    Add into the following norm (SkipSimplifiedLayerNormalization). Returns the number fused.
+    own error (per-call max |d| ~0.4). Every RMSNorm must match (one ReduceMean each): refuses
+    (UserError) otherwise, never half fused. Returns the number fused.
     """
     g = _Graph(model.graph)
     matches = [match for match in (_match_rms_norm(g, node) for node in model.graph.node if node.op_type == "Pow")
                if match is not None]
+    means = sum(node.op_type == "ReduceMean" for node in model.graph.node)
+    if not matches or len(matches) != means:
+        raise UserError(f"found the RMSNorm pattern (Pow(x, 2) -> ReduceMean -> Add(eps) -> Sqrt -> Reciprocal -> "
+                        f"Mul(x) -> Mul(weight)) at {len(matches)} of the graph's {means} ReduceMean nodes", _FIX)
     for index, match in enumerate(matches):
         old = g.producer[match["output"]]
         old.output[0] = f"{match['output']}_unfused"
@@ -290,6 +306,9 @@ def add_opset(model: onnx.ModelProto, domain: str, version: int) -> None:
 def apply_fusions(model: onnx.ModelProto, fusions: tuple[str, ...], exclude: tuple[str, ...] = ()) -> dict[str, int]:
     """Run the named fusions (of FUSIONS) on an unmasked graph, then prune; counts per fusion.
     `exclude`: MatMul names the projections fusion leaves alone."""
+    unknown = [name for name in fusions if name not in FUSIONS]
+    if unknown:
+        raise ValueError(f"unknown fusion(s) {unknown}; known: {FUSIONS}")
     counts = {}
     if "attention" in fusions:
         counts["attention"] = fuse_attention(model)

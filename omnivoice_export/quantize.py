@@ -10,16 +10,17 @@ Why the recipes are what they are (issue 16; the quality table measures each):
 - the audio heads (the last MatMul, hidden -> 8 x 1025) produce the logits that unmasking ranks
   by confidence and takes the argmax of: their quantization error lands on every logit directly,
   with no later layer to dilute it. Every recipe but `int8-plain` keeps them fp32; `int8-plain`
-  exists to show why (on tiny: 2.4x int8's relative logit error, fewer tokens kept in every mode).
+  exists to show why (on tiny: 2.4x int8-unfused's relative logit error, fewer tokens kept in
+  every mode).
 - the embeddings (text 151676 x H and audio 8200 x H) are Gathers: storing them in fewer bits
   saves disk, not time (a Gather reads a few rows), but the text table is most of an int8 file
   (621 MB of ~1.1 GB at the real dims, 46 % of fp32's size with it, against the issue's 40 %).
-  `int8` stores them fp16 (Gather, Cast: rounding error 2^-11 relative per element, ~50x below
-  int8 per row's), which brings the file to about a third of fp32's; `int8-emb32` is the same
-  recipe with fp32 tables, kept to measure what fp16 tables cost (the quality table). `int8-emb8`
-  stores them int8 per row (in standard ops any runtime has); `int8-plain` quantizes every op
-  `quantize_dynamic` supports (its Gathers then read uint8 tables). The MatMulNBits recipes keep
-  fp32 tables.
+  `int8` and `int8-unfused` store them fp16 (Gather, Cast: rounding error 2^-11 relative per
+  element, ~50x below int8 per row's), which brings the file to about a third of fp32's;
+  `int8-emb32` is int8-unfused's recipe with fp32 tables, kept to measure what fp16 tables cost
+  (the quality table). `int8-emb8` stores them int8 per row (in standard ops any runtime has);
+  `int8-plain` quantizes every op `quantize_dynamic` supports (its Gathers then read uint8
+  tables). The MatMulNBits recipes keep fp32 tables.
 - `quantize_dynamic` quantizes each MatMul's activations per tensor at run time (uint8, scale
   from that call's min/max): the rows of one call share a scale, so the result of a row depends
   on the other rows in the call (cond and uncond rows of one length group, padding included).
@@ -36,7 +37,7 @@ Why the recipes are what they are (issue 16; the quality table measures each):
   mean and rsqrt; RoPE's angles; softmax; the audio heads to the logits), computed in float32
   from the island's first input to its last output. Its codec graphs are float16 too, with the
   ops CODEC_KEEP_OPS names float32. The GPU / mobile format: an x86 CPU without native float16
-  arithmetic runs it slower than fp32 (onnxruntime's CPU provider casts around what it lacks).
+  arithmetic runs it no faster than fp32 (0.97x at the real dims, Run 28; slower on tiny).
 - `int8` is quantize_dynamic on fp32-fused's graph (same calls, same output guard as
   fp32-unmasked), with two more rewrites before quantizing (omnivoice_export.fusion; issue 28,
   log Run 28): the MatMuls that read one activation merged into one (q/k/v, gate/up: the same
@@ -110,12 +111,12 @@ RECIPES: dict[str, Recipe] = {recipe.name: recipe for recipe in (
     Recipe("fp16", "fp16", 16, True, "fp16", keep_fp32=fp16.TRANSFORMER_KEEP, codecs=("encoder", "decoder"),
            summary="float16 weights and compute, float32 I/O; float32 islands for RMSNorm (square, mean, rsqrt), "
                    "RoPE angles, softmax and the audio heads; its own float16 codec graphs (GPU / mobile format: "
-                   "slower than fp32 on x86 CPUs without native float16)"),
+                   "no faster than fp32 on x86 CPUs without native float16)"),
     Recipe("int8", "dynamic", 8, True, "fp16", fusions=("attention", "projections", "rms_norm"),
            summary="quantize_dynamic on fp32-fused's graph: int8 per-channel weights, uint8 per-tensor activations; "
-                   "q/k/v and gate/up each one int8 GEMM, attention one MultiHeadAttention (fp32), RMSNorm onnxruntime's "
-                   "kernel; audio heads fp32, embedding tables fp16; for run_split's calls (NaN logits for a row whose "
-                   "mask is not all True)"),
+                   "q/k/v and gate/up each one int8 GEMM, attention one MultiHeadAttention (fp32), RMSNorm "
+                   "onnxruntime's kernel; audio heads fp32, embedding tables fp16; for run_split's calls (NaN "
+                   "logits for a row whose mask is not all True)"),
     Recipe("int8-unfused", "dynamic", 8, True, "fp16",
            summary="int8 on the faithful graph (any mask), nothing fused: what the fusions of int8 gain"),
     Recipe("int8-emb32", "dynamic", 8, True, "fp32",
@@ -375,8 +376,8 @@ def build_variant(onnx_dir: Path, recipe: Recipe, fp32_metadata: dict[str, str])
     with temporary_dir(variant_dir(onnx_dir, recipe.name)) as staging:
         with PeakRss() as peak:
             if recipe.method == "dynamic":
-                model = quantize_dynamic_variant(unmasked_source(source, staging, recipe, exclude) if recipe.fusions else source,
-                                                 staging, recipe, exclude)
+                graph = unmasked_source(source, staging, recipe, exclude) if recipe.fusions else source
+                model = quantize_dynamic_variant(graph, staging, recipe, exclude)
             elif recipe.method == "unmasked":
                 model = onnx.load(str(source))
                 drop_mask_work(model)
