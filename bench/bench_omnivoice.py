@@ -162,15 +162,22 @@ def first_forward_inputs(model, request) -> dict[str, np.ndarray]:
     return seen
 
 
-def transformer_flops(config: dict[str, Any], lengths: list[int]) -> float:
-    """Multiply-adds x2 of the transformer over rows of the given lengths (linear + attention)."""
+def transformer_flop_parts(config: dict[str, Any], lengths: list[int]) -> dict[str, float]:
+    """Multiply-adds x2 of the transformer over rows of the given lengths, per part: the layers'
+    projections, the audio heads, attention (QK^T and PV)."""
     llm = config["llm_config"]
     hidden, layers, heads, kv, dim, inter = (llm["hidden_size"], llm["num_hidden_layers"], llm["num_attention_heads"],
                                             llm["num_key_value_heads"], llm["head_dim"], llm["intermediate_size"])
     linear = layers * (hidden * heads * dim * 2 + hidden * kv * dim * 2 + 3 * hidden * inter)
     heads_out = hidden * config["num_audio_codebook"] * config["audio_vocab_size"]
-    return float(sum(2 * length * (linear + heads_out) + layers * 4 * length * length * heads * dim
-                     for length in lengths))
+    return {"projections": float(sum(2 * length * linear for length in lengths)),
+            "heads": float(sum(2 * length * heads_out for length in lengths)),
+            "attention": float(sum(layers * 4 * length * length * heads * dim for length in lengths))}
+
+
+def transformer_flops(config: dict[str, Any], lengths: list[int]) -> float:
+    """Multiply-adds x2 of the transformer over rows of the given lengths (linear + attention)."""
+    return sum(transformer_flop_parts(config, lengths).values())
 
 
 def rate(fn, flops: float, seconds: float) -> float:
