@@ -327,21 +327,29 @@ def import_blocker(modules) -> str:
     """)
 
 
-def assert_same_bits_on_captured_calls(capture_dir: Path, session, reference) -> None:
-    """`session` and `reference` give the same bits through run_split on every captured call of
-    every mode, as generate() makes them (the batch mode's padded rows included)."""
+def captured_calls(capture_dir: Path, every: int = 1):
+    """(mode, step, (input_ids, audio_mask, attention_mask)) of every `every`-th captured
+    transformer call of each mode, as generate() made them (run_split's arguments)."""
+    from omnivoice_export import capture
+
+    manifest = capture.load_manifest(capture_dir)
+    for mode in manifest["modes"]:
+        for step in capture.mode_steps(manifest, mode)[::every]:
+            data = capture.load_step(capture_dir, mode, step)
+            yield mode, step, (data["input_ids"], data["audio_mask"], data["attention_mask"])
+
+
+def assert_same_bits_on_captured_calls(capture_dir: Path, session, reference, every: int = 1) -> None:
+    """`session` and `reference` give the same bits through run_split on every `every`-th captured
+    call of every mode, as generate() makes them (the batch mode's padded rows included)."""
     from omnivoice_export import capture
     from omnivoice_onnx.sessions import run_split
 
-    manifest = capture.load_manifest(capture_dir)
     calls = 0
-    for mode in manifest["modes"]:
-        for step in capture.mode_steps(manifest, mode):
-            data = capture.load_step(capture_dir, mode, step)
-            feeds = (data["input_ids"], data["audio_mask"], data["attention_mask"])
-            assert np.array_equal(run_split(session, *feeds), run_split(reference, *feeds)), (mode, step)
-            calls += 1
-    assert calls == len(capture.MODES) * 32
+    for mode, step, feeds in captured_calls(capture_dir, every):
+        assert np.array_equal(run_split(session, *feeds), run_split(reference, *feeds)), (mode, step)
+        calls += 1
+    assert calls == len(capture.MODES) * len(range(0, 32, every))
 
 
 # The files that need the session pipeline, longest first (log Run 27: `--durations=0` summed per

@@ -24,7 +24,7 @@ from omnivoice_export import capture, fusion, quantize
 from omnivoice_onnx.errors import UserError
 from omnivoice_onnx.sessions import make_session, run, run_split
 
-from conftest import assert_same_bits_on_captured_calls, read_report, run_script
+from conftest import assert_same_bits_on_captured_calls, captured_calls, read_report, run_script
 
 TRANSFORMER = quantize.TRANSFORMER_FILE
 FUSED = "fp32-fused"
@@ -169,13 +169,7 @@ def test_merged_projections_give_the_same_int8_bits_on_every_captured_call(pipel
     merged = _quantized(source, tmp_path / "merged", ("attention", "projections"), heads)
     ops = [node.op_type for node in onnx.load(str(merged), load_external_data=False).graph.node]
     assert ops.count("MatMulInteger") == 4 * layers(pipeline) and ops.count("MatMul") == 1  # the fp32 heads
-    merged_session, separate_session = make_session(merged), make_session(separate)
-    manifest = capture.load_manifest(pipeline.capture)
-    for mode in manifest["modes"]:
-        for step in capture.mode_steps(manifest, mode)[::8]:
-            data = capture.load_step(pipeline.capture, mode, step)
-            feeds = (data["input_ids"], data["audio_mask"], data["attention_mask"])
-            assert np.array_equal(run_split(merged_session, *feeds), run_split(separate_session, *feeds)), (mode, step)
+    assert_same_bits_on_captured_calls(pipeline.capture, make_session(merged), make_session(separate), every=8)
 
 
 @pytest.mark.slow
@@ -183,8 +177,9 @@ def test_rms_norm_fusion_replaces_every_norm_with_the_same_function(pipeline, fu
     """Every RMSNorm (input, post-attention, q and k per layer, the final one) becomes one
     SimplifiedLayerNormalization with the graph's 1-D weight and epsilon, no Pow is left, and on
     the fp32 graph the logits stay within float32 rounding of the exported nodes' (measured
-    1.0e-5 at |logits| ~10; the kernel's own order: why only the int8 recipe uses it), on every 8th captured step
-    of each mode. A graph where one norm does not match is refused, never half fused."""
+    1.0e-5 at |logits| ~10; the kernel's own order: why only the int8 recipe uses it), on every
+    8th captured step of each mode. A graph where one norm does not match is refused, never half
+    fused."""
     model = onnx.load(str(fused / "fp32-unmasked" / TRANSFORMER))
     weights = {init.name: list(init.dims) for init in model.graph.initializer}
     assert fusion.fuse_rms_norm(model) == 4 * layers(pipeline) + 1
@@ -200,13 +195,9 @@ def test_rms_norm_fusion_replaces_every_norm_with_the_same_function(pipeline, fu
     quantize.save_with_sidecar(model, tmp_path / TRANSFORMER)
     session = make_session(tmp_path / TRANSFORMER)
     reference = make_session(fused / "fp32-unmasked" / TRANSFORMER)
-    manifest = capture.load_manifest(pipeline.capture)
-    for mode in manifest["modes"]:
-        for step in capture.mode_steps(manifest, mode)[::8]:
-            data = capture.load_step(pipeline.capture, mode, step)
-            feeds = [data[k] for k in ("input_ids", "audio_mask", "attention_mask")]
-            got, want = run_split(session, *feeds), run_split(reference, *feeds)
-            assert np.max(np.abs(got - want)) <= 1e-5 * max(1.0, float(np.max(np.abs(want)))), (mode, step)
+    for mode, step, feeds in captured_calls(pipeline.capture, every=8):
+        got, want = run_split(session, *feeds), run_split(reference, *feeds)
+        assert np.max(np.abs(got - want)) <= 1e-5 * max(1.0, float(np.max(np.abs(want)))), (mode, step)
     broken = onnx.load(str(fused / "fp32-unmasked" / TRANSFORMER), load_external_data=False)
     square = next(node for node in broken.graph.node if node.op_type == "Pow")
     square.op_type = "Mul"  # one norm no longer of the pattern

@@ -23,7 +23,7 @@ from omnivoice_export import capture, quality, quantize, report
 from omnivoice_onnx.errors import UserError
 from omnivoice_onnx.sessions import make_session, run, run_split
 
-from conftest import assert_same_bits_on_captured_calls, read_report, run_script
+from conftest import assert_same_bits_on_captured_calls, captured_calls, read_report, run_script
 
 TRANSFORMER = quantize.TRANSFORMER_FILE
 
@@ -133,16 +133,12 @@ def test_int8_keeps_int8_unfused_accuracy(pipeline, variants):
     from the export's and agree with them on argmax (measured on tiny: mean 0.9931 for both)."""
     sessions = {name: make_session(path) for name, path in (("fp32", variants / TRANSFORMER),
                 ("int8", variants / "int8" / TRANSFORMER), ("int8-unfused", variants / "int8-unfused" / TRANSFORMER))}
-    manifest = capture.load_manifest(pipeline.capture)
-    for mode in manifest["modes"]:
-        for step in capture.mode_steps(manifest, mode)[::8]:
-            data = capture.load_step(pipeline.capture, mode, step)
-            feeds = (data["input_ids"], data["audio_mask"], data["attention_mask"])
-            logits = {name: run_split(session, *feeds) for name, session in sessions.items()}
-            error = {name: float(np.max(np.abs(logits[name] - logits["fp32"]))) for name in ("int8", "int8-unfused")}
-            assert error["int8"] <= 1.5 * error["int8-unfused"], (mode, step, error)
-            agree = np.mean(logits["int8"].argmax(-1) == logits["int8-unfused"].argmax(-1))
-            assert agree >= 0.99, (mode, step, agree)
+    for mode, step, feeds in captured_calls(pipeline.capture, every=8):
+        logits = {name: run_split(session, *feeds) for name, session in sessions.items()}
+        error = {name: float(np.max(np.abs(logits[name] - logits["fp32"]))) for name in ("int8", "int8-unfused")}
+        assert error["int8"] <= 1.5 * error["int8-unfused"], (mode, step, error)
+        agree = np.mean(logits["int8"].argmax(-1) == logits["int8-unfused"].argmax(-1))
+        assert agree >= 0.99, (mode, step, agree)
 
 
 def gather_model(table: np.ndarray, ids: np.ndarray) -> onnx.ModelProto:
