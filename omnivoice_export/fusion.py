@@ -146,6 +146,17 @@ def _match_attention(g: _Graph, softmax: onnx.NodeProto) -> dict | None:
             "scale": float(scale)}
 
 
+def take_over(model: onnx.ModelProto, g: _Graph, output: str, new: list[onnx.NodeProto]) -> None:
+    """Insert `new` right after the node producing `output`, the last of them taking the name over:
+    the old producer writes `<output>_unfused`, which nothing reads, so prune_dead_nodes drops the
+    chain it ended. Consumers keep reading `output`, and node order stays topological."""
+    old = g.producer[output]
+    old.output[0] = f"{output}_unfused"
+    position = list(model.graph.node).index(old)
+    for offset, node in enumerate(new):
+        model.graph.node.insert(position + 1 + offset, node)
+
+
 def fuse_attention(model: onnx.ModelProto) -> int:
     """Replace each layer's unmasked attention core by one com.microsoft MultiHeadAttention; in place.
 
@@ -172,11 +183,7 @@ def fuse_attention(model: onnx.ModelProto) -> int:
                              name=prefix, domain=MS_DOMAIN, num_heads=match["heads"], scale=match["scale"]),
         ]
         # The old merge Reshape gives its output name to MultiHeadAttention and becomes dead.
-        old = g.producer[match["output"]]
-        old.output[0] = f"{match['output']}_unfused"
-        position = list(model.graph.node).index(old)
-        for offset, node in enumerate(new):
-            model.graph.node.insert(position + 1 + offset, node)
+        take_over(model, g, match["output"], new)
     add_opset(model, MS_DOMAIN, 1)
     return len(matches)
 
@@ -190,9 +197,9 @@ def fuse_projections(model: onnx.ModelProto, exclude: tuple[str, ...] = ()) -> i
     column (axis -1) and its activation scale is per tensor, shared by q/k/v already, so the
     merged MatMulInteger computes every output column with the same integers and the same two
     scales as the separate ones: the same bits, in one larger GEMM with one activation pass and
-    one kernel launch instead of three (the same bits: tests/test_fusion.py on tiny; 1.05x per call
-    at the real dims, log Run 28). Not used for the fp32 recipes: an fp32 GEMM of another width may block its sums
-    differently, so fp32 bits would no longer be promised. MatMuls in `exclude` (the audio heads)
+    one kernel launch instead of three (the same bits: tests/test_fusion.py on tiny; 1.05x per
+    call at the real dims, log Run 28). Not used for the fp32 recipes: an fp32 GEMM of another
+    width may block its sums differently, so fp32 bits would no longer be promised. MatMuls in `exclude` (the audio heads)
     stay as they are. Refuses (UserError) a graph with nothing to merge. Returns the number of
     merged groups.
     """
@@ -270,12 +277,9 @@ def fuse_rms_norm(model: onnx.ModelProto) -> int:
         raise UserError(f"found the RMSNorm pattern (Pow(x, 2) -> ReduceMean -> Add(eps) -> Sqrt -> Reciprocal -> "
                         f"Mul(x) -> Mul(weight)) at {len(matches)} of the graph's {means} ReduceMean nodes", _FIX)
     for index, match in enumerate(matches):
-        old = g.producer[match["output"]]
-        old.output[0] = f"{match['output']}_unfused"
-        position = list(model.graph.node).index(old)
-        model.graph.node.insert(position + 1, helper.make_node(
+        take_over(model, g, match["output"], [helper.make_node(
             "SimplifiedLayerNormalization", [match["input"], match["weight"]], [match["output"]],
-            name=f"fused_rms_norm_{index}", axis=-1, epsilon=match["epsilon"]))
+            name=f"fused_rms_norm_{index}", axis=-1, epsilon=match["epsilon"])])
     return len(matches)
 
 
