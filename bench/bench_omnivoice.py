@@ -392,11 +392,24 @@ def e2e_worker(args, runtime: str) -> dict[str, Any]:
     started = time.perf_counter()
     model, _ = load_variant(args, runtime)
     result: dict[str, Any] = {"load_seconds": time.perf_counter() - started, "torch_threads": torch.get_num_threads()}
+    # The transformer's share, timed where generate() calls it: the rest of generate() (reference
+    # encoding, decoding, host work) does not depend on the transformer variant.
+    forward, transformer_seconds = model.forward, []
+
+    def timed_forward(*inputs, **kwargs):
+        call_started = time.perf_counter()
+        try:
+            return forward(*inputs, **kwargs)
+        finally:
+            transformer_seconds.append(time.perf_counter() - call_started)
+
+    model.forward = timed_forward
     recorder = Recorder(model, Path("."), steps=set())  # steps=set(): tokens only, nothing written
     started = time.perf_counter()
     with recorder.active():
         run_generate(model, clone_request(args.capture_dir, E2E_TEXT, args.num_step))
     result["e2e_seconds"] = time.perf_counter() - started
+    result["e2e_transformer_seconds"] = sum(transformer_seconds)
     result["e2e_final_tokens"] = recorder.token_states[-1].tolist()
     return result
 
@@ -451,6 +464,36 @@ def spread(values: list[float]) -> dict[str, float]:
     return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
 
 
+def generate_parts(e2e: list[dict]) -> dict[str, dict[str, float]]:
+    """generate()'s seconds in the transformer calls and in the rest (reference encoding, decoding,
+    host work: the same for every transformer variant), over the e2e workers' runs."""
+    return {"transformer": spread([r["e2e_transformer_seconds"] for r in e2e]),
+            "rest": spread([r["e2e_seconds"] - r["e2e_transformer_seconds"] for r in e2e])}
+
+
+def generate_parts_markdown(summary: dict[str, Any], num_step: int) -> list[str]:
+    """Per variant: generate() as transformer calls + the rest, and the transformer time a 3x
+    generate() would need at that rest (the issue 28 bar, read against what is left to gain)."""
+    generate = summary.get("generate")
+    if not generate or not summary["variants"]:
+        return []
+    fp32 = generate["parts"]["onnx"]
+    lines = [f"generate() split (medians): the transformer (one forward per step, {num_step} steps) + the rest "
+             "(reference encoding, decoding, host work: the same graphs for every variant). fp32 ORT: "
+             f"{fp32['transformer']['median']:.1f} s + {fp32['rest']['median']:.1f} s.", "",
+             "| variant | transformer calls s | rest s | transformer vs fp32 | generate() vs fp32 | "
+             "transformer calls for 3x fp32's generate() at this rest |", "|---|---|---|---|---|---|"]
+    for name, variant in summary["variants"].items():
+        g = variant.get("generate")
+        if g:
+            parts, target = g["parts"], generate["onnx"]["median"] / 3 - g["parts"]["rest"]["median"]
+            lines.append(f"| {name} | {parts['transformer']['median']:.1f} | {parts['rest']['median']:.1f} | "
+                         f"{g['transformer_speedup_vs_fp32']:.2f}x | {g['speedup_vs_fp32']:.2f}x | "
+                         + (f"<= {target:.1f} s ({target / num_step:.3f} s per step) |" if target > 0 else
+                            "none: the rest alone is over a third of fp32's generate() |"))
+    return lines + [""]
+
+
 def summarise(rounds: list[dict[str, dict]], variants: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
     """Pool every round's timings per variant and shape; ratios of medians. `variants`: the export
     report's entries of the transformer variants timed (their files' sizes)."""
@@ -500,6 +543,7 @@ def summarise(rounds: list[dict[str, dict]], variants: dict[str, dict[str, Any]]
         onnx_t = spread([r["e2e_seconds"] for r in onnx_e2e])
         summary["generate"] = {
             "torch": torch_t, "onnx": onnx_t, "speedup": torch_t["median"] / onnx_t["median"],
+            "parts": {"torch": generate_parts(torch_e2e), "onnx": generate_parts(onnx_e2e)},
             "final_token_match": min(matches), "target_frames": int(reference.shape[-1]),
             "load_seconds": {"torch": spread([r["load_seconds"] for r in torch_e2e]),
                              "onnx": spread([r["load_seconds"] for r in onnx_e2e])},
@@ -532,8 +576,11 @@ def summarise_variant(rounds: list[dict[str, dict]], name: str, entry: dict[str,
     if e2e and "generate" in summary:
         torch_tokens = np.array(rounds[0]["torch-e2e"]["e2e_final_tokens"])
         seconds = spread([r["e2e_seconds"] for r in e2e])
+        parts = generate_parts(e2e)
         result["generate"] = {
             "seconds": seconds, "speedup_vs_fp32": summary["generate"]["onnx"]["median"] / seconds["median"],
+            "parts": parts, "transformer_speedup_vs_fp32":
+                summary["generate"]["parts"]["onnx"]["transformer"]["median"] / parts["transformer"]["median"],
             "speedup_vs_torch": summary["generate"]["torch"]["median"] / seconds["median"],
             "final_token_match": min(float(np.mean(np.array(r["e2e_final_tokens"]) == torch_tokens))
                                      if np.array(r["e2e_final_tokens"]).shape == torch_tokens.shape else 0.0 for r in e2e),
@@ -625,7 +672,7 @@ def markdown(summary: dict[str, Any], meta: dict[str, Any]) -> str:
     lines += [f"Peak RSS of the per-call workers (every shape above, {max(meta['codec_seconds'])} s codec calls): "
               f"torch {calls['torch']:.0f} MiB, "
               f"ONNX {calls['onnx']:.0f} MiB", ""]
-    return "\n".join(lines + variants_markdown(summary))
+    return "\n".join(lines + variants_markdown(summary) + generate_parts_markdown(summary, meta["num_step"]))
 
 
 def main(argv: list[str] | None = None) -> None:

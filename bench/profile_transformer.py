@@ -110,9 +110,11 @@ def main(argv: list[str] | None = None) -> None:
             runs.append((variant, "padded", [feeds, feeds], transformer_flops(config, [seq] * len(lengths))))
         runs.append((variant, "split", split + split, transformer_flops(config, lengths)))
     llm = config["llm_config"]
-    ceiling = None
+    ceiling, fp32_split = None, None
     for variant, label, passes, flops in runs:
         per_op, total = profile(variant_path(args.onnx_dir, variant), passes)
+        if (variant, label) == ("fp32", "split"):
+            fp32_split = total
         print(f"\n{variant} {label}: S={seq} rows={lengths}  kernel time {total / 1e6:.3f} s, "
               f"{flops / 1e9:.0f} GFLOP -> {flops / total / 1e3:.0f} GFLOP/s overall")
         for op, micros in sorted(per_op.items(), key=lambda kv: -kv[1])[:12]:
@@ -136,6 +138,15 @@ def main(argv: list[str] | None = None) -> None:
                   f"{100 * achieved / ceiling:.0f} % of one DynamicQuantizeMatMul node's {ceiling:.0f} GFLOP/s "
                   f"([{max(row_lengths)}, {llm['hidden_size']}] x [{llm['hidden_size']}, "
                   f"{2 * llm['intermediate_size']}]); the whole graph: {100 * flops / total / 1e3 / ceiling:.0f} %")
+            # The floor: integer GEMMs at the ceiling, the fp32 MultiHeadAttention and MatMuls (heads;
+            # attention too in an unfused graph) as profiled, every other op free. fp32's split time
+            # over it bounds what this graph's speed-up can reach on this CPU with these kernels.
+            fp32_kernels = per_op.get("MultiHeadAttention", 0.0) + per_op.get("MatMul", 0.0)
+            floor = parts["projections"] / ceiling / 1e3 + fp32_kernels
+            print(f"  floor {floor / 1e6:.3f} s: int8 GEMMs at the ceiling, MultiHeadAttention and MatMul as profiled, "
+                  f"the other ops' {(total - int8_micros - fp32_kernels) / 1e6:.3f} s free"
+                  + (f"; at most {fp32_split / floor:.2f}x fp32 split's {fp32_split / 1e6:.3f} s (now "
+                     f"{fp32_split / total:.2f}x)" if fp32_split else ""))
 
 if __name__ == "__main__":
     run_main(main)

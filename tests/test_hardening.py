@@ -362,10 +362,16 @@ def test_bench_fails_on_other_tokens_names_the_cpu_and_times_each_variant(pipeli
             assert row["ort_split"]["n"] == 1 and row["speedup_vs_fp32"] > 0
             assert 0.0 <= row["vs_fp32"]["argmax_agreement"] <= 1.0 and 0.0 <= row["vs_torch"]["argmax_agreement"] <= 1.0
         assert variant["generate"]["peak_rss_mb"]["median"] > 0 and variant["generate"]["speedup_vs_fp32"] > 0
+        # generate() = its transformer forwards + the rest (one run: the medians add up)
+        parts = variant["generate"]["parts"]
+        assert parts["transformer"]["median"] > 0 and parts["rest"]["median"] > 0
+        assert parts["transformer"]["median"] + parts["rest"]["median"] == pytest.approx(
+            variant["generate"]["seconds"]["median"])
     text = (results.with_suffix(".md")).read_text()
     assert "ORT padded vs torch" in text and cpu["model_name"] in text and " MiB" in text
     assert (data["meta"]["shapes"], data["meta"]["codec_seconds"]) == (["S~200"], [1]) and "1 s codec calls" in text
     assert all(any(row.startswith(f"| {name} |") for row in text.splitlines()) for name in ("fp32", "int8"))
+    assert "generate() split" in text and sum(row.startswith("| int8 |") for row in text.splitlines()) == 2
 
 
 def bench_module():
