@@ -52,7 +52,7 @@ from omnivoice_onnx.audio_out import encode_audio
 from omnivoice_onnx.cliutil import check_output
 from omnivoice_onnx.errors import UserError
 from omnivoice_onnx.files import atomic_path, remove_stale_temporaries, sha256_file
-from omnivoice_onnx.rng import SEED_MAX, SEED_MIN
+from omnivoice_onnx.rng import check_seed
 from omnivoice_onnx.voices import is_voice_path, load_voice, voices_dir
 
 RESULTS_FILE = "results.jsonl"
@@ -174,9 +174,12 @@ def parse_line(obj: Any, number: int, base: Path, default_language: str | None) 
     voice = _optional(obj, "voice", (str,), "a voice name or file")
     if voice is not None and is_voice_path(voice):
         voice = str((base / voice).absolute())  # a voice file, like ref_audio, is relative to the list
-    seed = _optional(obj, "seed", (int,), "an integer")
-    if seed is not None and not SEED_MIN <= seed <= SEED_MAX:
-        raise ValueError(f"seed {seed} is outside [{SEED_MIN}, {SEED_MAX}]")
+    seed = obj.get("seed")
+    if seed is not None:
+        try:
+            seed = check_seed(seed)  # generate()'s own check: a bad line is refused before any work
+        except UserError as exc:
+            raise ValueError(str(exc)) from None
     if ref_audio is not None and ref_text is None:
         raise ValueError("ref_audio needs ref_text (this runtime has no speech recogniser)")
     if ref_text is not None and ref_audio is None:

@@ -105,6 +105,25 @@ def test_upstream_format_parsed(corpus):
     assert defaulted["auto_en"] == "en" and defaulted["design_1"] == "zh"
 
 
+def test_line_seed_checked_as_generate_checks_it(tmp_path):
+    """A line's seed goes through rng.check_seed, generate()'s own check: the same range, the same
+    words, refused at parse time (before any work) instead of in the middle of the run."""
+    from omnivoice_onnx.errors import UserError
+    from omnivoice_onnx.rng import SEED_MAX, SEED_MIN, check_seed
+
+    seeds = {"lowest": SEED_MIN, "highest": SEED_MAX, "over": SEED_MAX + 1, "under": SEED_MIN - 1, "bool": True,
+             "float": 1.0, "text": "7"}
+    parsed = read_test_list(write_list(tmp_path / "seeds.jsonl",
+                                       [{"id": name, "text": "x", "seed": seed} for name, seed in seeds.items()]))
+    assert [(line.id, line.seed, line.seed_from) for line in parsed.lines] == [
+        ("lowest", SEED_MIN, "line"), ("highest", SEED_MAX, "line")]
+    for bad in parsed.bad:
+        with pytest.raises(UserError) as refused:
+            check_seed(seeds[bad.id])
+        assert bad.problem == str(refused.value)
+    assert sorted(bad.id for bad in parsed.bad) == ["bool", "float", "over", "text", "under"]
+
+
 def test_outputs_equal_generate(reference_run, corpus, pipeline):
     """Each WAV is encode_audio(generate(line, seed)) bytes: the reference given as a path here
     (the batch encodes it once per worker and reuses the prompt), the seed as recorded."""
