@@ -41,7 +41,10 @@ flipped its argmax on tiny (auto step 17: argmax 0.999399, so not the fp32 verdi
 gain showed in fp32 (nor in Run 9). In int8, where that difference is far below the recipe's own
 error, it gains 1.02-1.03x per call (Run 28), so the int8 recipe uses it.
 ORT 1.32's GroupQueryAttention (causal=0, 8 kv heads without the repeat) timed the same as
-MultiHeadAttention on one attention call at the real dims, within the noise.
+MultiHeadAttention on one attention call at the real dims, within the noise. Not built, measured
+(Run 29): GroupQueryAttention with its own rotary (the RoPE chain and the K/V repeat gone; its Q/K
+norm prologue is refused on CPU) or RoPE as RotaryEmbedding save ~1 ms per layer pair, ~2 % of an
+int8 step.
 """
 
 from __future__ import annotations
@@ -199,9 +202,9 @@ def fuse_projections(model: onnx.ModelProto, exclude: tuple[str, ...] = ()) -> i
     scales as the separate ones: the same bits, in one larger GEMM with one activation pass and
     one kernel launch instead of three (the same bits: tests/test_fusion.py on tiny; 1.05x per
     call at the real dims, log Run 28). Not used for the fp32 recipes: an fp32 GEMM of another
-    width may block its sums differently, so fp32 bits would no longer be promised. MatMuls in `exclude` (the audio heads)
-    stay as they are. Refuses (UserError) a graph with nothing to merge. Returns the number of
-    merged groups.
+    width may block its sums differently, so fp32 bits would no longer be promised. MatMuls in
+    `exclude` (the audio heads) stay as they are. Refuses (UserError) a graph with nothing to
+    merge. Returns the number of merged groups.
     """
     g = _Graph(model.graph)
     weights = {name: init for name, init in g.initializers.items() if len(init.dims) == 2}

@@ -186,10 +186,9 @@ def test_rms_norm_fusion_replaces_every_norm_with_the_same_function(pipeline, fu
     fusion.prune_dead_nodes(model)
     ops = [node.op_type for node in model.graph.node]
     assert "Pow" not in ops and "Reciprocal" not in ops
-    eps = json.loads((pipeline.model / "config.json").read_text())["llm_config"]["rms_norm_eps"]
-    norms = [node for node in model.graph.node if node.op_type == "SimplifiedLayerNormalization"]
-    assert all(np.float32(fusion.attribute(node, "epsilon")) == np.float32(eps) for node in norms)
     llm = json.loads((pipeline.model / "config.json").read_text())["llm_config"]
+    norms = [node for node in model.graph.node if node.op_type == "SimplifiedLayerNormalization"]
+    assert all(np.float32(fusion.attribute(node, "epsilon")) == np.float32(llm["rms_norm_eps"]) for node in norms)
     # the scale is the graph's own norm weight: hidden-wide for the layer norms, head_dim for q/k
     assert all(weights.get(node.input[1]) in ([llm["hidden_size"]], [llm["head_dim"]]) for node in norms)
     quantize.save_with_sidecar(model, tmp_path / TRANSFORMER)
