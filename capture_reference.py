@@ -17,7 +17,8 @@ encoder's audio and codes, the decoder's codes and audio, the final WAV. capture
 records the model fingerprint, versions, device, seeds, generation config, texts, tensor
 shapes/dtypes and a sha256 per file. Two captures on the same machine and device are
 bit-identical. On CUDA the reference is full fp32: TF32 is switched off for matmuls and cuDNN
-convolutions (torch leaves cuDNN's on by default), and the manifest records the settings. The previous capture is replaced only once the new one is complete.
+convolutions (torch leaves cuDNN's on by default), and the manifest records the settings. The
+previous capture is replaced only once the new one is complete.
 
 Clone mode checks ref_voice.wav before loading the model: missing, empty, unreadable or silent
 is an error; another sample rate or several channels are resampled/averaged as upstream does
@@ -68,7 +69,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="device of the PyTorch reference; validate ONNX against a capture made on the "
                              "same device (RVQ codes flip between devices)")
     parser.add_argument("--steps", default="all", help="transformer calls to record: 'all' or e.g. '0,15,31'")
-    parser.add_argument("--modes", default=",".join(capture.MODES), help=f"comma-separated subset of {','.join(capture.MODES)}")
+    parser.add_argument(
+        "--modes", default=",".join(capture.MODES), help=f"comma-separated subset of {','.join(capture.MODES)}"
+    )
     parser.add_argument("--seed", type=SEED, default=DEFAULT_SEED, help="torch seed before each generate()")
     parser.add_argument("--num-step", type=NUM_STEP, default=32, help="unmasking steps of generate()")
     parser.add_argument("--capture-dir", type=Path, default=capture.DEFAULT_DIR, help="where the capture is written")
@@ -130,9 +133,16 @@ def main(argv: list[str] | None = None) -> None:
             if (args.capture_dir / name).is_file():
                 (tmp / name).write_bytes((args.capture_dir / name).read_bytes())
         manifest = capture.write_manifest(
-            tmp, model={"spec": args.model or str(model_path), "path": str(model_path), "fingerprint": fingerprint},
-            device=args.device, precision=precision, versions=package_versions(), seed=args.seed, num_step=args.num_step, steps=steps,
-            modes=manifest_modes)
+            tmp,
+            model={"spec": args.model or str(model_path), "path": str(model_path), "fingerprint": fingerprint},
+            device=args.device,
+            precision=precision,
+            versions=package_versions(),
+            seed=args.seed,
+            num_step=args.num_step,
+            steps=steps,
+            modes=manifest_modes,
+        )
     print(f"[step 1] capture complete: {args.capture_dir} ({manifest['total_bytes'] / 1e6:.1f} MB)")
 
 

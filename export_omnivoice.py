@@ -100,8 +100,10 @@ def codec_examples(capture_dir: Path, manifest: dict) -> dict[str, tuple[np.ndar
 
 
 def summary_table(entries: dict) -> str:
-    head = f"{'graph':<12}{'exporter':<10}{'opset':>6}{'onnx MiB':>9}{'data MiB':>10}{'time s':>8}{'peak RSS MiB':>13}" \
-           f"{'checker':>9}{'self-check':>12}"
+    head = (
+        f"{'graph':<12}{'exporter':<10}{'opset':>6}{'onnx MiB':>9}{'data MiB':>10}{'time s':>8}{'peak RSS MiB':>13}"
+        f"{'checker':>9}{'self-check':>12}"
+    )
     lines = [head, "-" * len(head)]
     for graph, entry in entries.items():
         sizes = [f["bytes"] / 2**20 for f in entry["files"].values()]
@@ -162,9 +164,11 @@ def main(argv: list[str] | None = None) -> None:
                 result.self_checks = exporting.self_check_codec(session, modules[graph], graph, codec[graph][1])
             del session
             results[graph], signatures[graph] = result, exporting.signature(path)
-            print(f"[step 2] {graph}: {result.exporter} in {result.seconds:.1f} s, peak RSS {result.peak_rss_mb:.0f} MB, "
-                  f"checker {result.checker}, self-checks {'PASS' if result.self_checks['passed'] else 'FAIL'}",
-                  flush=True)
+            print(
+                f"[step 2] {graph}: {result.exporter} in {result.seconds:.1f} s, peak RSS {result.peak_rss_mb:.0f} MB, "
+                f"checker {result.checker}, self-checks {'PASS' if result.self_checks['passed'] else 'FAIL'}",
+                flush=True,
+            )
         # Hashed in staging: install and report write follow with no slow step between.
         entries = {graph: report.graph_entry(result, signatures[graph], report.graph_files(staging, graph))
                    for graph, result in results.items()}

@@ -10,14 +10,16 @@ audio_tokenizer.decode served by onnxruntime, and is compared with the PyTorch r
     output WAV       log-spectral L1 against the reference WAV, and duration equality
 
 It writes capture/onnx_<mode>.wav and capture/onnx_<mode>_spectrogram.png (PyTorch | ONNX |
-difference; per item i of the batch mode: onnx_batch_<i>.wav, onnx_batch_spectrogram_<i>.png), prints a summary table with the wall time of PyTorch and ONNX generate() measured
+difference; per item i of the batch mode: onnx_batch_<i>.wav, onnx_batch_spectrogram_<i>.png),
+prints a summary table with the wall time of PyTorch and ONNX generate() measured
 in the same run (informational), and merges the results into onnx/export-report.json under
 end_to_end.<provider>. Exit code 1 when tokens differ. It replays the capture's requests, so it
 refuses a --seed or --num-step other than the capture's, a capture re-made after the export, and a
 ref_voice.wav re-made after the capture (exit 2), rather than compare different runs.
 
 --variant NAME runs a transformer variant of step 5 (quantize_omnivoice.py) with the export's fp32
-codec graphs, or the variant's own where it carries them (fp16) (files capture/onnx_<variant>_<mode>.*, results under variants.<name>.end_to_end in
+codec graphs, or the variant's own where it carries them (fp16) (files capture/onnx_<variant>_<mode>.*,
+results under variants.<name>.end_to_end in
 the report). A quantized variant is measured, never judged (exit 0 whatever its tokens); an fp32
 variant (fp32-unmasked) gets the fp32 verdict.
 
@@ -79,11 +81,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--no-split", action="store_true",
                         help="compare mode: run cond and uncond rows as one padded transformer call (upstream's "
                              "layout) instead of each at its own length")
-    parser.add_argument("--variant", default=None,
-                        help="run a transformer variant made by quantize_omnivoice.py (int8, int4-b32, fp32-fused, ...) "
-                             "with the export's fp32 codec graphs; compare mode then reports a quantized variant as "
-                             "measurements under variants.<name> in the report, not as a verdict. Default: compare "
-                             "mode the faithful fp32 graph; --text fp32-fused when the export holds it, else fp32")
+    parser.add_argument(
+        "--variant",
+        default=None,
+        help="run a transformer variant made by quantize_omnivoice.py (int8, int4-b32, fp32-fused, ...) "
+        "with the export's fp32 codec graphs; compare mode then reports a quantized variant as "
+        "measurements under variants.<name> in the report, not as a verdict. Default: compare "
+        "mode the faithful fp32 graph; --text fp32-fused when the export holds it, else fp32",
+    )
     parser.add_argument("--no-torch-timing", action="store_true",
                         help="compare mode: skip the PyTorch generate() timing run")
     synth = parser.add_argument_group("synthesis mode (needs no capture, no PyTorch)")
@@ -144,8 +149,11 @@ def synthesize(args) -> None:
               "generation_config": {"num_step": num_step}}
     sink = audio_out.open_output(args.out, fmt, tts.sample_rate, what="--out")
     spoken = speak(tts, args.text, sink, kwargs, DEFAULT_SEED if args.seed is None else args.seed, stream=False)
-    print(f"[synthesis] {mode}: {spoken.seconds:.2f} s of audio -> {args.out} "
-          f"(omnivoice_onnx, transformer {variant}, no PyTorch)", file=sys.stderr if str(args.out) == "-" else sys.stdout)
+    print(
+        f"[synthesis] {mode}: {spoken.seconds:.2f} s of audio -> {args.out} "
+        f"(omnivoice_onnx, transformer {variant}, no PyTorch)",
+        file=sys.stderr if str(args.out) == "-" else sys.stdout,
+    )
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -23,8 +23,14 @@ from omnivoice_export.capture import DEFAULT_DIR, REF_TXT, REF_WAV
 from omnivoice_export.checkpoints import add_model_arg, load_omnivoice, model_fingerprint, resolve_model
 from omnivoice_export.cli import NUM_STEP, SEED, check_output, parse, run_main
 from omnivoice_export.files import atomic_path
-from omnivoice_export.generation import (DEFAULT_SEED, REFERENCE_INSTRUCT, REFERENCE_TEXT, GenerationRequest,
-                                         run_generate, write_wav)
+from omnivoice_export.generation import (
+    DEFAULT_SEED,
+    REFERENCE_INSTRUCT,
+    REFERENCE_TEXT,
+    GenerationRequest,
+    run_generate,
+    write_wav,
+)
 from omnivoice_onnx.contract import SAMPLE_RATE
 
 

@@ -12,9 +12,10 @@
 Each graph's declared inputs and outputs (names, dtypes, rank, axis names) and the shapes of every
 call (one size per axis name, 960*frames samples per `frames` codes) are checked against the
 contract table (omnivoice_onnx.contract). Before comparing anything, the capture manifest and the
-export report must name the same model fingerprint, the capture must be the one the export was made from (its manifest sha256, recorded
-in the report), each graph's metadata must name the report's exporter and opset, and every
-capture and ONNX file must match its recorded sha256; otherwise it stops with one line (exit 2).
+export report must name the same model fingerprint, the capture must be the one the export was made
+from (its manifest sha256, recorded in the report), each graph's metadata must name the report's
+exporter and opset, and every capture and ONNX file must match its recorded sha256; otherwise it
+stops with one line (exit 2).
 
 Providers: cpu (default), cuda-fp32 (CUDA EP, TF32 off, read back from the session) and cuda-tf32
 (CUDA EP defaults). cpu and cuda-fp32 are parity verdicts on the export; cuda-tf32 is reported as a
@@ -45,11 +46,26 @@ import numpy as np
 
 from omnivoice_export import capture, metrics, quality, quantize, report
 from omnivoice_export.checkpoints import validate_checkpoint_dir
-from omnivoice_export.cli import (THREADS, CheckFailed, check_input_dir, check_output, float_range, parse, parse_subset,
-                                  run_main)
+from omnivoice_export.cli import (
+    THREADS,
+    CheckFailed,
+    check_input_dir,
+    check_output,
+    float_range,
+    parse,
+    parse_subset,
+    run_main,
+)
 from omnivoice_export.report import read_graph_metadata
-from omnivoice_onnx.contract import (CONTRACTS, GRAPH_FILES, GRAPH_NAMES, THRESHOLDS, ort_signature, shape_problems,
-                                     signature_problems)
+from omnivoice_onnx.contract import (
+    CONTRACTS,
+    GRAPH_FILES,
+    GRAPH_NAMES,
+    THRESHOLDS,
+    ort_signature,
+    shape_problems,
+    signature_problems,
+)
 from omnivoice_onnx.errors import UserError
 from omnivoice_onnx.sessions import PROVIDERS, check_provider, make_session, node_placement, run
 
@@ -78,11 +94,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.add_argument(flag, type=kind, default=THRESHOLDS[key], dest=key,
                             metavar=flag[2:].upper().replace("-", "_"), help=text)
     parser.add_argument("--no-sweep", action="store_true", help="skip the encoder length sweep (needs PyTorch weights)")
-    parser.add_argument("--variant", default=None,
-                        help="check a transformer variant made by quantize_omnivoice.py instead of the export's graphs: "
-                             "every captured call run as generate() runs it (cond and uncond rows at their own "
-                             "lengths); a quantized variant is measured (argmax agreement, relative logit error), "
-                             "an fp32 one (fp32-unmasked) judged by the transformer thresholds")
+    parser.add_argument(
+        "--variant",
+        default=None,
+        help="check a transformer variant made by quantize_omnivoice.py instead of the export's graphs: "
+        "every captured call run as generate() runs it (cond and uncond rows at their own "
+        "lengths); a quantized variant is measured (argmax agreement, relative logit error), "
+        "an fp32 one (fp32-unmasked) judged by the transformer thresholds",
+    )
     return parse(parser, argv)
 
 
@@ -140,9 +159,17 @@ def check_transformer(session, capture_dir: Path, manifest: dict, thresholds: di
             mask = data["attention_mask"][:, 0]
             no_key = int((~mask.any(-1)).sum()) * logits.shape[1]
             ok = stats.passed(argmax_min, max_abs)
-            flip = "" if not stats.flips else f" flips={stats.flips} margin={stats.flip_margin_min:.2e}..{stats.flip_margin_max:.2e}"
-            line("transformer", f"{mode} step {step:>2}", f"argmax={stats.argmax_agreement:.6f} max_abs={stats.max_abs:.1e} "
-                 f"mean_abs={stats.mean_abs:.1e}{flip}", ok)
+            flip = (
+                ""
+                if not stats.flips
+                else f" flips={stats.flips} margin={stats.flip_margin_min:.2e}..{stats.flip_margin_max:.2e}"
+            )
+            line(
+                "transformer",
+                f"{mode} step {step:>2}",
+                f"argmax={stats.argmax_agreement:.6f} max_abs={stats.max_abs:.1e} mean_abs={stats.mean_abs:.1e}{flip}",
+                ok,
+            )
             rows.append({"mode": mode, "step": step, "S": int(logits.shape[-2]), **vars(stats),
                          "rows_excluded_no_key": no_key, "passed": ok})
             if not ok:
@@ -159,10 +186,9 @@ def encoder_sweep(session, model_path: Path, audio: np.ndarray, hop: int,
     """The captured reference cut to ~30 hop-multiple lengths: ONNX codes vs PyTorch codes."""
     import torch
     from transformers import HiggsAudioV2TokenizerModel
+    from transformers.utils import logging as hf_logging
 
     from omnivoice_export.wrappers import EncoderWrapper
-
-    from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # a per-tensor "Loading weights" bar says nothing about parity
     tokenizer = HiggsAudioV2TokenizerModel.from_pretrained(str(model_path / "audio_tokenizer")).eval()
@@ -236,8 +262,12 @@ def check_variant(args, thresholds: dict[str, float]) -> None:
     path = quantize.verify_variant(args.onnx_dir, export, args.variant)
     judged = export["variants"][args.variant]["recipe"]["bits"] == 32
     argmax_min, max_abs = thresholds["transformer_argmax_min"], thresholds["transformer_max_abs"]
-    print(f"[step 3] variant {args.variant} ({'fp32: judged by the transformer thresholds' if judged else 'quantized: measured, not judged'}); "
-          f"provider {args.provider}; model {export['model']['fingerprint']}", flush=True)
+    print(
+        f"[step 3] variant {args.variant} "
+        f"({'fp32: judged by the transformer thresholds' if judged else 'quantized: measured, not judged'}); "
+        f"provider {args.provider}; model {export['model']['fingerprint']}",
+        flush=True,
+    )
     started = time.perf_counter()
     session = make_session(path, args.provider, args.threads)
     failures = [f"contract: {p}" for p in signature_problems("transformer", *ort_signature(session))]
@@ -247,10 +277,15 @@ def check_variant(args, thresholds: dict[str, float]) -> None:
         line("transformer", f"{row['mode']} step {row['step']:>2}", f"argmax={row['argmax_agreement']:.6f} "
              f"rel_err={row['relative_error']:.1e} max_abs={row['max_abs']:.1e} flips={row['flips']}", row["passed"])
         if row["passed"] is False:
-            failures.append(f"{row['mode']} step {row['step']}: argmax {row['argmax_agreement']:.6f} (min {argmax_min}), "
-                            f"max_abs {row['max_abs']:.2e} (max {max_abs:.0e})")
-    worst = {"argmax_agreement_min": min(r["argmax_agreement"] for r in rows),
-             "relative_error_max": max(r["relative_error"] for r in rows), "max_abs_max": max(r["max_abs"] for r in rows)}
+            failures.append(
+                f"{row['mode']} step {row['step']}: argmax {row['argmax_agreement']:.6f} (min {argmax_min}), "
+                f"max_abs {row['max_abs']:.2e} (max {max_abs:.0e})"
+            )
+    worst = {
+        "argmax_agreement_min": min(r["argmax_agreement"] for r in rows),
+        "relative_error_max": max(r["relative_error"] for r in rows),
+        "max_abs_max": max(r["max_abs"] for r in rows),
+    }
     verdict = ("PASS" if not failures else "FAIL") if judged else "measurement (quantized variant)"
     report.merge_section(args.onnx_dir, ("variants", args.variant, "parity", args.provider), {
         "provider": args.provider, "verdict": verdict, "execution": "run_split (rows at their own lengths)",
@@ -262,7 +297,9 @@ def check_variant(args, thresholds: dict[str, float]) -> None:
     for failure in failures:
         print(f"  transformer failed: {failure}")
     if failures:
-        raise CheckFailed(f"variant {args.variant}: {failures[0]}" + (f" (+{len(failures) - 1} more)" if len(failures) > 1 else ""))
+        raise CheckFailed(
+            f"variant {args.variant}: {failures[0]}" + (f" (+{len(failures) - 1} more)" if len(failures) > 1 else "")
+        )
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -45,7 +45,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--model", default=None,
                         help="checkpoint for generate()'s config and text tokenizer (tiny | full-random | PATH); "
                              "default: the one named in the export report")
-    parser.add_argument("--threads", type=THREADS, default=None, help="onnxruntime intra-op threads (default: all cores)")
+    parser.add_argument(
+        "--threads", type=THREADS, default=None, help="onnxruntime intra-op threads (default: all cores)"
+    )
     parser.add_argument("--wav-dir", type=Path, default=None,
                         help="where the end-to-end WAVs go, one folder per variant (default: <capture-dir>/variants)")
     parser.add_argument("--no-end-to-end", action="store_true",
@@ -63,7 +65,11 @@ def main(argv: list[str] | None = None) -> None:
     if not made:
         raise UserError(f"the export in {args.onnx_dir} has no variants", "run quantize_omnivoice.py (step 5) first")
     names = list(made) if args.variants is None else parse_subset(args.variants, "--variants", made)
-    model_path = resolve_model(args.model) if args.model else validate_checkpoint_dir(report.recorded_path(export["model"]["path"]))
+    model_path = (
+        resolve_model(args.model)
+        if args.model
+        else validate_checkpoint_dir(report.recorded_path(export["model"]["path"]))
+    )
     machine = quality.machine()
     print(f"[step 6] fp32 and {', '.join(names)} on {cpu_line(machine['cpu'])}, "
           f"load {machine['load_1min_at_start']}", flush=True)

@@ -7,8 +7,8 @@ graph's metadata_props are the fp32 graph's plus `variant` and `recipe`; the exp
 an entry per variant under `variants` (recipe, files with sizes and sha256, time, peak RSS).
 Codec graphs stay fp32 (a variant directory holds only the transformer, and loaders take the
 encoder and decoder from onnx/), except for fp16, which converts them too and carries its own
-float16 encoder and decoder in onnx/fp16/ (loaders take those). Files are written to a hidden staging directory and renamed into
-place only when complete.
+float16 encoder and decoder in onnx/fp16/ (loaders take those). Files are written to a hidden
+staging directory and renamed into place only when complete.
 
 Recipes (omnivoice_export/quantize.py says why each is what it is):
 {recipes}

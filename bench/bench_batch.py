@@ -54,9 +54,9 @@ INSTRUCTS = ("female, low pitch", "male, high pitch", "female, whisper")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    from omnivoice_export.capture import DEFAULT_DIR
     from omnivoice_export.cli import NUM_STEP, int_range, parse
     from omnivoice_export.report import DEFAULT_ONNX_DIR
-    from omnivoice_export.capture import DEFAULT_DIR
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--model", default="tiny", help="the model's name, for the results' file name")
@@ -98,10 +98,20 @@ def run_engine(name: str, workers: int, threads: int, ray: bool, args, lines: Pa
                       generation_config={"num_step": args.num_step}, ray="local" if ray else None, progress=False)
     print(f"bench: {name} ...", file=sys.stderr, flush=True)
     summary = run_batch(options, log=lambda message: None)
-    return {"engine": name, "workers": workers, "threads": threads, "ray": ray, "made": summary.made,
-            "failed": summary.failed, "wall_s": summary.wall_seconds, "audio_s": summary.audio_seconds,
-            "synth_s": summary.synth_seconds, "cpu_s": summary.cpu_seconds, "lines_per_s": summary.made / summary.wall_seconds,
-            "audio_s_per_wall_s": summary.audio_seconds / summary.wall_seconds}
+    return {
+        "engine": name,
+        "workers": workers,
+        "threads": threads,
+        "ray": ray,
+        "made": summary.made,
+        "failed": summary.failed,
+        "wall_s": summary.wall_seconds,
+        "audio_s": summary.audio_seconds,
+        "synth_s": summary.synth_seconds,
+        "cpu_s": summary.cpu_seconds,
+        "lines_per_s": summary.made / summary.wall_seconds,
+        "audio_s_per_wall_s": summary.audio_seconds / summary.wall_seconds,
+    }
 
 
 def summarise(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -145,6 +155,7 @@ def markdown(result: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     from bench_omnivoice import cpu_description
+
     from omnivoice_export.capture import REF_TXT, REF_WAV
     from omnivoice_export.cli import CheckFailed
     from omnivoice_export.files import atomic_path, write_json_atomic
@@ -152,7 +163,9 @@ def main(argv: list[str] | None = None) -> None:
     load_start = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="bench-batch-") as scratch:
         scratch = Path(scratch)
-        lines = write_list(scratch, args.lines, args.capture_dir / REF_WAV, (args.capture_dir / REF_TXT).read_text().strip())
+        lines = write_list(
+            scratch, args.lines, args.capture_dir / REF_WAV, (args.capture_dir / REF_TXT).read_text().strip()
+        )
         runs, reference, equal = [], None, True
         for round_index in range(args.repeats):
             shift = round_index % len(ENGINES)

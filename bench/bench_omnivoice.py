@@ -120,7 +120,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              "the same run; default: every variant in the export report; 'none' for none")
     parser.add_argument("--results-dir", type=Path, default=RESULTS, help="where the .json and .md results go")
     parser.add_argument("--worker", choices=WORKERS, help=argparse.SUPPRESS)
-    parser.add_argument("--scratch", type=Path, help=argparse.SUPPRESS)  # torch's call inputs and logits, for the ONNX workers
+    parser.add_argument(
+        "--scratch", type=Path, help=argparse.SUPPRESS
+    )  # torch's call inputs and logits, for the ONNX workers
     parser.add_argument("--variant", default="fp32", help=argparse.SUPPRESS)  # an ONNX worker's transformer
     args = parse(parser, argv)
     args.shape_labels = parse_subset(args.shapes, "--shapes", tuple(SHAPE_TEXTS))
@@ -358,7 +360,10 @@ def onnx_calls_worker(args) -> dict[str, Any]:
     result: dict[str, Any] = {"transformer": {}, "encoder": {}, "decoder": {}} if fp32 else {"transformer": {}}
     for label in args.shape_labels:
         feeds = saved_inputs(args, label)
-        entry: dict[str, Any] = {"S": feeds["input_ids"].shape[-1], "row_lengths": prefix_lengths(feeds["attention_mask"])}
+        entry: dict[str, Any] = {
+            "S": feeds["input_ids"].shape[-1],
+            "row_lengths": prefix_lengths(feeds["attention_mask"]),
+        }
         if fp32:
             entry["ort_padded"] = timed(lambda: run(session, feeds), args.calls)
         entry["ort_split"] = timed(lambda: run_split(session, **feeds), args.calls)
@@ -551,7 +556,9 @@ def summarise(rounds: list[dict[str, dict]], variants: dict[str, dict[str, Any]]
                             "onnx": spread([r["peak_rss_mb"] for r in onnx_e2e])}}
     loads = [load for r in rounds for run in r.values() for load in run.get("load_1min", [])]
     summary["load_1min"] = spread(loads) if loads else None
-    summary["variants"] = {name: summarise_variant(rounds, name, entry, summary) for name, entry in (variants or {}).items()}
+    summary["variants"] = {
+        name: summarise_variant(rounds, name, entry, summary) for name, entry in (variants or {}).items()
+    }
     return summary
 
 
@@ -578,13 +585,20 @@ def summarise_variant(rounds: list[dict[str, dict]], name: str, entry: dict[str,
         seconds = spread([r["e2e_seconds"] for r in e2e])
         parts = generate_parts(e2e)
         result["generate"] = {
-            "seconds": seconds, "speedup_vs_fp32": summary["generate"]["onnx"]["median"] / seconds["median"],
-            "parts": parts, "transformer_speedup_vs_fp32":
-                summary["generate"]["parts"]["onnx"]["transformer"]["median"] / parts["transformer"]["median"],
+            "seconds": seconds,
+            "speedup_vs_fp32": summary["generate"]["onnx"]["median"] / seconds["median"],
+            "parts": parts,
+            "transformer_speedup_vs_fp32": summary["generate"]["parts"]["onnx"]["transformer"]["median"]
+            / parts["transformer"]["median"],
             "speedup_vs_torch": summary["generate"]["torch"]["median"] / seconds["median"],
-            "final_token_match": min(float(np.mean(np.array(r["e2e_final_tokens"]) == torch_tokens))
-                                     if np.array(r["e2e_final_tokens"]).shape == torch_tokens.shape else 0.0 for r in e2e),
-            "peak_rss_mb": spread([r["peak_rss_mb"] for r in e2e])}
+            "final_token_match": min(
+                float(np.mean(np.array(r["e2e_final_tokens"]) == torch_tokens))
+                if np.array(r["e2e_final_tokens"]).shape == torch_tokens.shape
+                else 0.0
+                for r in e2e
+            ),
+            "peak_rss_mb": spread([r["peak_rss_mb"] for r in e2e]),
+        }
     return result
 
 
@@ -593,29 +607,43 @@ def variants_markdown(summary: dict[str, Any]) -> list[str]:
     if not summary["variants"]:
         return []
     labels = list(summary["transformer"])
-    lines = ["Transformer variants against fp32 ORT in the same run (per call: split, as generate() runs it; "
-             "argmax and max |d| on the rows generate() reads, against fp32 ORT's logits of the same call; tokens: "
-             "generate()'s final tokens against torch's):", "",
-             "| variant | size MiB (of fp32) | " + " | ".join(f"{label} s (vs fp32)" for label in labels)
-             + " | argmax vs fp32 (min) | max abs d vs fp32 | generate() s | vs fp32 ORT | vs torch | tokens vs torch | peak RSS MiB |",
-             "|---|---|" + "---|" * len(labels) + "---|---|---|---|---|---|---|"]
+    lines = [
+        "Transformer variants against fp32 ORT in the same run (per call: split, as generate() runs it; "
+        "argmax and max |d| on the rows generate() reads, against fp32 ORT's logits of the same call; tokens: "
+        "generate()'s final tokens against torch's):",
+        "",
+        "| variant | size MiB (of fp32) | "
+        + " | ".join(f"{label} s (vs fp32)" for label in labels)
+        + " | argmax vs fp32 (min) | max abs d vs fp32 | generate() s | vs fp32 ORT | vs torch | tokens vs torch"
+        " | peak RSS MiB |",
+        "|---|---|" + "---|" * len(labels) + "---|---|---|---|---|---|---|",
+    ]
     first = next(iter(summary["variants"].values()))
     generate = summary.get("generate")
     fp32_cells = [f"{first['transformer'][label]['fp32_ort_split']['median']:.3f}" for label in labels]
     fp32_generate = (f"{generate['onnx']['median']:.1f} | 1.00x | {generate['speedup']:.2f}x | "
                      f"{100 * generate['final_token_match']:.2f}% | {generate['peak_rss_mb']['onnx']['median']:.0f}"
                      if generate else "- | - | - | - | -")
-    lines.append(f"| fp32 | {first['fp32_bytes'] / 2**20:.1f} (100%) | " + " | ".join(fp32_cells) + f" | 1.000000 | 0 | {fp32_generate} |")
+    lines.append(
+        f"| fp32 | {first['fp32_bytes'] / 2**20:.1f} (100%) | "
+        + " | ".join(fp32_cells)
+        + f" | 1.000000 | 0 | {fp32_generate} |"
+    )
     for name, variant in summary["variants"].items():
         rows = variant["transformer"]
-        cells = [f"{rows[label]['ort_split']['median']:.3f} ({rows[label]['speedup_vs_fp32']:.2f}x)" for label in labels]
+        cells = [
+            f"{rows[label]['ort_split']['median']:.3f} ({rows[label]['speedup_vs_fp32']:.2f}x)" for label in labels
+        ]
         argmax = min(rows[label]["vs_fp32"]["argmax_agreement"] for label in labels)
         max_abs = max(rows[label]["vs_fp32"]["max_abs"] for label in labels)
         g = variant.get("generate")
         e2e = (f"{g['seconds']['median']:.1f} | {g['speedup_vs_fp32']:.2f}x | {g['speedup_vs_torch']:.2f}x | "
                f"{100 * g['final_token_match']:.2f}% | {g['peak_rss_mb']['median']:.0f}" if g else "- | - | - | - | -")
-        lines.append(f"| {name} | {variant['bytes'] / 2**20:.1f} ({100 * variant['size_ratio']:.1f}%) | " + " | ".join(cells)
-                     + f" | {argmax:.6f} | {max_abs:.1e} | {e2e} |")
+        lines.append(
+            f"| {name} | {variant['bytes'] / 2**20:.1f} ({100 * variant['size_ratio']:.1f}%) | "
+            + " | ".join(cells)
+            + f" | {argmax:.6f} | {max_abs:.1e} | {e2e} |"
+        )
     return lines + [""]
 
 
@@ -624,9 +652,12 @@ def load_line(load: dict[str, float], cores: int) -> str:
     every core, so a load up to the core count is the bench itself; above it (by more than the
     average's lag from one worker to the next, ~0.5) other work shared the CPU."""
     crowded = load["max"] > cores + 0.5
-    return (f"1-min load average during the workers: {load['min']:.1f}..{load['max']:.1f} on {cores} logical cores "
-            + ("(above the core count: other work shared the CPU, so the times are slower than this CPU's and their "
-               "ratios noisier)" if crowded else "(about the bench's own workers, which use every core: no sign of other work)"))
+    return f"1-min load average during the workers: {load['min']:.1f}..{load['max']:.1f} on {cores} logical cores " + (
+        "(above the core count: other work shared the CPU, so the times are slower than this CPU's and their "
+        "ratios noisier)"
+        if crowded
+        else "(about the bench's own workers, which use every core: no sign of other work)"
+    )
 
 
 def markdown(summary: dict[str, Any], meta: dict[str, Any]) -> str:
@@ -648,26 +679,32 @@ def markdown(summary: dict[str, Any], meta: dict[str, Any]) -> str:
              "|---|---|---|---|---|---|---|---|---|"]
     for label, row in summary["transformer"].items():
         t, p, s = row["torch_padded"], row["ort_padded"], row["ort_split"]
-        lines.append(f"| {label} (S={row['S']}) | {row['row_lengths']} | {t['median']:.3f} ({t['min']:.3f}..{t['max']:.3f}) | "
-                     f"{p['median']:.3f} | {s['median']:.3f} ({s['min']:.3f}..{s['max']:.3f}) | "
-                     f"{row['speedup_ort_padded_vs_torch']:.2f}x | {row['speedup_ort_split_vs_ort_padded']:.2f}x | "
-                     f"{row['speedup_ort_split_vs_torch']:.2f}x | {row['gflops']['torch_padded']:.0f} "
-                     f"({100 * row['fraction_of_gemm_peak']['torch_padded']:.0f}%) / {row['gflops']['ort_split']:.0f} "
-                     f"({100 * row['fraction_of_gemm_peak']['ort_split']:.0f}%) |")
+        lines.append(
+            f"| {label} (S={row['S']}) | {row['row_lengths']} | {t['median']:.3f} ({t['min']:.3f}..{t['max']:.3f}) | "
+            f"{p['median']:.3f} | {s['median']:.3f} ({s['min']:.3f}..{s['max']:.3f}) | "
+            f"{row['speedup_ort_padded_vs_torch']:.2f}x | {row['speedup_ort_split_vs_ort_padded']:.2f}x | "
+            f"{row['speedup_ort_split_vs_torch']:.2f}x | {row['gflops']['torch_padded']:.0f} "
+            f"({100 * row['fraction_of_gemm_peak']['torch_padded']:.0f}%) / {row['gflops']['ort_split']:.0f} "
+            f"({100 * row['fraction_of_gemm_peak']['ort_split']:.0f}%) |"
+        )
     lines += ["", "| codec call | torch s | ORT s | speedup |", "|---|---|---|---|"]
     for label, row in summary["codec"].items():
         lines.append(f"| {label} | {row['torch']['median']:.3f} | {row['ort']['median']:.3f} | {row['speedup']:.2f}x |")
     if "generate" in summary:
         g = summary["generate"]
         rss = g["peak_rss_mb"]
-        lines += ["", f"generate() clone, {g['target_frames']} target frames, {meta['num_step']} steps, a fresh "
-                  f"process per run: torch {g['torch']['median']:.1f} s ({g['torch']['min']:.1f}..{g['torch']['max']:.1f}), "
-                  f"ONNX {g['onnx']['median']:.1f} s ({g['onnx']['min']:.1f}..{g['onnx']['max']:.1f}): "
-                  f"**{g['speedup']:.2f}x**; final tokens equal: {100 * g['final_token_match']:.2f}%", "",
-                  f"Peak RSS of that process (load + generate): torch {rss['torch']['median']:.0f} MiB "
-                  f"({rss['torch']['min']:.0f}..{rss['torch']['max']:.0f}), ONNX {rss['onnx']['median']:.0f} MiB "
-                  f"({rss['onnx']['min']:.0f}..{rss['onnx']['max']:.0f}): "
-                  f"**{rss['onnx']['median'] / rss['torch']['median']:.2f}x**"]
+        lines += [
+            "",
+            f"generate() clone, {g['target_frames']} target frames, {meta['num_step']} steps, a fresh "
+            f"process per run: torch {g['torch']['median']:.1f} s ({g['torch']['min']:.1f}..{g['torch']['max']:.1f}), "
+            f"ONNX {g['onnx']['median']:.1f} s ({g['onnx']['min']:.1f}..{g['onnx']['max']:.1f}): "
+            f"**{g['speedup']:.2f}x**; final tokens equal: {100 * g['final_token_match']:.2f}%",
+            "",
+            f"Peak RSS of that process (load + generate): torch {rss['torch']['median']:.0f} MiB "
+            f"({rss['torch']['min']:.0f}..{rss['torch']['max']:.0f}), ONNX {rss['onnx']['median']:.0f} MiB "
+            f"({rss['onnx']['min']:.0f}..{rss['onnx']['max']:.0f}): "
+            f"**{rss['onnx']['median'] / rss['torch']['median']:.2f}x**",
+        ]
     calls = summary["peak_rss_mb_calls"]
     lines += [f"Peak RSS of the per-call workers (every shape above, {max(meta['codec_seconds'])} s codec calls): "
               f"torch {calls['torch']:.0f} MiB, "
@@ -715,11 +752,16 @@ def main(argv: list[str] | None = None) -> None:
     fp32_variants = [name for name, v in summary["variants"].items() if v["recipe"]["bits"] == 32 and "generate" in v
                      and v["generate"]["final_token_match"] < 1.0]
     if fp32_variants:
-        raise CheckFailed(f"fp32 variant(s) {', '.join(fp32_variants)}: generate()'s final tokens differ from PyTorch's; "
-                          "check them with parity_check.py --variant and infer_onnx.py --variant")
+        raise CheckFailed(
+            f"fp32 variant(s) {', '.join(fp32_variants)}: generate()'s final tokens differ from PyTorch's; "
+            "check them with parity_check.py --variant and infer_onnx.py --variant"
+        )
     if "generate" in summary and summary["generate"]["final_token_match"] < 1.0:
-        raise CheckFailed(f"ONNX generate()'s final tokens differ from PyTorch's ({100 * summary['generate']['final_token_match']:.2f} % "
-                          "equal): its time is not comparable; check the export with parity_check.py and infer_onnx.py")
+        raise CheckFailed(
+            f"ONNX generate()'s final tokens differ from PyTorch's "
+            f"({100 * summary['generate']['final_token_match']:.2f} % "
+            "equal): its time is not comparable; check the export with parity_check.py and infer_onnx.py"
+        )
 
 
 if __name__ == "__main__":

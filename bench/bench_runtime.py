@@ -41,8 +41,9 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 BENCH = Path(__file__).resolve().parent
@@ -53,6 +54,7 @@ SIDES = ("runtime", "upstream")
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """The orchestrator's flags (a worker's are worker_main's)."""
     from bench_omnivoice import RESULTS, export_parser
+
     from omnivoice_export.cli import NUM_STEP, int_range, parse
 
     parser = export_parser(__doc__)
@@ -93,6 +95,7 @@ def upstream_worker(args, request: dict[str, Any]) -> tuple[float, float, Callab
     import onnxruntime  # noqa: F401
     import transformers  # noqa: F401
     from bench_omnivoice import load_variant
+
     from omnivoice_export.capture import Recorder
     from omnivoice_export.generation import GenerationRequest, run_generate
     imported = time.perf_counter() - started
@@ -177,8 +180,12 @@ def markdown(summary: dict[str, Any], meta: dict[str, Any]) -> str:
              f"process per run, {meta['repeats']} interleaved rounds; medians (min..max). Final tokens equal: "
              f"**{'yes' if summary['tokens_equal'] else 'NO'}**.", "",
              "| figure | runtime (omnivoice_onnx) | upstream + ONNX graphs | runtime / upstream |", "|---|---|---|---|"]
-    for figure, label, unit in (("import_s", "imports", "s"), ("cold_start_s", "cold start (process start -> ready)", "s"),
-                                ("generate_s", "generate()", "s"), ("peak_rss_mib", "peak RSS (ru_maxrss)", "MiB")):
+    for figure, label, unit in (
+        ("import_s", "imports", "s"),
+        ("cold_start_s", "cold start (process start -> ready)", "s"),
+        ("generate_s", "generate()", "s"),
+        ("peak_rss_mib", "peak RSS (ru_maxrss)", "MiB"),
+    ):
         cells = []
         for side in SIDES:
             s = summary[side][figure]
@@ -194,10 +201,11 @@ def main(argv: list[str] | None = None) -> None:
         worker_main(argv)
         return
     from bench_omnivoice import E2E_TEXT, check_export, clone_request
-    from omnivoice_export.measure import cpu_description
+
     from omnivoice_export.capture import REF_WAV
     from omnivoice_export.cli import CheckFailed
     from omnivoice_export.files import atomic_path, write_json_atomic
+    from omnivoice_export.measure import cpu_description
     from omnivoice_onnx.errors import UserError
     from omnivoice_onnx.prompt import TextTokenizer, load_runtime_config
 

@@ -29,7 +29,6 @@ import datetime
 import json
 import os
 import socket
-import statistics
 import sys
 import tempfile
 import threading
@@ -212,19 +211,23 @@ def markdown(result: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--onnx-dir", type=Path, default=REPO / "onnx", help="the export to serve")
-    parser.add_argument("--model", default="tiny", help="label of the export's model in the results (tiny, full-random)")
+    parser.add_argument(
+        "--model", default="tiny", help="label of the export's model in the results (tiny, full-random)"
+    )
     parser.add_argument("--workers", type=int_range(1, 64), default=1, help="server workers")
     parser.add_argument("--per-client", type=int_range(1), default=6, help="requests per client at each level")
     parser.add_argument("--num-step", type=int_range(1), default=None, help="num_step of the timed requests")
     parser.add_argument("--memory-requests", type=int_range(11), default=1000, help="requests of the memory run")
-    parser.add_argument("--quick", action="store_true", help="1 and 2 clients, 100 memory requests: a look, not a figure")
+    parser.add_argument(
+        "--quick", action="store_true", help="1 and 2 clients, 100 memory requests: a look, not a figure"
+    )
     parser.add_argument("--out-dir", type=Path, default=REPO / "bench" / "results")
     args = parse(parser, argv)
     if not (args.onnx_dir / "runtime-config.json").is_file():
         raise UserError(f"--onnx-dir {args.onnx_dir} holds no export", "pass the folder export_omnivoice.py wrote")
     import openai
-
     from bench_omnivoice import cpu_description
+
     from omnivoice_onnx import server
 
     cores = server.cores()
@@ -240,8 +243,12 @@ def main(argv: list[str] | None = None) -> None:
             rows = []
             for clients in levels:
                 rows.append(level(launched.base_url, clients, args.per_client, args.num_step))
-                print(f"{clients} clients: {rows[-1]['requests_per_s']:.2f} req/s, p50 {rows[-1]['latency_p50_s']:.2f} s, "
-                      f"first byte p50 {rows[-1]['ttfb_p50_s']:.2f} s, errors {rows[-1]['errors']}", file=sys.stderr)
+                print(
+                    f"{clients} clients: {rows[-1]['requests_per_s']:.2f} req/s, "
+                    f"p50 {rows[-1]['latency_p50_s']:.2f} s, "
+                    f"first byte p50 {rows[-1]['ttfb_p50_s']:.2f} s, errors {rows[-1]['errors']}",
+                    file=sys.stderr,
+                )
             mem = memory(launched.base_url, launched.process.pid, memory_requests)
             print(f"memory: {mem}", file=sys.stderr)
         finally:

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import socket
 import statistics
@@ -40,6 +39,7 @@ BENCH = Path(__file__).resolve().parent
 sys.path[:0] = [str(REPO), str(BENCH)]
 
 from bench_omnivoice import RESULTS, cpu_description  # noqa: E402
+
 from omnivoice_export.cli import NUM_STEP, THREADS, int_range, parse, run_main  # noqa: E402
 from omnivoice_export.files import atomic_path, write_json_atomic  # noqa: E402
 

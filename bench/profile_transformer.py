@@ -26,8 +26,15 @@ import tempfile
 from pathlib import Path
 
 # bench/ (this script's directory) is on sys.path; importing bench_omnivoice puts the repository there.
-from bench_omnivoice import (SHAPE_TEXTS, clone_request, export_parser, first_forward_inputs, rate,
-                             transformer_flop_parts, transformer_flops)
+from bench_omnivoice import (
+    SHAPE_TEXTS,
+    clone_request,
+    export_parser,
+    first_forward_inputs,
+    rate,
+    transformer_flop_parts,
+    transformer_flops,
+)
 
 from omnivoice_export.cli import parse, run_main
 

@@ -96,7 +96,9 @@ class LargeActivations:
     (a few channels in the hundreds to thousands; |x| > 256 squares past float16's 65504)."""
 
     channels: tuple[int, ...]  # residual stream channels (of Dims.hidden)
-    values: tuple[float, ...]  # each one's offset at every position: text rows carry it, audio rows 1/8 each (8 codebooks are summed)
+    values: tuple[
+        float, ...
+    ]  # each one's offset at every position: text rows carry it, audio rows 1/8 each (8 codebooks are summed)
     norm_weight: float  # the residual RMSNorms' weight on those channels: weights them down, as trained norms do
 
 

@@ -38,15 +38,25 @@ from __future__ import annotations
 import contextlib
 import zipfile
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 
 from omnivoice_export.cli import DEFAULT_CAPTURE_DIR
-from omnivoice_export.files import (FILE_ENTRY_SCHEMA, Each, atomic_path, existing_file, file_entry, matches_entry,
-                                    read_artefact, sha256_file, write_json_atomic)
+from omnivoice_export.files import (
+    FILE_ENTRY_SCHEMA,
+    Each,
+    atomic_path,
+    existing_file,
+    file_entry,
+    matches_entry,
+    read_artefact,
+    sha256_file,
+    write_json_atomic,
+)
 from omnivoice_onnx.errors import UserError
 
 DEFAULT_DIR = DEFAULT_CAPTURE_DIR
@@ -268,7 +278,7 @@ class Recorder:
         return recording_call
 
     @contextlib.contextmanager
-    def active(self) -> Iterator["Recorder"]:
+    def active(self) -> Iterator[Recorder]:
         """Install the recording wrappers as instance attributes; remove them on exit."""
         tokenizer = self.model.audio_tokenizer
         patches = [

@@ -216,9 +216,8 @@ def load_omnivoice(path: Path):
     scores, so the mask is effectively ignored (facts sheet: max diff 15 vs sdpa).
     """
     from omnivoice.models.omnivoice import OmniVoice
-    from transformers.utils import logging as hf_logging
-
     from safetensors import SafetensorError
+    from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # per-tensor "Loading weights" bars drown the pipeline's own progress
     try:

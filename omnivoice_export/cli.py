@@ -10,12 +10,37 @@ from __future__ import annotations
 import warnings
 from pathlib import Path
 
-from omnivoice_onnx.cliutil import (DISK_FULL, ENVIRONMENT, EXIT_BAD_INPUT, EXIT_BROKEN_PIPE,  # noqa: F401
-                                    EXIT_CHECK_FAILED, EXIT_CODES_HELP, EXIT_INTERRUPTED, EXIT_TERMINATED, NUM_STEP,
-                                    SEED, SEED_MAX, SEED_MIN, THREADS, CheckFailed, Sigterm, Terminated,
-                                    check_input_dir, check_output, environment_error, environment_message,
-                                    float_range, int_range, note, os_error_in_chain, parse, parse_subset, prepare, run_main,
-                                    sigterm_raises)
+from omnivoice_onnx.cliutil import (  # noqa: F401
+    DISK_FULL,
+    ENVIRONMENT,
+    EXIT_BAD_INPUT,
+    EXIT_BROKEN_PIPE,
+    EXIT_CHECK_FAILED,
+    EXIT_CODES_HELP,
+    EXIT_INTERRUPTED,
+    EXIT_TERMINATED,
+    NUM_STEP,
+    SEED,
+    SEED_MAX,
+    SEED_MIN,
+    THREADS,
+    CheckFailed,
+    Sigterm,
+    Terminated,
+    check_input_dir,
+    check_output,
+    environment_error,
+    environment_message,
+    float_range,
+    int_range,
+    note,
+    os_error_in_chain,
+    parse,
+    parse_subset,
+    prepare,
+    run_main,
+    sigterm_raises,
+)
 
 # pydub warns at import time when ffmpeg is absent; omnivoice imports pydub at module level but
 # only needs it for silence trimming of in-memory arrays, which does not use ffmpeg.

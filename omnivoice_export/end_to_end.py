@@ -78,7 +78,9 @@ def compare_item(capture_dir: Path, mode: str, index: int, items: int, reference
             "same_duration": audio.size == reference_audio.size, "wav": wav, "spectrogram": spectrogram}
 
 
-def compare_mode(model, torch_model, mode: str, manifest: dict, capture_dir: Path, label: str = "onnx") -> dict[str, Any]:
+def compare_mode(
+    model, torch_model, mode: str, manifest: dict, capture_dir: Path, label: str = "onnx"
+) -> dict[str, Any]:
     entry = manifest["modes"][mode]
     request = GenerationRequest.from_dict(entry["request"])
     if request.ref_audio:
@@ -101,12 +103,19 @@ def compare_mode(model, torch_model, mode: str, manifest: dict, capture_dir: Pat
     same_duration = len(audios) == len(names) and all(item["same_duration"] for item in items)
     passed = (rate >= END_TO_END_THRESHOLDS["end_to_end_token_match_min"] and same_duration
               and lsd <= END_TO_END_THRESHOLDS["end_to_end_log_spectral_l1_max"])
-    return {"token_match": rate, "token_match_per_codebook": per_codebook, "first_divergent_step": diverged,
-            "log_spectral_l1": lsd, "same_duration": same_duration,
-            "duration_s": sum(item["duration_s"] for item in items),
-            "reference_duration_s": sum(item["reference_duration_s"] for item in items),
-            "onnx_seconds": round(onnx_seconds, 3), "torch_seconds": None if torch_seconds is None else round(torch_seconds, 3),
-            "items": items, "passed": passed}
+    return {
+        "token_match": rate,
+        "token_match_per_codebook": per_codebook,
+        "first_divergent_step": diverged,
+        "log_spectral_l1": lsd,
+        "same_duration": same_duration,
+        "duration_s": sum(item["duration_s"] for item in items),
+        "reference_duration_s": sum(item["reference_duration_s"] for item in items),
+        "onnx_seconds": round(onnx_seconds, 3),
+        "torch_seconds": None if torch_seconds is None else round(torch_seconds, 3),
+        "items": items,
+        "passed": passed,
+    }
 
 
 def verdict_word(passed: bool | None) -> str:
@@ -217,7 +226,11 @@ def compare(args) -> None:
     check_compare_flags(args, manifest)
     if "clone" in manifest["modes"]:
         capture.reference_wav(args.capture_dir, manifest)  # the very reference the clone tokens came from
-    model_path = resolve_model(args.model) if args.model else validate_checkpoint_dir(report.recorded_path(export["model"]["path"]))
+    model_path = (
+        resolve_model(args.model)
+        if args.model
+        else validate_checkpoint_dir(report.recorded_path(export["model"]["path"]))
+    )
     transformer, judged = variant_transformer(args, export)
     graphs = OrtGraphs.load(args.onnx_dir, args.provider, args.threads, transformer=transformer,
                              variant=args.variant or FP32_VARIANT)  # fp16 carries its own codec graphs
@@ -234,10 +247,13 @@ def compare(args) -> None:
             result["passed"] = None
         results[mode] = result
         diverged = "never" if result["first_divergent_step"] is None else f"step {result['first_divergent_step']}"
-        print(f"[end_to_end] {mode:<7} tokens={result['token_match']:.6f} diverged={diverged} "
-              f"log_spectral_l1={result['log_spectral_l1']:.1e} duration {result['duration_s']:.2f}s"
-              f"{'' if result['same_duration'] else ' (reference ' + format(result['reference_duration_s'], '.2f') + 's)'} "
-              f"{verdict_word(result['passed'])}", flush=True)
+        reference = "" if result["same_duration"] else f" (reference {result['reference_duration_s']:.2f}s)"
+        print(
+            f"[end_to_end] {mode:<7} tokens={result['token_match']:.6f} diverged={diverged} "
+            f"log_spectral_l1={result['log_spectral_l1']:.1e} duration {result['duration_s']:.2f}s{reference} "
+            f"{verdict_word(result['passed'])}",
+            flush=True,
+        )
     del model, graphs, torch_model  # the runtime loads its own sessions: never two transformers at once
     runtime = compare_runtime(args, manifest, judged)
     section = {"provider": args.provider, "modes": results, "runtime": runtime, "spectral": metrics.spectral_params()}

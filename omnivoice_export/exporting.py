@@ -25,8 +25,9 @@ import os
 import shutil
 import traceback
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import onnx
@@ -38,8 +39,16 @@ from omnivoice_export.cli import environment_error
 from omnivoice_export.files import umask_mode
 from omnivoice_export.measure import PeakRss
 from omnivoice_export.report import ExportResult, save_with_sidecar
-from omnivoice_onnx.contract import (CONTRACTS, FRAME_RATE, GRAPH_FILES, HOP_LENGTH, LEGACY_AXIS_NAMES, SAMPLE_RATE,
-                                     SAMPLES_AXIS, THRESHOLDS)
+from omnivoice_onnx.contract import (
+    CONTRACTS,
+    FRAME_RATE,
+    GRAPH_FILES,
+    HOP_LENGTH,
+    LEGACY_AXIS_NAMES,
+    SAMPLE_RATE,
+    SAMPLES_AXIS,
+    THRESHOLDS,
+)
 from omnivoice_onnx.errors import UserError
 
 DEFAULT_OPSET = 18
@@ -180,8 +189,9 @@ def graph_metadata(graph: str, config: dict[str, Any], fingerprint: str, exporte
     """Constants a runtime needs, carried inside each graph (sherpa-onnx add_meta_data style), and
     the licence and source of the weights (omnivoice_export.model_card.provenance): a graph copied
     out of its bundle still says what terms it carries."""
-    from omnivoice.models.omnivoice import OmniVoiceGenerationConfig
     import dataclasses
+
+    from omnivoice.models.omnivoice import OmniVoiceGenerationConfig
 
     return {
         "graph": graph,

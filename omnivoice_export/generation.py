@@ -64,7 +64,7 @@ class GenerationRequest:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "GenerationRequest":
+    def from_dict(cls, data: dict[str, Any]) -> GenerationRequest:
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in names})
 

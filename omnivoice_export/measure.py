@@ -58,7 +58,7 @@ class PeakRss:
             self.peak_bytes = max(self.peak_bytes, self._process.memory_info().rss)
             self._stop.wait(self.interval)
 
-    def __enter__(self) -> "PeakRss":
+    def __enter__(self) -> PeakRss:
         self._started = time.perf_counter()
         self._thread.start()
         return self

@@ -56,13 +56,19 @@ def provenance(model_path: Path) -> dict[str, Any]:
     it is unknown), source (where the weights came from, without this machine's paths),
     random_weights, and the licence files it ships (relative paths)."""
     model_path = Path(model_path)
-    license_files = [str(file.relative_to(model_path)) for folder in LICENSE_SOURCES
-                     if (model_path / folder).is_dir()
-                     for file in sorted((model_path / folder).iterdir()) if file.is_file() and LICENSE_NAME.match(file.name)]
+    license_files = [
+        str(file.relative_to(model_path))
+        for folder in LICENSE_SOURCES
+        if (model_path / folder).is_dir()
+        for file in sorted((model_path / folder).iterdir())
+        if file.is_file() and LICENSE_NAME.match(file.name)
+    ]
     stamp = model_path / BUILD_STAMP
     if stamp.is_file():
         build = json.loads(stamp.read_text())
-        what = f"random-weight {build.get('checkpoint')} checkpoint (omnivoice_export.builder, seed {build.get('seed')})"
+        what = (
+            f"random-weight {build.get('checkpoint')} checkpoint (omnivoice_export.builder, seed {build.get('seed')})"
+        )
         return {"license": UNKNOWN_LICENSE, "random_weights": True, "source": what, "license_files": license_files,
                 "license_from": f"none inherited: a {what} holds no trained weights (it speaks noise)"}
     snapshot = HF_SNAPSHOT.search(model_path.resolve().as_posix())
@@ -122,8 +128,15 @@ def render(onnx_dir: Path, report: dict[str, Any]) -> str:
         lines += [f"**Random weights.** This bundle was exported from a {prov.get('source')}: it speaks noise, "
                   "by design (it exists to prove the export and runtime). Real speech needs the real checkpoint "
                   f"({BASE_MODEL}).", ""]
-    lines += [f"Source: {prov.get('source', 'not recorded')}. Exported by this project's exporter "
-              "(export_omnivoice.py); run by the torch-free runtime `omnivoice-onnx` (numpy + onnxruntime).", "", "## Files", "", "| file | what it is | MiB |", "|---|---|---|"]
+    lines += [
+        f"Source: {prov.get('source', 'not recorded')}. Exported by this project's exporter "
+        "(export_omnivoice.py); run by the torch-free runtime `omnivoice-onnx` (numpy + onnxruntime).",
+        "",
+        "## Files",
+        "",
+        "| file | what it is | MiB |",
+        "|---|---|---|",
+    ]
     for graph, name in GRAPH_FILES.items():
         if graph in graphs:
             lines.append(f"| {name} (+ {name}.data) | the {graph}: `{CONTRACTS[graph].summary}` | "
@@ -135,7 +148,9 @@ def render(onnx_dir: Path, report: dict[str, Any]) -> str:
         if name in assets:
             lines.append(f"| {name} | {note} | {_mib({name: assets[name]})} |")
     lines.append(f"| {REPORT_FILE_NOTE[0]} | {REPORT_FILE_NOTE[1]} | |")
-    for name in sorted(p.name for p in onnx_dir.iterdir() if p.is_file() and p.name.startswith(tuple(LICENSE_SOURCES.values()))):
+    for name in sorted(
+        p.name for p in onnx_dir.iterdir() if p.is_file() and p.name.startswith(tuple(LICENSE_SOURCES.values()))
+    ):
         lines.append(f"| {name} | a licence file copied from the checkpoint | |")
     present = variants_present(onnx_dir)
     lines += ["", "## Variants", "", "The transformer in each variant folder is used with the fp32 codec graphs "
@@ -148,33 +163,47 @@ def render(onnx_dir: Path, report: dict[str, Any]) -> str:
         if isinstance(entry, dict):
             lines.append(f"| {name}/ | {_mib(entry.get('files') or {})} | {_verdict(entry.get('parity'))} | "
                          f"{_verdict(entry.get('end_to_end'))} |")
-    lines += ["", "Verdicts come from export-report.json: parity_check.py (each graph against PyTorch on the "
-              "captured inputs, step 3) and infer_onnx.py (generate() end to end, tokens and audio, step 4); a "
-              "quantized variant's are measurements, not parity verdicts. \"not run\" means the step has not "
-              "run on this export.", "",
-              "## How to run", "", "```bash",
-              "pip install <the omnivoice_export repository>   # installs the runtime `omnivoice-onnx` (no torch)",
-              "omnivoice-onnx info --model-dir .                # this card's facts, read from the files",
-              "omnivoice-onnx speak \"Hello there.\" --model-dir . --out hello.wav",
-              "omnivoice-onnx voice add me --ref-audio me.wav --ref-text \"What me.wav says.\" --model-dir .",
-              "```", "",
-              "## Licences this bundle inherits", "",
-              f"- **Code**: upstream OmniVoice ({BASE_MODEL}) is {UPSTREAM_CODE_LICENSE}; the exporter and the runtime "
-              f"that made and run this bundle are {UPSTREAM_CODE_LICENSE} too.",
-              f"- **Weights** (the graphs' initializers): `{licence}`, {prov.get('license_from', 'not recorded')}. "
-              f"The real {BASE_MODEL} weights are CC-BY-NC-4.0: non-commercial use only.",
-              "- **Audio tokenizer** (higgs_encoder / higgs_decoder): the Higgs audio tokenizer inside the checkpoint "
-              "has its own licence; "
-              + ("its licence file is copied here: " + ", ".join(f"`{LICENSE_SOURCES['audio_tokenizer']}"
-                                                                 f"{Path(f).name}`" for f in prov.get("license_files", [])
-                                                                 if f.startswith("audio_tokenizer/"))
-                 if any(f.startswith("audio_tokenizer/") for f in prov.get("license_files", []))
-                 else "this checkpoint's audio_tokenizer/ holds no licence file to copy: check the terms where the "
-                      "checkpoint came from."),
-              "- **Use**: upstream forbids using the model for unauthorised voice cloning, impersonation, fraud, "
-              "scams or any other illegal or unethical purpose; users must comply with local laws and ethical "
-              "standards, and upstream's developers accept no liability for misuse. Clone only voices you have "
-              "the right to use.", ""]
+    lines += [
+        "",
+        "Verdicts come from export-report.json: parity_check.py (each graph against PyTorch on the "
+        "captured inputs, step 3) and infer_onnx.py (generate() end to end, tokens and audio, step 4); a "
+        'quantized variant\'s are measurements, not parity verdicts. "not run" means the step has not '
+        "run on this export.",
+        "",
+        "## How to run",
+        "",
+        "```bash",
+        "pip install <the omnivoice_export repository>   # installs the runtime `omnivoice-onnx` (no torch)",
+        "omnivoice-onnx info --model-dir .                # this card's facts, read from the files",
+        'omnivoice-onnx speak "Hello there." --model-dir . --out hello.wav',
+        'omnivoice-onnx voice add me --ref-audio me.wav --ref-text "What me.wav says." --model-dir .',
+        "```",
+        "",
+        "## Licences this bundle inherits",
+        "",
+        f"- **Code**: upstream OmniVoice ({BASE_MODEL}) is {UPSTREAM_CODE_LICENSE}; the exporter and the runtime "
+        f"that made and run this bundle are {UPSTREAM_CODE_LICENSE} too.",
+        f"- **Weights** (the graphs' initializers): `{licence}`, {prov.get('license_from', 'not recorded')}. "
+        f"The real {BASE_MODEL} weights are CC-BY-NC-4.0: non-commercial use only.",
+        "- **Audio tokenizer** (higgs_encoder / higgs_decoder): the Higgs audio tokenizer inside the checkpoint "
+        "has its own licence; "
+        + (
+            "its licence file is copied here: "
+            + ", ".join(
+                f"`{LICENSE_SOURCES['audio_tokenizer']}{Path(f).name}`"
+                for f in prov.get("license_files", [])
+                if f.startswith("audio_tokenizer/")
+            )
+            if any(f.startswith("audio_tokenizer/") for f in prov.get("license_files", []))
+            else "this checkpoint's audio_tokenizer/ holds no licence file to copy: check the terms where the "
+            "checkpoint came from."
+        ),
+        "- **Use**: upstream forbids using the model for unauthorised voice cloning, impersonation, fraud, "
+        "scams or any other illegal or unethical purpose; users must comply with local laws and ethical "
+        "standards, and upstream's developers accept no liability for misuse. Clone only voices you have "
+        "the right to use.",
+        "",
+    ]
     return "\n".join(lines)
 
 

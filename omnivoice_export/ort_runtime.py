@@ -18,8 +18,15 @@ import torch
 
 from omnivoice_export.report import read_graph_metadata
 from omnivoice_onnx.contract import CONTRACTS, FP32_VARIANT, GRAPH_FILES
-from omnivoice_onnx.sessions import (TRANSFORMER_ARENA, CodecConfig, CodecSessions, finite_output, make_session,
-                                     run, run_split)
+from omnivoice_onnx.sessions import (
+    TRANSFORMER_ARENA,
+    CodecConfig,
+    CodecSessions,
+    finite_output,
+    make_session,
+    run,
+    run_split,
+)
 
 
 class OrtAudioTokenizer:
@@ -64,7 +71,7 @@ class OrtGraphs:
     @classmethod
     def load(cls, onnx_dir: Path, provider: str = "cpu", threads: int | None = None,
              resident_codec: bool = False, transformer: Path | None = None,
-             variant: str = FP32_VARIANT) -> "OrtGraphs":
+             variant: str = FP32_VARIANT) -> OrtGraphs:
         """The export in onnx_dir; `transformer` replaces its transformer graph (a variant made by
         quantize_omnivoice.py); the codec graphs are `variant`'s (contract.variant_path: its own
         where it carries them, as fp16 does, else onnx_dir's)."""

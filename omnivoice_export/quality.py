@@ -58,7 +58,9 @@ def step_quality(session, capture_dir: Path, manifest: dict[str, Any]) -> list[d
             logits = run_split(session, data["input_ids"], data["audio_mask"], data["attention_mask"])
             seconds = time.perf_counter() - started
             vocab = logits.shape[-1]
-            reference = np.concatenate([data["logits_cond"].reshape(-1, vocab), data["logits_uncond"].reshape(-1, vocab)])
+            reference = np.concatenate(
+                [data["logits_cond"].reshape(-1, vocab), data["logits_uncond"].reshape(-1, vocab)]
+            )
             got = capture.read_rows(logits, data["attention_mask"])
             stats = metrics.logit_stats(reference, got)
             rows.append({"mode": mode, "step": step, "argmax_agreement": stats.argmax_agreement,
@@ -95,7 +97,9 @@ def greedy_reference(model_path: Path, capture_dir: Path, manifest: dict[str, An
     from omnivoice_export.generation import GREEDY_CONFIG
 
     model = load_omnivoice(model_path)
-    return {mode: run_recorded(model, request, GREEDY_CONFIG)[1] for mode, request in mode_requests(capture_dir, manifest)}
+    return {
+        mode: run_recorded(model, request, GREEDY_CONFIG)[1] for mode, request in mode_requests(capture_dir, manifest)
+    }
 
 
 def first_divergence(reference: np.ndarray, candidate: np.ndarray) -> int | None:
@@ -135,7 +139,8 @@ def end_to_end(model_path: Path, onnx_dir: Path, variant: str, capture_dir: Path
         if greedy is not None:
             _, greedy_states, _ = run_recorded(model, request, GREEDY_CONFIG)
             results[mode]["greedy_token_match"] = metrics.code_match(
-                capture.real_tokens(greedy[mode][-1], target_lens), capture.real_tokens(greedy_states[-1], target_lens))[0]
+                capture.real_tokens(greedy[mode][-1], target_lens), capture.real_tokens(greedy_states[-1], target_lens)
+            )[0]
             results[mode]["greedy_first_divergent_step"] = first_divergence(greedy[mode], greedy_states)
         if wav_dir is not None:
             for index, audio in enumerate(audios):
@@ -209,10 +214,12 @@ def table(results: dict[str, dict[str, Any]]) -> str:
     base = results["fp32"]
     modes = list(next(iter(results.values())).get("end_to_end", {}))
     greedy = bool(modes) and "greedy_token_match" in base["end_to_end"][modes[0]]
-    header = (f"{'variant':<15}{'MB':>8}{'size':>7}{'step speed':>11}{'argmax min':>11}{'argmax mean':>12}"
-              f"{'rel err max':>12}" + "".join(f"{m + ' tok':>11}{'div':>5}{'LSD':>9}" + (f"{'greedy':>8}" if greedy else "")
-                                               for m in modes)
-              + ("  e2e speed" if modes else ""))
+    header = (
+        f"{'variant':<15}{'MB':>8}{'size':>7}{'step speed':>11}{'argmax min':>11}{'argmax mean':>12}"
+        f"{'rel err max':>12}"
+        + "".join(f"{m + ' tok':>11}{'div':>5}{'LSD':>9}" + (f"{'greedy':>8}" if greedy else "") for m in modes)
+        + ("  e2e speed" if modes else "")
+    )
     lines = [header]
     for name, r in results.items():
         row = (f"{name:<15}{r['bytes'] / 2**20:>8.1f}{r['bytes'] / base['bytes']:>7.1%}"

@@ -120,7 +120,8 @@ RECIPES: dict[str, Recipe] = {recipe.name: recipe for recipe in (
     Recipe("int8-unfused", "dynamic", 8, True, "fp16",
            summary="int8 on the faithful graph (any mask), nothing fused: what the fusions of int8 gain"),
     Recipe("int8-emb32", "dynamic", 8, True, "fp32",
-           summary="int8-unfused with the embedding tables fp32: what storing them fp16 costs (46 % of fp32's size, not ~33 %)"),
+           summary="int8-unfused with the embedding tables fp32: what storing them fp16 costs "
+                   "(46 % of fp32's size, not ~33 %)"),
     Recipe("int8-emb8", "dynamic", 8, True, "int8-row",
            summary="int8-unfused, and the embedding tables int8 with one fp32 scale per row (Gather, Cast, Mul): "
                    "the text table is most of the file"),
@@ -225,7 +226,8 @@ def quantize_embeddings_rowwise(model: onnx.ModelProto, gathers: list[str]) -> N
         prefix += "_int8row"
         return [numpy_helper.from_array(quantized, f"{prefix}_q"), numpy_helper.from_array(scale, f"{prefix}_scale")], [
             helper.make_node("Gather", [f"{prefix}_q", ids], [f"{prefix}_rows_q"], name=f"{prefix}_gather_q"),
-            helper.make_node("Gather", [f"{prefix}_scale", ids], [f"{prefix}_rows_scale"], name=f"{prefix}_gather_scale"),
+            helper.make_node("Gather", [f"{prefix}_scale", ids], [f"{prefix}_rows_scale"],
+                             name=f"{prefix}_gather_scale"),
             helper.make_node("Cast", [f"{prefix}_rows_q"], [f"{prefix}_rows_f"], to=onnx.TensorProto.FLOAT,
                              name=f"{prefix}_cast"),
             helper.make_node("Mul", [f"{prefix}_rows_f", f"{prefix}_rows_scale"], [output], name=f"{prefix}_mul"),
@@ -332,7 +334,8 @@ def guard_output(model: onnx.ModelProto) -> None:
                               numpy_helper.from_array(np.array(np.nan, dtype=np.float32), "mask_guard_nan")])
     graph.node.extend([
         helper.make_node("Not", ["attention_mask"], ["mask_guard_not"], name="mask_guard_not"),
-        helper.make_node("Cast", ["mask_guard_not"], ["mask_guard_f"], to=onnx.TensorProto.FLOAT, name="mask_guard_cast"),
+        helper.make_node("Cast", ["mask_guard_not"], ["mask_guard_f"], to=onnx.TensorProto.FLOAT,
+                         name="mask_guard_cast"),
         helper.make_node("ReduceMax", ["mask_guard_f", "mask_guard_axes"], ["mask_guard_any_f"], keepdims=1,
                          name="mask_guard_any"),
         helper.make_node("Cast", ["mask_guard_any_f"], ["mask_guard_bad"], to=onnx.TensorProto.BOOL,

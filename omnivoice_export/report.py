@@ -27,17 +27,26 @@ import importlib.metadata
 import os
 import platform
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from omnivoice_export import model_card
 from omnivoice_export.cli import REPO_ROOT
-from omnivoice_export.files import (FILE_ENTRY_SCHEMA, Each, existing_file, file_entry, matches_entry, read_artefact,
-                                    sha256_file, write_json_atomic)
+from omnivoice_export.files import (
+    FILE_ENTRY_SCHEMA,
+    Each,
+    existing_file,
+    file_entry,
+    matches_entry,
+    read_artefact,
+    sha256_file,
+    write_json_atomic,
+)
 from omnivoice_onnx.contract import GRAPH_FILES, REPORT_FILE
-from omnivoice_onnx.graphmeta import read_metadata_props
 from omnivoice_onnx.errors import UserError
+from omnivoice_onnx.graphmeta import read_metadata_props
 
 DEFAULT_ONNX_DIR = REPO_ROOT / "onnx"
 REPORT_FORMAT = 1
@@ -158,7 +167,9 @@ def write_export_report(onnx_dir: Path, model_path: Path, fingerprint: str, capt
         "format": REPORT_FORMAT,
         "model": {"path": model, "fingerprint": fingerprint},
         "capture": {"dir": capture, "fingerprint": capture_fingerprint, "manifest_sha256": manifest_sha256},
-        "local_only": [field for field, local in (("model.path", model_local), ("capture.dir", capture_local)) if local],
+        "local_only": [
+            field for field, local in (("model.path", model_local), ("capture.dir", capture_local)) if local
+        ],
         "provenance": provenance,
         "versions": versions,
         "graphs": graphs,
@@ -286,10 +297,12 @@ def verify_against_capture(capture_dir: Path, onnx_dir: Path, graphs: list[str])
                         "re-run steps 1-2 with the same --model")
     recorded = export["capture"]["manifest_sha256"]
     if sha256_file(capture_dir / capture.MANIFEST_NAME) != recorded:
-        raise UserError(f"the capture in {capture_dir} is not the one the export was made from (its manifest changed: "
-                        f"seed {manifest.get('seed')}, num_step {manifest.get('num_step')}, "
-                        f"modes {','.join(manifest['modes'])})",
-                        "re-run export_omnivoice.py (step 2) on this capture, or pass the --capture-dir it was made from")
+        raise UserError(
+            f"the capture in {capture_dir} is not the one the export was made from (its manifest changed: "
+            f"seed {manifest.get('seed')}, num_step {manifest.get('num_step')}, "
+            f"modes {','.join(manifest['modes'])})",
+            "re-run export_omnivoice.py (step 2) on this capture, or pass the --capture-dir it was made from",
+        )
     verify_graphs(onnx_dir, export, graphs)
     return manifest, export
 

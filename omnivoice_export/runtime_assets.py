@@ -117,11 +117,11 @@ def _instruct_rules() -> dict[str, Any]:
 def host_sections() -> dict[str, Any]:
     """The runtime-config.json sections that hold upstream's host-side tables and constants (the
     checkpoint does not change them): duration, text, prompt, audio, graphs."""
+    import torchaudio
     from omnivoice.models import omnivoice as upstream
     from omnivoice.utils import audio as upstream_audio
     from omnivoice.utils import text as upstream_text
     from omnivoice.utils.duration import RuleDurationEstimator
-    import torchaudio
 
     estimator = RuleDurationEstimator()
     return {

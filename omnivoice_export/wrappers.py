@@ -9,7 +9,7 @@ omnivoice_onnx.contract; the docstrings restate it for the reader.
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 from torch import nn

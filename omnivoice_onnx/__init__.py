@@ -38,8 +38,7 @@ __version__ = "0.3.0"
 
 from omnivoice_onnx.api import OmniVoiceOnnx  # noqa: E402
 from omnivoice_onnx.errors import UserError  # noqa: E402
-from omnivoice_onnx.generate import (AudioChunk, Cancelled, GenerationConfig, Progress, Trace,  # noqa: E402
-                                     VoiceClonePrompt)
+from omnivoice_onnx.generate import AudioChunk, Cancelled, GenerationConfig, Progress, Trace, VoiceClonePrompt  # noqa: E402
 
 __all__ = ["OmniVoiceOnnx", "UserError", "GenerationConfig", "Trace", "VoiceClonePrompt", "AudioChunk", "Progress",
            "Cancelled", "__version__"]

@@ -39,8 +39,17 @@ import numpy as np
 
 from omnivoice_onnx import generate as gen
 from omnivoice_onnx import integrity, request
-from omnivoice_onnx.contract import (AUDIO_VOCAB_SIZE, FP32_VARIANT, NUM_CODEBOOKS, REPORT_FILE, contract_table,
-                                     ort_signature, signature_problems, variant_path, variants_present)
+from omnivoice_onnx.contract import (
+    AUDIO_VOCAB_SIZE,
+    FP32_VARIANT,
+    NUM_CODEBOOKS,
+    REPORT_FILE,
+    contract_table,
+    ort_signature,
+    signature_problems,
+    variant_path,
+    variants_present,
+)
 from omnivoice_onnx.errors import UserError
 from omnivoice_onnx.prompt import RUNTIME_CONFIG_FILE, TextTokenizer, load_runtime_config
 from omnivoice_onnx.rng import TorchCpuRng, check_seed, fresh_seed
@@ -74,8 +83,10 @@ def default_variant(onnx_dir: Path, provider: str = "cpu") -> str:
     except (OSError, ValueError, AttributeError):
         return FP32_VARIANT  # no readable report: the faithful graph, whose own checks then speak
     present = variants_present(onnx_dir)
-    return next((name for name in DEFAULT_VARIANT_ORDER if name in present and (name == FP32_VARIANT or name in listed)),
-                FP32_VARIANT)
+    return next(
+        (name for name in DEFAULT_VARIANT_ORDER if name in present and (name == FP32_VARIANT or name in listed)),
+        FP32_VARIANT,
+    )
 
 
 def graph_metadata(session, path: Path, graph: str) -> dict[str, Any]:
@@ -116,7 +127,9 @@ def metadata_problem(values: dict[str, int]) -> str | None:
         return (f"num_codebooks={values['num_codebooks']}, audio_vocab_size={values['audio_vocab_size']} (the graphs "
                 f"take {NUM_CODEBOOKS} and {AUDIO_VOCAB_SIZE})")
     if values["audio_mask_id"] != values["audio_vocab_size"] - 1:
-        return f"audio_mask_id={values['audio_mask_id']} is not the vocabulary's last id {values['audio_vocab_size'] - 1}"
+        return (
+            f"audio_mask_id={values['audio_mask_id']} is not the vocabulary's last id {values['audio_vocab_size'] - 1}"
+        )
     return None
 
 
@@ -164,7 +177,9 @@ class OmniVoiceOnnx:
             integrity.verify_bundle(onnx_dir, self.variant)
         self.runtime_config = load_runtime_config(onnx_dir)
         self.tokenizer = TextTokenizer.from_dir(onnx_dir)
-        variant_fix = RERUN_EXPORT if self.variant == FP32_VARIANT else f"run quantize_omnivoice.py --variants {self.variant}"
+        variant_fix = (
+            RERUN_EXPORT if self.variant == FP32_VARIANT else f"run quantize_omnivoice.py --variants {self.variant}"
+        )
         self.transformer = make_session(path, provider, threads, arena=TRANSFORMER_ARENA, fix=variant_fix)
         self.metadata = graph_metadata(self.transformer, path, "transformer")
         if self.metadata.get("variant", FP32_VARIANT) != self.variant:
@@ -217,7 +232,7 @@ class OmniVoiceOnnx:
 
     @classmethod
     def from_dir(cls, onnx_dir: str | os.PathLike, provider: str = "cpu", threads: int | None = None,
-                 resident_codecs: bool = False, variant: str | None = None, verify: bool = True) -> "OmniVoiceOnnx":
+                 resident_codecs: bool = False, variant: str | None = None, verify: bool = True) -> OmniVoiceOnnx:
         """Load an export folder. provider: "cpu", "cuda-fp32" or "cuda-tf32" (omnivoice_onnx.sessions);
         threads: onnxruntime intra-op threads (None: its default; at most request.MAX_THREADS);
         resident_codecs: keep the encoder and decoder loaded between calls (a server) instead of

@@ -209,7 +209,7 @@ class AudioSink:
         if self._temp is not None:
             self._temp.unlink(missing_ok=True)
 
-    def __enter__(self) -> "AudioSink":
+    def __enter__(self) -> AudioSink:
         return self
 
     def __exit__(self, kind, value, traceback) -> None:

@@ -305,7 +305,7 @@ class Synthesizer:
         self._voices: dict[tuple[str, str], Any] = {}
 
     @classmethod
-    def load(cls, model_dir: str, variant: str | None, threads: int | None) -> "Synthesizer":
+    def load(cls, model_dir: str, variant: str | None, threads: int | None) -> Synthesizer:
         """A worker's own model (CPU provider, `threads` onnxruntime threads)."""
         return cls(OmniVoiceOnnx.from_dir(model_dir, threads=threads, variant=variant))
 
@@ -611,7 +611,9 @@ class Summary:
                 f"{self.audio_seconds / self.wall_seconds if self.wall_seconds else 0:.2f} audio s per wall s")
 
 
-def run_batch(options: Options, log: Callable[[str], None] = lambda message: print(message, file=sys.stderr)) -> Summary:
+def run_batch(
+    options: Options, log: Callable[[str], None] = lambda message: print(message, file=sys.stderr)
+) -> Summary:
     """Check the list, then synthesise every line not already done into options.res_dir.
 
     Raises UserError before any synthesis for bad lines (unless skip_bad), an unreadable list,
@@ -654,9 +656,11 @@ def run_batch(options: Options, log: Callable[[str], None] = lambda message: pri
         outcomes = run_pool(options, model["variant"], tasks, threads)
     else:
         outcomes = run_in_process(Synthesizer(tts), tasks)  # the driver's model: no second load
-    log(f"batch: {len(plan.todo)} to synthesise ({len(plan.done)} already done, {len(plan.bad)} bad skipped) on "
+    log(
+        f"batch: {len(plan.todo)} to synthesise ({len(plan.done)} already done, {len(plan.bad)} bad skipped) on "
         f"{'Ray ' + ('local' if options.ray == 'local' else options.ray) + ', ' if options.ray else ''}"
-        f"{options.workers} worker(s) x {threads} thread(s); model {model['model_fingerprint'][:23]} {model['variant']}")
+        f"{options.workers} worker(s) x {threads} thread(s); model {model['model_fingerprint'][:23]} {model['variant']}"
+    )
     bar = _progress_bar(len(plan.todo), options.progress, log)
     try:
         for outcome in outcomes:

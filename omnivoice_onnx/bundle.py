@@ -42,7 +42,9 @@ def bundle_metadata(onnx_dir: Path) -> dict[str, str]:
                         "pass the folder export_omnivoice.py wrote (--model-dir)")
     meta = metadata_props(path)
     if not meta.get("model_fingerprint"):
-        raise UserError(f"{path} has no model_fingerprint metadata: not an OmniVoice export", "re-run export_omnivoice.py")
+        raise UserError(
+            f"{path} has no model_fingerprint metadata: not an OmniVoice export", "re-run export_omnivoice.py"
+        )
     return meta
 
 

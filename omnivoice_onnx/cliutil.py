@@ -20,9 +20,10 @@ import signal
 import sys
 import tempfile
 import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, NoReturn
+from typing import NoReturn
 
 from omnivoice_onnx.errors import UserError
 from omnivoice_onnx.rng import SEED_MAX, SEED_MIN  # what torch.manual_seed accepts (re-exported: --seed)

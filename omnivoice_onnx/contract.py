@@ -15,9 +15,10 @@ constants are what the export writes there.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 # Higgs Audio V2 tokenizer of the real checkpoint: 24 kHz, DAC ratios 8*5*4*2*3 = 960 samples
 # per frame, so 25 frames/s.

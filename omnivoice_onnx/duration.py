@@ -30,7 +30,8 @@ from __future__ import annotations
 
 import bisect
 import unicodedata
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from omnivoice_onnx.errors import UserError
 

@@ -21,9 +21,10 @@ import os
 import re
 import shutil
 import stat
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from omnivoice_onnx.cliutil import ENVIRONMENT
 from omnivoice_onnx.errors import UserError

@@ -128,7 +128,7 @@ class Task:
     ref_rms: list[float | None]
     speed: list[float] | None = None
 
-    def slice(self, indices: Sequence[int]) -> "Task":
+    def slice(self, indices: Sequence[int]) -> Task:
         """The items at `indices`, in that order (upstream slice_task)."""
         return Task(texts=[self.texts[i] for i in indices], target_lens=[self.target_lens[i] for i in indices],
                     langs=[self.langs[i] for i in indices], instructs=[self.instructs[i] for i in indices],

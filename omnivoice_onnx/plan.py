@@ -12,11 +12,13 @@ their reference length is chunk 0's target length, known before chunk 0 is gener
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from omnivoice_onnx import duration, text
 from omnivoice_onnx.errors import UserError
+
 
 def split_short_long(target_lens: Sequence[int], audio_chunk_threshold: float,
                      frame_rate: int) -> tuple[list[int], list[int]]:

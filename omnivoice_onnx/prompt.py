@@ -38,9 +38,9 @@ import difflib
 import json
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 from tokenizers import Tokenizer
@@ -212,7 +212,9 @@ def _config_value_problem(config: dict[str, Any]) -> str | None:
     generation_config is, at load: api.py.)"""
     model = config["model"]
     if not 0 <= model["audio_mask_id"] < model["audio_vocab_size"]:
-        return f"model.audio_mask_id {model['audio_mask_id']} is outside the vocabulary [0, {model['audio_vocab_size']})"
+        return (
+            f"model.audio_mask_id {model['audio_mask_id']} is outside the vocabulary [0, {model['audio_vocab_size']})"
+        )
     languages = config["languages"]
     ids = languages["ids"]
     if not ids or not all(ids):
@@ -230,7 +232,7 @@ class TextTokenizer:
         self.backend = backend
 
     @classmethod
-    def from_dir(cls, directory: Path) -> "TextTokenizer":
+    def from_dir(cls, directory: Path) -> TextTokenizer:
         """Load the export's tokenizer.json; UserError when it is missing, unreadable, or lacks one
         of the prompt's control tokens (a plain Qwen tokenizer, say)."""
         path = Path(directory) / TOKENIZER_FILE

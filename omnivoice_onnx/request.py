@@ -34,8 +34,9 @@ import math
 import numbers
 import os
 import unicodedata
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -129,7 +130,9 @@ def checked_number(value: Any, name: str, low: float | None = None, high: float 
                    low_open: bool = False, integer: bool = False, fix: str | None = None) -> float | int:
     """`value` as a Python float (int when `integer`) within [low, high] ((low, high] when
     `low_open`), finite; UserError naming `name` otherwise."""
-    bounds = f"{'(' if low_open else '['}{'-inf' if low is None else f'{low:g}'}, {'inf' if high is None else f'{high:g}'}]"
+    bounds = (
+        f"{'(' if low_open else '['}{'-inf' if low is None else f'{low:g}'}, {'inf' if high is None else f'{high:g}'}]"
+    )
     fix = fix or f"pass a {'whole number' if integer else 'number'} in {bounds}"
     if not is_number(value):
         raise UserError(f"{name} must be a number, got {type(value).__name__} {value!r:.60}", fix)
@@ -175,7 +178,7 @@ class GenerationConfig:
     fade_duration: float  # fade-in/out at the output's ends (seconds)
 
     @classmethod
-    def from_dict(cls, values: Mapping[str, Any] | None, defaults: dict[str, Any]) -> "GenerationConfig":
+    def from_dict(cls, values: Mapping[str, Any] | None, defaults: dict[str, Any]) -> GenerationConfig:
         """`defaults` overlaid with `values`; UserError for an unknown field or a bad value.
 
         Upstream's from_dict silently drops unknown keys; here a misspelt field is an error, so it
@@ -338,7 +341,7 @@ def _ref_audio(value: Any, label: str) -> Any:
                     "pass the reference's WAV/FLAC path, or (samples, rate)")
 
 
-def check_prompt(value: Any, label: str, model: "Model") -> VoiceClonePrompt:
+def check_prompt(value: Any, label: str, model: Model) -> VoiceClonePrompt:
     """A VoiceClonePrompt whose tokens the transformer can read: [num_codebooks, T] integers,
     each an entry of the codebook (0 <= code < mask id), T frames within MAX_REF_SECONDS."""
     fix = "pass a prompt made by create_voice_clone_prompt() (or a saved voice) for this export"
@@ -362,7 +365,7 @@ def check_prompt(value: Any, label: str, model: "Model") -> VoiceClonePrompt:
     return value
 
 
-def load_reference(model: "Model", ref_audio: Any, ref_text: Any, preprocess_prompt: bool,
+def load_reference(model: Model, ref_audio: Any, ref_text: Any, preprocess_prompt: bool,
                    label: str = "ref_audio") -> Reference:
     """Load and prepare a reference for the encoder (create_voice_clone_prompt's steps before
     encode), its length checked against MAX_REF_SECONDS before it is read or resampled."""
@@ -379,8 +382,12 @@ def load_reference(model: "Model", ref_audio: Any, ref_text: Any, preprocess_pro
     wav, ref_rms = audio.prepare_reference(wav, model.sample_rate, model.hop_length, model.runtime_config["audio"],
                                            preprocess=preprocess_prompt,
                                            min_seconds=MIN_REF_SECONDS)
-    return Reference(wav=wav, ref_text=text.add_punctuation(ref_text, model.runtime_config["text"]) if preprocess_prompt else ref_text,
-                     ref_rms=ref_rms, frames=wav.shape[-1] // model.hop_length)
+    return Reference(
+        wav=wav,
+        ref_text=text.add_punctuation(ref_text, model.runtime_config["text"]) if preprocess_prompt else ref_text,
+        ref_rms=ref_rms,
+        frames=wav.shape[-1] // model.hop_length,
+    )
 
 
 def reference_frames(reference: Reference | VoiceClonePrompt | None) -> int | None:
@@ -389,7 +396,7 @@ def reference_frames(reference: Reference | VoiceClonePrompt | None) -> int | No
     return reference.frames if isinstance(reference, Reference) else reference.ref_audio_tokens.shape[-1]
 
 
-def validate(model: "Model", texts: Any, config: GenerationConfig, language: Any = None, ref_text: Any = None,
+def validate(model: Model, texts: Any, config: GenerationConfig, language: Any = None, ref_text: Any = None,
              ref_audio: Any = None, voice_clone_prompt: Any = None, instruct: Any = None, duration_s: Any = None,
              speed: Any = None, seed: Any = None) -> Request:
     """The request checked whole (types, values, sizes) and resolved, without model work."""
@@ -442,7 +449,7 @@ def validate(model: "Model", texts: Any, config: GenerationConfig, language: Any
                    target_lens=target_lens, speed=speed_list, config=config, seed=seed, calls=calls)
 
 
-def _check_calls(model: "Model", config: GenerationConfig, texts: list[str], langs: list, instructs: list,
+def _check_calls(model: Model, config: GenerationConfig, texts: list[str], langs: list, instructs: list,
                  ref_texts: list, ref_frames: list, target_lens: list[int],
                  speeds: list[float] | None) -> list[tuple[int, int]]:
     """Each transformer batch the request will run, as (rows, sequence), checked against

@@ -647,7 +647,9 @@ def create_app(service: Service) -> Any:
             raise _failure(job, kind, payload)
         if not job.stream:
             timer.cancel()
-            data = await asyncio.to_thread(encode_clip, payload, fmt, service.sample_rate)  # mp3 of minutes: not on the loop
+            data = await asyncio.to_thread(
+                encode_clip, payload, fmt, service.sample_rate
+            )  # mp3 of minutes: not on the loop
             return Response(data, media_type=service.formats[fmt].media_type, headers=headers)
         chunks = _stream_bytes(job, first, StreamEncoder(fmt, service.sample_rate), timer)
         if parsed.stream_format == "sse":

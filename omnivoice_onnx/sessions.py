@@ -39,7 +39,9 @@ from omnivoice_onnx.request import check_threads
 
 PROVIDERS = ("cpu", "cuda-fp32", "cuda-tf32")
 THREADS_ENV = "OMNIVOICE_ORT_THREADS"
-GPU_INSTALL_HINT = "install the GPU requirements (pip install --no-deps -r requirements-gpu.txt) on a machine with an NVIDIA GPU"
+GPU_INSTALL_HINT = (
+    "install the GPU requirements (pip install --no-deps -r requirements-gpu.txt) on a machine with an NVIDIA GPU"
+)
 
 
 def provider_chain(provider: str) -> list[Any]:
@@ -250,7 +252,7 @@ def split_feeds(input_ids: np.ndarray, audio_mask: np.ndarray,
         return None
     groups = []
     for length in sorted(set(lengths)):
-        rows = np.array([r for r, l in enumerate(lengths) if l == length])
+        rows = np.array([row for row, row_length in enumerate(lengths) if row_length == length])
         groups.append((rows, {"input_ids": input_ids[rows, :, :length], "audio_mask": audio_mask[rows, :length],
                               "attention_mask": attention_mask[rows][:, :, :length, :length]}))
     return groups
@@ -267,7 +269,9 @@ def run_split(session, input_ids: np.ndarray, audio_mask: np.ndarray, attention_
     """
     groups = split_feeds(input_ids, audio_mask, attention_mask)
     if groups is None:
-        return run(session, {"input_ids": input_ids, "audio_mask": audio_mask, "attention_mask": attention_mask})["logits"]
+        return run(session, {"input_ids": input_ids, "audio_mask": audio_mask, "attention_mask": attention_mask})[
+            "logits"
+        ]
     rows_total, codebooks, seq = input_ids.shape
     logits = None
     for rows, feeds in groups:

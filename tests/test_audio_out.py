@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import soundfile
-
 from conftest import REPO
+
 from omnivoice_onnx import audio_out
 from omnivoice_onnx.audio_out import encode_audio, open_output, to_pcm16
 from omnivoice_onnx.errors import UserError
@@ -54,7 +54,11 @@ def test_wav_bytes_are_encode_audio_and_raw_is_headerless(tmp_path: Path) -> Non
     write_two_chunks(tmp_path / "a.wav")
     write_two_chunks(tmp_path / "a.raw")
     assert (tmp_path / "a.wav").read_bytes() == encode_audio(SIGNAL, RATE, "wav")
-    assert (tmp_path / "a.raw").read_bytes() == to_pcm16(SIGNAL).astype("<i2").tobytes() == encode_audio(SIGNAL, RATE, "pcm")
+    assert (
+        (tmp_path / "a.raw").read_bytes()
+        == to_pcm16(SIGNAL).astype("<i2").tobytes()
+        == encode_audio(SIGNAL, RATE, "pcm")
+    )
     header = (tmp_path / "a.wav").read_bytes()[:44]
     assert header[:4] == b"RIFF" and struct.unpack("<I", header[40:44])[0] == SIGNAL.size * 2
 

@@ -23,7 +23,15 @@ import pytest
 
 from omnivoice_onnx import OmniVoiceOnnx
 from omnivoice_onnx.audio_out import encode_audio
-from omnivoice_onnx.batch import RESULT_FIELDS, RESULTS_FILE, Options, read_results, read_test_list, run_batch, seed_for_id
+from omnivoice_onnx.batch import (
+    RESULT_FIELDS,
+    RESULTS_FILE,
+    Options,
+    read_results,
+    read_test_list,
+    run_batch,
+    seed_for_id,
+)
 from omnivoice_onnx.voices import Voice, save_voice
 
 pytestmark = pytest.mark.slow

@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import Pipeline, run_script, single_stderr_line
 
 import capture_reference
-from conftest import Pipeline, run_script, single_stderr_line
 from omnivoice_export import capture, wrappers
 from omnivoice_export.checkpoints import model_fingerprint
 from omnivoice_export.files import sha256_file

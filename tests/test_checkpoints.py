@@ -14,9 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import Pipeline
 from safetensors.torch import load_file, save_file
 
-from conftest import Pipeline
 from omnivoice_export import capture, checkpoints, wrappers
 from omnivoice_export.builder import build_checkpoint, count_parameters
 from omnivoice_export.checkpoints import model_fingerprint

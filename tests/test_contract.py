@@ -8,10 +8,18 @@ signatures and shapes (no export needed), one defect at a time.
 from __future__ import annotations
 
 import pytest
+from test_export import CONTRACT as DESIGN
+from test_export import LEGACY_ENCODER_LENGTH
 
-from omnivoice_onnx.contract import (CONTRACTS, GRAPH_FILES, GRAPH_NAMES, HOP_LENGTH, THRESHOLDS, shape_problems,
-                                     signature_problems)
-from test_export import CONTRACT as DESIGN, LEGACY_ENCODER_LENGTH
+from omnivoice_onnx.contract import (
+    CONTRACTS,
+    GRAPH_FILES,
+    GRAPH_NAMES,
+    HOP_LENGTH,
+    THRESHOLDS,
+    shape_problems,
+    signature_problems,
+)
 
 
 def _signature(graph: str) -> tuple[list, list]:
@@ -41,17 +49,26 @@ def test_legacy_encoder_length_name_is_accepted() -> None:
     inputs[0][2] = ["batch", 1, LEGACY_ENCODER_LENGTH]
     assert signature_problems("encoder", inputs, outputs) == []
     inputs[0][2] = ["batch", 1, "s12"]
-    assert signature_problems("encoder", inputs, outputs) == ["input input_values axis 2 is 's12', expected '960*frames'"]
+    assert signature_problems("encoder", inputs, outputs) == [
+        "input input_values axis 2 is 's12', expected '960*frames'"
+    ]
 
 
-@pytest.mark.parametrize("defect,expected", [
-    ("renamed", "inputs are ['ids', 'audio_mask', 'attention_mask'], expected ['input_ids', 'audio_mask', 'attention_mask']"),
-    ("dtype", "output logits is float16, expected float32"),
-    ("rank", "input audio_mask has rank 3, expected 2 ['batch', 'seq']"),
-    ("fixed-batch", "input input_ids axis 0 is 1, expected 'batch'"),
-    ("axis-name", "output logits axis 2 is 's76', expected 'seq'"),
-    ("vocab", "output logits axis 3 is 1024, expected 1025"),
-])
+@pytest.mark.parametrize(
+    "defect,expected",
+    [
+        (
+            "renamed",
+            "inputs are ['ids', 'audio_mask', 'attention_mask'], "
+            "expected ['input_ids', 'audio_mask', 'attention_mask']",
+        ),
+        ("dtype", "output logits is float16, expected float32"),
+        ("rank", "input audio_mask has rank 3, expected 2 ['batch', 'seq']"),
+        ("fixed-batch", "input input_ids axis 0 is 1, expected 'batch'"),
+        ("axis-name", "output logits axis 2 is 's76', expected 'seq'"),
+        ("vocab", "output logits axis 3 is 1024, expected 1025"),
+    ],
+)
 def test_signature_defects_are_named(defect: str, expected: str) -> None:
     inputs, outputs = _signature("transformer")
     if defect == "renamed":

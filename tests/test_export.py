@@ -15,26 +15,37 @@ import numpy as np
 import onnx
 import pytest
 import torch
+from conftest import CausalTransformerWrapper, Pipeline, read_report
 
 import export_omnivoice
-from conftest import CausalTransformerWrapper, Pipeline, read_report
 from omnivoice_export import capture, exporting
 from omnivoice_export.checkpoints import model_fingerprint
 from omnivoice_export.files import sha256_file
 from omnivoice_onnx.bundle import MODEL_CARD_FILE, card_license
 from omnivoice_onnx.contract import CONTRACTS, GRAPH_FILES, GRAPH_NAMES, THRESHOLDS, ort_signature, signature_problems
-from omnivoice_onnx.sessions import make_session
 from omnivoice_onnx.prompt import RUNTIME_CONFIG_FILE, TOKENIZER_FILE, TextTokenizer, load_runtime_config
+from omnivoice_onnx.sessions import make_session
 
 TRANSFORMER_INPUTS = CONTRACTS["transformer"].input_names
 
 # The design table: (name, dtype, dims) per input and output; str dims are symbolic.
 CONTRACT = {
-    "transformer": ([("input_ids", "int64", ["batch", 8, "seq"]), ("audio_mask", "bool", ["batch", "seq"]),
-                     ("attention_mask", "bool", ["batch", 1, "seq", "seq"])],
-                    [("logits", "float32", ["batch", 8, "seq", 1025])]),
-    "encoder": ([("input_values", "float32", ["batch", 1, "960*frames"])], [("audio_codes", "int64", ["batch", 8, "frames"])]),
-    "decoder": ([("audio_codes", "int64", ["batch", 8, "frames"])], [("audio_values", "float32", ["batch", 1, "960*frames"])]),
+    "transformer": (
+        [
+            ("input_ids", "int64", ["batch", 8, "seq"]),
+            ("audio_mask", "bool", ["batch", "seq"]),
+            ("attention_mask", "bool", ["batch", 1, "seq", "seq"]),
+        ],
+        [("logits", "float32", ["batch", 8, "seq", 1025])],
+    ),
+    "encoder": (
+        [("input_values", "float32", ["batch", 1, "960*frames"])],
+        [("audio_codes", "int64", ["batch", 8, "frames"])],
+    ),
+    "decoder": (
+        [("audio_codes", "int64", ["batch", 8, "frames"])],
+        [("audio_values", "float32", ["batch", 1, "960*frames"])],
+    ),
 }
 # The legacy exporter cannot state the 960*frames relation; its encoder length is a free symbol.
 LEGACY_ENCODER_LENGTH = "samples"
@@ -140,7 +151,11 @@ def test_report(export: tuple[str, Path], pipeline: Pipeline) -> None:
     for graph, entry in data["graphs"].items():
         name = GRAPH_FILES[graph]
         assert entry["file"] == name
-        assert (entry["exporter"], entry["fallback_reason"], entry["opset"]) == (exporter, None, exporting.DEFAULT_OPSET)
+        assert (entry["exporter"], entry["fallback_reason"], entry["opset"]) == (
+            exporter,
+            None,
+            exporting.DEFAULT_OPSET,
+        )
         assert set(entry["files"]) == {name, name + ".data"}
         for file, info in entry["files"].items():
             assert info["bytes"] == (onnx_dir / file).stat().st_size

@@ -20,14 +20,13 @@ import onnx
 import onnxruntime as ort
 import pytest
 import torch
+from conftest import shared_build
 
 from omnivoice_export import exporting, fp16, model_card, quantize, report, wrappers
 from omnivoice_export.builder import LARGE_ACTIVATIONS, build_checkpoint
 from omnivoice_export.checkpoints import load_omnivoice, model_fingerprint
 from omnivoice_onnx.contract import AUDIO_VOCAB_SIZE, NUM_CODEBOOKS, THRESHOLDS
 from omnivoice_onnx.sessions import run
-
-from conftest import shared_build
 
 LARGE_ACT = "tiny-large-act"
 TRANSFORMER = quantize.TRANSFORMER_FILE
@@ -72,7 +71,9 @@ def large_act(tmp_path_factory) -> Path:
         # The fp16 recipe's transformer conversion, as step 5 makes it (this export has no report and no codecs).
         source = onnx_dir / TRANSFORMER
         recipe = quantize.RECIPES["fp16"]
-        heads, _ = quantize.weight_nodes(onnx.load(str(source), load_external_data=False), NUM_CODEBOOKS * AUDIO_VOCAB_SIZE)
+        heads, _ = quantize.weight_nodes(
+            onnx.load(str(source), load_external_data=False), NUM_CODEBOOKS * AUDIO_VOCAB_SIZE
+        )
         variant, _ = fp16.convert_transformer(onnx.load(str(source)), heads[0], recipe.keep_fp32)
         quantize.set_variant_metadata(variant, report.read_graph_metadata(source), recipe, source)
         (onnx_dir / "fp16").mkdir()
@@ -95,7 +96,8 @@ def session(path: Path, level: str = "all"):
 
 
 def residual_inputs(model, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-    """What each residual RMSNorm reads (input/post-attention norms of every layer, the final norm), as torch computes it."""
+    """What each residual RMSNorm reads (input/post-attention norms of every layer, the final norm),
+    as torch computes it."""
     llm = model.llm
     norms = [norm for layer in llm.layers for norm in (layer.input_layernorm, layer.post_attention_layernorm)]
     captured: list[np.ndarray] = []
@@ -153,7 +155,9 @@ def test_naive_conversion_squares_the_residual_in_float16_and_overflows(large_ac
         assert np.abs(x).max() < FLOAT16_MAX  # the residual itself is representable ...
         mean, normalised = float16_rmsnorm(x)
         assert np.isinf(mean).all()  # ... its mean square is not, at every position
-        assert not np.any(normalised[..., [c for c in range(x.shape[-1]) if c not in LARGE_ACTIVATIONS[LARGE_ACT].channels]])
+        assert not np.any(
+            normalised[..., [c for c in range(x.shape[-1]) if c not in LARGE_ACTIVATIONS[LARGE_ACT].channels]]
+        )
 
 
 @pytest.mark.slow
@@ -188,7 +192,9 @@ def test_fp16_variant_keeps_every_residual_square_and_reduction_in_float32(large
         assert types[node.input[0]] == types[node.output[0]] == onnx.TensorProto.FLOAT, node.name
     # float16 is what the weights are: every MatMul but the audio heads reads a float16 weight.
     weights = {init.name: init.data_type for init in variant.graph.initializer}
-    matmul_weights = [weights[node.input[1]] for node in variant.graph.node if node.op_type == "MatMul" and node.input[1] in weights]
+    matmul_weights = [
+        weights[node.input[1]] for node in variant.graph.node if node.op_type == "MatMul" and node.input[1] in weights
+    ]
     assert matmul_weights.count(onnx.TensorProto.FLOAT) == 1 and len(matmul_weights) > 1
     meta = {prop.key: prop.value for prop in variant.metadata_props}
     assert json.loads(meta["recipe"])["keep_fp32"] == list(fp16.TRANSFORMER_KEEP) and meta["variant"] == "fp16"

@@ -17,14 +17,13 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from conftest import assert_same_bits_on_captured_calls, captured_calls, read_report, run_script
 
 import parity_check
 import quantize_omnivoice
 from omnivoice_export import capture, fusion, quantize
 from omnivoice_onnx.errors import UserError
 from omnivoice_onnx.sessions import make_session, run, run_split
-
-from conftest import assert_same_bits_on_captured_calls, captured_calls, read_report, run_script
 
 TRANSFORMER = quantize.TRANSFORMER_FILE
 FUSED = "fp32-fused"
@@ -201,6 +200,8 @@ def test_rms_norm_fusion_replaces_every_norm_with_the_same_function(pipeline, fu
     square = next(node for node in broken.graph.node if node.op_type == "Pow")
     square.op_type = "Mul"  # one norm no longer of the pattern
     square.input[1] = square.input[0]
-    with pytest.raises(UserError, match=f"at {4 * layers(pipeline)} of the graph's {4 * layers(pipeline) + 1} ReduceMean"):
+    with pytest.raises(
+        UserError, match=f"at {4 * layers(pipeline)} of the graph's {4 * layers(pipeline) + 1} ReduceMean"
+    ):
         fusion.fuse_rms_norm(broken)
 

@@ -21,8 +21,11 @@ def test_same_as_onnx_load(tmp_path: Path) -> None:
     helper.set_model_props(model, {"graph": "decoder", "model_fingerprint": "sha256:ab", "note": "ünï 名"})
     onnx.save(model, tmp_path / "m.onnx")
     expected = {p.key: p.value for p in onnx.load(tmp_path / "m.onnx", load_external_data=False).metadata_props}
-    assert read_metadata_props(tmp_path / "m.onnx") == expected == {"graph": "decoder", "model_fingerprint": "sha256:ab",
-                                                                   "note": "ünï 名"}
+    assert (
+        read_metadata_props(tmp_path / "m.onnx")
+        == expected
+        == {"graph": "decoder", "model_fingerprint": "sha256:ab", "note": "ünï 名"}
+    )
 
 
 @pytest.mark.parametrize("content", [b"", b"\xff" * 64, b"\x08\x07"])

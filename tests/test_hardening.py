@@ -23,13 +23,14 @@ import numpy as np
 import onnx
 import pytest
 import torch
+from conftest import REPO, Pipeline, install_graph, read_report, run_script
 from onnx import TensorProto, helper, numpy_helper
+from test_reliability import Result, assert_one_line, edit_json, linked_copy, run_inprocess, snapshot
 
 import export_omnivoice
 import infer_onnx
 import parity_check
 import quantize_omnivoice
-from conftest import REPO, Pipeline, install_graph, read_report, run_script
 from omnivoice_export import capture, metrics
 from omnivoice_export.checkpoints import REQUIRED_FILES, load_omnivoice, model_fingerprint
 from omnivoice_export.cli import EXIT_BAD_INPUT, EXIT_CHECK_FAILED
@@ -37,7 +38,6 @@ from omnivoice_export.files import sha256_file
 from omnivoice_onnx.contract import GRAPH_FILES
 from omnivoice_onnx.errors import UserError
 from omnivoice_onnx.sessions import make_session, run
-from test_reliability import Result, assert_one_line, edit_json, linked_copy, run_inprocess, snapshot
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs torch with a CUDA device")
 
@@ -360,7 +360,9 @@ def test_bench_fails_on_other_tokens_names_the_cpu_and_times_each_variant(pipeli
         assert set(variant["transformer"]) == set(summary["transformer"])
         for row in variant["transformer"].values():
             assert row["ort_split"]["n"] == 1 and row["speedup_vs_fp32"] > 0
-            assert 0.0 <= row["vs_fp32"]["argmax_agreement"] <= 1.0 and 0.0 <= row["vs_torch"]["argmax_agreement"] <= 1.0
+            assert (
+                0.0 <= row["vs_fp32"]["argmax_agreement"] <= 1.0 and 0.0 <= row["vs_torch"]["argmax_agreement"] <= 1.0
+            )
         assert variant["generate"]["peak_rss_mb"]["median"] > 0 and variant["generate"]["speedup_vs_fp32"] > 0
         # generate() = its transformer forwards + the rest (one run: the medians add up)
         parts = variant["generate"]["parts"]

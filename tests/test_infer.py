@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 import soundfile
+from conftest import Pipeline, copy_pipeline, install_graph, read_report, run_script, single_stderr_line
 
 import infer_onnx
-from conftest import Pipeline, copy_pipeline, install_graph, read_report, run_script, single_stderr_line
 from omnivoice_export import capture
 from omnivoice_export.cli import CheckFailed
 from omnivoice_onnx.contract import SAMPLE_RATE, THRESHOLDS

@@ -42,4 +42,6 @@ def test_verify_passes_in_this_venv() -> None:
 def test_torch_requirement_is_the_cpu_build() -> None:
     pins = [line.split("#")[0].strip() for line in (REPO / "requirements-torch.txt").read_text().splitlines()]
     assert "torch==2.13.0+cpu" in pins
-    assert not any(line.startswith(("torch==", "torchaudio==")) for line in (REPO / "requirements.txt").read_text().splitlines())
+    assert not any(
+        line.startswith(("torch==", "torchaudio==")) for line in (REPO / "requirements.txt").read_text().splitlines()
+    )

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from conftest import REPO
+
 from omnivoice_export import model_card, report
 
 
@@ -19,7 +20,11 @@ def test_declared_licence_and_tokenizer_licence_file(tmp_path: Path) -> None:
     (model / "config.json").write_text("{}")
     (model / "audio_tokenizer" / "LICENSE").write_text("the tokenizer's terms")
     prov = model_card.provenance(model)
-    assert (prov["license"], prov["random_weights"], prov["source"]) == ("cc-by-nc-4.0", False, "local checkpoint 'ckpt'")
+    assert (prov["license"], prov["random_weights"], prov["source"]) == (
+        "cc-by-nc-4.0",
+        False,
+        "local checkpoint 'ckpt'",
+    )
     assert prov["license_files"] == ["audio_tokenizer/LICENSE"]
     onnx = tmp_path / "onnx"
     onnx.mkdir()

@@ -13,9 +13,9 @@ import shutil
 from pathlib import Path
 
 import pytest
+from conftest import Pipeline, install_graph, read_report, rehash_graph, run_script, single_stderr_line
 
 import parity_check
-from conftest import Pipeline, install_graph, read_report, rehash_graph, run_script, single_stderr_line
 from omnivoice_export import capture, report
 from omnivoice_export.cli import CheckFailed
 from omnivoice_onnx.contract import CONTRACTS, GRAPH_FILES, GRAPH_NAMES, THRESHOLDS

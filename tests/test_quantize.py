@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from conftest import assert_same_bits_on_captured_calls, captured_calls, read_report, run_script
 from onnx import TensorProto, helper, numpy_helper
 
 import quality_omnivoice
@@ -22,8 +23,6 @@ import quantize_omnivoice
 from omnivoice_export import capture, quality, quantize, report
 from omnivoice_onnx.errors import UserError
 from omnivoice_onnx.sessions import make_session, run, run_split
-
-from conftest import assert_same_bits_on_captured_calls, captured_calls, read_report, run_script
 
 TRANSFORMER = quantize.TRANSFORMER_FILE
 
@@ -70,7 +69,9 @@ def test_every_recipe_writes_one_graph_and_one_sidecar(variants):
     for name, entry in entries.items():
         folder = variants / name
         graphs = quantize.recipe_files(quantize.RECIPES[name])
-        assert sorted(p.name for p in folder.iterdir()) == sorted(g + suffix for g in graphs for suffix in ("", ".data"))
+        assert sorted(p.name for p in folder.iterdir()) == sorted(
+            g + suffix for g in graphs for suffix in ("", ".data")
+        )
         for file, info in entry["files"].items():
             assert (folder / file).stat().st_size == info["bytes"]
         assert entry["recipe"] == quantize.RECIPES[name].as_dict()
@@ -243,8 +244,13 @@ def test_each_recipe_method_runs_generate_in_every_mode(measured, pipeline):
             assert 0.0 <= e2e["greedy_token_match"] <= 1.0
     # the fp32 baseline of the table is the export itself: tokens identical, as infer_onnx proves,
     # sampled and greedy (both temperatures 0, against PyTorch's greedy run)
-    assert all(e["token_match"] == 1.0 and e["first_divergent_step"] is None and e["greedy_token_match"] == 1.0
-               and e["greedy_first_divergent_step"] is None for e in measured["variants"]["fp32"]["end_to_end"].values())
+    assert all(
+        e["token_match"] == 1.0
+        and e["first_divergent_step"] is None
+        and e["greedy_token_match"] == 1.0
+        and e["greedy_first_divergent_step"] is None
+        for e in measured["variants"]["fp32"]["end_to_end"].values()
+    )
     # only a variant with its own codec graphs gets codec figures: fp16's, measured on the capture
     assert [name for name, r in measured["variants"].items() if "codecs" in r] == ["fp16"]
     codecs = measured["variants"]["fp16"]["codecs"]

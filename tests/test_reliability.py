@@ -32,17 +32,23 @@ import numpy as np
 import onnx
 import pytest
 import soundfile
+from conftest import REPO, Pipeline, run_script
 
 import capture_reference
 import export_omnivoice
 import infer_onnx
 import make_reference
 import parity_check
-from conftest import REPO, Pipeline, run_script
 from omnivoice_export import capture, exporting, generation, report
 from omnivoice_export.checkpoints import REQUIRED_FILES
-from omnivoice_export.cli import (EXIT_BAD_INPUT, EXIT_BROKEN_PIPE, EXIT_CHECK_FAILED, EXIT_INTERRUPTED,
-                                  EXIT_TERMINATED, run_main)
+from omnivoice_export.cli import (
+    EXIT_BAD_INPUT,
+    EXIT_BROKEN_PIPE,
+    EXIT_CHECK_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_TERMINATED,
+    run_main,
+)
 from omnivoice_export.files import atomic_path, sha256_file, temporary_dir
 from omnivoice_export.generation import REFERENCE_TEXT, GenerationRequest, check_reference_audio, write_wav
 from omnivoice_onnx.errors import UserError
@@ -201,7 +207,9 @@ def test_reference_refused_capture(case: str, message: str, tiny_model: Path, tm
     """capture_reference.py checks capture/ref_voice.{wav,txt} before loading the model."""
     ref_dir = tmp_path / "capture"
     ref_dir.mkdir()
-    _write_reference(ref_dir / "ref_voice.wav", {"wav-silent": "silent", "wav-not-audio": "not-audio"}.get(case, "good"))
+    _write_reference(
+        ref_dir / "ref_voice.wav", {"wav-silent": "silent", "wav-not-audio": "not-audio"}.get(case, "good")
+    )
     (ref_dir / "ref_voice.txt").write_text("" if case == "txt-empty" else REFERENCE_TEXT)
     if case == "wav-missing":
         (ref_dir / "ref_voice.wav").unlink()
@@ -321,7 +329,10 @@ ONNX_CASES = {
 }
 
 
-DAMAGE_CASES = {**{f"capture-{k}": v for k, v in CAPTURE_CASES.items()}, **{f"onnx-{k}": v for k, v in ONNX_CASES.items()}}
+DAMAGE_CASES = {
+    **{f"capture-{k}": v for k, v in CAPTURE_CASES.items()},
+    **{f"onnx-{k}": v for k, v in ONNX_CASES.items()},
+}
 
 
 @pytest.mark.slow
@@ -540,7 +551,9 @@ def test_help_documents_exit_codes(script, capsys) -> None:
     with pytest.raises(SystemExit) as exited:
         script.parse_args(["--help"])
     assert exited.value.code == 0
-    assert "exit codes: 0 success, 1 a check ran and failed, 2 bad or missing input" in " ".join(capsys.readouterr().out.split())
+    assert "exit codes: 0 success, 1 a check ran and failed, 2 bad or missing input" in " ".join(
+        capsys.readouterr().out.split()
+    )
 
 
 # --- issue 17: the hostile sweep, one test per class -------------------------------------------

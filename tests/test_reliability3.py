@@ -21,17 +21,17 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from conftest import REPO
+from test_reliability import assert_one_line, run_inprocess, snapshot
 
 import infer_onnx
 import quality_omnivoice
 import quantize_omnivoice
-from conftest import REPO
 from omnivoice_export import quality, quantize, report
 from omnivoice_export.cli import EXIT_BAD_INPUT
 from omnivoice_onnx import OmniVoiceOnnx, UserError, VoiceClonePrompt, request, sessions
 from omnivoice_onnx import generate as gen
 from omnivoice_onnx.contract import GRAPH_FILES
-from test_reliability import assert_one_line, run_inprocess, snapshot
 
 TRANSFORMER = quantize.TRANSFORMER_FILE
 
@@ -438,17 +438,32 @@ def _edit_config(section: str, key: str, value):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("edit,words", [
-    (_edit_config("instruct", "zh_pattern", "[\u4e00-"), "instruct.zh_pattern"),
-    (_edit_config("languages", "ids", [5, "en"]), "languages.ids is missing or not a list of strings"),
-    (_edit_config("languages", "name_to_id", {"english": "xx"}), "maps 'english' to 'xx', which is not in"),
-    (_edit_config("instruct", "valid", ["male", 3]), "instruct.valid is missing or not a list of strings"),
-    (_edit_config("instruct", "mutually_exclusive", ["male"]), "instruct.mutually_exclusive is missing or not a list of lists of strings"),
-    (_edit_config("model", "audio_vocab_size", 0), "model.audio_vocab_size is missing or not a positive integer"),
-    (_edit_config("generation", "num_step", "32"), "its generation defaults are wrong (generation_config.num_step"),
-    (_edit_config("generation", "t_shift", 1e39), "its generation defaults are wrong"),
-], ids=["regex", "ids-types", "id-out-of-range", "instruct-types", "exclusive-shape", "vocab-0", "num-step-str",
-        "t-shift-huge"])
+@pytest.mark.parametrize(
+    "edit,words",
+    [
+        (_edit_config("instruct", "zh_pattern", "[\u4e00-"), "instruct.zh_pattern"),
+        (_edit_config("languages", "ids", [5, "en"]), "languages.ids is missing or not a list of strings"),
+        (_edit_config("languages", "name_to_id", {"english": "xx"}), "maps 'english' to 'xx', which is not in"),
+        (_edit_config("instruct", "valid", ["male", 3]), "instruct.valid is missing or not a list of strings"),
+        (
+            _edit_config("instruct", "mutually_exclusive", ["male"]),
+            "instruct.mutually_exclusive is missing or not a list of lists of strings",
+        ),
+        (_edit_config("model", "audio_vocab_size", 0), "model.audio_vocab_size is missing or not a positive integer"),
+        (_edit_config("generation", "num_step", "32"), "its generation defaults are wrong (generation_config.num_step"),
+        (_edit_config("generation", "t_shift", 1e39), "its generation defaults are wrong"),
+    ],
+    ids=[
+        "regex",
+        "ids-types",
+        "id-out-of-range",
+        "instruct-types",
+        "exclusive-shape",
+        "vocab-0",
+        "num-step-str",
+        "t-shift-huge",
+    ],
+)
 def test_bad_runtime_config_values_refused(edit, words: str, bundle: Path, tmp_path: Path) -> None:
     onnx_dir = _copy(bundle, tmp_path)
     path = onnx_dir / "runtime-config.json"

@@ -18,10 +18,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import soundfile
+from conftest import REPO, Pipeline, import_blocker, single_stderr_line
 
 import infer_onnx
 import quantize_omnivoice
-from conftest import REPO, Pipeline, import_blocker, single_stderr_line
 from omnivoice_export import quantize
 from omnivoice_export.cli import EXIT_BAD_INPUT, run_main
 from omnivoice_export.generation import DEFAULT_SEED, LANGUAGE
@@ -73,7 +73,11 @@ def test_a_variant_uses_its_own_codec_graphs_where_it_carries_them(tmp_path: Pat
     for graph in ("encoder", "decoder"):
         (tmp_path / "fp16" / GRAPH_FILES[graph]).write_bytes(b"")
         assert variant_path(tmp_path, "fp16", graph) == tmp_path / "fp16" / GRAPH_FILES[graph]
-        assert variant_path(tmp_path, "int8", graph) == variant_path(tmp_path, FP32_VARIANT, graph) == tmp_path / GRAPH_FILES[graph]
+        assert (
+            variant_path(tmp_path, "int8", graph)
+            == variant_path(tmp_path, FP32_VARIANT, graph)
+            == tmp_path / GRAPH_FILES[graph]
+        )
     assert CodecSessions(tmp_path, "cpu", 1, resident=False, variant="fp16").paths == {
         graph: tmp_path / "fp16" / GRAPH_FILES[graph] for graph in ("encoder", "decoder")}
 
@@ -129,7 +133,11 @@ def test_runtime_loads_a_variant_by_name(pipeline: Pipeline, variants_export: Pa
     int8 = OmniVoiceOnnx.from_dir(variants_export, variant="int8")
     assert unmasked.metadata["variant"] == "fp32-unmasked" and int8.metadata["variant"] == "int8"
     assert int8.codecs.paths == fp32.codecs.paths  # the variant folder holds the transformer only
-    assert unmasked.metadata["model_fingerprint"] == int8.metadata["model_fingerprint"] == fp32.metadata["model_fingerprint"]
+    assert (
+        unmasked.metadata["model_fingerprint"]
+        == int8.metadata["model_fingerprint"]
+        == fp32.metadata["model_fingerprint"]
+    )
     reference = _tokens(fp32)
     assert np.array_equal(_tokens(unmasked), reference)
     assert np.array_equal(_tokens(default), reference)
@@ -140,8 +148,10 @@ def test_runtime_loads_a_variant_by_name(pipeline: Pipeline, variants_export: Pa
 def test_missing_or_mislabelled_variant_is_one_error(variants_export: Path, tmp_path: Path) -> None:
     with pytest.raises(UserError) as missing:
         OmniVoiceOnnx.from_dir(variants_export, variant="int4-b32")
-    assert str(missing.value) == (f"the export in {variants_export} has no transformer variant 'int4-b32' (present: "
-                                  "fp32, fp32-fused, fp32-unmasked, int8); run quantize_omnivoice.py --variants int4-b32")
+    assert str(missing.value) == (
+        f"the export in {variants_export} has no transformer variant 'int4-b32' (present: "
+        "fp32, fp32-fused, fp32-unmasked, int8); run quantize_omnivoice.py --variants int4-b32"
+    )
     # A folder holding another variant's graph under a new name: its metadata names the real one.
     onnx = tmp_path / "onnx"
     shutil.copytree(variants_export, onnx)
@@ -155,7 +165,9 @@ def test_missing_or_mislabelled_variant_is_one_error(variants_export: Path, tmp_
         OmniVoiceOnnx.from_dir(onnx, variant="int8-plain", verify=False)
     # The export's own graph where a variant should be: it names no variant.
     shutil.copyfile(onnx / GRAPH_FILES["transformer"], onnx / "int8" / GRAPH_FILES["transformer"])
-    shutil.copyfile(onnx / (GRAPH_FILES["transformer"] + ".data"), onnx / "int8" / (GRAPH_FILES["transformer"] + ".data"))
+    shutil.copyfile(
+        onnx / (GRAPH_FILES["transformer"] + ".data"), onnx / "int8" / (GRAPH_FILES["transformer"] + ".data")
+    )
     with pytest.raises(UserError, match="int8/omnivoice_transformer.onnx does not match the sha256"):
         OmniVoiceOnnx.from_dir(onnx, variant="int8")
     with pytest.raises(UserError, match="is variant 'fp32', not 'int8'"):

@@ -244,7 +244,7 @@ class DocSegment:
     def frame(self, ms: int) -> int:
         return int(ms * (self.rate / 1000.0))
 
-    def slice(self, a: int, b: int) -> "DocSegment":
+    def slice(self, a: int, b: int) -> DocSegment:
         a, b = self.frame(min(a, self.length_ms())), self.frame(min(b, self.length_ms()))
         real = self.samples[a:b]
         pad = (b - a) - len(real) if len(real) > 0 else 0

@@ -297,7 +297,15 @@ def test_conformance_cli_check_replays_the_committed_vectors(export_dir, tmp_pat
     folder.mkdir()
     for name in ("auto-en.json", "post-process-silences.json", conformance.SILENCES_WAV):
         shutil.copyfile(CONFORMANCE_DIR / name, folder / name)
-    command = [sys.executable, "-m", "omnivoice_onnx.conformance", "--onnx-dir", str(export_dir), "--check", str(folder)]
+    command = [
+        sys.executable,
+        "-m",
+        "omnivoice_onnx.conformance",
+        "--onnx-dir",
+        str(export_dir),
+        "--check",
+        str(folder),
+    ]
     run = lambda: subprocess.run(command, capture_output=True, text=True, timeout=600,  # noqa: E731
                                  cwd=Path(__file__).resolve().parent.parent)
     done = run()
@@ -392,9 +400,13 @@ def test_foreign_graphs_are_user_errors(export_dir, tmp_path):
     shutil.copytree(export_dir, swapped)
     for suffix in ("", ".data"):  # the decoder's files under the encoder's name
         shutil.copyfile(export_dir / (GRAPH_FILES["decoder"] + suffix), swapped / (GRAPH_FILES["encoder"] + suffix))
-    assert "higgs_encoder.onnx does not match the sha256" in one_line_user_error(lambda: OmniVoiceOnnx.from_dir(swapped))
+    assert "higgs_encoder.onnx does not match the sha256" in one_line_user_error(
+        lambda: OmniVoiceOnnx.from_dir(swapped)
+    )
     # Unverified (a bundle without a report), each graph's own metadata and the config still speak.
-    assert "not an OmniVoice encoder graph" in one_line_user_error(lambda: OmniVoiceOnnx.from_dir(swapped, verify=False))
+    assert "not an OmniVoice encoder graph" in one_line_user_error(
+        lambda: OmniVoiceOnnx.from_dir(swapped, verify=False)
+    )
 
     foreign = tmp_path / "foreign"
     shutil.copytree(export_dir, foreign)

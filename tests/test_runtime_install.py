@@ -15,11 +15,10 @@ from pathlib import Path
 
 import pytest
 import soundfile
+from conftest import REPO, import_blocker
 from packaging.requirements import Requirement
 
 import omnivoice_onnx
-
-from conftest import REPO, import_blocker
 
 FORBIDDEN = ("torch", "torchaudio", "transformers", "omnivoice", "omnivoice_export", "pydub", "onnx")
 # Every module of the package, subcommands included: `omnivoice-onnx --help` imports them all, so

@@ -14,8 +14,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from omnivoice.models.omnivoice import (OmniVoiceGenerationConfig, _filter_top_k, _get_time_steps,
-                                        _gumbel_sample)
+from omnivoice.models.omnivoice import OmniVoiceGenerationConfig, _filter_top_k, _get_time_steps, _gumbel_sample
 
 from omnivoice_onnx import schedule, scoring
 from omnivoice_onnx.rng import TorchCpuRng

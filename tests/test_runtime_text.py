@@ -17,7 +17,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from omnivoice.models import omnivoice as upstream
 from omnivoice.utils import text as upstream_text
 from omnivoice.utils import voice_design

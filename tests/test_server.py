@@ -15,9 +15,9 @@ import io
 import json
 import os
 import signal
-import sys
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -49,7 +49,7 @@ class Server:
     def __init__(self, launched: server.Launched) -> None:
         self.launched, self.proc, self.port, self.log = launched, launched.process, launched.port, launched.log
 
-    def client(self, key: str = KEY, **kwargs) -> "openai.OpenAI":
+    def client(self, key: str = KEY, **kwargs) -> openai.OpenAI:
         return openai.OpenAI(base_url=self.launched.base_url, api_key=key, max_retries=0, timeout=REQUEST_S, **kwargs)
 
     def request(self, method: str, path: str, body: bytes | dict | None = None, key: str | None = KEY,
@@ -221,7 +221,9 @@ def test_bad_requests(srv, voices, tmp_path):
         error = error_of(body)
         assert status == 400 and error["param"] == param and words in error["message"], (change, error)
         assert str(tmp_path.parent.parent) not in error["message"] and "Traceback" not in error["message"]
-    status, _, body = srv.request("POST", "/v1/audio/speech", b"{not json", headers={"Content-Type": "application/json"})
+    status, _, body = srv.request(
+        "POST", "/v1/audio/speech", b"{not json", headers={"Content-Type": "application/json"}
+    )
     assert status == 400 and error_of(body)["code"] == "invalid_json"
     status, _, body = srv.request("POST", "/v1/audio/speech", {**base, "model": "tts-1"})
     assert status == 404 and error_of(body)["code"] == "model_not_found"

@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import soundfile
-
 from conftest import REPO, Pipeline
+
 from omnivoice_onnx import OmniVoiceOnnx, Progress, __version__, cli
 from omnivoice_onnx.audio_out import to_pcm16
 from omnivoice_onnx.cli import speak
@@ -108,9 +108,15 @@ def test_progress_line_and_summary() -> None:
     assert quiet.getvalue() == ""
 
 
-@pytest.mark.parametrize("raised,code,fragment", [
-    (MemoryError(), 2, "out of memory"), (KeyboardInterrupt(), 130, "interrupted"), (UserError("bad", "fix"), 2, "bad; fix"),
-    (BrokenPipeError(), 141, None)])
+@pytest.mark.parametrize(
+    "raised,code,fragment",
+    [
+        (MemoryError(), 2, "out of memory"),
+        (KeyboardInterrupt(), 130, "interrupted"),
+        (UserError("bad", "fix"), 2, "bad; fix"),
+        (BrokenPipeError(), 141, None),
+    ],
+)
 def test_error_mapping(raised: BaseException, code: int, fragment: str | None, capsys) -> None:
     def main(argv) -> None:
         raise raised
@@ -169,9 +175,13 @@ def test_speak_to_a_device_a_symlink_and_a_closed_pipe(pipeline: Pipeline, tmp_p
     if os.geteuid() == 0:
         assert stat.S_ISCHR((tmp_path / "devnull").lstat().st_mode)
     # A reader that goes away after a few bytes: exit 141, nothing on stderr.
-    proc = subprocess.Popen([sys.executable, "-m", "omnivoice_onnx", "speak", LONG, "--raw", "--stream", *map(str, common)],
-                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "omnivoice_onnx", "speak", LONG, "--raw", "--stream", *map(str, common)],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     proc.stdout.read(100)
     proc.stdout.close()
     assert proc.wait(timeout=300) == 128 + signal.SIGPIPE

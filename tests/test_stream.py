@@ -9,8 +9,8 @@ import threading
 
 import numpy as np
 import pytest
-
 from conftest import Pipeline
+
 from omnivoice_export.runtime_assets import host_sections
 from omnivoice_onnx import Cancelled, OmniVoiceOnnx, Trace, audio
 
@@ -38,7 +38,9 @@ def assemble(chunks, ref_rms, postprocess, pad=0.1, fade=0.1) -> np.ndarray:
 
 
 def whole(chunks, ref_rms, postprocess, pad=0.1, fade=0.1) -> np.ndarray:
-    return audio.post_process(audio.cross_fade_chunks(chunks, RATE, RULES), ref_rms, RATE, RULES, postprocess, pad, fade)[0]
+    return audio.post_process(
+        audio.cross_fade_chunks(chunks, RATE, RULES), ref_rms, RATE, RULES, postprocess, pad, fade
+    )[0]
 
 
 @pytest.mark.parametrize("pad,fade", [(0.1, 0.1), (0.0, 0.0), (0.3, 2.5)])

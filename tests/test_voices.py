@@ -19,11 +19,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from conftest import REPO, Pipeline, import_blocker, single_stderr_line
+
 from omnivoice_onnx import UserError, VoiceClonePrompt
-from omnivoice_onnx.voices import (VOICES_ENV, Voice, check_name, list_voices, load_upstream_voice, load_voice,
-                                   save_voice, voices_dir)
+from omnivoice_onnx.voices import (
+    VOICES_ENV,
+    Voice,
+    check_name,
+    list_voices,
+    load_upstream_voice,
+    load_voice,
+    save_voice,
+    voices_dir,
+)
 
 FINGERPRINT = "sha256:0123456789abcdef"
 FEW_STEPS = {"num_step": 4}

@@ -17,7 +17,14 @@ import importlib
 from types import ModuleType
 
 from omnivoice_onnx import __version__
-from omnivoice_onnx.cliutil import EXIT_BAD_INPUT, EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, EXIT_TERMINATED, prepare, run_main
+from omnivoice_onnx.cliutil import (
+    EXIT_BAD_INPUT,
+    EXIT_BROKEN_PIPE,
+    EXIT_INTERRUPTED,
+    EXIT_TERMINATED,
+    prepare,
+    run_main,
+)
 
 PROG = "omnivoice-onnx"
 SUBCOMMANDS = ("speak", "voice", "info", "serve", "batch")

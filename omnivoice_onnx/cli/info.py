@@ -81,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"licence     {meta.get('license') or card_license(onnx_dir) or NO_LICENSE}"
           f"  (terms: {onnx_dir / MODEL_CARD_FILE})")
     print("graphs")
-    for graph, name in GRAPH_FILES.items():
+    for name in GRAPH_FILES.values():
         for path in (onnx_dir / name, onnx_dir / (name + ".data")):
             print(f"  {_files_line(path) if path.is_file() else path.name + '  MISSING'}")
     variants = variants_present(onnx_dir)

@@ -47,20 +47,31 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         help=f"requests that may wait for a worker; more get 429 (default: {server.DEFAULT_QUEUE})")
     parser.add_argument("--timeout", type=float_range(1.0, 86_400.0), default=server.DEFAULT_TIMEOUT_S,
                         help=f"seconds a request may take, queue wait included (default: {server.DEFAULT_TIMEOUT_S:g})")
-    parser.add_argument("--drain-timeout", "--drain_timeout", dest="drain_timeout", type=float_range(0.0, 86_400.0), default=server.DEFAULT_DRAIN_S,
-                        help=f"on SIGTERM, seconds in-flight requests may take to finish (default: "
-                             f"{server.DEFAULT_DRAIN_S:g})")
-    parser.add_argument("--default-format", "--default_format", dest="default_format", choices=tuple(server.FORMATS), default=None,
-                        help="response_format when a request names none (default: mp3 as OpenAI, where libsndfile "
-                             "writes it; else wav)")
+    parser.add_argument(
+        "--drain-timeout",
+        "--drain_timeout",
+        dest="drain_timeout",
+        type=float_range(0.0, 86_400.0),
+        default=server.DEFAULT_DRAIN_S,
+        help=f"on SIGTERM, seconds in-flight requests may take to finish (default: {server.DEFAULT_DRAIN_S:g})",
+    )
+    parser.add_argument(
+        "--default-format",
+        "--default_format",
+        dest="default_format",
+        choices=tuple(server.FORMATS),
+        default=None,
+        help="response_format when a request names none (default: mp3 as OpenAI, where libsndfile writes it; else wav)",
+    )
     return parser
 
 
 def run(args: argparse.Namespace) -> int:
     try:
-        from omnivoice_onnx import server
         import fastapi  # noqa: F401  (the extra's packages, named now rather than at the first request)
         import uvicorn  # noqa: F401
+
+        from omnivoice_onnx import server
     except ModuleNotFoundError as exc:
         raise UserError(f"omnivoice-onnx serve needs {exc.name}, which is not installed", INSTALL_FIX) from None
     if not args.model_dir.is_dir():

@@ -77,8 +77,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                      help="a saved voice: a name in the voices folder or a voice file's path (omnivoice-onnx voice)")
     gen.add_argument("--voices", type=Path, metavar="DIR",
                      help="the voices folder (default: $OMNIVOICE_VOICES, else <model-dir>/voices)")
-    gen.add_argument("--speed", type=SPEED, default=None, help=f"speaking rate factor (1.0 normal, {MIN_SPEED:g}-{MAX_SPEED:g})")
-    gen.add_argument("--duration", type=DURATION, default=None, help="length of the speech in seconds (overrides --speed)")
+    gen.add_argument(
+        "--speed", type=SPEED, default=None, help=f"speaking rate factor (1.0 normal, {MIN_SPEED:g}-{MAX_SPEED:g})"
+    )
+    gen.add_argument(
+        "--duration", type=DURATION, default=None, help="length of the speech in seconds (overrides --speed)"
+    )
     gen.add_argument("--num-step", "--num_step", dest="num_step", type=NUM_STEP, default=None,
                      help="unmasking steps (default: the export's, upstream's 32); fewer is faster and rougher")
     gen.add_argument("--guidance-scale", "--guidance_scale", dest="guidance_scale", type=GUIDANCE, default=None,
@@ -89,8 +93,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     run = parser.add_argument_group("model and runtime")
     run.add_argument("--model-dir", "--model_dir", dest="model_dir", type=Path, default=DEFAULT_MODEL_DIR,
                      help="the export folder (graphs, tokenizer.json, runtime-config.json); default: ./onnx")
-    run.add_argument("--variant", default=None,
-                     help="transformer variant (fp32, fp32-fused, int8, ...); default: fp32-fused when present, else fp32")
+    run.add_argument(
+        "--variant",
+        default=None,
+        help="transformer variant (fp32, fp32-fused, int8, ...); default: fp32-fused when present, else fp32",
+    )
     run.add_argument("--threads", type=THREADS, default=None,
                      help="onnxruntime intra-op threads (default: $OMNIVOICE_ORT_THREADS, else one per core)")
     run.add_argument("--provider", default="cpu", choices=PROVIDERS, help="onnxruntime provider")

@@ -24,8 +24,16 @@ from omnivoice_onnx.cli.speak import DEFAULT_MODEL_DIR
 from omnivoice_onnx.cliutil import prepare
 from omnivoice_onnx.contract import FRAME_RATE
 from omnivoice_onnx.errors import UserError
-from omnivoice_onnx.voices import (VOICES_ENV, Voice, list_voices, load_upstream_voice, read_voice, save_voice,
-                                   voice_path, voices_dir)
+from omnivoice_onnx.voices import (
+    VOICES_ENV,
+    Voice,
+    list_voices,
+    load_upstream_voice,
+    read_voice,
+    save_voice,
+    voice_path,
+    voices_dir,
+)
 
 FORCE_FIX = "pass --force to replace it, or choose another name"
 
