@@ -478,7 +478,7 @@ def generate_parts(e2e: list[dict]) -> dict[str, dict[str, float]]:
 
 def generate_parts_markdown(summary: dict[str, Any], num_step: int) -> list[str]:
     """Per variant: generate() as transformer calls + the rest, and the transformer time a 3x
-    generate() would need at that rest (the issue 28 bar, read against what is left to gain)."""
+    generate() would need at that rest (the speed bar, read against what is left to gain)."""
     generate = summary.get("generate")
     if not generate or not summary["variants"]:
         return []

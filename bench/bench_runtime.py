@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Benchmark the torch-free runtime (omnivoice_onnx) against upstream generate() with the ONNX graphs.
 
-Issue 13's bar: at full-random, the runtime's cold start and generate() time are no worse than
+The bar: at full-random, the runtime's cold start and generate() time are no worse than
 upstream's host code running the same graphs, and its peak memory is lower (no torch loaded).
 Both sides run the same ONNX export, the same voice-clone request (bench_omnivoice.py's text,
 step 0's reference, the same seed) and the same split transformer calls, so what differs is the
@@ -215,7 +215,7 @@ def main(argv: list[str] | None = None) -> None:
     if not (args.capture_dir / REF_WAV).is_file():
         raise UserError(f"{args.capture_dir / REF_WAV} not found", "run make_reference.py (step 0) first")
     fingerprint = check_export(args, [])
-    load_runtime_config(args.onnx_dir)  # the runtime's own files: an export from before issue 13 lacks them
+    load_runtime_config(args.onnx_dir)  # the runtime's own files: an older export lacks them
     TextTokenizer.from_dir(args.onnx_dir)
     request = clone_request(args.capture_dir, E2E_TEXT, args.num_step).to_dict()
     load_start = os.getloadavg()

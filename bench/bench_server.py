@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Load-test `omnivoice-onnx serve` with the official `openai` client on loopback (issue 29).
+"""Load-test `omnivoice-onnx serve` with the official `openai` client on loopback.
 
 What a deployment asks of the server, measured as its users' client sees it:
     levels     at 1, 2, 4, 8 concurrent clients (each sends its next request as soon as the last

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Benchmark streaming: time to the first audio byte against the whole run, `omnivoice-onnx speak --raw`.
 
-Issue 25's bar: `--raw --stream` emits its first bytes before the last chunk is generated. Each run
+The bar: `--raw --stream` emits its first bytes before the last chunk is generated. Each run
 is the command a user types, in a fresh process, with stdout a pipe this script reads:
 
     omnivoice-onnx speak TEXT --raw [--stream] --model-dir DIR --seed 1 --num-step N

@@ -10,7 +10,7 @@ profiled split only: the unmasked and fused graphs are valid only for all-True m
 calls). For a variant with int8 GEMMs, the ceiling they are measured against is a one-node
 DynamicQuantizeMatMul (what onnxruntime fuses int8's DynamicQuantizeLinear + MatMulInteger into)
 at the call's longest row and the widest projection (hidden -> 2 x intermediate, int8's merged
-gate/up), timed in the same process: the share of it the graph's int8 GEMMs reach is issue 28's
+gate/up), timed in the same process: the share of it the graph's int8 GEMMs reach is the
 "share of the int8 GEMM rate".
 
     python bench/profile_transformer.py --model full-random --onnx-dir bench/out/full/onnx \\

@@ -53,7 +53,7 @@ from omnivoice_onnx.errors import UserError
 
 DEFAULT_OPSET = 18
 # The opsets each exporter writes all three graphs at, runnable by onnxruntime (torch 2.13, ORT
-# 1.32; investigation log Run 16). dynamo builds at its torchlib opset 18 and converts upward;
+# 1.32; investigation log). dynamo builds at its torchlib opset 18 and converts upward;
 # converting the transformer downward fails, and torch then logs it and keeps 18, so a requested
 # 17 would be recorded over an opset-18 graph. At 23 it emits RotaryEmbedding nodes that ORT
 # refuses to run at any shape but the export's. legacy (TorchScript) needs 14 for

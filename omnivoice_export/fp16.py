@@ -41,8 +41,8 @@ from omnivoice_onnx.errors import UserError
 FIX = "build fp16 from the fp32 export made by export_omnivoice.py (step 2): quantize_omnivoice.py --variants fp16"
 
 TRANSFORMER_KEEP = ("rmsnorm", "rope", "softmax", "heads")
-# Codec graphs: op types kept float32 (chosen by what each computes, then measured as a whole, log
-# Run 26D: encoder code match 0.9966, decoder LSD 1.6e-3 on tiny): the normalisations and
+# Codec graphs: op types kept float32 (chosen by what each computes, then measured as a whole, see
+# the investigation log: encoder code match 0.9966, decoder LSD 1.6e-3 on tiny): the normalisations and
 # reductions, Snake's sin (x + sin(a x)^2 / a), the quantizer's distances and ArgMax, the
 # resampler's sinc arithmetic. Keeping every MatMul too did not remove the encoder's code flips.
 CODEC_KEEP_OPS = ("Pow", "ReduceMean", "ReduceSum", "Sqrt", "Div", "Reciprocal", "Sin", "Erf", "Softmax",

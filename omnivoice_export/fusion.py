@@ -34,15 +34,15 @@ s * s as its scale. Measured, the logits are the same bits as the unmasked graph
 captured call (head_dim 16: s = 0.5) and on the three benchmark calls at the real dims (head_dim
 128), so the fp32 verdicts hold exactly as for fp32-unmasked (tests/test_fusion.py, the bench).
 
-Not fused in fp32, measured (investigation log, Run 19): RMSNorm -> ORT's
+Not fused in fp32, measured (investigation log): RMSNorm -> ORT's
 SimplifiedLayerNormalization. Its kernel does not follow upstream's pow / mean / rsqrt / multiply
 order: logits moved by up to 1.2e-5 against the faithful graph at the real dims, a 1-ULP near-tie
 flipped its argmax on tiny (auto step 17: argmax 0.999399, so not the fp32 verdict), and no speed
-gain showed in fp32 (nor in Run 9). In int8, where that difference is far below the recipe's own
-error, it gains 1.02-1.03x per call (Run 28), so the int8 recipe uses it.
+gain showed in fp32. In int8, where that difference is far below the recipe's own
+error, it gains 1.02-1.03x per call, so the int8 recipe uses it.
 ORT 1.32's GroupQueryAttention (causal=0, 8 kv heads without the repeat) timed the same as
 MultiHeadAttention on one attention call at the real dims, within the noise. Not built, measured
-(Run 29): GroupQueryAttention with its own rotary (the RoPE chain and the K/V repeat gone; its Q/K
+(investigation log): GroupQueryAttention with its own rotary (the RoPE chain and the K/V repeat gone; its Q/K
 norm prologue is refused on CPU) or RoPE as RotaryEmbedding save ~1 ms per layer pair, ~2 % of an
 int8 step.
 """
@@ -201,8 +201,8 @@ def fuse_projections(model: onnx.ModelProto, exclude: tuple[str, ...] = ()) -> i
     merged MatMulInteger computes every output column with the same integers and the same two
     scales as the separate ones: the same bits, in one larger GEMM with one activation pass and
     one kernel launch instead of three (the same bits: tests/test_fusion.py on tiny; 1.05x per
-    call at the real dims, log Run 28). Not used for the fp32 recipes: an fp32 GEMM of another
-    width may block its sums differently, so fp32 bits would no longer be promised. MatMuls in
+    call at the real dims, investigation log). Not used for the fp32 recipes: an fp32 GEMM of
+    another width may block its sums differently, so fp32 bits would no longer be promised. MatMuls in
     `exclude` (the audio heads) stay as they are. Refuses (UserError) a graph with nothing to
     merge. Returns the number of merged groups.
     """
@@ -267,8 +267,8 @@ def fuse_rms_norm(model: onnx.ModelProto) -> int:
     """Replace each RMSNorm's seven nodes by onnxruntime's SimplifiedLayerNormalization; in place.
 
     For the int8 recipe only: the kernel computes mean(x^2) and the scaling in its own order, so
-    its float bits are not upstream's (fp32 logits moved by up to 1.2e-5 at the real dims, log
-    Run 19: the reason the fp32 recipes keep the exported nodes), a difference far below int8's
+    its float bits are not upstream's (fp32 logits moved by up to 1.2e-5 at the real dims,
+    investigation log: the reason the fp32 recipes keep the exported nodes), a difference far below int8's
     own error (per-call max |d| ~0.4). Every RMSNorm must match (one ReduceMean each): refuses
     (UserError) otherwise, never half fused. Returns the number fused.
     """

@@ -5,7 +5,7 @@ Why a module and not two pip lines: PyPI's Linux wheel of torch 2.13.0 is the CU
 with `--no-deps` (as the venv is), its NVIDIA libraries are missing and `import torch` fails with
 `libcudnn.so.9: cannot open shared object file`. The CPU build (`2.13.0+cpu`) lives on PyTorch's own
 wheel index, which pip must be given for torch alone: named for the whole requirements file, an
-unreachable index costs ~8 s of retries for every package (investigation log, Run 11). Both steps
+unreachable index costs ~8 s of retries for every package (investigation log). Both steps
 end in one line naming the fix, never in a venv that looks installed but cannot import torch.
 
 This module imports only the standard library at the top, so it runs before anything is installed::

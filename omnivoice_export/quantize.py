@@ -6,7 +6,7 @@ Codec graphs stay fp32 and loaders take them from onnx/, except where a recipe c
 (`codecs`: fp16 does): then the variant directory holds its own higgs_encoder/higgs_decoder graphs
 and loaders take those (omnivoice_onnx.contract.variant_path).
 
-Why the recipes are what they are (issue 16; the quality table measures each):
+Why the recipes are what they are (the quality table measures each):
 - the audio heads (the last MatMul, hidden -> 8 x 1025) produce the logits that unmasking ranks
   by confidence and takes the argmax of: their quantization error lands on every logit directly,
   with no later layer to dilute it. Every recipe but `int8-plain` keeps them fp32; `int8-plain`
@@ -37,11 +37,11 @@ Why the recipes are what they are (issue 16; the quality table measures each):
   mean and rsqrt; RoPE's angles; softmax; the audio heads to the logits), computed in float32
   from the island's first input to its last output. Its codec graphs are float16 too, with the
   ops CODEC_KEEP_OPS names float32. The GPU / mobile format: an x86 CPU without native float16
-  arithmetic runs it no faster than fp32 (0.97x at the real dims, Run 28; slower on tiny).
+  arithmetic runs it no faster than fp32 (0.97x at the real dims; slower on tiny).
 - `int8` is quantize_dynamic on fp32-fused's graph (same calls, same output guard as
-  fp32-unmasked), with two more rewrites before quantizing (omnivoice_export.fusion; issue 28,
-  log Run 28): the MatMuls that read one activation merged into one (q/k/v, gate/up: the same
-  int8 bits, one GEMM instead of three or two) and each RMSNorm as onnxruntime's
+  fp32-unmasked), with two more rewrites before quantizing (omnivoice_export.fusion;
+  investigation log): the MatMuls that read one activation merged into one (q/k/v, gate/up: the
+  same int8 bits, one GEMM instead of three or two) and each RMSNorm as onnxruntime's
   SimplifiedLayerNormalization (its own float order: not for the fp32 recipes). The attention
   cores stay MultiHeadAttention in fp32: at the real dims they are a quarter of int8's time, the
   bound on what int8 projections can gain. `int8-unfused` is the same quantization of the

@@ -79,7 +79,7 @@ def report_lock(onnx_dir: Path) -> Iterator[None]:
 
     Each stage merges its section by reading the report, changing it and writing it back: two runs
     at once (ten quantize_omnivoice.py processes into one onnx/, one recipe each) would each write
-    back what they read and lose the other's entry (log Run 26B). The lock is flock(2) on the
+    back what they read and lose the other's entry (investigation log). The lock is flock(2) on the
     folder itself, so there is no lock file to leave behind, and the kernel releases it when its
     holder dies (kill -9). flock works on local file systems; on a network mount where it does not,
     run the stages one at a time.

@@ -20,7 +20,7 @@
                     names, dtypes, axes (a port on onnxruntime-node cannot read metadata_props)
         source      the package versions the data came from
 
-One source for each value (issue 27): a table upstream holds as module data is read from the
+One source for each value: a table upstream holds as module data is read from the
 installed package (RuleDurationEstimator().weights, utils.text.ABBREVIATIONS, ...); a number
 upstream writes inline in a function body (remove_silence(mid_sil=200, ...), `peak > 1e-6`) is a
 named constant HERE, the toolchain side, with the line it comes from; the runtime has no copy and

@@ -131,7 +131,7 @@ CASES: dict[str, dict[str, Any]] = {
                               "language": [None, "zh", None], "generation_config": {"num_step": 16}, "seed": -7},
     # Greedy cells (position_temperature 0) over six 16 s items: at one step two cells' scores are
     # so close that a float32 log_softmax (sequential or numpy-pairwise sum) picks another cell,
-    # where the float64 recipe and upstream torch agree (found by search, log Run 26C).
+    # where the float64 recipe and upstream torch agree (found by search, the investigation log).
     "recipe-sensitive": {"text": ["Hello there, this is a test of the model.", "Sampling the classes as well.",
                                   "Good morning, my friends.", "One more sentence for the batch.",
                                   "And another one here.", "The last of six texts."], "duration": 16.0,

@@ -1,7 +1,7 @@
 """The bundle's files checked against export-report.json before the runtime uses them.
 
 A damaged graph sidecar loads and runs: zeroed weights of the default fp32-fused graph, or of an
-fp32 codec, gave audio with exit 0, and step 6 measured nothing wrong (issue 26). The export and
+fp32 codec, gave audio with exit 0, and step 6 measured nothing wrong. The export and
 step 5 record every file they write as {sha256, bytes} in the report; `verify_bundle` hashes each
 file OmniVoiceOnnx.from_dir is about to load (the transformer of the chosen variant, both codec
 graphs, each with its sidecar, tokenizer.json and runtime-config.json) once, at load, and names
@@ -9,7 +9,7 @@ the step that remakes a file that differs: the export's own files `re-run export
 a variant's `run quantize_omnivoice.py --variants NAME`.
 
 Cost: one read of every file loaded (at the real dims ~3 GB, a few seconds at disk speed; tiny:
-see the log, Run 26B); a server pays it once. A bundle without a report (assembled by hand, a
+see the investigation log); a server pays it once. A bundle without a report (assembled by hand, a
 port's test folder) is refused unless the check is skipped, with from_dir(..., verify=False) or
 OMNIVOICE_VERIFY=0 in the environment; the graphs' metadata and runtime-config.json's values are
 checked either way (api.py, prompt.load_runtime_config).

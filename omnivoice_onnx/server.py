@@ -26,7 +26,7 @@ What a request gets:
   `speech.audio.delta` events (base64 of the same bytes) then one `speech.audio.done`. FLAC and
   MP3 are offered whole only: libsndfile rewrites their headers when it closes the file (FLAC's
   sample count, LAME's Info frame), and the bytes streamed before that are not a stream that
-  decoders read back (measured: log Run 26E).
+  decoders read back (measured: investigation log).
 - Errors in OpenAI's shape {"error": {"message", "type", "param", "code"}}: 400 bad field, 401
   wrong key, 404 unknown route, 413 body too large, 429 queue full and 503 shutting down (both
   with Retry-After), 504 past the request timeout. No traceback or server path reaches a client:
@@ -36,7 +36,7 @@ Concurrency: a bounded queue in front of N worker threads, each with its own Omn
 sessions, threads = cores // N, so N x threads = cores). A client that disconnects has its queued
 work dropped and its running work cancelled between unmasking steps (the `cancel` Event of
 generate()/stream()); a request past --timeout is cancelled the same way. Requests are never
-batched together (measured: log Run 26E); memory is each worker's model plus one request each.
+batched together (measured: investigation log); memory is each worker's model plus one request each.
 
 SIGTERM (or Ctrl-C) stops accepting connections, lets the requests in flight finish (up to
 --drain-timeout), and exits 0: for a server, a drained stop is the successful end of its work.

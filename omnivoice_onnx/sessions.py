@@ -18,7 +18,7 @@ Threads: a session uses `threads` intra-op threads when given (the scripts' --th
 $OMNIVOICE_ORT_THREADS when set, else onnxruntime's default (one per physical core). Set the
 variable where several processes share the cores (one process per core on a server, a test suite
 on parallel workers): each session's pool would otherwise spin a thread per core, and on small
-graphs that spinning costs more CPU than the call itself (log Run 21).
+graphs that spinning costs more CPU than the call itself (investigation log).
 """
 
 from __future__ import annotations
@@ -208,9 +208,9 @@ class CodecSessions:
     generate() encodes the reference once, before its 2 x num_step transformer calls, and decodes
     once at the end; a resident encoder would keep its ~650 MB of weights (full-random) through
     every step. Opened per call, ORT maps the weights when the call starts and unmaps them when
-    the session goes, so the process holds one codec graph's weights only while it runs (Run 9:
+    the session goes, so the process holds one codec graph's weights only while it runs (measured:
     what keeps the ONNX path's peak RSS under PyTorch's). The price is a session load per call
-    (measured in Run 9); a server making many requests wants them resident.
+    (measured too); a server making many requests wants them resident.
     """
 
     def __init__(self, onnx_dir: Path, provider: str, threads: int | None, resident: bool,
@@ -282,7 +282,7 @@ def run_split(session, input_ids: np.ndarray, audio_mask: np.ndarray, attention_
     return logits
 
 
-# Arena per graph (investigation log, Run 9). The codec graphs' activations grow with the audio
+# Arena per graph (investigation log). The codec graphs' activations grow with the audio
 # length (the encoder's Conv im2col buffers take ~0.9 GB at 11 s) and each runs once per
 # generate(): without an arena that memory is returned after the call, for +13 % on an encoder
 # call and +2 % on a decoder call (under 1 % of a generate()). The transformer is called

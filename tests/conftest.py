@@ -15,7 +15,7 @@ import os
 
 # One intra-op thread per process, set before torch is imported and inherited by every script the
 # tests run: two xdist workers on two cores would otherwise run a pool of one spinning thread per
-# core each, and on the tiny graphs that spinning costs more than the work (log Run 21: step 6 on
+# core each, and on the tiny graphs that spinning costs more than the work (investigation log: step 6 on
 # tiny takes 51 CPU-s on two threads, 23 on one, and less wall time). Tests check results, never
 # speed, and an explicit --threads still wins.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -352,10 +352,10 @@ def assert_same_bits_on_captured_calls(capture_dir: Path, session, reference, ev
     assert calls == len(capture.MODES) * len(range(0, 32, every))
 
 
-# The files that need the session pipeline, longest first (log Run 27: `--durations=0` summed per
+# The files that need the session pipeline, longest first (investigation log: `--durations=0` summed per
 # file on two workers; the first also builds the pipeline, ~65 s).
-LONGEST_FILES = ("test_reliability.py", "test_runtime_generate.py", "test_quantize.py", "test_batch.py",
-                 "test_hardening.py", "test_reliability3.py", "test_parity.py", "test_runtime_cli.py",
+LONGEST_FILES = ("test_script_errors.py", "test_runtime_generate.py", "test_quantize.py", "test_batch.py",
+                 "test_pipeline_safeguards.py", "test_runtime_refusals.py", "test_parity.py", "test_runtime_cli.py",
                  "test_export.py", "test_fusion.py", "test_infer.py", "test_runtime_install.py", "test_server.py",
                  "test_stream.py", "test_voices.py", "test_speak.py", "test_model_card.py")
 

@@ -1,6 +1,6 @@
 """The one audio writer (omnivoice_onnx.audio_out): formats, the sample conversion, and where bytes go.
 
-Issue 26's sweep found `--out ./devnull` (a `mknod c 1 3` character device) replaced by a regular
+A hostile sweep found `--out ./devnull` (a `mknod c 1 3` character device) replaced by a regular
 file and a symlinked output losing its link; both are pinned here, with pipes, stdout and the
 atomic rules for regular files."""
 

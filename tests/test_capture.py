@@ -1,4 +1,4 @@
-"""Issue 3: the capture is complete, self-validating, reproducible and faithful to what it observed.
+"""The capture is complete, self-validating, reproducible and faithful to what it observed.
 
 Every parity number downstream is measured against these files, so they must hold exactly what an
 uninstrumented generate() computes, at every step, and the same run twice must give the same bytes.

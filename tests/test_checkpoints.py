@@ -1,4 +1,4 @@
-"""Issue 2: the tiny checkpoint is a real, loadable, non-degenerate OmniVoice, built deterministically.
+"""The tiny checkpoint is a real, loadable, non-degenerate OmniVoice, built deterministically.
 
 Parity measured on a degenerate model measures nothing (facts sheet: zero codebooks give one code
 everywhere, the default DAC decoder is ~constant, std-0.02 audio heads give argmax near-ties), so

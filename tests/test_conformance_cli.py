@@ -1,4 +1,4 @@
-"""The conformance CLI keeps the one-line promise before any work (issue 26): a bad --out or
+"""The conformance CLI keeps the one-line promise before any work: a bad --out or
 --threads is one line naming the fix, exit 2, and nothing is written. The writing itself (Ctrl-C,
 SIGTERM, a full disk leave --out as it was) and --check are tested with the session export in
 test_runtime_generate.py."""

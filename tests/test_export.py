@@ -1,4 +1,4 @@
-"""Issue 4: the exported graphs have the contract, files, metadata and report the design states,
+"""The exported graphs have the contract, files, metadata and report the design states,
 with both exporters; the bidirectionality probe can fail; an interrupted export keeps the old one.
 
 The dynamo export is the session pipeline's; the legacy one is exported once here, into its own
@@ -189,7 +189,7 @@ def _strings(value, where: str = ""):
 
 
 def test_report_paths_and_model_card(pipeline: Pipeline) -> None:
-    """The bundle describes itself (issue 25): the report names the checkpoint relative to the
+    """The bundle describes itself: the report names the checkpoint relative to the
     project and marks the one path outside it (the test's capture, in a temporary directory)
     local-only, no other absolute path; the export wrote README.md, a model card with the hub's
     YAML header whose licence is what the checkpoint declares (tiny: random weights, "other"), the

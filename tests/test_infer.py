@@ -1,4 +1,4 @@
-"""Issue 6: the ONNX graphs drop into the real generate() token-exact, a wrong graph is reported
+"""The ONNX graphs drop into the real generate() token-exact, a wrong graph is reported
 as a divergence at a named step, and synthesis needs only the graphs.
 """
 

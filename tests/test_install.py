@@ -1,5 +1,5 @@
 """`make venv`'s own steps: the torch install stops with one line naming the fix where pip finds
-no CPU build, and the finished venv verifies (issue 18)."""
+no CPU build, and the finished venv verifies."""
 
 from __future__ import annotations
 

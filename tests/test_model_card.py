@@ -1,4 +1,4 @@
-"""Issue 25: what an export inherits is read from the checkpoint, and the report names no build
+"""What an export inherits is read from the checkpoint, and the report names no build
 machine's paths. Fast: made-up checkpoint folders, no weights (the export's own card is checked
 on the session pipeline in test_export.py)."""
 

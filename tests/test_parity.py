@@ -1,4 +1,4 @@
-"""Issue 5: parity_check.py passes a correct export, fails wrong graphs naming them, and refuses
+"""parity_check.py passes a correct export, fails wrong graphs naming them, and refuses
 inputs it cannot compare with one line and exit code 2.
 
 A check that cannot fail proves nothing, so two wrong transformers are installed into copies with

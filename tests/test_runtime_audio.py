@@ -223,7 +223,7 @@ def test_resample_speech_there_and_back():
 
 # Upstream calls it at the model's rate only (24 kHz: the prompt after resampling, the output);
 # 22.05 kHz adds a rate whose samples per millisecond are not whole (pydub's ms arithmetic). 16 and
-# 44.1 kHz, which behave as those two, were compared too (equal) until log Run 21 cut them for time.
+# 44.1 kHz, which behave as those two, were compared too (equal) until they were cut for time.
 @pytest.mark.parametrize("sr", [24000, 22050])
 def test_remove_silence_equals_upstream(sr):
     params = [(200, 100, 200), (500, 100, 100), (0, 100, 100), (300, 0, 0), (10, 50, 500)]

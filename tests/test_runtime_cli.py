@@ -1,4 +1,4 @@
-"""Issue 13, the scripts' side: the runtime loads a transformer variant by name, infer_onnx.py --text
+"""The scripts' side of the runtime: it loads a transformer variant by name, infer_onnx.py --text
 synthesises through it with torch, transformers, omnivoice and pydub blocked from import, and
 bench/bench_runtime.py measures it against upstream on tiny.
 

@@ -1,6 +1,6 @@
-"""The runtime stands alone: it imports none of the toolchain's modules (issue 13), and it installs
+"""The runtime stands alone: it imports none of the toolchain's modules, and it installs
 as the distribution omnivoice-onnx (`pip install .` or its wheel) into a venv holding only the
-runtime's requirements, where the `omnivoice-onnx` command speaks from an export folder (issue 25)."""
+runtime's requirements, where the `omnivoice-onnx` command speaks from an export folder."""
 
 from __future__ import annotations
 
@@ -106,7 +106,7 @@ def check_installed(python: Path, export: Path, work: Path) -> None:
 
 @pytest.mark.slow
 def test_wheel_and_pip_install_dot_need_no_torch(pipeline, runtime_python: Path, tmp_path: Path) -> None:
-    """Issue 25's "done when": the wheel and `pip install .`, each into a venv with the runtime's
+    """The wheel and `pip install .`, each into a venv with the runtime's
     requirements alone, give `omnivoice-onnx --version` and a 16-bit PCM 24 kHz WAV from text on
     stdin, importing no torch, onnx, transformers, omnivoice, pydub or toolchain module."""
     python = runtime_python

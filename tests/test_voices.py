@@ -1,4 +1,4 @@
-"""Issue 25: saved voices (omnivoice_onnx.voices, `omnivoice-onnx voice`) and `omnivoice-onnx info`.
+"""Saved voices (omnivoice_onnx.voices, `omnivoice-onnx voice`) and `omnivoice-onnx info`.
 
 A saved voice speaks as its reference does (same seed, same audio); a voice of another model is
 refused; upstream's VoiceClonePrompt.save files load without torch, and a crafted pickle is

@@ -1,4 +1,4 @@
-"""Issue 14: the holes in the proof closed. A failed export is never used, batches and the mask are
+"""The holes in the proof closed. A failed export is never used, batches and the mask are
 checked on real inputs, wrong codec graphs and empty comparisons fail, CUDA runs in fp32 or says
 why not, the bench refuses what it cannot compare, `--model` takes a hub id, and a run's stderr
 holds only what concerns the user.
@@ -25,7 +25,7 @@ import pytest
 import torch
 from conftest import REPO, Pipeline, install_graph, read_report, run_script
 from onnx import TensorProto, helper, numpy_helper
-from test_reliability import Result, assert_one_line, edit_json, linked_copy, run_inprocess, snapshot
+from test_script_errors import Result, assert_one_line, edit_json, linked_copy, run_inprocess, snapshot
 
 import export_omnivoice
 import infer_onnx
@@ -470,7 +470,7 @@ def test_export_stderr_is_empty(request, exporter: str) -> None:
     """A full export of the three graphs, run as a user runs it, prints nothing on stderr: none of
     the exporters' harmless warnings and log lines (each silenced where it arises:
     exporting.quiet_exporter) and not pydub's "Couldn't find ffmpeg" (omnivoice imports pydub; WAV
-    needs no ffmpeg: cli.py). Our own notes and warnings would still show (test_reliability)."""
+    needs no ffmpeg: cli.py). Our own notes and warnings would still show (test_script_errors)."""
     stderr = request.getfixturevalue("pipeline" if exporter == "dynamo" else "legacy_export").export_stderr
     assert not [noise for noise in NOISE if noise in stderr], stderr[:3000]
     assert stderr == "", stderr[:3000]

@@ -1,4 +1,4 @@
-"""Issues 8 and 17: wrong paths, stale captures, damaged artefacts, bad inputs and faults end in one line.
+"""The pipeline scripts: wrong paths, stale captures, damaged artefacts, bad inputs and faults end in one line.
 
 Each case checks the exit code (2 bad input, 1 failed check, 130 Ctrl-C), that stderr holds
 exactly one error line naming the problem and the fix, that no traceback is printed, and, for
@@ -556,7 +556,7 @@ def test_help_documents_exit_codes(script, capsys) -> None:
     )
 
 
-# --- issue 17: the hostile sweep, one test per class -------------------------------------------
+# --- the hostile sweep, one test per class -------------------------------------------
 
 def _dead_pid() -> int:
     """The id of a process that has exited (and been reaped): what a SIGKILLed run leaves."""

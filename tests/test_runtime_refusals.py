@@ -1,5 +1,5 @@
-"""Issue 26 (reliability round 3): step 5 run concurrently and killed, requests over the limits,
-wrong types, non-finite values, a bundle whose own files are damaged or hand-edited.
+"""Refusals: step 5 run concurrently and killed, requests over the limits, wrong types, non-finite
+values, a bundle whose own files are damaged or hand-edited.
 
 Each case ends in one line naming the problem and the fix (a UserError in the API, exit 2 from a
 script) or works; nothing is left half-written. "Before any work" is asserted by making the work
@@ -22,7 +22,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 from conftest import REPO
-from test_reliability import assert_one_line, run_inprocess, snapshot
+from test_script_errors import assert_one_line, run_inprocess, snapshot
 
 import infer_onnx
 import quality_omnivoice
