@@ -272,13 +272,3 @@ def island_round_trips(model: onnx.ModelProto) -> list[str]:
             if node.op_type == "Cast" and cast_to(node) == TensorProto.FLOAT
             and (down := g.op(node.input[0], "Cast")) is not None and cast_to(down) == TensorProto.FLOAT16
             and types.get(down.input[0]) == TensorProto.FLOAT]
-
-
-def float16_weight_bytes(model: onnx.ModelProto) -> dict[str, int]:
-    """Bytes of initializers per element type name (the report: what the variant stores in float16)."""
-    sizes: dict[str, int] = {}
-    for init in model.graph.initializer:
-        kind = TensorProto.DataType.Name(init.data_type).lower()
-        size = int(np.prod(init.dims)) * helper.tensor_dtype_to_np_dtype(init.data_type).itemsize
-        sizes[kind] = sizes.get(kind, 0) + size
-    return sizes
