@@ -12,7 +12,7 @@ What a deployment asks of the server, measured as its users' client sees it:
     batching   in-process: generate() on a batch of 4 texts vs 4 single calls, the only way
                this runtime could batch queued requests (the server does not: see the result)
 
-The server is started by this script (omnivoice_onnx.server.launch) from --onnx-dir, one worker
+The server is started by this script (omnivoice_export.serving.launch) from --onnx-dir, one worker
 per --workers with threads = cores // workers. Results go to bench/results/<date>-<host>-<model>-server.json
 and .md with the CPU and the load average at start and end: on a shared machine the figures are
 the neighbours' too, and the .md says so.
@@ -228,16 +228,17 @@ def main(argv: list[str] | None = None) -> None:
     import openai
     from bench_omnivoice import cpu_description
 
-    from omnivoice_onnx import server
+    from omnivoice_export.serving import launch
+    from omnivoice_onnx import server, sessions
 
-    cores = server.cores()
+    cores = sessions.cores()
     threads = max(1, cores // args.workers)
     levels = LEVELS[:2] if args.quick else LEVELS
     memory_requests = 100 if args.quick else args.memory_requests
     load_start = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
         env = {key: value for key, value in os.environ.items() if key != server.API_KEY_ENV}
-        launched = server.launch(args.onnx_dir, Path(tmp) / "server.log", "--workers", str(args.workers),
+        launched = launch(args.onnx_dir, Path(tmp) / "server.log", "--workers", str(args.workers),
                                  "--queue", str(max(levels)), env=env)
         try:
             rows = []
@@ -254,7 +255,7 @@ def main(argv: list[str] | None = None) -> None:
         finally:
             code = launched.stop()
         queue = 2
-        small = server.launch(args.onnx_dir, Path(tmp) / "small.log", "--workers", "1", "--queue", str(queue), env=env)
+        small = launch(args.onnx_dir, Path(tmp) / "small.log", "--workers", "1", "--queue", str(queue), env=env)
         try:
             over = {**overload(small.base_url, 4 * (queue + 1), args.num_step), "queue": queue}
             print(f"overload: {over}", file=sys.stderr)

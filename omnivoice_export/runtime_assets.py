@@ -53,7 +53,7 @@ from typing import Any
 from omnivoice_export.cli import check_output, parse, run_main
 from omnivoice_export.files import atomic_path, file_entry
 from omnivoice_onnx.contract import contract_table
-from omnivoice_onnx.prompt import RUNTIME_CONFIG_FILE, RUNTIME_CONFIG_VERSION, TOKENIZER_FILE
+from omnivoice_onnx.core.prompt import RUNTIME_CONFIG_FILE, RUNTIME_CONFIG_VERSION, TOKENIZER_FILE
 
 # Numbers and strings upstream (omnivoice 0.2.1) writes inline in function bodies, so they cannot be
 # imported; each is written into runtime-config.json from here and nowhere else.

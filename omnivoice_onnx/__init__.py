@@ -12,33 +12,25 @@ never imports torch, transformers, omnivoice, pydub or the toolchain (omnivoice_
 
 The command line: `omnivoice-onnx speak "Hello." --out hello.wav` (omnivoice_onnx.cli).
 
-Modules, one host stage each:
-    api          OmniVoiceOnnx: load an export folder, generate, create_voice_clone_prompt
-    generate     generate() and its steps: preprocessing, the unmasking loop, chunking, decoding
-    scoring      one unmasking step: guided log-probs, Gumbel draws, penalty, top-k cells
-    schedule     the unmasking schedule (time steps, cells per step)
-    rng          torch's CPU generator (manual_seed + rand) in numpy, bit for bit
-    conformance  JSON traces of fixed cases, for ports to replay
-    errors       UserError, the one-line expected error
-    contract     the graphs' I/O contract table, thresholds and constants (shared with the toolchain)
-    sessions     onnxruntime sessions, providers, cond/uncond split execution
-    prompt       text tokenizer, language/instruct resolution, prompt ids, the 2B batch layout
-    duration     the rule-based duration estimate, speed and fixed durations
-    text         long-text chunking, reference-text punctuation
-    audio        reference loading and preparation, post-processing, chunk cross-fade
-    audio_out    the one audio writer: WAV (16-bit PCM), FLAC, raw s16le; files, pipes, stdout
-    cli          the `omnivoice-onnx` command and its subcommands
-    cliutil      argument types, exit codes, one-line errors (shared with the toolchain)
-    files        atomic file writing, sha256, JSON artefacts (shared with the toolchain)
-    graphmeta    a graph's metadata_props read from the .onnx protobuf (no onnx package, no session)
+Modules, by floor (a module imports only from floors below its own; tests/test_structure.py
+holds the package to no import circle, at most 8 floors, no module over 600 lines):
+    ground       errors (UserError, the machine's errors), limits (every request limit and
+                 range), files (atomic writes, sha256, output checks), contract (the graphs' I/O
+                 contract), graphmeta (metadata_props without onnx), version
+    core/        the host loop a porter reads: rng, schedule, scoring, text, duration, prompt,
+                 plan, audio, request (the one validation), generate (see core/__init__.py)
+    model        sessions (onnxruntime, providers, split execution), integrity (hashes against
+                 the report), bundle (the export folder), api (OmniVoiceOnnx), voices (saved
+                 voices), audio_out (the one audio writer), conformance (traces for ports)
+    front ends   cli/ (the `omnivoice-onnx` command; cliutil: argument types, exit codes,
+                 one-line errors, shared with the toolchain), server (OpenAI-style HTTP),
+                 batch (batch_list: the JSONL list; batch_ray: the Ray engine)
 """
 
-# The one version: pyproject.toml reads it from here (setuptools dynamic version).
-__version__ = "0.3.0"
-
 from omnivoice_onnx.api import OmniVoiceOnnx  # noqa: E402
+from omnivoice_onnx.core.generate import AudioChunk, Cancelled, GenerationConfig, Progress, Trace, VoiceClonePrompt  # noqa: E402
 from omnivoice_onnx.errors import UserError  # noqa: E402
-from omnivoice_onnx.generate import AudioChunk, Cancelled, GenerationConfig, Progress, Trace, VoiceClonePrompt  # noqa: E402
+from omnivoice_onnx.version import __version__  # noqa: E402
 
 __all__ = ["OmniVoiceOnnx", "UserError", "GenerationConfig", "Trace", "VoiceClonePrompt", "AudioChunk", "Progress",
            "Cancelled", "__version__"]

@@ -37,8 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from omnivoice_onnx import generate as gen
-from omnivoice_onnx import integrity, request
+from omnivoice_onnx import integrity
 from omnivoice_onnx.contract import (
     AUDIO_VOCAB_SIZE,
     FP32_VARIANT,
@@ -50,9 +49,12 @@ from omnivoice_onnx.contract import (
     variant_path,
     variants_present,
 )
+from omnivoice_onnx.core import generate as gen
+from omnivoice_onnx.core import request
+from omnivoice_onnx.core.prompt import RUNTIME_CONFIG_FILE, TextTokenizer, load_runtime_config
+from omnivoice_onnx.core.rng import TorchCpuRng, fresh_seed
 from omnivoice_onnx.errors import UserError
-from omnivoice_onnx.prompt import RUNTIME_CONFIG_FILE, TextTokenizer, load_runtime_config
-from omnivoice_onnx.rng import TorchCpuRng, check_seed, fresh_seed
+from omnivoice_onnx.limits import check_seed, check_threads, memory_errors_as_user_errors
 from omnivoice_onnx.sessions import TRANSFORMER_ARENA, CodecSessions, finite_output, make_session, run_split
 
 RERUN_EXPORT = integrity.RERUN_EXPORT
@@ -160,7 +162,7 @@ class OmniVoiceOnnx:
         if not isinstance(provider, str):
             raise UserError(f"provider must be a string, got {type(provider).__name__}", "pass \"cpu\", \"cuda-fp32\" "
                             "or \"cuda-tf32\"")
-        threads = request.check_threads(threads)
+        threads = check_threads(threads)
         if not isinstance(resident_codecs, bool):
             raise UserError(f"resident_codecs must be True or False, got {resident_codecs!r:.40}", "pass a bool")
         if variant is not None and not (isinstance(variant, str) and VARIANT_NAME.fullmatch(variant)):
@@ -234,7 +236,7 @@ class OmniVoiceOnnx:
     def from_dir(cls, onnx_dir: str | os.PathLike, provider: str = "cpu", threads: int | None = None,
                  resident_codecs: bool = False, variant: str | None = None, verify: bool = True) -> OmniVoiceOnnx:
         """Load an export folder. provider: "cpu", "cuda-fp32" or "cuda-tf32" (omnivoice_onnx.sessions);
-        threads: onnxruntime intra-op threads (None: its default; at most request.MAX_THREADS);
+        threads: onnxruntime intra-op threads (None: its default; at most limits.MAX_THREADS);
         resident_codecs: keep the encoder and decoder loaded between calls (a server) instead of
         opening them per call; variant: a transformer variant of quantize_omnivoice.py ("int8",
         "fp32-unmasked", ...; "fp32" the export's own; None: default_variant(), fp32-fused when
@@ -258,10 +260,10 @@ class OmniVoiceOnnx:
                  voice_clone_prompt: Any = None, instruct: Any = None, duration: Any = None, speed: Any = None,
                  generation_config: dict[str, Any] | None = None, seed: int | None = None) -> request.Request:
         """The request generate() would run, checked whole (types, values, the limits of
-        omnivoice_onnx.request) without model work: the reference is loaded and prepared, not
+        omnivoice_onnx.core.request) without model work: the reference is loaded and prepared, not
         encoded. A UserError names the first problem; a server answers 400 with it, a batch
         refuses the line before any generation."""
-        with request.memory_errors_as_user_errors():
+        with memory_errors_as_user_errors():
             return request.validate(self.model, text, self.generation_config(generation_config), language=language,
                                     ref_text=ref_text, ref_audio=ref_audio, voice_clone_prompt=voice_clone_prompt,
                                     instruct=instruct, duration_s=duration, speed=speed, seed=seed)
@@ -272,7 +274,7 @@ class OmniVoiceOnnx:
         ref_text its transcript (required: no speech recogniser here)."""
         if not isinstance(preprocess_prompt, bool):
             raise UserError(f"preprocess_prompt must be True or False, got {preprocess_prompt!r:.40}", "pass a bool")
-        with request.memory_errors_as_user_errors():
+        with memory_errors_as_user_errors():
             return gen.create_voice_clone_prompt(self.model, ref_audio, ref_text, preprocess_prompt)
 
     def generate(self, text: str | list[str], language: Any = None, ref_text: Any = None, ref_audio: Any = None,
@@ -296,7 +298,7 @@ class OmniVoiceOnnx:
         rng = TorchCpuRng(seed)
         if trace is not None:
             trace.seed = seed
-        with request.memory_errors_as_user_errors():
+        with memory_errors_as_user_errors():
             audios = gen.generate(self.model, text, config, rng, language=language, ref_text=ref_text,
                                   ref_audio=ref_audio, voice_clone_prompt=voice_clone_prompt, instruct=instruct,
                                   duration_s=duration, speed=speed, trace=trace,
@@ -323,7 +325,7 @@ class OmniVoiceOnnx:
         check_trace(trace)
         if trace is not None:
             trace.seed = seed
-        with request.memory_errors_as_user_errors():
+        with memory_errors_as_user_errors():
             yield from gen.stream(self.model, text, config, TorchCpuRng(seed), language=language, ref_text=ref_text,
                                   ref_audio=ref_audio, voice_clone_prompt=voice_clone_prompt, instruct=instruct,
                                   duration_s=duration, speed=speed, trace=trace,

@@ -44,14 +44,14 @@ import os
 import stat
 import struct
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import numpy as np
 
-from omnivoice_onnx.cliutil import check_output
 from omnivoice_onnx.errors import UserError
-from omnivoice_onnx.files import _errors_name, remove_stale_temporaries, temp_path_for
+from omnivoice_onnx.files import _errors_name, check_output, remove_stale_temporaries, temp_path_for
 
 FORMATS = ("wav", "flac", "pcm")
 EXTENSIONS = {".wav": "wav", ".flac": "flac", ".pcm": "pcm", ".raw": "pcm"}
@@ -278,3 +278,126 @@ def open_output(dest: str | os.PathLike | None, fmt: str | None, sample_rate: in
     with _errors_name(temp):
         handle = open(temp, "wb")  # noqa: SIM115 (closed by the sink)
     return AudioSink(handle, fmt, sample_rate, stream, str(dest), temp=temp, target=target)
+
+
+# --- the server's response formats (OpenAI's response_format) ------------------------------------
+# wav, pcm and flac are this module's writers; mp3 and opus are libsndfile's, where it has them.
+# Whole clips: encode_clip. Streams (stream_format "audio"/"sse"): StreamEncoder, for the formats
+# whose chunks concatenate to a stream decoders read back. FLAC and MP3 do not: libsndfile rewrites
+# their headers when it closes the file (FLAC's sample count, LAME's Info frame).
+
+@dataclass(frozen=True)
+class AudioFormat:
+    """One response_format: how it is written and whether it can be sent as a stream."""
+
+    media_type: str
+    sf_format: str | None  # libsndfile container (None: raw s16le)
+    sf_subtype: str | None
+    streams: bool  # chunks concatenate to a stream decoders read (see RESPONSE_FORMATS)
+
+
+RESPONSE_FORMATS = {
+    "wav": AudioFormat("audio/wav", "WAV", "PCM_16", True),
+    "pcm": AudioFormat("audio/pcm", None, None, True),  # s16le, mono, at the model's rate (24 kHz)
+    "flac": AudioFormat("audio/flac", "FLAC", "PCM_16", False),
+    "mp3": AudioFormat("audio/mpeg", "MP3", "MPEG_LAYER_III", False),
+    "opus": AudioFormat("audio/ogg", "OGG", "OPUS", True),  # Ogg Opus, as OpenAI's opus
+}
+# OpenAI also offers aac; libsndfile has no AAC encoder, so it is refused like a format this
+# machine's libsndfile lacks.
+
+
+def available_response_formats() -> dict[str, AudioFormat]:
+    """The RESPONSE_FORMATS the installed libsndfile writes (MP3 needs libsndfile >= 1.1 built with LAME,
+    Opus one built with libopus); the others are refused with a 400 that lists these."""
+    import soundfile
+
+    return {name: fmt for name, fmt in RESPONSE_FORMATS.items()
+            if fmt.sf_format is None or fmt.sf_subtype in soundfile.available_subtypes(fmt.sf_format)}
+
+
+def encode_clip(samples: np.ndarray, fmt: str, sample_rate: int) -> bytes:
+    """A whole clip as the bytes of a `fmt` file (a RESPONSE_FORMATS name): wav/flac/pcm by
+    encode_audio, mp3/opus from the same 16-bit samples by libsndfile."""
+    if fmt in FORMATS:
+        return encode_audio(samples, sample_rate, fmt)
+    import soundfile
+
+    spec = RESPONSE_FORMATS[fmt]
+    buffer = io.BytesIO()  # int16 in: libsndfile's own float conversion scales by 32768, audio_out's by 32767
+    soundfile.write(buffer, to_pcm16(samples), sample_rate, format=spec.sf_format, subtype=spec.sf_subtype)
+    return buffer.getvalue()
+
+
+class _AppendOnly(io.RawIOBase):
+    """A write target for libsndfile that keeps only what was not yet taken: a container written
+    front to back (Ogg) streams through it; one that seeks back to rewrite a header fails loudly
+    instead of sending bytes that disagree with those already sent."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pending = bytearray()
+        self.position = 0
+
+    def writable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def readable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        self.pending += bytes(data)
+        self.position += len(data)
+        return len(data)
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        target = {0: offset, 1: self.position + offset, 2: self.position + offset}[whence]
+        if target != self.position:
+            raise OSError(f"the encoder seeks back to byte {target} of a stream at {self.position}")
+        return self.position
+
+    def tell(self) -> int:
+        return self.position
+
+    def read(self, size: int = -1) -> bytes:
+        return b""
+
+    def take(self) -> bytes:
+        data, self.pending = bytes(self.pending), bytearray()
+        return data
+
+
+class StreamEncoder:
+    """Audio chunks -> the bytes of one continuous `fmt` stream, as they become available."""
+
+    def __init__(self, fmt: str, sample_rate: int) -> None:
+        self.spec, self.sample_rate = RESPONSE_FORMATS[fmt], sample_rate
+        if not self.spec.streams:
+            raise ValueError(f"{fmt} does not stream")
+        self._sink: _AppendOnly | None = None
+        self._file = None
+        if self.spec.sf_format not in (None, "WAV"):
+            import soundfile
+
+            self._sink = _AppendOnly()
+            self._file = soundfile.SoundFile(self._sink, "w", samplerate=sample_rate, channels=1,
+                                             format=self.spec.sf_format, subtype=self.spec.sf_subtype)
+
+    def start(self) -> bytes:
+        """What goes out before the first chunk."""
+        return wav_header(self.sample_rate, None) if self.spec.sf_format == "WAV" else b""
+
+    def write(self, samples: np.ndarray) -> bytes:
+        if self._file is None:
+            return to_pcm16(samples).tobytes()
+        self._file.write(to_pcm16(samples))
+        return self._sink.take()
+
+    def finish(self) -> bytes:
+        if self._file is None:
+            return b""
+        self._file.close()
+        return self._sink.take()

@@ -3,12 +3,10 @@
     omnivoice-onnx batch --test-list lines.jsonl --res-dir out/ [--model-dir onnx] [--workers N]
     omnivoice-onnx batch ... --ray [ADDRESS]          # the same job on Ray Data (omnivoice_onnx.batch_ray)
 
-The list is upstream's `omnivoice-infer-batch --test_list` format, unchanged (omnivoice 0.2.1,
-omnivoice/utils/data_utils.py:read_test_list): one JSON object per line, `id` and `text`
-required; `ref_audio` + `ref_text` (voice cloning), `instruct` (voice design), `language_id`,
-`duration` (seconds), `speed`; `language_name` is accepted and unused, as upstream's model does.
-Two fields are this runtime's own: `seed` (an int) and `voice` (a saved voice, omnivoice_onnx.voices).
-A relative `ref_audio` is resolved against the list's folder (upstream: against the working directory).
+The list is upstream's `omnivoice-infer-batch --test_list` format, unchanged (its fields and
+their reading: omnivoice_onnx.batch_list). This module is the driver: it checks and plans, hands
+tasks to an engine (omnivoice_onnx.batch_worker in process or in a process pool,
+omnivoice_onnx.batch_ray on Ray) and writes every file.
 
 Every line is checked before any synthesis (its JSON, id, field types, reference file, language,
 limits: OmniVoiceOnnx.validate); bad lines are reported together with their line numbers and the
@@ -32,7 +30,6 @@ import concurrent.futures
 import dataclasses
 import hashlib
 import json
-import math
 import multiprocessing
 import os
 import signal
@@ -44,253 +41,26 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import soundfile as sf
+import numpy as np
 
-from omnivoice_onnx import duration as dur
 from omnivoice_onnx.api import OmniVoiceOnnx
 from omnivoice_onnx.audio_out import encode_audio
-from omnivoice_onnx.cliutil import check_output
+from omnivoice_onnx.batch_list import (
+    OWN_FIELDS,
+    RESULTS_FILE,
+    UPSTREAM_FIELDS,
+    BadLine,
+    FileDigests,
+    Line,
+    TestList,
+    estimated_seconds,
+    read_test_list,
+    request_hash,
+)
 from omnivoice_onnx.errors import UserError
-from omnivoice_onnx.files import atomic_path, remove_stale_temporaries, sha256_file
-from omnivoice_onnx.rng import check_seed
-from omnivoice_onnx.voices import is_voice_path, load_voice, voices_dir
-
-RESULTS_FILE = "results.jsonl"
-# upstream read_test_list's fields; language_name is read there but only its eval scripts use it.
-UPSTREAM_FIELDS = ("id", "text", "ref_audio", "ref_text", "instruct", "language_id", "language_name",
-                   "duration", "speed")
-OWN_FIELDS = ("seed", "voice")
-# An id becomes the file name <id>.wav, written as .<id>.wav.tmp-<pid> first: 200 bytes leave room
-# for both within the usual 255-byte name limit.
-MAX_ID_BYTES = 200
-# What the request hash covers besides the line: bump when the WAV encoding of the same samples
-# changes, so a resume redoes files written the old way.
-OUTPUT_FORMAT = "wav-pcm16-v1"
-# The fields of a results.jsonl record, each with its meaning (tests hold records to exactly these; a
-# failed line has error set and wav/wav_sha256 null; a skipped bad line has only id, line, error).
-RESULT_FIELDS = {
-    "id": "the line's id",
-    "line": "its line number in the list",
-    "wav": "the file name in res_dir",
-    "wav_sha256": "sha256 of the WAV file's bytes",
-    "audio_seconds": "seconds of audio",
-    "synth_seconds": "wall seconds of its generate() call in its worker",
-    "cpu_seconds": "CPU seconds of its worker process during that call (all its threads): unlike "
-                   "synth_seconds, not inflated by other work sharing the cores",
-    "rtf": "synth_seconds / audio_seconds",
-    "seed": "the seed used",
-    "seed_from": "'line' (given) or 'id' (seed_for_id)",
-    "model_fingerprint": "the export's checkpoint fingerprint",
-    "variant": "the transformer variant",
-    "request_hash": "request_hash() of the line",
-    "worker": "host:pid that synthesised it",
-    "error": "null, or why the line has no WAV",
-}
-
-
-def seed_for_id(line_id: str) -> int:
-    """The seed of a line without one: the first 8 bytes of sha256(id as UTF-8), big-endian,
-    shifted right by one bit (a non-negative int63, so it is also a valid int64 everywhere).
-    A stable function of the id alone: the same id gets the same seed on every machine and run."""
-    return int.from_bytes(hashlib.sha256(line_id.encode("utf-8")).digest()[:8], "big") >> 1
-
-
-@dataclass(frozen=True)
-class Line:
-    """One checked line of the test list."""
-
-    number: int  # 1-based line number in the file (blank lines counted), for messages
-    id: str  # a safe file name (check_id)
-    text: str
-    ref_audio: str | None  # absolute path (a relative one resolved against the list's folder)
-    ref_text: str | None
-    instruct: str | None
-    language: str | None  # language_id, else the default language given to read_test_list
-    duration: float | None  # seconds
-    speed: float | None
-    seed: int  # the line's seed, else seed_for_id(id)
-    seed_from: str  # "line" or "id"
-    voice: str | None  # a saved voice's name, or its file (absolute, as ref_audio)
-
-    def as_task(self, generation_config: dict[str, Any], voices: str) -> str:
-        """What a worker needs, as JSON text: travels through a process pipe or a Ray block
-        unchanged (an Arrow column would not hold a seed above 2**63)."""
-        return json.dumps({**dataclasses.asdict(self), "generation_config": generation_config, "voices": voices})
-
-
-@dataclass(frozen=True)
-class BadLine:
-    """A line that cannot run, and why."""
-
-    number: int
-    id: str | None  # None when the line has no usable id
-    problem: str
-
-    def __str__(self) -> str:
-        return f"line {self.number}{f' ({self.id})' if self.id else ''}: {self.problem}"
-
-
-def check_id(value: Any) -> str:
-    """The id as a file name, or ValueError: a string that names a file in res_dir and nothing
-    else (no folder, no hidden file that could clash with the temporaries, no control characters)."""
-    if not isinstance(value, str) or not value:
-        raise ValueError(f"id must be a non-empty string, got {value!r}")
-    if "/" in value or "\\" in value or value in (".", "..") or value.startswith("."):
-        raise ValueError(f"id {value!r} is not a plain file name (no '/' or backslash, no leading '.')")
-    if any(ord(c) < 32 or ord(c) == 127 for c in value):
-        raise ValueError(f"id {value!r} contains a control character")
-    if len(value.encode("utf-8")) > MAX_ID_BYTES:
-        raise ValueError(f"id is longer than {MAX_ID_BYTES} bytes")
-    return value
-
-
-def _optional(obj: dict[str, Any], key: str, kinds: tuple[type, ...], what: str) -> Any:
-    value = obj.get(key)
-    if value is not None and (isinstance(value, bool) or not isinstance(value, kinds)):
-        raise ValueError(f"{key} must be {what}, got {value!r}")
-    return value
-
-
-def _positive(obj: dict[str, Any], key: str) -> float | None:
-    value = _optional(obj, key, (int, float), "a number")
-    if value is not None and not (math.isfinite(value) and value > 0):
-        raise ValueError(f"{key} must be a finite number > 0, got {value!r}")
-    return None if value is None else float(value)
-
-
-def parse_line(obj: Any, number: int, base: Path, default_language: str | None) -> Line:
-    """One JSON value of the list as a Line; ValueError naming the problem (types and pairings;
-    what needs the model, OmniVoiceOnnx.validate checks)."""
-    if not isinstance(obj, dict):
-        raise ValueError(f"a line must be a JSON object, got {type(obj).__name__}")
-    line_id = check_id(obj.get("id"))
-    text = obj.get("text")
-    if not isinstance(text, str) or not text.strip():
-        raise ValueError("text must be a non-empty string")
-    ref_audio = _optional(obj, "ref_audio", (str,), "a path string")
-    ref_text = _optional(obj, "ref_text", (str,), "a string")
-    instruct = _optional(obj, "instruct", (str,), "a string")
-    language = _optional(obj, "language_id", (str,), "a language id string") or default_language
-    voice = _optional(obj, "voice", (str,), "a voice name or file")
-    if voice is not None and is_voice_path(voice):
-        voice = str((base / voice).absolute())  # a voice file, like ref_audio, is relative to the list
-    seed = obj.get("seed")
-    if seed is not None:
-        try:
-            seed = check_seed(seed)  # generate()'s own check: a bad line is refused before any work
-        except UserError as exc:
-            raise ValueError(str(exc)) from None
-    if ref_audio is not None and ref_text is None:
-        raise ValueError("ref_audio needs ref_text (this runtime has no speech recogniser)")
-    if ref_text is not None and ref_audio is None:
-        raise ValueError("ref_text was given without ref_audio")
-    if voice is not None and (ref_audio is not None or instruct is not None):
-        raise ValueError("voice cannot be combined with ref_audio or instruct (a voice is one of them)")
-    return Line(number=number, id=line_id, text=text,
-                ref_audio=None if ref_audio is None else str((base / ref_audio).absolute()),
-                ref_text=ref_text, instruct=instruct, language=language,
-                duration=_positive(obj, "duration"), speed=_positive(obj, "speed"),
-                seed=seed_for_id(line_id) if seed is None else seed, seed_from="id" if seed is None else "line",
-                voice=voice)
-
-
-@dataclass
-class TestList:
-    """A parsed test list: its good lines, its bad ones, and fields no reader here uses."""
-
-    path: Path
-    lines: list[Line]
-    bad: list[BadLine]
-    unknown_fields: list[str]
-
-
-def read_test_list(path: Path, default_language: str | None = None) -> TestList:
-    """Parse `path` (UserError if it cannot be read). Blank lines are skipped as upstream skips them;
-    a line upstream would skip with a warning (bad JSON) is a bad line here, as are a missing or
-    unsafe id, a missing text, a wrong type and every line of a repeated id (upstream would write
-    them all to one file, the last one winning)."""
-    path = Path(path)
-    try:
-        raw = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise UserError(f"test list {path} does not exist", "pass a JSONL file: one JSON object per line") from None
-    except UnicodeDecodeError as exc:
-        raise UserError(f"test list {path} is not UTF-8 text ({exc.reason} at byte {exc.start})",
-                        "save it as UTF-8") from None
-    except IsADirectoryError:
-        raise UserError(f"test list {path} is a directory", "pass a JSONL file") from None
-    lines, bad, unknown = [], [], set()
-    for number, text in enumerate(raw.splitlines(), 1):
-        if not text.strip():
-            continue
-        try:
-            obj = json.loads(text)
-        except json.JSONDecodeError as exc:
-            bad.append(BadLine(number, None, f"not JSON ({exc.msg} at column {exc.colno})"))
-            continue
-        try:
-            lines.append(parse_line(obj, number, path.parent, default_language))
-        except ValueError as exc:
-            line_id = obj.get("id") if isinstance(obj, dict) and isinstance(obj.get("id"), str) else None
-            bad.append(BadLine(number, line_id, str(exc)))
-            continue
-        unknown.update(set(obj) - set(UPSTREAM_FIELDS) - set(OWN_FIELDS))
-    numbers: dict[str, list[int]] = {}
-    for line in lines:
-        numbers.setdefault(line.id, []).append(line.number)
-    repeated = {i: n for i, n in numbers.items() if len(n) > 1}
-    for line in (line for line in lines if line.id in repeated):
-        bad.append(BadLine(line.number, line.id,
-                           f"duplicate id (lines {', '.join(map(str, repeated[line.id]))}): ids name the output files"))
-    lines = [line for line in lines if line.id not in repeated]
-    bad.sort(key=lambda b: b.number)
-    return TestList(path, lines, bad, sorted(unknown))
-
-
-class FileDigests:
-    """sha256 of the files lines refer to (references, voices), each read once per run."""
-
-    def __init__(self) -> None:
-        self._cache: dict[tuple[str, int, int], str] = {}
-
-    def __call__(self, path: str | os.PathLike) -> str:
-        stat = os.stat(path)
-        key = (os.fspath(path), stat.st_mtime_ns, stat.st_size)
-        if key not in self._cache:
-            self._cache[key] = "sha256:" + sha256_file(Path(path))
-        return self._cache[key]
-
-
-def request_hash(line: Line, generation_config: dict[str, Any], digests: FileDigests,
-                 voice_file: str | os.PathLike | None) -> str:
-    """sha256 over everything that decides a line's WAV bytes, besides the model (recorded apart):
-    the text and options, the seed, the whole generation config, the reference's and the voice's
-    file contents (not their paths: moving a list with its files redoes nothing), OUTPUT_FORMAT."""
-    request = {"id": line.id, "text": line.text, "language": line.language, "instruct": line.instruct,
-               "duration": line.duration, "speed": line.speed, "seed": line.seed, "ref_text": line.ref_text,
-               "ref_audio": None if line.ref_audio is None else digests(line.ref_audio),
-               "voice": None if voice_file is None else digests(voice_file),
-               "generation_config": generation_config, "format": OUTPUT_FORMAT}
-    text = json.dumps(request, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
-    return "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
-def estimated_seconds(line: Line, frame_rate: int, duration_rules: dict[str, Any],
-                      voice_frames: int | None = None) -> float:
-    """Work estimate for ordering (upstream sorts by reference + generated seconds): the line's
-    duration, or the runtime's rule-based estimate (omnivoice_onnx.duration), plus its reference."""
-    ref_frames = voice_frames
-    if line.ref_audio is not None:
-        info = sf.info(line.ref_audio)
-        ref_frames = int(info.frames / info.samplerate * frame_rate)
-    ref_text = line.ref_text if line.ref_audio is not None else None
-    if line.duration is not None:
-        target = line.duration * frame_rate
-    else:
-        target = dur.estimate_target_tokens(line.text, ref_text, ref_frames if ref_text else None, duration_rules,
-                                            line.speed or 1.0)
-    return (target + (ref_frames or 0)) / frame_rate
-
+from omnivoice_onnx.files import atomic_path, check_output, remove_stale_temporaries, sha256_file
+from omnivoice_onnx.sessions import worker_threads
+from omnivoice_onnx.voices import load_voice, voices_dir
 
 # --- the worker side: one loaded model, used by the in-process loop, a pool process or a Ray actor ---
 
@@ -355,6 +125,73 @@ class Synthesizer:
         return outcome
 
 
+class SynthActor:
+    """A Ray Data actor: one loaded model, a block of tasks in, their outcomes out (WAV bytes in
+    a binary column, the rest as JSON text so that no field is squeezed into an Arrow type)."""
+
+    def __init__(self, model_dir: str, variant: str, threads: int) -> None:
+        self.synth = Synthesizer.load(model_dir, variant, threads)
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        outcomes = [self.synth.run(task) for task in batch["task"]]
+        return {"wav": np.array([o.pop("wav") or b"" for o in outcomes], dtype=object),
+                "outcome": np.array([json.dumps(o) for o in outcomes], dtype=object)}
+
+
+# --- local engines ---------------------------------------------------------------------------------
+
+_WORKER: Synthesizer | None = None
+_WORKER_ARGS: tuple[str, str, int] | None = None
+
+
+def _pool_init(model_dir: str, variant: str, threads: int) -> None:
+    """A pool process: Ctrl-C goes to the driver alone (it stops the pool). The model is loaded by
+    the first task, so that a load failure reaches the driver as itself (an initializer's error
+    would only break the pool)."""
+    global _WORKER_ARGS
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _WORKER_ARGS = (model_dir, variant, threads)
+
+
+def _pool_run(task_json: str) -> dict[str, Any]:
+    global _WORKER
+    if _WORKER is None:
+        _WORKER = Synthesizer.load(*_WORKER_ARGS)
+    return _WORKER.run(task_json)
+
+
+def run_in_process(synth: Synthesizer, tasks: list[str]) -> Iterator[dict[str, Any]]:
+    """The tasks one after another in this process."""
+    for task in tasks:
+        yield synth.run(task)
+
+
+def run_pool(model_dir: Path, workers: int, variant: str, tasks: list[str],
+             threads: int) -> Iterator[dict[str, Any]]:
+    """The tasks on `workers` spawned processes, each holding one model; outcomes as they
+    finish. Stopping early (Ctrl-C, SIGTERM, an error here) terminates the processes: they write
+    nothing, so a line in progress is simply redone by the next run."""
+    context = multiprocessing.get_context("spawn")  # no fork of a process holding onnxruntime threads
+    pool = concurrent.futures.ProcessPoolExecutor(workers, mp_context=context, initializer=_pool_init,
+                                                  initargs=(os.fspath(model_dir), variant, threads))
+    try:
+        futures = [pool.submit(_pool_run, task) for task in tasks]
+        for future in concurrent.futures.as_completed(futures):
+            try:
+                yield future.result()
+            except concurrent.futures.process.BrokenProcessPool:
+                raise UserError("a worker process died (killed, or out of memory); the lines finished so far are "
+                                "saved", "re-run the same command to continue, with fewer --workers if memory "
+                                "is short") from None
+    finally:
+        # Python < 3.14 has no public terminate_workers(): without this, interpreter exit would
+        # wait for every worker to finish its current line (minutes at full size).
+        processes = list((pool._processes or {}).values())
+        pool.shutdown(wait=False, cancel_futures=True)
+        for process in processes:
+            process.terminate()
+
+
 # --- the driver side -------------------------------------------------------------------------------
 
 @dataclass
@@ -373,14 +210,6 @@ class Options:
     skip_bad: bool = False  # run the good lines, record the bad ones (else refuse to start)
     ray: str | None = None  # None: local; "local": a local Ray; else a Ray cluster address
     progress: bool = True  # a tqdm bar when stderr is a terminal
-
-
-def worker_threads(workers: int, threads: int | None) -> int:
-    """onnxruntime threads per worker: the given count, else the cores this process may use split
-    evenly over the workers (at least one each)."""
-    if threads is not None:
-        return threads
-    return max(1, len(os.sched_getaffinity(0)) // workers)
 
 
 @dataclass
@@ -534,59 +363,6 @@ def write_outcome(outcome: dict[str, Any], line: Line, request: str, res_dir: Pa
     return record
 
 
-# --- local engines ---------------------------------------------------------------------------------
-
-_WORKER: Synthesizer | None = None
-_WORKER_ARGS: tuple[str, str, int] | None = None
-
-
-def _pool_init(model_dir: str, variant: str, threads: int) -> None:
-    """A pool process: Ctrl-C goes to the driver alone (it stops the pool). The model is loaded by
-    the first task, so that a load failure reaches the driver as itself (an initializer's error
-    would only break the pool)."""
-    global _WORKER_ARGS
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _WORKER_ARGS = (model_dir, variant, threads)
-
-
-def _pool_run(task_json: str) -> dict[str, Any]:
-    global _WORKER
-    if _WORKER is None:
-        _WORKER = Synthesizer.load(*_WORKER_ARGS)
-    return _WORKER.run(task_json)
-
-
-def run_in_process(synth: Synthesizer, tasks: list[str]) -> Iterator[dict[str, Any]]:
-    """The tasks one after another in this process."""
-    for task in tasks:
-        yield synth.run(task)
-
-
-def run_pool(options: Options, variant: str, tasks: list[str], threads: int) -> Iterator[dict[str, Any]]:
-    """The tasks on `options.workers` spawned processes, each holding one model; outcomes as they
-    finish. Stopping early (Ctrl-C, SIGTERM, an error here) terminates the processes: they write
-    nothing, so a line in progress is simply redone by the next run."""
-    context = multiprocessing.get_context("spawn")  # no fork of a process holding onnxruntime threads
-    pool = concurrent.futures.ProcessPoolExecutor(options.workers, mp_context=context, initializer=_pool_init,
-                                                  initargs=(os.fspath(options.model_dir), variant, threads))
-    try:
-        futures = [pool.submit(_pool_run, task) for task in tasks]
-        for future in concurrent.futures.as_completed(futures):
-            try:
-                yield future.result()
-            except concurrent.futures.process.BrokenProcessPool:
-                raise UserError("a worker process died (killed, or out of memory); the lines finished so far are "
-                                "saved", "re-run the same command to continue, with fewer --workers if memory "
-                                "is short") from None
-    finally:
-        # Python < 3.14 has no public terminate_workers(): without this, interpreter exit would
-        # wait for every worker to finish its current line (minutes at full size).
-        processes = list((pool._processes or {}).values())
-        pool.shutdown(wait=False, cancel_futures=True)
-        for process in processes:
-            process.terminate()
-
-
 # --- the run -----------------------------------------------------------------------------------------
 
 @dataclass
@@ -650,10 +426,12 @@ def run_batch(
     tasks = [plan.tasks[line.id] for line, _, _ in plan.todo]
     if options.ray is not None:
         del tts
-        outcomes = engine.run_ray(options, model["variant"], tasks, [e for _, _, e in plan.todo], threads)
+        outcomes = engine.run_ray(options.ray, SynthActor, {"model_dir": os.fspath(options.model_dir.absolute()),
+                                                              "variant": model["variant"], "threads": threads},
+                                  options.workers, tasks, [e for _, _, e in plan.todo], threads)
     elif options.workers > 1:
         del tts
-        outcomes = run_pool(options, model["variant"], tasks, threads)
+        outcomes = run_pool(options.model_dir, options.workers, model["variant"], tasks, threads)
     else:
         outcomes = run_in_process(Synthesizer(tts), tasks)  # the driver's model: no second load
     log(

@@ -3,7 +3,7 @@
 Imported only for --ray. The driver (omnivoice_onnx.batch.run_batch) checks the list, plans the
 lines and writes every file; Ray only computes: a dataset of the planned tasks, longest first, cut
 into small blocks, mapped by an actor pool whose actors each hold one loaded OmniVoiceOnnx
-(omnivoice_onnx.batch.Synthesizer). An actor returns each line's WAV bytes and timings; the
+(omnivoice_onnx.batch.SynthActor). An actor returns each line's WAV bytes and timings; the
 driver writes `<id>.wav` and its record as rows arrive, exactly as the local engines do, so a
 Ray run's files are the local run's files, byte for byte, and a resume works across engines.
 
@@ -30,12 +30,8 @@ import logging
 import math
 import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
-
-import numpy as np
-
-import omnivoice_onnx
-from omnivoice_onnx.batch import Options, Synthesizer
 
 # ray is imported inside the functions that use it: every runtime module must import without an
 # extra's package (tests/test_runtime_install.py imports them all, as `omnivoice-onnx --help` may).
@@ -43,20 +39,9 @@ from omnivoice_onnx.batch import Options, Synthesizer
 # Lines per Ray block: small, so the longest-first order is kept at a fine grain and the actors
 # finish together, and a retried block redoes little; at least BLOCKS_PER_ACTOR blocks per actor.
 MAX_LINES_PER_BLOCK = 8
+# The omnivoice_onnx package folder (a path: this engine imports nothing of the package).
+PACKAGE_DIR = os.fspath(Path(__file__).resolve().parent)
 BLOCKS_PER_ACTOR = 4
-
-
-class SynthActor:
-    """A Ray Data actor: one loaded model, a block of tasks in, their outcomes out (WAV bytes in
-    a binary column, the rest as JSON text so that no field is squeezed into an Arrow type)."""
-
-    def __init__(self, model_dir: str, variant: str, threads: int) -> None:
-        self.synth = Synthesizer.load(model_dir, variant, threads)
-
-    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        outcomes = [self.synth.run(task) for task in batch["task"]]
-        return {"wav": np.array([o.pop("wav") or b"" for o in outcomes], dtype=object),
-                "outcome": np.array([json.dumps(o) for o in outcomes], dtype=object)}
 
 
 def connect(address: str, cpus_wanted: int) -> bool:
@@ -66,7 +51,7 @@ def connect(address: str, cpus_wanted: int) -> bool:
 
     if ray.is_initialized():
         return False
-    runtime_env = {"py_modules": [omnivoice_onnx]}  # this package's code, to every worker
+    runtime_env = {"py_modules": [PACKAGE_DIR]}  # this package's code, to every worker
     quiet = {"logging_level": logging.WARNING, "include_dashboard": False, "runtime_env": runtime_env}
     if address == "local":
         ray.init(num_cpus=max(cpus_wanted, len(os.sched_getaffinity(0))), **quiet)
@@ -75,27 +60,28 @@ def connect(address: str, cpus_wanted: int) -> bool:
     return True
 
 
-def run_ray(options: Options, variant: str, tasks: list[str], estimates: list[float],
-            threads: int) -> Iterator[dict[str, Any]]:
+def run_ray(address: str, actor: type, actor_kwargs: dict[str, Any], workers: int, tasks: list[str],
+            estimates: list[float], threads: int) -> Iterator[dict[str, Any]]:
     """The tasks (already longest first; `estimates` their seconds, kept as a column for
-    inspection) on `options.workers` actors of `threads` CPUs each; outcomes as blocks finish."""
+    inspection) on `workers` instances of `actor` (built with `actor_kwargs`; the driver passes
+    omnivoice_onnx.batch.SynthActor, so this engine knows nothing of the model) of `threads` CPUs
+    each, on Ray at `address` (see connect); outcomes as blocks finish."""
     import ray
     import ray.data
 
-    started = connect(options.ray, options.workers * threads)
+    started = connect(address, workers * threads)
     data_logger = logging.getLogger("ray.data")
     level = data_logger.level
     data_logger.setLevel(logging.WARNING)  # Ray Data's per-dataset INFO lines; the driver reports progress
     try:
         context = ray.data.DataContext.get_current()
         context.enable_progress_bars = False  # the driver has its own bar, per line
-        per_block = max(1, min(MAX_LINES_PER_BLOCK, len(tasks) // (BLOCKS_PER_ACTOR * options.workers)))
+        per_block = max(1, min(MAX_LINES_PER_BLOCK, len(tasks) // (BLOCKS_PER_ACTOR * workers)))
         items = [{"task": task, "estimate": estimate} for task, estimate in zip(tasks, estimates)]
         dataset = ray.data.from_items(items, override_num_blocks=max(1, math.ceil(len(items) / per_block)))
         dataset = dataset.map_batches(
-            SynthActor, fn_constructor_kwargs={"model_dir": os.fspath(options.model_dir.absolute()),
-                                               "variant": variant, "threads": threads},
-            batch_size=None, batch_format="numpy", compute=ray.data.ActorPoolStrategy(size=options.workers),
+            actor, fn_constructor_kwargs=actor_kwargs,
+            batch_size=None, batch_format="numpy", compute=ray.data.ActorPoolStrategy(size=workers),
             num_cpus=threads)
         # Retries: Ray Data gives a map_batches actor pool max_restarts=-1 and max_task_retries=-1
         # unless told otherwise (ray/data/_internal/execution/operators/actor_pool_map_operator.py;

@@ -13,20 +13,25 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import errno
 import math
 import os
 import signal
 import sys
-import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import NoReturn
 
-from omnivoice_onnx.errors import UserError
-from omnivoice_onnx.rng import SEED_MAX, SEED_MIN  # what torch.manual_seed accepts (re-exported: --seed)
+from omnivoice_onnx.errors import (  # noqa: F401  (re-exported: every command's edge)
+    DISK_FULL,
+    ENVIRONMENT,
+    UserError,
+    environment_error,
+    environment_message,
+    os_error_in_chain,
+)
+from omnivoice_onnx.files import check_input_dir, check_output  # noqa: F401  (re-exported, as above)
+from omnivoice_onnx.limits import SEED_MAX, SEED_MIN  # what torch.manual_seed accepts (re-exported: --seed)
 from omnivoice_onnx.sessions import default_threads
 
 EXIT_CHECK_FAILED = 1  # a parity/end-to-end check ran and failed: a finding, not a crash
@@ -130,99 +135,9 @@ def parse_subset(text: str, flag: str, choices: tuple[str, ...]) -> list[str]:
     return picked
 
 
-def _nearest_existing(path: Path) -> Path:
-    """`path` or the closest of its ancestors that exists (what mkdir(parents=True) starts from)."""
-    path = Path(os.path.abspath(path))
-    while not os.path.lexists(path) and path != path.parent:
-        path = path.parent
-    return path
-
-
-def _can_create_in(directory: Path) -> OSError | None:
-    """None when a file can be created in `directory` (tried, then removed), else the OSError.
-
-    Tried rather than judged from the mode bits: os.access says yes to root on a read-only mount,
-    and ACLs or a full quota say no where the mode bits say yes.
-    """
-    try:
-        handle, name = tempfile.mkstemp(prefix=".write-test-", dir=directory)
-    except OSError as exc:
-        return exc
-    os.close(handle)
-    os.unlink(name)
-    return None
-
-
-def check_output(path: Path, flag: str, kind: str) -> None:
-    """Before any work: `path` can be written as the script will write it; else a UserError
-    naming `flag`. A run that fails only when it saves its result has thrown minutes away.
-
-    kind  "file": written by files.atomic_path (a sibling renamed into place): `path` must not be
-              a directory, and its directory must accept new files.
-          "dir":  files are written inside it: `path` must be a directory or absent, and it (or the
-              ancestor it will be created in) must accept new files.
-          "tree": replaced whole by files.atomic_dir (a sibling directory renamed into place):
-              `path` must be a directory or absent, and its parent must accept new files.
-    """
-    path = Path(path)
-    if kind == "file" and path.is_dir():
-        raise UserError(f"{flag} {path} is a directory", f"pass the path of a file to write, e.g. {path / 'out.wav'}")
-    if kind in ("dir", "tree") and os.path.lexists(path) and not path.is_dir():
-        raise UserError(f"{flag} {path} exists and is not a directory", "pass a directory (or a path to create one at)")
-    existing = _nearest_existing(path if kind == "dir" else path.parent)
-    if not existing.is_dir():
-        raise UserError(f"{flag} {path}: {existing} is not a directory", "pass a path whose parents are directories")
-    problem = _can_create_in(existing)
-    if problem is not None:
-        raise UserError(f"{flag} {path}: cannot create files in {existing} ({problem.strerror})",
-                        "choose a writable location, or fix its permissions")
-
-
-def check_input_dir(path: Path, flag: str) -> None:
-    """`path` is a directory (an existing artefact directory: --capture-dir, --onnx-dir to read)."""
-    path = Path(path)
-    if path.exists() and not path.is_dir():
-        raise UserError(f"{flag} {path} is not a directory", "pass the directory the earlier step wrote")
-
-
 def note(message: str, level: str = "note") -> None:
     """A one-line diagnostic on stderr that does not stop the run (`note: ...`, `warning: ...`)."""
     print(f"{level}: {message}", file=sys.stderr, flush=True)
-
-
-def os_error_in_chain(exc: BaseException | None, numbers: set[int]) -> OSError | None:
-    """The OSError with an errno in `numbers` behind `exc` (itself, or its cause/context:
-    exporters and loaders wrap errors), if any."""
-    seen: set[int] = set()
-    while exc is not None and id(exc) not in seen:
-        if isinstance(exc, OSError) and exc.errno in numbers:
-            return exc
-        seen.add(id(exc))
-        exc = exc.__cause__ or exc.__context__
-    return None
-
-
-DISK_FULL = {errno.ENOSPC, errno.EDQUOT}
-# OSErrors that describe the machine, not a bug: a full disk, a file or folder this user may not
-# read or write, a read-only mount. Each ends in one line naming the file (exit 2).
-ENVIRONMENT = DISK_FULL | {errno.EACCES, errno.EPERM, errno.EROFS}
-
-
-def environment_error(exc: BaseException) -> OSError | None:
-    """The OSError behind `exc` that a user fixes on the machine (see ENVIRONMENT), if any."""
-    return os_error_in_chain(exc, ENVIRONMENT)
-
-
-def environment_message(error: OSError) -> str:
-    """One line for an ENVIRONMENT error: the problem, the file and the fix."""
-    where = error.filename or "an output file"
-    if error.errno in DISK_FULL:
-        return (f"disk full while writing {where}; free space and re-run "
-                "(the previous complete artefacts are intact)")
-    if error.errno == errno.EROFS:
-        return f"{where} is on a read-only file system; write to another location"
-    return (f"permission denied: {where}; give this user access to it (chmod/chown), or run as its owner "
-            "(the previous complete artefacts are intact)")
 
 
 class Terminated(KeyboardInterrupt):

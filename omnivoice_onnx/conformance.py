@@ -67,15 +67,15 @@ from typing import Any
 import numpy as np
 import soundfile as sf
 
-from omnivoice_onnx import audio, duration
 from omnivoice_onnx.api import OmniVoiceOnnx
 from omnivoice_onnx.cliutil import THREADS, CheckFailed, check_input_dir, check_output, parse, run_main
 from omnivoice_onnx.contract import FP32_VARIANT
+from omnivoice_onnx.core import audio, duration
+from omnivoice_onnx.core.generate import IterativeTrace, Trace, decode
+from omnivoice_onnx.core.prompt import RUNTIME_CONFIG_FILE, TOKENIZER_FILE
+from omnivoice_onnx.core.rng import TorchCpuRng
 from omnivoice_onnx.errors import UserError
 from omnivoice_onnx.files import atomic_dir, sha256_file
-from omnivoice_onnx.generate import IterativeTrace, Trace, decode
-from omnivoice_onnx.prompt import RUNTIME_CONFIG_FILE, TOKENIZER_FILE
-from omnivoice_onnx.rng import TorchCpuRng
 
 FORMAT = "omnivoice-conformance/2"
 REF_WAV = "ref_voice.wav"

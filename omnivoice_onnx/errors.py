@@ -1,10 +1,14 @@
-"""The one error type users see: an expected problem, printed as one line naming the fix.
+"""The one error type users see: an expected problem, printed as one line naming the fix; and
+the machine's errors (a full disk, a denied permission) that are told as one line too.
 
 Defined in the runtime so that the runtime raises it without importing the toolchain; the
 toolchain's scripts (omnivoice_export.cli.run_main) catch the same class and exit 2.
+Ground floor: imports nothing of the package.
 """
 
 from __future__ import annotations
+
+import errno
 
 
 class UserError(Exception):
@@ -13,3 +17,38 @@ class UserError(Exception):
     def __init__(self, problem: str, fix: str | None = None) -> None:
         super().__init__(f"{problem}; {fix}" if fix else problem)
         self.problem, self.fix = problem, fix
+
+
+def os_error_in_chain(exc: BaseException | None, numbers: set[int]) -> OSError | None:
+    """The OSError with an errno in `numbers` behind `exc` (itself, or its cause/context:
+    exporters and loaders wrap errors), if any."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, OSError) and exc.errno in numbers:
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+DISK_FULL = {errno.ENOSPC, errno.EDQUOT}
+# OSErrors that describe the machine, not a bug: a full disk, a file or folder this user may not
+# read or write, a read-only mount. Each ends in one line naming the file (exit 2).
+ENVIRONMENT = DISK_FULL | {errno.EACCES, errno.EPERM, errno.EROFS}
+
+
+def environment_error(exc: BaseException) -> OSError | None:
+    """The OSError behind `exc` that a user fixes on the machine (see ENVIRONMENT), if any."""
+    return os_error_in_chain(exc, ENVIRONMENT)
+
+
+def environment_message(error: OSError) -> str:
+    """One line for an ENVIRONMENT error: the problem, the file and the fix."""
+    where = error.filename or "an output file"
+    if error.errno in DISK_FULL:
+        return (f"disk full while writing {where}; free space and re-run "
+                "(the previous complete artefacts are intact)")
+    if error.errno == errno.EROFS:
+        return f"{where} is on a read-only file system; write to another location"
+    return (f"permission denied: {where}; give this user access to it (chmod/chown), or run as its owner "
+            "(the previous complete artefacts are intact)")

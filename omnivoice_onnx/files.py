@@ -21,13 +21,13 @@ import os
 import re
 import shutil
 import stat
+import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from omnivoice_onnx.cliutil import ENVIRONMENT
-from omnivoice_onnx.errors import UserError
+from omnivoice_onnx.errors import ENVIRONMENT, UserError
 
 PERMISSION_FIX = "give this user read access to it (chmod/chown), or run as its owner"
 
@@ -291,3 +291,58 @@ def read_artefact(path: Path, what: str, fix: str, version: int, schema: dict[st
     if problem:
         raise UserError(f"{what} {path} is malformed: {problem}", stale_fix or fix)
     return data
+
+
+def _nearest_existing(path: Path) -> Path:
+    """`path` or the closest of its ancestors that exists (what mkdir(parents=True) starts from)."""
+    path = Path(os.path.abspath(path))
+    while not os.path.lexists(path) and path != path.parent:
+        path = path.parent
+    return path
+
+
+def _can_create_in(directory: Path) -> OSError | None:
+    """None when a file can be created in `directory` (tried, then removed), else the OSError.
+
+    Tried rather than judged from the mode bits: os.access says yes to root on a read-only mount,
+    and ACLs or a full quota say no where the mode bits say yes.
+    """
+    try:
+        handle, name = tempfile.mkstemp(prefix=".write-test-", dir=directory)
+    except OSError as exc:
+        return exc
+    os.close(handle)
+    os.unlink(name)
+    return None
+
+
+def check_output(path: Path, flag: str, kind: str) -> None:
+    """Before any work: `path` can be written as the script will write it; else a UserError
+    naming `flag`. A run that fails only when it saves its result has thrown minutes away.
+
+    kind  "file": written by files.atomic_path (a sibling renamed into place): `path` must not be
+              a directory, and its directory must accept new files.
+          "dir":  files are written inside it: `path` must be a directory or absent, and it (or the
+              ancestor it will be created in) must accept new files.
+          "tree": replaced whole by files.atomic_dir (a sibling directory renamed into place):
+              `path` must be a directory or absent, and its parent must accept new files.
+    """
+    path = Path(path)
+    if kind == "file" and path.is_dir():
+        raise UserError(f"{flag} {path} is a directory", f"pass the path of a file to write, e.g. {path / 'out.wav'}")
+    if kind in ("dir", "tree") and os.path.lexists(path) and not path.is_dir():
+        raise UserError(f"{flag} {path} exists and is not a directory", "pass a directory (or a path to create one at)")
+    existing = _nearest_existing(path if kind == "dir" else path.parent)
+    if not existing.is_dir():
+        raise UserError(f"{flag} {path}: {existing} is not a directory", "pass a path whose parents are directories")
+    problem = _can_create_in(existing)
+    if problem is not None:
+        raise UserError(f"{flag} {path}: cannot create files in {existing} ({problem.strerror})",
+                        "choose a writable location, or fix its permissions")
+
+
+def check_input_dir(path: Path, flag: str) -> None:
+    """`path` is a directory (an existing artefact directory: --capture-dir, --onnx-dir to read)."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise UserError(f"{flag} {path} is not a directory", "pass the directory the earlier step wrote")

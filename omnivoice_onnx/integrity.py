@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from omnivoice_onnx.contract import FP32_VARIANT, GRAPH_FILES, REPORT_FILE, variant_dir
+from omnivoice_onnx.core.prompt import RUNTIME_CONFIG_FILE, TOKENIZER_FILE
 from omnivoice_onnx.errors import UserError
 from omnivoice_onnx.files import FILE_ENTRY_SCHEMA, Each, matches_entry, read_json, schema_problem
-from omnivoice_onnx.prompt import RUNTIME_CONFIG_FILE, TOKENIZER_FILE
 
 VERIFY_ENV = "OMNIVOICE_VERIFY"  # "0": skip the sha256 check (verify=False for every from_dir)
 RERUN_EXPORT = "re-run export_omnivoice.py into an empty folder"

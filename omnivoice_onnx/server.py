@@ -50,12 +50,9 @@ import asyncio
 import base64
 import contextlib
 import hmac
-import io
 import json
 import logging
 import math
-import os
-import queue
 import signal
 import socket
 import threading
@@ -65,16 +62,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import numpy as np
-
-from omnivoice_onnx import audio_out
 from omnivoice_onnx import voices as voice_store
 from omnivoice_onnx.api import OmniVoiceOnnx
-from omnivoice_onnx.audio_out import to_pcm16
+from omnivoice_onnx.audio_out import AudioFormat, StreamEncoder, available_response_formats, encode_clip
 from omnivoice_onnx.contract import variants_present
+from omnivoice_onnx.core.rng import fresh_seed
 from omnivoice_onnx.errors import UserError
-from omnivoice_onnx.generate import Cancelled
-from omnivoice_onnx.rng import SEED_MAX, SEED_MIN, fresh_seed
+from omnivoice_onnx.limits import SEED_MAX, SEED_MIN
+from omnivoice_onnx.server_pool import ApiError, Draining, Job, QueueFull, WorkerPool, scrub_paths
+from omnivoice_onnx.sessions import worker_threads
 
 LOG = logging.getLogger("omnivoice_onnx.server")
 
@@ -94,137 +90,7 @@ BUILTIN_VOICES = {
 }
 
 
-@dataclass(frozen=True)
-class AudioFormat:
-    """One response_format: how it is written and whether it can be sent as a stream."""
-
-    media_type: str
-    sf_format: str | None  # libsndfile container (None: raw s16le)
-    sf_subtype: str | None
-    streams: bool  # chunks concatenate to a stream decoders read (see the module docstring)
-
-
-FORMATS = {
-    "wav": AudioFormat("audio/wav", "WAV", "PCM_16", True),
-    "pcm": AudioFormat("audio/pcm", None, None, True),  # s16le, mono, at the model's rate (24 kHz)
-    "flac": AudioFormat("audio/flac", "FLAC", "PCM_16", False),
-    "mp3": AudioFormat("audio/mpeg", "MP3", "MPEG_LAYER_III", False),
-    "opus": AudioFormat("audio/ogg", "OGG", "OPUS", True),  # Ogg Opus, as OpenAI's opus
-}
-# OpenAI also offers aac; libsndfile has no AAC encoder, so it is refused like a format this
-# machine's libsndfile lacks.
-
-
-def available_formats() -> dict[str, AudioFormat]:
-    """The FORMATS the installed libsndfile writes (MP3 needs libsndfile >= 1.1 built with LAME,
-    Opus one built with libopus); the others are refused with a 400 that lists these."""
-    import soundfile
-
-    return {name: fmt for name, fmt in FORMATS.items()
-            if fmt.sf_format is None or fmt.sf_subtype in soundfile.available_subtypes(fmt.sf_format)}
-
-
-def encode_clip(samples: np.ndarray, fmt: str, sample_rate: int) -> bytes:
-    """A whole clip as the bytes of a `fmt` file: wav/flac/pcm by the runtime's one writer
-    (audio_out), mp3/opus from the same 16-bit samples by libsndfile."""
-    if fmt in audio_out.FORMATS:
-        return audio_out.encode_audio(samples, sample_rate, fmt)
-    import soundfile
-
-    spec = FORMATS[fmt]
-    buffer = io.BytesIO()  # int16 in: libsndfile's own float conversion scales by 32768, audio_out's by 32767
-    soundfile.write(buffer, to_pcm16(samples), sample_rate, format=spec.sf_format, subtype=spec.sf_subtype)
-    return buffer.getvalue()
-
-
-class _AppendOnly(io.RawIOBase):
-    """A write target for libsndfile that keeps only what was not yet taken: a container written
-    front to back (Ogg) streams through it; one that seeks back to rewrite a header fails loudly
-    instead of sending bytes that disagree with those already sent."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.pending = bytearray()
-        self.position = 0
-
-    def writable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def readable(self) -> bool:
-        return True
-
-    def write(self, data: Any) -> int:
-        self.pending += bytes(data)
-        self.position += len(data)
-        return len(data)
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        target = {0: offset, 1: self.position + offset, 2: self.position + offset}[whence]
-        if target != self.position:
-            raise OSError(f"the encoder seeks back to byte {target} of a stream at {self.position}")
-        return self.position
-
-    def tell(self) -> int:
-        return self.position
-
-    def read(self, size: int = -1) -> bytes:
-        return b""
-
-    def take(self) -> bytes:
-        data, self.pending = bytes(self.pending), bytearray()
-        return data
-
-
-class StreamEncoder:
-    """Audio chunks -> the bytes of one continuous `fmt` stream, as they become available."""
-
-    def __init__(self, fmt: str, sample_rate: int) -> None:
-        self.spec, self.sample_rate = FORMATS[fmt], sample_rate
-        if not self.spec.streams:
-            raise ValueError(f"{fmt} does not stream")
-        self._sink: _AppendOnly | None = None
-        self._file = None
-        if self.spec.sf_format not in (None, "WAV"):
-            import soundfile
-
-            self._sink = _AppendOnly()
-            self._file = soundfile.SoundFile(self._sink, "w", samplerate=sample_rate, channels=1,
-                                             format=self.spec.sf_format, subtype=self.spec.sf_subtype)
-
-    def start(self) -> bytes:
-        """What goes out before the first chunk."""
-        return audio_out.wav_header(self.sample_rate, None) if self.spec.sf_format == "WAV" else b""
-
-    def write(self, samples: np.ndarray) -> bytes:
-        if self._file is None:
-            return to_pcm16(samples).tobytes()
-        self._file.write(to_pcm16(samples))
-        return self._sink.take()
-
-    def finish(self) -> bytes:
-        if self._file is None:
-            return b""
-        self._file.close()
-        return self._sink.take()
-
-
 # --- requests ------------------------------------------------------------------------------------
-
-class ApiError(Exception):
-    """An error a client sees, in OpenAI's shape."""
-
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 kind: str = "invalid_request_error", headers: dict[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
-        self.headers = headers or {}
-
-    def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
-
 
 def speech_request_model():
     """The pydantic model of a POST /v1/audio/speech body (built on first use: pydantic is the
@@ -246,7 +112,7 @@ def speech_request_model():
         speed: float | None = Field(None, ge=SPEED_MIN, le=SPEED_MAX, allow_inf_nan=False)
         stream_format: Literal["audio", "sse"] | None = None
         # Extensions (not OpenAI's): the runtime's generate() arguments. Types and signs here; their
-        # upper limits are the runtime's (omnivoice_onnx.request, raisable by environment), checked by
+        # upper limits are the runtime's (omnivoice_onnx.core.request, raisable by environment), checked by
         # OmniVoiceOnnx.validate().
         language: str | None = None
         seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
@@ -271,135 +137,6 @@ def validation_error(exc: Any) -> ApiError:
     return ApiError(400, f"{param}: {first['msg']}", param, "invalid_value")
 
 
-@dataclass
-class Job:
-    """One request's work, shared by its handler (event loop) and a worker thread."""
-
-    text: str
-    kwargs: dict[str, Any]  # generate()/stream() keywords besides text and seed
-    seed: int
-    stream: bool
-    loop: asyncio.AbstractEventLoop
-    events: asyncio.Queue = field(default_factory=asyncio.Queue)  # ("chunk"|"audio", samples) ... ("done"|"error", x)
-    cancel: threading.Event = field(default_factory=threading.Event)
-    timed_out: bool = False
-    finished: bool = False
-    samples_out: int = 0  # audio samples streamed so far (the SSE usage's output tokens)
-
-    def emit(self, kind: str, payload: Any = None) -> None:
-        """From the worker thread: hand an event to the handler's loop (dropped if the loop is gone)."""
-        with contextlib.suppress(RuntimeError):  # the loop closed: the server is gone, nobody is listening
-            self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, payload))
-
-
-def scrub_paths(message: str, folders: dict[str, Path]) -> str:
-    """`message` with this machine's folders replaced by their labels (a runtime error may name a file)."""
-    for label, folder in folders.items():
-        for spelling in sorted({str(folder), str(Path(folder).resolve())}, key=len, reverse=True):
-            message = message.replace(spelling, label)
-    return message
-
-
-class QueueFull(Exception):
-    """No room in the queue (429)."""
-
-
-class Draining(Exception):
-    """The server is stopping (503)."""
-
-
-class WorkerPool:
-    """N worker threads, each with its own OmniVoiceOnnx, fed from one bounded queue."""
-
-    def __init__(self, models: list[OmniVoiceOnnx], queue_size: int, folders: dict[str, Path]) -> None:
-        self.models = models
-        self.folders = folders  # label -> folder, kept out of what clients see (scrub_paths)
-        self.queue: queue.Queue[Job | None] = queue.Queue(maxsize=queue_size)
-        self.queue_size = queue_size
-        self.running = 0
-        self.draining = False
-        self.cut_off = 0  # requests cancelled while draining (exit 143 when > 0)
-        # Outcomes since start, in /health: what an operator (and the tests) can see of cancellation.
-        self.counts = {"completed": 0, "cancelled": 0, "timed_out": 0, "failed": 0}
-        self.mean_seconds = 1.0  # running mean of a request's worker time, for Retry-After
-        self._lock = threading.Lock()
-        self._threads = [threading.Thread(target=self._work, args=(model,), name=f"omnivoice-worker-{i}", daemon=True)
-                         for i, model in enumerate(models)]
-        for thread in self._threads:
-            thread.start()
-
-    @property
-    def workers(self) -> int:
-        return len(self.models)
-
-    def retry_after(self) -> int:
-        """Seconds until a slot is likely free: the queue ahead, at the mean request time, over the workers."""
-        ahead = self.queue.qsize() + self.running
-        return max(1, math.ceil(self.mean_seconds * ahead / self.workers))
-
-    def submit(self, job: Job) -> None:
-        if self.draining:
-            raise Draining()
-        try:
-            self.queue.put_nowait(job)
-        except queue.Full:
-            raise QueueFull() from None
-
-    def close(self) -> None:
-        """Stop the workers after the jobs already queued (the drain has let them finish)."""
-        self.draining = True
-        for _ in self._threads:
-            self.queue.put(None)
-        for thread in self._threads:
-            thread.join()
-
-    def _work(self, tts: OmniVoiceOnnx) -> None:
-        while (job := self.queue.get()) is not None:
-            if job.cancel.is_set():  # its client left (or it timed out, or the drain ran out) while it waited
-                self._cancelled(job)
-                continue
-            with self._lock:
-                self.running += 1
-            started = time.monotonic()
-            try:
-                self._run(tts, job)
-            finally:
-                with self._lock:
-                    self.running -= 1
-                    self.mean_seconds = 0.8 * self.mean_seconds + 0.2 * (time.monotonic() - started)
-
-    def _count(self, outcome: str) -> None:
-        with self._lock:
-            self.counts[outcome] += 1
-
-    def _cancelled(self, job: Job) -> None:
-        if self.draining and not job.timed_out:
-            with self._lock:
-                self.cut_off += 1
-        self._count("timed_out" if job.timed_out else "cancelled")
-        job.emit("timeout" if job.timed_out else "cancelled")
-
-    def _run(self, tts: OmniVoiceOnnx, job: Job) -> None:
-        try:
-            if job.stream:
-                for chunk in tts.stream(job.text, **job.kwargs, seed=job.seed, cancel=job.cancel):
-                    job.emit("chunk", chunk.samples)
-            else:
-                job.emit("audio", tts.generate(job.text, **job.kwargs, seed=job.seed, cancel=job.cancel)[0])
-            self._count("completed")
-            job.emit("done")
-        except Cancelled:
-            self._cancelled(job)
-        except UserError as exc:
-            self._count("failed")
-            job.emit("error", ApiError(400, scrub_paths(str(exc), self.folders)))
-        except Exception:  # a bug or the machine (memory): logged with its traceback; the client gets one line
-            self._count("failed")
-            LOG.exception("request failed")
-            job.emit("error", ApiError(500, "the server failed to make this audio (its log has the details)",
-                                       kind="server_error", code="internal_error"))
-
-
 # --- the app -------------------------------------------------------------------------------------
 
 @dataclass
@@ -419,11 +156,6 @@ class ServerConfig:
     variant: str | None = None
     default_format: str | None = None  # None: mp3 (OpenAI's default) where libsndfile writes it, else wav
     max_body_bytes: int = MAX_BODY_BYTES
-
-
-def cores() -> int:
-    """CPUs this process may run on (the affinity mask, which containers and taskset narrow)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 @dataclass
@@ -755,13 +487,13 @@ async def _sse(chunks: AsyncIterator[bytes], job: Job, input_tokens: int, hop_le
 
 def load_service(config: ServerConfig) -> Service:
     """Load one OmniVoiceOnnx per worker and check the voices folder, before the port opens."""
-    threads = config.threads or max(1, cores() // config.workers)
+    threads = worker_threads(config.workers, config.threads)
     # The first load checks the bundle's files against its report (OmniVoiceOnnx's verify); the
     # other workers load the same files just checked, so they skip the re-hash (~3.7 GB at full size).
     models = [OmniVoiceOnnx.from_dir(config.model_dir, threads=threads, resident_codecs=True, variant=config.variant,
                                      verify=i == 0)
               for i in range(config.workers)]
-    formats = available_formats()
+    formats = available_response_formats()
     default = config.default_format or ("mp3" if "mp3" in formats else "wav")
     if default not in formats:
         raise UserError(f"--default-format {default} is not available here", f"choose one of {', '.join(formats)}")
@@ -799,7 +531,7 @@ def serve(config: ServerConfig) -> int:
                          service.pool)
     host, port = listener.getsockname()[:2]
     LOG.info("omnivoice-onnx serve: %d worker(s) x %d thread(s), queue %d, default format %s, voices %s",
-             service.pool.workers, config.threads or max(1, cores() // config.workers), config.queue_size,
+             service.pool.workers, worker_threads(config.workers, config.threads), config.queue_size,
              service.default_format, service.voices)
     # uvicorn prints no address for a socket it is given; this line has the real port (--port 0).
     LOG.info("%s%s", LISTENING, f"http://{f'[{host}]' if ':' in host else host}:{port}/v1")
@@ -807,57 +539,6 @@ def serve(config: ServerConfig) -> int:
     if server.stopped_by is not None and service.pool.cut_off:
         return 128 + server.stopped_by
     return 0
-
-
-@dataclass
-class Launched:
-    """A server started by `launch`: its process, its port and its log file."""
-
-    process: Any  # subprocess.Popen
-    port: int
-    log: Path
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
-
-    def stop(self, timeout: float = 60.0) -> int:
-        """SIGTERM, then wait (bounded) for the drain and exit; its exit code."""
-        import subprocess
-
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                return self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(10)
-                raise
-        return self.process.returncode
-
-
-def launch(model_dir: Path, log: Path, *flags: str, env: dict[str, str] | None = None,
-           start_timeout: float = 60.0) -> Launched:
-    """`omnivoice-onnx serve --model-dir M --port 0 FLAGS` as a child process, once it listens: the
-    port is read from uvicorn's start line, so there is no race for a free port (tests, benches)."""
-    import re
-    import subprocess
-    import sys
-
-    with open(log, "w") as handle:
-        process = subprocess.Popen([sys.executable, "-m", "omnivoice_onnx", "serve", "--model-dir", str(model_dir),
-                                    "--port", "0", *flags], env=env, stdout=handle, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + start_timeout
-    while time.monotonic() < deadline:
-        found = re.search(re.escape(LISTENING) + r"http://.+:(\d+)/v1", Path(log).read_text())
-        if found:
-            return Launched(process, int(found.group(1)), Path(log))
-        if process.poll() is not None:
-            break
-        time.sleep(0.1)
-    process.kill()
-    process.wait(10)
-    raise RuntimeError(f"the server did not start within {start_timeout:g} s; its log: {log}")
 
 
 def make_server(config: Any, pool: WorkerPool) -> Any:

@@ -35,7 +35,7 @@ import numpy as np
 
 from omnivoice_onnx.contract import FP32_VARIANT, GRAPH_FILES, variant_path
 from omnivoice_onnx.errors import UserError
-from omnivoice_onnx.request import check_threads
+from omnivoice_onnx.limits import check_threads
 
 PROVIDERS = ("cpu", "cuda-fp32", "cuda-tf32")
 THREADS_ENV = "OMNIVOICE_ORT_THREADS"
@@ -74,6 +74,20 @@ def default_threads() -> int | None:
     if not value.isdecimal() or int(value) < 1:
         raise UserError(f"{THREADS_ENV}={value!r} is not a thread count", "set it to an integer >= 1, or unset it")
     return check_threads(int(value))
+
+
+def cores() -> int:
+    """CPUs this process may run on (the affinity mask, which containers and taskset narrow)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def worker_threads(workers: int, threads: int | None) -> int:
+    """onnxruntime threads for each of `workers` workers (the server's, batch's): `threads` when
+    given, else $OMNIVOICE_ORT_THREADS, else the cores this process may use split evenly over the
+    workers (at least one each). One rule for every front end that runs several models at once."""
+    if threads is not None:
+        return check_threads(threads)
+    return default_threads() or max(1, cores() // workers)
 
 
 # What onnxruntime's messages say when an allocation fails (its arena, or the C++ allocator).

@@ -41,9 +41,9 @@ from typing import Any
 import numpy as np
 
 from omnivoice_onnx.contract import AUDIO_VOCAB_SIZE, NUM_CODEBOOKS
+from omnivoice_onnx.core.request import VoiceClonePrompt
 from omnivoice_onnx.errors import UserError
 from omnivoice_onnx.files import atomic_path
-from omnivoice_onnx.generate import VoiceClonePrompt
 
 VOICES_ENV = "OMNIVOICE_VOICES"
 VOICES_SUBDIR = "voices"  # the default voices folder, inside the bundle

@@ -165,14 +165,14 @@ def assets(tiny_model: Path, tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def config(assets: Path) -> dict:
     """The runtime-config.json a port reads, loaded (and type-checked) by the runtime."""
-    from omnivoice_onnx.prompt import load_runtime_config
+    from omnivoice_onnx.core.prompt import load_runtime_config
 
     return load_runtime_config(assets)
 
 
 @pytest.fixture(scope="session")
 def tokenizer(assets: Path):
-    from omnivoice_onnx.prompt import TextTokenizer
+    from omnivoice_onnx.core.prompt import TextTokenizer
 
     return TextTokenizer.from_dir(assets)
 

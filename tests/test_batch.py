@@ -23,15 +23,8 @@ import pytest
 
 from omnivoice_onnx import OmniVoiceOnnx
 from omnivoice_onnx.audio_out import encode_audio
-from omnivoice_onnx.batch import (
-    RESULT_FIELDS,
-    RESULTS_FILE,
-    Options,
-    read_results,
-    read_test_list,
-    run_batch,
-    seed_for_id,
-)
+from omnivoice_onnx.batch import Options, read_results, run_batch
+from omnivoice_onnx.batch_list import RESULT_FIELDS, RESULTS_FILE, read_test_list, seed_for_id
 from omnivoice_onnx.voices import Voice, save_voice
 
 pytestmark = pytest.mark.slow
@@ -114,10 +107,10 @@ def test_upstream_format_parsed(corpus):
 
 
 def test_line_seed_checked_as_generate_checks_it(tmp_path):
-    """A line's seed goes through rng.check_seed, generate()'s own check: the same range, the same
+    """A line's seed goes through limits.check_seed, generate()'s own check: the same range, the same
     words, refused at parse time (before any work) instead of in the middle of the run."""
     from omnivoice_onnx.errors import UserError
-    from omnivoice_onnx.rng import SEED_MAX, SEED_MIN, check_seed
+    from omnivoice_onnx.limits import SEED_MAX, SEED_MIN, check_seed
 
     seeds = {"lowest": SEED_MIN, "highest": SEED_MAX, "over": SEED_MAX + 1, "under": SEED_MIN - 1, "bool": True,
              "float": 1.0, "text": "7"}

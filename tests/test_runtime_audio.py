@@ -1,4 +1,4 @@
-"""omnivoice_onnx.audio against the real upstream code (omnivoice 0.2.1, pydub, torchaudio).
+"""omnivoice_onnx.core.audio against the real upstream code (omnivoice 0.2.1, pydub, torchaudio).
 
 Every expected value comes from running upstream on the same input: `omnivoice.utils.audio`
 functions, `torchaudio.functional.resample`, and `OmniVoice.create_voice_clone_prompt` /
@@ -33,7 +33,7 @@ import torchaudio
 from torchaudio.functional.functional import _get_sinc_resample_kernel
 
 from omnivoice_export.runtime_assets import host_sections
-from omnivoice_onnx import _resample, audio
+from omnivoice_onnx.core import _resample, audio
 from omnivoice_onnx.errors import UserError
 
 SR = 24000
@@ -450,7 +450,7 @@ def test_cross_fade_chunks_equals_upstream(sr):
 
 def test_audio_runtime_imports_no_torch():
     forbidden = ("torch", "torchaudio", "transformers", "omnivoice", "pydub", "omnivoice_export")
-    code = ("import sys, omnivoice_onnx.audio; "
+    code = ("import sys, omnivoice_onnx.core.audio; "
             f"print([m for m in sys.modules if m.split('.')[0] in {forbidden!r}])")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                             cwd=Path(__file__).resolve().parent.parent)

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from omnivoice_onnx import audio, duration, generate, prompt, text
+from omnivoice_onnx.core import audio, duration, generate, prompt, text
 
 REPO = Path(__file__).resolve().parent.parent
 SR = 24000

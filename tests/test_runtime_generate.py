@@ -26,7 +26,7 @@ from omnivoice.models.omnivoice import OmniVoiceGenerationConfig
 from omnivoice_onnx import OmniVoiceOnnx, Trace, UserError, conformance
 from omnivoice_onnx.cliutil import Terminated, run_main
 from omnivoice_onnx.contract import GRAPH_FILES
-from omnivoice_onnx.prompt import RUNTIME_CONFIG_FILE, TOKENIZER_FILE
+from omnivoice_onnx.core.prompt import RUNTIME_CONFIG_FILE, TOKENIZER_FILE
 
 WAV_TOLERANCE = 1e-4
 CONFORMANCE_DIR = Path(__file__).resolve().parent / "conformance"
@@ -276,9 +276,9 @@ def sequential_rms(wav: np.ndarray) -> float:
 
 
 @pytest.mark.parametrize("target, wrong, case, first_difference", [
-    ("omnivoice_onnx.scoring.log_softmax", sequential_f32_log_softmax, "recipe-sensitive", "unmask_step"),
-    ("omnivoice_onnx.scoring.log_softmax", pairwise_f32_log_softmax, "recipe-sensitive", "unmask_step"),
-    ("omnivoice_onnx.audio.reference_rms", sequential_rms, "clone-quiet-44k-stereo", "ref_rms"),
+    ("omnivoice_onnx.core.scoring.log_softmax", sequential_f32_log_softmax, "recipe-sensitive", "unmask_step"),
+    ("omnivoice_onnx.core.scoring.log_softmax", pairwise_f32_log_softmax, "recipe-sensitive", "unmask_step"),
+    ("omnivoice_onnx.core.audio.reference_rms", sequential_rms, "clone-quiet-44k-stereo", "ref_rms"),
 ], ids=["sequential-f32-log-softmax", "pairwise-f32-log-softmax", "sequential-rms"])
 def test_a_wrong_float_recipe_fails_its_vector(tts, monkeypatch, target, wrong, case, first_difference):
     """docs/runtime.md's recipes are not interchangeable with the obvious float32 ones: with one

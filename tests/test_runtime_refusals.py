@@ -29,9 +29,9 @@ import quality_omnivoice
 import quantize_omnivoice
 from omnivoice_export import quality, quantize, report
 from omnivoice_export.cli import EXIT_BAD_INPUT
-from omnivoice_onnx import OmniVoiceOnnx, UserError, VoiceClonePrompt, request, sessions
-from omnivoice_onnx import generate as gen
+from omnivoice_onnx import OmniVoiceOnnx, UserError, VoiceClonePrompt, limits, sessions
 from omnivoice_onnx.contract import GRAPH_FILES
+from omnivoice_onnx.core import generate as gen
 
 TRANSFORMER = quantize.TRANSFORMER_FILE
 
@@ -272,7 +272,7 @@ def test_tiny_temperatures_leak_no_numpy_warning(tts) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         audio = tts.generate("Hello there.", seed=3, generation_config={
-            "num_step": 4, "position_temperature": request.MIN_TEMPERATURE, "class_temperature": 1e-6})[0]
+            "num_step": 4, "position_temperature": limits.MIN_TEMPERATURE, "class_temperature": 1e-6})[0]
     assert np.isfinite(audio).all() and audio.size
 
 

@@ -1,4 +1,4 @@
-"""omnivoice_onnx.rng against torch's CPU generator: torch.manual_seed + torch.rand / rand_like.
+"""omnivoice_onnx.core.rng against torch's CPU generator: torch.manual_seed + torch.rand / rand_like.
 
 Exact equality (every float32 bit) for many seeds, sizes and interleaved draw sequences.
 """
@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 import torch
 
+from omnivoice_onnx.core.rng import TorchCpuRng, fresh_seed, init_genrand
 from omnivoice_onnx.errors import UserError
-from omnivoice_onnx.rng import TorchCpuRng, check_seed, fresh_seed, init_genrand
+from omnivoice_onnx.limits import check_seed
 
 EDGE_SEEDS = [0, 1, 2, 42, 1234, 2**31 - 1, 2**31, 2**32 - 1, 2**32, 2**32 + 1, 2**32 + 1234, 2**40 + 7,
               2**63 - 1, 2**63, 2**64 - 1, -1, -2, -1234, -(2**31), -(2**32), -(2**63)]

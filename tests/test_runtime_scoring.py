@@ -1,4 +1,4 @@
-"""omnivoice_onnx.schedule and omnivoice_onnx.scoring against the real upstream functions.
+"""omnivoice_onnx.core.schedule and omnivoice_onnx.core.scoring against the real upstream functions.
 
 Exact where upstream's arithmetic is IEEE float32 ops (schedule, guidance, temperature, top-k
 filter, penalty, selection); measured where it is a transcendental (log_softmax, Gumbel noise),
@@ -16,8 +16,8 @@ import torch
 import torch.nn.functional as F
 from omnivoice.models.omnivoice import OmniVoiceGenerationConfig, _filter_top_k, _get_time_steps, _gumbel_sample
 
-from omnivoice_onnx import schedule, scoring
-from omnivoice_onnx.rng import TorchCpuRng
+from omnivoice_onnx.core import schedule, scoring
+from omnivoice_onnx.core.rng import TorchCpuRng
 
 MASK_ID, CODEBOOKS, VOCAB = 1024, 8, 1025
 T_SHIFTS = [0.1, 0.05, 0.3, 0.5, 1.0, 1.7, 0.123456]

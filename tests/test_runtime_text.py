@@ -24,7 +24,7 @@ from omnivoice.utils.duration import RuleDurationEstimator
 from omnivoice.utils.lang_map import LANG_IDS, LANG_NAME_TO_ID, lang_display_name
 
 from omnivoice_export.runtime_assets import write_runtime_assets
-from omnivoice_onnx import duration, prompt, text
+from omnivoice_onnx.core import duration, prompt, text
 from omnivoice_onnx.errors import UserError
 
 REPO = Path(__file__).resolve().parent.parent
@@ -640,7 +640,7 @@ def test_qwen2_tokenizer_class_checkpoint(tiny_model, tmp_path):
 
 def test_runtime_modules_import_no_torch():
     forbidden = ["torch", "torchaudio", "transformers", "omnivoice", "pydub", "omnivoice_export"]
-    code = ("import sys; import omnivoice_onnx.prompt, omnivoice_onnx.duration, omnivoice_onnx.text; "
+    code = ("import sys; import omnivoice_onnx.core.prompt, omnivoice_onnx.core.duration, omnivoice_onnx.core.text; "
             f"print([m for m in {forbidden!r} if m in sys.modules])")
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"

@@ -28,6 +28,7 @@ import soundfile as sf
 openai = pytest.importorskip("openai")
 pytest.importorskip("fastapi")
 
+from omnivoice_export.serving import Launched, launch  # noqa: E402
 from omnivoice_onnx import OmniVoiceOnnx, audio_out, server  # noqa: E402
 from omnivoice_onnx.voices import Voice, load_voice, save_voice  # noqa: E402
 
@@ -44,9 +45,9 @@ STREAM_STEPS = 8  # streams are checked for bytes, not quality: few steps keep t
 
 
 class Server:
-    """A running `omnivoice-onnx serve` (server.launch) and how to reach it."""
+    """A running `omnivoice-onnx serve` (omnivoice_export.serving.launch) and how to reach it."""
 
-    def __init__(self, launched: server.Launched) -> None:
+    def __init__(self, launched: Launched) -> None:
         self.launched, self.proc, self.port, self.log = launched, launched.process, launched.port, launched.log
 
     def client(self, key: str = KEY, **kwargs) -> openai.OpenAI:
@@ -73,7 +74,7 @@ class Server:
 def start_server(onnx: Path, voices: Path, log: Path, *flags: str) -> Server:
     env = {**os.environ, "OMNIVOICE_ORT_THREADS": "1"}
     env.pop(server.API_KEY_ENV, None)
-    return Server(server.launch(onnx, log, "--voices", str(voices), "--threads", "1", *flags, env=env,
+    return Server(launch(onnx, log, "--voices", str(voices), "--threads", "1", *flags, env=env,
                                 start_timeout=SERVER_START_S))
 
 
@@ -131,7 +132,7 @@ def test_every_format_decodes_and_seed_equals_generate(srv, tts):
     """Whole clips: each format decodes; a seed gives generate()'s audio (16-bit formats exactly)."""
     client = srv.client()
     want = pcm16(tts.generate(TEXT, seed=7)[0])
-    for fmt in server.available_formats():
+    for fmt in audio_out.available_response_formats():
         response = client.audio.speech.create(model="omnivoice", voice="auto", input=TEXT, response_format=fmt,
                                               extra_body={"seed": 7})
         data = response.read()
@@ -213,7 +214,7 @@ def test_bad_requests(srv, voices, tmp_path):
         ({"sped": 2}, "sped", "unknown field"),
         ({"num_step": 0}, "num_step", "greater than or equal to 1"),
         ({"language": "Klingonish"}, None, "unknown language"),
-        ({"num_step": 100_000}, None, "MAX_NUM_STEP"),  # the runtime's limits (omnivoice_onnx.request)
+        ({"num_step": 100_000}, None, "MAX_NUM_STEP"),  # the runtime's limits (omnivoice_onnx.limits)
         ({"duration": 10_000}, None, "MAX_DURATION_S"),
     ]
     for change, param, words in cases:

@@ -23,8 +23,8 @@ from omnivoice_onnx import OmniVoiceOnnx, Progress, __version__, cli
 from omnivoice_onnx.audio_out import to_pcm16
 from omnivoice_onnx.cli import speak
 from omnivoice_onnx.cliutil import run_main
+from omnivoice_onnx.core.prompt import resolve_language
 from omnivoice_onnx.errors import UserError
-from omnivoice_onnx.prompt import resolve_language
 
 LONG = ("The first sentence sets the scene. A second one follows it closely, with a few more words. "
         "And a third one ends the paragraph here.")

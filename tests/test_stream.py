@@ -12,7 +12,8 @@ import pytest
 from conftest import Pipeline
 
 from omnivoice_export.runtime_assets import host_sections
-from omnivoice_onnx import Cancelled, OmniVoiceOnnx, Trace, audio
+from omnivoice_onnx import Cancelled, OmniVoiceOnnx, Trace
+from omnivoice_onnx.core import audio
 
 RATE = 24000
 RULES = host_sections()["audio"]  # runtime-config.json's audio section, as the export writes it

@@ -16,7 +16,6 @@ import argparse
 import importlib
 from types import ModuleType
 
-from omnivoice_onnx import __version__
 from omnivoice_onnx.cliutil import (
     EXIT_BAD_INPUT,
     EXIT_BROKEN_PIPE,
@@ -25,6 +24,7 @@ from omnivoice_onnx.cliutil import (
     prepare,
     run_main,
 )
+from omnivoice_onnx.version import __version__
 
 PROG = "omnivoice-onnx"
 SUBCOMMANDS = ("speak", "voice", "info", "serve", "batch")

@@ -93,14 +93,13 @@ def run(args: argparse.Namespace) -> int:
     """Exit 0 when every line has its WAV, 1 when some lines failed (each recorded in results.jsonl
     with its error; the others are written), 2 for bad input before any synthesis."""
     from omnivoice_onnx.batch import Options, run_batch  # onnxruntime loads here, not for --help
-    from omnivoice_onnx.sessions import default_threads
 
     names = [name for name, _, _ in GENERATION_FLAGS] + [name for name, _ in BOOL_FLAGS]
     options = Options(test_list=args.test_list, res_dir=args.res_dir, model_dir=args.model_dir,
                       variant=args.variant, voices=args.voices,
                       generation_config={n: getattr(args, n) for n in names if getattr(args, n) is not None},
                       default_language=args.lang_id, workers=args.workers,
-                      threads=args.threads or default_threads(), skip_bad=args.skip_bad, ray=args.ray)
+                      threads=args.threads, skip_bad=args.skip_bad, ray=args.ray)
     summary = run_batch(options)
     print(summary.text(), flush=True)
     return EXIT_CHECK_FAILED if summary.failed else 0

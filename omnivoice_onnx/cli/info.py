@@ -19,9 +19,9 @@ from pathlib import Path
 from omnivoice_onnx.bundle import MODEL_CARD_FILE, bundle_metadata, card_license, metadata_props
 from omnivoice_onnx.cli.speak import DEFAULT_MODEL_DIR
 from omnivoice_onnx.contract import FP32_VARIANT, GRAPH_FILES, REPORT_FILE, variant_path, variants_present
+from omnivoice_onnx.core.prompt import load_runtime_config
 from omnivoice_onnx.errors import UserError
 from omnivoice_onnx.files import sha256_file
-from omnivoice_onnx.prompt import load_runtime_config
 from omnivoice_onnx.voices import list_voices, voices_dir
 
 NO_LICENSE = "not recorded (exported before licences were recorded: re-run export_omnivoice.py)"

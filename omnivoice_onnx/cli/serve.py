@@ -18,8 +18,9 @@ import logging
 import os
 from pathlib import Path
 
+from omnivoice_onnx import audio_out
 from omnivoice_onnx.cli.speak import DEFAULT_MODEL_DIR
-from omnivoice_onnx.cliutil import float_range, int_range
+from omnivoice_onnx.cliutil import THREADS, float_range, int_range
 from omnivoice_onnx.errors import UserError
 
 INSTALL_FIX = "install the server's extra: pip install 'omnivoice-onnx[serve]'"
@@ -41,8 +42,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         help=f"require `Authorization: Bearer KEY` (default: ${server.API_KEY_ENV}; unset: no key)")
     parser.add_argument("--workers", type=int_range(1, 64), default=1,
                         help="inference workers, each with its own model sessions (default: 1)")
-    parser.add_argument("--threads", type=int_range(1, 1024), default=None,
-                        help="onnxruntime threads per worker (default: cores // workers)")
+    parser.add_argument("--threads", type=THREADS, default=None,
+                        help="onnxruntime threads per worker (default: $OMNIVOICE_ORT_THREADS, else cores // workers)")
     parser.add_argument("--queue", type=int_range(1, 10_000), default=server.DEFAULT_QUEUE,
                         help=f"requests that may wait for a worker; more get 429 (default: {server.DEFAULT_QUEUE})")
     parser.add_argument("--timeout", type=float_range(1.0, 86_400.0), default=server.DEFAULT_TIMEOUT_S,
@@ -59,7 +60,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "--default-format",
         "--default_format",
         dest="default_format",
-        choices=tuple(server.FORMATS),
+        choices=tuple(audio_out.RESPONSE_FORMATS),
         default=None,
         help="response_format when a request names none (default: mp3 as OpenAI, where libsndfile writes it; else wav)",
     )

@@ -36,9 +36,9 @@ from typing import Any, TextIO
 
 from omnivoice_onnx import audio_out
 from omnivoice_onnx.cliutil import NUM_STEP, SEED, THREADS, float_range
+from omnivoice_onnx.core.generate import Progress
 from omnivoice_onnx.errors import UserError
-from omnivoice_onnx.generate import Progress
-from omnivoice_onnx.request import MAX_SPEED, MIN_SPEED
+from omnivoice_onnx.limits import MAX_SPEED, MIN_SPEED
 from omnivoice_onnx.sessions import PROVIDERS
 
 PROG = "omnivoice-onnx"
@@ -249,7 +249,7 @@ def speak(tts, text: str, sink: audio_out.AudioSink, kwargs: dict[str, Any], see
 def run(args: argparse.Namespace) -> int:
     """omnivoice-onnx speak: every input checked before the model is loaded, then speak()."""
     from omnivoice_onnx.api import OmniVoiceOnnx
-    from omnivoice_onnx.rng import fresh_seed
+    from omnivoice_onnx.core.rng import fresh_seed
     from omnivoice_onnx.sessions import check_provider
 
     text = read_text(args)

@@ -92,7 +92,7 @@ def _add(args: argparse.Namespace, voices: Path) -> Voice:
                         else "pass the recording with --ref-audio")
     _target(args, voices)
     if args.ref_audio is None:  # a designed voice: no graph needs to run, only the instruct checked
-        from omnivoice_onnx.prompt import load_runtime_config, resolve_instruct
+        from omnivoice_onnx.core.prompt import load_runtime_config, resolve_instruct
 
         fingerprint = bundle_metadata(args.model_dir)["model_fingerprint"]
         resolve_instruct(args.instruct, False, load_runtime_config(args.model_dir)["instruct"])
@@ -101,7 +101,7 @@ def _add(args: argparse.Namespace, voices: Path) -> Voice:
 
     tts = OmniVoiceOnnx.from_dir(args.model_dir)
     if args.instruct is not None:
-        from omnivoice_onnx.prompt import resolve_instruct
+        from omnivoice_onnx.core.prompt import resolve_instruct
 
         resolve_instruct(args.instruct, False, tts.runtime_config["instruct"])
     prompt = tts.create_voice_clone_prompt(args.ref_audio, args.ref_text)

@@ -11,7 +11,7 @@ Reproduces, from `omnivoice/models/omnivoice.py` (omnivoice 0.2.1):
 Exact, element for element (IEEE float32 ops in upstream's order): the guidance combination
 `c + g * (c - u)` (g rounded to float32, as torch does with a Python scalar), the division by a
 temperature (a true float32 division), `u + 1e-10` (1e-10 rounded to float32), the layer penalty,
-every argmax / max / masked fill, and the random draws (omnivoice_onnx.rng).
+every argmax / max / masked fill, and the random draws (omnivoice_onnx.core.rng).
 
 NOT exact, by design: the transcendentals. torch computes float32 `log` with MKL's vector log and
 `log_softmax` with its vectorised exp and a SIMD-width-dependent summation order; neither is
@@ -41,7 +41,7 @@ import math
 
 import numpy as np
 
-from omnivoice_onnx.rng import TorchCpuRng
+from omnivoice_onnx.core.rng import TorchCpuRng
 
 F32 = np.float32
 GUMBEL_EPS = F32(1e-10)  # upstream's `+ 1e-10`, twice, rounded to float32 by torch

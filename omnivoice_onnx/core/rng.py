@@ -27,24 +27,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from omnivoice_onnx.errors import UserError
+from omnivoice_onnx.limits import check_seed
 
-SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1  # what torch.manual_seed accepts
 MT_N = 624  # MT19937 state words
 MT_INIT_MULTIPLIER = 1812433253  # Knuth's multiplier in the reference init_genrand
 FLOAT32_MANTISSA_BITS = 24  # torch keeps the low 24 bits of a word for a float32 draw
-
-
-def check_seed(seed: int) -> int:
-    """`seed` as torch.manual_seed reads it (an int in [SEED_MIN, SEED_MAX]); UserError otherwise."""
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-        raise UserError(f"seed must be an integer, got {type(seed).__name__} {seed!r}",
-                        f"pass an int in [{SEED_MIN}, {SEED_MAX}] or None for a fresh seed")
-    seed = int(seed)
-    if not SEED_MIN <= seed <= SEED_MAX:
-        raise UserError(f"seed {seed} is outside torch.manual_seed's range",
-                        f"pass an int in [{SEED_MIN}, {SEED_MAX}]")
-    return seed
 
 
 def init_genrand(seed: int) -> np.ndarray:

@@ -39,8 +39,9 @@ from typing import Any
 import numpy as np
 import soundfile as sf
 
-from omnivoice_onnx import _resample, _silence
+from omnivoice_onnx.core import _resample, _silence
 from omnivoice_onnx.errors import UserError
+from omnivoice_onnx.limits import too_large
 
 # The settings (`rules`: runtime-config.json's audio section, written by
 # omnivoice_export/runtime_assets.py from upstream; docs/runtime.md states each):
@@ -90,7 +91,6 @@ def load_reference(ref_audio: str | os.PathLike | tuple[np.ndarray, int], sample
 
 def _check_length(samples: int, rate: int, max_seconds: float) -> None:
     if samples / rate > max_seconds:
-        from omnivoice_onnx.request import too_large  # request.py builds on this module
 
         raise too_large(f"the reference audio is {samples / rate:.1f} s long ({samples} samples at {rate} Hz)",
                         "MAX_REF_SECONDS", "cut it to 3-10 s of clear speech")

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from omnivoice_onnx import duration, text
+from omnivoice_onnx.core import duration, text
 from omnivoice_onnx.errors import UserError
 
 

@@ -45,8 +45,8 @@ from typing import Any
 import numpy as np
 from tokenizers import Tokenizer
 
+from omnivoice_onnx.core.text import combine_text
 from omnivoice_onnx.errors import UserError
-from omnivoice_onnx.text import combine_text
 
 TOKENIZER_FILE = "tokenizer.json"
 RUNTIME_CONFIG_FILE = "runtime-config.json"

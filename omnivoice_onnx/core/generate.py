@@ -41,13 +41,12 @@ from typing import Any
 
 import numpy as np
 
-from omnivoice_onnx import audio, plan, prompt, request
+from omnivoice_onnx.core import audio, plan, prompt, request
+from omnivoice_onnx.core.request import GenerationConfig, Model, Reference, VoiceClonePrompt
+from omnivoice_onnx.core.rng import TorchCpuRng
+from omnivoice_onnx.core.schedule import unmask_schedule
+from omnivoice_onnx.core.scoring import unmask_step
 from omnivoice_onnx.errors import UserError
-from omnivoice_onnx.prompt import TextTokenizer
-from omnivoice_onnx.request import GenerationConfig, Reference, VoiceClonePrompt
-from omnivoice_onnx.rng import TorchCpuRng
-from omnivoice_onnx.schedule import unmask_schedule
-from omnivoice_onnx.scoring import unmask_step
 
 
 @dataclass(frozen=True)
@@ -97,22 +96,6 @@ class Monitor:
     def after_step(self, step: int, steps: int) -> None:
         if self.progress is not None:
             self.progress(Progress(self.chunk, self.chunks, step, steps))
-
-
-@dataclass
-class Model:
-    """What the host side needs from an export: the three networks and their constants."""
-
-    transformer: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]  # ids, audio_mask, attention -> logits
-    encode: Callable[[np.ndarray], np.ndarray]  # input_values [1,1,960*Tc] f32 -> audio_codes [1,C,Tc] int64
-    decode: Callable[[np.ndarray], np.ndarray]  # audio_codes [1,C,T] int64 -> audio_values [1,1,960*T] f32
-    tokenizer: TextTokenizer
-    runtime_config: dict[str, Any]  # runtime-config.json: languages, instruct data, defaults
-    sample_rate: int
-    hop_length: int
-    frame_rate: int
-    num_codebooks: int
-    mask_id: int
 
 
 @dataclass

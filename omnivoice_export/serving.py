@@ -1,0 +1,62 @@
+"""`omnivoice-onnx serve` started as a child process for the tests and the server bench: its
+port read from the start line (`--port 0`, so there is no race for a free port), stopped with
+SIGTERM and a bounded wait. Toolchain-side: a test helper, not part of the runtime's wheel.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from omnivoice_onnx.server import LISTENING
+
+
+@dataclass
+class Launched:
+    """A server started by `launch`: its process, its port and its log file."""
+
+    process: Any  # subprocess.Popen
+    port: int
+    log: Path
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def stop(self, timeout: float = 60.0) -> int:
+        """SIGTERM, then wait (bounded) for the drain and exit; its exit code."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                return self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(10)
+                raise
+        return self.process.returncode
+
+
+def launch(model_dir: Path, log: Path, *flags: str, env: dict[str, str] | None = None,
+           start_timeout: float = 60.0) -> Launched:
+    """`omnivoice-onnx serve --model-dir M --port 0 FLAGS` as a child process, once it listens: the
+    port is read from uvicorn's start line, so there is no race for a free port (tests, benches)."""
+    with open(log, "w") as handle:
+        process = subprocess.Popen([sys.executable, "-m", "omnivoice_onnx", "serve", "--model-dir", str(model_dir),
+                                    "--port", "0", *flags], env=env, stdout=handle, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + start_timeout
+    while time.monotonic() < deadline:
+        found = re.search(re.escape(LISTENING) + r"http://.+:(\d+)/v1", Path(log).read_text())
+        if found:
+            return Launched(process, int(found.group(1)), Path(log))
+        if process.poll() is not None:
+            break
+        time.sleep(0.1)
+    process.kill()
+    process.wait(10)
+    raise RuntimeError(f"the server did not start within {start_timeout:g} s; its log: {log}")

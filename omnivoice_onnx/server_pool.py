@@ -1,0 +1,169 @@
+"""The server's worker pool: a bounded queue in front of N worker threads, each with its own
+loaded OmniVoiceOnnx (own sessions), and the Job a request hands it. The app (omnivoice_onnx.server)
+loads the models and submits jobs; a worker runs generate() or stream() with the job's `cancel`
+Event, so a client that leaves or a request past its timeout is cancelled between unmasking steps.
+Errors reach the client in OpenAI's shape (ApiError); a bug's traceback goes to the log only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from omnivoice_onnx.core.generate import Cancelled
+from omnivoice_onnx.errors import UserError
+
+if TYPE_CHECKING:  # annotations only: the app hands the pool models it loaded
+    from omnivoice_onnx.api import OmniVoiceOnnx
+
+LOG = logging.getLogger("omnivoice_onnx.server")
+
+
+class ApiError(Exception):
+    """An error a client sees, in OpenAI's shape."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 kind: str = "invalid_request_error", headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
+        self.headers = headers or {}
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
+
+
+@dataclass
+class Job:
+    """One request's work, shared by its handler (event loop) and a worker thread."""
+
+    text: str
+    kwargs: dict[str, Any]  # generate()/stream() keywords besides text and seed
+    seed: int
+    stream: bool
+    loop: asyncio.AbstractEventLoop
+    events: asyncio.Queue = field(default_factory=asyncio.Queue)  # ("chunk"|"audio", samples) ... ("done"|"error", x)
+    cancel: threading.Event = field(default_factory=threading.Event)
+    timed_out: bool = False
+    finished: bool = False
+    samples_out: int = 0  # audio samples streamed so far (the SSE usage's output tokens)
+
+    def emit(self, kind: str, payload: Any = None) -> None:
+        """From the worker thread: hand an event to the handler's loop (dropped if the loop is gone)."""
+        with contextlib.suppress(RuntimeError):  # the loop closed: the server is gone, nobody is listening
+            self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, payload))
+
+
+def scrub_paths(message: str, folders: dict[str, Path]) -> str:
+    """`message` with this machine's folders replaced by their labels (a runtime error may name a file)."""
+    for label, folder in folders.items():
+        for spelling in sorted({str(folder), str(Path(folder).resolve())}, key=len, reverse=True):
+            message = message.replace(spelling, label)
+    return message
+
+
+class QueueFull(Exception):
+    """No room in the queue (429)."""
+
+
+class Draining(Exception):
+    """The server is stopping (503)."""
+
+
+class WorkerPool:
+    """N worker threads, each with its own OmniVoiceOnnx, fed from one bounded queue."""
+
+    def __init__(self, models: list[OmniVoiceOnnx], queue_size: int, folders: dict[str, Path]) -> None:
+        self.models = models
+        self.folders = folders  # label -> folder, kept out of what clients see (scrub_paths)
+        self.queue: queue.Queue[Job | None] = queue.Queue(maxsize=queue_size)
+        self.queue_size = queue_size
+        self.running = 0
+        self.draining = False
+        self.cut_off = 0  # requests cancelled while draining (exit 143 when > 0)
+        # Outcomes since start, in /health: what an operator (and the tests) can see of cancellation.
+        self.counts = {"completed": 0, "cancelled": 0, "timed_out": 0, "failed": 0}
+        self.mean_seconds = 1.0  # running mean of a request's worker time, for Retry-After
+        self._lock = threading.Lock()
+        self._threads = [threading.Thread(target=self._work, args=(model,), name=f"omnivoice-worker-{i}", daemon=True)
+                         for i, model in enumerate(models)]
+        for thread in self._threads:
+            thread.start()
+
+    @property
+    def workers(self) -> int:
+        return len(self.models)
+
+    def retry_after(self) -> int:
+        """Seconds until a slot is likely free: the queue ahead, at the mean request time, over the workers."""
+        ahead = self.queue.qsize() + self.running
+        return max(1, math.ceil(self.mean_seconds * ahead / self.workers))
+
+    def submit(self, job: Job) -> None:
+        if self.draining:
+            raise Draining()
+        try:
+            self.queue.put_nowait(job)
+        except queue.Full:
+            raise QueueFull() from None
+
+    def close(self) -> None:
+        """Stop the workers after the jobs already queued (the drain has let them finish)."""
+        self.draining = True
+        for _ in self._threads:
+            self.queue.put(None)
+        for thread in self._threads:
+            thread.join()
+
+    def _work(self, tts: OmniVoiceOnnx) -> None:
+        while (job := self.queue.get()) is not None:
+            if job.cancel.is_set():  # its client left (or it timed out, or the drain ran out) while it waited
+                self._cancelled(job)
+                continue
+            with self._lock:
+                self.running += 1
+            started = time.monotonic()
+            try:
+                self._run(tts, job)
+            finally:
+                with self._lock:
+                    self.running -= 1
+                    self.mean_seconds = 0.8 * self.mean_seconds + 0.2 * (time.monotonic() - started)
+
+    def _count(self, outcome: str) -> None:
+        with self._lock:
+            self.counts[outcome] += 1
+
+    def _cancelled(self, job: Job) -> None:
+        if self.draining and not job.timed_out:
+            with self._lock:
+                self.cut_off += 1
+        self._count("timed_out" if job.timed_out else "cancelled")
+        job.emit("timeout" if job.timed_out else "cancelled")
+
+    def _run(self, tts: OmniVoiceOnnx, job: Job) -> None:
+        try:
+            if job.stream:
+                for chunk in tts.stream(job.text, **job.kwargs, seed=job.seed, cancel=job.cancel):
+                    job.emit("chunk", chunk.samples)
+            else:
+                job.emit("audio", tts.generate(job.text, **job.kwargs, seed=job.seed, cancel=job.cancel)[0])
+            self._count("completed")
+            job.emit("done")
+        except Cancelled:
+            self._cancelled(job)
+        except UserError as exc:
+            self._count("failed")
+            job.emit("error", ApiError(400, scrub_paths(str(exc), self.folders)))
+        except Exception:  # a bug or the machine (memory): logged with its traceback; the client gets one line
+            self._count("failed")
+            LOG.exception("request failed")
+            job.emit("error", ApiError(500, "the server failed to make this audio (its log has the details)",
+                                       kind="server_error", code="internal_error"))

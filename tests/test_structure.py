@@ -1,0 +1,129 @@
+"""The runtime's shape, computed from its source (ast, nothing imported): its import graph has no
+circle and stands at most MAX_FLOORS floors tall, the ground floor imports nothing above it, no
+module is longer than MAX_LINES lines, and nothing in it imports torch, onnx or the toolchain.
+
+A module stands one floor above everything it imports (a module importing nothing of the package is
+floor 1). Every import counts, at module level or inside a function (a function-level import that
+dodges a circle is still a circle), except those under `if TYPE_CHECKING:`, which never run.
+"""
+
+from __future__ import annotations
+
+import ast
+from functools import cache
+from pathlib import Path
+
+PACKAGE = "omnivoice_onnx"
+ROOT = Path(__file__).resolve().parent.parent / PACKAGE
+MAX_FLOORS = 8
+MAX_LINES = 600
+# The ground floor: what every other module may use; each imports nothing of the package but these.
+GROUND = {"errors", "limits", "files", "contract", "graphmeta", "version"}
+# Never imported by the runtime (the toolchain's world: pip install omnivoice-onnx brings none of them).
+FORBIDDEN = {"torch", "torchaudio", "onnx", "onnxscript", "transformers", "omnivoice", "pydub", "omnivoice_export"}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(path): path for path in sorted(ROOT.rglob("*.py"))}
+
+
+def _type_checking_only(tree: ast.AST) -> set[int]:
+    """ids of the import nodes under `if TYPE_CHECKING:` (annotations only: they never run)."""
+    skipped = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and getattr(node.test, "id", getattr(node.test, "attr", None)) == "TYPE_CHECKING":
+            skipped |= {id(inner) for stmt in node.body for inner in ast.walk(stmt)}
+    return skipped
+
+
+@cache
+def imports(name: str) -> tuple[set[str], set[str]]:
+    """(the package's modules `name` imports, the top-level names of everything else it imports)."""
+    path = MODULES[name]
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    skipped = _type_checking_only(tree)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    inside, outside = set(), set()
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: `from . import x`, `from ..core import y`
+                parent = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(parent + ([base] if base else []))
+            # `from package import module` imports the module; `from module import name` the module.
+            targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in MODULES else base for alias in node.names]
+        else:
+            continue
+        for target in targets:
+            if target == PACKAGE or target.startswith(PACKAGE + "."):
+                while target not in MODULES:
+                    target = target.rpartition(".")[0]
+                if target != name:
+                    inside.add(target)
+            else:
+                outside.add(target.partition(".")[0])
+    return inside, outside
+
+
+def short(name: str) -> str:
+    return name.removeprefix(PACKAGE + ".") if name != PACKAGE else PACKAGE
+
+
+def test_no_import_circle_and_at_most_eight_floors() -> None:
+    floors: dict[str, int] = {}
+
+    def floor(name: str, path: tuple[str, ...]) -> int:
+        if name in path:
+            circle = path[path.index(name):] + (name,)
+            raise AssertionError(f"import circle: {' -> '.join(map(short, circle))}")
+        if name not in floors:
+            floors[name] = 1 + max((floor(dep, path + (name,)) for dep in imports(name)[0]), default=0)
+        return floors[name]
+
+    for name in MODULES:
+        floor(name, ())
+    tallest = max(floors.values())
+    top = sorted(short(name) for name, level in floors.items() if level == tallest)
+    assert tallest <= MAX_FLOORS, f"{tallest} floors (at most {MAX_FLOORS}); on the top floor: {', '.join(top)}"
+
+
+def test_ground_floor_imports_only_the_ground_floor() -> None:
+    for ground in GROUND:
+        above = {short(dep) for dep in imports(f"{PACKAGE}.{ground}")[0]} - GROUND
+        assert not above, f"{ground} (ground floor) imports {sorted(above)}"
+
+
+def test_core_imports_nothing_above_it() -> None:
+    """The host loop (core/) stands on the ground floor alone: no sessions, no files it was not
+    handed, no front end."""
+    for name in (name for name in MODULES if name.startswith(f"{PACKAGE}.core")):
+        above = {short(dep) for dep in imports(name)[0] if not dep.startswith(f"{PACKAGE}.core")} - GROUND
+        assert not above, f"{short(name)} imports {sorted(above)}"
+
+
+def test_no_module_over_600_lines() -> None:
+    long = {short(name): n for name, path in MODULES.items()
+            if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_LINES}
+    assert not long, f"modules over {MAX_LINES} lines: {long}"
+
+
+def test_runtime_imports_no_torch_onnx_or_toolchain() -> None:
+    found = {short(name): sorted(imports(name)[1] & FORBIDDEN) for name in MODULES if imports(name)[1] & FORBIDDEN}
+    assert not found, f"the runtime imports the toolchain's packages: {found}"
+
+
+def test_the_graph_is_read_right() -> None:
+    """The reader itself: it sees function-level imports and `from package import module`, and
+    skips TYPE_CHECKING (a check that cannot see an import proves nothing)."""
+    assert f"{PACKAGE}.batch_ray" in imports(f"{PACKAGE}.batch")[0]  # imported inside ray_engine()
+    assert f"{PACKAGE}.core.audio" in imports(f"{PACKAGE}.core.request")[0]  # from omnivoice_onnx.core import audio
+    assert f"{PACKAGE}.api" not in imports(f"{PACKAGE}.server_pool")[0]  # under TYPE_CHECKING
+    assert "numpy" in imports(f"{PACKAGE}.core.rng")[1]
