@@ -54,7 +54,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              "RotaryEmbedding nodes that ORT refuses to run at other shapes)")
     parser.add_argument("--no-dynamo", action="store_true", help="use the legacy TorchScript exporter only")
     parser.add_argument("--capture-dir", type=Path, default=capture.DEFAULT_DIR, help="step 1's capture")
-    parser.add_argument("--onnx-dir", type=Path, default=report.DEFAULT_ONNX_DIR, help="where the graphs go")
+    parser.add_argument("--model-dir", "--onnx-dir", dest="onnx_dir",
+                        type=Path, default=report.DEFAULT_ONNX_DIR, help="where the graphs go")
     return parse(parser, argv)
 
 
@@ -118,7 +119,7 @@ def main(argv: list[str] | None = None) -> None:
     graphs = parse_subset(args.graphs, "--graphs", GRAPH_NAMES)
     exporting.check_opset(args.opset, not args.no_dynamo)
     check_input_dir(args.capture_dir, "--capture-dir")
-    check_output(args.onnx_dir, "--onnx-dir", "dir")
+    check_output(args.onnx_dir, "--model-dir", "dir")
     model_path = resolve_model(args.model)
     fingerprint = model_fingerprint(model_path)
     manifest = capture.load_manifest(args.capture_dir)

@@ -57,7 +57,7 @@ from omnivoice_export import report
 from omnivoice_export.cli import DEFAULT_CAPTURE_DIR, NUM_STEP, SEED, THREADS, check_input_dir, parse, run_main
 from omnivoice_export.generation import DEFAULT_SEED, LANGUAGE, GenerationRequest, check_reference_audio
 from omnivoice_onnx import OmniVoiceOnnx, audio_out
-from omnivoice_onnx.api import default_variant
+from omnivoice_onnx.bundle import Bundle
 from omnivoice_onnx.cli.speak import speak
 from omnivoice_onnx.contract import FP32_VARIANT
 from omnivoice_onnx.core.prompt import instruct_use_zh, load_runtime_config, resolve_instruct, resolve_language
@@ -72,7 +72,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--provider", default="cpu", help=f"one of {', '.join(PROVIDERS)}")
     parser.add_argument("--capture-dir", type=Path, default=DEFAULT_CAPTURE_DIR, help="step 1's capture")
-    parser.add_argument("--onnx-dir", type=Path, default=report.DEFAULT_ONNX_DIR, help="step 2's export")
+    parser.add_argument("--model-dir", "--onnx-dir", dest="onnx_dir",
+                        type=Path, default=report.DEFAULT_ONNX_DIR, help="step 2's export")
     parser.add_argument("--model", default=None,
                         help="compare mode: checkpoint for upstream's generate() (tiny | full-random | PATH | Hugging "
                              "Face repo id); default: the one named in the export report")
@@ -126,7 +127,7 @@ def synthesize(args) -> None:
     """Speak --text with omnivoice_onnx.OmniVoiceOnnx: numpy + onnxruntime, no torch."""
     fmt = audio_out.check_destination(args.out, None, "--out")
     check_synthesis_flags(args)
-    check_input_dir(args.onnx_dir, "--onnx-dir")
+    check_input_dir(args.onnx_dir, "--model-dir")
     if args.ref_audio is not None:
         check_reference_audio(args.ref_audio)
     language = LANGUAGE if args.language is None else args.language
@@ -135,7 +136,7 @@ def synthesize(args) -> None:
     resolve_language(language, config["languages"])
     resolve_instruct(args.instruct, instruct_use_zh(args.text, config["instruct"]), config["instruct"])
     export = report.load_report(args.onnx_dir)
-    variant = default_variant(args.onnx_dir, args.provider) if args.variant is None else args.variant
+    variant = Bundle.open(args.onnx_dir, args.variant, verify=False, provider=args.provider).variant
     # A variant's transformer is checked by the runtime (its metadata names the variant and the
     # codecs' model): the report's sha256 check of variants (quantize.verify_variant) imports torch.
     report.verify_graphs(args.onnx_dir, export, ["transformer", "encoder", "decoder"] if variant == FP32_VARIANT

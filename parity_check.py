@@ -61,7 +61,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--provider", default="cpu", help=f"one of {', '.join(PROVIDERS)}")
     parser.add_argument("--graphs", default=",".join(GRAPH_NAMES), help="comma-separated subset to check")
     parser.add_argument("--capture-dir", type=Path, default=capture.DEFAULT_DIR, help="step 1's capture")
-    parser.add_argument("--onnx-dir", type=Path, default=report.DEFAULT_ONNX_DIR, help="step 2's export")
+    parser.add_argument("--model-dir", "--onnx-dir", dest="onnx_dir",
+                        type=Path, default=report.DEFAULT_ONNX_DIR, help="step 2's export")
     parser.add_argument("--threads", type=THREADS, default=None,
                         help="onnxruntime intra-op threads (default: all cores)")
     for key in TOLERANCES:
@@ -86,7 +87,7 @@ def main(argv: list[str] | None = None) -> None:
     graphs = parse_subset(args.graphs, "--graphs", GRAPH_NAMES)
     thresholds = {key: getattr(args, key) for key in TOLERANCES}
     check_input_dir(args.capture_dir, "--capture-dir")
-    check_output(args.onnx_dir, "--onnx-dir", "dir")  # the results are merged into its report
+    check_output(args.onnx_dir, "--model-dir", "dir")  # the results are merged into its report
     if args.variant is not None:
         parity.check_variant(args.capture_dir, args.onnx_dir, args.variant, args.provider, args.threads, thresholds)
     else:

@@ -38,7 +38,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--capture-dir", type=Path, default=capture.DEFAULT_DIR,
                         help="step 1's capture, the one the export was made from (default: capture/)")
-    parser.add_argument("--onnx-dir", type=Path, default=report.DEFAULT_ONNX_DIR,
+    parser.add_argument("--model-dir", "--onnx-dir", dest="onnx_dir", type=Path, default=report.DEFAULT_ONNX_DIR,
                         help="step 2's export with step 5's variants in it (default: onnx/)")
     parser.add_argument("--variants", default=None,
                         help="comma-separated variants to measure besides fp32 (default: every variant in the report)")

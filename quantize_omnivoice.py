@@ -34,7 +34,7 @@ __doc__ = __doc__.format(recipes="\n".join(f"    {r.name:<15}{r.summary}" for r 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--onnx-dir", type=Path, default=report.DEFAULT_ONNX_DIR,
+    parser.add_argument("--model-dir", "--onnx-dir", dest="onnx_dir", type=Path, default=report.DEFAULT_ONNX_DIR,
                         help="step 2's export; variants are written into subdirectories of it (default: onnx/)")
     parser.add_argument("--variants", default=",".join(quantize.DEFAULT_VARIANTS),
                         help="comma-separated recipes to build (default: all of them)")

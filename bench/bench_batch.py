@@ -60,7 +60,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--model", default="tiny", help="the model's name, for the results' file name")
-    parser.add_argument("--onnx-dir", type=Path, default=DEFAULT_ONNX_DIR, help="the export to run")
+    parser.add_argument("--model-dir", "--onnx-dir", dest="onnx_dir",
+                        type=Path, default=DEFAULT_ONNX_DIR, help="the export to run")
     parser.add_argument("--capture-dir", type=Path, default=DEFAULT_DIR,
                         help="step 0's folder: its ref_voice.wav/.txt are the clone lines' reference")
     parser.add_argument("--lines", type=int_range(3), default=50, help="lines in the list")

@@ -96,7 +96,8 @@ def export_parser(description: str) -> argparse.ArgumentParser:
     """A parser with the flags every bench script shares: the model, its export and step 0's reference."""
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--model", default="tiny", help="tiny | full-random | PATH (must match the export)")
-    parser.add_argument("--onnx-dir", type=Path, default=DEFAULT_ONNX_DIR, help="the export to measure")
+    parser.add_argument("--model-dir", "--onnx-dir", dest="onnx_dir",
+                        type=Path, default=DEFAULT_ONNX_DIR, help="the export to measure")
     parser.add_argument("--capture-dir", type=Path, default=DEFAULT_DIR,
                         help="where ref_voice.wav/.txt (step 0) are: the clone reference")
     return parser

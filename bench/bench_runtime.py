@@ -130,7 +130,7 @@ def worker_main(argv: list[str]) -> None:
     parser.add_argument("--worker", choices=SIDES, required=True)
     parser.add_argument("--launched", type=float, required=True)
     parser.add_argument("--model", required=True)
-    parser.add_argument("--onnx-dir", type=Path, required=True)
+    parser.add_argument("--model-dir", "--onnx-dir", dest="onnx_dir", type=Path, required=True)
     parser.add_argument("--capture-dir", type=Path, required=True)
     parser.add_argument("--request", required=True)
     args = parser.parse_args(argv)

@@ -210,7 +210,8 @@ def markdown(result: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--onnx-dir", type=Path, default=REPO / "onnx", help="the export to serve")
+    parser.add_argument("--model-dir", "--onnx-dir", dest="onnx_dir",
+                        type=Path, default=REPO / "onnx", help="the export to serve")
     parser.add_argument(
         "--model", default="tiny", help="label of the export's model in the results (tiny, full-random)"
     )

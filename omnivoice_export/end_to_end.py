@@ -220,7 +220,7 @@ def check_compare_flags(args, manifest: dict) -> None:
 
 def compare(args) -> None:
     check_input_dir(args.capture_dir, "--capture-dir")
-    check_output(args.onnx_dir, "--onnx-dir", "dir")  # the end-to-end results are merged into its report
+    check_output(args.onnx_dir, "--model-dir", "dir")  # the end-to-end results are merged into its report
     check_output(args.capture_dir, "--capture-dir", "dir")  # onnx_<mode>.wav and the spectrograms go there
     manifest, export = report.verify_against_capture(args.capture_dir, args.onnx_dir, list(GRAPH_NAMES))
     check_compare_flags(args, manifest)

@@ -492,7 +492,7 @@ def check_variant_outputs(onnx_dir: Path, names: list[str]) -> None:
         if os.path.lexists(folder) and not folder.is_dir():
             raise UserError(f"{folder} exists and is not a directory: variant {name} is written into that folder",
                             "move or remove it, then re-run")
-    check_output(Path(onnx_dir), "--onnx-dir", "dir")
+    check_output(Path(onnx_dir), "--model-dir", "dir")
 
 
 def quantize_variants(onnx_dir: Path, names: list[str], log=print) -> dict[str, dict[str, Any]]:

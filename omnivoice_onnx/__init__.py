@@ -19,9 +19,9 @@ holds the package to no import circle, at most 8 floors, no module over 600 line
                  contract), graphmeta (metadata_props without onnx), version
     core/        the host loop a porter reads: rng, schedule, scoring, text, duration, prompt,
                  plan, audio, request (the one validation), generate (see core/__init__.py)
-    model        sessions (onnxruntime, providers, split execution), integrity (hashes against
-                 the report), bundle (the export folder), api (OmniVoiceOnnx), voices (saved
-                 voices), audio_out (the one audio writer), conformance (traces for ports)
+    model        sessions (onnxruntime, providers, split execution), bundle (the export folder:
+                 paths, variants, the report, hashes against it, metadata), api (OmniVoiceOnnx),
+                 voices (saved voices), audio_out (the one audio writer), conformance (port traces)
     front ends   cli/ (the `omnivoice-onnx` command; cliutil: argument types, exit codes,
                  one-line errors, shared with the toolchain), server (OpenAI-style HTTP),
                  batch (batch_list: the JSONL list; batch_ray: the Ray engine)

@@ -20,16 +20,14 @@ A transformer variant made by quantize_omnivoice.py (step 5) is loaded by name,
 `from_dir("onnx", variant="int8")`: onnx/int8/omnivoice_transformer.onnx with the export's fp32
 codec graphs, or the variant's own where it carries them (`variant="fp16"`: float16 encoder and
 decoder too; omnivoice_onnx.contract.variant_path). Its metadata must name the variant and the
-codecs' model. Without a name the runtime takes default_variant(): fp32-fused when step 5 made
+codecs' model. Without a name the runtime takes bundle.default_variant(): fp32-fused when step 5 made
 it for this export (the faithful graph's logits, bit for bit on every CPU call measured, and
 faster), else the faithful fp32 graph, which stays the reference every verdict is made on.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import re
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -37,59 +35,28 @@ from typing import Any
 
 import numpy as np
 
-from omnivoice_onnx import integrity
+from omnivoice_onnx.bundle import RERUN_EXPORT, Bundle, variant_fix
 from omnivoice_onnx.contract import (
     AUDIO_VOCAB_SIZE,
     FP32_VARIANT,
     NUM_CODEBOOKS,
-    REPORT_FILE,
     contract_table,
     ort_signature,
     signature_problems,
-    variant_path,
-    variants_present,
 )
 from omnivoice_onnx.core import generate as gen
 from omnivoice_onnx.core import request
-from omnivoice_onnx.core.prompt import RUNTIME_CONFIG_FILE, TextTokenizer, load_runtime_config
+from omnivoice_onnx.core.prompt import RUNTIME_CONFIG_FILE, TextTokenizer
 from omnivoice_onnx.core.rng import TorchCpuRng, fresh_seed
 from omnivoice_onnx.errors import UserError
 from omnivoice_onnx.limits import check_seed, check_threads, memory_errors_as_user_errors
 from omnivoice_onnx.sessions import TRANSFORMER_ARENA, CodecSessions, finite_output, make_session, run_split
 
-RERUN_EXPORT = integrity.RERUN_EXPORT
-VARIANT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # a folder name inside the export, never a path
 # Graph metadata (omnivoice_export.exporting.graph_metadata) the runtime reads, as ints.
 INT_METADATA = ("sample_rate", "hop_length", "frame_rate", "num_codebooks", "audio_vocab_size", "audio_mask_id")
 # runtime-config.json's model section -> the graph metadata key that must agree with it.
 CONFIG_VS_METADATA = {"audio_mask_id": "audio_mask_id", "num_audio_codebook": "num_codebooks",
                       "audio_vocab_size": "audio_vocab_size"}
-# The transformer graph used when no variant is named: the first of these that the export holds.
-# fp32-fused passes the fp32 verdicts (parity argmax 1.000000, tokens 100 %, its logits the same
-# bits as the faithful graph's on every CPU call measured: log Runs 19, 22) and runs faster; it
-# needs onnxruntime's contrib op com.microsoft.MultiHeadAttention (in every standard build; a
-# reduced mobile build may lack it: name variant="fp32" there). The one place the runtime's choice
-# is made; infer_onnx.py --text takes it, its compare mode always runs the faithful graph.
-DEFAULT_VARIANT_ORDER = ("fp32-fused", FP32_VARIANT)
-
-
-def default_variant(onnx_dir: Path, provider: str = "cpu") -> str:
-    """The variant the runtime loads from `onnx_dir` when none is named: the first of
-    DEFAULT_VARIANT_ORDER whose graph is in the folder AND that the export report lists (a re-export
-    writes a new report without variants, so a folder left from the previous export is never
-    taken), on the CPU provider only (the fused kernel was measured on CPU); else "fp32"."""
-    if provider != "cpu":
-        return FP32_VARIANT
-    try:
-        listed = set(json.loads((Path(onnx_dir) / REPORT_FILE).read_text()).get("variants", {}))
-    except (OSError, ValueError, AttributeError):
-        return FP32_VARIANT  # no readable report: the faithful graph, whose own checks then speak
-    present = variants_present(onnx_dir)
-    return next(
-        (name for name in DEFAULT_VARIANT_ORDER if name in present and (name == FP32_VARIANT or name in listed)),
-        FP32_VARIANT,
-    )
-
 
 def graph_metadata(session, path: Path, graph: str) -> dict[str, Any]:
     """A session's OmniVoice metadata (ints parsed), checked to describe `graph` and its inputs
@@ -135,16 +102,6 @@ def metadata_problem(values: dict[str, int]) -> str | None:
     return None
 
 
-def transformer_path(onnx_dir: Path, variant: str) -> Path:
-    """The transformer graph of `variant`; a missing variant is a UserError naming those present."""
-    path = variant_path(onnx_dir, variant)
-    if variant != FP32_VARIANT and not path.is_file():
-        present = ", ".join(variants_present(onnx_dir)) or "none"
-        raise UserError(f"the export in {onnx_dir} has no transformer variant {variant!r} (present: {present})",
-                        f"run quantize_omnivoice.py --variants {variant}")
-    return path
-
-
 class OmniVoiceOnnx:
     """An OmniVoice export loaded for generation. Build it with `from_dir`."""
 
@@ -154,40 +111,27 @@ class OmniVoiceOnnx:
     # into pieces of about that length (sentences, merged up to it; see docs in gen.stream).
     STREAM_CHUNK_DEFAULTS: dict[str, Any] = {"audio_chunk_duration": 3.0, "audio_chunk_threshold": 3.0}
 
-    def __init__(self, onnx_dir: Path, provider: str = "cpu", threads: int | None = None,
+    def __init__(self, model_dir: str | os.PathLike, provider: str = "cpu", threads: int | None = None,
                  resident_codecs: bool = False, variant: str | None = None, verify: bool = True) -> None:
-        if not isinstance(onnx_dir, (str, os.PathLike)):
-            raise UserError(f"onnx_dir must be a path, got {type(onnx_dir).__name__}",
-                            "pass the folder export_omnivoice.py wrote")
         if not isinstance(provider, str):
             raise UserError(f"provider must be a string, got {type(provider).__name__}", "pass \"cpu\", \"cuda-fp32\" "
                             "or \"cuda-tf32\"")
         threads = check_threads(threads)
         if not isinstance(resident_codecs, bool):
             raise UserError(f"resident_codecs must be True or False, got {resident_codecs!r:.40}", "pass a bool")
-        if variant is not None and not (isinstance(variant, str) and VARIANT_NAME.fullmatch(variant)):
-            raise UserError(f"variant must be a variant's name (a folder of the export), got {variant!r:.60}",
-                            f"pass one of {', '.join(variants_present(Path(onnx_dir))) or 'fp32'}, or None")
-        verify = integrity.verify_requested(verify)
-        onnx_dir = Path(onnx_dir)
-        if not onnx_dir.is_dir():
-            raise UserError(f"export folder not found: {onnx_dir}", "pass the folder export_omnivoice.py wrote")
-        self.onnx_dir = onnx_dir
-        self.variant = default_variant(onnx_dir, provider) if variant is None else variant
-        path = transformer_path(onnx_dir, self.variant)
-        if verify:  # before anything is loaded: a damaged sidecar loads, and runs
-            integrity.verify_bundle(onnx_dir, self.variant)
-        self.runtime_config = load_runtime_config(onnx_dir)
-        self.tokenizer = TextTokenizer.from_dir(onnx_dir)
-        variant_fix = (
-            RERUN_EXPORT if self.variant == FP32_VARIANT else f"run quantize_omnivoice.py --variants {self.variant}"
-        )
-        self.transformer = make_session(path, provider, threads, arena=TRANSFORMER_ARENA, fix=variant_fix)
+        self.bundle = Bundle.open(model_dir, variant, verify, provider)  # every file it loads verified first
+        self.model_dir = self.bundle.dir
+        self.variant = self.bundle.variant
+        path = self.bundle.transformer_path()
+        self.runtime_config = self.bundle.runtime_config
+        self.tokenizer = TextTokenizer.from_dir(self.model_dir)
+        fix = variant_fix(self.variant)
+        self.transformer = make_session(path, provider, threads, arena=TRANSFORMER_ARENA, fix=fix)
         self.metadata = graph_metadata(self.transformer, path, "transformer")
         if self.metadata.get("variant", FP32_VARIANT) != self.variant:
             raise UserError(f"{path} is variant {self.metadata.get('variant', FP32_VARIANT)!r}, not "
                             f"{self.variant!r}", f"run quantize_omnivoice.py --variants {self.variant}")
-        self.codecs = CodecSessions(onnx_dir, provider, threads, resident_codecs, self.variant)
+        self.codecs = CodecSessions(self.model_dir, provider, threads, resident_codecs, self.variant)
         for name in ("encoder", "decoder"):
             # Opened once here (then released unless resident) so a foreign graph fails now, not
             # after the whole transformer loop.
@@ -200,7 +144,7 @@ class OmniVoiceOnnx:
                 if self.variant != FP32_VARIANT:  # the codecs are the export's own: the variant is the stranger
                     raise UserError(f"{path} was made from another export (model "
                                     f"{self.metadata['model_fingerprint'][:16]}; this export's graphs are of "
-                                    f"{codec_meta['model_fingerprint'][:16]})", variant_fix)
+                                    f"{codec_meta['model_fingerprint'][:16]})", fix)
                 raise UserError(f"{self.codecs.paths[name]} belongs to another export (model "
                                 f"{codec_meta['model_fingerprint'][:16]}, the transformer's is "
                                 f"{self.metadata['model_fingerprint'][:16]})", RERUN_EXPORT)
@@ -211,8 +155,8 @@ class OmniVoiceOnnx:
         try:  # the export's own generation defaults, checked as a request's are
             gen.GenerationConfig.from_dict(None, self.runtime_config["generation"])
         except UserError as exc:
-            raise UserError(f"{onnx_dir / RUNTIME_CONFIG_FILE}: its generation defaults are wrong ({exc.problem})",
-                            RERUN_EXPORT) from exc
+            raise UserError(f"{self.model_dir / RUNTIME_CONFIG_FILE}: its generation defaults are wrong "
+                            f"({exc.problem})", RERUN_EXPORT) from exc
         if self.runtime_config["graphs"] != contract_table():
             raise UserError("runtime-config.json's graphs section is not this runtime's I/O contract "
                             "(omnivoice_onnx.contract)", RERUN_EXPORT)
@@ -233,17 +177,27 @@ class OmniVoiceOnnx:
             mask_id=self.metadata["audio_mask_id"])
 
     @classmethod
-    def from_dir(cls, onnx_dir: str | os.PathLike, provider: str = "cpu", threads: int | None = None,
-                 resident_codecs: bool = False, variant: str | None = None, verify: bool = True) -> OmniVoiceOnnx:
-        """Load an export folder. provider: "cpu", "cuda-fp32" or "cuda-tf32" (omnivoice_onnx.sessions);
+    def from_dir(cls, model_dir: str | os.PathLike | None = None, provider: str = "cpu", threads: int | None = None,
+                 resident_codecs: bool = False, variant: str | None = None, verify: bool = True, *,
+                 onnx_dir: str | os.PathLike | None = None) -> OmniVoiceOnnx:
+        """Load an export folder (`model_dir`, the name the CLI's --model-dir uses; `onnx_dir` is
+        its older spelling, kept as an alias). provider: "cpu", "cuda-fp32" or "cuda-tf32" (omnivoice_onnx.sessions);
         threads: onnxruntime intra-op threads (None: its default; at most limits.MAX_THREADS);
         resident_codecs: keep the encoder and decoder loaded between calls (a server) instead of
         opening them per call; variant: a transformer variant of quantize_omnivoice.py ("int8",
-        "fp32-unmasked", ...; "fp32" the export's own; None: default_variant(), fp32-fused when
+        "fp32-unmasked", ...; "fp32" the export's own; None: bundle.default_variant(), fp32-fused when
         step 5 made it, else fp32); verify: check every file loaded against export-report.json's
-        sha256 first (omnivoice_onnx.integrity; False, or OMNIVOICE_VERIFY=0, for a bundle
+        sha256 first (omnivoice_onnx.bundle; False, or OMNIVOICE_VERIFY=0, for a bundle
         without a report)."""
-        return cls(onnx_dir, provider, threads, resident_codecs, variant, verify)
+        if (model_dir is None) == (onnx_dir is None):
+            raise UserError("from_dir needs the export folder once: model_dir (or its alias onnx_dir)",
+                            "pass from_dir(\"onnx\")")
+        return cls(model_dir if onnx_dir is None else onnx_dir, provider, threads, resident_codecs, variant, verify)
+
+    @property
+    def onnx_dir(self) -> Path:
+        """The export folder: model_dir's older name, kept as an alias."""
+        return self.model_dir
 
     @property
     def sample_rate(self) -> int:

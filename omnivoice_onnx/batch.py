@@ -201,7 +201,7 @@ class Options:
     test_list: Path
     res_dir: Path
     model_dir: Path
-    variant: str | None = None  # transformer variant; None: the runtime's default_variant()
+    variant: str | None = None  # transformer variant; None: the runtime's default (bundle.default_variant)
     voices: Path | None = None  # voices folder override (omnivoice_onnx.voices.voices_dir)
     generation_config: dict[str, Any] = field(default_factory=dict)  # overrides of the export's defaults
     default_language: str | None = None  # for lines without language_id (upstream --lang_id)

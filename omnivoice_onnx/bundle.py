@@ -1,24 +1,74 @@
-"""What an export folder (a bundle) says about itself, read without loading any graph.
+"""The export folder (a bundle) as one object: its paths, its variants and the default one, one
+read of export-report.json, its files hashed against the report, its graphs' metadata.
 
-`omnivoice-onnx info` and `omnivoice-onnx voice` need a graph's metadata (model fingerprint,
-licence, variant) but not its weights: opening an onnxruntime session on the real transformer
-takes ~6 s and ~2.5 GB, and the `onnx` package is not a runtime dependency. metadata_props()
-reads them from the .onnx protobuf (omnivoice_onnx.graphmeta; the weights are in the sidecar).
+    bundle = Bundle.open("onnx")                  # the default variant, every file it loads verified
+    bundle = Bundle.open("onnx", variant="int8", verify=False)
+    bundle.path("transformer"), bundle.fingerprint, bundle.variants, bundle.runtime_config
 
-Licence: each graph's metadata carries `license` and `source` (omnivoice_export.exporting
-graph_metadata); the bundle's README.md (the model card) repeats them in its YAML header.
+OmniVoiceOnnx.from_dir, `omnivoice-onnx info`, `voice`, `serve` and `batch` all open the folder
+through here, so a damaged file is refused the same way everywhere.
+
+Verification: a damaged graph sidecar loads and runs (zeroed weights of the default fp32-fused
+graph, or of an fp32 codec, gave audio with exit 0, and step 6 measured nothing wrong). The
+export and step 5 record every file they write as {sha256, bytes} in the report; `verify` hashes
+each file the variant loads (its transformer, both codec graphs, each with its sidecar,
+tokenizer.json and runtime-config.json) and names the step that remakes a file that differs:
+the export's own files `re-run export_omnivoice.py`, a variant's `run quantize_omnivoice.py
+--variants NAME`. Cost: one read of every file loaded (at the real dims ~3 GB, a few seconds at
+disk speed); a server pays it once. A bundle without a report (assembled by hand, a port's test
+folder) is refused unless the check is skipped (verify=False, or OMNIVOICE_VERIFY=0); the graphs'
+metadata and runtime-config.json's values are checked either way (api.py, prompt.load_runtime_config).
+
+Metadata is read from the .onnx protobuf (omnivoice_onnx.graphmeta; the weights are in the
+sidecar): no onnxruntime session, no `onnx` package. Licence: each graph's metadata carries
+`license` and `source`; the bundle's README.md (the model card) repeats them in its YAML header.
 """
 
 from __future__ import annotations
 
+import functools
+import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from omnivoice_onnx.contract import GRAPH_FILES
+from omnivoice_onnx.contract import FP32_VARIANT, GRAPH_FILES, REPORT_FILE, variant_dir, variant_path, variants_present
+from omnivoice_onnx.core.prompt import RUNTIME_CONFIG_FILE, TOKENIZER_FILE, load_runtime_config
 from omnivoice_onnx.errors import UserError
+from omnivoice_onnx.files import FILE_ENTRY_SCHEMA, Each, matches_entry, read_json, schema_problem
 from omnivoice_onnx.graphmeta import read_metadata_props
 
+DEFAULT_MODEL_DIR = Path("onnx")  # where the commands look when no --model-dir is given
 MODEL_CARD_FILE = "README.md"
+VERIFY_ENV = "OMNIVOICE_VERIFY"  # "0": skip the sha256 check (verify=False for every open)
+RERUN_EXPORT = "re-run export_omnivoice.py into an empty folder"
+SKIP = f"or load it unchecked with verify=False / {VERIFY_ENV}=0"
+# What the runtime reads of the report: the files of each graph, the runtime assets, the variants.
+REPORT_FILES_SCHEMA = {"graphs": Each({"files": Each(FILE_ENTRY_SCHEMA)}),
+                       "runtime_assets": Each(FILE_ENTRY_SCHEMA)}
+VARIANT_SCHEMA = {"dir": str, "files": Each(FILE_ENTRY_SCHEMA)}
+VARIANT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # a folder name inside the export, never a path
+# The transformer graph used when no variant is named: the first of these that the export holds.
+# fp32-fused passes the fp32 verdicts (parity argmax 1.000000, tokens 100 %, its logits the same
+# bits as the faithful graph's on every CPU call measured: investigation log) and runs faster; it
+# needs onnxruntime's contrib op com.microsoft.MultiHeadAttention (in every standard build; a
+# reduced mobile build may lack it: name variant="fp32" there). The one place the runtime's choice
+# is made; infer_onnx.py --text takes it, its compare mode always runs the faithful graph.
+DEFAULT_VARIANT_ORDER = ("fp32-fused", FP32_VARIANT)
+
+
+def verify_requested(verify: Any) -> bool:
+    """Whether to check sha256: `verify` (a bool), unless $OMNIVOICE_VERIFY is "0"."""
+    if not isinstance(verify, bool):
+        raise UserError(f"verify must be True or False, got {type(verify).__name__} {verify!r:.40}",
+                        "pass verify=False only for a bundle without export-report.json")
+    return verify and os.environ.get(VERIFY_ENV, "").strip() != "0"
+
+
+def variant_fix(variant: str) -> str:
+    """The step that remakes `variant`'s files."""
+    return RERUN_EXPORT if variant == FP32_VARIANT else f"run quantize_omnivoice.py --variants {variant}"
 
 
 def metadata_props(path: Path) -> dict[str, str]:
@@ -33,27 +83,177 @@ def metadata_props(path: Path) -> dict[str, str]:
         raise UserError(f"{path} is not a readable ONNX graph ({exc})", "re-run export_omnivoice.py") from exc
 
 
-def bundle_metadata(onnx_dir: Path) -> dict[str, str]:
-    """The export's own transformer graph's metadata (fingerprint, licence, source, constants);
-    a UserError when the folder holds no export."""
-    path = Path(onnx_dir) / GRAPH_FILES["transformer"]
-    if not path.is_file():
-        raise UserError(f"{onnx_dir} holds no OmniVoice export ({path.name} not found)",
-                        "pass the folder export_omnivoice.py wrote (--model-dir)")
-    meta = metadata_props(path)
-    if not meta.get("model_fingerprint"):
-        raise UserError(
-            f"{path} has no model_fingerprint metadata: not an OmniVoice export", "re-run export_omnivoice.py"
-        )
-    return meta
-
-
-def card_license(onnx_dir: Path) -> str | None:
+def card_license(model_dir: Path) -> str | None:
     """The `license:` of the bundle's model card YAML header, if the card is there."""
     try:
-        text = (Path(onnx_dir) / MODEL_CARD_FILE).read_text(encoding="utf-8")
+        text = (Path(model_dir) / MODEL_CARD_FILE).read_text(encoding="utf-8")
     except OSError:
         return None
     header = re.match(r"---\n(.*?)\n---\n", text, re.S)
     found = re.search(r"^license:\s*(\S.*)$", header.group(1), re.M) if header else None
     return found.group(1).strip() if found else None
+
+
+@dataclass(frozen=True)
+class FileCheck:
+    """One file a variant loads, against its report entry."""
+
+    path: Path
+    entry: dict[str, Any]  # {sha256, bytes} as the report records it
+    fix: str  # the step that remakes it
+
+    def problem(self) -> str | None:
+        """Why the file is not the one recorded (None when it is): missing, or another size/sha256."""
+        if not self.path.is_file():
+            return f"{self.path} is missing"
+        if not matches_entry(self.path, self.entry):
+            return (f"{self.path} does not match the sha256 export-report.json records for it (damaged, truncated, "
+                    "replaced or from another export)")
+        return None
+
+
+class Bundle:
+    """An export folder, opened: build it with `Bundle.open`."""
+
+    def __init__(self, model_dir: Path, variant: str, report: dict[str, Any] | None) -> None:
+        self.dir = model_dir
+        self.variant = variant  # the transformer variant loaded (named, or default_variant's choice)
+        self.report = report  # export-report.json, read once (None: no report, opened with verify=False)
+
+    @classmethod
+    def open(cls, model_dir: str | os.PathLike, variant: str | None = None, verify: bool = True,
+             provider: str = "cpu") -> Bundle:
+        """The folder at `model_dir` with `variant` (None: default_variant's choice for `provider`);
+        with `verify`, every file the variant loads checked against the report first (UserError
+        naming the first that differs, and the step that remakes it)."""
+        if not isinstance(model_dir, (str, os.PathLike)):
+            raise UserError(f"model_dir must be a path, got {type(model_dir).__name__}",
+                            "pass the folder export_omnivoice.py wrote")
+        model_dir = Path(model_dir)
+        if variant is not None and not (isinstance(variant, str) and VARIANT_NAME.fullmatch(variant)):
+            raise UserError(f"variant must be a variant's name (a folder of the export), got {variant!r:.60}",
+                            f"pass one of {', '.join(variants_present(model_dir)) or 'fp32'}, or None")
+        verify = verify_requested(verify)
+        if not model_dir.is_dir():
+            raise UserError(f"export folder not found: {model_dir}", "pass the folder export_omnivoice.py wrote")
+        report = read_report(model_dir, required=verify)
+        bundle = cls(model_dir, variant or default_variant(model_dir, report, provider), report)
+        bundle.transformer_path()  # a variant not in the folder is named before anything is hashed
+        if verify:  # before anything is loaded: a damaged sidecar loads, and runs
+            bundle.verify()
+        return bundle
+
+    def verify(self, variant: str | None = None) -> None:
+        """Every file `variant` (default: the bundle's) loads is the one the report lists (size,
+        then sha256); else a UserError naming the first that is not, and the step that remakes it."""
+        for check in self.file_checks(variant):
+            problem = check.problem()
+            if problem:
+                raise UserError(problem, check.fix)
+
+    @property
+    def variants(self) -> list[str]:
+        """The variants whose transformer graph is in the folder (contract.variants_present)."""
+        return variants_present(self.dir)
+
+    def path(self, graph: str, variant: str | None = None) -> Path:
+        """`graph`'s file for `variant` (default: the bundle's): contract.variant_path."""
+        return variant_path(self.dir, variant or self.variant, graph)
+
+    def transformer_path(self) -> Path:
+        """The bundle variant's transformer graph; a variant not in the folder is a UserError
+        naming those present."""
+        path = self.path("transformer")
+        if self.variant != FP32_VARIANT and not path.is_file():
+            raise UserError(f"the export in {self.dir} has no transformer variant {self.variant!r} (present: "
+                            f"{', '.join(self.variants) or 'none'})", variant_fix(self.variant))
+        return path
+
+    @functools.cached_property
+    def metadata(self) -> dict[str, str]:
+        """The export's own transformer graph's metadata (fingerprint, licence, source, constants),
+        read without a session; a UserError when the folder holds no export."""
+        path = self.path("transformer", FP32_VARIANT)
+        if not path.is_file():
+            raise UserError(f"{self.dir} holds no OmniVoice export ({path.name} not found)",
+                            "pass the folder export_omnivoice.py wrote (--model-dir)")
+        meta = metadata_props(path)
+        if not meta.get("model_fingerprint"):
+            raise UserError(f"{path} has no model_fingerprint metadata: not an OmniVoice export", RERUN_EXPORT)
+        return meta
+
+    @property
+    def fingerprint(self) -> str:
+        return self.metadata["model_fingerprint"]
+
+    @functools.cached_property
+    def runtime_config(self) -> dict[str, Any]:
+        """runtime-config.json, checked (prompt.load_runtime_config)."""
+        return load_runtime_config(self.dir)
+
+    def file_checks(self, variant: str | None = None) -> list[FileCheck]:
+        """Every file `variant` (default: the bundle's) loads, with its report entry: the codec
+        graphs, the runtime assets, and the export's transformer or the variant's own files."""
+        variant = variant or self.variant
+        path = self.dir / REPORT_FILE
+        if self.report is None:
+            raise UserError(f"export report not found: {path}", f"{RERUN_EXPORT}, {SKIP}")
+        problem = schema_problem(self.report, REPORT_FILES_SCHEMA)
+        if problem:  # a report of an earlier version (no runtime_assets), or a hand edit
+            raise UserError(f"export report {path} is malformed: {problem}", f"{RERUN_EXPORT}, {SKIP}")
+        checks = []
+        for graph in ["encoder", "decoder"] + (["transformer"] if variant == FP32_VARIANT else []):
+            entry = self.report["graphs"].get(graph)
+            if entry is None:
+                raise UserError(f"export report {path} lists no {graph} graph", RERUN_EXPORT)
+            checks += [FileCheck(self.dir / name, info, RERUN_EXPORT) for name, info in entry["files"].items()
+                       if name.startswith(GRAPH_FILES[graph])]
+        for name in (TOKENIZER_FILE, RUNTIME_CONFIG_FILE):
+            if name not in self.report["runtime_assets"]:
+                raise UserError(f"export report {path} lists no {name}", RERUN_EXPORT)
+            checks.append(FileCheck(self.dir / name, self.report["runtime_assets"][name], RERUN_EXPORT))
+        if variant != FP32_VARIANT:
+            fix = variant_fix(variant)
+            entry = self.listed_variants().get(variant)
+            if entry is None:
+                raise UserError(f"export report {path} does not list variant {variant!r} (a folder left from an "
+                                "earlier export, or made by hand?)", fix)
+            problem = schema_problem(entry, VARIANT_SCHEMA, f"variants.{variant}")
+            if problem:
+                raise UserError(f"export report {path} is malformed: {problem}", fix)
+            checks += [FileCheck(variant_dir(self.dir, variant) / name, info, fix)
+                       for name, info in entry["files"].items()]
+        return checks
+
+    def listed_variants(self) -> dict[str, Any]:
+        """The report's `variants` section (empty without a report)."""
+        listed = (self.report or {}).get("variants")
+        return listed if isinstance(listed, dict) else {}
+
+
+def read_report(model_dir: Path, required: bool = True) -> dict[str, Any] | None:
+    """export-report.json; when it is missing, unreadable or not a JSON object, a UserError if
+    `required`, else None."""
+    path = Path(model_dir) / REPORT_FILE
+    try:
+        report = read_json(path, "export report", f"{RERUN_EXPORT}, {SKIP}")
+        if not isinstance(report, dict):
+            raise UserError(f"export report {path} is not a JSON object", f"{RERUN_EXPORT}, {SKIP}")
+    except UserError:
+        if required:
+            raise
+        return None  # unchecked on request: the graphs' own checks then speak
+    return report
+
+
+def default_variant(model_dir: Path, report: dict[str, Any] | None, provider: str = "cpu") -> str:
+    """The variant loaded from `model_dir` when none is named: the first of DEFAULT_VARIANT_ORDER
+    whose graph is in the folder AND that the export report lists (a re-export writes a new report
+    without variants, so a folder left from the previous export is never taken), on the CPU
+    provider only (the fused kernel was measured on CPU); else "fp32"."""
+    listed = (report or {}).get("variants")
+    if provider != "cpu" or not isinstance(listed, dict):
+        return FP32_VARIANT  # no readable report: the faithful graph, whose own checks then speak
+    present = variants_present(model_dir)
+    return next((name for name in DEFAULT_VARIANT_ORDER
+                 if name in present and (name == FP32_VARIANT or name in listed)), FP32_VARIANT)

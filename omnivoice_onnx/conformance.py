@@ -507,13 +507,14 @@ def check_vectors(onnx_dir: Path, folder: Path, threads: int | None = None) -> d
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m omnivoice_onnx.conformance", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--onnx-dir", type=Path, default=Path("onnx"), help="the export folder")
+    parser.add_argument("--model-dir", "--onnx-dir", dest="onnx_dir", type=Path, default=Path("onnx"),
+                        help="the export folder")
     mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument("--out", type=Path, help="folder to (re)write whole: references, vectors, README.md")
     mode.add_argument("--check", type=Path, help="folder of vectors to replay against this runtime")
     parser.add_argument("--threads", type=THREADS, default=None, help="onnxruntime intra-op threads (>= 1)")
     args = parse(parser, argv)
-    check_input_dir(args.onnx_dir, "--onnx-dir")
+    check_input_dir(args.onnx_dir, "--model-dir")
     if args.out is not None:
         check_output(args.out, "--out", "tree")  # before the model loads: a refusal costs nothing
         write_vectors(args.onnx_dir, args.out, args.threads)

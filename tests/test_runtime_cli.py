@@ -26,8 +26,8 @@ from omnivoice_export import quantize
 from omnivoice_export.cli import EXIT_BAD_INPUT, run_main
 from omnivoice_export.generation import DEFAULT_SEED, LANGUAGE
 from omnivoice_onnx import OmniVoiceOnnx, UserError
-from omnivoice_onnx.api import default_variant
 from omnivoice_onnx.audio_out import to_pcm16
+from omnivoice_onnx.bundle import Bundle
 from omnivoice_onnx.contract import FP32_VARIANT, GRAPH_FILES, variant_dir, variant_path, variants_present
 
 BLOCKED = ("torch", "torchaudio", "transformers", "omnivoice", "pydub")
@@ -97,14 +97,14 @@ def test_default_ignores_a_fused_folder_the_report_does_not_list(variants_export
     export behind: the runtime must not take that graph by default (it may be another export's)."""
     onnx = tmp_path / "onnx"
     shutil.copytree(variants_export, onnx)
-    assert default_variant(onnx) == "fp32-fused"
+    assert Bundle.open(onnx, verify=False).variant == "fp32-fused"
     report_file = onnx / "export-report.json"
     report = json.loads(report_file.read_text())
     del report["variants"]
     report_file.write_text(json.dumps(report))
-    assert default_variant(onnx) == FP32_VARIANT
+    assert Bundle.open(onnx, verify=False).variant == FP32_VARIANT
     report_file.unlink()
-    assert default_variant(onnx) == FP32_VARIANT
+    assert Bundle.open(onnx, verify=False).variant == FP32_VARIANT
 
 
 def _tokens(tts: OmniVoiceOnnx, **kwargs) -> np.ndarray:
@@ -126,8 +126,9 @@ def test_runtime_loads_a_variant_by_name(pipeline: Pipeline, variants_export: Pa
     assert fp32.variant == FP32_VARIANT and "variant" not in fp32.metadata
     default = OmniVoiceOnnx.from_dir(variants_export)
     assert default.variant == default.metadata["variant"] == "fp32-fused"
-    assert default_variant(pipeline.onnx) == FP32_VARIANT  # step 5 not run there
-    assert default_variant(variants_export, "cuda-fp32") == FP32_VARIANT  # the fused kernel is measured on CPU only
+    assert Bundle.open(pipeline.onnx, verify=False).variant == FP32_VARIANT  # step 5 not run there
+    # the fused kernel is measured on CPU only
+    assert Bundle.open(variants_export, verify=False, provider="cuda-fp32").variant == FP32_VARIANT
     assert fp32.codecs.paths["encoder"] == variants_export / GRAPH_FILES["encoder"]
     unmasked = OmniVoiceOnnx.from_dir(variants_export, variant="fp32-unmasked")
     int8 = OmniVoiceOnnx.from_dir(variants_export, variant="int8")

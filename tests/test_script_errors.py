@@ -649,7 +649,7 @@ def test_output_checked_before_any_work(case: str, tmp_path: Path, monkeypatch, 
                                         / "out.wav"] if case == "out-unwritable" else [], "cannot create files in"),
         "out-dir-is-file": (make_reference, ["--out-dir", a_file], "--out-dir"),
         "capture-dir-is-file": (capture_reference, ["--modes", "auto", "--capture-dir", a_file], "--capture-dir"),
-        "onnx-dir-is-file": (export_omnivoice, ["--onnx-dir", a_file], "--onnx-dir"),
+        "onnx-dir-is-file": (export_omnivoice, ["--onnx-dir", a_file], "--model-dir"),
         "onnx-dir-unwritable": (parity_check, ["--onnx-dir", _unwritable_dir(tmp_path / "ro", monkeypatch)]
                                 if case == "onnx-dir-unwritable" else [], "cannot create files in"),
     }[case]

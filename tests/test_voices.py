@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -224,3 +225,30 @@ def test_info_describes_the_bundle(pipeline: Pipeline, tts, tmp_path: Path) -> N
         assert expected in out, (expected, out)
     languages = _cli("info", str(pipeline.onnx), "--languages")
     assert languages.returncode == 0 and len(languages.stdout.splitlines()) == 646
+
+
+@pytest.mark.slow
+def test_info_verifies_as_loading_does(pipeline: Pipeline, tmp_path: Path) -> None:
+    """A truncated sidecar: `info` lists it as DAMAGED, voids the recorded verdicts, and ends with one
+    line naming the file and exit 2 (it used to hash the files, compare nothing, and show PASS with
+    exit 0). Without the report, info refuses as loading does, unless --no-verify."""
+    onnx = tmp_path / "onnx"
+    shutil.copytree(pipeline.onnx, onnx)
+    report = json.loads((onnx / "export-report.json").read_text())
+    report["parity"] = {"cpu": {"verdict": "PASS"}}  # what parity_check.py records on the intact files
+    (onnx / "export-report.json").write_text(json.dumps(report))
+    assert _cli("info", str(onnx)).returncode == 0
+    sidecar = onnx / "higgs_decoder.onnx.data"
+    sidecar.write_bytes(sidecar.read_bytes()[: sidecar.stat().st_size // 2])
+    done = _cli("info", str(onnx))
+    assert done.returncode == 2, done
+    line = single_stderr_line(done)
+    assert "higgs_decoder.onnx.data does not match the sha256" in line and "export_omnivoice.py" in line, line
+    assert "higgs_decoder.onnx.data" in done.stdout and "DAMAGED" in done.stdout
+    assert "parity cpu PASS - NOT for these files" in done.stdout, done.stdout
+    (onnx / "export-report.json").unlink()
+    sidecar.unlink()
+    done = _cli("info", str(onnx))
+    assert done.returncode == 2 and "export report not found" in single_stderr_line(done), done
+    done = _cli("info", str(onnx), "--no-verify")
+    assert done.returncode == 0 and "not checked" in done.stdout and "MISSING" in done.stdout, done

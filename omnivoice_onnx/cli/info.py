@@ -1,27 +1,35 @@
-"""What a bundle (an export folder) holds: model, graphs, variants, languages, instruct items, licence, voices.
+"""What a bundle (an export folder) holds: model, graphs, variants, languages, instruct items, licence,
+voices; and whether its files are the ones the export recorded.
 
     omnivoice-onnx info                 # the bundle in ./onnx
     omnivoice-onnx info path/to/onnx
     omnivoice-onnx info --languages     # every language id and its names
 
 Read from the graphs' metadata (no session is opened), runtime-config.json, the export report
-and the model card; each file is hashed (sha256, the first 12 hex digits shown; the export report
-records the full ones). The licence is what the export recorded from the checkpoint: copying the
-bundle copies its terms (see the bundle's README.md).
+and the model card. Every file a variant in the folder loads is checked against export-report.json
+as loading checks it (omnivoice_onnx.bundle: size, then sha256; the first 12 hex digits shown): a
+missing, truncated or replaced file is listed, and the command ends with one line naming it and
+exit 2. --no-verify (or OMNIVOICE_VERIFY=0) describes a bundle without a report. The licence is
+what the export recorded from the checkpoint: copying the bundle copies its terms (see the
+bundle's README.md).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
-from omnivoice_onnx.bundle import MODEL_CARD_FILE, bundle_metadata, card_license, metadata_props
-from omnivoice_onnx.cli.speak import DEFAULT_MODEL_DIR
-from omnivoice_onnx.contract import FP32_VARIANT, GRAPH_FILES, REPORT_FILE, variant_path, variants_present
-from omnivoice_onnx.core.prompt import load_runtime_config
+from omnivoice_onnx.bundle import (
+    DEFAULT_MODEL_DIR,
+    MODEL_CARD_FILE,
+    Bundle,
+    FileCheck,
+    card_license,
+    metadata_props,
+    verify_requested,
+)
+from omnivoice_onnx.contract import FP32_VARIANT, GRAPH_FILES
 from omnivoice_onnx.errors import UserError
-from omnivoice_onnx.files import sha256_file
 from omnivoice_onnx.voices import list_voices, voices_dir
 
 NO_LICENSE = "not recorded (exported before licences were recorded: re-run export_omnivoice.py)"
@@ -32,38 +40,51 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                                    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model_dir", nargs="?", type=Path, default=DEFAULT_MODEL_DIR, metavar="DIR",
                         help="the export folder (default: onnx)")
-    parser.add_argument("--model-dir", dest="model_dir_flag", type=Path, help="the same, as a flag (as in speak)")
+    parser.add_argument("--model-dir", "--model_dir", dest="model_dir_flag", type=Path,
+                        help="the same, as a flag (as in speak)")
     parser.add_argument("--languages", action="store_true", help="list every language id and its names, then stop")
     parser.add_argument("--voices", type=Path, default=None, help="the voices folder (default: $OMNIVOICE_VOICES, "
                                                                    "else <DIR>/voices)")
+    parser.add_argument("--no-verify", "--no_verify", dest="verify", action="store_false",
+                        help="do not check the files against export-report.json (a bundle without a report)")
     return parser
 
 
-def _files_line(path: Path) -> str:
-    return f"{path.name}  {path.stat().st_size / 2**20:.1f} MiB  sha256 {sha256_file(path)[:12]}"
+def _size(path: Path) -> str:
+    return f"{path.stat().st_size / 2**20:.1f} MiB" if path.is_file() else "MISSING"
 
 
-def _report(onnx_dir: Path) -> dict:
-    """The export report's verdict sections (empty when absent or unreadable: info describes, it
-    does not judge; the pipeline's own steps check the report)."""
-    try:
-        data = json.loads((onnx_dir / REPORT_FILE).read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def _verdicts(report: dict) -> str:
+def _verdicts(report: dict, damaged: bool) -> str:
+    """The verdicts the pipeline recorded; void when the files are not the ones they were made on."""
     found = [f"{section.replace('_', ' ')} {provider} {entry.get('verdict')}"
              for section in ("parity", "end_to_end") for provider, entry in (report.get(section) or {}).items()
              if isinstance(entry, dict)]
-    return "; ".join(found) or "none recorded (run parity_check.py and infer_onnx.py)"
+    if not found:
+        return "none recorded (run parity_check.py and infer_onnx.py)"
+    return "; ".join(found) + (" - NOT for these files: they differ from those checked (above)" if damaged else "")
+
+
+def _checked_files(bundle: Bundle) -> tuple[list[tuple[FileCheck, str | None]], dict[str, UserError]]:
+    """Each file every variant in the folder loads, once, with its problem (None: as recorded),
+    and why the report cannot vouch for a variant (no report, not listed, a malformed entry)."""
+    seen: dict[Path, tuple[FileCheck, str | None]] = {}
+    unvouched = {}
+    for variant in [bundle.variant] + [v for v in bundle.variants if v != bundle.variant]:
+        try:
+            checks = bundle.file_checks(variant)
+        except UserError as exc:
+            unvouched[variant] = exc
+            continue
+        for check in checks:
+            if check.path not in seen:
+                seen[check.path] = (check, check.problem())
+    return list(seen.values()), unvouched
 
 
 def run(args: argparse.Namespace) -> int:
-    onnx_dir = args.model_dir_flag or args.model_dir
-    meta = bundle_metadata(onnx_dir)
-    config = load_runtime_config(onnx_dir)
+    model_dir = args.model_dir_flag or args.model_dir
+    bundle = Bundle.open(model_dir, verify=False)  # hashed below, every variant's files, not only one
+    meta, config = bundle.metadata, bundle.runtime_config
     languages = config["languages"]
     if args.languages:
         names: dict[str, list[str]] = {}
@@ -73,37 +94,48 @@ def run(args: argparse.Namespace) -> int:
             print(f"{lang_id:<8} {', '.join(sorted(names.get(lang_id, [])))}")
         return 0
 
-    from omnivoice_onnx.api import default_variant  # opens nothing; imports onnxruntime
-
-    print(f"bundle      {onnx_dir}")
+    print(f"bundle      {model_dir}")
     print(f"model       fingerprint {meta['model_fingerprint']}")
     print(f"source      {meta.get('source', 'not recorded')}")
-    print(f"licence     {meta.get('license') or card_license(onnx_dir) or NO_LICENSE}"
-          f"  (terms: {onnx_dir / MODEL_CARD_FILE})")
-    print("graphs")
-    for name in GRAPH_FILES.values():
-        for path in (onnx_dir / name, onnx_dir / (name + ".data")):
-            print(f"  {_files_line(path) if path.is_file() else path.name + '  MISSING'}")
-    variants = variants_present(onnx_dir)
-    default = default_variant(onnx_dir)
-    print(f"variants    {', '.join(v + (' (default)' if v == default else '') for v in variants)}")
-    for variant in variants:
-        if variant != FP32_VARIANT:
-            path = variant_path(onnx_dir, variant)
-            label = metadata_props(path).get("variant", "?")
-            print(f"  {variant}/{_files_line(path)}  (metadata variant {label})")
-            sidecar = path.with_name(path.name + ".data")
-            if sidecar.is_file():
-                print(f"  {variant}/{_files_line(sidecar)}")
-    print(f"verdicts    {_verdicts(_report(onnx_dir))}")
+    print(f"licence     {meta.get('license') or card_license(model_dir) or NO_LICENSE}"
+          f"  (terms: {model_dir / MODEL_CARD_FILE})")
+    verify = verify_requested(args.verify)
+    problems: list[tuple[str, str]] = []  # (problem, fix)
+    if verify:
+        checked, unvouched = _checked_files(bundle)
+        print("files       (checked against export-report.json)")
+        for check, problem in checked:
+            verdict = "OK" if problem is None else ("MISSING" if not check.path.is_file() else "DAMAGED")
+            print(f"  {check.path.relative_to(model_dir)}  {_size(check.path)}  sha256 "
+                  f"{check.entry['sha256'].removeprefix('sha256:')[:12]}  {verdict}")
+            if problem is not None:
+                problems.append((problem, check.fix))
+        for variant, exc in unvouched.items():
+            print(f"  {variant}: not checked: {exc.problem}")
+        if bundle.variant in unvouched:  # what loading would refuse
+            problems.insert(0, (unvouched[bundle.variant].problem, unvouched[bundle.variant].fix))
+    else:
+        print("files       (not checked: --no-verify)")
+        for name in GRAPH_FILES.values():
+            for path in (model_dir / name, model_dir / (name + ".data")):
+                print(f"  {path.name}  {_size(path)}")
+    default = bundle.variant
+    print(f"variants    {', '.join(v + (' (default)' if v == default else '') for v in bundle.variants)}")
+    for variant in (v for v in bundle.variants if v != FP32_VARIANT):
+        label = metadata_props(bundle.path("transformer", variant)).get("variant", "?")
+        print(f"  {variant}: metadata variant {label}")
+    print(f"verdicts    {_verdicts(bundle.report or {}, bool(problems))}")
     print(f"languages   {len(languages['ids'])} (list them: omnivoice-onnx info --languages; --language takes a "
           "name or an id)")
     instruct = config["instruct"]
     print(f"instruct    {', '.join(instruct['valid_en'])} (and {len(instruct['valid_zh'])} Chinese items)")
-    voices = voices_dir(onnx_dir, args.voices)
+    voices = voices_dir(model_dir, args.voices)
     try:
         found = [voice.name for voice in list_voices(voices)]
         print(f"voices      {len(found)} in {voices}" + (f": {', '.join(found)}" if found else ""))
     except UserError as exc:  # a damaged voice file: named, and the rest of info still shown
         print(f"voices      unreadable: {exc}")
+    if problems:
+        more = f" (+{len(problems) - 1} more file(s), listed above)" if len(problems) > 1 else ""
+        raise UserError(problems[0][0] + more, problems[0][1])
     return 0

@@ -19,7 +19,7 @@ import os
 from pathlib import Path
 
 from omnivoice_onnx import audio_out
-from omnivoice_onnx.cli.speak import DEFAULT_MODEL_DIR
+from omnivoice_onnx.bundle import DEFAULT_MODEL_DIR
 from omnivoice_onnx.cliutil import THREADS, float_range, int_range
 from omnivoice_onnx.errors import UserError
 

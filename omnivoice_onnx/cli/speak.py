@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from omnivoice_onnx import audio_out
+from omnivoice_onnx.bundle import DEFAULT_MODEL_DIR
 from omnivoice_onnx.cliutil import NUM_STEP, SEED, THREADS, float_range
 from omnivoice_onnx.core.generate import Progress
 from omnivoice_onnx.errors import UserError
@@ -42,7 +43,6 @@ from omnivoice_onnx.limits import MAX_SPEED, MIN_SPEED
 from omnivoice_onnx.sessions import PROVIDERS
 
 PROG = "omnivoice-onnx"
-DEFAULT_MODEL_DIR = Path("onnx")
 SPEED = float_range(MIN_SPEED, MAX_SPEED)  # the API's own range (request.py): one source
 DURATION = float_range(0.1, 600.0)  # seconds of speech asked for (overrides the estimate)
 GUIDANCE = float_range(0.0, 100.0)  # classifier-free guidance (upstream default 2.0; 0: none)

@@ -19,8 +19,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from omnivoice_onnx.bundle import bundle_metadata
-from omnivoice_onnx.cli.speak import DEFAULT_MODEL_DIR
+from omnivoice_onnx.bundle import DEFAULT_MODEL_DIR, Bundle
 from omnivoice_onnx.cliutil import prepare
 from omnivoice_onnx.contract import FRAME_RATE
 from omnivoice_onnx.errors import UserError
@@ -92,11 +91,11 @@ def _add(args: argparse.Namespace, voices: Path) -> Voice:
                         else "pass the recording with --ref-audio")
     _target(args, voices)
     if args.ref_audio is None:  # a designed voice: no graph needs to run, only the instruct checked
-        from omnivoice_onnx.core.prompt import load_runtime_config, resolve_instruct
+        from omnivoice_onnx.core.prompt import resolve_instruct
 
-        fingerprint = bundle_metadata(args.model_dir)["model_fingerprint"]
-        resolve_instruct(args.instruct, False, load_runtime_config(args.model_dir)["instruct"])
-        return Voice(args.name, None, args.instruct.strip(), fingerprint, Path())
+        bundle = Bundle.open(args.model_dir, verify=False)  # its metadata and config only: no graph loads
+        resolve_instruct(args.instruct, False, bundle.runtime_config["instruct"])
+        return Voice(args.name, None, args.instruct.strip(), bundle.fingerprint, Path())
     from omnivoice_onnx.api import OmniVoiceOnnx
 
     tts = OmniVoiceOnnx.from_dir(args.model_dir)
@@ -128,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
             # Read (or refused) first: a crafted file is stopped before anything else happens.
             upstream = load_upstream_voice(args.file)
             _target(args, voices)
-            voice = Voice(args.name, upstream.prompt, None, bundle_metadata(args.model_dir)["model_fingerprint"],
+            voice = Voice(args.name, upstream.prompt, None, Bundle.open(args.model_dir, verify=False).fingerprint,
                           Path())
         else:
             voice = _add(args, voices)
