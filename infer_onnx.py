@@ -148,8 +148,9 @@ def synthesize(args) -> None:
     kwargs = {"language": language, "ref_text": args.ref_text, "instruct": args.instruct,
               "ref_audio": None if args.ref_audio is None else str(args.ref_audio),
               "generation_config": {"num_step": num_step}}
+    req = tts.validate(args.text, **kwargs, seed=DEFAULT_SEED if args.seed is None else args.seed)
     sink = audio_out.open_output(args.out, fmt, tts.sample_rate, what="--out")
-    spoken = speak(tts, args.text, sink, kwargs, DEFAULT_SEED if args.seed is None else args.seed, stream=False)
+    spoken = speak(tts, req, sink, stream=False)
     print(
         f"[synthesis] {mode}: {spoken.seconds:.2f} s of audio -> {args.out} "
         f"(omnivoice_onnx, transformer {variant}, no PyTorch)",

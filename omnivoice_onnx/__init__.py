@@ -27,10 +27,18 @@ holds the package to no import circle, at most 8 floors, no module over 600 line
                  batch (batch_list: the JSONL list; batch_ray: the Ray engine)
 """
 
-from omnivoice_onnx.api import OmniVoiceOnnx  # noqa: E402
-from omnivoice_onnx.core.generate import AudioChunk, Cancelled, GenerationConfig, Progress, Trace, VoiceClonePrompt  # noqa: E402
-from omnivoice_onnx.errors import UserError  # noqa: E402
-from omnivoice_onnx.version import __version__  # noqa: E402
+from omnivoice_onnx.api import OmniVoiceOnnx
+from omnivoice_onnx.core.generate import (
+    AudioChunk,
+    Cancelled,
+    GenerationConfig,
+    Progress,
+    Trace,
+    VoiceClonePrompt,
+)
+from omnivoice_onnx.core.request import Request
+from omnivoice_onnx.errors import UserError
+from omnivoice_onnx.version import __version__
 
-__all__ = ["OmniVoiceOnnx", "UserError", "GenerationConfig", "Trace", "VoiceClonePrompt", "AudioChunk", "Progress",
-           "Cancelled", "__version__"]
+__all__ = ["OmniVoiceOnnx", "UserError", "GenerationConfig", "Request", "Trace", "VoiceClonePrompt", "AudioChunk",
+           "Progress", "Cancelled", "__version__"]

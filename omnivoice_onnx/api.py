@@ -47,9 +47,8 @@ from omnivoice_onnx.contract import (
 from omnivoice_onnx.core import generate as gen
 from omnivoice_onnx.core import request
 from omnivoice_onnx.core.prompt import RUNTIME_CONFIG_FILE, TextTokenizer
-from omnivoice_onnx.core.rng import TorchCpuRng, fresh_seed
 from omnivoice_onnx.errors import UserError
-from omnivoice_onnx.limits import check_seed, check_threads, memory_errors_as_user_errors
+from omnivoice_onnx.limits import check_threads, memory_errors_as_user_errors
 from omnivoice_onnx.sessions import TRANSFORMER_ARENA, CodecSessions, finite_output, make_session, run_split
 
 # Graph metadata (omnivoice_export.exporting.graph_metadata) the runtime reads, as ints.
@@ -212,15 +211,22 @@ class OmniVoiceOnnx:
 
     def validate(self, text: str | list[str], language: Any = None, ref_text: Any = None, ref_audio: Any = None,
                  voice_clone_prompt: Any = None, instruct: Any = None, duration: Any = None, speed: Any = None,
-                 generation_config: dict[str, Any] | None = None, seed: int | None = None) -> request.Request:
-        """The request generate() would run, checked whole (types, values, the limits of
-        omnivoice_onnx.core.request) without model work: the reference is loaded and prepared, not
-        encoded. A UserError names the first problem; a server answers 400 with it, a batch
-        refuses the line before any generation."""
+                 generation_config: dict[str, Any] | None = None, seed: int | None = None,
+                 stream: bool = False) -> request.Request:
+        """The request generate() (or, with `stream`, stream()) runs, checked whole (types, values,
+        the limits of omnivoice_onnx.limits) without model work: the reference is loaded and
+        prepared, not encoded; a seed of None is drawn now (Request.seed). Pass the Request to
+        generate()/stream(): it is not checked again. A UserError names the first problem; a
+        server answers 400 with it, a batch refuses the line before any generation.
+        stream: stream()'s chunking defaults (STREAM_CHUNK_DEFAULTS) under generation_config, and
+        one text."""
+        if stream and not isinstance(text, str):
+            raise UserError("stream() speaks one text (a str)", "call generate() for a batch of texts")
+        config = self.generation_config(generation_config, base=self.STREAM_CHUNK_DEFAULTS if stream else None)
         with memory_errors_as_user_errors():
-            return request.validate(self.model, text, self.generation_config(generation_config), language=language,
-                                    ref_text=ref_text, ref_audio=ref_audio, voice_clone_prompt=voice_clone_prompt,
-                                    instruct=instruct, duration_s=duration, speed=speed, seed=seed)
+            return request.validate(self.model, text, config, language=language, ref_text=ref_text,
+                                    ref_audio=ref_audio, voice_clone_prompt=voice_clone_prompt, instruct=instruct,
+                                    duration_s=duration, speed=speed, seed=seed)
 
     def create_voice_clone_prompt(self, ref_audio: Any, ref_text: str,
                                   preprocess_prompt: bool = True) -> gen.VoiceClonePrompt:
@@ -231,13 +237,15 @@ class OmniVoiceOnnx:
         with memory_errors_as_user_errors():
             return gen.create_voice_clone_prompt(self.model, ref_audio, ref_text, preprocess_prompt)
 
-    def generate(self, text: str | list[str], language: Any = None, ref_text: Any = None, ref_audio: Any = None,
-                 voice_clone_prompt: Any = None, instruct: Any = None, duration: Any = None, speed: Any = None,
-                 generation_config: dict[str, Any] | None = None, seed: int | None = None,
+    def generate(self, text: str | list[str] | request.Request, language: Any = None, ref_text: Any = None,
+                 ref_audio: Any = None, voice_clone_prompt: Any = None, instruct: Any = None, duration: Any = None,
+                 speed: Any = None, generation_config: dict[str, Any] | None = None, seed: int | None = None,
                  trace: gen.Trace | None = None, progress: Callable[[gen.Progress], None] | None = None,
                  cancel: threading.Event | None = None) -> list[np.ndarray]:
         """Speech for `text` (a string or a list: a batch): one float32 [T] array per text.
 
+        `text` may be a Request from validate() instead, which runs as it is (no keyword then);
+        the keywords are a convenience that builds it (validate(text, ...)).
         Modes: voice cloning (ref_audio + ref_text, or a voice_clone_prompt), voice design
         (instruct, e.g. "female, low pitch"), or auto (neither). language, ref_text, ref_audio,
         instruct, duration (seconds) and speed take one value for all texts or a list, one per
@@ -246,24 +254,16 @@ class OmniVoiceOnnx:
         in `trace.seed` when a Trace is passed). progress: called with a Progress after every
         unmasking step; cancel: when set, the call raises Cancelled before its next step.
         """
-        config = self.generation_config(generation_config)
-        seed = fresh_seed() if seed is None else check_seed(seed)
+        req = self._request(text, dict(language=language, ref_text=ref_text, ref_audio=ref_audio,
+                                       voice_clone_prompt=voice_clone_prompt, instruct=instruct, duration=duration,
+                                       speed=speed, generation_config=generation_config, seed=seed), stream=False)
         check_trace(trace)
-        rng = TorchCpuRng(seed)
-        if trace is not None:
-            trace.seed = seed
         with memory_errors_as_user_errors():
-            audios = gen.generate(self.model, text, config, rng, language=language, ref_text=ref_text,
-                                  ref_audio=ref_audio, voice_clone_prompt=voice_clone_prompt, instruct=instruct,
-                                  duration_s=duration, speed=speed, trace=trace,
-                                  monitor=gen.Monitor(progress=progress, cancel=cancel))
-        if trace is not None:
-            trace.words_drawn = rng.words_drawn
-        return audios
+            return gen.generate(self.model, req, trace, gen.Monitor(progress=progress, cancel=cancel))
 
-    def stream(self, text: str, *, language: Any = None, ref_text: Any = None, ref_audio: Any = None,
-               voice_clone_prompt: Any = None, instruct: Any = None, duration: Any = None, speed: Any = None,
-               generation_config: dict[str, Any] | None = None, seed: int | None = None,
+    def stream(self, text: str | request.Request, *, language: Any = None, ref_text: Any = None,
+               ref_audio: Any = None, voice_clone_prompt: Any = None, instruct: Any = None, duration: Any = None,
+               speed: Any = None, generation_config: dict[str, Any] | None = None, seed: int | None = None,
                progress: Callable[[gen.Progress], None] | None = None, cancel: threading.Event | None = None,
                trace: gen.Trace | None = None) -> Iterator[gen.AudioChunk]:
         """Speech for one `text`, yielded as AudioChunks as each chunk of upstream's chunking is decoded.
@@ -272,18 +272,26 @@ class OmniVoiceOnnx:
         chunks, so the first audio comes after the first chunk rather than after the whole text.
         The tokens are generate()'s with that same generation_config and seed (upstream generates
         chunks one after another, 0, 1, ...). Audio: see gen.stream for what equals generate()
-        sample for sample and what differs. Arguments as generate() (one text, not a batch).
+        sample for sample and what differs. Arguments as generate() (one text, not a batch); a
+        Request from validate(..., stream=True) runs as it is.
         """
-        config = self.generation_config(generation_config, base=self.STREAM_CHUNK_DEFAULTS)
-        seed = fresh_seed() if seed is None else check_seed(seed)
+        req = self._request(text, dict(language=language, ref_text=ref_text, ref_audio=ref_audio,
+                                       voice_clone_prompt=voice_clone_prompt, instruct=instruct, duration=duration,
+                                       speed=speed, generation_config=generation_config, seed=seed), stream=True)
         check_trace(trace)
-        if trace is not None:
-            trace.seed = seed
         with memory_errors_as_user_errors():
-            yield from gen.stream(self.model, text, config, TorchCpuRng(seed), language=language, ref_text=ref_text,
-                                  ref_audio=ref_audio, voice_clone_prompt=voice_clone_prompt, instruct=instruct,
-                                  duration_s=duration, speed=speed, trace=trace,
-                                  monitor=gen.Monitor(progress=progress, cancel=cancel))
+            yield from gen.stream(self.model, req, trace, gen.Monitor(progress=progress, cancel=cancel))
+
+    def _request(self, text: Any, keywords: dict[str, Any], stream: bool) -> request.Request:
+        """`text` when it is a validated Request (then no keyword may be given: they would be
+        ignored), else validate(text, **keywords): one validation per call either way."""
+        if not isinstance(text, request.Request):
+            return self.validate(text, **keywords, stream=stream)
+        given = sorted(name for name, value in keywords.items() if value is not None)
+        if given:
+            raise UserError(f"{', '.join(given)} given with a validated Request (they would be ignored)",
+                            "pass them to validate() when building the Request, or pass the text instead")
+        return text
 
 
 def check_trace(trace: Any) -> None:

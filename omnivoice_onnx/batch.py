@@ -32,6 +32,7 @@ import hashlib
 import json
 import multiprocessing
 import os
+import pickle
 import signal
 import socket
 import sys
@@ -57,6 +58,8 @@ from omnivoice_onnx.batch_list import (
     read_test_list,
     request_hash,
 )
+from omnivoice_onnx.core.generate import encode_reference
+from omnivoice_onnx.core.request import Request, VoiceClonePrompt
 from omnivoice_onnx.errors import UserError
 from omnivoice_onnx.files import atomic_path, check_output, remove_stale_temporaries, sha256_file
 from omnivoice_onnx.sessions import worker_threads
@@ -65,56 +68,44 @@ from omnivoice_onnx.voices import load_voice, voices_dir
 # --- the worker side: one loaded model, used by the in-process loop, a pool process or a Ray actor ---
 
 class Synthesizer:
-    """A loaded OmniVoiceOnnx and its caches. A reference used by many lines is encoded once:
-    prompts are cached by (path, mtime, size, ref_text, preprocess_prompt), voices by spec."""
+    """A loaded OmniVoiceOnnx that runs the driver's validated Requests. A reference used by many
+    lines is encoded once: its prompt is cached by (path, mtime, size, ref_text, preprocess_prompt)."""
 
     def __init__(self, tts: OmniVoiceOnnx) -> None:
         self.tts = tts
         self.worker = f"{socket.gethostname()}:{os.getpid()}"
-        self._prompts: dict[tuple, Any] = {}
-        self._voices: dict[tuple[str, str], Any] = {}
+        self._prompts: dict[tuple, VoiceClonePrompt] = {}
 
     @classmethod
     def load(cls, model_dir: str, variant: str | None, threads: int | None) -> Synthesizer:
         """A worker's own model (CPU provider, `threads` onnxruntime threads)."""
         return cls(OmniVoiceOnnx.from_dir(model_dir, threads=threads, variant=variant))
 
-    def voice(self, spec: str, voices: str):
-        """The saved voice `spec` (omnivoice_onnx.voices), loaded once."""
-        key = (spec, voices)
-        if key not in self._voices:
-            self._voices[key] = load_voice(spec, Path(voices), self.tts.metadata["model_fingerprint"])
-        return self._voices[key]
+    def cached_reference(self, task: dict[str, Any], req: Request) -> Request:
+        """`req` with its prepared reference replaced by the cached prompt of the same file and
+        transcript (encoded here the first time): what generate() would encode, encoded once."""
+        if task["ref_audio"] is None:
+            return req
+        stat = os.stat(task["ref_audio"])
+        key = (task["ref_audio"], stat.st_mtime_ns, stat.st_size, task["ref_text"], req.config.preprocess_prompt)
+        if key not in self._prompts:
+            self._prompts[key] = encode_reference(self.tts.model, req.references[0])
+        return dataclasses.replace(req, references=[self._prompts[key]] * len(req.references))
 
-    def generate_kwargs(self, task: dict[str, Any]) -> dict[str, Any]:
-        """generate()'s keywords for a task, its reference replaced by the cached prompt: the same
-        call generate(ref_audio=..., ref_text=...) makes inside (generate.preprocess)."""
-        kwargs = {"language": task["language"], "instruct": task["instruct"], "duration": task["duration"],
-                  "speed": task["speed"], "generation_config": task["generation_config"], "seed": task["seed"]}
-        if task["voice"] is not None:
-            kwargs.update(self.voice(task["voice"], task["voices"]).generate_kwargs())
-        elif task["ref_audio"] is not None:
-            preprocess = self.tts.generation_config(task["generation_config"]).preprocess_prompt
-            stat = os.stat(task["ref_audio"])
-            key = (task["ref_audio"], stat.st_mtime_ns, stat.st_size, task["ref_text"], preprocess)
-            if key not in self._prompts:
-                self._prompts[key] = self.tts.create_voice_clone_prompt(task["ref_audio"], task["ref_text"], preprocess)
-            kwargs["voice_clone_prompt"] = self._prompts[key]
-        return kwargs
-
-    def run(self, task_json: str) -> dict[str, Any]:
-        """Synthesise one task: its WAV bytes and timings, or the error that stopped it.
+    def run(self, row: dict[str, Any]) -> dict[str, Any]:
+        """Synthesise one task (`row`: its JSON and the driver's validated Request, pickled): its
+        WAV bytes and timings, or the error that stopped it. The Request is not validated again.
 
         A UserError (a limit the up-front check could not see) or an onnxruntime failure
         (RuntimeError) is this line's failure, recorded by the caller; the run goes on. Anything
         else is a bug and propagates."""
-        task = json.loads(task_json)
+        task, req = json.loads(row["task"]), pickle.loads(row["request"])
         outcome = {"id": task["id"], "worker": self.worker, "model_fingerprint": self.tts.metadata["model_fingerprint"],
                    "variant": self.tts.variant, "wav": None, "audio_seconds": None, "synth_seconds": None,
                    "cpu_seconds": None, "error": None}
         start, cpu_start = time.perf_counter(), time.process_time()
         try:
-            samples = self.tts.generate(task["text"], **self.generate_kwargs(task))[0]
+            samples = self.tts.generate(self.cached_reference(task, req))[0]
         except (UserError, RuntimeError) as exc:
             outcome["error"] = f"{type(exc).__name__}: {exc}"
             return outcome
@@ -133,7 +124,8 @@ class SynthActor:
         self.synth = Synthesizer.load(model_dir, variant, threads)
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        outcomes = [self.synth.run(task) for task in batch["task"]]
+        outcomes = [self.synth.run({"task": task, "request": req}) for task, req in zip(batch["task"],
+                                                                                        batch["request"])]
         return {"wav": np.array([o.pop("wav") or b"" for o in outcomes], dtype=object),
                 "outcome": np.array([json.dumps(o) for o in outcomes], dtype=object)}
 
@@ -153,20 +145,20 @@ def _pool_init(model_dir: str, variant: str, threads: int) -> None:
     _WORKER_ARGS = (model_dir, variant, threads)
 
 
-def _pool_run(task_json: str) -> dict[str, Any]:
+def _pool_run(row: dict[str, Any]) -> dict[str, Any]:
     global _WORKER
     if _WORKER is None:
         _WORKER = Synthesizer.load(*_WORKER_ARGS)
-    return _WORKER.run(task_json)
+    return _WORKER.run(row)
 
 
-def run_in_process(synth: Synthesizer, tasks: list[str]) -> Iterator[dict[str, Any]]:
+def run_in_process(synth: Synthesizer, tasks: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
     """The tasks one after another in this process."""
     for task in tasks:
         yield synth.run(task)
 
 
-def run_pool(model_dir: Path, workers: int, variant: str, tasks: list[str],
+def run_pool(model_dir: Path, workers: int, variant: str, tasks: list[dict[str, Any]],
              threads: int) -> Iterator[dict[str, Any]]:
     """The tasks on `workers` spawned processes, each holding one model; outcomes as they
     finish. Stopping early (Ctrl-C, SIGTERM, an error here) terminates the processes: they write
@@ -220,13 +212,15 @@ class Plan:
     done: list[Line]  # already in res_dir with a matching record
     bad: list[BadLine]  # skipped (skip_bad), recorded
     hashes: dict[str, str]  # id -> request hash of every good line
-    tasks: dict[str, str]  # id -> task JSON of every line to do
+    tasks: dict[str, dict[str, Any]]  # id -> {"task": its JSON, "request": its validated Request, pickled}
 
 
-def check_lines(tts: OmniVoiceOnnx, test_list: TestList, options: Options, voices: Path) -> tuple[list, dict]:
-    """OmniVoiceOnnx.validate on every parsed line (no model work: references read, not encoded);
-    returns the lines that fail it as BadLines, and the loaded Voice of each voice line by id."""
-    bad, voice_of = [], {}
+def check_lines(tts: OmniVoiceOnnx, test_list: TestList, options: Options,
+                voices: Path) -> tuple[list, dict, dict[str, Request]]:
+    """OmniVoiceOnnx.validate on every parsed line, once (no model work: references read, not
+    encoded); returns the lines that fail it as BadLines, the loaded Voice of each voice line by
+    id, and each good line's Request by id (what its worker runs)."""
+    bad, voice_of, requests = [], {}, {}
     for line in test_list.lines:
         kwargs = {"language": line.language, "instruct": line.instruct, "duration": line.duration,
                   "speed": line.speed, "generation_config": options.generation_config, "seed": line.seed}
@@ -236,10 +230,10 @@ def check_lines(tts: OmniVoiceOnnx, test_list: TestList, options: Options, voice
                 kwargs.update(voice_of[line.id].generate_kwargs())
             elif line.ref_audio is not None:
                 kwargs.update(ref_audio=line.ref_audio, ref_text=line.ref_text)
-            tts.validate(line.text, **kwargs)
+            requests[line.id] = tts.validate(line.text, **kwargs)
         except UserError as exc:
             bad.append(BadLine(line.number, line.id, str(exc)))
-    return bad, voice_of
+    return bad, voice_of, requests
 
 
 def read_results(path: Path) -> dict[str, dict[str, Any]]:
@@ -275,7 +269,7 @@ def make_plan(tts: OmniVoiceOnnx, test_list: TestList, options: Options, records
     """Check every line, hash it, and split the good ones into done and to do (longest first).
     Bad lines are logged one per line; unless options.skip_bad, they stop the run here (UserError)."""
     voices = voices_dir(options.model_dir, options.voices)
-    bad_model, voice_of = check_lines(tts, test_list, options, voices)
+    bad_model, voice_of, requests = check_lines(tts, test_list, options, voices)
     bad = sorted(test_list.bad + bad_model, key=lambda b: b.number)
     for item in bad:
         log(f"bad line: {test_list.path}:{item}")
@@ -297,7 +291,8 @@ def make_plan(tts: OmniVoiceOnnx, test_list: TestList, options: Options, records
         voice_frames = None if voice is None or voice.prompt is None else voice.prompt.ref_audio_tokens.shape[-1]
         plan.todo.append((line, request, estimated_seconds(line, tts.model.frame_rate, tts.runtime_config["duration"],
                                                            voice_frames)))
-        plan.tasks[line.id] = line.as_task(options.generation_config, os.fspath(voices))
+        plan.tasks[line.id] = {"task": line.as_task(options.generation_config, os.fspath(voices)),
+                               "request": pickle.dumps(requests[line.id])}
     plan.todo.sort(key=lambda item: -item[2])  # longest first: the last lines to start are short
     return plan
 

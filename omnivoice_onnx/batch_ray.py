@@ -60,10 +60,10 @@ def connect(address: str, cpus_wanted: int) -> bool:
     return True
 
 
-def run_ray(address: str, actor: type, actor_kwargs: dict[str, Any], workers: int, tasks: list[str],
+def run_ray(address: str, actor: type, actor_kwargs: dict[str, Any], workers: int, tasks: list[dict[str, Any]],
             estimates: list[float], threads: int) -> Iterator[dict[str, Any]]:
-    """The tasks (already longest first; `estimates` their seconds, kept as a column for
-    inspection) on `workers` instances of `actor` (built with `actor_kwargs`; the driver passes
+    """The tasks (rows of str/bytes columns, already longest first; `estimates` their seconds,
+    kept as a column for inspection) on `workers` instances of `actor` (built with `actor_kwargs`; the driver passes
     omnivoice_onnx.batch.SynthActor, so this engine knows nothing of the model) of `threads` CPUs
     each, on Ray at `address` (see connect); outcomes as blocks finish."""
     import ray
@@ -77,7 +77,7 @@ def run_ray(address: str, actor: type, actor_kwargs: dict[str, Any], workers: in
         context = ray.data.DataContext.get_current()
         context.enable_progress_bars = False  # the driver has its own bar, per line
         per_block = max(1, min(MAX_LINES_PER_BLOCK, len(tasks) // (BLOCKS_PER_ACTOR * workers)))
-        items = [{"task": task, "estimate": estimate} for task, estimate in zip(tasks, estimates)]
+        items = [{**task, "estimate": estimate} for task, estimate in zip(tasks, estimates)]
         dataset = ray.data.from_items(items, override_num_blocks=max(1, math.ceil(len(items) / per_block)))
         dataset = dataset.map_batches(
             actor, fn_constructor_kwargs=actor_kwargs,

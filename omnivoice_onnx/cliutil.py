@@ -31,7 +31,7 @@ from omnivoice_onnx.errors import (  # noqa: F401  (re-exported: every command's
     os_error_in_chain,
 )
 from omnivoice_onnx.files import check_input_dir, check_output  # noqa: F401  (re-exported, as above)
-from omnivoice_onnx.limits import SEED_MAX, SEED_MIN  # what torch.manual_seed accepts (re-exported: --seed)
+from omnivoice_onnx.limits import MAX_SCORE_FACTOR, MAX_SPEED, MIN_SPEED, SEED_MAX, SEED_MIN
 from omnivoice_onnx.sessions import default_threads
 
 EXIT_CHECK_FAILED = 1  # a parity/end-to-end check ran and failed: a finding, not a crash
@@ -56,12 +56,12 @@ EXIT_CODES_HELP = (f"exit codes: 0 success, {EXIT_CHECK_FAILED} a check ran and 
 
 
 
-def _bounds(low: float | None, high: float | None) -> str:
+def _bounds(low: float | None, high: float | None, low_open: bool = False) -> str:
     if high is None:
-        return f">= {low}"
+        return f"{'>' if low_open else '>='} {low}"
     if low is None:
         return f"<= {high}"
-    return f"in [{low}, {high}]"
+    return f"in {'(' if low_open else '['}{low}, {high}]"
 
 
 def int_range(low: int | None = None, high: int | None = None) -> Callable[[str], int]:
@@ -81,23 +81,35 @@ def int_range(low: int | None = None, high: int | None = None) -> Callable[[str]
     return parse_int
 
 
-def float_range(low: float | None = None, high: float | None = None) -> Callable[[str], float]:
-    """argparse `type=` for a finite number within [low, high] (nan and inf are refused: a
-    threshold of nan would fail every comparison silently)."""
+def float_range(low: float | None = None, high: float | None = None, low_open: bool = False) -> Callable[[str], float]:
+    """argparse `type=` for a finite number within [low, high] ((low, high] when `low_open`; nan
+    and inf are refused: a threshold of nan would fail every comparison silently)."""
     def parse_float(text: str) -> float:
         try:
             value = float(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-        if not math.isfinite(value) or (low is not None and value < low) or (high is not None and value > high):
-            raise argparse.ArgumentTypeError(f"{text} is out of range: a finite number {_bounds(low, high)} is needed")
+        below = low is not None and (value <= low if low_open else value < low)
+        if not math.isfinite(value) or below or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"{text} is out of range: a finite number "
+                                             f"{_bounds(low, high, low_open)} is needed")
         return value
     return parse_float
 
 
+# The request's flags, for every command (speak, batch, the toolchain's scripts): their ranges are
+# omnivoice_onnx.limits', the API's own, so a value argparse takes is one validate() takes. The
+# raisable limits (MAX_NUM_STEP, MAX_DURATION_S, MAX_THREADS: $OMNIVOICE_<NAME>) are left to
+# validate(), which names the variable that raises them.
 SEED = int_range(SEED_MIN, SEED_MAX)
 NUM_STEP = int_range(1)  # generate()'s unmasking steps: at least one
 THREADS = int_range(1)  # onnxruntime intra-op threads
+SPEED = float_range(MIN_SPEED, MAX_SPEED)
+DURATION = float_range(0.0, low_open=True)  # seconds of speech asked for (overrides the estimate)
+SCORE_FACTOR = float_range(-MAX_SCORE_FACTOR, MAX_SCORE_FACTOR)  # guidance_scale, layer_penalty_factor
+T_SHIFT = float_range(0.0, low_open=True)
+TEMPERATURE = float_range(0.0)  # 0: greedy; (0, MIN_TEMPERATURE) is refused by validate, with its reason
+CHUNK_SECONDS = float_range(0.0, low_open=True)  # audio_chunk_duration, audio_chunk_threshold
 
 
 def prepare(parser: argparse.ArgumentParser, epilog: str = EXIT_CODES_HELP) -> argparse.ArgumentParser:

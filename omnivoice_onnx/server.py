@@ -66,7 +66,6 @@ from omnivoice_onnx import voices as voice_store
 from omnivoice_onnx.api import OmniVoiceOnnx
 from omnivoice_onnx.audio_out import AudioFormat, StreamEncoder, available_response_formats, encode_clip
 from omnivoice_onnx.contract import variants_present
-from omnivoice_onnx.core.rng import fresh_seed
 from omnivoice_onnx.errors import UserError
 from omnivoice_onnx.limits import SEED_MAX, SEED_MIN
 from omnivoice_onnx.server_pool import ApiError, Draining, Job, QueueFull, WorkerPool, scrub_paths
@@ -203,7 +202,7 @@ class Service:
             raise ApiError(400, f"unknown voice {name!r}; voices: {', '.join(self.voice_names())}", "voice",
                            "invalid_voice")
         try:
-            kwargs = voice_store.load_voice(name, self.voices, self.fingerprint).generate_kwargs()
+            kwargs = voice_store.resolve(name, self.voices, self.fingerprint)
         except UserError as exc:
             raise ApiError(400, self.scrub(str(exc)), "voice", "invalid_voice") from exc
         if instructions:
@@ -234,13 +233,12 @@ def build_job(service: Service, request: Any, loop: asyncio.AbstractEventLoop) -
                                              ("guidance_scale", request.guidance_scale)) if value is not None}
     kwargs.update(language=request.language, speed=request.speed, duration=request.duration,
                   generation_config=config or None)
-    seed = fresh_seed() if request.seed is None else request.seed
-    try:
-        service.pool.models[0].validate(request.input, **kwargs, seed=seed)  # no model work: a 400 before the queue
+    stream = request.stream_format is not None
+    try:  # the one validation (no model work): a 400 before the queue; the worker runs this Request
+        req = service.pool.models[0].validate(request.input, **kwargs, seed=request.seed, stream=stream)
     except UserError as exc:
         raise ApiError(400, service.scrub(str(exc))) from exc
-    job = Job(text=request.input, kwargs=kwargs, seed=seed, stream=request.stream_format is not None, loop=loop)
-    return job, fmt
+    return Job(request=req, stream=stream, loop=loop), fmt
 
 
 async def read_body(request: Any, limit: int) -> bytes:
@@ -366,7 +364,7 @@ def create_app(service: Service) -> Any:
             raise ApiError(503, "the server is shutting down", code="shutting_down", kind="server_error",
                            headers={"Retry-After": "5"}) from None
         timer = loop.call_at(loop.time() + service.config.timeout_s, _time_out, job)
-        headers = {"X-Seed": str(job.seed)}
+        headers = {"X-Seed": str(job.request.seed)}
         try:
             first = await _first_event(job, request)
         except BaseException:
@@ -386,7 +384,7 @@ def create_app(service: Service) -> Any:
         chunks = _stream_bytes(job, first, StreamEncoder(fmt, service.sample_rate), timer)
         if parsed.stream_format == "sse":
             tts = service.pool.models[0]
-            input_tokens = len(tts.tokenizer.encode(job.text, add_special_tokens=False))
+            input_tokens = len(tts.tokenizer.encode(job.request.texts[0], add_special_tokens=False))
             return StreamingResponse(_sse(chunks, job, input_tokens, tts.model.hop_length),
                                      media_type="text/event-stream", headers=headers)
         return StreamingResponse(chunks, media_type=service.formats[fmt].media_type, headers=headers)

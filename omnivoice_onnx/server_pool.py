@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from omnivoice_onnx.core.generate import Cancelled
+from omnivoice_onnx.core.request import Request
 from omnivoice_onnx.errors import UserError
 
 if TYPE_CHECKING:  # annotations only: the app hands the pool models it loaded
@@ -44,10 +45,8 @@ class ApiError(Exception):
 class Job:
     """One request's work, shared by its handler (event loop) and a worker thread."""
 
-    text: str
-    kwargs: dict[str, Any]  # generate()/stream() keywords besides text and seed
-    seed: int
-    stream: bool
+    request: Request  # validated by the handler (OmniVoiceOnnx.validate), run as it is: never re-checked
+    stream: bool  # stream() (the request was validated with stream=True), else generate()
     loop: asyncio.AbstractEventLoop
     events: asyncio.Queue = field(default_factory=asyncio.Queue)  # ("chunk"|"audio", samples) ... ("done"|"error", x)
     cancel: threading.Event = field(default_factory=threading.Event)
@@ -151,10 +150,10 @@ class WorkerPool:
     def _run(self, tts: OmniVoiceOnnx, job: Job) -> None:
         try:
             if job.stream:
-                for chunk in tts.stream(job.text, **job.kwargs, seed=job.seed, cancel=job.cancel):
+                for chunk in tts.stream(job.request, cancel=job.cancel):
                     job.emit("chunk", chunk.samples)
             else:
-                job.emit("audio", tts.generate(job.text, **job.kwargs, seed=job.seed, cancel=job.cancel)[0])
+                job.emit("audio", tts.generate(job.request, cancel=job.cancel)[0])
             self._count("completed")
             job.emit("done")
         except Cancelled:

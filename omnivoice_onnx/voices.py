@@ -205,6 +205,13 @@ def load_voice(spec: str, voices: Path, model_fingerprint: str) -> Voice:
     return voice
 
 
+def resolve(spec: str, voices: Path, model_fingerprint: str) -> dict[str, Any]:
+    """The generate()/validate() keywords of saved voice `spec` (a name in `voices`, or a voice
+    file's path) for the model `model_fingerprint`: the one way a voice becomes a request, for
+    speak, the server and batch alike (load_voice's refusals included)."""
+    return load_voice(spec, voices, model_fingerprint).generate_kwargs()
+
+
 def list_voices(voices: Path) -> list[Voice]:
     """The saved voices in `voices`, by name (none when the folder does not exist). A damaged file
     is a UserError naming it (`omnivoice-onnx voice remove NAME` deletes it)."""

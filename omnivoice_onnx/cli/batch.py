@@ -20,19 +20,28 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from omnivoice_onnx.cliutil import EXIT_CHECK_FAILED, THREADS, float_range, int_range
+from omnivoice_onnx.cliutil import (
+    CHUNK_SECONDS,
+    EXIT_CHECK_FAILED,
+    NUM_STEP,
+    SCORE_FACTOR,
+    T_SHIFT,
+    TEMPERATURE,
+    THREADS,
+    int_range,
+)
 
 # Generation flags: upstream omnivoice-infer-batch's, (name, type, help). Unset ones keep the
 # export's defaults (runtime-config.json: upstream's OmniVoiceGenerationConfig defaults).
 GENERATION_FLAGS = (
-    ("num_step", int_range(1), "unmasking steps"),
-    ("guidance_scale", float_range(), "classifier-free guidance scale"),
-    ("t_shift", float_range(0.0), "time-step shift (> 0)"),
-    ("layer_penalty_factor", float_range(), "penalty per codebook layer"),
-    ("position_temperature", float_range(0.0), "Gumbel temperature of the cell choice"),
-    ("class_temperature", float_range(0.0), "Gumbel temperature of the token choice"),
-    ("audio_chunk_duration", float_range(0.0), "seconds per chunk of a long text"),
-    ("audio_chunk_threshold", float_range(0.0), "texts estimated longer than this (s) are chunked"),
+    ("num_step", NUM_STEP, "unmasking steps"),
+    ("guidance_scale", SCORE_FACTOR, "classifier-free guidance scale"),
+    ("t_shift", T_SHIFT, "time-step shift (> 0)"),
+    ("layer_penalty_factor", SCORE_FACTOR, "penalty per codebook layer"),
+    ("position_temperature", TEMPERATURE, "Gumbel temperature of the cell choice"),
+    ("class_temperature", TEMPERATURE, "Gumbel temperature of the token choice"),
+    ("audio_chunk_duration", CHUNK_SECONDS, "seconds per chunk of a long text"),
+    ("audio_chunk_threshold", CHUNK_SECONDS, "texts estimated longer than this (s) are chunked"),
 )
 BOOL_FLAGS = (("denoise", "put <|denoise|> in a cloning prompt"),
               ("preprocess_prompt", "silence-trim the reference, punctuate its text"),

@@ -36,16 +36,14 @@ from typing import Any, TextIO
 
 from omnivoice_onnx import audio_out
 from omnivoice_onnx.bundle import DEFAULT_MODEL_DIR
-from omnivoice_onnx.cliutil import NUM_STEP, SEED, THREADS, float_range
+from omnivoice_onnx.cliutil import DURATION, NUM_STEP, SCORE_FACTOR, SEED, SPEED, THREADS
 from omnivoice_onnx.core.generate import Progress
+from omnivoice_onnx.core.request import Request
 from omnivoice_onnx.errors import UserError
 from omnivoice_onnx.limits import MAX_SPEED, MIN_SPEED
 from omnivoice_onnx.sessions import PROVIDERS
 
 PROG = "omnivoice-onnx"
-SPEED = float_range(MIN_SPEED, MAX_SPEED)  # the API's own range (request.py): one source
-DURATION = float_range(0.1, 600.0)  # seconds of speech asked for (overrides the estimate)
-GUIDANCE = float_range(0.0, 100.0)  # classifier-free guidance (upstream default 2.0; 0: none)
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -85,7 +83,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     )
     gen.add_argument("--num-step", "--num_step", dest="num_step", type=NUM_STEP, default=None,
                      help="unmasking steps (default: the export's, upstream's 32); fewer is faster and rougher")
-    gen.add_argument("--guidance-scale", "--guidance_scale", dest="guidance_scale", type=GUIDANCE, default=None,
+    gen.add_argument("--guidance-scale", "--guidance_scale", dest="guidance_scale", type=SCORE_FACTOR, default=None,
                      help="classifier-free guidance scale (default: the export's, upstream's 2.0)")
     gen.add_argument("--seed", type=SEED, default=None,
                      help="random seed, as torch.manual_seed before upstream's generate() (default: a fresh one, "
@@ -173,8 +171,7 @@ def voice_kwargs(args: argparse.Namespace, tts, kwargs: dict[str, Any]) -> dict[
                         "use --ref-audio and --ref-text, or install a version with `omnivoice-onnx voice`") from exc
 
     folder = voices.voices_dir(args.model_dir, args.voices)
-    voice = voices.load_voice(args.voice, folder, tts.metadata["model_fingerprint"])
-    given = voice.generate_kwargs()
+    given = voices.resolve(args.voice, folder, tts.metadata["model_fingerprint"])
     clash = [key for key in given if kwargs.get(key) is not None]
     if clash:
         raise UserError(f"--voice {args.voice} already sets {', '.join(clash)}", f"drop --{clash[0]}")
@@ -228,28 +225,26 @@ class Spoken:
         return self.samples / self.sample_rate
 
 
-def speak(tts, text: str, sink: audio_out.AudioSink, kwargs: dict[str, Any], seed: int, stream: bool,
-          reporter: Reporter | None = None) -> Spoken:
-    """Generate `text` and write it to `sink` (closed on success, aborted on any error): whole with
-    generate(), or chunk by chunk with stream(). The one synthesis path of the command line
-    (omnivoice-onnx speak, infer_onnx.py --text)."""
+def speak(tts, req: Request, sink: audio_out.AudioSink, stream: bool, reporter: Reporter | None = None) -> Spoken:
+    """Run a validated request (tts.validate, with `stream` as given there) and write it to `sink`
+    (closed on success, aborted on any error): whole with generate(), or chunk by chunk with
+    stream(). The one synthesis path of the command line (omnivoice-onnx speak, infer_onnx.py --text)."""
     progress = reporter.progress if reporter is not None else None
     if reporter is not None:
         reporter.begin()
     with sink:
         if stream:
-            for chunk in tts.stream(text, seed=seed, progress=progress, **kwargs):
+            for chunk in tts.stream(req, progress=progress):
                 sink.write(chunk.samples)
         else:
-            (audio,) = tts.generate(text, seed=seed, progress=progress, **kwargs)
+            (audio,) = tts.generate(req, progress=progress)
             sink.write(audio)
-    return Spoken(sink.frames, tts.sample_rate, seed)
+    return Spoken(sink.frames, tts.sample_rate, req.seed)
 
 
 def run(args: argparse.Namespace) -> int:
     """omnivoice-onnx speak: every input checked before the model is loaded, then speak()."""
     from omnivoice_onnx.api import OmniVoiceOnnx
-    from omnivoice_onnx.core.rng import fresh_seed
     from omnivoice_onnx.sessions import check_provider
 
     text = read_text(args)
@@ -262,8 +257,8 @@ def run(args: argparse.Namespace) -> int:
     reporter = Reporter(sys.stderr.isatty() and not args.quiet)
     tts = OmniVoiceOnnx.from_dir(args.model_dir, provider=args.provider, threads=args.threads, variant=args.variant)
     kwargs = voice_kwargs(args, tts, kwargs)
-    seed = fresh_seed() if args.seed is None else args.seed
+    req = tts.validate(text, **kwargs, seed=args.seed, stream=args.stream)  # the one check; seed drawn if None
     sink = audio_out.open_output(dest, fmt, tts.sample_rate, stream=args.stream, what="--out")
-    spoken = speak(tts, text, sink, kwargs, seed, args.stream, reporter)
-    reporter.summary(spoken.seconds, seed, "stdout" if dest == audio_out.STDOUT else str(dest))
+    spoken = speak(tts, req, sink, args.stream, reporter)
+    reporter.summary(spoken.seconds, spoken.seed, "stdout" if dest == audio_out.STDOUT else str(dest))
     return 0

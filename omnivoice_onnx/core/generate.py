@@ -3,7 +3,7 @@ unmasking loop, long-text chunking, decoding and post-processing.
 
 Reproduces, from `omnivoice/models/omnivoice.py` (omnivoice 0.2.1), one function each:
     OmniVoice.generate                  generate
-    OmniVoice._preprocess_all           preprocess
+    OmniVoice._preprocess_all           request.validate (once per request), then task_of
     OmniVoice.create_voice_clone_prompt create_voice_clone_prompt (ref_text required: no ASR here)
     GenerationTask.get_indices          plan.split_short_long
     OmniVoice._generate_iterative       generate_iterative
@@ -34,7 +34,6 @@ Subtle points, for a port:
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -166,25 +165,6 @@ def encode_reference(model: Model, reference: Reference) -> VoiceClonePrompt:
                             ref_rms=reference.ref_rms)
 
 
-def preprocess(model: Model, texts: str | list[str], language: Any = None, ref_text: Any = None,
-               ref_audio: Any = None, voice_clone_prompt: Any = None, instruct: Any = None,
-               preprocess_prompt: bool | None = None, speed: Any = None, duration_s: Any = None,
-               config: GenerationConfig | None = None) -> Task:
-    """The batch upstream _preprocess_all builds: the request validated whole first
-    (request.validate: types, values and sizes; languages and instructs resolved, target lengths
-    estimated, duration overriding speed), then its references encoded, each distinct one once.
-
-    `config` is what the request's size is checked against (the export's defaults when None);
-    `preprocess_prompt`, when given, overrides its field of that name.
-    """
-    config = config or GenerationConfig.from_dict(None, model.runtime_config["generation"])
-    if preprocess_prompt is not None and preprocess_prompt != config.preprocess_prompt:
-        config = dataclasses.replace(config, preprocess_prompt=preprocess_prompt)
-    return task_of(model, request.validate(model, texts, config, language=language, ref_text=ref_text,
-                                           ref_audio=ref_audio, voice_clone_prompt=voice_clone_prompt,
-                                           instruct=instruct, duration_s=duration_s, speed=speed))
-
-
 def task_of(model: Model, req: request.Request) -> Task:
     """The Task of a validated request: its prepared references encoded, each distinct one once."""
     encoded: dict[int, VoiceClonePrompt] = {}
@@ -314,14 +294,13 @@ def decode_and_post_process(model: Model, tokens: np.ndarray | list[np.ndarray],
     return waveform[0]
 
 
-def generate(model: Model, texts: str | list[str], config: GenerationConfig, rng: TorchCpuRng, language: Any = None,
-             ref_text: Any = None, ref_audio: Any = None, voice_clone_prompt: Any = None, instruct: Any = None,
-             duration_s: Any = None, speed: Any = None, trace: Trace | None = None,
+def generate(model: Model, req: request.Request, trace: Trace | None = None,
              monitor: Monitor | None = None) -> list[np.ndarray]:
-    """upstream generate() after its config handling: one audio [T] float32 per text."""
-    task = preprocess(model, texts, language=language, ref_text=ref_text, ref_audio=ref_audio,
-                      voice_clone_prompt=voice_clone_prompt, instruct=instruct, speed=speed, duration_s=duration_s,
-                      config=config)
+    """upstream generate() after its config handling, for a validated request (request.validate:
+    upstream's _preprocess_all checks, done once): its references encoded, then the unmasking
+    loop with one TorchCpuRng(req.seed) shared in upstream's order -> one audio [T] float32 per text."""
+    config, rng = req.config, TorchCpuRng(req.seed)
+    task = task_of(model, req)
     short_idx, long_idx = plan.split_short_long(task.target_lens, config.audio_chunk_threshold, model.frame_rate)
     monitor = monitor or Monitor()
     long_task = task.slice(long_idx)
@@ -336,15 +315,15 @@ def generate(model: Model, texts: str | list[str], config: GenerationConfig, rng
             results[i] = chunks
     if trace is not None:
         trace.task, trace.short_idx, trace.long_idx, trace.results = task, short_idx, long_idx, results
+        trace.seed, trace.words_drawn = req.seed, rng.words_drawn
     return [decode_and_post_process(model, results[i], task.ref_rms[i], config) for i in range(len(task.texts))]
 
 
 
-def stream(model: Model, text_: str, config: GenerationConfig, rng: TorchCpuRng, language: Any = None,
-           ref_text: Any = None, ref_audio: Any = None, voice_clone_prompt: Any = None, instruct: Any = None,
-           duration_s: Any = None, speed: Any = None, trace: Trace | None = None,
+def stream(model: Model, req: request.Request, trace: Trace | None = None,
            monitor: Monitor | None = None) -> Iterator[AudioChunk]:
-    """generate() for one text, yielding each chunk's audio as soon as it is decoded.
+    """generate() for a validated request of one text, yielding each chunk's audio as soon as it
+    is decoded.
 
     The same preprocessing, chunking (chunk_plan) and generation order (iter_chunked: chunk 0,
     1, ...) as generate(), with the same rng, so the tokens are generate()'s for the same config
@@ -354,18 +333,18 @@ def stream(model: Model, text_: str, config: GenerationConfig, rng: TorchCpuRng,
     without a reference; pauses shortened per chunk with postprocess_output). A trace records
     the task, chunks and results as generate()'s does.
     """
-    if not isinstance(text_, str):
-        raise UserError("stream() speaks one text (a str)", "call generate() for a batch of texts")
+    if len(req.texts) != 1:
+        raise UserError(f"stream() speaks one text, the request holds {len(req.texts)}",
+                        "call generate() for a batch of texts")
     monitor = monitor or Monitor()
-    task = preprocess(model, text_, language=language, ref_text=ref_text, ref_audio=ref_audio,
-                      voice_clone_prompt=voice_clone_prompt, instruct=instruct, speed=speed, duration_s=duration_s,
-                      config=config)
+    config, rng = req.config, TorchCpuRng(req.seed)
+    task = task_of(model, req)
     _, long_idx = plan.split_short_long(task.target_lens, config.audio_chunk_threshold, model.frame_rate)
     assembler = audio.StreamAssembler(model.sample_rate, model.runtime_config["audio"], task.ref_rms[0],
                                       config.postprocess_output,
                                       config.pad_duration, config.fade_duration)
     if trace is not None:
-        trace.task = task
+        trace.task, trace.seed = task, req.seed
         trace.short_idx, trace.long_idx = ([], [0]) if long_idx else ([0], [])
     if not long_idx:
         monitor.chunks = 1

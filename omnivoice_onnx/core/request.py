@@ -1,10 +1,11 @@
 """One validation of a generation request, before any model work.
 
-Every entry point builds its request here: OmniVoiceOnnx.generate() and stream() (through
-generate.preprocess, their common first step), OmniVoiceOnnx.validate() (the server's 400 and
-batch's up-front check), the CLIs. `validate()` returns a typed `Request` or raises ONE
-UserError naming the argument and the fix; front ends map that to their surface (one line and
-exit 2, an HTTP 4xx, a failed-line record).
+Every entry point builds its request here, once: OmniVoiceOnnx.validate() returns the `Request`
+that generate() and stream() run (given keywords instead, they call it themselves); the CLI, the
+server and batch validate first, map a UserError to their own surface (one line and exit 2, an
+HTTP 4xx in OpenAI's shape, a failed-line record) and hand the Request on. `validate()` raises ONE
+UserError naming the argument and the fix. The seed is checked (or drawn, for None) here and
+nowhere else: TorchCpuRng trusts the Request's.
 
 What is checked, in the order the request is used:
 - types: text, language, instruct and ref_text are str (one value, or a list with one per
@@ -39,6 +40,7 @@ import numpy as np
 
 from omnivoice_onnx.core import audio, duration, plan, prompt, schedule, text
 from omnivoice_onnx.core.prompt import TextTokenizer
+from omnivoice_onnx.core.rng import fresh_seed
 from omnivoice_onnx.errors import UserError
 from omnivoice_onnx.limits import (
     MAX_SCORE_FACTOR,
@@ -192,7 +194,7 @@ class Request:
     target_lens: list[int]  # frames per text (before chunking)
     speed: list[float] | None  # per text, as upstream's speed_list
     config: GenerationConfig
-    seed: int | None
+    seed: int  # as given (checked), or drawn for seed=None: torch.manual_seed(seed) before upstream's generate()
     calls: list[tuple[int, int]]  # (rows, sequence length) of each transformer batch, in order
 
 
@@ -316,7 +318,7 @@ def validate(model: Model, texts: Any, config: GenerationConfig, language: Any =
     """The request checked whole (types, values, sizes) and resolved, without model work."""
     text_list = _texts(texts)
     batch = len(text_list)
-    seed = None if seed is None else check_seed(seed)
+    seed = fresh_seed() if seed is None else check_seed(seed)  # drawn or checked here, once
     data = model.runtime_config
     langs = [prompt.resolve_language(lang, data["languages"])
              for lang in _per_item(language, batch, "language", _optional_str)]

@@ -27,8 +27,6 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from omnivoice_onnx.limits import check_seed
-
 MT_N = 624  # MT19937 state words
 MT_INIT_MULTIPLIER = 1812433253  # Knuth's multiplier in the reference init_genrand
 FLOAT32_MANTISSA_BITS = 24  # torch keeps the low 24 bits of a word for a float32 draw
@@ -36,8 +34,9 @@ FLOAT32_MANTISSA_BITS = 24  # torch keeps the low 24 bits of a word for a float3
 
 def init_genrand(seed: int) -> np.ndarray:
     """The MT19937 state torch.manual_seed(seed) leaves: the reference init_genrand of the seed's
-    low 32 bits (after reading a negative seed as 64-bit two's complement). uint32[624]."""
-    word = check_seed(seed) % 2**64 & 0xFFFFFFFF
+    low 32 bits (after reading a negative seed as 64-bit two's complement). uint32[624].
+    `seed` is trusted: request.validate checked it once (limits.check_seed), before any model work."""
+    word = int(seed) % 2**64 & 0xFFFFFFFF
     state = [word]
     for i in range(1, MT_N):
         word = (MT_INIT_MULTIPLIER * (word ^ (word >> 30)) + i) & 0xFFFFFFFF
@@ -53,7 +52,7 @@ class TorchCpuRng:
     """
 
     def __init__(self, seed: int) -> None:
-        self.seed = check_seed(seed)
+        self.seed = int(seed)  # trusted: checked once, by request.validate (limits.check_seed)
         self._mt = np.random.MT19937()
         # pos 624: the next word triggers a full twist, as after the reference init_genrand.
         self._mt.state = {"bit_generator": "MT19937", "state": {"key": init_genrand(self.seed), "pos": MT_N}}

@@ -1,0 +1,115 @@
+"""One request, one validation: every path (speak, the API's generate and stream, the server, batch)
+checks a request exactly once (core.request.validate, counted), hands the validated Request on,
+and runs it as it is; the seed is drawn or checked there, once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from omnivoice_onnx import OmniVoiceOnnx, UserError, cli
+from omnivoice_onnx.batch import Options, run_batch
+from omnivoice_onnx.core import request
+from omnivoice_onnx.server import ServerConfig, build_job, load_service, speech_request_model
+
+pytestmark = pytest.mark.slow
+FEW_STEPS = {"num_step": 2}  # the count, not the speech, is under test
+
+
+@pytest.fixture(scope="module")
+def tts(pipeline) -> OmniVoiceOnnx:
+    return OmniVoiceOnnx.from_dir(pipeline.onnx)
+
+
+@pytest.fixture
+def validations(monkeypatch) -> Iterator[list[int]]:
+    """The number of core.request.validate calls so far, in a one-item list (read calls[0])."""
+    calls = [0]
+    real = request.validate
+
+    def counted(*args, **kwargs):
+        calls[0] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(request, "validate", counted)
+    yield calls
+
+
+def test_generate_and_stream_validate_once(tts, validations) -> None:
+    audio = tts.generate("Hello there.", generation_config=FEW_STEPS, seed=3)[0]
+    assert validations[0] == 1
+    chunks = list(tts.stream("Hello there. A second sentence follows.", generation_config=FEW_STEPS, seed=3))
+    assert validations[0] == 2 and chunks
+    req = tts.validate("Hello there.", generation_config=FEW_STEPS, seed=3)
+    assert validations[0] == 3
+    assert np.array_equal(tts.generate(req)[0], audio)  # the Request runs as validated: not checked again
+    assert validations[0] == 3
+    streamed = tts.validate("Hello there. A second sentence follows.", generation_config=FEW_STEPS, seed=3,
+                            stream=True)
+    assert [c.samples.size for c in tts.stream(streamed)] == [c.samples.size for c in chunks]
+    assert validations[0] == 4
+
+
+def test_seed_drawn_once_and_recorded(tts, validations) -> None:
+    req = tts.validate("Hello.", generation_config=FEW_STEPS)
+    assert isinstance(req.seed, int)  # drawn by validate, the one place
+    assert np.array_equal(tts.generate(req)[0], tts.generate("Hello.", generation_config=FEW_STEPS, seed=req.seed)[0])
+
+
+def test_keywords_with_a_request_refused(tts) -> None:
+    req = tts.validate("Hello.", generation_config=FEW_STEPS, seed=1)
+    with pytest.raises(UserError, match="seed given with a validated Request"):
+        tts.generate(req, seed=2)
+
+
+def test_speak_validates_once(pipeline, validations, tmp_path: Path) -> None:
+    for extra in ([], ["--stream"]):
+        before = validations[0]
+        code = cli.main(["speak", "Hello there.", "--model-dir", str(pipeline.onnx), "--num-step", "2",
+                         "--seed", "5", "--out", str(tmp_path / "hello.wav"), "--quiet", *extra])
+        assert code == 0 and validations[0] == before + 1, (extra, validations[0] - before)
+
+
+def test_server_validates_once(pipeline, validations) -> None:
+    """The handler's validation (build_job: a 400 before the queue) is the only one: the worker
+    thread runs the Request it was handed."""
+    service = load_service(ServerConfig(model_dir=pipeline.onnx, workers=1, threads=1))
+    loop = asyncio.new_event_loop()
+    try:
+        for stream_format in (None, "audio"):
+            before = validations[0]
+            body = speech_request_model()(model="omnivoice", input="Hello there.", voice="auto", num_step=2,
+                                          seed=7, response_format="pcm", stream_format=stream_format)
+            job, _ = build_job(service, body, loop)
+            assert validations[0] == before + 1 and job.request.seed == 7
+            service.pool.submit(job)
+
+            async def finished() -> list[str]:
+                kinds = []
+                while not kinds or kinds[-1] not in ("done", "error", "cancelled", "timeout"):
+                    kinds.append((await job.events.get())[0])
+                return kinds
+
+            kinds = loop.run_until_complete(asyncio.wait_for(finished(), 300))
+            assert kinds[-1] == "done", kinds
+            assert validations[0] == before + 1, stream_format
+    finally:
+        service.pool.close()
+        loop.close()
+
+
+def test_batch_validates_each_line_once(pipeline, validations, tmp_path: Path) -> None:
+    """Each line is validated up front by the driver; the worker runs that Request (pickled, as a
+    process pool or Ray would carry it) without a second check."""
+    lines = tmp_path / "lines.jsonl"
+    lines.write_text("".join(json.dumps({"id": f"l{i}", "text": f"Line number {i}.", "seed": i}) + "\n"
+                             for i in range(3)))
+    summary = run_batch(Options(test_list=lines, res_dir=tmp_path / "out", model_dir=pipeline.onnx,
+                                generation_config=FEW_STEPS, threads=1, progress=False), log=lambda _: None)
+    assert summary.made == 3 and validations[0] == 3
