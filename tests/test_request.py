@@ -1,10 +1,12 @@
 """One request, one validation: every path (speak, the API's generate and stream, the server, batch)
 checks a request exactly once (core.request.validate, counted), hands the validated Request on,
-and runs it as it is; the seed is drawn or checked there, once.
+and runs it as it is; the seed is drawn or checked there, once. One set of limits: the flags take
+what the API takes, and every front end picks its threads by one rule.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 from collections.abc import Iterator
@@ -13,12 +15,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from omnivoice_onnx import OmniVoiceOnnx, UserError, cli
+from omnivoice_onnx import OmniVoiceOnnx, UserError, cli, cliutil, limits, sessions
 from omnivoice_onnx.batch import Options, run_batch
 from omnivoice_onnx.core import request
 from omnivoice_onnx.server import ServerConfig, build_job, load_service, speech_request_model
 
-pytestmark = pytest.mark.slow
 FEW_STEPS = {"num_step": 2}  # the count, not the speech, is under test
 
 
@@ -41,6 +42,7 @@ def validations(monkeypatch) -> Iterator[list[int]]:
     yield calls
 
 
+@pytest.mark.slow
 def test_generate_and_stream_validate_once(tts, validations) -> None:
     audio = tts.generate("Hello there.", generation_config=FEW_STEPS, seed=3)[0]
     assert validations[0] == 1
@@ -56,18 +58,21 @@ def test_generate_and_stream_validate_once(tts, validations) -> None:
     assert validations[0] == 4
 
 
+@pytest.mark.slow
 def test_seed_drawn_once_and_recorded(tts, validations) -> None:
     req = tts.validate("Hello.", generation_config=FEW_STEPS)
     assert isinstance(req.seed, int)  # drawn by validate, the one place
     assert np.array_equal(tts.generate(req)[0], tts.generate("Hello.", generation_config=FEW_STEPS, seed=req.seed)[0])
 
 
+@pytest.mark.slow
 def test_keywords_with_a_request_refused(tts) -> None:
     req = tts.validate("Hello.", generation_config=FEW_STEPS, seed=1)
     with pytest.raises(UserError, match="seed given with a validated Request"):
         tts.generate(req, seed=2)
 
 
+@pytest.mark.slow
 def test_speak_validates_once(pipeline, validations, tmp_path: Path) -> None:
     for extra in ([], ["--stream"]):
         before = validations[0]
@@ -76,6 +81,7 @@ def test_speak_validates_once(pipeline, validations, tmp_path: Path) -> None:
         assert code == 0 and validations[0] == before + 1, (extra, validations[0] - before)
 
 
+@pytest.mark.slow
 def test_server_validates_once(pipeline, validations) -> None:
     """The handler's validation (build_job: a 400 before the queue) is the only one: the worker
     thread runs the Request it was handed."""
@@ -104,6 +110,7 @@ def test_server_validates_once(pipeline, validations) -> None:
         loop.close()
 
 
+@pytest.mark.slow
 def test_batch_validates_each_line_once(pipeline, validations, tmp_path: Path) -> None:
     """Each line is validated up front by the driver; the worker runs that Request (pickled, as a
     process pool or Ray would carry it) without a second check."""
@@ -113,3 +120,34 @@ def test_batch_validates_each_line_once(pipeline, validations, tmp_path: Path) -
     summary = run_batch(Options(test_list=lines, res_dir=tmp_path / "out", model_dir=pipeline.onnx,
                                 generation_config=FEW_STEPS, threads=1, progress=False), log=lambda _: None)
     assert summary.made == 3 and validations[0] == 3
+
+
+def test_worker_threads_one_rule(monkeypatch) -> None:
+    """serve and batch: --threads, else $OMNIVOICE_ORT_THREADS (serve used to ignore it), else the
+    cores split over the workers; over MAX_THREADS refused (serve used to take up to 1024)."""
+    monkeypatch.delenv(sessions.THREADS_ENV, raising=False)
+    assert sessions.worker_threads(2, 3) == 3
+    assert sessions.worker_threads(2, None) == max(1, sessions.cores() // 2)
+    monkeypatch.setenv(sessions.THREADS_ENV, "5")
+    assert sessions.worker_threads(2, None) == 5
+    with pytest.raises(UserError, match="MAX_THREADS"):
+        sessions.worker_threads(1, limits.MAX_THREADS + 1)
+
+
+@pytest.mark.parametrize(("flag", "text", "ok"), [
+    (cliutil.T_SHIFT, "0", False),  # batch took 0, which validate refuses
+    (cliutil.T_SHIFT, "0.1", True),
+    (cliutil.SCORE_FACTOR, str(limits.MAX_SCORE_FACTOR), True),  # speak stopped at 100
+    (cliutil.SCORE_FACTOR, str(-limits.MAX_SCORE_FACTOR), True),
+    (cliutil.SCORE_FACTOR, str(limits.MAX_SCORE_FACTOR * 1.01), False),
+    (cliutil.SPEED, str(limits.MIN_SPEED), True),
+    (cliutil.SPEED, str(limits.MAX_SPEED * 1.01), False),
+    (cliutil.DURATION, "0", False),
+    (cliutil.CHUNK_SECONDS, "0", False),
+])
+def test_flag_ranges_are_the_apis(flag, text: str, ok: bool) -> None:
+    if ok:
+        assert flag(text) == float(text)
+    else:
+        with pytest.raises(argparse.ArgumentTypeError, match="out of range"):
+            flag(text)
