@@ -59,7 +59,7 @@ from omnivoice_onnx.batch_list import (
     request_hash,
 )
 from omnivoice_onnx.core.generate import encode_reference
-from omnivoice_onnx.core.request import Request, VoiceClonePrompt
+from omnivoice_onnx.core.request import Request, VoiceClonePrompt, keywords
 from omnivoice_onnx.errors import UserError
 from omnivoice_onnx.files import atomic_path, check_output, remove_stale_temporaries, sha256_file
 from omnivoice_onnx.sessions import worker_threads
@@ -222,14 +222,11 @@ def check_lines(tts: OmniVoiceOnnx, test_list: TestList, options: Options,
     id, and each good line's Request by id (what its worker runs)."""
     bad, voice_of, requests = [], {}, {}
     for line in test_list.lines:
-        kwargs = {"language": line.language, "instruct": line.instruct, "duration": line.duration,
-                  "speed": line.speed, "generation_config": options.generation_config, "seed": line.seed}
+        kwargs = keywords(dataclasses.asdict(line), options.generation_config)  # the one builder
         try:
             if line.voice is not None:
                 voice_of[line.id] = load_voice(line.voice, voices, tts.metadata["model_fingerprint"])
                 kwargs.update(voice_of[line.id].generate_kwargs())
-            elif line.ref_audio is not None:
-                kwargs.update(ref_audio=line.ref_audio, ref_text=line.ref_text)
             requests[line.id] = tts.validate(line.text, **kwargs)
         except UserError as exc:
             bad.append(BadLine(line.number, line.id, str(exc)))

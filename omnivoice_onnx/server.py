@@ -66,6 +66,7 @@ from omnivoice_onnx import voices as voice_store
 from omnivoice_onnx.api import OmniVoiceOnnx
 from omnivoice_onnx.audio_out import AudioFormat, StreamEncoder, available_response_formats, encode_clip
 from omnivoice_onnx.contract import variants_present
+from omnivoice_onnx.core.request import keywords
 from omnivoice_onnx.errors import UserError
 from omnivoice_onnx.limits import SEED_MAX, SEED_MIN
 from omnivoice_onnx.server_pool import ApiError, Draining, Job, QueueFull, WorkerPool, scrub_paths
@@ -228,14 +229,10 @@ def build_job(service: Service, request: Any, loop: asyncio.AbstractEventLoop) -
         raise ApiError(400, f"response_format {fmt!r} cannot be streamed; with stream_format use one of "
                        f"{', '.join(streamable)}, or drop stream_format to get the whole {fmt} file",
                        "response_format", "unsupported_format")
-    kwargs = service.voice_kwargs(request.voice, request.instructions)
-    config = {key: value for key, value in (("num_step", request.num_step),
-                                             ("guidance_scale", request.guidance_scale)) if value is not None}
-    kwargs.update(language=request.language, speed=request.speed, duration=request.duration,
-                  generation_config=config or None)
+    kwargs = {**keywords(request.model_dump()), **service.voice_kwargs(request.voice, request.instructions)}
     stream = request.stream_format is not None
     try:  # the one validation (no model work): a 400 before the queue; the worker runs this Request
-        req = service.pool.models[0].validate(request.input, **kwargs, seed=request.seed, stream=stream)
+        req = service.pool.models[0].validate(request.input, **kwargs, stream=stream)
     except UserError as exc:
         raise ApiError(400, service.scrub(str(exc))) from exc
     return Job(request=req, stream=stream, loop=loop), fmt

@@ -37,6 +37,7 @@ from typing import Any, TextIO
 from omnivoice_onnx import audio_out
 from omnivoice_onnx.bundle import DEFAULT_MODEL_DIR
 from omnivoice_onnx.cliutil import DURATION, NUM_STEP, SCORE_FACTOR, SEED, SPEED, THREADS
+from omnivoice_onnx.core import request
 from omnivoice_onnx.core.generate import Progress
 from omnivoice_onnx.core.request import Request
 from omnivoice_onnx.errors import UserError
@@ -144,17 +145,14 @@ def output_spec(args: argparse.Namespace) -> tuple[str, str | None]:
 
 
 def generation_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    """The generate()/stream() keywords the flags give (None flags are left to the API's defaults)."""
+    """validate()'s keywords the flags give, the seed included (None flags are left to the API's
+    defaults)."""
     if (args.ref_audio is None) != (args.ref_text is None):
         raise UserError("voice cloning needs both --ref-audio and --ref-text",
                         "pass the reference and its transcript, or a saved --voice")
     if args.voice is not None and args.ref_audio is not None:
         raise UserError("--voice and --ref-audio both give a voice", "pass one of them")
-    config = {key: value for key, value in (("num_step", args.num_step), ("guidance_scale", args.guidance_scale))
-              if value is not None}
-    return {"language": args.language, "instruct": args.instruct,
-            "ref_audio": None if args.ref_audio is None else str(args.ref_audio), "ref_text": args.ref_text,
-            "speed": args.speed, "duration": args.duration, "generation_config": config or None}
+    return request.keywords(vars(args))  # the one builder, as the server's body and batch's lines use
 
 
 def voice_kwargs(args: argparse.Namespace, tts, kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -257,7 +255,7 @@ def run(args: argparse.Namespace) -> int:
     reporter = Reporter(sys.stderr.isatty() and not args.quiet)
     tts = OmniVoiceOnnx.from_dir(args.model_dir, provider=args.provider, threads=args.threads, variant=args.variant)
     kwargs = voice_kwargs(args, tts, kwargs)
-    req = tts.validate(text, **kwargs, seed=args.seed, stream=args.stream)  # the one check; seed drawn if None
+    req = tts.validate(text, **kwargs, stream=args.stream)  # the one check; the seed drawn there if None
     sink = audio_out.open_output(dest, fmt, tts.sample_rate, stream=args.stream, what="--out")
     spoken = speak(tts, req, sink, args.stream, reporter)
     reporter.summary(spoken.seconds, spoken.seed, "stdout" if dest == audio_out.STDOUT else str(dest))

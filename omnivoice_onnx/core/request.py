@@ -198,6 +198,28 @@ class Request:
     calls: list[tuple[int, int]]  # (rows, sequence length) of each transformer batch, in order
 
 
+# --- the one builder: a front end's fields -> validate()'s keywords ---------------------------------
+
+# The request's own fields, named as OmniVoiceOnnx.validate() names them (speak's flags, the
+# server's JSON body and batch's lines use these names too).
+REQUEST_FIELDS = ("language", "instruct", "ref_audio", "ref_text", "voice_clone_prompt", "speed", "duration", "seed")
+
+
+def keywords(fields: Mapping[str, Any], generation_config: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """OmniVoiceOnnx.validate()'s keywords from a front end's fields (CLI flags, a JSON body, a
+    JSONL line, as a mapping; None or absent: not given): the request's own fields as they are
+    (a path-like ref_audio as str), and the GenerationConfig fields among them (num_step,
+    guidance_scale, ...) gathered over `generation_config` (a front end's whole-run overrides).
+    Other keys (the front end's own: --out, response_format) are not the request's, and ignored."""
+    config_names = {f.name for f in dataclasses.fields(GenerationConfig)}
+    config = {**(generation_config or {}),
+              **{name: value for name, value in fields.items() if name in config_names and value is not None}}
+    built = {name: fields.get(name) for name in REQUEST_FIELDS}
+    if isinstance(built["ref_audio"], os.PathLike):
+        built["ref_audio"] = os.fspath(built["ref_audio"])
+    return {**built, "generation_config": config or None}
+
+
 # --- validation -------------------------------------------------------------------------------
 
 def _texts(value: Any) -> list[str]:
