@@ -10,6 +10,7 @@ omnivoice_onnx.contract, read by all of these):
     capture        record real generate() I/O; the capture's files, paths, manifest and read rows
     exporting      torch -> ONNX, sidecar consolidation, metadata, self-checks
     report         export-report.json: its schema, integrity checks, atomic merges
+    parity         step 3: each graph against the capture (parity_check.py is its command line)
     ort_runtime    the ONNX graphs as drop-in modules of upstream generate()
     end_to_end     infer_onnx.py's compare mode: the graphs inside generate(), and the runtime, against the capture
     metrics        parity metrics (argmax/max-abs, code match, log-spectral L1)
@@ -20,4 +21,5 @@ omnivoice_onnx.contract, read by all of these):
     files          atomic writes, sha256 and {sha256, bytes} entries, JSON artefacts
     cli            argparse ending (--debug), one-line errors, exit codes
     torchaudio_cpu make torchaudio importable beside a CPU torch (install step)
+    serving        `omnivoice-onnx serve` as a child process, for the tests and the server bench
 """
