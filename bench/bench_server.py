@@ -230,7 +230,7 @@ def main(argv: list[str] | None = None) -> None:
     from bench_omnivoice import cpu_description
 
     from omnivoice_export.serving import launch
-    from omnivoice_onnx import server, sessions
+    from omnivoice_onnx import server_service, sessions
 
     cores = sessions.cores()
     threads = max(1, cores // args.workers)
@@ -238,7 +238,7 @@ def main(argv: list[str] | None = None) -> None:
     memory_requests = 100 if args.quick else args.memory_requests
     load_start = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
-        env = {key: value for key, value in os.environ.items() if key != server.API_KEY_ENV}
+        env = {key: value for key, value in os.environ.items() if key != server_service.API_KEY_ENV}
         launched = launch(args.onnx_dir, Path(tmp) / "server.log", "--workers", str(args.workers),
                                  "--queue", str(max(levels)), env=env)
         try:

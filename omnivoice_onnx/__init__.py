@@ -23,21 +23,21 @@ holds the package to no import circle, at most 8 floors, no module over 600 line
                  paths, variants, the report, hashes against it, metadata), api (OmniVoiceOnnx),
                  voices (saved voices), audio_out (the one audio writer), conformance (port traces)
     front ends   cli/ (the `omnivoice-onnx` command; cliutil: argument types, exit codes,
-                 one-line errors, shared with the toolchain), server (OpenAI-style HTTP),
+                 one-line errors, shared with the toolchain), server (OpenAI-style HTTP;
+                 server_service: its requests and state; server_pool: its workers),
                  batch (batch_list: the JSONL list; batch_ray: the Ray engine)
 """
 
 from omnivoice_onnx.api import OmniVoiceOnnx
 from omnivoice_onnx.core.generate import (
     AudioChunk,
-    Cancelled,
     GenerationConfig,
     Progress,
     Trace,
     VoiceClonePrompt,
 )
 from omnivoice_onnx.core.request import Request
-from omnivoice_onnx.errors import UserError
+from omnivoice_onnx.errors import Cancelled, UserError
 from omnivoice_onnx.version import __version__
 
 __all__ = ["OmniVoiceOnnx", "UserError", "GenerationConfig", "Request", "Trace", "VoiceClonePrompt", "AudioChunk",

@@ -19,6 +19,11 @@ class UserError(Exception):
         self.problem, self.fix = problem, fix
 
 
+class Cancelled(Exception):
+    """Raised by generate()/stream() when the caller's cancel event is set; checked between
+    unmasking steps (one transformer call is the longest wait). Not an error: the caller asked."""
+
+
 def os_error_in_chain(exc: BaseException | None, numbers: set[int]) -> OSError | None:
     """The OSError with an errno in `numbers` behind `exc` (itself, or its cause/context:
     exporters and loaders wrap errors), if any."""

@@ -56,187 +56,31 @@ import math
 import signal
 import socket
 import threading
-import time
 from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from omnivoice_onnx import voices as voice_store
 from omnivoice_onnx.api import OmniVoiceOnnx
-from omnivoice_onnx.audio_out import AudioFormat, StreamEncoder, available_response_formats, encode_clip
+from omnivoice_onnx.audio_out import StreamEncoder, available_response_formats, encode_clip
 from omnivoice_onnx.contract import variants_present
-from omnivoice_onnx.core.request import keywords
 from omnivoice_onnx.errors import UserError
-from omnivoice_onnx.limits import SEED_MAX, SEED_MIN
-from omnivoice_onnx.server_pool import ApiError, Draining, Job, QueueFull, WorkerPool, scrub_paths
+from omnivoice_onnx.server_pool import ApiError, Draining, Job, QueueFull, WorkerPool
+from omnivoice_onnx.server_service import (
+    BUILTIN_VOICES,
+    MODEL_ID,
+    ServerConfig,
+    Service,
+    build_job,
+    speech_request_model,
+    validation_error,
+)
 from omnivoice_onnx.sessions import worker_threads
 
 LOG = logging.getLogger("omnivoice_onnx.server")
-
-MODEL_ID = "omnivoice"  # the `model` a request names; a variant is also reachable as "omnivoice-<variant>"
-API_KEY_ENV = "OMNIVOICE_API_KEY"  # --api-key's environment spelling (keeps the key out of `ps`)
-MAX_INPUT_CHARS = 4096  # OpenAI's documented limit for `input`
-MAX_INSTRUCTIONS_CHARS = 4096
-SPEED_MIN, SPEED_MAX = 0.25, 4.0  # OpenAI's documented range for `speed`
-MAX_BODY_BYTES = 64 * 1024  # 4096 chars of input are < 16 KiB even as \u escapes; leaves room
-DEFAULT_QUEUE = 16  # waiting requests beyond the ones running; more get 429
-DEFAULT_TIMEOUT_S = 300.0  # per request, queue wait included
 LISTENING = "omnivoice-onnx serve: listening on "  # the start line's prefix, read by launch()
-DEFAULT_DRAIN_S = 60.0  # SIGTERM: how long requests in flight may take to finish
-BUILTIN_VOICES = {
-    "auto": "upstream's auto mode: a voice the model picks; with `instructions`, voice design",
-    "design": "voice design from `instructions` (required), e.g. \"female, low pitch, british accent\"",
-}
-
-
-# --- requests ------------------------------------------------------------------------------------
-
-def speech_request_model():
-    """The pydantic model of a POST /v1/audio/speech body (built on first use: pydantic is the
-    `serve` extra's, not the runtime core's). Unknown fields are refused, as OpenAI refuses them:
-    a misspelt `sped` must not silently run at speed 1."""
-    from pydantic import BaseModel, ConfigDict, Field
-
-    class VoiceId(BaseModel):
-        model_config = ConfigDict(extra="forbid")
-        id: str
-
-    class SpeechRequest(BaseModel):
-        model_config = ConfigDict(extra="forbid")
-        model: str
-        input: str = Field(min_length=1, max_length=MAX_INPUT_CHARS)
-        voice: str | VoiceId
-        instructions: str | None = Field(None, max_length=MAX_INSTRUCTIONS_CHARS)
-        response_format: str | None = None
-        speed: float | None = Field(None, ge=SPEED_MIN, le=SPEED_MAX, allow_inf_nan=False)
-        stream_format: Literal["audio", "sse"] | None = None
-        # Extensions (not OpenAI's): the runtime's generate() arguments. Types and signs here; their
-        # upper limits are the runtime's (omnivoice_onnx.core.request, raisable by environment), checked by
-        # OmniVoiceOnnx.validate().
-        language: str | None = None
-        seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
-        num_step: int | None = Field(None, ge=1)
-        guidance_scale: float | None = Field(None, allow_inf_nan=False)
-        duration: float | None = Field(None, gt=0.0, allow_inf_nan=False)
-
-    return SpeechRequest
-
-
-def validation_error(exc: Any) -> ApiError:
-    """pydantic's first complaint as one 400 naming the field."""
-    first = exc.errors()[0]
-    param = ".".join(str(part) for part in first["loc"]) or None
-    if first["type"] == "extra_forbidden":
-        return ApiError(400, f"unknown field {param!r}", param, "unknown_parameter")
-    if first["type"] == "missing":
-        return ApiError(400, f"missing required field {param!r}", param, "missing_required_parameter")
-    if first["type"] == "string_too_long" and param == "input":
-        return ApiError(400, f"input is longer than {MAX_INPUT_CHARS} characters; split the text into several "
-                        "requests", param, "string_above_max_length")
-    return ApiError(400, f"{param}: {first['msg']}", param, "invalid_value")
-
 
 # --- the app -------------------------------------------------------------------------------------
-
-@dataclass
-class ServerConfig:
-    """What `omnivoice-onnx serve` was asked for."""
-
-    model_dir: Path
-    voices_dir: Path | None = None  # None: omnivoice_onnx.voices.voices_dir's default
-    host: str = "127.0.0.1"
-    port: int = 8000
-    api_key: str | None = None  # None: no key required
-    workers: int = 1
-    threads: int | None = None  # per worker; None: cores // workers
-    queue_size: int = DEFAULT_QUEUE
-    timeout_s: float = DEFAULT_TIMEOUT_S
-    drain_s: float = DEFAULT_DRAIN_S
-    variant: str | None = None
-    default_format: str | None = None  # None: mp3 (OpenAI's default) where libsndfile writes it, else wav
-    max_body_bytes: int = MAX_BODY_BYTES
-
-
-@dataclass
-class Service:
-    """The loaded state the routes use."""
-
-    config: ServerConfig
-    pool: WorkerPool
-    voices: Path
-    formats: dict[str, AudioFormat]
-    default_format: str
-    fingerprint: str
-    variant: str
-    sample_rate: int
-    created: int = field(default_factory=lambda: int(time.time()))
-
-    def scrub(self, message: str) -> str:
-        return scrub_paths(message, self.pool.folders)
-
-    def model_ids(self) -> list[str]:
-        return [MODEL_ID, f"{MODEL_ID}-{self.variant}"]
-
-    def saved_voices(self) -> list[Any]:
-        try:
-            return voice_store.list_voices(self.voices)
-        except UserError as exc:
-            LOG.error("voices folder: %s", exc)
-            raise ApiError(500, "the voices folder holds a damaged voice file (the server log names it)",
-                           kind="server_error", code="voices_unreadable") from exc
-
-    def voice_kwargs(self, voice: Any, instructions: str | None) -> dict[str, Any]:
-        """generate() keywords for the request's voice and instructions (a name, never a path)."""
-        name = voice if isinstance(voice, str) else voice.id
-        if name in BUILTIN_VOICES:
-            if name == "design" and not instructions:
-                raise ApiError(400, "voice 'design' needs `instructions` describing the voice, e.g. "
-                               "\"female, low pitch\"", "instructions", "missing_required_parameter")
-            return {"instruct": instructions} if instructions else {}
-        try:
-            voice_store.check_name(name)
-        except UserError:
-            raise ApiError(400, f"voice {name!r} is not a voice name (names are names, not paths); voices: "
-                           f"{', '.join(self.voice_names())}", "voice", "invalid_voice") from None
-        if name not in self.voice_names():
-            raise ApiError(400, f"unknown voice {name!r}; voices: {', '.join(self.voice_names())}", "voice",
-                           "invalid_voice")
-        try:
-            kwargs = voice_store.resolve(name, self.voices, self.fingerprint)
-        except UserError as exc:
-            raise ApiError(400, self.scrub(str(exc)), "voice", "invalid_voice") from exc
-        if instructions:
-            kwargs["instruct"] = instructions  # the request's description wins over a saved design voice's
-        return kwargs
-
-    def voice_names(self) -> list[str]:
-        return list(BUILTIN_VOICES) + [voice.name for voice in self.saved_voices()]
-
-
-def build_job(service: Service, request: Any, loop: asyncio.AbstractEventLoop) -> tuple[Job, str]:
-    """The validated work of one request and its response_format; ApiError (400) for anything
-    the runtime would refuse, found before the request takes a place in the queue."""
-    if request.model not in service.model_ids():
-        raise ApiError(404, f"model {request.model!r} does not exist; this server has {', '.join(service.model_ids())}",
-                       "model", "model_not_found")
-    fmt = request.response_format or service.default_format
-    if fmt not in service.formats:
-        raise ApiError(400, f"response_format {fmt!r} is not available here; choose one of "
-                       f"{', '.join(service.formats)}", "response_format", "unsupported_format")
-    if request.stream_format and not service.formats[fmt].streams:
-        streamable = [name for name, spec in service.formats.items() if spec.streams]
-        raise ApiError(400, f"response_format {fmt!r} cannot be streamed; with stream_format use one of "
-                       f"{', '.join(streamable)}, or drop stream_format to get the whole {fmt} file",
-                       "response_format", "unsupported_format")
-    kwargs = {**keywords(request.model_dump()), **service.voice_kwargs(request.voice, request.instructions)}
-    stream = request.stream_format is not None
-    try:  # the one validation (no model work): a 400 before the queue; the worker runs this Request
-        req = service.pool.models[0].validate(request.input, **kwargs, stream=stream)
-    except UserError as exc:
-        raise ApiError(400, service.scrub(str(exc))) from exc
-    return Job(request=req, stream=stream, loop=loop), fmt
-
 
 async def read_body(request: Any, limit: int) -> bytes:
     """The request body, refused with 413 as soon as it passes `limit` bytes (declared or sent)."""

@@ -18,12 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from omnivoice_onnx.core.generate import Cancelled
-from omnivoice_onnx.core.request import Request
-from omnivoice_onnx.errors import UserError
+from omnivoice_onnx.errors import Cancelled, UserError
 
-if TYPE_CHECKING:  # annotations only: the app hands the pool models it loaded
+if TYPE_CHECKING:  # annotations only: the app hands the pool the models it loaded and the requests it checked
     from omnivoice_onnx.api import OmniVoiceOnnx
+    from omnivoice_onnx.core.request import Request
 
 LOG = logging.getLogger("omnivoice_onnx.server")
 

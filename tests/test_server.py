@@ -29,7 +29,7 @@ openai = pytest.importorskip("openai")
 pytest.importorskip("fastapi")
 
 from omnivoice_export.serving import Launched, launch  # noqa: E402
-from omnivoice_onnx import OmniVoiceOnnx, audio_out, server  # noqa: E402
+from omnivoice_onnx import OmniVoiceOnnx, audio_out, server_service  # noqa: E402
 from omnivoice_onnx.voices import Voice, load_voice, save_voice  # noqa: E402
 
 pytestmark = pytest.mark.slow  # the session pipeline's tiny export
@@ -73,7 +73,7 @@ class Server:
 
 def start_server(onnx: Path, voices: Path, log: Path, *flags: str) -> Server:
     env = {**os.environ, "OMNIVOICE_ORT_THREADS": "1"}
-    env.pop(server.API_KEY_ENV, None)
+    env.pop(server_service.API_KEY_ENV, None)
     return Server(launch(onnx, log, "--voices", str(voices), "--threads", "1", *flags, env=env,
                                 start_timeout=SERVER_START_S))
 
@@ -206,7 +206,7 @@ def test_bad_requests(srv, voices, tmp_path):
         ({"voice": "../etc/passwd"}, "voice", "not a voice name"),
         ({"voice": {"id": "nobody"}}, "voice", "unknown voice"),
         ({"voice": "design"}, "instructions", "needs `instructions`"),
-        ({"input": "x" * (server.MAX_INPUT_CHARS + 1)}, "input", "longer than"),
+        ({"input": "x" * (server_service.MAX_INPUT_CHARS + 1)}, "input", "longer than"),
         ({"input": ""}, "input", "at least 1"),
         ({"speed": 4.5}, "speed", "less than or equal to 4"),
         ({"response_format": "aac"}, "response_format", "not available"),
@@ -248,7 +248,8 @@ def test_auth_and_body_limit(srv):
     with pytest.raises(openai.AuthenticationError):
         srv.client(key="wrong").models.list()
     assert srv.request("GET", "/health", key=None)[0] == 200  # load balancers probe without the key
-    big = json.dumps({"model": "omnivoice", "voice": "auto", "input": "x" * (server.MAX_BODY_BYTES + 1)}).encode()
+    big = json.dumps({"model": "omnivoice", "voice": "auto",
+                      "input": "x" * (server_service.MAX_BODY_BYTES + 1)}).encode()
     status, _, body = srv.request("POST", "/v1/audio/speech", big, headers={"Content-Type": "application/json"})
     assert status == 413 and error_of(body)["code"] == "body_too_large"
     # The same without Content-Length (chunked upload): refused while it is read, not after.

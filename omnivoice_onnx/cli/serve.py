@@ -22,13 +22,12 @@ from omnivoice_onnx import audio_out
 from omnivoice_onnx.bundle import DEFAULT_MODEL_DIR
 from omnivoice_onnx.cliutil import THREADS, float_range, int_range
 from omnivoice_onnx.errors import UserError
+from omnivoice_onnx.server_service import API_KEY_ENV, DEFAULT_DRAIN_S, DEFAULT_QUEUE, DEFAULT_TIMEOUT_S, ServerConfig
 
 INSTALL_FIX = "install the server's extra: pip install 'omnivoice-onnx[serve]'"
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
-    from omnivoice_onnx import server
-
     parser = subparsers.add_parser("serve", help="run an OpenAI-compatible speech server", description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model-dir", "--model_dir", dest="model_dir", type=Path, default=DEFAULT_MODEL_DIR,
@@ -39,22 +38,22 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)")
     parser.add_argument("--port", type=int_range(0, 65535), default=8000, help="TCP port (default: 8000; 0: any free)")
     parser.add_argument("--api-key", "--api_key", dest="api_key", default=None,
-                        help=f"require `Authorization: Bearer KEY` (default: ${server.API_KEY_ENV}; unset: no key)")
+                        help=f"require `Authorization: Bearer KEY` (default: ${API_KEY_ENV}; unset: no key)")
     parser.add_argument("--workers", type=int_range(1, 64), default=1,
                         help="inference workers, each with its own model sessions (default: 1)")
     parser.add_argument("--threads", type=THREADS, default=None,
                         help="onnxruntime threads per worker (default: $OMNIVOICE_ORT_THREADS, else cores // workers)")
-    parser.add_argument("--queue", type=int_range(1, 10_000), default=server.DEFAULT_QUEUE,
-                        help=f"requests that may wait for a worker; more get 429 (default: {server.DEFAULT_QUEUE})")
-    parser.add_argument("--timeout", type=float_range(1.0, 86_400.0), default=server.DEFAULT_TIMEOUT_S,
-                        help=f"seconds a request may take, queue wait included (default: {server.DEFAULT_TIMEOUT_S:g})")
+    parser.add_argument("--queue", type=int_range(1, 10_000), default=DEFAULT_QUEUE,
+                        help=f"requests that may wait for a worker; more get 429 (default: {DEFAULT_QUEUE})")
+    parser.add_argument("--timeout", type=float_range(1.0, 86_400.0), default=DEFAULT_TIMEOUT_S,
+                        help=f"seconds a request may take, queue wait included (default: {DEFAULT_TIMEOUT_S:g})")
     parser.add_argument(
         "--drain-timeout",
         "--drain_timeout",
         dest="drain_timeout",
         type=float_range(0.0, 86_400.0),
-        default=server.DEFAULT_DRAIN_S,
-        help=f"on SIGTERM, seconds in-flight requests may take to finish (default: {server.DEFAULT_DRAIN_S:g})",
+        default=DEFAULT_DRAIN_S,
+        help=f"on SIGTERM, seconds in-flight requests may take to finish (default: {DEFAULT_DRAIN_S:g})",
     )
     parser.add_argument(
         "--default-format",
@@ -78,9 +77,9 @@ def run(args: argparse.Namespace) -> int:
     if not args.model_dir.is_dir():
         raise UserError(f"--model-dir {args.model_dir} is not a folder", "pass the export folder (onnx/)")
     logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(message)s")
-    config = server.ServerConfig(
+    config = ServerConfig(
         model_dir=args.model_dir, voices_dir=args.voices, host=args.host, port=args.port,
-        api_key=args.api_key or os.environ.get(server.API_KEY_ENV) or None, workers=args.workers,
+        api_key=args.api_key or os.environ.get(API_KEY_ENV) or None, workers=args.workers,
         threads=args.threads, queue_size=args.queue, timeout_s=args.timeout, drain_s=args.drain_timeout,
         variant=args.variant, default_format=args.default_format)
     return server.serve(config)

@@ -45,7 +45,7 @@ from omnivoice_onnx.core.request import GenerationConfig, Model, Reference, Voic
 from omnivoice_onnx.core.rng import TorchCpuRng
 from omnivoice_onnx.core.schedule import unmask_schedule
 from omnivoice_onnx.core.scoring import unmask_step
-from omnivoice_onnx.errors import UserError
+from omnivoice_onnx.errors import Cancelled, UserError
 
 
 @dataclass(frozen=True)
@@ -67,11 +67,6 @@ class Progress:
     chunks: int
     step: int
     steps: int
-
-
-class Cancelled(Exception):
-    """Raised by generate()/stream() when the caller's cancel event is set; checked between
-    unmasking steps (one transformer call is the longest wait)."""
 
 
 @dataclass
