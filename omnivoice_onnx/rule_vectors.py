@@ -3,7 +3,11 @@
 A generate vector exercises these rules only where its texts happen to reach them; this vector
 pins each one with inputs chosen so that the competing reading gives a different result
 (tests/test_rule_vectors.py shows it, reading by reading). It needs no graph run: a port checks it
-by calling its own text, prompt and audio functions on `input` and comparing with `expected`.
+by calling its own text, prompt and audio functions on `input` and comparing with `expected`:
+strings, lists of ids and {"instruct"} / {"error"} objects exactly; the cross-fade's `expected` is
+an audio summary (conformance.audio_summary) of the joined mono samples, whose `samples` and
+`sha256_f32le` a port matches exactly (float32 products with the gains docs/runtime.md gives; the
+other statistics only help to find where a difference starts).
 
 The rules and the upstream functions (omnivoice 0.2.1) they come from:
     chunk_merge        utils/text.py chunk_text_punctuation: sentences are merged as raw code
@@ -33,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+# conformance imports this module back for --out/--check: module imports on both sides keep the circle safe
 from omnivoice_onnx import audio, conformance, text
 from omnivoice_onnx.errors import UserError
 from omnivoice_onnx.prompt import TextTokenizer, instruct_use_zh, resolve_instruct
