@@ -139,15 +139,22 @@ def rules_record(runtime_config: dict[str, Any], tokenizer: TextTokenizer, sampl
 
 def check_rules(stored: dict[str, Any], runtime_config: dict[str, Any], tokenizer: TextTokenizer,
                 sample_rate: int) -> list[str]:
-    """Differences between a stored rules vector and this runtime, one line each, in the vector's
-    order (the first is where to look); [] when it conforms. Every `expected` must be JSON-equal,
-    the cross-fade's audio summaries included: given the same float32 input, the fade is exact."""
+    """Differences between a stored rules vector and this runtime, one line each (a rule the vector
+    lacks first, then its entries in order: the first line is where to look); [] when it conforms.
+    Every `expected` must be JSON-equal, the cross-fade's audio summaries included: given the same
+    float32 input, the fade is exact."""
     if stored.get("format") != conformance.FORMAT:
         return [f"format {stored.get('format')!r}, this replay reads {conformance.FORMAT!r}"]
     if stored.get("sample_rate") != sample_rate:
         return [f"sample_rate {stored.get('sample_rate')!r}, the bundle's is {sample_rate}"]
-    problems = []
-    for i, entry in enumerate(stored.get("rules", [])):
+    entries = stored.get("rules", [])
+    problems = [f"rules: no case of {rule} (an older vector: regenerate it)"
+                for rule in RULE_CASES if rule not in {entry.get("rule") for entry in entries}]
+    for i, entry in enumerate(entries):
+        if entry.get("rule") not in RULE_CASES:
+            problems.append(f"rules[{i}]: rule {entry.get('rule')!r} is not one this replay knows "
+                            f"({', '.join(RULE_CASES)})")
+            continue
         ours = expected_value(entry["rule"], entry["input"], runtime_config, tokenizer, sample_rate)
         if ours != entry["expected"]:
             problems.append(f"rules[{i}] {entry['rule']} {conformance._short(entry['input'])}: expected "

@@ -247,3 +247,7 @@ def test_check_rules_names_the_first_difference(record: dict, config: dict, toke
     assert len(problems) == 1 and problems[0].startswith(f"rules[{index}] instruct_conflict")
     assert check_rules({**stored, "format": "other"}, config, tokenizer, rate)[0].startswith("format")
     assert check_rules(record, config, tokenizer, rate + 1)[0].startswith("sample_rate")
+    renamed = {**stored, "rules": [{**entry, "rule": "other"} if entry["rule"] == "cross_fade" else entry
+                                   for entry in stored["rules"]]}
+    problems = check_rules(renamed, config, tokenizer, rate)
+    assert problems[0].startswith("rules: no case of cross_fade") and "'other' is not one" in problems[1]
