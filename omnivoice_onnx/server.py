@@ -707,8 +707,7 @@ def create_app(service: Service) -> Any:
         """The `language` values the model knows (ids; names and tags like en-US resolve too)."""
         return {"object": "list", "data": service.languages()}
 
-    @app.post("/v1/audio/references")
-    async def add_reference(request: Request) -> dict[str, Any]:
+    async def add_reference(request: Request) -> JSONResponse:
         """Body: a reference recording (any format libsndfile reads); query: ref_text (its words),
         and save_as=NAME to keep it as a saved voice (only with --allow-voice-save). Answers the
         voice id to name in speech requests: NAME when saved, else an in-memory "ref-..." id."""
@@ -731,11 +730,13 @@ def create_app(service: Service) -> Any:
         digest = hashlib.sha256(body + b"\0" + ref_text.encode()).hexdigest()
         prompt = await asyncio.to_thread(service.encode_reference, body, ref_text)
         if save_as is None:
-            return {"id": service.add_reference(prompt, digest), "saved": False}
+            return JSONResponse({"id": service.add_reference(prompt, digest), "saved": False})
         voice = voice_store.Voice(save_as, prompt, None, service.fingerprint, Path())
         await asyncio.to_thread(voice_store.save_voice, service.voices, save_as, voice)
         LOG.info("saved voice %s (POST /v1/audio/references)", save_as)
-        return {"id": save_as, "saved": True}
+        return JSONResponse({"id": save_as, "saved": True})
+
+    app.router.add_route("/v1/audio/references", add_reference, methods=["POST"])  # reads its body itself
 
     @app.get("/")
     async def page() -> Response:
