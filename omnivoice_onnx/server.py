@@ -10,9 +10,20 @@
 Routes (OpenAI's shapes, so the official client and the tools built on it work unchanged):
     POST /v1/audio/speech   model, input, voice, instructions, response_format, speed, stream_format,
                             and the extensions language, seed, num_step, guidance_scale, duration
-    GET  /v1/audio/voices   the saved voices (omnivoice_onnx.voices) and the built-in modes
-    GET  /v1/models         the bundle's model id and the transformer variants in the folder
+    GET  /v1/audio/voices   the built-in modes, the saved voices (omnivoice_onnx.voices) and the
+                            OpenAI-named presets no saved voice replaces (omnivoice_onnx.presets)
+    GET  /v1/models         the bundle's model id, the transformer variants in the folder, and the
+                            ids that name the served variant (tts-1, tts-1-hd, gpt-4o-mini-tts, --model-alias)
+    GET  /v1/audio/languages  the model's language ids and names (extension)
+    POST /v1/audio/references  a reference recording as the body, ?ref_text=its words -> a voice id
+                            for later requests ("ref-...", in memory); &save_as=NAME saves it as a
+                            voice, only with --allow-voice-save (else 403)
+    GET  /                  a page to try voices (omnivoice_onnx/web/index.html; no key needed)
     GET  /health            liveness and queue depth (no key needed: for load balancers)
+
+OpenAI clients work with OpenAI's defaults: `model="tts-1"` and `voice="alloy"` (a preset: a
+voice-design instruct and a fixed seed, so the same request gives the same bytes); see
+docs/drop-in.md.
 
 What a request gets:
 - Without stream_format: the whole clip from OmniVoiceOnnx.generate(), with upstream's global

@@ -18,3 +18,12 @@ def test_every_openai_voice_has_a_valid_preset(config) -> None:
         assert resolve_instruct(preset.instruct, False, config["instruct"]) == preset.instruct, name
     assert len({preset.instruct for preset in PRESETS.values()}) == len(PRESETS)
     assert len({preset.seed for preset in PRESETS.values()}) == len(PRESETS)
+
+
+def test_the_docs_table_is_the_presets() -> None:
+    """docs/drop-in.md's preset table lists every preset as presets.py defines it."""
+    from conftest import REPO
+
+    page = (REPO / "docs" / "drop-in.md").read_text()
+    for preset in PRESETS.values():
+        assert f"| `{preset.name}` | {preset.instruct} | {preset.seed} |" in page, preset.name
