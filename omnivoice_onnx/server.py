@@ -663,7 +663,8 @@ def create_app(service: Service) -> Any:
 
     class RequireKey:
         """`Authorization: Bearer <key>` on every route but /health (load balancers probe without
-        it) and the page at / (it holds no data; its own requests send the key typed into it). Plain ASGI rather than @app.middleware: starlette's BaseHTTPMiddleware breaks a
+        it) and the page at / (it holds no data; its own requests send the key typed into it).
+        Plain ASGI rather than @app.middleware: starlette's BaseHTTPMiddleware breaks a
         streamed response whose client leaves ("No response returned")."""
 
         def __init__(self, app: Any) -> None:
@@ -737,7 +738,8 @@ def create_app(service: Service) -> Any:
                 raise ApiError(400, str(exc), "save_as", "invalid_voice") from None
         body = await read_body(request, MAX_REFERENCE_BYTES)
         if not body:
-            raise ApiError(400, "the request body is empty; send the reference recording as the body", code="empty_body")
+            raise ApiError(400, "the request body is empty; send the reference recording as the body",
+                           code="empty_body")
         digest = hashlib.sha256(body + b"\0" + ref_text.encode()).hexdigest()
         prompt = await asyncio.to_thread(service.encode_reference, body, ref_text)
         if save_as is None:

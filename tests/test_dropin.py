@@ -21,7 +21,8 @@ import soundfile as sf
 openai = pytest.importorskip("openai")
 pytest.importorskip("fastapi")
 
-from test_server import REQUEST_S, SERVER_START_S, Server, start_server  # noqa: E402
+# tts: the runtime in-process, one thread like the server's worker (its audio is the reference)
+from test_server import REQUEST_S, SERVER_START_S, Server, start_server, tts  # noqa: E402,F401
 
 from omnivoice_onnx import OmniVoiceOnnx, audio_out  # noqa: E402
 from omnivoice_onnx.presets import OPENAI_MODEL_IDS, PRESETS  # noqa: E402
@@ -33,11 +34,6 @@ CHROMIUM = Path("/usr/bin/chromium")
 ALIAS = "my-tts"
 STEPS = 4  # the checks compare bytes, not quality: few steps keep the model runs cheap
 SAVED_PRESET_NAME = "nova"  # a saved voice of a preset's name replaces the preset
-
-
-@pytest.fixture(scope="module")
-def tts(pipeline) -> OmniVoiceOnnx:
-    return OmniVoiceOnnx.from_dir(pipeline.onnx, threads=1)
 
 
 @pytest.fixture(scope="module")

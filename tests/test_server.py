@@ -267,7 +267,8 @@ def test_page_is_open_and_voice_saving_is_off(srv):
     path = "/v1/audio/references?ref_text=Words.&save_as=kept"
     assert srv.request("POST", path, b"RIFF", key=None)[0] == 401
     status, _, body = srv.request("POST", path, b"RIFF")
-    assert status == 403 and error_of(body)["code"] == "voice_save_disabled" and "--allow-voice-save" in error_of(body)["message"]
+    error = error_of(body)
+    assert status == 403 and error["code"] == "voice_save_disabled" and "--allow-voice-save" in error["message"]
 
 
 def test_queue_full_is_429(srv):

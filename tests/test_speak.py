@@ -158,8 +158,9 @@ def test_a_logged_seed_repeats_the_run(pipeline: Pipeline, tmp_path: Path) -> No
     """`speak "Hi." --out x.wav 2>log` leaves the drawn seed in the log; that seed gives the same file."""
     common = ["--model-dir", pipeline.onnx, "--num-step", "2"]
     with open(tmp_path / "log", "wb") as log:
-        done = subprocess.run([sys.executable, "-m", "omnivoice_onnx", "speak", "Hi.", "--out", "x.wav", *map(str, common)],
-                              stdin=subprocess.DEVNULL, stderr=log, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)})
+        done = subprocess.run([sys.executable, "-m", "omnivoice_onnx", "speak", "Hi.", "--out", "x.wav",
+                               *map(str, common)], stdin=subprocess.DEVNULL, stderr=log, cwd=tmp_path,
+                              env={**os.environ, "PYTHONPATH": str(REPO)})
     assert done.returncode == 0
     seed = re.search(r"seed (\d+) -> x\.wav$", (tmp_path / "log").read_text().strip()).group(1)
     again = command("speak", "Hi.", "--out", "y.wav", "--seed", seed, "--quiet", *common, cwd=tmp_path)
