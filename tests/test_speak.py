@@ -44,6 +44,9 @@ def one_error_line(done: subprocess.CompletedProcess, fragment: str) -> None:
 
 def test_version_and_help() -> None:
     assert command("--version").stdout.decode().strip() == f"omnivoice-onnx {__version__}"
+    top = command("--help").stdout.decode()  # for users: the commands and examples, not how modules register
+    assert "wyoming" in top and "serve" in top and "seed" in top
+    assert not [word for word in ("SUBCOMMANDS", "add_parser", "import their heavy") if word in top], top
     text = command("speak", "--help").stdout.decode()
     for flag in ("--text-file", "--out", "--raw", "--stream", "--language", "--instruct", "--ref-audio", "--ref_audio",
                  "--ref-text", "--ref_text", "--voice", "--voices", "--speed", "--duration", "--num-step",
