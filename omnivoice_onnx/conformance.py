@@ -63,7 +63,6 @@ What must match exactly and what within a tolerance: docs/runtime.md, and FOLDER
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 from dataclasses import asdict
 from pathlib import Path
@@ -72,7 +71,7 @@ from typing import Any
 import numpy as np
 import soundfile as sf
 
-from omnivoice_onnx import audio, duration
+from omnivoice_onnx import audio, duration, rule_vectors
 from omnivoice_onnx.api import OmniVoiceOnnx
 from omnivoice_onnx.cliutil import THREADS, CheckFailed, check_input_dir, check_output, parse, run_main
 from omnivoice_onnx.contract import FP32_VARIANT
@@ -81,14 +80,13 @@ from omnivoice_onnx.files import atomic_dir, sha256_file
 from omnivoice_onnx.generate import IterativeTrace, Trace, decode
 from omnivoice_onnx.prompt import RUNTIME_CONFIG_FILE, TOKENIZER_FILE
 from omnivoice_onnx.rng import TorchCpuRng
+from omnivoice_onnx.vector_format import ENVELOPE_BLOCK, FORMAT, audio_summary, short
 
-FORMAT = "omnivoice-conformance/3"
 REF_WAV = "ref_voice.wav"
 REF_QUIET = "ref_quiet_44k_stereo.wav"
 REF_16K = "ref_16k.wav"
 README = "README.md"
 STEP_DIGITS = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"  # step s -> STEP_DIGITS[s]
-ENVELOPE_BLOCK = 480  # samples per envelope block: 20 ms at 24 kHz
 RNG_PREVIEW = 8  # first words / float32 draws of the seed recorded
 AUDIO_TOLERANCE = 1e-4  # the envelope tolerance --check applies (an ORT build's float differences)
 DESIGN_TEXT = "The quick brown fox jumps over the lazy dog."  # short: ref_voice.wav stays ~100 kB
@@ -208,6 +206,11 @@ the export's `runtime-config.json` (check `export.runtime_config_sha256`). The c
 - `post-process-silences.json`: output post-processing alone (`"kind": "post_process"`) on
   `decoded_with_silences.wav` (decoder-like audio with 0.8 s, 1.2 s and 1.0 s silences and a
   0.3 s pause): silence trimming, peak normalisation, rescale, fades and padding, per run.
+- `ambiguous-rules.json` (`"kind": "rules"`): host rules a port could read two ways (chunk merging,
+  end punctuation, the cross-fade of a short chunk, the instruct conflict check, the tokenizer
+  fallback), each as inputs and the `expected` result: call your function on each `input` and
+  compare (JSON-equal; the cross-fade's audio by `samples` and `sha256_f32le`). docs/runtime.md
+  states each rule; `omnivoice_onnx/rule_vectors.py` says which reading each input rules out.
 - `ref_voice.wav` (24 kHz mono), `ref_quiet_44k_stereo.wav` (44.1 kHz stereo, RMS 0.03, with edge
   and inner silences) and `ref_16k.wav` (16 kHz mono): the clone cases' references, 16-bit PCM.
   They, the `.flac` files and `decoded_with_silences.wav` are inputs: read them (as float32,
@@ -271,26 +274,12 @@ Load the export whose graphs carry `export.model_fingerprint`, call generate wit
 | chunked-abbreviations | abbreviations, closing marks and merged short sentences in chunked text |
 | design-accent-dialect | an accent (English items), a dialect (Chinese items), a dialect forcing Chinese for English text; seed -7 |
 | recipe-sensitive | six 16 s items, greedy cells: a float32 log_softmax (sequential or pairwise sum) chooses another cell at one step; the float64 recipe and torch agree |
+| ambiguous-rules | chunk merging, end punctuation, a cross-fade over a short chunk, the instruct conflict check, the tokenizer fallback: inputs and results, no generate() call |
 | post-process-silences | output silence trimming (long inner and edge silences), peak normalisation, rescale by ref_rms/0.1, fades, padding |
 
 For a post_process vector: read `input`'s file as float32, run post-processing with each run's
 settings and compare `silence_removed` then `output`, bit for bit.
 """
-
-
-def audio_summary(samples: np.ndarray) -> dict[str, Any]:
-    """Sample count, exact hash and tolerance-friendly statistics of one signal [T] float32."""
-    samples = np.asarray(samples, dtype=np.float32)
-    blocks = [samples[i:i + ENVELOPE_BLOCK] for i in range(0, samples.size, ENVELOPE_BLOCK)]
-    return {
-        "samples": int(samples.size),
-        "sha256_f32le": hashlib.sha256(samples.astype("<f4").tobytes()).hexdigest(),
-        "peak": float(np.abs(samples).max()) if samples.size else 0.0,
-        "rms": float(np.sqrt(np.mean(samples.astype(np.float64) ** 2))) if samples.size else 0.0,
-        "envelope_block": ENVELOPE_BLOCK,
-        "envelope_min": [round(float(b.min()), 6) for b in blocks],
-        "envelope_max": [round(float(b.max()), 6) for b in blocks],
-    }
 
 
 def unmask_steps(iteration: IterativeTrace, item: int) -> list[str]:
@@ -391,9 +380,7 @@ def run_case(tts: OmniVoiceOnnx, name: str, case: dict[str, Any], folder: Path, 
         "format": FORMAT,
         "kind": "generate",
         "case": name,
-        "export": {"model_fingerprint": tts.metadata["model_fingerprint"],
-                   "runtime_config_sha256": sha256_file(tts.onnx_dir / RUNTIME_CONFIG_FILE),
-                   "tokenizer_sha256": sha256_file(tts.onnx_dir / TOKENIZER_FILE)},
+        "export": _export_hashes(tts),
         "request": {**case, "seed": str(case["seed"]), "generation_config": asdict(config)},
         "rng": {"seed": str(case["seed"]), "first_words": TorchCpuRng(case["seed"]).words(RNG_PREVIEW).tolist(),
                 "first_floats": [float(x) for x in TorchCpuRng(case["seed"]).rand(RNG_PREVIEW)],
@@ -411,6 +398,13 @@ def run_case(tts: OmniVoiceOnnx, name: str, case: dict[str, Any], folder: Path, 
                     for i, (result, final) in enumerate(zip(trace.results, audios))],
     }
     return record, audios
+
+
+def _export_hashes(tts: OmniVoiceOnnx) -> dict[str, str]:
+    """The export a vector was made from: the graphs' model fingerprint, the host files' sha256."""
+    return {"model_fingerprint": tts.metadata["model_fingerprint"],
+            "runtime_config_sha256": sha256_file(tts.onnx_dir / RUNTIME_CONFIG_FILE),
+            "tokenizer_sha256": sha256_file(tts.onnx_dir / TOKENIZER_FILE)}
 
 
 def post_process_case(tts: OmniVoiceOnnx, name: str, runs: list[dict[str, Any]], folder: Path) -> dict[str, Any]:
@@ -477,18 +471,13 @@ def compare_records(expected: dict[str, Any], actual: dict[str, Any], tolerance:
         for where in sorted(set(theirs) | set(ours), key=lambda w: (len(w), w)):
             if kind == "exact":
                 if theirs.get(where) != ours.get(where):
-                    problems.append(f"{where}: expected {_short(theirs.get(where))}, got {_short(ours.get(where))}")
+                    problems.append(f"{where}: expected {short(theirs.get(where))}, got {short(ours.get(where))}")
             else:
                 difference = _audio_difference(ours.get(where), theirs.get(where),
                                                tolerance if kind == "device" else None)
                 if difference:
                     problems.append(f"{where}: {difference}")
     return problems
-
-
-def _short(value: Any) -> str:
-    text = json.dumps(value, ensure_ascii=False)
-    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def quiet_stereo_reference(voice: np.ndarray, rate: int, rules: dict[str, Any]) -> np.ndarray:
@@ -537,6 +526,12 @@ def write_vectors(onnx_dir: Path, out: Path, threads: int | None = None) -> list
             names.append(path.name)
             print(f"{out / path.name}  {path.stat().st_size / 1024:.0f} kB  {len(runs)} post_process run(s)",
                   flush=True)
+        path = folder / f"{rule_vectors.CASE}.json"
+        record = {**rule_vectors.rules_record(tts.runtime_config, tts.tokenizer, tts.sample_rate),
+                  "export": _export_hashes(tts)}
+        path.write_text(json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n", encoding="utf-8")
+        names.append(path.name)
+        print(f"{out / path.name}  {path.stat().st_size / 1024:.0f} kB  {len(record['rules'])} rule inputs", flush=True)
         (folder / README).write_text(FOLDER_README, encoding="utf-8")
         names.append(README)
     return [out / name for name in names]
@@ -553,6 +548,10 @@ def check_vectors(onnx_dir: Path, folder: Path, threads: int | None = None) -> d
             record, _ = run_case(tts, name, CASES[name], folder)
         elif name in POST_PROCESS_CASES:
             record = post_process_case(tts, name, POST_PROCESS_CASES[name], folder)
+        elif name == rule_vectors.CASE:
+            results[name] = rule_vectors.check_rules(stored, tts.runtime_config, tts.tokenizer, tts.sample_rate)
+            print(f"[{name}] {'OK' if not results[name] else 'FAIL: ' + results[name][0]}", flush=True)
+            continue
         else:
             results[name] = [f"{path.name}: case {name!r} is not one of this runtime's cases"]
             continue

@@ -7,7 +7,7 @@ OmniVoice's data and tokenizer ("……" against the last code point; the fallba
 their cases pin the rule, the test proves the equivalence. It needs no graph run: a port checks it
 by calling its own text, prompt and audio functions on `input` and comparing with `expected`:
 strings, lists of ids and {"instruct"} / {"error"} objects exactly; the cross-fade's `expected` is
-an audio summary (conformance.audio_summary) of the joined mono samples, whose `samples` and
+an audio summary (vector_format.audio_summary) of the joined mono samples, whose `samples` and
 `sha256_f32le` a port matches exactly (float32 products with the gains docs/runtime.md gives; the
 other statistics only help to find where a difference starts).
 
@@ -39,10 +39,10 @@ from typing import Any
 
 import numpy as np
 
-# conformance imports this module back for --out/--check: module imports on both sides keep the circle safe
-from omnivoice_onnx import audio, conformance, text
+from omnivoice_onnx import audio, text
 from omnivoice_onnx.errors import UserError
 from omnivoice_onnx.prompt import TextTokenizer, instruct_use_zh, resolve_instruct
+from omnivoice_onnx.vector_format import FORMAT, audio_summary, short
 
 CASE = "ambiguous-rules"
 
@@ -114,7 +114,7 @@ def expected_value(rule: str, case: dict[str, Any], runtime_config: dict[str, An
         return text.add_punctuation(case["text"], runtime_config["text"])
     if rule == "cross_fade":
         merged = audio.cross_fade_chunks(chunks_input(case["chunks"]), sample_rate, runtime_config["audio"])
-        return conformance.audio_summary(merged[0])
+        return audio_summary(merged[0])
     if rule == "instruct_conflict":
         return instruct_outcome(case["instruct"], case["text"], runtime_config["instruct"])
     if rule == "tokenizer_fallback":
@@ -129,7 +129,7 @@ def rules_record(runtime_config: dict[str, Any], tokenizer: TextTokenizer, sampl
     `sample_rate` the graphs' rate (the cross-fade's length is a third of
     audio.cross_fade_silence_s at that rate)."""
     return {
-        "format": conformance.FORMAT,
+        "format": FORMAT,
         "kind": "rules",
         "case": CASE,
         "sample_rate": sample_rate,
@@ -145,8 +145,8 @@ def check_rules(stored: dict[str, Any], runtime_config: dict[str, Any], tokenize
     lacks first, then its entries in order: the first line is where to look); [] when it conforms.
     Every `expected` must be JSON-equal, the cross-fade's audio summaries included: given the same
     float32 input, the fade is exact."""
-    if stored.get("format") != conformance.FORMAT:
-        return [f"format {stored.get('format')!r}, this replay reads {conformance.FORMAT!r}"]
+    if stored.get("format") != FORMAT:
+        return [f"format {stored.get('format')!r}, this replay reads {FORMAT!r}"]
     if stored.get("sample_rate") != sample_rate:
         return [f"sample_rate {stored.get('sample_rate')!r}, the bundle's is {sample_rate}"]
     entries = stored.get("rules", [])
@@ -159,6 +159,6 @@ def check_rules(stored: dict[str, Any], runtime_config: dict[str, Any], tokenize
             continue
         ours = expected_value(entry["rule"], entry["input"], runtime_config, tokenizer, sample_rate)
         if ours != entry["expected"]:
-            problems.append(f"rules[{i}] {entry['rule']} {conformance._short(entry['input'])}: expected "
-                            f"{conformance._short(entry['expected'])}, got {conformance._short(ours)}")
+            problems.append(f"rules[{i}] {entry['rule']} {short(entry['input'])}: expected "
+                            f"{short(entry['expected'])}, got {short(ours)}")
     return problems

@@ -24,7 +24,7 @@ import soundfile as sf
 import torch
 from omnivoice.models.omnivoice import OmniVoiceGenerationConfig
 
-from omnivoice_onnx import OmniVoiceOnnx, Trace, UserError, conformance
+from omnivoice_onnx import OmniVoiceOnnx, Trace, UserError, conformance, rule_vectors
 from omnivoice_onnx.cliutil import Terminated, run_main
 from omnivoice_onnx.contract import GRAPH_FILES
 from omnivoice_onnx.prompt import RUNTIME_CONFIG_FILE, TOKENIZER_FILE
@@ -206,7 +206,7 @@ def test_runtime_runs_with_the_toolchain_unimportable(export_dir, reference):
 
 def test_conformance_vectors_are_committed_and_small():
     names = sorted(p.stem for p in CONFORMANCE_DIR.glob("*.json"))
-    assert names == sorted([*conformance.CASES, *conformance.POST_PROCESS_CASES]), \
+    assert names == sorted([*conformance.CASES, *conformance.POST_PROCESS_CASES, rule_vectors.CASE]), \
         f"vectors and cases differ; regenerate: {REGENERATE}"
     assert (CONFORMANCE_DIR / conformance.README).read_text(encoding="utf-8") == conformance.FOLDER_README
     decoded = sorted(p.name for p in CONFORMANCE_DIR.glob("*.flac"))
