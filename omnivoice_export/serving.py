@@ -14,8 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from omnivoice_onnx.server import LISTENING
-
 
 @dataclass
 class Launched:
@@ -43,15 +41,17 @@ class Launched:
 
 
 def launch(model_dir: Path, log: Path, *flags: str, env: dict[str, str] | None = None,
-           start_timeout: float = 60.0) -> Launched:
+           start_timeout: float = 60.0, command: str = "serve") -> Launched:
     """`omnivoice-onnx serve --model-dir M --port 0 FLAGS` as a child process, once it listens: the
-    port is read from uvicorn's start line, so there is no race for a free port (tests, benches)."""
+    port is read from its start line, so there is no race for a free port (tests, benches).
+    command="wyoming" starts `omnivoice-onnx wyoming --uri tcp://127.0.0.1:0` the same way."""
     with open(log, "w") as handle:
-        process = subprocess.Popen([sys.executable, "-m", "omnivoice_onnx", "serve", "--model-dir", str(model_dir),
-                                    "--port", "0", *flags], env=env, stdout=handle, stderr=subprocess.STDOUT)
+        where = ["--port", "0"] if command == "serve" else ["--uri", "tcp://127.0.0.1:0"]
+        process = subprocess.Popen([sys.executable, "-m", "omnivoice_onnx", command, "--model-dir", str(model_dir),
+                                    *where, *flags], env=env, stdout=handle, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + start_timeout
     while time.monotonic() < deadline:
-        found = re.search(re.escape(LISTENING) + r"http://.+:(\d+)/v1", Path(log).read_text())
+        found = re.search(re.escape(f"omnivoice-onnx {command}: listening on ") + r"\S+:(\d+)", Path(log).read_text())
         if found:
             return Launched(process, int(found.group(1)), Path(log))
         if process.poll() is not None:

@@ -10,9 +10,20 @@
 Routes (OpenAI's shapes, so the official client and the tools built on it work unchanged):
     POST /v1/audio/speech   model, input, voice, instructions, response_format, speed, stream_format,
                             and the extensions language, seed, num_step, guidance_scale, duration
-    GET  /v1/audio/voices   the saved voices (omnivoice_onnx.voices) and the built-in modes
-    GET  /v1/models         the bundle's model id and the transformer variants in the folder
+    GET  /v1/audio/voices   the built-in modes, the saved voices (omnivoice_onnx.voices) and the
+                            OpenAI-named presets no saved voice replaces (omnivoice_onnx.presets)
+    GET  /v1/models         the bundle's model id, the transformer variants in the folder, and the
+                            ids that name the served variant (tts-1, tts-1-hd, gpt-4o-mini-tts, --model-alias)
+    GET  /v1/audio/languages  the model's language ids and names (extension)
+    POST /v1/audio/references  a reference recording as the body, ?ref_text=its words -> a voice id
+                            for later requests ("ref-...", in memory); &save_as=NAME saves it as a
+                            voice, only with --allow-voice-save (else 403)
+    GET  /                  a page to try voices (omnivoice_onnx/web/index.html; no key needed)
     GET  /health            liveness and queue depth (no key needed: for load balancers)
+
+OpenAI clients work with OpenAI's defaults: `model="tts-1"` and `voice="alloy"` (a preset: a
+voice-design instruct and a fixed seed, so the same request gives the same bytes); see
+docs/drop-in.md.
 
 What a request gets:
 - Without stream_format: the whole clip from OmniVoiceOnnx.generate(), with upstream's global
@@ -49,12 +60,12 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import hashlib
 import hmac
 import json
 import logging
 import math
 import signal
-import socket
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -65,12 +76,15 @@ from omnivoice_onnx.api import OmniVoiceOnnx
 from omnivoice_onnx.audio_out import StreamEncoder, available_response_formats, encode_clip
 from omnivoice_onnx.contract import variants_present
 from omnivoice_onnx.errors import UserError
-from omnivoice_onnx.server_pool import ApiError, Draining, Job, QueueFull, WorkerPool
+from omnivoice_onnx.presets import PRESETS
+from omnivoice_onnx.server_pool import ApiError, Draining, Job, QueueFull, WorkerPool, job_failure, time_out
 from omnivoice_onnx.server_service import (
     BUILTIN_VOICES,
+    MAX_REFERENCE_BYTES,
     MODEL_ID,
     ServerConfig,
     Service,
+    bind,
     build_job,
     speech_request_model,
     validation_error,
@@ -80,7 +94,6 @@ from omnivoice_onnx.sessions import worker_threads
 LOG = logging.getLogger("omnivoice_onnx.server")
 LISTENING = "omnivoice-onnx serve: listening on "  # the start line's prefix, read by launch()
 
-# --- the app -------------------------------------------------------------------------------------
 
 async def read_body(request: Any, limit: int) -> bytes:
     """The request body, refused with 413 as soon as it passes `limit` bytes (declared or sent)."""
@@ -140,14 +153,15 @@ def create_app(service: Service) -> Any:
 
     class RequireKey:
         """`Authorization: Bearer <key>` on every route but /health (load balancers probe without
-        it). Plain ASGI rather than @app.middleware: starlette's BaseHTTPMiddleware breaks a
+        it) and the page at / (it holds no data; its own requests send the key typed into it).
+        Plain ASGI rather than @app.middleware: starlette's BaseHTTPMiddleware breaks a
         streamed response whose client leaves ("No response returned")."""
 
         def __init__(self, app: Any) -> None:
             self.app = app
 
         async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
-            if scope["type"] == "http" and scope["path"] != "/health":
+            if scope["type"] == "http" and scope["path"] not in ("/health", "/"):
                 given = dict(scope["headers"]).get(b"authorization", b"")
                 token = given[len(b"Bearer "):] if given.startswith(b"Bearer ") else b""
                 if not hmac.compare_digest(token, key.encode()):
@@ -175,15 +189,63 @@ def create_app(service: Service) -> Any:
         data += [{"id": f"{MODEL_ID}-{name}", "object": "model", "created": service.created,
                   "owned_by": "omnivoice-onnx", "variant": name, "served": name == service.variant}
                  for name in present]
+        data += [{"id": alias, "object": "model", "created": service.created, "owned_by": "omnivoice-onnx",
+                  "variant": service.variant, "served": True} for alias in service.model_ids()[2:]]
         return {"object": "list", "data": data}
 
     @app.get("/v1/audio/voices")
     async def list_voices() -> dict[str, Any]:
         data = [{"id": name, "name": name, "kind": "builtin", "description": text}
                 for name, text in BUILTIN_VOICES.items()]
+        saved = service.saved_voices()
         data += [{"id": voice.name, "name": voice.name, "kind": "clone" if voice.prompt is not None else "design",
-                  "instruct": voice.instruct} for voice in service.saved_voices()]
+                  "instruct": voice.instruct} for voice in saved]
+        data += [{"id": name, "name": name, "kind": "preset", "instruct": preset.instruct, "seed": preset.seed}
+                 for name, preset in PRESETS.items() if name not in {voice.name for voice in saved}]
         return {"object": "list", "voices": [item["id"] for item in data], "data": data}
+
+    @app.get("/v1/audio/languages")
+    async def list_languages() -> dict[str, Any]:
+        """The `language` values the model knows (ids; names and tags like en-US resolve too)."""
+        return {"object": "list", "data": service.languages()}
+
+    async def add_reference(request: Request) -> JSONResponse:
+        """Body: a reference recording (any format libsndfile reads); query: ref_text (its words),
+        and save_as=NAME to keep it as a saved voice (only with --allow-voice-save). Answers the
+        voice id to name in speech requests: NAME when saved, else an in-memory "ref-..." id."""
+        ref_text, save_as = request.query_params.get("ref_text"), request.query_params.get("save_as")
+        if not ref_text or not ref_text.strip():
+            raise ApiError(400, "ref_text (the words spoken in the reference) is required", "ref_text",
+                           "missing_required_parameter")
+        if save_as is not None and not service.config.allow_voice_save:
+            raise ApiError(403, "saving voices over HTTP is off on this server; start it with --allow-voice-save, "
+                           "or leave out save_as to use the reference for requests without saving it",
+                           "save_as", "voice_save_disabled", kind="permission_error")
+        if save_as is not None:
+            try:
+                voice_store.check_name(save_as)
+            except UserError as exc:
+                raise ApiError(400, str(exc), "save_as", "invalid_voice") from None
+        body = await read_body(request, MAX_REFERENCE_BYTES)
+        if not body:
+            raise ApiError(400, "the request body is empty; send the reference recording as the body",
+                           code="empty_body")
+        digest = hashlib.sha256(body + b"\0" + ref_text.encode()).hexdigest()
+        prompt = await asyncio.to_thread(service.encode_reference, body, ref_text)
+        if save_as is None:
+            return JSONResponse({"id": service.add_reference(prompt, digest), "saved": False})
+        voice = voice_store.Voice(save_as, prompt, None, service.fingerprint, Path())
+        await asyncio.to_thread(voice_store.save_voice, service.voices, save_as, voice)
+        LOG.info("saved voice %s (POST /v1/audio/references)", save_as)
+        return JSONResponse({"id": save_as, "saved": True})
+
+    app.router.add_route("/v1/audio/references", add_reference, methods=["POST"])  # reads its body itself
+
+    @app.get("/")
+    async def page() -> Response:
+        """The page to try voices (omnivoice_onnx/web/index.html: plain HTML + JS, nothing fetched
+        from elsewhere)."""
+        return Response(web_page(), media_type="text/html; charset=utf-8")
 
     async def speech(request: Request) -> Any:
         body = await read_body(request, service.config.max_body_bytes)
@@ -204,7 +266,7 @@ def create_app(service: Service) -> Any:
         except Draining:
             raise ApiError(503, "the server is shutting down", code="shutting_down", kind="server_error",
                            headers={"Retry-After": "5"}) from None
-        timer = loop.call_at(loop.time() + service.config.timeout_s, _time_out, job)
+        timer = loop.call_at(loop.time() + service.config.timeout_s, time_out, job)
         headers = {"X-Seed": str(job.request.seed)}
         try:
             first = await _first_event(job, request)
@@ -215,12 +277,11 @@ def create_app(service: Service) -> Any:
         kind, payload = first
         if kind in ("error", "timeout", "cancelled", "gone"):
             timer.cancel()
-            raise _failure(job, kind, payload)
+            raise job_failure(job, kind, payload)
         if not job.stream:
             timer.cancel()
-            data = await asyncio.to_thread(
-                encode_clip, payload, fmt, service.sample_rate
-            )  # mp3 of minutes: not on the loop
+            # an mp3 of minutes: not on the event loop
+            data = await asyncio.to_thread(encode_clip, payload, fmt, service.sample_rate)
             return Response(data, media_type=service.formats[fmt].media_type, headers=headers)
         chunks = _stream_bytes(job, first, StreamEncoder(fmt, service.sample_rate), timer)
         if parsed.stream_format == "sse":
@@ -236,21 +297,11 @@ def create_app(service: Service) -> Any:
     return app
 
 
-def _time_out(job: Job) -> None:
-    """The request's time is up: its handler answers now (a queued job would otherwise wait for a
-    worker to reach it), and the worker drops it or stops it before its next step."""
-    job.timed_out = True
-    job.cancel.set()
-    job.events.put_nowait(("timeout", None))
+def web_page() -> bytes:
+    """The page at / (package data: omnivoice_onnx/web/index.html, in the wheel via pyproject)."""
+    from importlib.resources import files
 
-
-def _failure(job: Job, kind: str, payload: Any) -> ApiError:
-    if kind == "error":
-        return payload
-    if kind == "timeout":
-        return ApiError(504, "the request took longer than the server's timeout", code="timeout", kind="server_error")
-    # 499 (nginx's "client closed request"): only the access log sees it, the client has gone.
-    return ApiError(499, "request cancelled", code="cancelled")
+    return files("omnivoice_onnx").joinpath("web", "index.html").read_bytes()
 
 
 async def _first_event(job: Job, request: Any) -> tuple[str, Any]:
@@ -295,7 +346,7 @@ async def _stream_bytes(job: Job, first: tuple[str, Any], encoder: StreamEncoder
                 job.finished = True
                 return
             else:
-                raise StreamFailed(_failure(job, kind, payload).message)
+                raise StreamFailed(job_failure(job, kind, payload).message)
             event = await job.events.get()
     finally:
         timer.cancel()
@@ -343,20 +394,6 @@ def load_service(config: ServerConfig) -> Service:
     return Service(config=config, pool=WorkerPool(models, config.queue_size, folders), voices=voices, formats=formats,
                    default_format=default, fingerprint=first.metadata["model_fingerprint"], variant=first.variant,
                    sample_rate=first.sample_rate)
-
-
-def bind(host: str, port: int) -> socket.socket:
-    """The listening socket, or a UserError naming the address (uvicorn itself logs and exits 1)."""
-    try:
-        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
-        listener = socket.socket(family, socket.SOCK_STREAM)
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind((host, port))
-        listener.listen(2048)  # uvicorn's backlog; a client that connects before the loop runs waits in it
-    except OSError as exc:
-        raise UserError(f"cannot listen on {host}:{port} ({exc.strerror or exc})",
-                        "choose another --port (0: any free one) or --host, or stop what uses it") from None
-    return listener
 
 
 def serve(config: ServerConfig) -> int:

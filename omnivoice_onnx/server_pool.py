@@ -165,3 +165,20 @@ class WorkerPool:
             LOG.exception("request failed")
             job.emit("error", ApiError(500, "the server failed to make this audio (its log has the details)",
                                        kind="server_error", code="internal_error"))
+
+
+def time_out(job: Job) -> None:
+    """The request's time is up: its handler answers now (a queued job would otherwise wait for a
+    worker to reach it), and the worker drops it or stops it before its next step."""
+    job.timed_out = True
+    job.cancel.set()
+    job.events.put_nowait(("timeout", None))
+
+
+def job_failure(job: Job, kind: str, payload: Any) -> ApiError:
+    if kind == "error":
+        return payload
+    if kind == "timeout":
+        return ApiError(504, "the request took longer than the server's timeout", code="timeout", kind="server_error")
+    # 499 (nginx's "client closed request"): only the access log sees it, the client has gone.
+    return ApiError(499, "request cancelled", code="cancelled")

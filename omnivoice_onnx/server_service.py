@@ -1,13 +1,17 @@
 """What a request is to the speech server (omnivoice_onnx.server): OpenAI's request body (its
 pydantic model, its 400s), the server's configuration and loaded state (Service: the pool, the
-voices, the formats), and the Job a request becomes (build_job: every check, including the one
-validation of the runtime, before the request takes a place in the queue).
+voices, uploaded references, the formats), and the Job a synthesis becomes (plan_job: every check,
+the runtime's one validation included, before the request takes a place in the queue).
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
+import dataclasses
 import logging
+import socket
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,9 +19,11 @@ from typing import Any, Literal
 
 from omnivoice_onnx import voices as voice_store
 from omnivoice_onnx.audio_out import AudioFormat
+from omnivoice_onnx.core.prompt import VoiceClonePrompt, language_names
 from omnivoice_onnx.core.request import keywords
 from omnivoice_onnx.errors import UserError
 from omnivoice_onnx.limits import SEED_MAX, SEED_MIN
+from omnivoice_onnx.presets import OPENAI_MODEL_IDS, PRESETS
 from omnivoice_onnx.server_pool import ApiError, Job, WorkerPool, scrub_paths
 
 LOG = logging.getLogger("omnivoice_onnx.server")
@@ -35,6 +41,11 @@ BUILTIN_VOICES = {
     "auto": "upstream's auto mode: a voice the model picks; with `instructions`, voice design",
     "design": "voice design from `instructions` (required), e.g. \"female, low pitch, british accent\"",
 }
+# POST /v1/audio/references: a reference recording as the request body (any format libsndfile
+# reads). A 60 s reference (limits.MAX_REF_SECONDS) at 48 kHz stereo 16-bit is 11.5 MB.
+MAX_REFERENCE_BYTES = 16 << 20
+REFERENCE_PREFIX = "ref-"  # the voice id of an uploaded reference: "ref-" + the first hex of its sha256
+REFERENCES_KEPT = 32  # uploaded references held in memory (the least recently used goes first)
 
 
 # --- requests ------------------------------------------------------------------------------------
@@ -101,6 +112,8 @@ class ServerConfig:
     variant: str | None = None
     default_format: str | None = None  # None: mp3 (OpenAI's default) where libsndfile writes it, else wav
     max_body_bytes: int = MAX_BODY_BYTES
+    model_aliases: tuple[str, ...] = ()  # more model ids that name the served variant (--model-alias)
+    allow_voice_save: bool = False  # POST /v1/audio/references may save a named voice (--allow-voice-save)
 
 
 @dataclass
@@ -116,12 +129,17 @@ class Service:
     variant: str
     sample_rate: int
     created: int = field(default_factory=lambda: int(time.time()))
+    # Uploaded references (POST /v1/audio/references), by voice id; in memory, least recent first.
+    references: collections.OrderedDict[str, VoiceClonePrompt] = field(default_factory=collections.OrderedDict)
 
     def scrub(self, message: str) -> str:
         return scrub_paths(message, self.pool.folders)
 
     def model_ids(self) -> list[str]:
-        return [MODEL_ID, f"{MODEL_ID}-{self.variant}"]
+        """Every `model` a request may name: ours, OpenAI's speech models and --model-alias ids all
+        name the served variant (an OpenAI client's "tts-1" works unchanged)."""
+        return list(dict.fromkeys([MODEL_ID, f"{MODEL_ID}-{self.variant}", *OPENAI_MODEL_IDS,
+                                   *self.config.model_aliases]))
 
     def saved_voices(self) -> list[Any]:
         try:
@@ -131,32 +149,109 @@ class Service:
             raise ApiError(500, "the voices folder holds a damaged voice file (the server log names it)",
                            kind="server_error", code="voices_unreadable") from exc
 
-    def voice_kwargs(self, voice: Any, instructions: str | None) -> dict[str, Any]:
-        """generate() keywords for the request's voice and instructions (a name, never a path)."""
+    def voice_kwargs(self, voice: Any, instructions: str | None) -> tuple[dict[str, Any], int | None]:
+        """generate() keywords for the request's voice and instructions (a name, never a path), and
+        the seed the voice brings (a preset's; None: the request's or a fresh one). A name resolves
+        to a built-in mode, an uploaded reference (ref-...), a saved voice, else an OpenAI preset."""
         name = voice if isinstance(voice, str) else voice.id
         if name in BUILTIN_VOICES:
             if name == "design" and not instructions:
                 raise ApiError(400, "voice 'design' needs `instructions` describing the voice, e.g. "
                                "\"female, low pitch\"", "instructions", "missing_required_parameter")
-            return {"instruct": instructions} if instructions else {}
+            return ({"instruct": instructions} if instructions else {}), None
         try:
             voice_store.check_name(name)
         except UserError:
             raise ApiError(400, f"voice {name!r} is not a voice name (names are names, not paths); voices: "
                            f"{', '.join(self.voice_names())}", "voice", "invalid_voice") from None
-        if name not in self.voice_names():
-            raise ApiError(400, f"unknown voice {name!r}; voices: {', '.join(self.voice_names())}", "voice",
+        seed = None
+        if name in self.references:
+            self.references.move_to_end(name)
+            kwargs: dict[str, Any] = {"voice_clone_prompt": self.references[name]}
+        elif name in self.saved_names():
+            try:
+                kwargs = voice_store.resolve(name, self.voices, self.fingerprint)
+            except UserError as exc:
+                raise ApiError(400, self.scrub(str(exc)), "voice", "invalid_voice") from exc
+        elif name in PRESETS:
+            kwargs, seed = PRESETS[name].generate_kwargs(), PRESETS[name].seed
+        else:
+            hint = " (uploaded references are kept in memory only: upload it again)" \
+                if name.startswith(REFERENCE_PREFIX) else ""
+            raise ApiError(400, f"unknown voice {name!r}{hint}; voices: {', '.join(self.voice_names())}", "voice",
                            "invalid_voice")
-        try:
-            kwargs = voice_store.resolve(name, self.voices, self.fingerprint)
-        except UserError as exc:
-            raise ApiError(400, self.scrub(str(exc)), "voice", "invalid_voice") from exc
         if instructions:
-            kwargs["instruct"] = instructions  # the request's description wins over a saved design voice's
-        return kwargs
+            kwargs["instruct"] = instructions  # the request's description wins over a saved or preset design
+        return kwargs, seed
+
+    def saved_names(self) -> list[str]:
+        return [voice.name for voice in self.saved_voices()]
 
     def voice_names(self) -> list[str]:
-        return list(BUILTIN_VOICES) + [voice.name for voice in self.saved_voices()]
+        """What `voice` may name (uploaded references aside): the built-in modes, the saved voices, and
+        the presets no saved voice of the same name replaces."""
+        saved = self.saved_names()
+        return list(BUILTIN_VOICES) + saved + [name for name in PRESETS if name not in saved]
+
+    def languages(self) -> list[dict[str, Any]]:
+        """The model's languages: [{"id", "names"}] in runtime-config.json's order."""
+        table = language_names(self.pool.models[0].runtime_config["languages"])
+        return [{"id": lang_id, "names": names} for lang_id, names in table.items()]
+
+    def encode_reference(self, data: bytes, ref_text: str) -> VoiceClonePrompt:
+        """An uploaded recording (a file's bytes) encoded as a cloning prompt by the runtime's own
+        reader (length checked from the header, then read, resampled, trimmed: request.py's
+        limits); ApiError 400 naming the problem. Runs on the caller's thread (not a worker's)."""
+        with tempfile.TemporaryDirectory(prefix="omnivoice-ref-") as folder:
+            path = Path(folder) / "reference"
+            path.write_bytes(data)
+            try:
+                return self.pool.models[0].create_voice_clone_prompt(str(path), ref_text)
+            except UserError as exc:
+                message = scrub_paths(str(exc), {"the uploaded reference": path, **self.pool.folders})
+                raise ApiError(400, message, None, "invalid_reference") from exc
+
+    def add_reference(self, prompt: VoiceClonePrompt, digest: str) -> str:
+        """Keep an uploaded reference for later requests (REFERENCES_KEPT at most) -> its voice id."""
+        name = REFERENCE_PREFIX + digest[:16]
+        self.references[name] = prompt
+        self.references.move_to_end(name)
+        while len(self.references) > REFERENCES_KEPT:
+            self.references.popitem(last=False)
+        return name
+
+
+@dataclass
+class Speech:
+    """What one synthesis asks for, as a front end without pydantic (the Wyoming server) builds it;
+    the fields SpeechRequest shares, so plan_job() reads either."""
+
+    input: str
+    voice: str
+    instructions: str | None = None
+    language: str | None = None
+    speed: float | None = None
+    duration: float | None = None
+    num_step: int | None = None
+    guidance_scale: float | None = None
+    seed: int | None = None
+
+
+def plan_job(service: Service, request: Any, loop: asyncio.AbstractEventLoop, stream: bool) -> Job:
+    """The validated work of one synthesis (a SpeechRequest or a Speech): the voice resolved, the
+    seed chosen (the request's, else its preset's, else drawn by validate), the request checked by
+    the runtime without model work, once (the worker runs this Request); ApiError (400) for
+    anything it would refuse."""
+    voice_kwargs, voice_seed = service.voice_kwargs(request.voice, request.instructions)
+    fields = dataclasses.asdict(request) if dataclasses.is_dataclass(request) else request.model_dump()
+    kwargs = {**keywords(fields), **voice_kwargs}  # the one builder (core.request.keywords)
+    if kwargs["seed"] is None:
+        kwargs["seed"] = voice_seed
+    try:  # no model work: a 400 before the queue
+        req = service.pool.models[0].validate(request.input, **kwargs, stream=stream)
+    except UserError as exc:
+        raise ApiError(400, service.scrub(str(exc))) from exc
+    return Job(request=req, stream=stream, loop=loop)
 
 
 def build_job(service: Service, request: Any, loop: asyncio.AbstractEventLoop) -> tuple[Job, str]:
@@ -174,10 +269,18 @@ def build_job(service: Service, request: Any, loop: asyncio.AbstractEventLoop) -
         raise ApiError(400, f"response_format {fmt!r} cannot be streamed; with stream_format use one of "
                        f"{', '.join(streamable)}, or drop stream_format to get the whole {fmt} file",
                        "response_format", "unsupported_format")
-    kwargs = {**keywords(request.model_dump()), **service.voice_kwargs(request.voice, request.instructions)}
-    stream = request.stream_format is not None
-    try:  # the one validation (no model work): a 400 before the queue; the worker runs this Request
-        req = service.pool.models[0].validate(request.input, **kwargs, stream=stream)
-    except UserError as exc:
-        raise ApiError(400, service.scrub(str(exc))) from exc
-    return Job(request=req, stream=stream, loop=loop), fmt
+    return plan_job(service, request, loop, stream=request.stream_format is not None), fmt
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """The listening socket, or a UserError naming the address (uvicorn itself logs and exits 1)."""
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        listener = socket.socket(family, socket.SOCK_STREAM)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind((host, port))
+        listener.listen(2048)  # uvicorn's backlog; a client that connects before the loop runs waits in it
+    except OSError as exc:
+        raise UserError(f"cannot listen on {host}:{port} ({exc.strerror or exc})",
+                        "choose another --port (0: any free one) or --host, or stop what uses it") from None
+    return listener

@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from omnivoice_onnx.contract import AUDIO_VOCAB_SIZE, NUM_CODEBOOKS
-from omnivoice_onnx.core.request import VoiceClonePrompt
+from omnivoice_onnx.core.prompt import VoiceClonePrompt
 from omnivoice_onnx.errors import UserError
 from omnivoice_onnx.files import atomic_path
 

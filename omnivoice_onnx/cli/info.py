@@ -29,6 +29,7 @@ from omnivoice_onnx.bundle import (
     verify_requested,
 )
 from omnivoice_onnx.contract import FP32_VARIANT, GRAPH_FILES
+from omnivoice_onnx.core.prompt import language_names
 from omnivoice_onnx.errors import UserError
 from omnivoice_onnx.voices import list_voices, voices_dir
 
@@ -87,11 +88,8 @@ def run(args: argparse.Namespace) -> int:
     meta, config = bundle.metadata, bundle.runtime_config
     languages = config["languages"]
     if args.languages:
-        names: dict[str, list[str]] = {}
-        for name, lang_id in languages["name_to_id"].items():
-            names.setdefault(lang_id, []).append(name)
-        for lang_id in languages["ids"]:
-            print(f"{lang_id:<8} {', '.join(sorted(names.get(lang_id, [])))}")
+        for lang_id, names in language_names(languages).items():
+            print(f"{lang_id:<8} {', '.join(names)}")
         return 0
 
     print(f"bundle      {model_dir}")

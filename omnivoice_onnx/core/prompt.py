@@ -39,6 +39,7 @@ import json
 import math
 import re
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +75,15 @@ LANGUAGE_FIX = ("pass a language name (English, Chinese, ...), id (en, zh, ...) 
 
 def _number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+@dataclass
+class VoiceClonePrompt:
+    """A reusable cloning reference (upstream VoiceClonePrompt): what a cloning prompt is built from."""
+
+    ref_audio_tokens: np.ndarray  # [C, T] int64 codes of the prepared reference
+    ref_text: str  # its transcript (punctuated when preprocess_prompt)
+    ref_rms: float  # RMS of the reference before the level boost
 
 
 def _str_list(value: Any) -> bool:
@@ -227,6 +237,15 @@ def _config_value_problem(config: dict[str, Any]) -> str | None:
         if lang not in ids:
             return f"languages.name_to_id maps {name!r} to {lang!r}, which is not in languages.ids"
     return None
+
+
+def language_names(languages: dict[str, Any]) -> dict[str, list[str]]:
+    """runtime-config.json's languages section as id -> its names (sorted), in the config's id order:
+    what `info --languages`, the page and the Wyoming voices list show."""
+    names: dict[str, list[str]] = {lang_id: [] for lang_id in languages["ids"]}
+    for name, lang_id in languages["name_to_id"].items():
+        names[lang_id].append(name)
+    return {lang_id: sorted(found) for lang_id, found in names.items()}
 
 
 class TextTokenizer:

@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from omnivoice_onnx.core import audio, duration, plan, prompt, schedule, text
-from omnivoice_onnx.core.prompt import TextTokenizer
+from omnivoice_onnx.core.prompt import TextTokenizer, VoiceClonePrompt
 from omnivoice_onnx.core.rng import fresh_seed
 from omnivoice_onnx.errors import UserError
 from omnivoice_onnx.limits import (
@@ -162,15 +162,6 @@ def _check_schedule(num_step: int, t_shift: float) -> None:
     if not (np.isfinite(steps).all() and steps[0] == 0 and abs(steps[-1] - 1) < 1e-3 and (np.diff(steps) >= 0).all()):
         raise UserError(f"generation_config.t_shift={t_shift!r} with num_step={num_step} gives a time-step schedule "
                         "that is not finite in float32", "use a t_shift between 0.01 and 100 (upstream's default 0.1)")
-
-
-@dataclass
-class VoiceClonePrompt:
-    """A reusable cloning reference (upstream VoiceClonePrompt)."""
-
-    ref_audio_tokens: np.ndarray  # [C, T] int64 codes of the prepared reference
-    ref_text: str  # its transcript (punctuated when preprocess_prompt)
-    ref_rms: float  # RMS of the reference before the level boost
 
 
 @dataclass(frozen=True)

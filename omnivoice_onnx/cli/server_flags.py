@@ -1,0 +1,40 @@
+"""The flags `serve` and `wyoming` share: what a server loads and how it queues work, and the
+ServerConfig they give. A module of its own (not a command: cli.SUBCOMMANDS does not list it) so
+that neither command imports the other, nor the HTTP server to read its defaults.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from omnivoice_onnx.bundle import DEFAULT_MODEL_DIR
+from omnivoice_onnx.cliutil import THREADS, float_range, int_range
+from omnivoice_onnx.errors import UserError
+from omnivoice_onnx.server_service import DEFAULT_QUEUE, DEFAULT_TIMEOUT_S, ServerConfig
+
+
+def add_model_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags of what a server loads and how it queues work: `serve`'s and `wyoming`'s."""
+    parser.add_argument("--model-dir", "--model_dir", dest="model_dir", type=Path, default=DEFAULT_MODEL_DIR,
+                        help=f"the export folder (default: {DEFAULT_MODEL_DIR})")
+    parser.add_argument("--voices", type=Path, default=None,
+                        help="the saved voices folder (default: $OMNIVOICE_VOICES, else <model-dir>/voices)")
+    parser.add_argument("--variant", default=None, help="transformer variant to serve (default: the runtime's choice)")
+    parser.add_argument("--workers", type=int_range(1, 64), default=1,
+                        help="inference workers, each with its own model sessions (default: 1)")
+    parser.add_argument("--threads", type=THREADS, default=None,
+                        help="onnxruntime threads per worker (default: $OMNIVOICE_ORT_THREADS, else cores // workers)")
+    parser.add_argument("--queue", type=int_range(1, 10_000), default=DEFAULT_QUEUE,
+                        help=f"requests that may wait for a worker; more are refused (default: {DEFAULT_QUEUE})")
+    parser.add_argument("--timeout", type=float_range(1.0, 86_400.0), default=DEFAULT_TIMEOUT_S,
+                        help=f"seconds a request may take, queue wait included (default: {DEFAULT_TIMEOUT_S:g})")
+
+
+def server_config(args: argparse.Namespace, **more: Any) -> ServerConfig:
+    """The ServerConfig of add_model_flags' flags (and `more` fields); the model folder checked."""
+    if not args.model_dir.is_dir():
+        raise UserError(f"--model-dir {args.model_dir} is not a folder", "pass the export folder (onnx/)")
+    return ServerConfig(model_dir=args.model_dir, voices_dir=args.voices, workers=args.workers, threads=args.threads,
+                        queue_size=args.queue, timeout_s=args.timeout, variant=args.variant, **more)
