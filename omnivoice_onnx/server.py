@@ -51,6 +51,7 @@ import base64
 import contextlib
 import hmac
 import io
+import ipaddress
 import json
 import logging
 import math
@@ -410,7 +411,8 @@ class ServerConfig:
     voices_dir: Path | None = None  # None: omnivoice_onnx.voices.voices_dir's default
     host: str = "127.0.0.1"
     port: int = 8000
-    api_key: str | None = None  # None: no key required
+    api_key: str | None = None  # None: no key required (refused off loopback unless no_auth)
+    no_auth: bool = False  # --no-auth: serve a non-loopback host without a key, knowingly
     workers: int = 1
     threads: int | None = None  # per worker; None: cores // workers
     queue_size: int = DEFAULT_QUEUE
@@ -577,8 +579,7 @@ def create_app(service: Service) -> Any:
 
         async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
             if scope["type"] == "http" and scope["path"] != "/health":
-                given = dict(scope["headers"]).get(b"authorization", b"")
-                token = given[len(b"Bearer "):] if given.startswith(b"Bearer ") else b""
+                token = bearer_token(dict(scope["headers"]).get(b"authorization", b""))
                 if not hmac.compare_digest(token, key.encode()):
                     response = error_response(ApiError(401, "incorrect API key (send Authorization: Bearer <key>)",
                                                        code="invalid_api_key"))
@@ -772,6 +773,48 @@ def load_service(config: ServerConfig) -> Service:
                    sample_rate=first.sample_rate)
 
 
+def bearer_token(header: bytes) -> bytes:
+    """The credentials of an `Authorization: Bearer <token>` header, b"" for any other scheme or
+    none. The scheme name is case-insensitive (RFC 7235 2.1): `bearer KEY` and `BEARER KEY` count."""
+    scheme, _, token = header.strip().partition(b" ")
+    return token.strip() if scheme.lower() == b"bearer" else b""
+
+
+def api_key_from(flag: str | None, environ: dict[str, str]) -> str | None:
+    """The key the server requires: --api-key if given, else $OMNIVOICE_API_KEY, else None. An empty
+    one is an error, not "no key": `--api-key "$KEY"` with KEY unset would otherwise start the
+    server with authentication off and no word."""
+    source, key = ("--api-key", flag) if flag is not None else (f"${API_KEY_ENV}", environ.get(API_KEY_ENV))
+    if key is not None and not key.strip():
+        raise UserError(f"{source} is empty (an unset shell variable?)",
+                        "pass the key the clients will send, or leave the option out for a loopback-only server")
+    return key
+
+
+def is_loopback(host: str) -> bool:
+    """Whether every address `host` resolves to is this machine's loopback (127.0.0.0/8, ::1)."""
+    try:
+        found = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError):
+        return False  # bind() names an unresolvable host in its own line
+    return bool(found) and all(ipaddress.ip_address(info[4][0].split("%")[0]).is_loopback for info in found)
+
+
+def check_auth(config: ServerConfig) -> None:
+    """Refuse to serve a host other machines can reach without a key, unless --no-auth says so
+    knowingly (then warn, loudly); a key and --no-auth together contradict each other."""
+    if config.no_auth and config.api_key is not None:
+        raise UserError("--no-auth and an API key contradict each other",
+                        f"drop --no-auth, or drop --api-key / unset ${API_KEY_ENV}")
+    if config.api_key is None and not is_loopback(config.host):
+        if not config.no_auth:
+            raise UserError(f"refusing to serve {config.host} without an API key: anyone who can reach it could use it",
+                            f"pass --api-key KEY (or set ${API_KEY_ENV}), bind --host 127.0.0.1, or pass --no-auth "
+                            "to serve it open on purpose")
+        LOG.warning("--no-auth: serving %s WITHOUT AUTHENTICATION; anyone who can reach this address can use it",
+                    config.host)
+
+
 def bind(host: str, port: int) -> socket.socket:
     """The listening socket, or a UserError naming the address (uvicorn itself logs and exits 1)."""
     try:
@@ -790,6 +833,7 @@ def serve(config: ServerConfig) -> int:
     """Run the server until SIGTERM/SIGINT; the exit code (0 drained, 143/130 requests cut off)."""
     import uvicorn
 
+    check_auth(config)
     listener = bind(config.host, config.port)  # a busy port is named before the models load
     service = load_service(config)
     server = make_server(uvicorn.Config(create_app(service), host=config.host, port=config.port, log_level="info",
