@@ -19,7 +19,7 @@ stdout, and a device or pipe without an extension, default to WAV.
 Destinations (open_output):
 - "-" (or None): stdout. Refused when stdout is a terminal (audio bytes would garble it).
 - a regular file, or a path that does not exist yet: written under a hidden temporary name beside
-  it and renamed onto it when complete (files.temp_path_for), so a Ctrl-C, a full disk or an
+  it and renamed onto it when complete (files.create_temporary: a random name created exclusively), so a Ctrl-C, a full disk or an
   error leaves the previous file (or none), never half a file. A replaced file keeps its mode.
 - a symlink: followed deliberately. The link's final target is written atomically as above and
   the link itself stays a link (replacing the link by a regular file would silently detach
@@ -51,7 +51,7 @@ import numpy as np
 
 from omnivoice_onnx.cliutil import check_output
 from omnivoice_onnx.errors import UserError
-from omnivoice_onnx.files import _errors_name, remove_stale_temporaries, temp_path_for
+from omnivoice_onnx.files import _errors_name, create_temporary, remove_stale_temporaries, replace_into
 
 FORMATS = ("wav", "flac", "pcm")
 EXTENSIONS = {".wav": "wav", ".flac": "flac", ".pcm": "pcm", ".raw": "pcm"}
@@ -170,6 +170,13 @@ class AudioSink:
         """Finish the output: sizes patched, buffered audio written, a temporary renamed into place."""
         if self._closed:
             return
+        try:
+            self._finish()
+        except BaseException:
+            self._discard()  # a full disk or a refused rename leaves no temporary behind
+            raise
+
+    def _finish(self) -> None:
         with _errors_name(Path(self.name)):
             if self._buffer is not None:
                 data = np.concatenate(self._buffer) if self._buffer else np.zeros(0, np.int16)
@@ -193,13 +200,15 @@ class AudioSink:
             if self._temp is not None:
                 if self._target.exists():  # a replaced file keeps its permissions
                     os.chmod(self._temp, stat.S_IMODE(self._target.stat().st_mode))
-                os.replace(self._temp, self._target)
+                replace_into(self._temp, self._target)
 
     def abort(self) -> None:
         """Give up: a regular-file output's temporary is removed (the previous file stays); a
         streamed output keeps what it had received."""
-        if self._closed:
-            return
+        if not self._closed:
+            self._discard()
+
+    def _discard(self) -> None:
         self._closed = True
         with contextlib.suppress(OSError, ValueError):
             if self._flac is not None:
@@ -274,7 +283,7 @@ def open_output(dest: str | os.PathLike | None, fmt: str | None, sample_rate: in
         return AudioSink(handle, fmt, sample_rate, stream, str(dest))
     target.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temporaries(target)
-    temp = temp_path_for(target)
-    with _errors_name(temp):
+    with _errors_name(target):
+        temp = create_temporary(target)
         handle = open(temp, "wb")  # noqa: SIM115 (closed by the sink)
     return AudioSink(handle, fmt, sample_rate, stream, str(dest), temp=temp, target=target)

@@ -51,7 +51,7 @@ from omnivoice_onnx.api import OmniVoiceOnnx
 from omnivoice_onnx.audio_out import encode_audio
 from omnivoice_onnx.cliutil import check_output
 from omnivoice_onnx.errors import UserError
-from omnivoice_onnx.files import atomic_path, remove_stale_temporaries, sha256_file
+from omnivoice_onnx.files import atomic_path, open_append, remove_stale_temporaries, resolved_folder, sha256_file
 from omnivoice_onnx.rng import check_seed
 from omnivoice_onnx.voices import is_voice_path, load_voice, voices_dir
 
@@ -497,7 +497,7 @@ class ResultsLog:
     def append(self, record: dict[str, Any]) -> None:
         """Add one record: one write of one whole line, flushed."""
         if self._handle is None:
-            self._handle = open(self.path, "a", encoding="utf-8")
+            self._handle = open_append(self.path)
         self._handle.write(json.dumps(record, ensure_ascii=False) + "\n")
         self._handle.flush()
         self.records[record["id"]] = record
@@ -622,6 +622,9 @@ def run_batch(options: Options, log: Callable[[str], None] = lambda message: pri
     if test_list.unknown_fields:
         log(f"note: {options.test_list} has field(s) {', '.join(test_list.unknown_fields)} that nothing reads "
             f"(known: {', '.join(UPSTREAM_FIELDS + OWN_FIELDS)})")
+    # Resolved once: every WAV and record goes where --res-dir led now, whatever its links become.
+    options = dataclasses.replace(options, res_dir=resolved_folder(options.res_dir, "--res-dir",
+                                                                   "pass a folder (or a path to create one at)"))
     check_output(options.res_dir, "--res-dir", "dir")  # a read-only or unwritable folder: now, not after the model
     engine = ray_engine() if options.ray is not None else None  # Ray missing: now, too
     threads = worker_threads(options.workers, options.threads)

@@ -6,7 +6,8 @@ Users run the scripts for minutes at a time on multi-GB files. An interrupted ru
 leave a half-written artefact where a complete one was: every file and directory is written
 under a hidden temporary name beside its destination and renamed into place only when complete
 (rename within one directory is atomic on POSIX); what a killed run left is removed by the next
-write beside it. Every artefact records each file it lists as a `{sha256, bytes}` entry, so a
+write beside it. Temporary names are random and created exclusively, never followed through a
+symlink (create_temporary): a shared writable folder cannot redirect a write. Every artefact records each file it lists as a `{sha256, bytes}` entry, so a
 later stage can prove it reads what was written; its reader checks it against a schema, so a
 hand-edited or damaged artefact is one line naming the field, never a KeyError.
 """
@@ -21,6 +22,7 @@ import os
 import re
 import shutil
 import stat
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -31,9 +33,48 @@ from omnivoice_onnx.errors import UserError
 PERMISSION_FIX = "give this user read access to it (chmod/chown), or run as its owner"
 
 
-def temp_path_for(path: Path) -> Path:
-    """The hidden sibling a file or directory is written to before it is renamed into place."""
-    return path.with_name(f".{path.name}.tmp-{os.getpid()}")
+def _temp_prefix(path: Path) -> str:
+    """How a temporary beside `path` starts: `.<name>.tmp-<pid>-` (remove_stale_temporaries reads the pid)."""
+    return f".{path.name}.tmp-{os.getpid()}-"
+
+
+def _umask() -> int:
+    """This process's umask, read without changing it (os.umask sets it: a race with other threads)."""
+    with contextlib.suppress(OSError, ValueError, StopIteration):
+        with open("/proc/self/status") as status:
+            return int(next(line for line in status if line.startswith("Umask:")).split()[1], 8)
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def create_temporary(path: Path) -> Path:
+    """A new empty file beside `path` to write before it is renamed onto `path`, with the mode a
+    plain open() gives. Created by tempfile.mkstemp (O_CREAT|O_EXCL|O_NOFOLLOW, a random name):
+    a name of the form `.<name>.tmp-<pid>` could be planted in a shared folder as a symlink ahead
+    of the pid, and the write would go through it into a file of the planter's choosing."""
+    handle, name = tempfile.mkstemp(prefix=_temp_prefix(path), dir=path.parent)
+    try:
+        os.fchmod(handle, 0o666 & ~_umask())
+    finally:
+        os.close(handle)
+    return Path(name)
+
+
+def replace_into(temp: Path, path: Path) -> None:
+    """Rename `temp` onto `path`; a refusal (the target a directory, a read-only folder) names
+    `path`, the file the user asked for, not the hidden temporary."""
+    try:
+        os.replace(temp, path)
+    except OSError as exc:
+        raise OSError(exc.errno, exc.strerror, str(path)) from None
+
+
+def open_append(path: Path) -> Any:
+    """`path` opened to append text lines (O_NOFOLLOW: a symlink planted in its place is refused,
+    not written through)."""
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    return os.fdopen(os.open(path, flags, 0o666), "a", encoding="utf-8")
 
 
 def _process_alive(pid: int) -> bool:
@@ -89,19 +130,22 @@ def _errors_name(path: Path) -> Iterator[None]:
 
 @contextlib.contextmanager
 def atomic_path(path: Path) -> Iterator[Path]:
-    """Yield a temporary path beside `path`; rename it onto `path` only if the block succeeds.
+    """Yield a new temporary file beside `path` (create_temporary) to write by name; rename it
+    onto `path` only if the block succeeds.
 
-    Readers see the old file or the new one, never a partial write. On any exception (Ctrl-C
-    included) the temporary file is removed.
+    Readers see the old file or the new one, never a partial write. The rename replaces a symlink
+    at `path` by the file (it never writes through it). On any exception (Ctrl-C included) the
+    temporary file is removed; an error names `path`, not the temporary.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temporaries(path)
-    tmp = temp_path_for(path)
+    with _errors_name(path):
+        tmp = create_temporary(path)
     try:
         with _errors_name(path):
             yield tmp
-        os.replace(tmp, path)
+        replace_into(tmp, path)
     finally:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
@@ -110,13 +154,15 @@ def atomic_path(path: Path) -> Iterator[Path]:
 @contextlib.contextmanager
 def temporary_dir(path: Path) -> Iterator[Path]:
     """A fresh empty directory beside `path` (same filesystem, so renames out of it are atomic),
-    removed when the block ends, whatever happens."""
+    removed when the block ends, whatever happens. Created by tempfile.mkdtemp (a random name,
+    mode 0700 until filled: nobody else can plant a file in it)."""
     path = Path(path)
-    tmp = temp_path_for(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temporaries(path)
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    with _errors_name(path):
+        tmp = Path(tempfile.mkdtemp(prefix=_temp_prefix(path), dir=path.parent))
     try:
+        os.chmod(tmp, 0o777 & ~_umask())  # the mode a plain mkdir gives: the folder may be renamed into place
         with _errors_name(tmp):
             yield tmp
     finally:
@@ -136,8 +182,33 @@ def atomic_dir(path: Path) -> Iterator[Path]:
         old = path.with_name(f".{path.name}.old-{os.getpid()}")
         if path.exists():
             os.replace(path, old)
-        os.replace(tmp, path)
+        replace_into(tmp, path)
         shutil.rmtree(old, ignore_errors=True)
+
+
+def resolved_folder(path: Path, what: str, fix: str, within: Path | None = None) -> Path:
+    """`path` resolved once (symlinks followed, made absolute), for a folder the runtime writes
+    into: later writes go to what it named now, not to wherever a swapped link points then. A path
+    that exists and is not a folder is a UserError; so is one that leads outside `within` (a
+    bundle's voices/ that is a symlink out of the bundle)."""
+    resolved = Path(os.path.realpath(path))
+    if os.path.lexists(path) and not resolved.is_dir():
+        raise UserError(f"{what} {path} is not a folder", fix)
+    if within is not None:
+        root = Path(os.path.realpath(within))
+        if resolved != root and root not in resolved.parents:
+            raise UserError(f"{what} {path} leads outside {within} (to {resolved})", fix)
+    return resolved
+
+
+def confined(folder: Path, name: str, what: str, fix: str) -> Path:
+    """`folder / name` for a relative `name` read from a file (a report's file list), checked
+    BEFORE anything opens it: an absolute name or one with a `..` part (`../../x.data`) would name a
+    file outside the bundle, so it is a UserError, never opened or hashed."""
+    parts = Path(name).parts
+    if not name or Path(name).is_absolute() or ".." in parts or "\0" in name:
+        raise UserError(f"{what} names {name!r}, a path outside its folder {folder}", fix)
+    return Path(folder) / name
 
 
 def umask_mode(*paths: Path) -> None:

@@ -42,7 +42,7 @@ import numpy as np
 
 from omnivoice_onnx.contract import AUDIO_VOCAB_SIZE, NUM_CODEBOOKS
 from omnivoice_onnx.errors import UserError
-from omnivoice_onnx.files import atomic_path
+from omnivoice_onnx.files import atomic_path, resolved_folder
 from omnivoice_onnx.generate import VoiceClonePrompt
 
 VOICES_ENV = "OMNIVOICE_VOICES"
@@ -62,11 +62,18 @@ ADD_FIX = "re-create it with `omnivoice-onnx voice add NAME --ref-audio F --ref-
 
 def voices_dir(model_dir: Path, override: Path | None = None) -> Path:
     """Where voices live: `override` (--voices) if given, else $OMNIVOICE_VOICES if set and not
-    empty, else <model_dir>/voices (beside the graphs, so a copied bundle keeps its voices)."""
+    empty, else <model_dir>/voices (beside the graphs, so a copied bundle keeps its voices).
+
+    Resolved once (files.resolved_folder): a path that is not a folder is one line, and the
+    default must stay inside the bundle: a bundle's voices/ that is a symlink elsewhere (a bundle
+    from someone else) would otherwise receive `voice add`."""
+    fix = "pass --voices FOLDER (or set $OMNIVOICE_VOICES) to name the voices folder"
     if override is not None:
-        return Path(override)
+        return resolved_folder(Path(override), "--voices", "pass a folder (or a path to create one at)")
     env = os.environ.get(VOICES_ENV)
-    return Path(env) if env else Path(model_dir) / VOICES_SUBDIR
+    if env:
+        return resolved_folder(Path(env), f"${VOICES_ENV}", "set it to a folder (or a path to create one at)")
+    return resolved_folder(Path(model_dir) / VOICES_SUBDIR, "the bundle's voices folder", fix, within=model_dir)
 
 
 def check_name(name: str) -> str:

@@ -674,9 +674,9 @@ def test_stale_temporaries_of_dead_runs_removed(tmp_path: Path) -> None:
     (onnx_dir / f".export-report.json.tmp-{dead}").write_text("{")
     (tmp_path / f".capture.old-{dead}").mkdir()
     (tmp_path / f".capture.old-{dead}" / "manifest.json").write_text("{}")
-    with temporary_dir(onnx_dir / "staging"):
-        assert sorted(p.name for p in onnx_dir.iterdir()) == sorted([f".staging.tmp-{live}",
-                                                                     f".staging.tmp-{os.getpid()}",
+    with temporary_dir(onnx_dir / "staging") as staging:
+        assert staging.name.startswith(f".staging.tmp-{os.getpid()}-")
+        assert sorted(p.name for p in onnx_dir.iterdir()) == sorted([f".staging.tmp-{live}", staging.name,
                                                                      f".export-report.json.tmp-{dead}"])
     with atomic_path(onnx_dir / "export-report.json") as tmp:
         tmp.write_text("{}")

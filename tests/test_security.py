@@ -12,10 +12,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from conftest import REPO, single_stderr_line
-from omnivoice_onnx import server
+from omnivoice_onnx import audio_out, batch, files, integrity, server, voices
+from omnivoice_onnx.contract import FP32_VARIANT, GRAPH_FILES, REPORT_FILE
+from omnivoice_onnx.errors import UserError
 
 START_S = 60  # a refused start is one line within this, long before any model could load
 
@@ -73,3 +76,123 @@ def test_bearer_scheme_is_case_insensitive(header: bytes, token: bytes) -> None:
 def test_loopback_hosts() -> None:
     assert server.is_loopback("127.0.0.1") and server.is_loopback("localhost") and server.is_loopback("::1")
     assert not server.is_loopback("0.0.0.0") and not server.is_loopback("::")
+
+
+# --- 2. no write through a planted link, nothing left on failure, bundle paths confined ------------
+
+def victim_and_links(folder: Path, name: str) -> Path:
+    """A file another user wants overwritten, and symlinks to it under every temporary name an
+    earlier writer used for `name` (`.<name>.tmp-<pid>`, pids around this process's)."""
+    victim = folder.parent / f"victim-{name}"
+    victim.write_bytes(b"precious")
+    for pid in range(max(1, os.getpid() - 50), os.getpid() + 50):
+        (folder / f".{name}.tmp-{pid}").symlink_to(victim)
+    return victim
+
+
+def write_report(target: Path) -> None:
+    files.write_json_atomic(target, {"a": 1})
+
+
+def write_speech(target: Path) -> None:
+    with audio_out.open_output(target, None, 24000) as sink:
+        sink.write(np.zeros(2400, np.float32))
+
+
+def write_voice(target: Path) -> None:
+    voices.save_voice(target.parent, target.stem, voices.Voice(target.stem, None, "low pitch", "fp", Path()))
+
+
+def write_results(target: Path) -> None:
+    log = batch.ResultsLog(target, {})
+    log.rewrite([{"id": "a", "line": 1}])
+    log.append({"id": "b", "line": 2})
+    log.close()
+
+
+WRITERS = {"report.json": write_report, "out.wav": write_speech, "alice.json": write_voice,
+           batch.RESULTS_FILE: write_results}
+
+
+@pytest.mark.parametrize("name", WRITERS)
+def test_planted_temporary_links_never_redirect_a_write(name: str, tmp_path: Path) -> None:
+    """Temporaries were `.<name>.tmp-<pid>`, opened without O_EXCL/O_NOFOLLOW: links planted for
+    upcoming pids in a shared folder made speak --out, voices, reports and results.jsonl write into
+    the planter's file. Now each writer's temporary is random and created exclusively."""
+    folder = tmp_path / "shared"
+    folder.mkdir()
+    victim = victim_and_links(folder, name)
+    WRITERS[name](folder / name)
+    assert victim.read_bytes() == b"precious"
+    written = folder / name
+    assert written.is_file() and not written.is_symlink() and written.stat().st_size > 0
+    assert [p for p in folder.iterdir() if not p.is_symlink() and p != written] == []  # no temporary left
+
+
+def test_results_append_refuses_a_link_planted_in_its_place(tmp_path: Path) -> None:
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    log = batch.ResultsLog(tmp_path / batch.RESULTS_FILE, {})
+    log.rewrite([])
+    (tmp_path / batch.RESULTS_FILE).unlink()
+    (tmp_path / batch.RESULTS_FILE).symlink_to(victim)
+    with pytest.raises(OSError):
+        log.append({"id": "a", "line": 1})
+    assert victim.read_text() == "precious"
+
+
+@pytest.mark.parametrize("name", ["report.json", "out.wav"])
+def test_a_refused_rename_names_the_target_and_leaves_nothing(name: str, tmp_path: Path) -> None:
+    """The rename onto a directory used to name the hidden temporary and leave it behind."""
+    target = tmp_path / name
+
+    def write_then_block(path: Path) -> None:
+        if name == "out.wav":
+            sink = audio_out.open_output(path, None, 24000)
+            target.mkdir()  # a directory appears where the file goes, after the checks
+            with sink:
+                sink.write(np.zeros(240, np.float32))
+        else:
+            target.mkdir()
+            WRITERS[name](path)
+
+    with pytest.raises(OSError) as caught:
+        write_then_block(target)
+    assert caught.value.filename == str(target) and ".tmp-" not in str(caught.value)
+    assert [p.name for p in tmp_path.iterdir()] == [name]
+
+
+@pytest.mark.parametrize("where", ["graph", "variant"])
+def test_report_paths_outside_the_bundle_refused_before_opening(where: str, tmp_path: Path) -> None:
+    """A report entry `files["../../x.data"]` was opened and hashed before the load was refused."""
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    entry = {"sha256": "0" * 64, "bytes": 1}
+    escape = f"{GRAPH_FILES['encoder']}/../../../outside.data" if where == "graph" else "../../outside.data"
+    (tmp_path / "outside.data").write_bytes(b"x")
+    report = {"graphs": {name: {"files": {}} for name in GRAPH_FILES},
+              "runtime_assets": {"tokenizer.json": entry, "runtime-config.json": entry},
+              "variants": {"int8": {"dir": "int8", "files": {}}}}
+    report["graphs"]["encoder" if where == "graph" else "decoder"]["files"][escape] = entry
+    report["variants"]["int8"]["files"] = {escape: entry} if where == "variant" else {}
+    files.write_json_atomic(bundle / REPORT_FILE, report)
+    with pytest.raises(UserError, match="a path outside its folder"):
+        integrity.expected_files(bundle, "int8" if where == "variant" else FP32_VARIANT)
+
+
+def test_voices_folder_resolved_once_and_kept_inside_the_bundle(tmp_path: Path, monkeypatch) -> None:
+    """A bundle's voices/ that is a symlink out of the bundle received `voice add`; `--voices`
+    naming a file was a traceback."""
+    monkeypatch.delenv(voices.VOICES_ENV, raising=False)
+    bundle, elsewhere = tmp_path / "bundle", tmp_path / "elsewhere"
+    bundle.mkdir()
+    elsewhere.mkdir()
+    (bundle / voices.VOICES_SUBDIR).symlink_to(elsewhere)
+    with pytest.raises(UserError, match="leads outside"):
+        voices.voices_dir(bundle)
+    (tmp_path / "file").write_text("")
+    with pytest.raises(UserError, match="is not a folder"):
+        voices.voices_dir(bundle, tmp_path / "file")
+    link = tmp_path / "named"
+    link.symlink_to(elsewhere)
+    assert voices.voices_dir(bundle, link) == elsewhere.resolve()  # a folder the user names is theirs
