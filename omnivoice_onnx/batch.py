@@ -51,7 +51,8 @@ from omnivoice_onnx.api import OmniVoiceOnnx
 from omnivoice_onnx.audio_out import encode_audio
 from omnivoice_onnx.cliutil import check_output
 from omnivoice_onnx.errors import UserError
-from omnivoice_onnx.files import atomic_path, open_append, remove_stale_temporaries, resolved_folder, sha256_file
+from omnivoice_onnx.files import (MAX_JSON_DEPTH, atomic_path, decode_text, open_append, parse_json, read_bounded,
+                                  remove_stale_temporaries, resolved_folder, sha256_file)
 from omnivoice_onnx.rng import check_seed
 from omnivoice_onnx.voices import is_voice_path, load_voice, voices_dir
 
@@ -63,6 +64,9 @@ OWN_FIELDS = ("seed", "voice")
 # An id becomes the file name <id>.wav, written as .<id>.wav.tmp-<pid> first: 200 bytes leave room
 # for both within the usual 255-byte name limit.
 MAX_ID_BYTES = 200
+# A test list or results.jsonl is read whole, up to this (~500k lines of ~500 bytes): /dev/zero as
+# --test-list was read to 2.6 GB before "out of memory". Longer lists: split them.
+MAX_LIST_BYTES = 256 << 20
 # What the request hash covers besides the line: bump when the WAV encoding of the same samples
 # changes, so a resume redoes files written the old way.
 OUTPUT_FORMAT = "wav-pcm16-v1"
@@ -210,23 +214,20 @@ def read_test_list(path: Path, default_language: str | None = None) -> TestList:
     unsafe id, a missing text, a wrong type and every line of a repeated id (upstream would write
     them all to one file, the last one winning)."""
     path = Path(path)
-    try:
-        raw = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise UserError(f"test list {path} does not exist", "pass a JSONL file: one JSON object per line") from None
-    except UnicodeDecodeError as exc:
-        raise UserError(f"test list {path} is not UTF-8 text ({exc.reason} at byte {exc.start})",
-                        "save it as UTF-8") from None
-    except IsADirectoryError:
-        raise UserError(f"test list {path} is a directory", "pass a JSONL file") from None
+    if not path.exists():
+        raise UserError(f"test list {path} does not exist", "pass a JSONL file: one JSON object per line")
+    if path.is_dir():
+        raise UserError(f"test list {path} is a directory", "pass a JSONL file")
+    data = read_bounded(path, MAX_LIST_BYTES, "test list", "split it into several lists")
+    raw = decode_text(data, f"test list {path}", "save it as UTF-8")
     lines, bad, unknown = [], [], set()
     for number, text in enumerate(raw.splitlines(), 1):
         if not text.strip():
             continue
         try:
-            obj = json.loads(text)
-        except json.JSONDecodeError as exc:
-            bad.append(BadLine(number, None, f"not JSON ({exc.msg} at column {exc.colno})"))
+            obj = parse_json(text, "", "")
+        except UserError as exc:
+            bad.append(BadLine(number, None, f"not JSON within {MAX_JSON_DEPTH} levels ({exc.problem.strip()})"))
             continue
         try:
             lines.append(parse_line(obj, number, path.parent, default_language))
@@ -417,16 +418,17 @@ def read_results(path: Path) -> dict[str, dict[str, Any]]:
     """The last record per id in a results.jsonl; a torn last line (a run killed while appending)
     and records without an id are dropped. Missing file: empty."""
     records: dict[str, dict[str, Any]] = {}
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
+    if not os.path.lexists(path):
         return records
+    fix = f"move {path} aside (the next run rewrites it and redoes the lines it cannot prove done)"
+    text = decode_text(read_bounded(path, MAX_LIST_BYTES, "results file", fix), f"results file {path}", fix)
     for row in text.splitlines():
         try:
-            record = json.loads(row)
-        except json.JSONDecodeError:
+            record = parse_json(row, "", "")
+        except UserError:
             continue
-        if isinstance(record, dict) and isinstance(record.get("id"), str):
+        if (isinstance(record, dict) and isinstance(record.get("id"), str)
+                and type(record.get("line")) is int):  # what the rewrite sorts by
             records[record["id"]] = record
     return records
 

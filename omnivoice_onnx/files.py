@@ -278,13 +278,67 @@ def write_json_atomic(path: Path, data: Any) -> None:
         tmp.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
 
 
-def read_json(path: Path, what: str, fix: str) -> Any:
-    """Load JSON or raise a UserError naming the file and how to regenerate it."""
-    path = existing_file(path, what, fix)
+# Every JSON file the runtime reads (reports, runtime-config.json, voice files, results.jsonl) is
+# far below these: a report is ~10 KB, a 60 s voice ~30 KB, nothing nests deeper than 6 levels. The
+# bounds keep a hostile file from exhausting memory or the parser's recursion (200k-deep `[[[...`
+# raised RecursionError, a traceback).
+MAX_JSON_BYTES = 64 << 20
+MAX_JSON_DEPTH = 64
+_JSON_NESTING = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')  # strings (skipped whole) and brackets
+
+
+def read_limited(handle: Any, limit: int, where: str, fix: str) -> bytes:
+    """At most `limit` bytes from a binary `handle` (a file, a FIFO, stdin), read as limit + 1 so
+    that a longer input (`/dev/zero`) is refused after `limit` bytes, never read into memory whole."""
+    data = handle.read(limit + 1)
+    if len(data) > limit:
+        raise UserError(f"{where} is larger than {limit:,} bytes", fix)
+    return data
+
+
+def read_bounded(path: Path, limit: int, what: str, fix: str) -> bytes:
+    """At most `limit` bytes of the file `path` (read_limited); an unreadable one is one line."""
     try:
-        return json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise UserError(f"{what} is not valid JSON ({path}: {exc})", fix) from exc
+        with open(path, "rb") as handle:
+            return read_limited(handle, limit, f"{what} {path}", fix)
+    except OSError as exc:
+        raise UserError(f"cannot read {what} {path} ({exc.strerror or exc})",
+                        PERMISSION_FIX if exc.errno in (errno.EACCES, errno.EPERM) else fix) from exc
+
+
+def decode_text(data: bytes, where: str, fix: str) -> str:
+    """`data` as UTF-8, strictly: an invalid byte is one line naming `where`, the line and the offset."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise UserError(f"{where} is not UTF-8 text (byte 0x{data[exc.start]:02x} on line {line}, offset "
+                        f"{exc.start})", fix) from None
+
+
+def parse_json(text: str, where: str, fix: str, max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """`text` parsed as JSON, its nesting checked first (no recursion of the parser's can run out);
+    anything but valid JSON within `max_depth` levels is one line naming `where`."""
+    depth = 0
+    for token in _JSON_NESTING.finditer(text):
+        bracket = token.group()
+        if bracket in "[{":
+            depth += 1
+            if depth > max_depth:
+                raise UserError(f"{where} nests deeper than {max_depth} levels: not a file this project writes", fix)
+        elif bracket in "]}":
+            depth -= 1
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{where} is not valid JSON ({exc})", fix) from None
+
+
+def read_json(path: Path, what: str, fix: str, limit: int = MAX_JSON_BYTES) -> Any:
+    """A JSON file of at most `limit` bytes and MAX_JSON_DEPTH levels, strictly UTF-8; anything else
+    is a UserError naming the file and how to regenerate it."""
+    path = existing_file(path, what, fix)
+    return parse_json(decode_text(read_bounded(path, limit, what, fix), f"{what} {path}", fix), f"{what} {path}", fix)
 
 
 @dataclass(frozen=True)
@@ -354,7 +408,7 @@ def read_artefact(path: Path, what: str, fix: str, version: int, schema: dict[st
     otherwise a UserError saying what is wrong with it (fix: `stale_fix`, else `fix`)."""
     data = read_json(path, what, fix)
     found = data.get("format") if isinstance(data, dict) else None
-    if found != version:
+    if type(found) is not int or found != version:  # `"format": true` is not version 1
         raise UserError(f"{what} {path} is of format {found!r}, not {version}: it is from another version, or "
                         "not one", stale_fix or fix)
     problem = schema_problem(data, schema) or check(data)

@@ -230,7 +230,8 @@ class ApiError(Exception):
 def speech_request_model():
     """The pydantic model of a POST /v1/audio/speech body (built on first use: pydantic is the
     `serve` extra's, not the runtime core's). Unknown fields are refused, as OpenAI refuses them:
-    a misspelt `sped` must not silently run at speed 1."""
+    a misspelt `sped` must not silently run at speed 1. Numbers are strict: `"speed": true` or
+    `"seed": "7"` is a 400, never read as 1 or 7 (a JSON integer is still a number)."""
     from pydantic import BaseModel, ConfigDict, Field
 
     class VoiceId(BaseModel):
@@ -244,16 +245,16 @@ def speech_request_model():
         voice: str | VoiceId
         instructions: str | None = Field(None, max_length=MAX_INSTRUCTIONS_CHARS)
         response_format: str | None = None
-        speed: float | None = Field(None, ge=SPEED_MIN, le=SPEED_MAX, allow_inf_nan=False)
+        speed: float | None = Field(None, ge=SPEED_MIN, le=SPEED_MAX, allow_inf_nan=False, strict=True)
         stream_format: Literal["audio", "sse"] | None = None
         # Extensions (not OpenAI's): the runtime's generate() arguments. Types and signs here; their
         # upper limits are the runtime's (omnivoice_onnx.request, raisable by environment), checked by
         # OmniVoiceOnnx.validate().
         language: str | None = None
-        seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
-        num_step: int | None = Field(None, ge=1)
-        guidance_scale: float | None = Field(None, allow_inf_nan=False)
-        duration: float | None = Field(None, gt=0.0, allow_inf_nan=False)
+        seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX, strict=True)
+        num_step: int | None = Field(None, ge=1, strict=True)
+        guidance_scale: float | None = Field(None, allow_inf_nan=False, strict=True)
+        duration: float | None = Field(None, gt=0.0, allow_inf_nan=False, strict=True)
 
     return SpeechRequest
 

@@ -7,17 +7,20 @@ Fast by default: nothing here loads a model unless marked slow.
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import pytest
 
 from conftest import REPO, single_stderr_line
-from omnivoice_onnx import audio_out, batch, files, integrity, server, voices
-from omnivoice_onnx.contract import FP32_VARIANT, GRAPH_FILES, REPORT_FILE
+from omnivoice_onnx import audio_out, batch, files, integrity, prompt, request, server, voices
+from omnivoice_onnx.contract import FP32_VARIANT, FRAME_RATE, GRAPH_FILES, NUM_CODEBOOKS, REPORT_FILE
 from omnivoice_onnx.errors import UserError
 
 START_S = 60  # a refused start is one line within this, long before any model could load
@@ -196,3 +199,125 @@ def test_voices_folder_resolved_once_and_kept_inside_the_bundle(tmp_path: Path, 
     link = tmp_path / "named"
     link.symlink_to(elsewhere)
     assert voices.voices_dir(bundle, link) == elsewhere.resolve()  # a folder the user names is theirs
+
+
+# --- 3. every input bounded before it is read whole ------------------------------------------------
+
+@pytest.mark.parametrize("args,stdin", [
+    (["--text-file", "/dev/zero"], None),
+    ([], b"x" * 200_000),  # piped stdin over the bytes MAX_TEXT_CHARS can take
+])
+def test_text_inputs_are_read_up_to_their_limit(args: list[str], stdin: bytes | None, tmp_path: Path) -> None:
+    """`/dev/zero` as --text-file was read to 2.6 GB before "out of memory"."""
+    proc = omnivoice("speak", *args, "--out", str(tmp_path / "x.wav"), "--model-dir", str(tmp_path / "none"),
+                     stdin=stdin)
+    assert proc.returncode == 2 and "is larger than 80,000 bytes" in single_stderr_line(proc)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_test_list_is_read_up_to_its_limit(monkeypatch) -> None:
+    monkeypatch.setattr(batch, "MAX_LIST_BYTES", 1 << 20)
+    with pytest.raises(UserError, match="test list /dev/zero is larger than 1,048,576 bytes"):
+        batch.read_test_list(Path("/dev/zero"))
+
+
+DEEP = "[" * 200_000 + "]" * 200_000
+
+
+def deep_json_readers(tmp_path: Path, assets: Path) -> dict[str, Callable[[], object]]:
+    """Every JSON reader of the runtime, each given a file holding 200k-deep JSON."""
+    bundle = tmp_path / "bundle"
+    shutil.copytree(assets, bundle)
+    for name in ("runtime-config.json", REPORT_FILE, "alice.json"):
+        (bundle / name).write_text(DEEP)
+    return {"voice file": lambda: voices.read_voice(str(bundle / "alice.json"), bundle),
+            "runtime-config.json": lambda: prompt.load_runtime_config(bundle),
+            "export-report.json": lambda: integrity.expected_files(bundle, FP32_VARIANT)}
+
+
+@pytest.mark.parametrize("reader", ["voice file", "runtime-config.json", "export-report.json"])
+def test_deep_json_is_one_line(reader: str, tmp_path: Path, assets: Path) -> None:
+    """200k-deep JSON in a voice file, runtime-config.json or export-report.json raised
+    RecursionError (serve never started)."""
+    with pytest.raises(UserError, match="nests deeper than"):
+        deep_json_readers(tmp_path, assets)[reader]()
+
+
+def test_deep_or_incomplete_jsonl_lines_are_bad_lines_not_tracebacks(tmp_path: Path) -> None:
+    """In a test list a 200k-deep line is a bad line; in results.jsonl it, and a record without
+    "line" (which the rewrite sorts by: a KeyError), are dropped as a torn line is."""
+    listed = tmp_path / "list.jsonl"
+    listed.write_text(json.dumps({"id": "a", "text": "Hi."}) + "\n" + DEEP + "\n")
+    parsed = batch.read_test_list(listed)
+    assert [line.id for line in parsed.lines] == ["a"] and "not JSON" in parsed.bad[0].problem
+    results = tmp_path / batch.RESULTS_FILE
+    results.write_text(DEEP + "\n" + json.dumps({"id": "a"}) + "\n" + json.dumps({"id": "b", "line": 2}) + "\n")
+    assert list(batch.read_results(results)) == ["b"]
+
+
+@pytest.mark.parametrize("pattern", [r"(x+x+)+y", r"(a|aa)*b", r"(\w)\1"])
+def test_backtracking_regex_in_the_bundle_refused_at_load(pattern: str, tmp_path: Path, assets: Path) -> None:
+    """A runtime-config.json carrying `(x+x+)+y` stalled speak on every request."""
+    config = json.loads((assets / "runtime-config.json").read_text(encoding="utf-8"))
+    config["prompt"]["nonverbal_pattern"] = pattern
+    (tmp_path / "runtime-config.json").write_text(json.dumps(config), encoding="utf-8")
+    with pytest.raises(UserError, match="without nested repeats"):
+        prompt.load_runtime_config(tmp_path)
+
+
+# --- 4. text decoded strictly ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("args,stdin,words", [
+    (["speak", b"caf\xe9 au lait"], None, "command-line argument 2 is not valid text"),
+    (["voice", "add", "v", "--instruct", b"\xff"], None, "command-line argument 5 is not valid text"),
+    (["speak"], b"caf\xe9", "stdin is not UTF-8 text (byte 0xe9 on line 1, offset 3)"),
+    (["speak", "--text-file", "LATIN1"], None, "is not UTF-8 text (byte 0xe9 on line 2, offset 10)"),
+])
+def test_invalid_utf8_is_one_line_naming_where(args: list, stdin: bytes | None, words: str, tmp_path: Path) -> None:
+    """Latin-1 bytes in argv or stdin reached the tokenizer (`TextInputSequence must be str`) or
+    the voice writer (`surrogates not allowed`, leaving an empty voices/)."""
+    (tmp_path / "latin1.txt").write_bytes(b"Hello.\ncaf\xe9")
+    argv = [os.fsdecode(a) if isinstance(a, bytes) else a.replace("LATIN1", str(tmp_path / "latin1.txt"))
+            for a in args]
+    proc = omnivoice(*argv, "--model-dir", str(tmp_path / "none"), *(["--out", str(tmp_path / "x.wav")]
+                                                                      if argv[0] == "speak" else []), stdin=stdin)
+    assert proc.returncode == 2 and words in single_stderr_line(proc), proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latin1.txt"]
+
+
+def test_lone_surrogate_escapes_refused_in_json_and_requests(tmp_path: Path) -> None:
+    """`"\\udcff"` in a JSON voice file or a request's text is a str UTF-8 cannot carry."""
+    path = tmp_path / "v.json"
+    voice = voices.Voice("v", None, "low pitch", "fp", Path()).to_json()
+    path.write_text(json.dumps({**voice, "instruct": "low \udcff"}))
+    with pytest.raises(UserError, match="instruct is not valid text"):
+        voices.read_voice(str(path), tmp_path)
+    with pytest.raises(UserError, match="text is not valid text"):
+        request._texts("caf\udce9")
+    with pytest.raises(UserError, match="instruct is not valid text"):
+        request._optional_str("x\ud800", "instruct")
+
+
+# --- 7. voices validated on import as on use; booleans are not numbers -----------------------------
+
+def test_voice_longer_than_the_reference_limit_refused_when_read(tmp_path: Path) -> None:
+    """`voice import` of a 703-byte .pt wrote a 15 MB voice of 40,000 s of codes (refused only
+    when spoken): every reader checks the length as generate() does."""
+    frames = int(request.limit("MAX_REF_SECONDS") * FRAME_RATE) + 1
+    with pytest.raises(UserError, match="over MAX_REF_SECONDS"):
+        voices.check_tokens(np.zeros((NUM_CODEBOOKS, frames), np.int64), "voice")
+    assert voices.check_tokens(np.zeros((NUM_CODEBOOKS, frames - 1), np.int64), "voice").shape[1] == frames - 1
+
+
+def test_true_is_not_a_version_or_a_number(tmp_path: Path) -> None:
+    path = tmp_path / "v.json"
+    path.write_text(json.dumps({**voices.Voice("v", None, "low pitch", "fp", Path()).to_json(), "format_version": True}))
+    with pytest.raises(UserError, match="format_version True"):
+        voices.read_voice(str(path), tmp_path)
+    pytest.importorskip("pydantic")
+    model = server.speech_request_model()
+    base = {"model": "omnivoice", "input": "Hi.", "voice": "auto"}
+    for field in ("speed", "seed", "num_step", "guidance_scale", "duration"):
+        with pytest.raises(ValueError, match=field):
+            model.model_validate_json(json.dumps({**base, field: True}))
+    assert model.model_validate_json(json.dumps({**base, "speed": 1, "seed": 7})).speed == 1.0
