@@ -321,3 +321,33 @@ def test_true_is_not_a_version_or_a_number(tmp_path: Path) -> None:
         with pytest.raises(ValueError, match=field):
             model.model_validate_json(json.dumps({**base, field: True}))
     assert model.model_validate_json(json.dumps({**base, "speed": 1, "seed": 7})).speed == 1.0
+
+
+# --- 9 (issue). privacy: nothing under $HOME, no telemetry warning ---------------------------------
+
+def identity_graph(path: Path) -> Path:
+    import onnx
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g", [x], [y])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), path)
+    return path
+
+
+@pytest.mark.parametrize("home", ["writable", "unwritable"])
+def test_sessions_write_nothing_under_home_and_print_no_telemetry_line(home: str, tmp_path: Path) -> None:
+    """onnxruntime wrote a device id under ~/.cache/Microsoft on every run, and printed a
+    telemetry warning before our error when HOME could not be written."""
+    graph = identity_graph(tmp_path / "g.onnx")
+    home_dir = tmp_path / "home"
+    home_dir.mkdir()
+    env = {key: value for key, value in os.environ.items() if key not in ("ORT_DISABLE_TELEMETRY", "XDG_CACHE_HOME")}
+    env["HOME"] = str(home_dir) if home == "writable" else "/dev/null"  # a HOME no folder can be made in
+    code = ("import numpy as np; from omnivoice_onnx.sessions import make_session; "
+            f"print(make_session({str(graph)!r}).run(None, {{'x': np.ones(1, np.float32)}})[0][0])")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, env=env,
+                          timeout=START_S)
+    assert (proc.returncode, proc.stdout.strip(), proc.stderr) == (0, "1.0", "")
+    assert list(home_dir.rglob("*")) == []
