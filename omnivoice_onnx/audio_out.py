@@ -39,6 +39,7 @@ encoder seeks back to finish its header); stream WAV or raw PCM instead.
 from __future__ import annotations
 
 import contextlib
+import errno
 import io
 import os
 import stat
@@ -162,9 +163,20 @@ class AudioSink:
                 return
             if self.fmt == "wav" and self._header_at is None:
                 self._header_at = self._handle.tell() if self._seekable else 0
-                self._handle.write(wav_header(self.sample_rate, None))
-            self._handle.write(pcm.astype("<i2").tobytes())
+                self._put(wav_header(self.sample_rate, None))
+            self._put(pcm.astype("<i2").tobytes())
             self._handle.flush()  # a listener on a pipe hears each chunk as it is written
+
+    def _put(self, data: bytes) -> None:
+        """Write all of `data`. A buffered write larger than the pipe returns the short count the
+        pipe took when its reader has gone (65,536 of 969,644 bytes, no error: `speak | head -c 1000`
+        exited 0); the next write raises the BrokenPipeError that makes the command exit 141."""
+        view = memoryview(data)
+        while view:
+            written = self._handle.write(view)
+            if not written:
+                raise BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE))
+            view = view[written:]
 
     def close(self) -> None:
         """Finish the output: sizes patched, buffered audio written, a temporary renamed into place."""
@@ -180,18 +192,18 @@ class AudioSink:
         with _errors_name(Path(self.name)):
             if self._buffer is not None:
                 data = np.concatenate(self._buffer) if self._buffer else np.zeros(0, np.int16)
-                self._handle.write(_encode_pcm16(data, self.sample_rate, self.fmt))
+                self._put(_encode_pcm16(data, self.sample_rate, self.fmt))
             elif self.fmt == "flac":
                 if self._flac is None:  # nothing written: an empty but valid FLAC file
                     self.write(np.zeros(0, np.float32))
                 self._flac.close()
             elif self.fmt == "wav":
                 if self._header_at is None:  # nothing written: a valid empty WAV
-                    self._handle.write(wav_header(self.sample_rate, 0))
+                    self._put(wav_header(self.sample_rate, 0))
                 elif self._seekable:
                     end = self._handle.tell()
                     self._handle.seek(self._header_at)
-                    self._handle.write(wav_header(self.sample_rate, self.frames))
+                    self._put(wav_header(self.sample_rate, self.frames))
                     self._handle.seek(end)
             self._handle.flush()
             self._closed = True

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -351,3 +352,21 @@ def test_sessions_write_nothing_under_home_and_print_no_telemetry_line(home: str
                           timeout=START_S)
     assert (proc.returncode, proc.stdout.strip(), proc.stderr) == (0, "1.0", "")
     assert list(home_dir.rglob("*")) == []
+
+
+# --- 5. a closed pipe is exit 141, never 0 after a partial write -----------------------------------
+
+WHOLE_CLIP = ("import numpy as np; from omnivoice_onnx import audio_out; from omnivoice_onnx.cliutil import run_main\n"
+              "def main(argv):\n"
+              "    with audio_out.open_output('-', 'wav', 24000) as sink:\n"
+              "        sink.write(np.zeros(484_800, np.float32))  # 20.2 s: 969,644 bytes, written whole at close\n"
+              "run_main(main)\n")
+
+
+def test_stdout_closed_mid_write_exits_141() -> None:
+    """`speak | head -c 1000` exited 0 after 65,536 of 969,644 bytes: a buffered write into a pipe
+    whose reader left returns the short count instead of raising."""
+    proc = subprocess.run(f"{sys.executable} -c {shlex.quote(WHOLE_CLIP)} | head -c 1000 >/dev/null; "
+                          "echo ${PIPESTATUS[0]}", shell=True, executable="/bin/bash", cwd=REPO,
+                          capture_output=True, text=True, timeout=START_S)
+    assert (proc.stdout.strip(), proc.stderr) == ("141", "")
