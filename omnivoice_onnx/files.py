@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import hashlib
 import json
 import os
@@ -23,6 +24,7 @@ import re
 import shutil
 import stat
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -66,6 +68,8 @@ def replace_into(temp: Path, path: Path) -> None:
     `path`, the file the user asked for, not the hidden temporary."""
     try:
         os.replace(temp, path)
+    except IsADirectoryError:
+        raise UserError(f"{path} is a directory", "remove it, or write the file elsewhere") from None
     except OSError as exc:
         raise OSError(exc.errno, exc.strerror, str(path)) from None
 
@@ -209,6 +213,67 @@ def confined(folder: Path, name: str, what: str, fix: str) -> Path:
     if not name or Path(name).is_absolute() or ".." in parts or "\0" in name:
         raise UserError(f"{what} names {name!r}, a path outside its folder {folder}", fix)
     return Path(folder) / name
+
+
+LOCK_WAIT_S = 10.0  # how long a second writer of the same voice waits for the first before it is refused
+
+
+class FolderLock:
+    """An exclusive lock on `<folder>/.<name>.lock` (fcntl.flock, so the kernel releases it when its
+    holder dies, however it dies): two writers of one voice name, or two batch runs into one
+    res-dir, never interleave a check and a write. A second holder waits up to `wait_s` seconds,
+    then is refused with one line naming the holder's pid. The holder removes the file when it
+    releases; a waiter that then wins the lock on the removed file sees that the path no longer
+    leads to it and tries again, so two processes never both hold the lock. The folder must exist."""
+
+    def __init__(self, folder: Path, name: str, what: str, wait_s: float = LOCK_WAIT_S) -> None:
+        self.path, self.what, self.wait_s = Path(folder) / f".{name}.lock", what, wait_s
+        self._fd: int | None = None
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def acquire(self) -> None:
+        deadline = time.monotonic() + self.wait_s
+        flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+        while True:
+            with _errors_name(self.path):
+                fd = os.open(self.path, flags, 0o666 & ~_umask())
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "?"
+                os.close(fd)
+                if time.monotonic() >= deadline:
+                    raise UserError(f"{self.what} is in use by another process (pid {holder}, lock {self.path})",
+                                    "wait for it to finish, then re-run") from None
+                time.sleep(0.05)
+                continue
+            try:
+                current = os.stat(self.path, follow_symlinks=False).st_ino
+            except FileNotFoundError:
+                current = None
+            if current == os.fstat(fd).st_ino:
+                break
+            os.close(fd)  # the holder removed this file as it released it: lock the new one
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            with contextlib.suppress(FileNotFoundError):
+                self.path.unlink()  # while still held: see the class docstring
+            os.close(self._fd)  # closing the last descriptor releases the flock
+            self._fd = None
+
+    def __enter__(self) -> "FolderLock":
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.release()
 
 
 def umask_mode(*paths: Path) -> None:

@@ -42,7 +42,7 @@ import numpy as np
 
 from omnivoice_onnx.contract import AUDIO_VOCAB_SIZE, FRAME_RATE, NUM_CODEBOOKS
 from omnivoice_onnx.errors import UserError, check_unicode
-from omnivoice_onnx.files import atomic_path, read_json, resolved_folder
+from omnivoice_onnx.files import FolderLock, atomic_path, read_json, resolved_folder
 from omnivoice_onnx.generate import VoiceClonePrompt
 from omnivoice_onnx.request import limit, too_large
 
@@ -61,6 +61,7 @@ MAX_UPSTREAM_BYTES = 64 << 20
 # ~60 KB at the default 60 s. Its reader stops well above that, before reading a huge file whole.
 MAX_VOICE_BYTES = 16 << 20
 NAME_PATTERN = re.compile(r"[^\W_][\w-]{0,63}")  # letters/digits first, then letters, digits, _ and -
+REPLACE_FIX = "pass --force to replace it, or choose another name"
 ADD_FIX = "re-create it with `omnivoice-onnx voice add NAME --ref-audio F --ref-text T` for this model"
 
 
@@ -227,16 +228,22 @@ def list_voices(voices: Path) -> list[Voice]:
             if not path.name.startswith(".")]
 
 
-def save_voice(voices: Path, name: str, voice: Voice) -> Path:
-    """Write `voice` as <voices>/<name>.json (atomically; an existing one is replaced) -> its path."""
+def save_voice(voices: Path, name: str, voice: Voice, replace: bool = True) -> Path:
+    """Write `voice` as <voices>/<name>.json (atomically) -> its path. An existing voice of that
+    name is replaced, or with `replace` False refused; the check and the write hold the name's
+    lock (files.FolderLock), so of two writers without replace one saves and one is refused."""
     path = voice_path(voices, name)
     if not voice.model_fingerprint or (voice.prompt is None and voice.instruct is None):
         # What _read_json_voice would refuse is never written.
         raise UserError(f"voice {name!r} has no model fingerprint, or neither a reference nor an instruct",
                         "give it the bundle's model_fingerprint and a prompt or an instruct")
     text = json.dumps(voice.to_json(), ensure_ascii=False, separators=(",", ":")) + "\n"
-    with atomic_path(path) as tmp:
-        tmp.write_text(text, encoding="utf-8")
+    Path(voices).mkdir(parents=True, exist_ok=True)
+    with FolderLock(voices, path.name, f"voice {name!r}"):
+        if not replace and os.path.lexists(path):
+            raise UserError(f"voice {name!r} already exists ({path})", REPLACE_FIX)
+        with atomic_path(path) as tmp:
+            tmp.write_text(text, encoding="utf-8")
     return path
 
 

@@ -13,6 +13,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -147,7 +148,8 @@ def test_results_append_refuses_a_link_planted_in_its_place(tmp_path: Path) -> N
 
 @pytest.mark.parametrize("name", ["report.json", "out.wav"])
 def test_a_refused_rename_names_the_target_and_leaves_nothing(name: str, tmp_path: Path) -> None:
-    """The rename onto a directory used to name the hidden temporary and leave it behind."""
+    """The rename onto a directory (`voice add --force` onto one) named the hidden temporary, left
+    it behind and was a traceback; now one line naming the target, nothing left."""
     target = tmp_path / name
 
     def write_then_block(path: Path) -> None:
@@ -160,9 +162,9 @@ def test_a_refused_rename_names_the_target_and_leaves_nothing(name: str, tmp_pat
             target.mkdir()
             WRITERS[name](path)
 
-    with pytest.raises(OSError) as caught:
+    with pytest.raises(UserError) as caught:
         write_then_block(target)
-    assert caught.value.filename == str(target) and ".tmp-" not in str(caught.value)
+    assert caught.value.problem == f"{target} is a directory" and ".tmp-" not in str(caught.value)
     assert [p.name for p in tmp_path.iterdir()] == [name]
 
 
@@ -370,3 +372,78 @@ def test_stdout_closed_mid_write_exits_141() -> None:
                           "echo ${PIPESTATUS[0]}", shell=True, executable="/bin/bash", cwd=REPO,
                           capture_output=True, text=True, timeout=START_S)
     assert (proc.stdout.strip(), proc.stderr) == ("141", "")
+
+
+# --- 6. concurrency: locked names and res-dirs, workers that die with their driver -----------------
+
+SAVE_ONE = ("import sys; from pathlib import Path; from omnivoice_onnx.cliutil import run_main\n"
+            "from omnivoice_onnx.voices import Voice, save_voice\n"
+            "def main(argv):\n"
+            "    folder, tag = Path(argv[0]), argv[1]\n"
+            "    save_voice(folder, 'same', Voice('same', None, tag, 'fp', Path()), replace=False)\n"
+            "    print('saved', tag)\n"
+            "run_main(main, sys.argv[1:])\n")
+
+
+def test_simultaneous_adds_of_one_name_save_exactly_one(tmp_path: Path) -> None:
+    """8 simultaneous `voice add same` without --force: five said "saved", one voice survived."""
+    procs = [subprocess.Popen([sys.executable, "-c", SAVE_ONE, str(tmp_path), f"voice {i}"], cwd=REPO, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for i in range(8)]
+    results = [(proc.wait(START_S), *proc.communicate()) for proc in procs]
+    saved = [out.split(" ", 1)[1].strip() for code, out, _ in results if code == 0]
+    assert len(saved) == 1, results
+    assert all(code == 2 and "already exists" in err for code, _, err in results if code != 0), results
+    assert voices.read_voice("same", tmp_path).instruct == saved[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["same.json"]  # no lock or temporary left
+
+
+def test_a_second_batch_run_into_a_busy_res_dir_is_refused(tmp_path: Path) -> None:
+    """Two batch runs with different lists into one --res-dir both exited 0 and results.jsonl lost
+    the second run's records. The second is now refused before it reads anything (the first is
+    this test, holding the res-dir's lock as a run does)."""
+    listed = tmp_path / "list.jsonl"
+    listed.write_text(json.dumps({"id": "a", "text": "Hi."}) + "\n")
+    res_dir = tmp_path / "out"
+    res_dir.mkdir()
+    options = batch.Options(test_list=listed, res_dir=res_dir, model_dir=tmp_path / "no-model")
+    with files.FolderLock(res_dir, batch.RESULTS_FILE, "--res-dir"):
+        with pytest.raises(UserError, match=f"--res-dir is in use by another process \\(pid {os.getpid()}"):
+            batch.run_batch(options, log=lambda message: None)
+    with pytest.raises(UserError, match="no-model"):  # free again: the run goes on to the model
+        batch.run_batch(options, log=lambda message: None)
+
+
+DRIVER = ("import concurrent.futures, multiprocessing, os, signal, time\n"
+          "from omnivoice_onnx import batch\n"
+          "if __name__ == '__main__':\n"
+          "    pool = concurrent.futures.ProcessPoolExecutor(2, mp_context=multiprocessing.get_context('spawn'),\n"
+          "        initializer=batch._pool_init, initargs=('m', 'fp32', 1, os.getpid()))\n"
+          "    for future in [pool.submit(time.sleep, 0.5) for _ in range(2)]:\n"
+          "        future.result()  # both workers started and initialised\n"
+          "    print(' '.join(map(str, pool._processes)), flush=True)\n"
+          "    os.kill(os.getpid(), signal.SIGKILL)\n")
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_workers_end_when_their_driver_is_killed(tmp_path: Path) -> None:
+    """Killing `batch --workers 2` with SIGKILL left both workers (and the resource tracker)
+    running, ~260 MB each, 79 s later."""
+    script = tmp_path / "driver.py"
+    script.write_text(DRIVER)
+    proc = subprocess.run([sys.executable, str(script)], cwd=REPO, capture_output=True, text=True, timeout=START_S,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == -9, proc.stderr
+    workers = [int(pid) for pid in proc.stdout.split()]
+    assert len(workers) == 2
+    deadline = time.monotonic() + 10
+    while any(alive(pid) for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(alive(pid) for pid in workers)
