@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, NoReturn
 
-from omnivoice_onnx.errors import UserError, check_unicode
+from omnivoice_onnx.errors import DISK_FULL, ENVIRONMENT, UserError, check_unicode  # noqa: F401 (re-exported)
 from omnivoice_onnx.rng import SEED_MAX, SEED_MIN  # what torch.manual_seed accepts (re-exported: --seed)
 from omnivoice_onnx.sessions import default_threads
 
@@ -201,10 +201,6 @@ def os_error_in_chain(exc: BaseException | None, numbers: set[int]) -> OSError |
     return None
 
 
-DISK_FULL = {errno.ENOSPC, errno.EDQUOT}
-# OSErrors that describe the machine, not a bug: a full disk, a file or folder this user may not
-# read or write, a read-only mount. Each ends in one line naming the file (exit 2).
-ENVIRONMENT = DISK_FULL | {errno.EACCES, errno.EPERM, errno.EROFS}
 
 
 def environment_error(exc: BaseException) -> OSError | None:

@@ -6,6 +6,13 @@ toolchain's scripts (omnivoice_export.cli.run_main) catch the same class and exi
 
 from __future__ import annotations
 
+import errno
+
+DISK_FULL = {errno.ENOSPC, errno.EDQUOT}
+# OSErrors that describe the machine, not a bug: a full disk, a file or folder this user may not
+# read or write, a read-only mount. Each ends in one line naming the file (exit 2).
+ENVIRONMENT = DISK_FULL | {errno.EACCES, errno.EPERM, errno.EROFS}
+
 
 class UserError(Exception):
     """An expected problem with the user's input; printed as one line, exit code 2."""

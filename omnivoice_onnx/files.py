@@ -29,8 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from omnivoice_onnx.cliutil import ENVIRONMENT
-from omnivoice_onnx.errors import UserError
+from omnivoice_onnx.errors import ENVIRONMENT, UserError
 
 PERMISSION_FIX = "give this user read access to it (chmod/chown), or run as its owner"
 

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from conftest import REPO, single_stderr_line
-from omnivoice_onnx import audio_out, batch, files, integrity, prompt, request, server, voices
+from omnivoice_onnx import audio, audio_out, batch, files, integrity, prompt, request, server, voices
 from omnivoice_onnx.contract import FP32_VARIANT, FRAME_RATE, GRAPH_FILES, NUM_CODEBOOKS, REPORT_FILE
 from omnivoice_onnx.errors import UserError
 
@@ -447,3 +447,23 @@ def test_workers_end_when_their_driver_is_killed(tmp_path: Path) -> None:
     while any(alive(pid) for pid in workers) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not any(alive(pid) for pid in workers)
+
+
+# --- 9 (brief). references named as what they are ---------------------------------------------------
+
+@pytest.mark.parametrize("kind,words", [
+    ("fifo", "is not a regular file"), ("device", "is not a regular file"), ("directory", "is a directory, not a file"),
+    ("loop", "cannot be reached (Too many levels of symbolic links)"), ("missing", "reference audio file not found"),
+])
+def test_reference_that_is_not_a_file_is_named_as_what_it_is(kind: str, words: str, tmp_path: Path) -> None:
+    """A FIFO, /dev/zero, a directory or a symlink loop as reference audio was "does not exist"."""
+    path = {"device": Path("/dev/zero")}.get(kind, tmp_path / "ref.wav")
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "directory":
+        path.mkdir()
+    elif kind == "loop":
+        path.symlink_to(path)
+    with pytest.raises(UserError) as caught:
+        audio.load_reference(os.fspath(path), 24000, {}, max_seconds=60.0)
+    assert words in caught.value.problem
