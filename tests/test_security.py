@@ -12,7 +12,9 @@ import os
 import shlex
 import shutil
 import subprocess
+import socket
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Callable
@@ -467,3 +469,82 @@ def test_reference_that_is_not_a_file_is_named_as_what_it_is(kind: str, words: s
     with pytest.raises(UserError) as caught:
         audio.load_reference(os.fspath(path), 24000, {}, max_seconds=60.0)
     assert words in caught.value.problem
+
+
+# --- 8. the server's connections bounded, every refusal in OpenAI's JSON shape ----------------------
+
+async def echo_length(scope: dict, receive, send) -> None:
+    """An app that reads the body as the speech route does (server.read_body) and says its length."""
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse
+
+    try:
+        body = await server.read_body(Request(scope, receive), 1024)
+        response = JSONResponse({"bytes": len(body)})
+    except server.ApiError as error:
+        response = JSONResponse(error.body(), error.status, error.headers)
+    await response(scope, receive, send)
+
+
+@pytest.fixture
+def bounded_server(monkeypatch):
+    """uvicorn with server.http_protocol() on a free loopback port, in a thread; short limits."""
+    uvicorn = pytest.importorskip("uvicorn")
+    monkeypatch.setattr(server, "HEADER_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(server, "BODY_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(server, "MAX_CONNECTIONS", 3)
+    listener = server.bind("127.0.0.1", 0)
+    running = uvicorn.Server(uvicorn.Config(echo_length, lifespan="off", http=server.http_protocol(),
+                                            log_level="critical", h11_max_incomplete_event_size=server.MAX_HEADER_BYTES))
+    thread = threading.Thread(target=running.run, kwargs={"sockets": [listener]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + START_S
+    while not running.started and time.monotonic() < deadline:
+        time.sleep(0.02)
+    yield listener.getsockname()[1]
+    running.should_exit = True
+    thread.join(START_S)
+
+
+def reply(port: int, *pieces: bytes, wait_s: float = 5.0) -> tuple[int, dict, float]:
+    """Send `pieces` (0.2 s apart) on a new connection; (status, JSON body, seconds until the
+    server closed it)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=wait_s) as sock:
+        start = time.monotonic()
+        for piece in pieces:
+            sock.sendall(piece)
+            time.sleep(0.2)
+        received = b""
+        while chunk := sock.recv(65536):
+            received += chunk
+        head, _, body = received.partition(b"\r\n\r\n")
+        return int(head.split()[1]), json.loads(body), time.monotonic() - start
+
+
+@pytest.mark.parametrize("pieces,status,code", [
+    ([b"GARBAGE\r\n\r\n"], 400, "invalid_http"),  # uvicorn's plain-text 400 before
+    ([b"GET / HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"a" * 17_000, b"\r\n\r\n"], 400, "invalid_http"),  # > 16 KiB
+    ([b"POST / HTTP/1.1\r\nHost: x\r\n"], 408, "header_timeout"),  # headers never finished: held forever before
+    ([b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n1"], 408, "body_timeout"),
+    ([], 408, "header_timeout"),  # an idle connection
+])
+def test_slow_idle_and_malformed_connections_end_with_a_json_error(pieces: list[bytes], status: int, code: str,
+                                                                    bounded_server: int) -> None:
+    got, body, seconds = reply(bounded_server, *pieces)
+    assert (got, body["error"]["code"]) == (status, code) and set(body["error"]) == {"message", "type", "param",
+                                                                                       "code"}
+    assert seconds < 4
+
+
+def test_connections_over_the_limit_refused_with_a_json_503(bounded_server: int) -> None:
+    held = [socket.create_connection(("127.0.0.1", bounded_server), timeout=5) for _ in range(server.MAX_CONNECTIONS)]
+    try:
+        time.sleep(0.2)
+        status, body, _ = reply(bounded_server, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert (status, body["error"]["code"]) == (503, "too_many_connections")
+    finally:
+        for sock in held:
+            sock.close()
+    time.sleep(0.2)
+    status, body, _ = reply(bounded_server, b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nConnection: close\r\n\r\nhi")
+    assert (status, body) == (200, {"bytes": 2})
