@@ -671,6 +671,8 @@ def _run_batch(options: Options, log: Callable[[str], None], lock: FolderLock) -
     if options.res_dir.is_dir():
         lock.acquire()  # before results.jsonl is read
     engine = ray_engine() if options.ray is not None else None  # Ray missing: now, too
+    if engine is not None:
+        engine.check_address(options.ray)  # a bad or dead address: now, before any output
     threads = worker_threads(options.workers, options.threads)
     local_single = options.ray is None and options.workers == 1
     # The driver's model checks every line (validate) and names the model; on one local worker it

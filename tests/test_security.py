@@ -7,8 +7,10 @@ Fast by default: nothing here loads a model unless marked slow.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -548,3 +550,41 @@ def test_connections_over_the_limit_refused_with_a_json_503(bounded_server: int)
     time.sleep(0.2)
     status, body, _ = reply(bounded_server, b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nConnection: close\r\n\r\nhi")
     assert (status, body) == (200, {"bytes": 2})
+
+
+# --- 10. Ray addresses checked, and bounded in time, before any output -------------------------------
+
+@pytest.mark.parametrize("address,env,words", [
+    ("garbage", {}, "is not a Ray address"),
+    ("10.0.0.1:99999", {}, "is not a Ray address"),
+    ("127.0.0.1:1", {}, "nothing answers at 127.0.0.1:1 within"),  # hung before
+    ("ray://127.0.0.1:10001", {}, "needs Ray Client"),
+    ("auto", {"RAY_ADDRESS": "127.0.0.1:1"}, "--ray auto: nothing answers at"),
+    ("auto", {}, "no running Ray cluster found"),
+])
+def test_bad_ray_addresses_refused(address: str, env: dict[str, str], words: str, tmp_path: Path,
+                                   monkeypatch) -> None:
+    """Every bad --ray address was a traceback (ray://... without ray[client], `auto` with no
+    cluster, garbage) or a hang (127.0.0.1:1)."""
+    pytest.importorskip("ray")
+    from omnivoice_onnx import batch_ray
+
+    if address.startswith("ray://") and importlib.util.find_spec("grpc") is not None:
+        pytest.skip("Ray Client is installed here")
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))  # no cluster this machine runs is found
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    with pytest.raises(UserError, match=re.escape(words)):
+        batch_ray.check_address(address)
+
+
+def test_a_dead_ray_address_refused_before_any_output(tmp_path: Path) -> None:
+    """The refusal comes before results.jsonl (or the res-dir) exists."""
+    pytest.importorskip("ray")
+    listed = tmp_path / "list.jsonl"
+    listed.write_text(json.dumps({"id": "a", "text": "Hi."}) + "\n")
+    proc = omnivoice("batch", "--test-list", str(listed), "--res-dir", str(tmp_path / "out"), "--ray", "127.0.0.1:1",
+                     "--model-dir", str(tmp_path))
+    assert proc.returncode == 2 and "nothing answers at 127.0.0.1:1" in single_stderr_line(proc), proc.stderr
+    assert not (tmp_path / "out").exists()
