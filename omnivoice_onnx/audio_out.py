@@ -19,8 +19,9 @@ stdout, and a device or pipe without an extension, default to WAV.
 Destinations (open_output):
 - "-" (or None): stdout. Refused when stdout is a terminal (audio bytes would garble it).
 - a regular file, or a path that does not exist yet: written under a hidden temporary name beside
-  it and renamed onto it when complete (files.create_temporary: a random name created exclusively), so a Ctrl-C, a full disk or an
-  error leaves the previous file (or none), never half a file. A replaced file keeps its mode.
+  it and renamed onto it when complete (files.create_temporary: a random name, created
+  exclusively), so a Ctrl-C, a full disk or an error leaves the previous file (or none), never
+  half a file. A replaced file keeps its mode.
 - a symlink: followed deliberately. The link's final target is written atomically as above and
   the link itself stays a link (replacing the link by a regular file would silently detach
   whatever else reads through it; a dangling link gets its target created). This is what

@@ -77,7 +77,7 @@ def check_address(address: str) -> None:
         return
     from ray._private import services  # ray's own parsing of the forms ray.init accepts
 
-    target = address[len(CLIENT_PREFIX):] if address.startswith(CLIENT_PREFIX) else address
+    target = address.removeprefix(CLIENT_PREFIX)
     if address.startswith(CLIENT_PREFIX) and importlib.util.find_spec("grpc") is None:
         raise UserError(f"--ray {address} needs Ray Client, which is not installed", "pip install 'ray[client]'")
     if target == "auto":

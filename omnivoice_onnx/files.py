@@ -7,9 +7,10 @@ leave a half-written artefact where a complete one was: every file and directory
 under a hidden temporary name beside its destination and renamed into place only when complete
 (rename within one directory is atomic on POSIX); what a killed run left is removed by the next
 write beside it. Temporary names are random and created exclusively, never followed through a
-symlink (create_temporary): a shared writable folder cannot redirect a write. Every artefact records each file it lists as a `{sha256, bytes}` entry, so a
-later stage can prove it reads what was written; its reader checks it against a schema, so a
-hand-edited or damaged artefact is one line naming the field, never a KeyError.
+symlink (create_temporary): a shared writable folder cannot redirect a write. Every artefact
+records each file it lists as a `{sha256, bytes}` entry, so a later stage can prove it reads what
+was written; its reader checks it against a schema, so a hand-edited or damaged artefact is one
+line naming the field, never a KeyError. Every JSON file is read bounded in size and depth.
 """
 
 from __future__ import annotations

@@ -68,7 +68,8 @@ try:  # the parsed form of a pattern, as re itself makes it
 except ImportError:  # Python 3.10
     import sre_constants as _sre  # type: ignore[no-redef]
     import sre_parse as _sre_parse  # type: ignore[no-redef]
-_REPEATS = tuple(getattr(_sre, name) for name in ("MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT") if hasattr(_sre, name))
+_REPEATS = tuple(getattr(_sre, name) for name in ("MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT")
+                 if hasattr(_sre, name))
 REGEX_EXPECTED = "a regular expression without nested repeats, repeated alternatives or backreferences"
 # A BCP-47 / POSIX-locale tag: primary language subtag, then any subtags (region, script, ...).
 BCP47_TAG = re.compile(r"([A-Za-z]{2,3})(?:[-_][A-Za-z0-9]{1,8})*")
@@ -102,7 +103,7 @@ def _backtracks(items: Any, repeated: bool = False) -> bool:
         if op in (_sre.GROUPREF, _sre.GROUPREF_EXISTS):
             return True
         if op in _REPEATS:
-            low, high, body = arg
+            _, high, body = arg
             if repeated or _backtracks(body, high > 1):
                 return True
         elif op == _sre.BRANCH:

@@ -6,7 +6,8 @@
          -d '{"model": "omnivoice", "voice": "auto", "input": "Hello.", "response_format": "wav"}' -o hello.wav
 
 Binds 127.0.0.1 unless --host says otherwise; another host needs a key (--api-key or
-$OMNIVOICE_API_KEY; an empty one is an error) or, to serve it open on purpose, --no-auth. Routes, formats, errors, streaming and how it stops: omnivoice_onnx.server.
+$OMNIVOICE_API_KEY; an empty one is an error) or, to serve it open on purpose, --no-auth.
+Routes, formats, errors, streaming and how it stops: omnivoice_onnx.server.
 SIGTERM or Ctrl-C drains the requests in flight and exits 0; 143 (130) only if --drain-timeout
 cut some off.
 """
