@@ -40,7 +40,7 @@ from omnivoice_onnx.request import check_threads
 # onnxruntime's Linux wheels carry Microsoft's 1DS telemetry: at import (when its environment is
 # made) it writes a device id and an event database under ~/.cache/Microsoft/DeveloperTools, and
 # with a read-only HOME prints a warning line before any of ours. ORT_DISABLE_TELEMETRY=1, read at
-# that import, stops both (measured with 1.32, log Run 30); set here, where the runtime first
+# that import, stops both (measured with 1.32, log Run 30S); set here, where the runtime first
 # comes before any onnxruntime import of its own (every module reaches this one first). A user
 # who sets the variable keeps their value; a host that imported onnxruntime earlier still gets
 # the events off for the sessions made here (disable_telemetry_events in make_session).
