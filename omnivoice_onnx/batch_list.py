@@ -24,7 +24,7 @@ import soundfile as sf
 
 from omnivoice_onnx.core import duration as dur
 from omnivoice_onnx.errors import UserError
-from omnivoice_onnx.files import sha256_file
+from omnivoice_onnx.files import MAX_JSON_DEPTH, decode_text, parse_json, read_bounded, sha256_file
 from omnivoice_onnx.limits import check_seed
 from omnivoice_onnx.voices import is_voice_path
 
@@ -36,6 +36,10 @@ OWN_FIELDS = ("seed", "voice")
 # An id becomes the file name <id>.wav, written as .<id>.wav.tmp-<pid> first: 200 bytes leave room
 # for both within the usual 255-byte name limit.
 MAX_ID_BYTES = 200
+# A test list or results.jsonl is read whole, up to this (~500k lines of ~500 bytes): /dev/zero as
+# --test-list was read to 2.6 GB before "out of memory". Longer lists: split them.
+MAX_LIST_BYTES = 256 << 20
+RES_DIR_FIX = "pass a folder (or a path to create one at)"
 # What the request hash covers besides the line: bump when the WAV encoding of the same samples
 # changes, so a resume redoes files written the old way.
 OUTPUT_FORMAT = "wav-pcm16-v1"
@@ -183,23 +187,20 @@ def read_test_list(path: Path, default_language: str | None = None) -> TestList:
     unsafe id, a missing text, a wrong type and every line of a repeated id (upstream would write
     them all to one file, the last one winning)."""
     path = Path(path)
-    try:
-        raw = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise UserError(f"test list {path} does not exist", "pass a JSONL file: one JSON object per line") from None
-    except UnicodeDecodeError as exc:
-        raise UserError(f"test list {path} is not UTF-8 text ({exc.reason} at byte {exc.start})",
-                        "save it as UTF-8") from None
-    except IsADirectoryError:
-        raise UserError(f"test list {path} is a directory", "pass a JSONL file") from None
+    if not path.exists():
+        raise UserError(f"test list {path} does not exist", "pass a JSONL file: one JSON object per line")
+    if path.is_dir():
+        raise UserError(f"test list {path} is a directory", "pass a JSONL file")
+    data = read_bounded(path, MAX_LIST_BYTES, "test list", "split it into several lists")
+    raw = decode_text(data, f"test list {path}", "save it as UTF-8")
     lines, bad, unknown = [], [], set()
     for number, text in enumerate(raw.splitlines(), 1):
         if not text.strip():
             continue
         try:
-            obj = json.loads(text)
-        except json.JSONDecodeError as exc:
-            bad.append(BadLine(number, None, f"not JSON ({exc.msg} at column {exc.colno})"))
+            obj = parse_json(text, "", "")
+        except UserError as exc:
+            bad.append(BadLine(number, None, f"not JSON within {MAX_JSON_DEPTH} levels ({exc.problem.strip()})"))
             continue
         try:
             lines.append(parse_line(obj, number, path.parent, default_language))
@@ -263,5 +264,3 @@ def estimated_seconds(line: Line, frame_rate: int, duration_rules: dict[str, Any
         target = dur.estimate_target_tokens(line.text, ref_text, ref_frames if ref_text else None, duration_rules,
                                             line.speed or 1.0)
     return (target + (ref_frames or 0)) / frame_rate
-
-

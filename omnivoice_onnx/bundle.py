@@ -36,7 +36,7 @@ from typing import Any
 from omnivoice_onnx.contract import FP32_VARIANT, GRAPH_FILES, REPORT_FILE, variant_dir, variant_path, variants_present
 from omnivoice_onnx.core.prompt import RUNTIME_CONFIG_FILE, TOKENIZER_FILE, load_runtime_config
 from omnivoice_onnx.errors import UserError
-from omnivoice_onnx.files import FILE_ENTRY_SCHEMA, Each, matches_entry, read_json, schema_problem
+from omnivoice_onnx.files import FILE_ENTRY_SCHEMA, Each, confined, matches_entry, read_json, schema_problem
 from omnivoice_onnx.graphmeta import read_metadata_props
 
 DEFAULT_MODEL_DIR = Path("onnx")  # where the commands look when no --model-dir is given
@@ -206,8 +206,8 @@ class Bundle:
             entry = self.report["graphs"].get(graph)
             if entry is None:
                 raise UserError(f"export report {path} lists no {graph} graph", RERUN_EXPORT)
-            checks += [FileCheck(self.dir / name, info, RERUN_EXPORT) for name, info in entry["files"].items()
-                       if name.startswith(GRAPH_FILES[graph])]
+            checks += [FileCheck(confined(self.dir, name, f"export report {path}", RERUN_EXPORT), info, RERUN_EXPORT)
+                       for name, info in entry["files"].items() if name.startswith(GRAPH_FILES[graph])]
         for name in (TOKENIZER_FILE, RUNTIME_CONFIG_FILE):
             if name not in self.report["runtime_assets"]:
                 raise UserError(f"export report {path} lists no {name}", RERUN_EXPORT)
@@ -221,7 +221,8 @@ class Bundle:
             problem = schema_problem(entry, VARIANT_SCHEMA, f"variants.{variant}")
             if problem:
                 raise UserError(f"export report {path} is malformed: {problem}", fix)
-            checks += [FileCheck(variant_dir(self.dir, variant) / name, info, fix)
+            folder = variant_dir(self.dir, variant)
+            checks += [FileCheck(confined(folder, name, f"export report {path}", fix), info, fix)
                        for name, info in entry["files"].items()]
         return checks
 

@@ -26,6 +26,7 @@ from omnivoice_onnx.errors import (  # noqa: F401  (re-exported: every command's
     DISK_FULL,
     ENVIRONMENT,
     UserError,
+    check_unicode,
     environment_error,
     environment_message,
     os_error_in_chain,
@@ -209,6 +210,8 @@ def run_main(main: Callable[[list[str] | None], None], argv: list[str] | None = 
     debug = "--debug" in (sys.argv[1:] if argv is None else argv)
     lead = f"{prog}: " if prog else ""
     try:
+        for position, arg in enumerate(sys.argv[1:] if argv is None else argv, 1):
+            check_unicode(arg, f"command-line argument {position}", "pass UTF-8 text (check the terminal's locale)")
         default_threads()  # a bad $OMNIVOICE_ORT_THREADS is named now, not after minutes of work
         with sigterm_raises() as sigterm:
             main(argv)

@@ -57,3 +57,13 @@ def environment_message(error: OSError) -> str:
         return f"{where} is on a read-only file system; write to another location"
     return (f"permission denied: {where}; give this user access to it (chmod/chown), or run as its owner "
             "(the previous complete artefacts are intact)")
+def check_unicode(text: str, where: str, fix: str) -> str:
+    """`text` if UTF-8 can carry it; else one line naming `where`. A str holds a lone surrogate
+    when it came from bytes that are not UTF-8 (argv, decoded with surrogateescape) or from a JSON
+    `\\udc80` escape; the tokenizer and every UTF-8 writer would fail on it with a traceback."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise UserError(f"{where} is not valid text: it holds {text[exc.start]!r} at character {exc.start} (a byte "
+                        "that is not UTF-8, or a lone surrogate \\u escape)", fix) from None
+    return text

@@ -68,6 +68,7 @@ import math
 import signal
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
+from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 
@@ -84,8 +85,10 @@ from omnivoice_onnx.server_service import (
     MODEL_ID,
     ServerConfig,
     Service,
+    bearer_token,
     bind,
     build_job,
+    check_auth,
     speech_request_model,
     validation_error,
 )
@@ -94,18 +97,106 @@ from omnivoice_onnx.sessions import worker_threads
 LOG = logging.getLogger("omnivoice_onnx.server")
 LISTENING = "omnivoice-onnx serve: listening on "  # the start line's prefix, read by launch()
 
+# Connections (http_protocol): a client holding the server's resources without finishing a request
+# (slowloris: one header byte every 2 s; 300 idle sockets) is cut off, with a JSON error where a
+# reply is still possible. A real client sends its headers at once and its <= 64 KiB body in well
+# under a second.
+HEADER_TIMEOUT_S = 10.0  # from the connection (or the previous response) to a request's complete headers
+BODY_TIMEOUT_S = 30.0  # from the headers to the complete body, plus its limit at MIN_BODY_RATE
+MIN_BODY_RATE = 64 * 1024  # bytes/s a client must at least send: 16 MiB of reference audio get 256 s more
+KEEP_ALIVE_S = 5.0  # an idle keep-alive connection is closed after this (uvicorn's default, stated)
+MAX_CONNECTIONS = 512  # open connections at once; one more is answered 503 and closed
+MAX_HEADER_BYTES = 16 * 1024  # request line + headers (h11's incomplete-event limit); more: 400
 
-async def read_body(request: Any, limit: int) -> bytes:
-    """The request body, refused with 413 as soon as it passes `limit` bytes (declared or sent)."""
+
+async def read_body(request: Any, limit: int, timeout_s: float | None = None) -> bytes:
+    """The request body, refused with 413 as soon as it passes `limit` bytes (declared or sent),
+    and with 408 when it has not all come within `timeout_s` (default BODY_TIMEOUT_S plus `limit`
+    at MIN_BODY_RATE; a client trickling it would hold a connection and a task for as long as it
+    likes)."""
+    timeout_s = BODY_TIMEOUT_S + limit / MIN_BODY_RATE if timeout_s is None else timeout_s
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdecimal() and int(declared) > limit:
         raise ApiError(413, f"request body of {declared} bytes is over the limit of {limit}", code="body_too_large")
     body = bytearray()
-    async for piece in request.stream():
+    pieces = request.stream().__aiter__()
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        try:
+            piece = await asyncio.wait_for(pieces.__anext__(), max(0.0, deadline - asyncio.get_running_loop().time()))
+        except StopAsyncIteration:
+            return bytes(body)
+        except asyncio.TimeoutError:
+            raise ApiError(408, f"the request body did not arrive within {timeout_s:.0f} s", code="body_timeout",
+                           headers={"Connection": "close"}) from None
         body += piece
         if len(body) > limit:
             raise ApiError(413, f"request body is over the limit of {limit} bytes", code="body_too_large")
-    return bytes(body)
+
+
+def raw_error(error: ApiError) -> bytes:
+    """`error` as a complete HTTP/1.1 response that closes the connection, for the places where
+    there is no request to answer through the app (malformed HTTP, headers too slow, too many
+    connections): the same JSON body as every other error, never uvicorn's plain text."""
+    body = json.dumps(error.body()).encode()
+    head = [f"HTTP/1.1 {error.status} {HTTPStatus(error.status).phrase}", "content-type: application/json",
+            f"content-length: {len(body)}", "connection: close",
+            *(f"{name}: {value}" for name, value in error.headers.items())]
+    return ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body
+
+
+def http_protocol() -> type:
+    """uvicorn's h11 protocol with the connection limits above (built on first use: uvicorn is the
+    `serve` extra's). uvicorn bounds neither the time to send headers nor the number of idle
+    connections, and answers malformed HTTP in plain text."""
+    import h11
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class BoundedH11(H11Protocol):
+        def connection_made(self, transport: Any) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self.header_timer: asyncio.TimerHandle | None = None
+            self.over_limit = len(self.connections) > MAX_CONNECTIONS  # answered when its request comes
+            self.arm_header_timer()
+
+        def data_received(self, data: bytes) -> None:
+            if self.over_limit:  # refused after reading what was sent: closing first would reset the answer
+                self.reject(ApiError(503, f"the server holds {MAX_CONNECTIONS} connections; retry shortly",
+                                     kind="server_error", code="too_many_connections", headers={"Retry-After": "1"}))
+                return
+            super().data_received(data)
+
+        def arm_header_timer(self) -> None:
+            if self.header_timer is not None:
+                self.header_timer.cancel()
+            self.header_timer = self.loop.call_later(HEADER_TIMEOUT_S, self.headers_too_slow)
+
+        def headers_too_slow(self) -> None:
+            if self.cycle is not None and not self.cycle.response_complete:
+                return  # a request is being answered (its body has BODY_TIMEOUT_S of its own)
+            if self.conn.their_state is h11.IDLE:
+                self.reject(ApiError(408, f"the request headers did not arrive within {HEADER_TIMEOUT_S:g} s",
+                                     code="header_timeout"))
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            if not self.transport.is_closing():
+                self.arm_header_timer()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            if self.header_timer is not None:
+                self.header_timer.cancel()
+            super().connection_lost(exc)
+
+        def send_400_response(self, msg: str) -> None:
+            self.reject(ApiError(400, f"malformed HTTP request ({msg.rstrip('.')})", code="invalid_http"))
+
+        def reject(self, error: ApiError) -> None:
+            if not self.transport.is_closing():
+                self.transport.write(raw_error(error))
+                self.transport.close()
+
+    return BoundedH11
 
 
 async def wait_disconnect(request: Any) -> None:
@@ -128,7 +219,10 @@ def create_app(service: Service) -> Any:
         yield
         await asyncio.to_thread(service.pool.close)
 
-    app = FastAPI(title="omnivoice-onnx", description=__doc__, lifespan=lifespan, docs_url=None, redoc_url=None)
+    # No generated schema or docs pages (GET /openapi.json is a JSON 404 like any unknown route):
+    # the routes are OpenAI's, documented in the README, and the speech route reads its body itself.
+    app = FastAPI(title="omnivoice-onnx", description=__doc__, lifespan=lifespan, docs_url=None, redoc_url=None,
+                  openapi_url=None)
 
     def error_response(error: ApiError) -> JSONResponse:
         return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
@@ -162,8 +256,7 @@ def create_app(service: Service) -> Any:
 
         async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
             if scope["type"] == "http" and scope["path"] not in ("/health", "/"):
-                given = dict(scope["headers"]).get(b"authorization", b"")
-                token = given[len(b"Bearer "):] if given.startswith(b"Bearer ") else b""
+                token = bearer_token(dict(scope["headers"]).get(b"authorization", b""))
                 if not hmac.compare_digest(token, key.encode()):
                     response = error_response(ApiError(401, "incorrect API key (send Authorization: Bearer <key>)",
                                                        code="invalid_api_key"))
@@ -173,6 +266,33 @@ def create_app(service: Service) -> Any:
 
     if key:
         app.add_middleware(RequireKey)
+
+    class DrainCutOff:
+        """Outermost: a request that SIGTERM's --drain-timeout cancels before its response started
+        gets a JSON 503 (uvicorn would send a plain-text 500); one that had started is cut short."""
+
+        def __init__(self, app: Any) -> None:
+            self.app = app
+
+        async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+            started = False
+
+            async def tracked(message: dict) -> None:
+                nonlocal started
+                started = started or message["type"] == "http.response.start"
+                await send(message)
+
+            try:
+                await self.app(scope, receive, tracked)
+            except asyncio.CancelledError:
+                if scope["type"] != "http" or started:
+                    raise
+                LOG.warning("drain timeout: %s %s cut off before its response", scope["method"], scope["path"])
+                await error_response(ApiError(503, "the server was stopped before this request finished (drain "
+                                                   "timeout)", kind="server_error", code="shutting_down",
+                                              headers={"Connection": "close"}))(scope, receive, send)
+
+    app.add_middleware(DrainCutOff)
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -267,7 +387,7 @@ def create_app(service: Service) -> Any:
             raise ApiError(503, "the server is shutting down", code="shutting_down", kind="server_error",
                            headers={"Retry-After": "5"}) from None
         timer = loop.call_at(loop.time() + service.config.timeout_s, time_out, job)
-        headers = {"X-Seed": str(job.request.seed)}
+        headers = {"X-Seed": str(job.seed)}
         try:
             first = await _first_event(job, request)
         except BaseException:
@@ -286,7 +406,7 @@ def create_app(service: Service) -> Any:
         chunks = _stream_bytes(job, first, StreamEncoder(fmt, service.sample_rate), timer)
         if parsed.stream_format == "sse":
             tts = service.pool.models[0]
-            input_tokens = len(tts.tokenizer.encode(job.request.texts[0], add_special_tokens=False))
+            input_tokens = len(tts.tokenizer.encode(job.text, add_special_tokens=False))
             return StreamingResponse(_sse(chunks, job, input_tokens, tts.model.hop_length),
                                      media_type="text/event-stream", headers=headers)
         return StreamingResponse(chunks, media_type=service.formats[fmt].media_type, headers=headers)
@@ -400,10 +520,13 @@ def serve(config: ServerConfig) -> int:
     """Run the server until SIGTERM/SIGINT; the exit code (0 drained, 143/130 requests cut off)."""
     import uvicorn
 
+    check_auth(config)
     listener = bind(config.host, config.port)  # a busy port is named before the models load
     service = load_service(config)
     server = make_server(uvicorn.Config(create_app(service), host=config.host, port=config.port, log_level="info",
-                                        timeout_graceful_shutdown=math.ceil(config.drain_s), lifespan="on"),
+                                        timeout_graceful_shutdown=math.ceil(config.drain_s), lifespan="on",
+                                        http=http_protocol(), timeout_keep_alive=math.ceil(KEEP_ALIVE_S),
+                                        h11_max_incomplete_event_size=MAX_HEADER_BYTES),
                          service.pool)
     host, port = listener.getsockname()[:2]
     LOG.info("omnivoice-onnx serve: %d worker(s) x %d thread(s), queue %d, default format %s, voices %s",

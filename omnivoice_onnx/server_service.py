@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
+import ipaddress
 import logging
 import socket
 import tempfile
@@ -53,7 +54,8 @@ REFERENCES_KEPT = 32  # uploaded references held in memory (the least recently u
 def speech_request_model():
     """The pydantic model of a POST /v1/audio/speech body (built on first use: pydantic is the
     `serve` extra's, not the runtime core's). Unknown fields are refused, as OpenAI refuses them:
-    a misspelt `sped` must not silently run at speed 1."""
+    a misspelt `sped` must not silently run at speed 1. Numbers are strict: `"speed": true` or
+    `"seed": "7"` is a 400, never read as 1 or 7 (a JSON integer is still a number)."""
     from pydantic import BaseModel, ConfigDict, Field
 
     class VoiceId(BaseModel):
@@ -67,16 +69,16 @@ def speech_request_model():
         voice: str | VoiceId
         instructions: str | None = Field(None, max_length=MAX_INSTRUCTIONS_CHARS)
         response_format: str | None = None
-        speed: float | None = Field(None, ge=SPEED_MIN, le=SPEED_MAX, allow_inf_nan=False)
+        speed: float | None = Field(None, ge=SPEED_MIN, le=SPEED_MAX, allow_inf_nan=False, strict=True)
         stream_format: Literal["audio", "sse"] | None = None
         # Extensions (not OpenAI's): the runtime's generate() arguments. Types and signs here; their
         # upper limits are the runtime's (omnivoice_onnx.core.request, raisable by environment), checked by
         # OmniVoiceOnnx.validate().
         language: str | None = None
-        seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
-        num_step: int | None = Field(None, ge=1)
-        guidance_scale: float | None = Field(None, allow_inf_nan=False)
-        duration: float | None = Field(None, gt=0.0, allow_inf_nan=False)
+        seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX, strict=True)
+        num_step: int | None = Field(None, ge=1, strict=True)
+        guidance_scale: float | None = Field(None, allow_inf_nan=False, strict=True)
+        duration: float | None = Field(None, gt=0.0, allow_inf_nan=False, strict=True)
 
     return SpeechRequest
 
@@ -103,7 +105,8 @@ class ServerConfig:
     voices_dir: Path | None = None  # None: omnivoice_onnx.voices.voices_dir's default
     host: str = "127.0.0.1"
     port: int = 8000
-    api_key: str | None = None  # None: no key required
+    api_key: str | None = None  # None: no key required (refused off loopback unless no_auth)
+    no_auth: bool = False  # --no-auth: serve a non-loopback host without a key, knowingly
     workers: int = 1
     threads: int | None = None  # per worker; None: cores // workers
     queue_size: int = DEFAULT_QUEUE
@@ -284,3 +287,47 @@ def bind(host: str, port: int) -> socket.socket:
         raise UserError(f"cannot listen on {host}:{port} ({exc.strerror or exc})",
                         "choose another --port (0: any free one) or --host, or stop what uses it") from None
     return listener
+
+
+# --- who may call: the key ---------------------------------------------------------------------
+
+def bearer_token(header: bytes) -> bytes:
+    """The credentials of an `Authorization: Bearer <token>` header, b"" for any other scheme or
+    none. The scheme name is case-insensitive (RFC 7235 2.1): `bearer KEY` and `BEARER KEY` count."""
+    scheme, _, token = header.strip().partition(b" ")
+    return token.strip() if scheme.lower() == b"bearer" else b""
+
+
+def api_key_from(flag: str | None, environ: dict[str, str]) -> str | None:
+    """The key the server requires: --api-key if given, else $OMNIVOICE_API_KEY, else None. An empty
+    one is an error, not "no key": `--api-key "$KEY"` with KEY unset would otherwise start the
+    server with authentication off and no word."""
+    source, key = ("--api-key", flag) if flag is not None else (f"${API_KEY_ENV}", environ.get(API_KEY_ENV))
+    if key is not None and not key.strip():
+        raise UserError(f"{source} is empty (an unset shell variable?)",
+                        "pass the key the clients will send, or leave the option out for a loopback-only server")
+    return key
+
+
+def is_loopback(host: str) -> bool:
+    """Whether every address `host` resolves to is this machine's loopback (127.0.0.0/8, ::1)."""
+    try:
+        found = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError):
+        return False  # bind() names an unresolvable host in its own line
+    return bool(found) and all(ipaddress.ip_address(info[4][0].split("%")[0]).is_loopback for info in found)
+
+
+def check_auth(config: ServerConfig) -> None:
+    """Refuse to serve a host other machines can reach without a key, unless --no-auth says so
+    knowingly (then warn, loudly); a key and --no-auth together contradict each other."""
+    if config.no_auth and config.api_key is not None:
+        raise UserError("--no-auth and an API key contradict each other",
+                        f"drop --no-auth, or drop --api-key / unset ${API_KEY_ENV}")
+    if config.api_key is None and not is_loopback(config.host):
+        if not config.no_auth:
+            raise UserError(f"refusing to serve {config.host} without an API key: anyone who can reach it could use it",
+                            f"pass --api-key KEY (or set ${API_KEY_ENV}), bind --host 127.0.0.1, or pass --no-auth "
+                            "to serve it open on purpose")
+        LOG.warning("--no-auth: serving %s WITHOUT AUTHENTICATION; anyone who can reach this address can use it",
+                    config.host)
