@@ -230,7 +230,7 @@ def test_text_inputs_are_read_up_to_their_limit(args: list[str], stdin: bytes | 
 
 
 def test_test_list_is_read_up_to_its_limit(monkeypatch) -> None:
-    monkeypatch.setattr(batch, "MAX_LIST_BYTES", 1 << 20)
+    monkeypatch.setattr(batch_list, "MAX_LIST_BYTES", 1 << 20)
     with pytest.raises(UserError, match="test list /dev/zero is larger than 1,048,576 bytes"):
         batch_list.read_test_list(Path("/dev/zero"))
 
