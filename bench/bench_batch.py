@@ -114,6 +114,8 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 
 def markdown(result: dict[str, Any]) -> str:
+    from omnivoice_export.measure import hardware_lines
+
     meta, cpu, load = result["meta"], result["meta"]["cpu"], result["meta"]["load_average"]
     shared = (" — **measured on a shared machine under load**: other work used the same cores, so the figures "
               "are pessimistic and their ratios approximate") if load["start"][0] > 0.5 else ""
@@ -122,6 +124,7 @@ def markdown(result: dict[str, Any]) -> str:
              f"{cpu['logical_cores']} logical / {cpu['physical_cores']} physical cores. Load average (1/5/15 min) "
              f"at start {load['start'][0]:.2f} / {load['start'][1]:.2f} / {load['start'][2]:.2f}, at end "
              f"{load['end'][0]:.2f} / {load['end'][1]:.2f} / {load['end'][2]:.2f}{shared}.", "",
+             *hardware_lines(meta), "",
              f"{meta['lines']} lines (auto / design / clone in turn), {meta['num_step']} steps each, "
              f"{meta['repeats']} round(s), engine order rotated per round; medians (min..max). Wall time is the "
              f"whole run (model loads, the up-front check of every line, Ray's start and stop included). WAVs "
@@ -145,11 +148,13 @@ def markdown(result: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     from bench_omnivoice import cpu_description
+    from omnivoice_export.measure import hardware_record, results_stem
     from omnivoice_export.capture import REF_TXT, REF_WAV
     from omnivoice_export.cli import CheckFailed
     from omnivoice_export.files import atomic_path, write_json_atomic
 
     load_start = os.getloadavg()
+    hardware = hardware_record()
     with tempfile.TemporaryDirectory(prefix="bench-batch-") as scratch:
         scratch = Path(scratch)
         lines = write_list(scratch, args.lines, args.capture_dir / REF_WAV, (args.capture_dir / REF_TXT).read_text().strip())
@@ -168,10 +173,10 @@ def main(argv: list[str] | None = None) -> None:
     date = datetime.date.today().isoformat()
     result = {"meta": {"model": args.model, "host": socket.gethostname(), "date": date, "lines": args.lines,
                        "num_step": args.num_step, "repeats": args.repeats, "cpu": cpu_description(),
-                       "load_average": {"start": load_start, "end": os.getloadavg()}},
+                       "load_average": {"start": load_start, "end": os.getloadavg()}, "hardware": hardware},
               "runs": runs, "summary": summary, "bytes_equal": equal,
               "ray_overhead": {"seconds": ray - local, "ratio": ray / local}}
-    stem = args.results_dir / f"{date}-{socket.gethostname()}-{args.model}-batch"
+    stem = args.results_dir / results_stem(f"{args.model}-batch")
     write_json_atomic(stem.with_suffix(".json"), result)
     with atomic_path(stem.with_suffix(".md")) as tmp:
         tmp.write_text(markdown(result))

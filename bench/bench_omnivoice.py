@@ -21,9 +21,10 @@ Measures, for one checkpoint (tiny, full-random or a path) and its ONNX export:
 
 Every variant runs in its own worker process (page faults and allocator state of one runtime
 would otherwise bias the next), workers alternate A B A B over --repeats rounds, and figures are
-medians with min..max spread. Results go to bench/results/<date>-<host>-<model>.json and .md,
-with the CPU (model, family, cores) and the GEMM library each side uses (torch: its BLAS, MKL on
-x86; ORT: its own MLAS): the speedup is a property of that CPU, the ORT-vs-torch padded ratio
+medians with min..max spread. Results go to bench/results/<date>-<host>-<cpu>-<model>.json and .md,
+with the CPU (model, family, cores, ISA flags; onnxruntime's version, the load average and whether
+its int8 GEMM runs on AMX: measure.hardware_record) and the GEMM library each side uses (torch: its
+BLAS, MKL on x86; ORT: its own MLAS): the speedup is a property of that CPU, the ORT-vs-torch padded ratio
 shows the library part of it, the split the part that holds everywhere. The investigation log
 keeps the history.
 
@@ -65,7 +66,7 @@ from omnivoice_export.capture import DEFAULT_DIR, REF_TXT, REF_WAV  # noqa: E402
 from omnivoice_export.checkpoints import model_fingerprint, resolve_model  # noqa: E402
 from omnivoice_export.cli import NUM_STEP, CheckFailed, float_range, int_range, parse, parse_subset, run_main  # noqa: E402
 from omnivoice_export.files import atomic_path, write_json_atomic  # noqa: E402
-from omnivoice_export.measure import cpu_description  # noqa: E402
+from omnivoice_export.measure import cpu_description, hardware_lines, hardware_record, rate, results_stem  # noqa: E402
 from omnivoice_export.report import DEFAULT_ONNX_DIR  # noqa: E402
 from omnivoice_onnx.contract import GRAPH_NAMES, SAMPLE_RATE, variant_path  # noqa: E402
 from omnivoice_onnx.errors import UserError  # noqa: E402
@@ -178,16 +179,6 @@ def transformer_flop_parts(config: dict[str, Any], lengths: list[int]) -> dict[s
 def transformer_flops(config: dict[str, Any], lengths: list[int]) -> float:
     """Multiply-adds x2 of the transformer over rows of the given lengths (linear + attention)."""
     return sum(transformer_flop_parts(config, lengths).values())
-
-
-def rate(fn, flops: float, seconds: float) -> float:
-    """GFLOP/s of `fn` repeated for about `seconds`, after one warm-up call."""
-    fn()
-    started, count = time.perf_counter(), 0
-    while time.perf_counter() - started < seconds:
-        fn()
-        count += 1
-    return flops * count / (time.perf_counter() - started) / 1e9
 
 
 def gemm_worker(seconds: float) -> dict[str, Any]:
@@ -636,7 +627,7 @@ def markdown(summary: dict[str, Any], meta: dict[str, Any]) -> str:
              f"{cpu['logical_cores']} logical / {cpu['physical_cores']} physical cores; torch "
              f"{gemm['torch_threads']} threads, GEMM {gemm['libraries']['torch']}; ORT GEMM "
              f"{gemm['libraries']['onnxruntime']}, {meta.get('ort_threads') or 'default (one per core)'} intra-op "
-             f"threads (${THREADS_ENV}).", "",
+             f"threads (${THREADS_ENV}).", "", *hardware_lines(meta), "",
              f"fp32 GEMM peak {gemm['peak_gflops']:.0f} GFLOP/s (best of torch.mm {gemm['torch_mkl_best']:.0f} and "
              f"ORT MatMul {gemm['ort_mlas_best']:.0f}, fresh process, same run); "
              f"{meta['repeats']} interleaved rounds, medians (min..max). Speedups are of this CPU: ORT padded vs "
@@ -684,6 +675,7 @@ def main(argv: list[str] | None = None) -> None:
         raise UserError(f"{args.capture_dir / REF_WAV} not found", "run make_reference.py (step 0) first")
     args.variant_names = variant_names(args)
     fingerprint = check_export(args, args.variant_names)
+    hardware = hardware_record()  # before the workers: the load average is other work's, the AMX check idle-ish
     args.scratch = Path(tempfile.mkdtemp(prefix="omnivoice-bench-"))
     rounds = []
     try:
@@ -704,8 +696,8 @@ def main(argv: list[str] | None = None) -> None:
             "date": datetime.date.today().isoformat(), "cpu": cpu_description(), "repeats": args.repeats,
             "calls": args.calls, "shapes": args.shape_labels, "codec_seconds": args.codec_durations,
             "gemm_seconds": args.gemm_seconds, "num_step": args.num_step, "python": platform.python_version(),
-            "ort_threads": default_threads()}  # None: onnxruntime's default, one per core
-    stem = args.results_dir / f"{meta['date']}-{meta['host']}-{Path(args.model).name}"
+            "ort_threads": default_threads(), "hardware": hardware}  # ort_threads None: one per core
+    stem = args.results_dir / results_stem(Path(args.model).name)
     write_json_atomic(stem.with_suffix(".json"), {"meta": meta, "summary": summary, "rounds": rounds})
     text = markdown(summary, meta)
     with atomic_path(stem.with_suffix(".md")) as tmp:
