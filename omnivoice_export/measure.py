@@ -13,7 +13,7 @@ import platform
 import socket
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 import psutil
 
@@ -51,14 +51,15 @@ TURBO_MARGIN = 1.5
 AMX_CHECK_DIMS = (920, 1024, 3072)
 
 
-def rate(fn, ops: float, seconds: float) -> float:
-    """G(FL)OP/s of `fn` repeated for about `seconds` of wall time, after one warm-up call."""
+def rate(fn, ops: float, seconds: float, clock: Callable[[], float] = time.perf_counter) -> float:
+    """G(FL)OP/s of `fn` repeated for about `seconds` of `clock` (wall time, or the process's CPU
+    time for one-thread figures on a shared machine), after one warm-up call."""
     fn()
-    started, count = time.perf_counter(), 0
-    while time.perf_counter() - started < seconds:
+    started, count = clock(), 0
+    while clock() - started < seconds:
         fn()
         count += 1
-    return ops * count / (time.perf_counter() - started) / 1e9
+    return ops * count / (clock() - started) / 1e9
 
 
 def integer_gemm_session(rows: int, inner: int, width: int, op: str = "MatMulInteger",
