@@ -78,8 +78,9 @@ INT8_GEMMS = ("DynamicQuantizeMatMul", "MatMulIntegerToFloat", "MatMulInteger", 
 def int8_gemm_ceiling(rows: int, hidden: int, width: int, op: str = "DynamicQuantizeMatMul",
                       seconds: float = 3.0) -> float:
     """GOP/s of one integer GEMM node [rows, hidden] x int8 [hidden, width] (measure.integer_gemm_session:
-    DynamicQuantizeMatMul as quantize_dynamic writes it, or the bare MatMulInteger), all threads."""
-    session, feeds = integer_gemm_session(rows, hidden, width, op)
+    DynamicQuantizeMatMul as quantize_dynamic writes it, or the bare MatMulInteger), on the threads
+    the profiled sessions use ($OMNIVOICE_ORT_THREADS, else onnxruntime's default)."""
+    session, feeds = integer_gemm_session(rows, hidden, width, op, threads=default_threads())
     return rate(lambda: session.run(None, feeds), 2 * rows * hidden * width, seconds)
 
 
@@ -146,8 +147,8 @@ def main(argv: list[str] | None = None) -> None:
             lines.append(f"  int8 GEMMs ({', '.join(op for op in INT8_GEMMS if op in per_op)}): {achieved:.0f} GOP/s = "
                          f"{100 * achieved / ceiling:.0f} % of one DynamicQuantizeMatMul node's {ceiling:.0f} GOP/s, "
                          f"{100 * achieved / ceilings['MatMulInteger']:.0f} % of one bare MatMulInteger's "
-                         f"{ceilings['MatMulInteger']:.0f} ([{dims[0]}, {dims[1]}] x [{dims[1]}, {dims[2]}], all "
-                         f"threads, this process); the whole graph: {100 * flops / total / 1e3 / ceiling:.0f} %")
+                         f"{ceilings['MatMulInteger']:.0f} ([{dims[0]}, {dims[1]}] x [{dims[1]}, {dims[2]}], the "
+                         f"same threads, this process); the whole graph: {100 * flops / total / 1e3 / ceiling:.0f} %")
             # The floor: integer GEMMs at the ceiling, the fp32 MultiHeadAttention and MatMuls (heads;
             # attention too in an unfused graph) as profiled, every other op free. fp32's split time
             # over it bounds what this graph's speed-up can reach on this CPU with these kernels.
