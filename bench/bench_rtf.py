@@ -53,7 +53,8 @@ PAPER_QUALITY = {32: (0.729, 1.30, 4.28), 16: (0.728, 1.50, 4.23), 8: (0.713, 2.
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = export_parser(__doc__)
     parser.add_argument("--variants", default="int8,fp32-fused",
-                        help="comma-separated transformer variants (the first is the one --check-steps runs)")
+                        help="comma-separated transformer variants, each optionally VARIANT@PROVIDER (e.g. "
+                             "fp32@openvino-bf16; default provider cpu); the first is the one --check-steps runs")
     parser.add_argument("--threads", default="1,2", help="comma-separated onnxruntime intra-op thread counts")
     parser.add_argument("--ref-seconds", default=",".join(map(str, REF_SECONDS)),
                         help="comma-separated clone reference lengths, whole seconds")
@@ -97,10 +98,11 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     """One configuration in this process: per reference, generate() once, transformer calls timed apart."""
     from omnivoice_onnx import OmniVoiceOnnx
 
-    variant, threads, steps = args.worker.split(":")
+    name, threads, steps = args.worker.split(":")
     threads, steps = int(threads), int(steps)
+    variant, _, provider = name.partition("@")
     clock = time.process_time if threads == 1 else time.perf_counter
-    tts = OmniVoiceOnnx.from_dir(args.onnx_dir, variant=variant, threads=threads)
+    tts = OmniVoiceOnnx.from_dir(args.onnx_dir, variant=variant, threads=threads, provider=provider or "cpu")
     transformer, spent = tts.model.transformer, []
 
     def timed(*inputs):
@@ -122,7 +124,7 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
         total = clock() - started
         runs[f"{seconds}s"] = {"seconds": total, "transformer_seconds": sum(spent), "calls": len(spent),
                                "audio_seconds": len(audio) / tts.sample_rate, "ref_text_words": len(ref_text.split())}
-    return {"variant": variant, "threads": threads, "steps": steps, "clock": "cpu" if threads == 1 else "wall",
+    return {"variant": name, "threads": threads, "steps": steps, "clock": "cpu" if threads == 1 else "wall",
             "runs": runs, "load_1min": os.getloadavg()[0]}
 
 
