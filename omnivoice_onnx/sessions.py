@@ -8,7 +8,7 @@ Providers:
     openvino-bf16  the transformer on the OpenVINO execution provider (PyPI onnxruntime-ep-openvino,
                a plugin for this onnxruntime: `pip install "omnivoice-onnx[openvino]"`) computing
                in bfloat16 (AMX-BF16 / AVX512-BF16 where the CPU has them): like cuda-tf32, a speed
-               trade-off that changes bits, never parity (log Run 30: 3.5x the faithful fp32 graph's
+               trade-off that changes bits, never parity (log Run 30S: 3.5x the faithful fp32 graph's
                CPU time per call on an AMX Xeon, argmax 0.958 vs fp32, where int8 is 2.96x and 0.852)
     openvino-f32   the same provider in float32: other bits than MLAS (max |d| 1.7e-4), and measured
                no faster than the default fp32-fused graph (1.02x): kept to measure, not to use
