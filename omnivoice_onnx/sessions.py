@@ -8,7 +8,7 @@ Providers:
     openvino-bf16  the transformer on the OpenVINO execution provider (PyPI onnxruntime-ep-openvino,
                a plugin for this onnxruntime: `pip install "omnivoice-onnx[openvino]"`) computing
                in bfloat16 (AMX-BF16 / AVX512-BF16 where the CPU has them): like cuda-tf32, a speed
-               trade-off that changes bits, never parity (log Run 30S: 3.5x the faithful fp32 graph's
+               trade-off that changes bits, never parity (log Run 30P: 3.5x the faithful fp32 graph's
                CPU time per call on an AMX Xeon, argmax 0.958 vs fp32, where int8 is 2.96x and 0.852)
     openvino-f32   the same provider in float32: other bits than MLAS (max |d| 1.7e-4), and measured
                no faster than the default fp32-fused graph (1.02x): kept to measure, not to use
@@ -45,6 +45,16 @@ import numpy as np
 from omnivoice_onnx.contract import FP32_VARIANT, GRAPH_FILES, variant_path
 from omnivoice_onnx.errors import UserError
 from omnivoice_onnx.request import check_threads
+
+# onnxruntime's Linux wheels carry Microsoft's 1DS telemetry: at import (when its environment is
+# made) it writes a device id and an event database under ~/.cache/Microsoft/DeveloperTools, and
+# with a read-only HOME prints a warning line before any of ours. ORT_DISABLE_TELEMETRY=1, read at
+# that import, stops both (measured with 1.32, log Run 30S); set here, where the runtime first
+# comes before any onnxruntime import of its own (every module reaches this one first). A user
+# who sets the variable keeps their value; a host that imported onnxruntime earlier still gets
+# the events off for the sessions made here (disable_telemetry_events in make_session).
+TELEMETRY_ENV = "ORT_DISABLE_TELEMETRY"
+os.environ.setdefault(TELEMETRY_ENV, "1")
 
 PROVIDERS = ("cpu", "cuda-fp32", "cuda-tf32", "openvino-bf16", "openvino-f32")
 # OpenVINO's CPU plugin precision per provider (its INFERENCE_PRECISION_HINT).
@@ -148,6 +158,8 @@ def make_session(path: Path, provider: str = "cpu", threads: int | None = None, 
     if not path.is_file():
         raise UserError(f"ONNX graph not found: {path}", "run export_omnivoice.py (step 2)")
     check_provider(provider)
+    if os.environ.get(TELEMETRY_ENV) != "0":
+        ort.disable_telemetry_events()
     options = ort.SessionOptions()
     options.log_severity_level = 3
     threads = check_threads(threads) or default_threads()
