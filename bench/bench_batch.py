@@ -17,9 +17,9 @@ second, the workers' summed generate() seconds and their CPU seconds (audio seco
 the engine's efficiency, which neighbours on shared cores do not stretch); Ray's overhead against
 local 2x1 (the same workers and threads). --repeats N runs N rounds, the engine order rotated each
 round, and reports medians (min..max). Every engine's WAVs must be the same bytes (exit 1
-otherwise: a speed for other audio is no figure). Results: bench/results/<date>-<host>-<cpu>-<model>-batch.json and .md, with the CPU
-and the load average at the start and end (the machine may be shared with other work; the markdown
-says so when it was).
+otherwise: a speed for other audio is no figure). Results:
+bench/results/<date>-<host>-<cpu>-<model>-batch.json and .md, with the CPU and the load average at
+the start and end (the machine may be shared with other work; the markdown says so when it was).
 
     python bench/bench_batch.py --model tiny --onnx-dir onnx --capture-dir capture
     python bench/bench_batch.py --model full-random --onnx-dir bench/out/full/onnx \\
