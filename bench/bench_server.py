@@ -13,9 +13,10 @@ What a deployment asks of the server, measured as its users' client sees it:
                this runtime could batch queued requests (the server does not: see the result)
 
 The server is started by this script (omnivoice_onnx.server.launch) from --onnx-dir, one worker
-per --workers with threads = cores // workers. Results go to bench/results/<date>-<host>-<cpu>-<model>-server.json
-and .md with the CPU (ISA flags, the AMX check) and the load average at start and end: on a shared machine the figures are
-the neighbours' too, and the .md says so.
+per --workers with threads = cores // workers. Results go to
+bench/results/<date>-<host>-<cpu>-<model>-server.json and .md with the CPU (ISA flags, the AMX
+check) and the load average at start and end: on a shared machine the figures are the neighbours'
+too, and the .md says so.
 
     python bench/bench_server.py --onnx-dir onnx --model tiny
     python bench/bench_server.py --onnx-dir onnx --model tiny --quick      # 1/2 clients, 100-request memory run
