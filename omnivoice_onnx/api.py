@@ -49,7 +49,7 @@ from omnivoice_onnx.core import request
 from omnivoice_onnx.core.prompt import RUNTIME_CONFIG_FILE, TextTokenizer
 from omnivoice_onnx.errors import UserError
 from omnivoice_onnx.limits import check_threads, memory_errors_as_user_errors
-from omnivoice_onnx.sessions import TRANSFORMER_ARENA, CodecSessions, finite_output, make_session, run_split
+from omnivoice_onnx.sessions import PROVIDERS, TRANSFORMER_ARENA, CodecSessions, finite_output, make_session, run_split
 
 # Graph metadata (omnivoice_export.exporting.graph_metadata) the runtime reads, as ints.
 INT_METADATA = ("sample_rate", "hop_length", "frame_rate", "num_codebooks", "audio_vocab_size", "audio_mask_id")
@@ -113,8 +113,8 @@ class OmniVoiceOnnx:
     def __init__(self, model_dir: str | os.PathLike, provider: str = "cpu", threads: int | None = None,
                  resident_codecs: bool = False, variant: str | None = None, verify: bool = True) -> None:
         if not isinstance(provider, str):
-            raise UserError(f"provider must be a string, got {type(provider).__name__}", "pass \"cpu\", \"cuda-fp32\" "
-                            "or \"cuda-tf32\"")
+            raise UserError(f"provider must be a string, got {type(provider).__name__}",
+                            f"pass one of {', '.join(PROVIDERS)}")
         threads = check_threads(threads)
         if not isinstance(resident_codecs, bool):
             raise UserError(f"resident_codecs must be True or False, got {resident_codecs!r:.40}", "pass a bool")
@@ -186,7 +186,8 @@ class OmniVoiceOnnx:
                  resident_codecs: bool = False, variant: str | None = None, verify: bool = True, *,
                  onnx_dir: str | os.PathLike | None = None) -> OmniVoiceOnnx:
         """Load an export folder (`model_dir`, the name the CLI's --model-dir uses; `onnx_dir` is
-        its older spelling, kept as an alias). provider: "cpu", "cuda-fp32" or "cuda-tf32" (omnivoice_onnx.sessions);
+        its older spelling, kept as an alias). provider: one of sessions.PROVIDERS ("cpu"; "cuda-fp32",
+        "cuda-tf32"; "openvino-bf16", "openvino-f32": the transformer on OpenVINO, bits not fp32 MLAS's);
         threads: onnxruntime intra-op threads (None: its default; at most limits.MAX_THREADS);
         resident_codecs: keep the encoder and decoder loaded between calls (a server) instead of
         opening them per call; variant: a transformer variant of quantize_omnivoice.py ("int8",

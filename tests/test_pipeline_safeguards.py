@@ -23,7 +23,7 @@ import numpy as np
 import onnx
 import pytest
 import torch
-from conftest import REPO, Pipeline, install_graph, read_report, run_script
+from conftest import REPO, Pipeline, assert_hardware_recorded, install_graph, read_report, run_script
 from onnx import TensorProto, helper, numpy_helper
 from test_script_errors import Result, assert_one_line, edit_json, linked_copy, run_inprocess, snapshot
 
@@ -347,6 +347,7 @@ def test_bench_fails_on_other_tokens_names_the_cpu_and_times_each_variant(pipeli
     data = json.loads(results.read_text())
     summary, cpu = data["summary"], data["meta"]["cpu"]
     assert cpu["logical_cores"] == os.cpu_count() and cpu["model_name"] and cpu["family"] is not None
+    assert_hardware_recorded(data["meta"], results)
     assert summary["gemm"]["libraries"]["onnxruntime"].startswith("MLAS")
     assert summary["generate"]["final_token_match"] < 1.0, line
     for row in summary["transformer"].values():

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import soundfile
-from conftest import REPO, Pipeline, import_blocker, single_stderr_line
+from conftest import REPO, Pipeline, assert_hardware_recorded, import_blocker, single_stderr_line
 
 import infer_onnx
 import quantize_omnivoice
@@ -256,6 +256,7 @@ def test_bench_runtime_on_tiny(pipeline: Pipeline, tmp_path: Path) -> None:
             assert summary[side][figure]["n"] == 1 and summary[side][figure]["median"] > 0
         assert summary[side]["cold_start_s"]["median"] > summary[side]["import_s"]["median"]
     assert meta["cpu"]["model_name"] and len(meta["load_average"]["start"]) == 3
+    assert_hardware_recorded(meta, result)
     assert meta["request"]["mode"] == "clone" and meta["request"]["num_step"] == 2
     text = result.with_suffix(".md").read_text()
     assert meta["cpu"]["model_name"] in text and "Load average" in text and "Final tokens equal: **yes**" in text

@@ -1,5 +1,6 @@
 """What a bundle (an export folder) holds: model, graphs, variants, languages, instruct items, licence,
-voices; and whether its files are the ones the export recorded.
+voices; whether its files are the ones the export recorded; and the CPU it would run on, with the
+ISA flags its speed depends on (docs/performance.md).
 
     omnivoice-onnx info                 # the bundle in ./onnx
     omnivoice-onnx info path/to/onnx
@@ -31,6 +32,7 @@ from omnivoice_onnx.bundle import (
 from omnivoice_onnx.contract import FP32_VARIANT, GRAPH_FILES
 from omnivoice_onnx.core.prompt import language_names
 from omnivoice_onnx.errors import UserError
+from omnivoice_onnx.hardware import isa_line
 from omnivoice_onnx.voices import list_voices, voices_dir
 
 NO_LICENSE = "not recorded (exported before licences were recorded: re-run export_omnivoice.py)"
@@ -133,6 +135,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"voices      {len(found)} in {voices}" + (f": {', '.join(found)}" if found else ""))
     except UserError as exc:  # a damaged voice file: named, and the rest of info still shown
         print(f"voices      unreadable: {exc}")
+    print(f"cpu         {isa_line()}")
     if problems:
         more = f" (+{len(problems) - 1} more file(s), listed above)" if len(problems) > 1 else ""
         raise UserError(problems[0][0] + more, problems[0][1])
