@@ -387,7 +387,7 @@ def create_app(service: Service) -> Any:
             raise ApiError(503, "the server is shutting down", code="shutting_down", kind="server_error",
                            headers={"Retry-After": "5"}) from None
         timer = loop.call_at(loop.time() + service.config.timeout_s, time_out, job)
-        headers = {"X-Seed": str(job.seed)}
+        headers = {"X-Seed": str(job.request.seed)}
         try:
             first = await _first_event(job, request)
         except BaseException:
@@ -406,7 +406,7 @@ def create_app(service: Service) -> Any:
         chunks = _stream_bytes(job, first, StreamEncoder(fmt, service.sample_rate), timer)
         if parsed.stream_format == "sse":
             tts = service.pool.models[0]
-            input_tokens = len(tts.tokenizer.encode(job.text, add_special_tokens=False))
+            input_tokens = len(tts.tokenizer.encode(job.request.texts[0], add_special_tokens=False))
             return StreamingResponse(_sse(chunks, job, input_tokens, tts.model.hop_length),
                                      media_type="text/event-stream", headers=headers)
         return StreamingResponse(chunks, media_type=service.formats[fmt].media_type, headers=headers)
