@@ -13,23 +13,28 @@ checkpoints.REQUIRED_FILES).
 
 The library's default init makes degenerate models (zero codebooks: every code identical; a DAC
 decoder whose output is almost constant; std-0.02 audio heads whose argmax is a near-tie
-everywhere), and parity measured on such a model measures nothing. `_make_non_degenerate`
-re-initialises exactly those parts.
+everywhere), and parity measured on such a model measures nothing: the rules below draw those parts
+otherwise. Every weight comes from omnivoice_export.weights_recipe, which gives the same bits on
+every CPU (its docstring says how); the codec's calibration scales are measured once by
+omnivoice_export.calibration and recorded in checkpoint_scales.json.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from omnivoice_export.files import atomic_dir, umask_mode
+from omnivoice_export.weights_recipe import ONES, ZEROS, draw_all, fan_in, load_scales
 from omnivoice_onnx.contract import AUDIO_VOCAB_SIZE, HOP_LENGTH, NUM_CODEBOOKS, SAMPLE_RATE
 from omnivoice_onnx.errors import UserError
 
-# Bump when the builder changes what it writes, so cached checkpoints are rebuilt.
-BUILDER_VERSION = 1
+# Bump when the builder changes what it writes, so cached checkpoints are rebuilt (2: the portable
+# recipe of weights_recipe; 1 drew through torch and calibrated by forward passes, CPU-dependent).
+BUILDER_VERSION = 2
 BUILD_STAMP = "omnivoice_export_build.json"
 
 # The real checkpoint's constants (k2-fsa/OmniVoice config.json, Higgs Audio V2 tokenizer); the
@@ -102,7 +107,15 @@ class LargeActivations:
 
 LARGE_ACTIVATIONS = {"tiny-large-act": LargeActivations(channels=(3, 17, 42), values=(900.0, -600.0, 350.0),
                                                         norm_weight=1e-3)}
-DIMS["tiny-large-act"] = DIMS["tiny"]
+# checkpoints.model_fingerprint of each build with seed 0: the same on every CPU (weights_recipe), asserted by
+# tests/test_checkpoints.py (full-random's by an opt-in test: it builds in minutes). Change them only with
+# BUILDER_VERSION, and regenerate tests/conformance (its vectors name tiny's).
+FINGERPRINTS = {"tiny": "sha256:44c538325a5b8633", "tiny-large-act": "sha256:31babf718d3d2f77",
+                "full-random": "sha256:5fa67c4b46c00e4d"}
+
+# tiny-large-act is tiny (same dims, so the same per-name draws and codec scales) plus LARGE_ACTIVATIONS.
+BASE_OF = {"tiny-large-act": "tiny"}
+DIMS["tiny-large-act"] = DIMS[BASE_OF["tiny-large-act"]]
 
 
 def omnivoice_config(dims: Dims, vocab_size: int):
@@ -153,104 +166,79 @@ def higgs_config(dims: Dims):
     )
 
 
-def _make_non_degenerate(omnivoice, higgs, seed: int) -> None:
-    """Re-initialise the parts whose library init makes parity metrics meaningless."""
+def omnivoice_rules(dims: Dims) -> list[tuple[str, object]]:
+    """weights_recipe rules for the OmniVoice model (model.safetensors).
+
+    The LLM draws at Qwen3's initializer_range, as the library would. The audio parts are where
+    the library's init is degenerate: std-0.02 audio heads give near-uniform logits (argmax
+    near-ties everywhere), so the heads draw at 4 / sqrt(fan_in) and the embeddings at std 1.
+    """
+    return [
+        (r"^audio_embeddings\.weight$", 1.0),
+        (r"^audio_heads\.weight$", lambda _name, shape: 4.0 / math.sqrt(fan_in(shape))),
+        (r"^llm\.(embed_tokens|layers\.\d+\.(self_attn|mlp)\.\w+_proj)\.weight$", dims.llm_init_std),
+    ]
+
+
+def higgs_rules(scales: dict[str, float], semantic_std: float) -> list[tuple[str, object]]:
+    """weights_recipe rules for the Higgs audio tokenizer (audio_tokenizer/model.safetensors).
+
+    - DAC convs: the library's trunc-normal 0.02 makes the decoder's output ~constant whatever
+      the codes, and fan-in scaling alone lets the residual units grow activations ~200x over the
+      five blocks; each conv draws at its recorded calibration scale (`scales`, measure_scales).
+    - Codebooks are zero-initialised by the library (every code identical): std 1, the scale of
+      the embeddings they quantise (project_in leaves them near unit variance); embed_avg = embed.
+    - HuBERT's linears at its initializer_range; every other conv / linear at 1 / sqrt(fan_in);
+      the weight-norm magnitude of the positional conv is 1 (the library derives it from a
+      reduction); biases 0.
+    """
+    return [
+        (r"\.bias$", ZEROS),
+        (r"^acoustic_(en|de)coder\..*\.weight$", lambda name, _shape: scales[name]),
+        (r"\.codebook\.embed$", 1.0),
+        (r"\.codebook\.embed_avg$", ZEROS),  # then set equal to embed (_tie_codebook_averages)
+        (r"parametrizations\.weight\.original0$", ONES),
+        (r"^semantic_model\..*(_proj|_dense|\.projection)\.weight$", semantic_std),
+        (r"(conv\d?|fc\d?|project_(in|out))\.weight$|parametrizations\.weight\.original1$",
+         lambda _name, shape: 1.0 / math.sqrt(fan_in(shape))),
+    ]
+
+
+def _tie_codebook_averages(higgs) -> None:
+    """embed_avg is the EMA twin of each codebook; a consistent checkpoint has them equal."""
     import torch
-    from torch import nn
 
-    gen = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
-        # Audio heads: std 0.02 gives near-uniform logits (argmax near-ties everywhere).
-        head = omnivoice.audio_heads.weight
-        head.copy_(torch.randn(head.shape, generator=gen) / head.shape[1] ** 0.5 * 4.0)
-        emb = omnivoice.audio_embeddings.weight
-        emb.copy_(torch.randn(emb.shape, generator=gen))
-        # DAC convs: the library's trunc-normal 0.02 makes the decoder's output ~constant whatever
-        # the codes, and fan-in scaling alone lets the residual units grow activations ~200x over
-        # the five blocks. Draw fan-in scaled weights, then calibrate each conv's output scale.
-        for module in list(higgs.acoustic_encoder.modules()) + list(higgs.acoustic_decoder.modules()):
-            if isinstance(module, (nn.Conv1d, nn.ConvTranspose1d)):
-                module.weight.copy_(torch.randn(module.weight.shape, generator=gen))
-                if module.bias is not None:
-                    module.bias.zero_()
-        # Codebooks are zero-initialised (every code identical): draw them at the scale of the
-        # embeddings they quantise, which project_in leaves near unit variance.
         for quantizer in higgs.quantizer.quantizers:
-            embed = quantizer.codebook.embed
-            embed.copy_(torch.randn(embed.shape, generator=gen))
-            quantizer.codebook.embed_avg.copy_(embed)
-            for linear in (quantizer.project_in, quantizer.project_out):
-                linear.weight.copy_(torch.randn(linear.weight.shape, generator=gen) / linear.weight.shape[1] ** 0.5)
-        for linear in (higgs.fc, higgs.fc1, higgs.fc2):
-            linear.weight.copy_(torch.randn(linear.weight.shape, generator=gen) / linear.weight.shape[1] ** 0.5)
-        audio = torch.randn((1, 1, HOP_LENGTH * 8), generator=gen) * 0.1
-        _calibrate_conv_scales(higgs.acoustic_encoder, lambda: higgs.acoustic_encoder(audio), final_std=1.0)
-        codes = torch.randint(0, 1024, (1, NUM_CODEBOOKS, 8), generator=gen)
-        latent = higgs.fc2(higgs.quantizer.decode(codes.transpose(0, 1)).transpose(1, 2)).transpose(1, 2)
-        # 0.1: speech-like level, so WAVs do not clip and upstream's RMS handling stays in range.
-        _calibrate_conv_scales(higgs.acoustic_decoder, lambda: higgs.acoustic_decoder(latent), final_std=0.1)
+            quantizer.codebook.embed_avg.copy_(quantizer.codebook.embed)
 
 
-def _add_large_activations(omnivoice, spec: LargeActivations, seed: int) -> None:
+def _add_large_activations(omnivoice, spec: LargeActivations, norm_scales: list[float]) -> None:
     """Give the residual stream spec's large channels at every position, keeping the fp32 model's
     behaviour: every RMSNorm that reads the residual gets spec.norm_weight on those channels and
-    its other channels rescaled, in forward order, so that their output has the scale it had
-    before (measured on random inputs, LSUV-style). q_norm/k_norm read projections: unchanged."""
+    its other channels multiplied by its recorded scale (measured by _measure_norm_scales so that
+    their output keeps the scale it had before). q_norm/k_norm read projections: unchanged.
+    Elementwise float32 arithmetic only: portable."""
     import torch
 
     llm = omnivoice.llm
-    gen = torch.Generator().manual_seed(seed + 2)
-    norms = [norm for layer in llm.layers for norm in (layer.input_layernorm, layer.post_attention_layernorm)]
-    norms.append(llm.norm)
-    seq = 24
-    ids = torch.randint(0, 1024, (2, NUM_CODEBOOKS, seq), generator=gen)
-    ids[:, :, : seq // 2] = torch.randint(0, 1000, (2, 1, seq // 2), generator=gen)  # text rows, then audio
-    audio_mask = torch.zeros(2, seq, dtype=torch.bool)
-    audio_mask[:, seq // 2:] = True
-    attention = torch.ones(2, 1, seq, seq, dtype=torch.bool)
+    norms = residual_norms(llm)
     channels = torch.tensor(spec.channels)
     ordinary = torch.ones(llm.config.hidden_size, dtype=torch.bool)
     ordinary[channels] = False
-
-    def output_scales() -> list[torch.Tensor]:
-        captured: list[torch.Tensor] = []
-        handles = [norm.register_forward_hook(lambda _m, _i, out: captured.append(out[..., ordinary].std()))
-                   for norm in norms]
-        try:
-            omnivoice(input_ids=ids, audio_mask=audio_mask, attention_mask=attention)
-        finally:
-            for handle in handles:
-                handle.remove()
-        return captured
-
     with torch.no_grad():
-        before = output_scales()
         values = torch.tensor(spec.values)
         llm.embed_tokens.weight[:, channels] += values
         omnivoice.audio_embeddings.weight[:, channels] += values / NUM_CODEBOOKS
-        for norm in norms:
+        for norm, scale in zip(norms, norm_scales, strict=True):
             norm.weight[channels] = spec.norm_weight
-        for index, norm in enumerate(norms):
-            norm.weight[ordinary] *= before[index] / output_scales()[index]
+            norm.weight[ordinary] *= scale
 
 
-def _calibrate_conv_scales(network, run, final_std: float) -> None:
-    """Scale each conv, in forward order, so its output std is 1 (0.5 on a residual branch's last
-    conv, final_std on the network's last conv): data-dependent init in the manner of LSUV."""
-    import torch
-    from torch import nn
-
-    convs = [(name, m) for name, m in network.named_modules() if isinstance(m, (nn.Conv1d, nn.ConvTranspose1d))]
-    for index, (name, conv) in enumerate(convs):
-        target = final_std if index == len(convs) - 1 else 0.5 if name.endswith("res_unit1.conv2") or \
-            name.endswith("res_unit2.conv2") or name.endswith("res_unit3.conv2") else 1.0
-        captured: list[torch.Tensor] = []
-        handle = conv.register_forward_hook(lambda _m, _i, out: captured.append(out.std()))  # returns None
-        try:
-            run()
-        finally:
-            handle.remove()
-        conv.weight.mul_(target / captured[0])
+def residual_norms(llm) -> list:
+    """The RMSNorms that read the residual stream, in forward order (two per layer, then the last)."""
+    norms = [norm for layer in llm.layers for norm in (layer.input_layernorm, layer.post_attention_layernorm)]
+    return norms + [llm.norm]
 
 
 def count_parameters(name: str) -> int:
@@ -265,31 +253,50 @@ def count_parameters(name: str) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def build_checkpoint(name: str, out_dir: Path, seed: int = 0) -> Path:
-    """Build checkpoint `name` into `out_dir` (written beside it, then renamed into place)."""
-    import torch
+def make_modules(name: str, seed: int, codec_scales: dict[str, float] | None = None):
+    """(OmniVoice, Higgs tokenizer, tokenizer vocab size) of checkpoint `name` with every weight from
+    the portable recipe; `codec_scales` None reads the recorded table (measure_scales passes its own).
+    tiny-large-act's residual norms are applied by build_checkpoint (they need the codec first)."""
     from omnivoice.models.omnivoice import OmniVoice
-    from transformers import DacFeatureExtractor, HiggsAudioV2TokenizerModel
+    from transformers import HiggsAudioV2TokenizerModel
+
+    from omnivoice_export.qwen_tokenizer import QWEN_VOCAB_SIZE
+
+    if name not in DIMS:
+        raise UserError(f"unknown checkpoint '{name}'", f"choose one of {', '.join(DIMS)}")
+    dims = DIMS[name]
+    config = omnivoice_config(dims, QWEN_VOCAB_SIZE)
+    model = OmniVoice(config).eval()
+    higgs_cfg = higgs_config(dims)
+    higgs = HiggsAudioV2TokenizerModel(higgs_cfg).eval()
+    scales = load_scales("codec")[BASE_OF.get(name, name)] if codec_scales is None else codec_scales
+    draw_all(model, omnivoice_rules(dims), seed)
+    draw_all(higgs, higgs_rules(scales, higgs_cfg.semantic_model_config.initializer_range), seed,
+             prefix="audio_tokenizer/")
+    _tie_codebook_averages(higgs)
+    return model, higgs
+
+
+def build_checkpoint(name: str, out_dir: Path, seed: int = 0) -> Path:
+    """Build checkpoint `name` into `out_dir` (written beside it, then renamed into place).
+
+    Bit-identical on every CPU (weights_recipe): its fingerprint is FINGERPRINTS[name] for seed 0.
+    """
+    from transformers import DacFeatureExtractor
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
 
-    from omnivoice_export.qwen_tokenizer import QWEN_VOCAB_SIZE, save_qwen_tokenizer
+    from omnivoice_export.qwen_tokenizer import save_qwen_tokenizer
 
-    if name not in DIMS:
-        raise UserError(f"unknown checkpoint '{name}'", f"choose one of {', '.join(DIMS)}")
     started = time.perf_counter()
+    model, higgs = make_modules(name, seed)
+    if name in LARGE_ACTIVATIONS:
+        _add_large_activations(model, LARGE_ACTIVATIONS[name], load_scales("residual_norms")[name])
     with atomic_dir(out_dir) as tmp:
         tokenizer_provenance = save_qwen_tokenizer(tmp)
-        torch.manual_seed(seed)
-        config = omnivoice_config(DIMS[name], QWEN_VOCAB_SIZE)
-        config.omnivoice_export = {"checkpoint": name, "seed": seed, "builder_version": BUILDER_VERSION,
-                                   "text_tokenizer": tokenizer_provenance}
-        model = OmniVoice(config).eval()
-        higgs = HiggsAudioV2TokenizerModel(higgs_config(DIMS[name])).eval()
-        _make_non_degenerate(model, higgs, seed)
-        if name in LARGE_ACTIVATIONS:
-            _add_large_activations(model, LARGE_ACTIVATIONS[name], seed)
+        model.config.omnivoice_export = {"checkpoint": name, "seed": seed, "builder_version": BUILDER_VERSION,
+                                         "text_tokenizer": tokenizer_provenance}
         model.save_pretrained(tmp)
         higgs.save_pretrained(tmp / "audio_tokenizer")
         DacFeatureExtractor(feature_size=1, sampling_rate=SAMPLE_RATE, hop_length=HOP_LENGTH,

@@ -2,7 +2,9 @@
 
     tokenizer.json        the text tokenizer, as AutoTokenizer.from_pretrained(model) runs it
     runtime-config.json   the upstream data the host side needs, read from the installed omnivoice:
-        model       audio_mask_id, num_audio_codebook, audio_vocab_size (OmniVoiceConfig)
+        model       audio_mask_id, num_audio_codebook, audio_vocab_size (OmniVoiceConfig); sample_rate,
+                    hop_length and frame_rate (the codec's: 24000 / 960 = 25 frames a second) and the
+                    checkpoint's model_fingerprint (the graphs' metadata carry the same values)
         generation  OmniVoiceGenerationConfig's fields and their defaults (read from the dataclass)
         languages   ids and name_to_id, what _resolve_language looks up (utils/lang_map.py)
         instruct    what _resolve_instruct and its use_zh test read (utils/voice_design.py): the
@@ -52,7 +54,7 @@ from typing import Any
 
 from omnivoice_export.cli import check_output, parse, run_main
 from omnivoice_export.files import atomic_path, file_entry
-from omnivoice_onnx.contract import contract_table
+from omnivoice_onnx.contract import HOP_LENGTH, SAMPLE_RATE, contract_table
 from omnivoice_onnx.prompt import RUNTIME_CONFIG_FILE, RUNTIME_CONFIG_VERSION, TOKENIZER_FILE
 
 # Numbers and strings upstream (omnivoice 0.2.1) writes inline in function bodies, so they cannot be
@@ -157,12 +159,15 @@ def runtime_config(model_dir: Path) -> dict[str, Any]:
     from omnivoice.models.omnivoice import OmniVoiceConfig
     from omnivoice.utils.lang_map import LANG_IDS, LANG_NAME_TO_ID
 
+    from omnivoice_export.checkpoints import model_fingerprint
+
     config = OmniVoiceConfig.from_pretrained(str(model_dir))
     return {
         "version": RUNTIME_CONFIG_VERSION,
         "source": {name: importlib.metadata.version(name) for name in ("omnivoice", "transformers", "tokenizers")},
         "model": {"audio_mask_id": config.audio_mask_id, "num_audio_codebook": config.num_audio_codebook,
-                  "audio_vocab_size": config.audio_vocab_size},
+                  "audio_vocab_size": config.audio_vocab_size, "sample_rate": SAMPLE_RATE, "hop_length": HOP_LENGTH,
+                  "frame_rate": SAMPLE_RATE // HOP_LENGTH, "model_fingerprint": model_fingerprint(model_dir)},
         "generation": _generation_defaults(),
         "languages": {"ids": sorted(LANG_IDS), "name_to_id": dict(sorted(LANG_NAME_TO_ID.items()))},
         "instruct": {**_instruct_data(), **_instruct_rules()},

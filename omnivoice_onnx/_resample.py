@@ -12,18 +12,22 @@ The subtle points, in the order torchaudio meets them:
   for a float64 array. Every arithmetic step below follows torchaudio's order and dtype (python
   floats are rounded to the array dtype before each operation, as torch does with scalars), so the
   kernel's arguments are bit-identical. Only sin/cos differ: torch evaluates them with SLEEF's
-  vector code (1-ULP accurate), here in float64 and rounded (a port can use its double-precision
-  sin/cos the same way). 1-10% of the float32 taps then differ from torch's, by at most 4 ULPs of
-  the tap (near the sinc's zero crossings) and 1.2e-7 absolute.
+  vector code; here each is the C library's double-precision sin/cos of the (exact) argument,
+  rounded to the dtype. Any double sin/cos within 1 ULP rounds to the same float32 except with
+  probability ~2**-28 per tap, and tests/test_runtime_audio.py checks the kernels of the common
+  rates against correctly rounded values (mpmath). numpy's own sin/cos is not used: its SIMD
+  dispatch (SVML-like code on AVX-512) makes another double than libm on other CPUs.
 - The input is zero-padded by `width` on the left and `width + orig` on the right; frames start
   every `orig` samples; each frame yields `new` output samples (phase-major), and the result is cut
   to ceil(new * length / orig) samples (an integer ceil-division here; torchaudio's float division
   gives the same integer for any length below 2**53 / new).
-- torch's conv1d sums the taps in an order of its own that changes with the input size (with an
-  identical kernel, a plain left-to-right sum matches it bit for bit at some lengths and not at
-  others), so bit-equality is out of reach: the outputs differ by float32 rounding, measured max
-  |diff| 3.6e-7 (3 ULPs at 1.0) on noise in [-1, 1], 6.7e-16 in float64
-  (tests/test_runtime_audio.py). Here the frames are one matrix product with the filter bank.
+- Each output sample is a dot product of a frame with one filter row, summed here in a fixed
+  order that any language reproduces bit for bit: acc = 0, then for k = 0 .. taps-1
+  acc = round(acc + round(x[k] * h[k])), every operation rounded to the dtype (no fused
+  multiply-add). A BLAS product (what the first runtime used) sums in an order of its own that
+  changes with the CPU's kernels and threads, and torch's conv1d in yet another one, so the result
+  differs from torchaudio by float rounding only: at most a derived bound (the test's), measured
+  ~1e-6 on noise in [-1, 1].
 """
 
 from __future__ import annotations
@@ -56,12 +60,27 @@ def sinc_kernel(orig: int, new: int, dtype: type[np.floating], lowpass_filter_wi
     t = np.arange(0, -new, -1, dtype=dtype)[:, np.newaxis] / dtype(new) + idx
     t = np.clip(t * dtype(base_freq), -lowpass_filter_width, lowpass_filter_width).astype(dtype)
     window_arg = t * dtype(math.pi) / dtype(lowpass_filter_width) / dtype(2)
-    window = np.cos(window_arg.astype(np.float64)).astype(dtype) ** 2
+    window = _libm(math.cos, window_arg).astype(dtype) ** 2
     t = t * dtype(math.pi)
     with np.errstate(divide="ignore", invalid="ignore"):  # t == 0 is replaced by 1 just below
-        sinc = np.sin(t.astype(np.float64)).astype(dtype) / t
+        sinc = _libm(math.sin, t).astype(dtype) / t
     kernel = np.where(t == 0, dtype(1.0), sinc)
     return kernel * (window * dtype(base_freq / orig)), width
+
+
+def _libm(function, values: np.ndarray) -> np.ndarray:
+    """`function` (math.sin / math.cos: the C library's double precision) of every value, float64."""
+    flat = [function(value) for value in values.astype(np.float64).ravel().tolist()]
+    return np.array(flat, dtype=np.float64).reshape(values.shape)
+
+
+def dot_sequential(frames: np.ndarray, kernel: np.ndarray) -> np.ndarray:
+    """out[..., p] = sum over k of frames[..., k] * kernel[p, k], in the documented order: acc = 0,
+    then acc = round(acc + round(x_k * h_k)) for k = 0, 1, ..., every operation in the dtype."""
+    out = np.zeros(frames.shape[:-1] + (kernel.shape[0],), dtype=kernel.dtype)
+    for k in range(kernel.shape[1]):
+        out += frames[..., k, np.newaxis] * kernel[:, k]
+    return out
 
 
 def resample(waveform: np.ndarray, orig_freq: int, new_freq: int, lowpass_filter_width: int, rolloff: float
@@ -82,6 +101,6 @@ def resample(waveform: np.ndarray, orig_freq: int, new_freq: int, lowpass_filter
     padded = np.pad(waveform, ((0, 0), (width, width + orig)))
     # frames[c, j, :] = padded[c, j*orig : j*orig + kernel width], j = 0 .. length // orig
     frames = np.lib.stride_tricks.sliding_window_view(padded, kernel.shape[-1], axis=-1)[:, ::orig]
-    resampled = (frames @ kernel.T).reshape(waveform.shape[0], -1)
+    resampled = dot_sequential(frames, kernel).reshape(waveform.shape[0], -1)
     target_length = -(-new * length // orig)
     return np.ascontiguousarray(resampled[:, :target_length])

@@ -191,6 +191,12 @@ class OmniVoiceOnnx:
             if differ:
                 raise UserError(f"{self.codecs.paths[name]} says {differ[0]}={codec_meta[differ[0]]} but {path} says "
                                 f"{self.metadata[differ[0]]}", RERUN_EXPORT)
+        model_config = self.runtime_config["model"]  # what a port reads instead of graph metadata
+        differ = [key for key in ("sample_rate", "hop_length", "frame_rate", "model_fingerprint")
+                  if str(model_config[key]) != str(self.metadata[key])]
+        if differ:
+            raise UserError(f"{onnx_dir / RUNTIME_CONFIG_FILE} says model.{differ[0]}={model_config[differ[0]]} but "
+                            f"{path} says {self.metadata[differ[0]]}", RERUN_EXPORT)
         try:  # the export's own generation defaults, checked as a request's are
             gen.GenerationConfig.from_dict(None, self.runtime_config["generation"])
         except UserError as exc:

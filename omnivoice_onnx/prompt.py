@@ -51,7 +51,9 @@ from omnivoice_onnx.text import combine_text
 TOKENIZER_FILE = "tokenizer.json"
 RUNTIME_CONFIG_FILE = "runtime-config.json"
 RERUN_EXPORT = "re-run export_omnivoice.py"
-RUNTIME_CONFIG_VERSION = 2  # 2: the host tables (duration, text, prompt, audio, graphs) are data too
+# 2: the host tables (duration, text, prompt, audio, graphs) are data too; 3: `model` also carries the
+# sample rate, hop length, frame rate and the checkpoint's fingerprint (a port reads no graph metadata)
+RUNTIME_CONFIG_VERSION = 3
 
 # The prompt's control tokens (the literals of _prepare_inference_inputs); each must be a single
 # added token of the tokenizer.
@@ -118,8 +120,10 @@ def _positive(value: Any) -> bool:
 # runtime-config.json: section -> key -> (check, what it must be). docs/runtime.md says what each
 # key means; omnivoice_export/runtime_assets.py writes them.
 CONFIG_SCHEMA: dict[str, dict[str, tuple[Callable[[Any], bool], str]]] = {
-    "model": {key: (_int_at_least(1), "a positive integer")
-              for key in ("audio_mask_id", "num_audio_codebook", "audio_vocab_size")},
+    "model": {**{key: (_int_at_least(1), "a positive integer")
+                 for key in ("audio_mask_id", "num_audio_codebook", "audio_vocab_size", "sample_rate", "hop_length",
+                             "frame_rate")},
+              "model_fingerprint": (lambda v: isinstance(v, str) and v.startswith("sha256:"), "a 'sha256:...' string")},
     "generation": {},  # checked field by field by generate.GenerationConfig
     "languages": {"ids": (_str_list, "a list of strings"), "name_to_id": (_str_dict, "an object of strings")},
     "instruct": {
@@ -186,7 +190,7 @@ def load_runtime_config(directory: Path) -> dict[str, Any]:
         raise UserError(f"runtime config {path} is not a JSON object", RERUN_EXPORT)
     if config.get("version") != RUNTIME_CONFIG_VERSION:
         raise UserError(f"runtime config {path} is version {config.get('version')!r}; this runtime reads version "
-                        f"{RUNTIME_CONFIG_VERSION} (the host tables as data)", RERUN_EXPORT)
+                        f"{RUNTIME_CONFIG_VERSION} (the host tables and audio constants as data)", RERUN_EXPORT)
     for section, keys in CONFIG_SCHEMA.items():
         if not isinstance(config.get(section), dict):
             raise UserError(f"runtime config {path} lacks the section {section!r}", RERUN_EXPORT)

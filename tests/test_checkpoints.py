@@ -7,8 +7,12 @@ these tests check each of those failure modes on the built weights, through the 
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +22,9 @@ from safetensors.torch import load_file, save_file
 
 from conftest import Pipeline
 from omnivoice_export import capture, checkpoints, wrappers
-from omnivoice_export.builder import build_checkpoint, count_parameters
+from omnivoice_export import weights_recipe
+from omnivoice_export.builder import FINGERPRINTS, build_checkpoint, count_parameters
+from omnivoice_export.calibration import check_codec_scales
 from omnivoice_export.checkpoints import model_fingerprint
 from omnivoice_export.generation import mode_request, read_wav, run_generate
 from omnivoice_onnx.contract import CONTRACTS, HOP_LENGTH, SAMPLE_RATE
@@ -155,3 +161,75 @@ def test_fingerprint_changes_with_one_weight(two_builds: tuple[Path, Path], tmp_
     weights[name].view(-1)[0] += 1.0
     save_file(weights, str(edited / "model.safetensors"), metadata={"format": "pt"})
     assert model_fingerprint(edited) != model_fingerprint(original)
+
+
+def test_tiny_has_the_recorded_fingerprint(tiny_model: Path) -> None:
+    """The portable recipe gives the same tiny on every CPU: the one the conformance vectors name."""
+    assert model_fingerprint(tiny_model) == FINGERPRINTS["tiny"]
+
+
+# What a CPU-dispatched kernel would see change: torch's vector code limited to its scalar build
+# (the path of a CPU without AVX2, and of aarch64's generic code), oneDNN and MKL limited to
+# SSE4, numpy's SIMD dispatch off, one thread. A recipe whose bits depended on any of them (as the
+# first builder's torch.randn and its forward-pass calibration did) gives another fingerprint.
+NO_DISPATCH_ENV = {"ATEN_CPU_CAPABILITY": "default", "ONEDNN_MAX_CPU_ISA": "SSE41", "MKL_ENABLE_INSTRUCTIONS": "SSE4_2",
+                   "NPY_DISABLE_CPU_FEATURES": "X86_V3 X86_V4 AVX512_ICL AVX512_SPR", "OMP_NUM_THREADS": "1"}
+_BUILD_AND_REPORT = """
+import json, sys, numpy, torch
+from pathlib import Path
+from omnivoice_export.builder import build_checkpoint
+from omnivoice_export.checkpoints import model_fingerprint
+out = Path(sys.argv[1])
+print(json.dumps({"capability": torch.backends.cpu.get_cpu_capability(),
+                  "numpy_simd": numpy._core._multiarray_umath.__cpu_features__["X86_V3"],
+                  **{name: model_fingerprint(build_checkpoint(name, out / name)) for name in sys.argv[2:]}}))
+"""
+
+
+@pytest.mark.slow
+def test_builds_need_no_cpu_dispatched_kernel(tmp_path: Path) -> None:
+    """tiny and tiny-large-act built with every dispatch this machine has switched off (torch's
+    scalar code, SSE4 oneDNN/MKL, no numpy SIMD, one thread) have the recorded fingerprints: the
+    recipe's bits come from integer draws and IEEE elementwise arithmetic alone."""
+    done = subprocess.run([sys.executable, "-c", _BUILD_AND_REPORT, str(tmp_path), "tiny", "tiny-large-act"],
+                          env={**os.environ, **NO_DISPATCH_ENV}, capture_output=True, text=True, timeout=600,
+                          cwd=Path(__file__).resolve().parent.parent)
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["capability"] == "DEFAULT" and not report["numpy_simd"], report  # the switches took effect
+    assert report["tiny"] == FINGERPRINTS["tiny"] and report["tiny-large-act"] == FINGERPRINTS["tiny-large-act"]
+
+
+@pytest.mark.skipif(not os.environ.get("OMNIVOICE_TEST_FULL_RANDOM"),
+                    reason="builds full-random (minutes, ~6 GB): set OMNIVOICE_TEST_FULL_RANDOM=1")
+def test_full_random_has_the_recorded_fingerprint(tmp_path: Path) -> None:
+    assert model_fingerprint(build_checkpoint("full-random", tmp_path / "full-random")) == FINGERPRINTS["full-random"]
+
+
+def test_recorded_scales_still_calibrate() -> None:
+    """checkpoint_scales.json, rounded to 4 digits, still gives every codec conv its target
+    output std (1, 0.5 on residual branches, 0.1 at the decoder's end) within 1 %."""
+    measured = check_codec_scales("tiny")
+    worst = max(measured, key=lambda conv: abs(measured[conv][0] / measured[conv][1] - 1))
+    std, target = measured[worst]
+    assert abs(std / target - 1) < 0.01, f"{worst}: output std {std:.4g}, target {target}"
+
+
+def test_portable_normal_is_pinned_and_normal() -> None:
+    """The recipe's draws are a function of (seed, name) alone, pinned by their hash here (the
+    same on any machine); zero mean, unit std, and a tensor's draws differ from another name's."""
+    draws = weights_recipe.normal(0, "probe", (1 << 16,), 1.0)
+    assert draws.dtype == np.float32
+    assert hashlib.sha256(draws.tobytes()).hexdigest()[:16] == "d8a30b9404564a9b"
+    assert abs(float(draws.mean())) < 0.01 and abs(float(draws.std()) - 1) < 0.01
+    assert np.abs(draws).max() <= 2 * 3**0.5
+    assert not np.array_equal(draws, weights_recipe.normal(0, "other", (1 << 16,), 1.0))
+
+
+def test_a_tensor_without_a_rule_stops_the_build() -> None:
+    """A library-random tensor that no rule redraws would make the build CPU-dependent again."""
+    layer = torch.nn.Linear(4, 4)
+    with pytest.raises(RuntimeError, match="weight: no weight rule"):
+        weights_recipe.draw_all(layer, [(r"bias$", weights_recipe.ZEROS)], seed=0)
+    assert weights_recipe.draw_all(layer, [(r"bias$", weights_recipe.ZEROS), (r"weight$", 0.5)], 0) == \
+        ["weight", "bias"]
