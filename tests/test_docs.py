@@ -100,6 +100,38 @@ def test_pages_parse_and_not_run_blocks_say_why() -> None:
     assert any(runnable(page) for page in doc_pages())
 
 
+LINK = re.compile(r"\]\((?P<target>[^)\s]+)\)")
+HEADING = re.compile(r"^#+ (?P<title>.+)$", re.MULTILINE)
+
+
+def prose(page: Path) -> str:
+    """`page` without its fenced code blocks (a link or heading inside one is not one)."""
+    return re.sub(r"^```.*?^```[ \t]*$", "", page.read_text(), flags=re.MULTILINE | re.DOTALL)
+
+
+def anchors(page: Path) -> set[str]:
+    """The anchors GitHub gives `page`'s headings: lower case, punctuation dropped, spaces as '-'."""
+    return {re.sub(r"[^\w\- ]", "", title.lower()).replace(" ", "-") for title in HEADING.findall(prose(page))}
+
+
+def test_relative_links_reach_their_page_and_heading() -> None:
+    """Every relative link of README.md and docs/*.md names a file of the checkout and, with a
+    #fragment into a Markdown page, one of its headings: a moved section breaks a test, not a reader."""
+    broken = []
+    for page in doc_pages():
+        for link in LINK.finditer(prose(page)):
+            target = link["target"]
+            if re.match(r"[a-z]+:", target):
+                continue
+            path, _, fragment = target.partition("#")
+            file = (page.parent / path).resolve() if path else page
+            if not file.exists():
+                broken.append(f"{page.relative_to(REPO)}: {target} (no such file)")
+            elif fragment and file.suffix == ".md" and fragment not in anchors(file):
+                broken.append(f"{page.relative_to(REPO)}: {target} (no such heading)")
+    assert not broken, "\n".join(broken)
+
+
 LIMIT_ROW = re.compile(r"^\| `(?P<name>MAX_\w+)` \| (?P<value>[\d^]+) \|", re.MULTILINE)
 
 
