@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO, Pipeline, copy_pipeline
 
 RUN_LANGUAGES = {"sh": "shell", "bash": "shell", "python": "python"}
