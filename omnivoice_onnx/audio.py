@@ -181,8 +181,10 @@ def cross_fade_chunks(chunks: list[np.ndarray], sample_rate: int, rules: dict[st
 
     Chunks [C, T_i] are joined as: chunk, linear fade-out over its last n samples, n zeros, next
     chunk with a linear fade-in over its first n samples, n = int(cross_fade_silence_s * rate) // 3
-    (2400 at 24 kHz); a chunk shorter than n fades over its whole length. A single chunk is
-    returned as is.
+    (2400 at 24 kHz); a chunk shorter than n fades in over its whole length. The fade-out covers
+    the last min(n, len(merged)) samples of everything joined so far, so after a chunk of L < n
+    samples it also covers n - L of the zeros before it (the chunk gets the ramp's last L gains;
+    rule_vectors' cross_fade cases). A single chunk is returned as is.
     """
     if not chunks:
         raise ValueError("cross_fade_chunks needs at least one chunk")

@@ -9,7 +9,8 @@ when every case is written (a full disk, Ctrl-C or SIGTERM leave --out as it was
 --check replays every vector in the folder against this runtime and prints, per case, the first
 difference in COMPARE_ORDER (exit 1 when any case differs).
 
-The folder holds (FORMAT "omnivoice-conformance/2"):
+The folder holds (FORMAT "omnivoice-conformance/3"; 3 adds the decoded files and post_process
+records, and marks what is exact everywhere: COMPARE_ORDER's "bits" and "exact" kinds):
     README.md            what the files are and the order to compare them in (FOLDER_README)
     ref_voice.wav        the "design-reference" case's output, 24 kHz mono 16-bit PCM
     ref_quiet_44k_stereo.wav  ref_voice.wav's first 1.2 s at 44.1 kHz, stereo, quiet (RMS 0.03), with
@@ -18,6 +19,7 @@ The folder holds (FORMAT "omnivoice-conformance/2"):
     ref_16k.wav          ref_voice.wav at 16 kHz mono: resampling up
     decoded_with_silences.wav  stretches of ref_voice.wav between long silences (SILENCES_LAYOUT_MS):
                          the input of the post_process vectors
+    <case>.decoded<i>.flac  output i's decoded audio at 16 bits: the input of its post_process record
     <case>.json          one per case of CASES ("kind": "generate"):
       format, case
       export        the graphs' model fingerprint, sha256 of runtime-config.json and tokenizer.json
@@ -43,7 +45,10 @@ The folder holds (FORMAT "omnivoice-conformance/2"):
                     the cells marked s and chose the final tokens there.
       outputs       per text: the final audio's summary, with `stages`: `decoded` (the decoder's
                     audio, chunks cross-faded) and `silence_removed` (after the output's silence
-                    removal; absent when postprocess_output is off)
+                    removal; absent when postprocess_output is off), and `post_process`: the
+                    post-processing of <case>.decoded<i>.flac with this request's settings (input,
+                    input_audio, ref_rms, postprocess_output, pad/fade durations, silence_removed,
+                    output), exact on any machine while the decoder's own audio is not
     An audio summary: sample count, sha256 of the float32 little-endian samples, peak, rms, and
     min/max per ENVELOPE_BLOCK samples (a port whose audio is within a tolerance of ours has every
     block's min/max within it too).
@@ -58,7 +63,6 @@ What must match exactly and what within a tolerance: docs/runtime.md, and FOLDER
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 from dataclasses import asdict
 from pathlib import Path
@@ -67,7 +71,7 @@ from typing import Any
 import numpy as np
 import soundfile as sf
 
-from omnivoice_onnx import audio, duration
+from omnivoice_onnx import audio, duration, rule_vectors
 from omnivoice_onnx.api import OmniVoiceOnnx
 from omnivoice_onnx.cliutil import THREADS, CheckFailed, check_input_dir, check_output, parse, run_main
 from omnivoice_onnx.contract import FP32_VARIANT
@@ -76,14 +80,13 @@ from omnivoice_onnx.files import atomic_dir, sha256_file
 from omnivoice_onnx.generate import IterativeTrace, Trace, decode
 from omnivoice_onnx.prompt import RUNTIME_CONFIG_FILE, TOKENIZER_FILE
 from omnivoice_onnx.rng import TorchCpuRng
+from omnivoice_onnx.vector_format import ENVELOPE_BLOCK, FORMAT, audio_summary, short
 
-FORMAT = "omnivoice-conformance/2"
 REF_WAV = "ref_voice.wav"
 REF_QUIET = "ref_quiet_44k_stereo.wav"
 REF_16K = "ref_16k.wav"
 README = "README.md"
 STEP_DIGITS = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"  # step s -> STEP_DIGITS[s]
-ENVELOPE_BLOCK = 480  # samples per envelope block: 20 ms at 24 kHz
 RNG_PREVIEW = 8  # first words / float32 draws of the seed recorded
 AUDIO_TOLERANCE = 1e-4  # the envelope tolerance --check applies (an ORT build's float differences)
 DESIGN_TEXT = "The quick brown fox jumps over the lazy dog."  # short: ref_voice.wav stays ~100 kB
@@ -154,13 +157,15 @@ POST_PROCESS_CASES: dict[str, list[dict[str, Any]]] = {
 }
 
 # What a replay compares, in order: the first difference names the stage to look at (everything
-# before it was equal). "exact": JSON-equal; "audio": audio summaries (sample counts exact,
-# envelopes within a tolerance). A path's "*" runs over a list.
+# before it was equal). "exact": JSON-equal; "bits": audio equal bit for bit (sample count and
+# sha256 of the float32 samples), on any machine; "device": audio that depends on the decoder graph's
+# kernels (the CPU, the thread count): sample count exact, envelopes within a tolerance. A path's
+# "*" runs over a list. Everything before the decoder, and every post_process, is exact everywhere.
 COMPARE_ORDER: tuple[tuple[str, str], ...] = (
     ("kind", "exact"),
     ("rng.seed", "exact"), ("rng.first_words", "exact"), ("rng.first_floats", "exact"),
     ("references.*.sample_rate", "exact"), ("references.*.channels", "exact"), ("references.*.frames", "exact"),
-    ("references.*.loaded", "audio"), ("references.*.ref_rms", "exact"), ("references.*.prepared", "audio"),
+    ("references.*.loaded", "bits"), ("references.*.ref_rms", "exact"), ("references.*.prepared", "bits"),
     ("task.texts", "exact"), ("task.langs", "exact"), ("task.instructs", "exact"), ("task.ref_texts", "exact"),
     ("task.ref_rms", "exact"), ("task.ref_audio_tokens", "exact"), ("durations", "exact"),
     ("task.target_lens", "exact"), ("task.speed", "exact"),
@@ -169,34 +174,60 @@ COMPARE_ORDER: tuple[tuple[str, str], ...] = (
     ("iterations.*.prompt_ids", "exact"), ("iterations.*.c_lens", "exact"), ("iterations.*.ref_frames", "exact"),
     ("iterations.*.schedules", "exact"), ("iterations.*.items.*.unmask_step", "exact"),
     ("iterations.*.items.*.tokens", "exact"), ("rng.words_drawn", "exact"),
-    ("outputs.*.stages.decoded", "audio"), ("outputs.*.stages.silence_removed", "audio"), ("outputs.*", "audio"),
+    ("outputs.*.post_process.input", "exact"), ("outputs.*.post_process.input_audio", "bits"),
+    ("outputs.*.post_process.ref_rms", "exact"), ("outputs.*.post_process.postprocess_output", "exact"),
+    ("outputs.*.post_process.pad_duration", "exact"), ("outputs.*.post_process.fade_duration", "exact"),
+    ("outputs.*.post_process.silence_removed", "bits"), ("outputs.*.post_process.output", "bits"),
+    ("outputs.*.stages.decoded", "device"), ("outputs.*.stages.silence_removed", "device"), ("outputs.*", "device"),
 )
-# The same for a post_process vector.
+# The same for a post_process vector: all exact (its input is a file, no decoder involved).
 POST_PROCESS_ORDER: tuple[tuple[str, str], ...] = (
-    ("kind", "exact"), ("input", "audio"), ("runs.*.ref_rms", "exact"), ("runs.*.postprocess_output", "exact"),
-    ("runs.*.pad_duration", "exact"), ("runs.*.fade_duration", "exact"), ("runs.*.silence_removed", "audio"),
-    ("runs.*.output", "audio"),
+    ("kind", "exact"), ("input", "bits"), ("runs.*.ref_rms", "exact"), ("runs.*.postprocess_output", "exact"),
+    ("runs.*.pad_duration", "exact"), ("runs.*.fade_duration", "exact"), ("runs.*.silence_removed", "bits"),
+    ("runs.*.output", "bits"),
 )
 
-FOLDER_README = """# OmniVoice conformance vectors (omnivoice-conformance/2)
+FOLDER_README = """# OmniVoice conformance vectors (omnivoice-conformance/3)
 
 Written by `python -m omnivoice_onnx.conformance --onnx-dir <export> --out <this folder>` (the
 folder is replaced whole); replayed by `python -m omnivoice_onnx.conformance --onnx-dir <export>
 --check <this folder>` and, against upstream PyTorch, by `tests/test_runtime_generate.py`.
 The guide to what a port computes is `docs/runtime.md`; every table and constant it names is in
-the export's `runtime-config.json` (check `export.runtime_config_sha256`).
+the export's `runtime-config.json` (check `export.runtime_config_sha256`). The checkpoint
+(`export.model_fingerprint`) is the project's `tiny`, which builds bit-identically on any CPU.
 
 ## Files
 
 - `<case>.json`: one `generate()` call each: `request` (its arguments; `seed` is a decimal string,
   exact for seeds >= 2**53 and negative seeds), then what each stage produced. The format is the
   docstring of `omnivoice_onnx/conformance.py`.
+- `<case>.decoded<i>.flac`: output i's decoded audio (the decoder's output, chunks cross-faded),
+  16-bit: the input of that output's `post_process` record.
 - `post-process-silences.json`: output post-processing alone (`"kind": "post_process"`) on
   `decoded_with_silences.wav` (decoder-like audio with 0.8 s, 1.2 s and 1.0 s silences and a
   0.3 s pause): silence trimming, peak normalisation, rescale, fades and padding, per run.
+- `ambiguous-rules.json` (`"kind": "rules"`): host rules a port could read two ways (chunk merging,
+  end punctuation, the cross-fade of a short chunk, the instruct conflict check, the tokenizer
+  fallback), each as inputs and the `expected` result: call your function on each `input` and
+  compare (JSON-equal; the cross-fade's audio by `samples` and `sha256_f32le`). docs/runtime.md
+  states each rule; `omnivoice_onnx/rule_vectors.py` says which reading each input rules out.
 - `ref_voice.wav` (24 kHz mono), `ref_quiet_44k_stereo.wav` (44.1 kHz stereo, RMS 0.03, with edge
   and inner silences) and `ref_16k.wav` (16 kHz mono): the clone cases' references, 16-bit PCM.
-  They and `decoded_with_silences.wav` are inputs: read them, never regenerate them.
+  They, the `.flac` files and `decoded_with_silences.wav` are inputs: read them (as float32,
+  sample / 32768), never regenerate them.
+
+## What is exact everywhere, and what depends on the machine
+
+Every field is **exact on any machine** (JSON-equal; audio bit for bit: `samples` and
+`sha256_f32le` of the float32 little-endian samples) except the decoder's audio and what is made
+from it in the same call (`outputs[*].stages.*` and the output summary itself): the decoder graph's
+convolution kernels and their summation order differ between CPUs and with the intra-op thread
+count (onnxruntime 1.30-1.32: up to 7 threads one result, 8 or more another), so those compare
+`samples` exactly and `envelope_min`/`envelope_max` (per 480 samples, **stored rounded to 6
+decimals**) within 1e-4. Post-processing is still checked exactly: each output's `post_process`
+record is post-processing of its `.flac` file, which every machine reads identically.
+The encoder's `ref_audio_tokens` are exact too: RVQ argmin is robust to the encoder's last bits
+on CPUs (across devices, CPU against CUDA, it can flip: compare on a CPU).
 
 ## Replay, in this order
 
@@ -205,11 +236,11 @@ Load the export whose graphs carry `export.model_fingerprint`, call generate wit
 
 1. `rng.seed`, `rng.first_words`, `rng.first_floats`: your MT19937 and float32 draws.
 2. `references[*]`: `sample_rate`/`channels`/`frames` of the file as read; `loaded` (channels
-   averaged, resampled to 24 kHz) within the audio tolerance; `ref_rms` exactly (numpy's pairwise
-   float32 sum: docs/runtime.md); `prepared` (boost, silence trimming, hop clip): `samples`
-   exactly, envelope within the tolerance (`sha256_f32le` equal when no resampling was needed).
+   averaged, resampled to 24 kHz: docs/runtime.md's kernel and sequential sum) bit for bit;
+   `ref_rms` exactly (numpy's pairwise float32 sum: docs/runtime.md); `prepared` (boost,
+   silence trimming, hop clip) bit for bit.
 3. `task`: texts, languages, normalised instructs, reference texts (punctuated), `ref_rms`, the
-   encoder's `ref_audio_tokens` (same graph, same provider: RVQ argmin can flip across devices).
+   encoder's `ref_audio_tokens`.
 4. `durations[*]`: `text_weight`, `ref_weight`, `ref_frames`, `estimate` (doubles, exact), then
    `task.target_lens` and `task.speed` (the speed list).
 5. `short_idx`, `long_idx`, `chunks` (chunk texts, exact).
@@ -218,10 +249,11 @@ Load the export whose graphs carry `export.model_fingerprint`, call generate wit
    the step that unmasked it) and `tokens`. The first step that differs is where to look; its
    inputs were the earlier steps' tokens, which were equal.
 7. `rng.words_drawn`.
-8. Per `outputs[*]`: `stages.decoded`, `stages.silence_removed`, then the output itself:
-   `samples` exactly, `envelope_min`/`envelope_max` (per 480 samples) within your audio tolerance
-   (1e-4 here; one int16 step of silence removal is 3.1e-5). `sha256_f32le` is the Python
-   runtime's exact audio, equal only on the same onnxruntime build.
+8. Per `outputs[*].post_process`: read `input` (the `.flac`) as float32, post-process it with the
+   record's `ref_rms`, `postprocess_output`, `pad_duration`, `fade_duration`; `input_audio`,
+   `silence_removed` and `output` bit for bit.
+9. Per `outputs[*]`: `stages.decoded`, `stages.silence_removed`, then the output itself: `samples`
+   exactly, envelopes within 1e-4 (machine-dependent: the decoder).
 
 ## Cases
 
@@ -242,27 +274,12 @@ Load the export whose graphs carry `export.model_fingerprint`, call generate wit
 | chunked-abbreviations | abbreviations, closing marks and merged short sentences in chunked text |
 | design-accent-dialect | an accent (English items), a dialect (Chinese items), a dialect forcing Chinese for English text; seed -7 |
 | recipe-sensitive | six 16 s items, greedy cells: a float32 log_softmax (sequential or pairwise sum) chooses another cell at one step; the float64 recipe and torch agree |
+| ambiguous-rules | chunk merging, end punctuation, a cross-fade over a short chunk, the instruct conflict check, the tokenizer fallback: inputs and results, no generate() call |
 | post-process-silences | output silence trimming (long inner and edge silences), peak normalisation, rescale by ref_rms/0.1, fades, padding |
 
 For a post_process vector: read `input`'s file as float32, run post-processing with each run's
-settings and compare `silence_removed` then `output` (`samples` exactly, envelopes within the
-tolerance; no resampling is involved, so `sha256_f32le` should match exactly).
+settings and compare `silence_removed` then `output`, bit for bit.
 """
-
-
-def audio_summary(samples: np.ndarray) -> dict[str, Any]:
-    """Sample count, exact hash and tolerance-friendly statistics of one signal [T] float32."""
-    samples = np.asarray(samples, dtype=np.float32)
-    blocks = [samples[i:i + ENVELOPE_BLOCK] for i in range(0, samples.size, ENVELOPE_BLOCK)]
-    return {
-        "samples": int(samples.size),
-        "sha256_f32le": hashlib.sha256(samples.astype("<f4").tobytes()).hexdigest(),
-        "peak": float(np.abs(samples).max()) if samples.size else 0.0,
-        "rms": float(np.sqrt(np.mean(samples.astype(np.float64) ** 2))) if samples.size else 0.0,
-        "envelope_block": ENVELOPE_BLOCK,
-        "envelope_min": [round(float(b.min()), 6) for b in blocks],
-        "envelope_max": [round(float(b.max()), 6) for b in blocks],
-    }
 
 
 def unmask_steps(iteration: IterativeTrace, item: int) -> list[str]:
@@ -309,20 +326,48 @@ def duration_records(task: Any, rules: dict[str, Any]) -> list[dict[str, Any]]:
     return records
 
 
-def output_record(tts: OmniVoiceOnnx, result: Any, final: np.ndarray, postprocess: bool) -> dict[str, Any]:
-    """The final audio's summary with its stages: the decoder's audio, and after silence removal."""
+def decoded_file(case: str, index: int) -> str:
+    """The file holding output `index`'s decoded audio (16-bit FLAC): the post-processing input."""
+    return f"{case}.decoded{index}.flac"
+
+
+def output_record(tts: OmniVoiceOnnx, result: Any, final: np.ndarray, ref_rms: float | None, config: Any,
+                  decoded_path: Path, write: bool) -> dict[str, Any]:
+    """The final audio's summary with its stages (the decoder's audio, chunks cross-faded; after
+    silence removal) and `post_process`: post-processing of `decoded_path`, the decoded audio at
+    16 bits (written first when `write`), exact on any machine whatever its decoder gives."""
     decoded = decode(tts.model, result)
+    rules = tts.runtime_config["audio"]
     stages = {"decoded": audio_summary(decoded[0])}
-    if postprocess:
-        rules = tts.runtime_config["audio"]
+    if config.postprocess_output:
         stages["silence_removed"] = audio_summary(
             audio.remove_silence(decoded, tts.sample_rate, *rules["output_silence_ms"], rules)[0])
-    return {**audio_summary(final), "stages": stages}
+    if write:
+        sf.write(decoded_path, decoded[0], tts.sample_rate, subtype="PCM_16", format="FLAC")
+    settings = {"ref_rms": ref_rms, "postprocess_output": config.postprocess_output,
+                "pad_duration": config.pad_duration, "fade_duration": config.fade_duration}
+    post = post_process_run(tts, decoded_path, settings) if decoded_path.is_file() else None
+    return {**audio_summary(final), "stages": stages,
+            "post_process": None if post is None else {"input": decoded_path.name, **post}}
 
 
-def run_case(tts: OmniVoiceOnnx, name: str, case: dict[str, Any], folder: Path
+def post_process_run(tts: OmniVoiceOnnx, path: Path, settings: dict[str, Any]) -> dict[str, Any]:
+    """audio.post_process of the file at `path` (read as float32) with `settings`: the input's
+    summary, the settings, and the summaries after silence removal and of the output."""
+    rules = tts.runtime_config["audio"]
+    decoded = sf.read(path, dtype="float32")[0][np.newaxis]
+    removed = audio.remove_silence(decoded, tts.sample_rate, *rules["output_silence_ms"], rules)
+    output = audio.post_process(decoded, settings["ref_rms"], tts.sample_rate, rules, settings["postprocess_output"],
+                                settings["pad_duration"], settings["fade_duration"])
+    return {"input_audio": audio_summary(decoded[0]), **settings,
+            "silence_removed": audio_summary(removed[0]) if settings["postprocess_output"] else None,
+            "output": audio_summary(output[0])}
+
+
+def run_case(tts: OmniVoiceOnnx, name: str, case: dict[str, Any], folder: Path, write: bool = False
              ) -> tuple[dict[str, Any], list[np.ndarray]]:
-    """Generate one case (ref_audio names a file in `folder`) -> (its JSON record, its audio)."""
+    """Generate one case (ref_audio names a file in `folder`) -> (its JSON record, its audio);
+    `write` also writes each output's decoded audio into `folder` (decoded_file)."""
     kwargs = {key: value for key, value in case.items() if key != "seed"}
     ref_files = sorted({kwargs["ref_audio"]} if isinstance(kwargs.get("ref_audio"), str) else set())
     if ref_files:
@@ -335,9 +380,7 @@ def run_case(tts: OmniVoiceOnnx, name: str, case: dict[str, Any], folder: Path
         "format": FORMAT,
         "kind": "generate",
         "case": name,
-        "export": {"model_fingerprint": tts.metadata["model_fingerprint"],
-                   "runtime_config_sha256": sha256_file(tts.onnx_dir / RUNTIME_CONFIG_FILE),
-                   "tokenizer_sha256": sha256_file(tts.onnx_dir / TOKENIZER_FILE)},
+        "export": _export_hashes(tts),
         "request": {**case, "seed": str(case["seed"]), "generation_config": asdict(config)},
         "rng": {"seed": str(case["seed"]), "first_words": TorchCpuRng(case["seed"]).words(RNG_PREVIEW).tolist(),
                 "first_floats": [float(x) for x in TorchCpuRng(case["seed"]).rand(RNG_PREVIEW)],
@@ -351,26 +394,26 @@ def run_case(tts: OmniVoiceOnnx, name: str, case: dict[str, Any], folder: Path
         "short_idx": trace.short_idx, "long_idx": trace.long_idx,
         "chunks": {str(item): chunks for item, chunks in trace.chunks.items()},
         "iterations": [iteration_record(it) for it in trace.iterations],
-        "outputs": [output_record(tts, result, final, config.postprocess_output)
-                    for result, final in zip(trace.results, audios)],
+        "outputs": [output_record(tts, result, final, task.ref_rms[i], config, folder / decoded_file(name, i), write)
+                    for i, (result, final) in enumerate(zip(trace.results, audios))],
     }
     return record, audios
 
 
+def _export_hashes(tts: OmniVoiceOnnx) -> dict[str, str]:
+    """The export a vector was made from: the graphs' model fingerprint, the host files' sha256."""
+    return {"model_fingerprint": tts.metadata["model_fingerprint"],
+            "runtime_config_sha256": sha256_file(tts.onnx_dir / RUNTIME_CONFIG_FILE),
+            "tokenizer_sha256": sha256_file(tts.onnx_dir / TOKENIZER_FILE)}
+
+
 def post_process_case(tts: OmniVoiceOnnx, name: str, runs: list[dict[str, Any]], folder: Path) -> dict[str, Any]:
     """One POST_PROCESS_CASES entry: audio.post_process on SILENCES_WAV with each run's settings."""
-    rules = tts.runtime_config["audio"]
-    decoded = sf.read(folder / SILENCES_WAV, dtype="float32")[0][np.newaxis]
-    records = []
-    for run in runs:
-        removed = audio.remove_silence(decoded, tts.sample_rate, *rules["output_silence_ms"], rules)
-        output = audio.post_process(decoded, run["ref_rms"], tts.sample_rate, rules, run["postprocess_output"],
-                                    run["pad_duration"], run["fade_duration"])
-        records.append({**run, "silence_removed": audio_summary(removed[0]) if run["postprocess_output"] else None,
-                        "output": audio_summary(output[0])})
+    records = [post_process_run(tts, folder / SILENCES_WAV, run) for run in runs]
     return {"format": FORMAT, "kind": "post_process", "case": name,
             "export": {"runtime_config_sha256": sha256_file(tts.onnx_dir / RUNTIME_CONFIG_FILE)},
-            "input": {"file": SILENCES_WAV, **audio_summary(decoded[0])}, "runs": records}
+            "input": {"file": SILENCES_WAV, **records[0]["input_audio"]},
+            "runs": [{key: value for key, value in run.items() if key != "input_audio"} for run in records]}
 
 
 def silences_input(voice: np.ndarray, rate: int) -> np.ndarray:
@@ -395,11 +438,18 @@ def _values(record: Any, path: list[str], where: str = "") -> list[tuple[str, An
     return _values(value, rest, f"{where}.{head}" if where else head)
 
 
-def _audio_difference(ours: Any, theirs: Any, tolerance: float) -> str | None:
+def _audio_difference(ours: Any, theirs: Any, tolerance: float | None) -> str | None:
+    """How two audio summaries differ (None: they conform); `tolerance` None: bit for bit."""
     if ours is None or theirs is None:
         return None if ours is theirs else "present on one side only"
     if ours["samples"] != theirs["samples"]:
         return f"samples {ours['samples']} != {theirs['samples']}"
+    if tolerance is None:
+        if ours["sha256_f32le"] == theirs["sha256_f32le"]:
+            return None
+        worst = max(float(np.abs(np.subtract(ours[s], theirs[s])).max()) if ours[s] else 0.0
+                    for s in ("envelope_min", "envelope_max"))
+        return f"not bit-identical (sha256_f32le differs; envelopes up to {worst:.3g} apart)"
     for stat in ("envelope_min", "envelope_max"):
         worst = float(np.abs(np.subtract(ours[stat], theirs[stat])).max()) if ours[stat] else 0.0
         if worst > tolerance:
@@ -410,8 +460,8 @@ def _audio_difference(ours: Any, theirs: Any, tolerance: float) -> str | None:
 
 def compare_records(expected: dict[str, Any], actual: dict[str, Any], tolerance: float = AUDIO_TOLERANCE) -> list[str]:
     """Differences between a stored vector and a replay, in COMPARE_ORDER (the first one is where
-    to look); [] when the replay conforms. Audio compares sample counts exactly and envelopes
-    within `tolerance`; everything else must be JSON-equal."""
+    to look); [] when the replay conforms. "bits" audio must be bit-identical, "device" audio
+    compares sample counts exactly and envelopes within `tolerance`; the rest is JSON-equal."""
     problems = []
     if expected.get("format") != FORMAT:
         return [f"format {expected.get('format')!r}, this replay reads {FORMAT!r}"]
@@ -421,17 +471,13 @@ def compare_records(expected: dict[str, Any], actual: dict[str, Any], tolerance:
         for where in sorted(set(theirs) | set(ours), key=lambda w: (len(w), w)):
             if kind == "exact":
                 if theirs.get(where) != ours.get(where):
-                    problems.append(f"{where}: expected {_short(theirs.get(where))}, got {_short(ours.get(where))}")
+                    problems.append(f"{where}: expected {short(theirs.get(where))}, got {short(ours.get(where))}")
             else:
-                difference = _audio_difference(ours.get(where), theirs.get(where), tolerance)
+                difference = _audio_difference(ours.get(where), theirs.get(where),
+                                               tolerance if kind == "device" else None)
                 if difference:
                     problems.append(f"{where}: {difference}")
     return problems
-
-
-def _short(value: Any) -> str:
-    text = json.dumps(value, ensure_ascii=False)
-    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def quiet_stereo_reference(voice: np.ndarray, rate: int, rules: dict[str, Any]) -> np.ndarray:
@@ -464,13 +510,13 @@ def write_vectors(onnx_dir: Path, out: Path, threads: int | None = None) -> list
     names = []
     with atomic_dir(out) as folder:
         for name, case in CASES.items():
-            record, audios = run_case(tts, name, case, folder)
+            record, audios = run_case(tts, name, case, folder, write=True)
             if name == "design-reference":
                 names += [p.name for p in write_references(folder, audios[0], tts.sample_rate,
                                                            tts.runtime_config["audio"])]
             path = folder / f"{name}.json"
             path.write_text(json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n", encoding="utf-8")
-            names.append(path.name)
+            names += [decoded_file(name, i) for i in range(len(record["outputs"]))] + [path.name]
             print(f"{out / path.name}  {path.stat().st_size / 1024:.0f} kB  {len(record['iterations'])} run(s), "
                   f"target_lens {record['task']['target_lens']}", flush=True)
         for name, runs in POST_PROCESS_CASES.items():
@@ -480,6 +526,12 @@ def write_vectors(onnx_dir: Path, out: Path, threads: int | None = None) -> list
             names.append(path.name)
             print(f"{out / path.name}  {path.stat().st_size / 1024:.0f} kB  {len(runs)} post_process run(s)",
                   flush=True)
+        path = folder / f"{rule_vectors.CASE}.json"
+        record = {**rule_vectors.rules_record(tts.runtime_config, tts.tokenizer, tts.sample_rate),
+                  "export": _export_hashes(tts)}
+        path.write_text(json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n", encoding="utf-8")
+        names.append(path.name)
+        print(f"{out / path.name}  {path.stat().st_size / 1024:.0f} kB  {len(record['rules'])} rule inputs", flush=True)
         (folder / README).write_text(FOLDER_README, encoding="utf-8")
         names.append(README)
     return [out / name for name in names]
@@ -496,6 +548,10 @@ def check_vectors(onnx_dir: Path, folder: Path, threads: int | None = None) -> d
             record, _ = run_case(tts, name, CASES[name], folder)
         elif name in POST_PROCESS_CASES:
             record = post_process_case(tts, name, POST_PROCESS_CASES[name], folder)
+        elif name == rule_vectors.CASE:
+            results[name] = rule_vectors.check_rules(stored, tts.runtime_config, tts.tokenizer, tts.sample_rate)
+            print(f"[{name}] {'OK' if not results[name] else 'FAIL: ' + results[name][0]}", flush=True)
+            continue
         else:
             results[name] = [f"{path.name}: case {name!r} is not one of this runtime's cases"]
             continue

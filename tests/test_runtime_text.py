@@ -24,6 +24,7 @@ from omnivoice.utils import voice_design
 from omnivoice.utils.duration import RuleDurationEstimator
 from omnivoice.utils.lang_map import LANG_IDS, LANG_NAME_TO_ID, lang_display_name
 
+from omnivoice_export.checkpoints import model_fingerprint
 from omnivoice_export.runtime_assets import write_runtime_assets
 from omnivoice_onnx import duration, prompt, text
 from omnivoice_onnx.errors import UserError
@@ -563,9 +564,13 @@ def test_write_runtime_assets_entries(tiny_model, assets, config, tmp_path):
 
 def test_runtime_config_model_and_generation_defaults(tiny_model, config):
     model_config = upstream.OmniVoiceConfig.from_pretrained(str(tiny_model))
+    codec = json.loads((tiny_model / "audio_tokenizer" / "config.json").read_text())  # the checkpoint's own
+    hop = int(np.prod(codec["acoustic_model_config"]["downsampling_ratios"]))
     assert config["model"] == {"audio_mask_id": model_config.audio_mask_id,
                                "num_audio_codebook": model_config.num_audio_codebook,
-                               "audio_vocab_size": model_config.audio_vocab_size}
+                               "audio_vocab_size": model_config.audio_vocab_size,
+                               "sample_rate": codec["sample_rate"], "hop_length": hop,
+                               "frame_rate": codec["sample_rate"] // hop, "model_fingerprint": model_fingerprint(tiny_model)}
     defaults = upstream.OmniVoiceGenerationConfig()
     assert config["generation"] == {f: getattr(defaults, f) for f in defaults.__dataclass_fields__}
     assert upstream.OmniVoiceGenerationConfig.from_dict(config["generation"]) == defaults
