@@ -34,7 +34,8 @@ FENCE = re.compile(r"^```(?P<lang>[\w+-]*)\s*$")
 SERVER_ADDRESS = "127.0.0.1:8000"
 BLOCK_TIMEOUT_S = 300
 SERVER_START_S = 120
-# What a copy of the checkout leaves out: git's data, the venv (linked instead), build outputs.
+# What a copy of the checkout leaves out, at any depth: git's data, the venv (linked instead), the
+# pipeline's outputs (the session's are copied in), bench/out.
 NOT_COPIED = {".git", ".venv", "onnx", "capture", "checkpoints", "demo.log", "__pycache__", ".pytest_cache", "out"}
 
 
@@ -60,7 +61,8 @@ def doc_pages() -> list[Path]:
 def blocks_of(page: Path) -> list[Block]:
     """The fenced blocks of `page`, in order; a `not run` marker that is not right before a block is
     an error (it would silently mark nothing)."""
-    name, lines = page.relative_to(REPO).as_posix(), page.read_text().splitlines()
+    name = page.relative_to(REPO).as_posix() if page.is_relative_to(REPO) else page.name
+    lines = page.read_text().splitlines()
     blocks: list[Block] = []
     index, marker = 0, None
     while index < len(lines):
@@ -87,6 +89,23 @@ def blocks_of(page: Path) -> list[Block]:
 
 def runnable(page: Path) -> list[Block]:
     return [block for block in blocks_of(page) if block.lang in RUN_LANGUAGES and block.not_run is None]
+
+
+def test_the_convention_on_a_sample_page(tmp_path: Path) -> None:
+    """What runs and what does not, as the convention says; a marker that marks nothing is an error."""
+    page = tmp_path / "sample.md"
+    page.write_text("# T\n\n```sh\necho run\n```\n\n<!-- not run: needs a GPU -->\n```python\nimport cuda\n```\n\n"
+                    "```text\nnot code\n```\n```bash\necho also\n```\n")
+    assert [(b.lang, b.line, b.text, b.not_run) for b in blocks_of(page)] == [
+        ("sh", 3, "echo run\n", None), ("python", 8, "import cuda\n", "needs a GPU"), ("text", 12, "not code\n", None),
+        ("bash", 15, "echo also\n", None)]
+    assert [b.line for b in runnable(page)] == [3, 15]
+    for broken, words in (("<!-- not run: why -->\nprose\n```sh\nx\n```\n", "not followed by a code block"),
+                          ("<!-- not run -->\n```sh\nx\n```\n", "malformed marker"),
+                          ("```sh\nx\n", "never closed"), ("<!-- not run: why -->\n", "marks nothing")):
+        page.write_text(broken)
+        with pytest.raises(AssertionError, match=words):
+            blocks_of(page)
 
 
 def test_pages_parse_and_not_run_blocks_say_why() -> None:
@@ -150,7 +169,7 @@ class Checkout:
 
     def __init__(self, pipeline: Pipeline, root: Path) -> None:
         self.root = root / "checkout"
-        shutil.copytree(REPO, self.root, ignore=shutil_ignore(self.root), symlinks=True)
+        shutil.copytree(REPO, self.root, ignore=shutil.ignore_patterns(*NOT_COPIED), symlinks=True)
         copy_pipeline(pipeline, self.root)
         (self.root / ".venv").symlink_to(Path(sys.prefix))
         if (REPO / "checkpoints").is_dir():  # the tiny checkpoint the session built (--model tiny)
@@ -162,8 +181,8 @@ class Checkout:
         command.chmod(0o755)
         self.env = {**os.environ, "PATH": os.pathsep.join([str(bin_dir), str(Path(sys.executable).parent),
                                                            os.environ.get("PATH", "")]),
-                    "PYTHONPATH": str(self.root), "HOME": str(root)}
-        self.env.pop("OMNIVOICE_VOICES", None)
+                    "PYTHONPATH": str(self.root), "HOME": str(root)}  # caches a block writes stay in tmp
+        self.env.pop("OMNIVOICE_VOICES", None)  # voices are the bundle's, as after make demo
         self.server = None
 
     def serve(self) -> int:
@@ -188,13 +207,6 @@ class Checkout:
 
     def stop(self) -> int | None:
         return None if self.server is None else self.server.stop(SERVER_START_S)
-
-
-def shutil_ignore(destination: Path):
-    """copytree's ignore: NOT_COPIED at any depth, and the destination itself if it lies inside."""
-    def ignore(folder: str, names: list[str]) -> set[str]:
-        return {name for name in names if name in NOT_COPIED or Path(folder, name) == destination}
-    return ignore
 
 
 PAGES_WITH_BLOCKS = [page for page in doc_pages() if runnable(page)]
