@@ -18,6 +18,8 @@ stdout, and a device or pipe without an extension, default to WAV.
 
 Destinations (open_output):
 - "-" (or None): stdout. Refused when stdout is a terminal (audio bytes would garble it).
+- a path in a folder that does not exist: refused, naming the folder (as cp, sox and a shell
+  redirection do; a mistyped path must not create folders).
 - a regular file, or a path that does not exist yet: written under a hidden temporary name beside
   it and renamed onto it when complete (files.temp_path_for), so a Ctrl-C, a full disk or an
   error leaves the previous file (or none), never half a file. A replaced file keeps its mode.
@@ -248,6 +250,10 @@ def _destination(dest: str | os.PathLike | None, fmt: str | None, what: str) -> 
         return "stream", target, output_format(given, fmt, streamed_path=True)
     fmt = output_format(given, fmt)
     check_output(target, what, "file")
+    if not target.parent.is_dir():  # as cp, sox and a shell redirection: a typo must not make folders
+        folder = given.parent if not given.parent.is_dir() else target.parent
+        raise UserError(f"{what} {given}: the folder {folder} does not exist",
+                        f"create it first (mkdir -p {folder}), or write into an existing folder")
     return "file", target, fmt
 
 
@@ -272,7 +278,6 @@ def open_output(dest: str | os.PathLike | None, fmt: str | None, sample_rate: in
         except OSError as exc:
             raise UserError(f"cannot open {what} {dest} ({exc.strerror})", "pass a path you may write") from exc
         return AudioSink(handle, fmt, sample_rate, stream, str(dest))
-    target.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temporaries(target)
     temp = temp_path_for(target)
     with _errors_name(temp):

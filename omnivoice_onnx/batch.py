@@ -604,11 +604,12 @@ class Summary:
     wall_seconds: float = 0.0  # this run, from model load to the last file
 
     def text(self) -> str:
-        rtf = self.wall_seconds / self.audio_seconds if self.audio_seconds else float("nan")
+        speed = (f"RTF {self.wall_seconds / self.audio_seconds:.3f} (wall / audio), "
+                 f"{self.audio_seconds / self.wall_seconds if self.wall_seconds else 0:.2f} audio s per wall s"
+                 if self.audio_seconds else "no RTF: no audio made by this run")
         return (f"batch: {self.lines} lines: {self.made} made, {self.already} already done, {self.failed} failed, "
                 f"{self.bad} bad skipped; {self.audio_seconds / 3600:.4f} h of audio ({self.audio_seconds:.1f} s) "
-                f"in {self.wall_seconds:.1f} s wall: RTF {rtf:.3f} (wall / audio), "
-                f"{self.audio_seconds / self.wall_seconds if self.wall_seconds else 0:.2f} audio s per wall s")
+                f"in {self.wall_seconds:.1f} s wall: {speed}")
 
 
 def run_batch(options: Options, log: Callable[[str], None] = lambda message: print(message, file=sys.stderr)) -> Summary:

@@ -71,7 +71,7 @@ from typing import Any
 import numpy as np
 import soundfile as sf
 
-from omnivoice_onnx import audio, duration, rule_vectors
+from omnivoice_onnx import audio, duration, rule_vectors, scoring
 from omnivoice_onnx.api import OmniVoiceOnnx
 from omnivoice_onnx.cliutil import THREADS, CheckFailed, check_input_dir, check_output, parse, run_main
 from omnivoice_onnx.contract import FP32_VARIANT
@@ -132,13 +132,11 @@ CASES: dict[str, dict[str, Any]] = {
     "design-accent-dialect": {"text": ["Good morning, my friends.", "你好，朋友们，今天很好。", "Hello from the west."],
                               "instruct": ["female, british accent", "男，河南话", "male, 四川话"],
                               "language": [None, "zh", None], "generation_config": {"num_step": 16}, "seed": -7},
-    # Greedy cells (position_temperature 0) over six 16 s items: at one step two cells' scores are
-    # so close that a float32 log_softmax (sequential or numpy-pairwise sum) picks another cell,
-    # where the float64 recipe and upstream torch agree (found by search, log Run 26C).
-    "recipe-sensitive": {"text": ["Hello there, this is a test of the model.", "Sampling the classes as well.",
-                                  "Good morning, my friends.", "One more sentence for the batch.",
-                                  "And another one here.", "The last of six texts."], "duration": 16.0,
-                         "generation_config": {"num_step": 16, "position_temperature": 0.0}, "seed": 0},
+    # Greedy cells (position_temperature 0): no position draw, the top-k of the layer-penalised
+    # confidences alone.
+    "greedy-positions": {"text": ["Hello there, this is a test of the model.", "Sampling the classes as well."],
+                         "duration": 4.0, "generation_config": {"num_step": 16, "position_temperature": 0.0},
+                         "seed": 0},
 }
 
 # name -> audio.post_process runs over one input file (SILENCES_WAV: decoder-like audio with long
@@ -187,6 +185,13 @@ POST_PROCESS_ORDER: tuple[tuple[str, str], ...] = (
     ("runs.*.output", "bits"),
 )
 
+# The same for the scoring vector (all exact: float32 values as JSON numbers).
+SCORING_ORDER: tuple[tuple[str, str], ...] = (
+    ("kind", "exact"), ("guidance_scale", "exact"), ("mask_id", "exact"), ("rows.*.cond_logits", "exact"),
+    ("rows.*.uncond_logits", "exact"), ("rows.*.cond_log_softmax", "exact"), ("rows.*.uncond_log_softmax", "exact"),
+    ("rows.*.guided_log_probs", "exact"), ("rows.*.token", "exact"), ("rows.*.confidence", "exact"),
+)
+
 FOLDER_README = """# OmniVoice conformance vectors (omnivoice-conformance/3)
 
 Written by `python -m omnivoice_onnx.conformance --onnx-dir <export> --out <this folder>` (the
@@ -203,6 +208,10 @@ the export's `runtime-config.json` (check `export.runtime_config_sha256`). The c
   docstring of `omnivoice_onnx/conformance.py`.
 - `<case>.decoded<i>.flac`: output i's decoded audio (the decoder's output, chunks cross-faded),
   16-bit: the input of that output's `post_process` record.
+- `scoring-recipe.json` (`"kind": "scoring"`): the scoring recipe on stored float32 logit rows
+  (cond and uncond, scales 1 to 30, guidance 2): each row's log_softmax, the guided
+  log-probabilities (the mask id's entry, -inf, written as 0), the token and its confidence, every
+  float32 exactly (JSON numbers that read back to the same float32).
 - `post-process-silences.json`: output post-processing alone (`"kind": "post_process"`) on
   `decoded_with_silences.wav` (decoder-like audio with 0.8 s, 1.2 s and 1.0 s silences and a
   0.3 s pause): silence trimming, peak normalisation, rescale, fades and padding, per run.
@@ -273,7 +282,8 @@ Load the export whose graphs carry `export.model_fingerprint`, call generate wit
 | nonverbal-tags | [laughter], [sigh], [question-en] tokenized alone; seed 2**64 - 1 |
 | chunked-abbreviations | abbreviations, closing marks and merged short sentences in chunked text |
 | design-accent-dialect | an accent (English items), a dialect (Chinese items), a dialect forcing Chinese for English text; seed -7 |
-| recipe-sensitive | six 16 s items, greedy cells: a float32 log_softmax (sequential or pairwise sum) chooses another cell at one step; the float64 recipe and torch agree |
+| greedy-positions | position_temperature 0: cells chosen by the top-k of the penalised confidences alone |
+| scoring-recipe | the scoring recipe on stored logits: log_softmax of cond and uncond rows, the guided log-probs, tokens and confidences, bit for bit; a float32 log_softmax (sequential or pairwise sum) fails it |
 | ambiguous-rules | chunk merging, end punctuation, a cross-fade over a short chunk, the instruct conflict check, the tokenizer fallback: inputs and results, no generate() call |
 | post-process-silences | output silence trimming (long inner and edge silences), peak normalisation, rescale by ref_rms/0.1, fades, padding |
 
@@ -400,6 +410,42 @@ def run_case(tts: OmniVoiceOnnx, name: str, case: dict[str, Any], folder: Path, 
     return record, audios
 
 
+# The scoring vector: cond/uncond logit rows (float32, stored in the vector) at these scales, with
+# guidance SCORING_GUIDANCE; expected log_softmax, guided log-probs, tokens and confidences.
+SCORING_CASE = "scoring-recipe"
+SCORING_SCALES = (1.0, 3.0, 10.0, 30.0)
+SCORING_GUIDANCE = 2.0
+SCORING_SEED = 35
+
+
+def scoring_record(tts: OmniVoiceOnnx, stored: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The scoring recipe (docs/runtime.md, "One step of the loop") on logit rows: those of
+    `stored` when replaying, else drawn (numpy's RandomState(SCORING_SEED), float32, scaled).
+    Every value is float32, written as the shortest decimal that reads back to the same float32."""
+    mask_id = tts.runtime_config["model"]["audio_mask_id"]
+    vocab = tts.runtime_config["model"]["audio_vocab_size"]
+    if stored is None:
+        draws = np.random.RandomState(SCORING_SEED).standard_normal((len(SCORING_SCALES), 2, vocab))
+        rows = (draws * np.array(SCORING_SCALES)[:, None, None]).astype(np.float32)
+    else:
+        rows = np.array([[case["cond_logits"], case["uncond_logits"]] for case in stored["rows"]], dtype=np.float32)
+    records = []
+    for cond, uncond in rows:
+        guided = scoring.guided_log_probs(cond[None], uncond[None], SCORING_GUIDANCE, mask_id)[0]
+        c_lp, u_lp = scoring.log_softmax(cond), scoring.log_softmax(uncond)
+        records.append({"cond_logits": _floats(cond), "uncond_logits": _floats(uncond),
+                        "cond_log_softmax": _floats(c_lp), "uncond_log_softmax": _floats(u_lp),
+                        "guided_log_probs": _floats(np.where(np.isinf(guided), 0.0, guided).astype(np.float32)),
+                        "token": int(guided.argmax()), "confidence": float(guided.max())})
+    return {"format": FORMAT, "kind": "scoring", "case": SCORING_CASE, "export": _export_hashes(tts),
+            "guidance_scale": SCORING_GUIDANCE, "mask_id": mask_id, "rows": records}
+
+
+def _floats(values: np.ndarray) -> list[float]:
+    """float32 values as JSON numbers: Python's repr of the exact double reads back to the same bits."""
+    return [float(v) for v in np.asarray(values, dtype=np.float32)]
+
+
 def _export_hashes(tts: OmniVoiceOnnx) -> dict[str, str]:
     """The export a vector was made from: the graphs' model fingerprint, the host files' sha256."""
     return {"model_fingerprint": tts.metadata["model_fingerprint"],
@@ -465,7 +511,8 @@ def compare_records(expected: dict[str, Any], actual: dict[str, Any], tolerance:
     problems = []
     if expected.get("format") != FORMAT:
         return [f"format {expected.get('format')!r}, this replay reads {FORMAT!r}"]
-    for path, kind in POST_PROCESS_ORDER if expected.get("kind") == "post_process" else COMPARE_ORDER:
+    order = {"post_process": POST_PROCESS_ORDER, "scoring": SCORING_ORDER}.get(expected.get("kind"), COMPARE_ORDER)
+    for path, kind in order:
         theirs = dict(_values(expected, path.split(".")))
         ours = dict(_values(actual, path.split(".")))
         for where in sorted(set(theirs) | set(ours), key=lambda w: (len(w), w)):
@@ -526,6 +573,10 @@ def write_vectors(onnx_dir: Path, out: Path, threads: int | None = None) -> list
             names.append(path.name)
             print(f"{out / path.name}  {path.stat().st_size / 1024:.0f} kB  {len(runs)} post_process run(s)",
                   flush=True)
+        path = folder / f"{SCORING_CASE}.json"
+        record = scoring_record(tts)
+        path.write_text(json.dumps(record, separators=(",", ":")) + "\n", encoding="utf-8")
+        names.append(path.name)
         path = folder / f"{rule_vectors.CASE}.json"
         record = {**rule_vectors.rules_record(tts.runtime_config, tts.tokenizer, tts.sample_rate),
                   "export": _export_hashes(tts)}
@@ -548,6 +599,8 @@ def check_vectors(onnx_dir: Path, folder: Path, threads: int | None = None) -> d
             record, _ = run_case(tts, name, CASES[name], folder)
         elif name in POST_PROCESS_CASES:
             record = post_process_case(tts, name, POST_PROCESS_CASES[name], folder)
+        elif name == SCORING_CASE:
+            record = scoring_record(tts, stored)
         elif name == rule_vectors.CASE:
             results[name] = rule_vectors.check_rules(stored, tts.runtime_config, tts.tokenizer, tts.sample_rate)
             print(f"[{name}] {'OK' if not results[name] else 'FAIL: ' + results[name][0]}", flush=True)

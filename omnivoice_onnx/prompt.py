@@ -227,6 +227,15 @@ def _config_value_problem(config: dict[str, Any]) -> str | None:
     return None
 
 
+def language_names(languages: dict[str, Any]) -> dict[str, list[str]]:
+    """runtime-config.json's languages section as id -> its names (sorted), in the config's id order:
+    what `info --languages`, the page and the Wyoming voices list show."""
+    names: dict[str, list[str]] = {lang_id: [] for lang_id in languages["ids"]}
+    for name, lang_id in languages["name_to_id"].items():
+        names[lang_id].append(name)
+    return {lang_id: sorted(found) for lang_id, found in names.items()}
+
+
 class TextTokenizer:
     """The text tokenizer: `encode(s)` equals upstream's `text_tokenizer(s).input_ids`."""
 

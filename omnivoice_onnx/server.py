@@ -10,9 +10,20 @@
 Routes (OpenAI's shapes, so the official client and the tools built on it work unchanged):
     POST /v1/audio/speech   model, input, voice, instructions, response_format, speed, stream_format,
                             and the extensions language, seed, num_step, guidance_scale, duration
-    GET  /v1/audio/voices   the saved voices (omnivoice_onnx.voices) and the built-in modes
-    GET  /v1/models         the bundle's model id and the transformer variants in the folder
+    GET  /v1/audio/voices   the built-in modes, the saved voices (omnivoice_onnx.voices) and the
+                            OpenAI-named presets no saved voice replaces (omnivoice_onnx.presets)
+    GET  /v1/models         the bundle's model id, the transformer variants in the folder, and the
+                            ids that name the served variant (tts-1, tts-1-hd, gpt-4o-mini-tts, --model-alias)
+    GET  /v1/audio/languages  the model's language ids and names (extension)
+    POST /v1/audio/references  a reference recording as the body, ?ref_text=its words -> a voice id
+                            for later requests ("ref-...", in memory); &save_as=NAME saves it as a
+                            voice, only with --allow-voice-save (else 403)
+    GET  /                  a page to try voices (omnivoice_onnx/web/index.html; no key needed)
     GET  /health            liveness and queue depth (no key needed: for load balancers)
+
+OpenAI clients work with OpenAI's defaults: `model="tts-1"` and `voice="alloy"` (a preset: a
+voice-design instruct and a fixed seed, so the same request gives the same bytes); see
+docs/drop-in.md.
 
 What a request gets:
 - Without stream_format: the whole clip from OmniVoiceOnnx.generate(), with upstream's global
@@ -48,7 +59,9 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import collections
 import contextlib
+import hashlib
 import hmac
 import io
 import json
@@ -58,6 +71,7 @@ import os
 import queue
 import signal
 import socket
+import tempfile
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -73,7 +87,9 @@ from omnivoice_onnx.api import OmniVoiceOnnx
 from omnivoice_onnx.audio_out import to_pcm16
 from omnivoice_onnx.contract import variants_present
 from omnivoice_onnx.errors import UserError
-from omnivoice_onnx.generate import Cancelled
+from omnivoice_onnx.generate import Cancelled, VoiceClonePrompt
+from omnivoice_onnx.presets import OPENAI_MODEL_IDS, PRESETS
+from omnivoice_onnx.prompt import language_names
 from omnivoice_onnx.rng import SEED_MAX, SEED_MIN, fresh_seed
 
 LOG = logging.getLogger("omnivoice_onnx.server")
@@ -92,6 +108,11 @@ BUILTIN_VOICES = {
     "auto": "upstream's auto mode: a voice the model picks; with `instructions`, voice design",
     "design": "voice design from `instructions` (required), e.g. \"female, low pitch, british accent\"",
 }
+# POST /v1/audio/references: a reference recording as the request body (any format libsndfile
+# reads). A 60 s reference (request.MAX_REF_SECONDS) at 48 kHz stereo 16-bit is 11.5 MB.
+MAX_REFERENCE_BYTES = 16 << 20
+REFERENCE_PREFIX = "ref-"  # the voice id of an uploaded reference: "ref-" + the first hex of its sha256
+REFERENCES_KEPT = 32  # uploaded references held in memory (the least recently used goes first)
 
 
 @dataclass(frozen=True)
@@ -419,6 +440,8 @@ class ServerConfig:
     variant: str | None = None
     default_format: str | None = None  # None: mp3 (OpenAI's default) where libsndfile writes it, else wav
     max_body_bytes: int = MAX_BODY_BYTES
+    model_aliases: tuple[str, ...] = ()  # more model ids that name the served variant (--model-alias)
+    allow_voice_save: bool = False  # POST /v1/audio/references may save a named voice (--allow-voice-save)
 
 
 def cores() -> int:
@@ -439,12 +462,17 @@ class Service:
     variant: str
     sample_rate: int
     created: int = field(default_factory=lambda: int(time.time()))
+    # Uploaded references (POST /v1/audio/references), by voice id; in memory, least recent first.
+    references: collections.OrderedDict[str, VoiceClonePrompt] = field(default_factory=collections.OrderedDict)
 
     def scrub(self, message: str) -> str:
         return scrub_paths(message, self.pool.folders)
 
     def model_ids(self) -> list[str]:
-        return [MODEL_ID, f"{MODEL_ID}-{self.variant}"]
+        """Every `model` a request may name: ours, OpenAI's speech models and --model-alias ids all
+        name the served variant (an OpenAI client's "tts-1" works unchanged)."""
+        return list(dict.fromkeys([MODEL_ID, f"{MODEL_ID}-{self.variant}", *OPENAI_MODEL_IDS,
+                                   *self.config.model_aliases]))
 
     def saved_voices(self) -> list[Any]:
         try:
@@ -454,32 +482,109 @@ class Service:
             raise ApiError(500, "the voices folder holds a damaged voice file (the server log names it)",
                            kind="server_error", code="voices_unreadable") from exc
 
-    def voice_kwargs(self, voice: Any, instructions: str | None) -> dict[str, Any]:
-        """generate() keywords for the request's voice and instructions (a name, never a path)."""
+    def voice_kwargs(self, voice: Any, instructions: str | None) -> tuple[dict[str, Any], int | None]:
+        """generate() keywords for the request's voice and instructions (a name, never a path), and
+        the seed the voice brings (a preset's; None: the request's or a fresh one). A name resolves
+        to a built-in mode, an uploaded reference (ref-...), a saved voice, else an OpenAI preset."""
         name = voice if isinstance(voice, str) else voice.id
         if name in BUILTIN_VOICES:
             if name == "design" and not instructions:
                 raise ApiError(400, "voice 'design' needs `instructions` describing the voice, e.g. "
                                "\"female, low pitch\"", "instructions", "missing_required_parameter")
-            return {"instruct": instructions} if instructions else {}
+            return ({"instruct": instructions} if instructions else {}), None
         try:
             voice_store.check_name(name)
         except UserError:
             raise ApiError(400, f"voice {name!r} is not a voice name (names are names, not paths); voices: "
                            f"{', '.join(self.voice_names())}", "voice", "invalid_voice") from None
-        if name not in self.voice_names():
-            raise ApiError(400, f"unknown voice {name!r}; voices: {', '.join(self.voice_names())}", "voice",
+        seed = None
+        if name in self.references:
+            self.references.move_to_end(name)
+            kwargs: dict[str, Any] = {"voice_clone_prompt": self.references[name]}
+        elif name in self.saved_names():
+            try:
+                kwargs = voice_store.load_voice(name, self.voices, self.fingerprint).generate_kwargs()
+            except UserError as exc:
+                raise ApiError(400, self.scrub(str(exc)), "voice", "invalid_voice") from exc
+        elif name in PRESETS:
+            kwargs, seed = PRESETS[name].generate_kwargs(), PRESETS[name].seed
+        else:
+            hint = " (uploaded references are kept in memory only: upload it again)" \
+                if name.startswith(REFERENCE_PREFIX) else ""
+            raise ApiError(400, f"unknown voice {name!r}{hint}; voices: {', '.join(self.voice_names())}", "voice",
                            "invalid_voice")
-        try:
-            kwargs = voice_store.load_voice(name, self.voices, self.fingerprint).generate_kwargs()
-        except UserError as exc:
-            raise ApiError(400, self.scrub(str(exc)), "voice", "invalid_voice") from exc
         if instructions:
-            kwargs["instruct"] = instructions  # the request's description wins over a saved design voice's
-        return kwargs
+            kwargs["instruct"] = instructions  # the request's description wins over a saved or preset design
+        return kwargs, seed
+
+    def saved_names(self) -> list[str]:
+        return [voice.name for voice in self.saved_voices()]
 
     def voice_names(self) -> list[str]:
-        return list(BUILTIN_VOICES) + [voice.name for voice in self.saved_voices()]
+        """What `voice` may name (uploaded references aside): the built-in modes, the saved voices, and
+        the presets no saved voice of the same name replaces."""
+        saved = self.saved_names()
+        return list(BUILTIN_VOICES) + saved + [name for name in PRESETS if name not in saved]
+
+    def languages(self) -> list[dict[str, Any]]:
+        """The model's languages: [{"id", "names"}] in runtime-config.json's order."""
+        table = language_names(self.pool.models[0].runtime_config["languages"])
+        return [{"id": lang_id, "names": names} for lang_id, names in table.items()]
+
+    def encode_reference(self, data: bytes, ref_text: str) -> VoiceClonePrompt:
+        """An uploaded recording (a file's bytes) encoded as a cloning prompt by the runtime's own
+        reader (length checked from the header, then read, resampled, trimmed: request.py's
+        limits); ApiError 400 naming the problem. Runs on the caller's thread (not a worker's)."""
+        with tempfile.TemporaryDirectory(prefix="omnivoice-ref-") as folder:
+            path = Path(folder) / "reference"
+            path.write_bytes(data)
+            try:
+                return self.pool.models[0].create_voice_clone_prompt(str(path), ref_text)
+            except UserError as exc:
+                message = scrub_paths(str(exc), {"the uploaded reference": path, **self.pool.folders})
+                raise ApiError(400, message, None, "invalid_reference") from exc
+
+    def add_reference(self, prompt: VoiceClonePrompt, digest: str) -> str:
+        """Keep an uploaded reference for later requests (REFERENCES_KEPT at most) -> its voice id."""
+        name = REFERENCE_PREFIX + digest[:16]
+        self.references[name] = prompt
+        self.references.move_to_end(name)
+        while len(self.references) > REFERENCES_KEPT:
+            self.references.popitem(last=False)
+        return name
+
+
+@dataclass
+class Speech:
+    """What one synthesis asks for, as a front end without pydantic (the Wyoming server) builds it;
+    the fields SpeechRequest shares, so plan_job() reads either."""
+
+    input: str
+    voice: str
+    instructions: str | None = None
+    language: str | None = None
+    speed: float | None = None
+    duration: float | None = None
+    num_step: int | None = None
+    guidance_scale: float | None = None
+    seed: int | None = None
+
+
+def plan_job(service: Service, request: Any, loop: asyncio.AbstractEventLoop, stream: bool) -> Job:
+    """The validated work of one synthesis (a SpeechRequest or a Speech): the voice resolved, the
+    seed chosen (the request's, else its preset's, else a fresh one), the request checked by the
+    runtime without model work; ApiError (400) for anything it would refuse."""
+    kwargs, voice_seed = service.voice_kwargs(request.voice, request.instructions)
+    config = {key: value for key, value in (("num_step", request.num_step),
+                                             ("guidance_scale", request.guidance_scale)) if value is not None}
+    kwargs.update(language=request.language, speed=request.speed, duration=request.duration,
+                  generation_config=config or None)
+    seed = request.seed if request.seed is not None else voice_seed if voice_seed is not None else fresh_seed()
+    try:
+        service.pool.models[0].validate(request.input, **kwargs, seed=seed)  # no model work: a 400 before the queue
+    except UserError as exc:
+        raise ApiError(400, service.scrub(str(exc))) from exc
+    return Job(text=request.input, kwargs=kwargs, seed=seed, stream=stream, loop=loop)
 
 
 def build_job(service: Service, request: Any, loop: asyncio.AbstractEventLoop) -> tuple[Job, str]:
@@ -497,18 +602,7 @@ def build_job(service: Service, request: Any, loop: asyncio.AbstractEventLoop) -
         raise ApiError(400, f"response_format {fmt!r} cannot be streamed; with stream_format use one of "
                        f"{', '.join(streamable)}, or drop stream_format to get the whole {fmt} file",
                        "response_format", "unsupported_format")
-    kwargs = service.voice_kwargs(request.voice, request.instructions)
-    config = {key: value for key, value in (("num_step", request.num_step),
-                                             ("guidance_scale", request.guidance_scale)) if value is not None}
-    kwargs.update(language=request.language, speed=request.speed, duration=request.duration,
-                  generation_config=config or None)
-    seed = fresh_seed() if request.seed is None else request.seed
-    try:
-        service.pool.models[0].validate(request.input, **kwargs, seed=seed)  # no model work: a 400 before the queue
-    except UserError as exc:
-        raise ApiError(400, service.scrub(str(exc))) from exc
-    job = Job(text=request.input, kwargs=kwargs, seed=seed, stream=request.stream_format is not None, loop=loop)
-    return job, fmt
+    return plan_job(service, request, loop, stream=request.stream_format is not None), fmt
 
 
 async def read_body(request: Any, limit: int) -> bytes:
@@ -569,14 +663,15 @@ def create_app(service: Service) -> Any:
 
     class RequireKey:
         """`Authorization: Bearer <key>` on every route but /health (load balancers probe without
-        it). Plain ASGI rather than @app.middleware: starlette's BaseHTTPMiddleware breaks a
+        it) and the page at / (it holds no data; its own requests send the key typed into it).
+        Plain ASGI rather than @app.middleware: starlette's BaseHTTPMiddleware breaks a
         streamed response whose client leaves ("No response returned")."""
 
         def __init__(self, app: Any) -> None:
             self.app = app
 
         async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
-            if scope["type"] == "http" and scope["path"] != "/health":
+            if scope["type"] == "http" and scope["path"] not in ("/health", "/"):
                 given = dict(scope["headers"]).get(b"authorization", b"")
                 token = given[len(b"Bearer "):] if given.startswith(b"Bearer ") else b""
                 if not hmac.compare_digest(token, key.encode()):
@@ -604,15 +699,63 @@ def create_app(service: Service) -> Any:
         data += [{"id": f"{MODEL_ID}-{name}", "object": "model", "created": service.created,
                   "owned_by": "omnivoice-onnx", "variant": name, "served": name == service.variant}
                  for name in present]
+        data += [{"id": alias, "object": "model", "created": service.created, "owned_by": "omnivoice-onnx",
+                  "variant": service.variant, "served": True} for alias in service.model_ids()[2:]]
         return {"object": "list", "data": data}
 
     @app.get("/v1/audio/voices")
     async def list_voices() -> dict[str, Any]:
         data = [{"id": name, "name": name, "kind": "builtin", "description": text}
                 for name, text in BUILTIN_VOICES.items()]
+        saved = service.saved_voices()
         data += [{"id": voice.name, "name": voice.name, "kind": "clone" if voice.prompt is not None else "design",
-                  "instruct": voice.instruct} for voice in service.saved_voices()]
+                  "instruct": voice.instruct} for voice in saved]
+        data += [{"id": name, "name": name, "kind": "preset", "instruct": preset.instruct, "seed": preset.seed}
+                 for name, preset in PRESETS.items() if name not in {voice.name for voice in saved}]
         return {"object": "list", "voices": [item["id"] for item in data], "data": data}
+
+    @app.get("/v1/audio/languages")
+    async def list_languages() -> dict[str, Any]:
+        """The `language` values the model knows (ids; names and tags like en-US resolve too)."""
+        return {"object": "list", "data": service.languages()}
+
+    async def add_reference(request: Request) -> JSONResponse:
+        """Body: a reference recording (any format libsndfile reads); query: ref_text (its words),
+        and save_as=NAME to keep it as a saved voice (only with --allow-voice-save). Answers the
+        voice id to name in speech requests: NAME when saved, else an in-memory "ref-..." id."""
+        ref_text, save_as = request.query_params.get("ref_text"), request.query_params.get("save_as")
+        if not ref_text or not ref_text.strip():
+            raise ApiError(400, "ref_text (the words spoken in the reference) is required", "ref_text",
+                           "missing_required_parameter")
+        if save_as is not None and not service.config.allow_voice_save:
+            raise ApiError(403, "saving voices over HTTP is off on this server; start it with --allow-voice-save, "
+                           "or leave out save_as to use the reference for requests without saving it",
+                           "save_as", "voice_save_disabled", kind="permission_error")
+        if save_as is not None:
+            try:
+                voice_store.check_name(save_as)
+            except UserError as exc:
+                raise ApiError(400, str(exc), "save_as", "invalid_voice") from None
+        body = await read_body(request, MAX_REFERENCE_BYTES)
+        if not body:
+            raise ApiError(400, "the request body is empty; send the reference recording as the body",
+                           code="empty_body")
+        digest = hashlib.sha256(body + b"\0" + ref_text.encode()).hexdigest()
+        prompt = await asyncio.to_thread(service.encode_reference, body, ref_text)
+        if save_as is None:
+            return JSONResponse({"id": service.add_reference(prompt, digest), "saved": False})
+        voice = voice_store.Voice(save_as, prompt, None, service.fingerprint, Path())
+        await asyncio.to_thread(voice_store.save_voice, service.voices, save_as, voice)
+        LOG.info("saved voice %s (POST /v1/audio/references)", save_as)
+        return JSONResponse({"id": save_as, "saved": True})
+
+    app.router.add_route("/v1/audio/references", add_reference, methods=["POST"])  # reads its body itself
+
+    @app.get("/")
+    async def page() -> Response:
+        """The page to try voices (omnivoice_onnx/web/index.html: plain HTML + JS, nothing fetched
+        from elsewhere)."""
+        return Response(web_page(), media_type="text/html; charset=utf-8")
 
     async def speech(request: Request) -> Any:
         body = await read_body(request, service.config.max_body_bytes)
@@ -633,7 +776,7 @@ def create_app(service: Service) -> Any:
         except Draining:
             raise ApiError(503, "the server is shutting down", code="shutting_down", kind="server_error",
                            headers={"Retry-After": "5"}) from None
-        timer = loop.call_at(loop.time() + service.config.timeout_s, _time_out, job)
+        timer = loop.call_at(loop.time() + service.config.timeout_s, time_out, job)
         headers = {"X-Seed": str(job.seed)}
         try:
             first = await _first_event(job, request)
@@ -644,7 +787,7 @@ def create_app(service: Service) -> Any:
         kind, payload = first
         if kind in ("error", "timeout", "cancelled", "gone"):
             timer.cancel()
-            raise _failure(job, kind, payload)
+            raise job_failure(job, kind, payload)
         if not job.stream:
             timer.cancel()
             data = await asyncio.to_thread(encode_clip, payload, fmt, service.sample_rate)  # mp3 of minutes: not on the loop
@@ -663,7 +806,14 @@ def create_app(service: Service) -> Any:
     return app
 
 
-def _time_out(job: Job) -> None:
+def web_page() -> bytes:
+    """The page at / (package data: omnivoice_onnx/web/index.html, in the wheel via pyproject)."""
+    from importlib.resources import files
+
+    return files("omnivoice_onnx").joinpath("web", "index.html").read_bytes()
+
+
+def time_out(job: Job) -> None:
     """The request's time is up: its handler answers now (a queued job would otherwise wait for a
     worker to reach it), and the worker drops it or stops it before its next step."""
     job.timed_out = True
@@ -671,7 +821,7 @@ def _time_out(job: Job) -> None:
     job.events.put_nowait(("timeout", None))
 
 
-def _failure(job: Job, kind: str, payload: Any) -> ApiError:
+def job_failure(job: Job, kind: str, payload: Any) -> ApiError:
     if kind == "error":
         return payload
     if kind == "timeout":
@@ -722,7 +872,7 @@ async def _stream_bytes(job: Job, first: tuple[str, Any], encoder: StreamEncoder
                 job.finished = True
                 return
             else:
-                raise StreamFailed(_failure(job, kind, payload).message)
+                raise StreamFailed(job_failure(job, kind, payload).message)
             event = await job.events.get()
     finally:
         timer.cancel()
@@ -835,19 +985,21 @@ class Launched:
 
 
 def launch(model_dir: Path, log: Path, *flags: str, env: dict[str, str] | None = None,
-           start_timeout: float = 60.0) -> Launched:
+           start_timeout: float = 60.0, command: str = "serve") -> Launched:
     """`omnivoice-onnx serve --model-dir M --port 0 FLAGS` as a child process, once it listens: the
-    port is read from uvicorn's start line, so there is no race for a free port (tests, benches)."""
+    port is read from its start line, so there is no race for a free port (tests, benches).
+    command="wyoming" starts `omnivoice-onnx wyoming --uri tcp://127.0.0.1:0` the same way."""
     import re
     import subprocess
     import sys
 
     with open(log, "w") as handle:
-        process = subprocess.Popen([sys.executable, "-m", "omnivoice_onnx", "serve", "--model-dir", str(model_dir),
-                                    "--port", "0", *flags], env=env, stdout=handle, stderr=subprocess.STDOUT)
+        where = ["--port", "0"] if command == "serve" else ["--uri", "tcp://127.0.0.1:0"]
+        process = subprocess.Popen([sys.executable, "-m", "omnivoice_onnx", command, "--model-dir", str(model_dir),
+                                    *where, *flags], env=env, stdout=handle, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + start_timeout
     while time.monotonic() < deadline:
-        found = re.search(re.escape(LISTENING) + r"http://.+:(\d+)/v1", Path(log).read_text())
+        found = re.search(re.escape(f"omnivoice-onnx {command}: listening on ") + r"\S+:(\d+)", Path(log).read_text())
         if found:
             return Launched(process, int(found.group(1)), Path(log))
         if process.poll() is not None:

@@ -357,7 +357,8 @@ def assert_same_bits_on_captured_calls(capture_dir: Path, session, reference, ev
 LONGEST_FILES = ("test_reliability.py", "test_runtime_generate.py", "test_docs.py", "test_quantize.py",
                  "test_batch.py", "test_hardening.py", "test_reliability3.py", "test_parity.py", "test_runtime_cli.py",
                  "test_export.py", "test_fusion.py", "test_infer.py", "test_runtime_install.py", "test_server.py",
-                 "test_stream.py", "test_voices.py", "test_speak.py", "test_model_card.py")
+                 "test_dropin.py", "test_wyoming.py", "test_stream.py", "test_voices.py", "test_speak.py",
+                 "test_model_card.py")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

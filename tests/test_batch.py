@@ -164,6 +164,7 @@ def test_resume_does_only_what_changed(reference_run, corpus, pipeline, tmp_path
     shutil.copytree(reference_run, res_dir)
     again = run_batch(options(corpus, pipeline, res_dir), log=lambda message: None)
     assert (again.made, again.already) == (0, 6)
+    assert "nan" not in again.text() and "no RTF: no audio made by this run" in again.text()  # nothing to do
     (res_dir / "design_1.wav").unlink()
     damaged = bytearray((res_dir / "clone_1.wav").read_bytes())
     damaged[100] ^= 1

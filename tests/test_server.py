@@ -29,6 +29,7 @@ openai = pytest.importorskip("openai")
 pytest.importorskip("fastapi")
 
 from omnivoice_onnx import OmniVoiceOnnx, audio_out, server  # noqa: E402
+from omnivoice_onnx.presets import PRESETS  # noqa: E402
 from omnivoice_onnx.voices import Voice, load_voice, save_voice  # noqa: E402
 
 pytestmark = pytest.mark.slow  # the session pipeline's tiny export
@@ -120,7 +121,7 @@ def test_routes(srv):
     models = client.models.list()
     assert [m.id for m in models.data][0] == "omnivoice"
     status, _, body = srv.request("GET", "/v1/audio/voices")
-    assert status == 200 and json.loads(body)["voices"] == ["auto", "design", "clone", "narrator"]
+    assert status == 200 and json.loads(body)["voices"] == ["auto", "design", "clone", "narrator", *PRESETS]
     health = srv.health()
     assert health["status"] == "ok" and health["workers"] == 1 and health["queue_size"] == 2
     status, _, body = srv.request("GET", "/v1/nothing")
@@ -223,7 +224,7 @@ def test_bad_requests(srv, voices, tmp_path):
         assert str(tmp_path.parent.parent) not in error["message"] and "Traceback" not in error["message"]
     status, _, body = srv.request("POST", "/v1/audio/speech", b"{not json", headers={"Content-Type": "application/json"})
     assert status == 400 and error_of(body)["code"] == "invalid_json"
-    status, _, body = srv.request("POST", "/v1/audio/speech", {**base, "model": "tts-1"})
+    status, _, body = srv.request("POST", "/v1/audio/speech", {**base, "model": "whisper-1"})
     assert status == 404 and error_of(body)["code"] == "model_not_found"
     # A voice of another model: refused by the runtime, whose message names the file; the client's doesn't.
     foreign = save_voice(voices, "foreign", Voice("foreign", None, "male", "0" * 64, Path()))
@@ -256,6 +257,18 @@ def test_auth_and_body_limit(srv):
     response = conn.getresponse()
     assert response.status == 413 and error_of(response.read())["code"] == "body_too_large"
     conn.close()
+
+
+def test_page_is_open_and_voice_saving_is_off(srv):
+    """The page at / needs no key (its own requests send it); saving a voice over HTTP needs the key
+    AND --allow-voice-save, which this server lacks: 403, before the upload is read."""
+    status, headers, body = srv.request("GET", "/", key=None)
+    assert status == 200 and headers["content-type"].startswith("text/html") and b"/v1/audio/speech" in body
+    path = "/v1/audio/references?ref_text=Words.&save_as=kept"
+    assert srv.request("POST", path, b"RIFF", key=None)[0] == 401
+    status, _, body = srv.request("POST", path, b"RIFF")
+    error = error_of(body)
+    assert status == 403 and error["code"] == "voice_save_disabled" and "--allow-voice-save" in error["message"]
 
 
 def test_queue_full_is_429(srv):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import signal
 import stat
 import subprocess
@@ -43,6 +44,9 @@ def one_error_line(done: subprocess.CompletedProcess, fragment: str) -> None:
 
 def test_version_and_help() -> None:
     assert command("--version").stdout.decode().strip() == f"omnivoice-onnx {__version__}"
+    top = command("--help").stdout.decode()  # for users: the commands and examples, not how modules register
+    assert "wyoming" in top and "serve" in top and "seed" in top
+    assert not [word for word in ("SUBCOMMANDS", "add_parser", "import their heavy") if word in top], top
     text = command("speak", "--help").stdout.decode()
     for flag in ("--text-file", "--out", "--raw", "--stream", "--language", "--instruct", "--ref-audio", "--ref_audio",
                  "--ref-text", "--ref_text", "--voice", "--voices", "--speed", "--duration", "--num-step",
@@ -59,6 +63,7 @@ def test_version_and_help() -> None:
     (["Hi.", "--ref-audio", "r.wav", "--out", "x.wav"], b"", "needs both --ref-audio and --ref-text"),
     (["Hi.", "--num-step", "0", "--out", "x.wav"], b"", "--num_step: 0 is out of range"),
     (["Hi.", "--out", "x.wav"], b"", "model folder missing-model not found"),
+    (["Hi.", "--out", "no/such/x.wav"], b"", "the folder no/such does not exist; create it first (mkdir -p no/such)"),
 ])
 def test_refused_before_any_work(args: list[str], stdin: bytes, fragment: str, tmp_path: Path) -> None:
     done = command("speak", *args, "--model-dir", "missing-model", stdin=stdin, cwd=tmp_path)
@@ -96,7 +101,7 @@ def test_language_tags() -> None:
 
 def test_progress_line_and_summary() -> None:
     err = io.StringIO()
-    reporter = speak.Reporter(True, err)
+    reporter = speak.Reporter(True, True, err)
     reporter.progress(Progress(chunk=1, chunks=2, step=3, steps=4))
     reporter.summary(2.0, 42, "x.wav")
     text = err.getvalue()
@@ -104,8 +109,14 @@ def test_progress_line_and_summary() -> None:
     assert text.rstrip().split("\x1b[K")[-1].startswith("omnivoice-onnx: 2.00 s of audio in ")
     assert "RTF" in text and "model loaded in" in text and "seed 42 -> x.wav" in text
     quiet = io.StringIO()
-    speak.Reporter(False, quiet).progress(Progress(1, 1, 1, 1))
+    speak.Reporter(False, False, quiet).progress(Progress(1, 1, 1, 1))
     assert quiet.getvalue() == ""
+    logged = io.StringIO()  # stderr not a terminal: no progress line, the summary alone
+    reporter = speak.Reporter(True, False, logged)
+    reporter.progress(Progress(chunk=1, chunks=1, step=1, steps=4))
+    reporter.summary(0.0, 7, "x.wav")
+    assert logged.getvalue().startswith("omnivoice-onnx: 0.00 s of audio") and logged.getvalue().count("\n") == 1
+    assert "\r" not in logged.getvalue() and "nan" not in logged.getvalue() and "inf" not in logged.getvalue()
 
 
 @pytest.mark.parametrize("raised,code,fragment", [
@@ -135,12 +146,29 @@ def test_missing_subcommand_modules_are_skipped(monkeypatch) -> None:
 def test_speak_stdin_to_wav_is_generate(pipeline: Pipeline, tmp_path: Path) -> None:
     done = command("speak", "--out", "x.wav", "--model-dir", pipeline.onnx, "--num-step", "4", "--seed", "9",
                    "--language", "en-US", stdin=b"Hello there.\n", cwd=tmp_path)
-    assert done.returncode == 0 and done.stderr == b"" and done.stdout == b"", done.stderr.decode()
+    assert done.returncode == 0 and done.stdout == b"", done.stderr.decode()
+    (line,) = done.stderr.decode().splitlines()  # stderr is a pipe: the summary, no progress line
+    assert line.startswith("omnivoice-onnx: ") and line.endswith("seed 9 -> x.wav") and "\r" not in line, line
     info = soundfile.info(str(tmp_path / "x.wav"))
     assert (info.samplerate, info.channels, info.subtype) == (24000, 1, "PCM_16")
     (expected,) = OmniVoiceOnnx.from_dir(pipeline.onnx).generate("Hello there.", language="en", seed=9,
                                                                   generation_config={"num_step": 4})
     assert np.array_equal(soundfile.read(tmp_path / "x.wav", dtype="int16")[0], to_pcm16(expected))
+
+
+@pytest.mark.slow
+def test_a_logged_seed_repeats_the_run(pipeline: Pipeline, tmp_path: Path) -> None:
+    """`speak "Hi." --out x.wav 2>log` leaves the drawn seed in the log; that seed gives the same file."""
+    common = ["--model-dir", pipeline.onnx, "--num-step", "2"]
+    with open(tmp_path / "log", "wb") as log:
+        done = subprocess.run([sys.executable, "-m", "omnivoice_onnx", "speak", "Hi.", "--out", "x.wav",
+                               *map(str, common)], stdin=subprocess.DEVNULL, stderr=log, cwd=tmp_path,
+                              env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == 0
+    seed = re.search(r"seed (\d+) -> x\.wav$", (tmp_path / "log").read_text().strip()).group(1)
+    again = command("speak", "Hi.", "--out", "y.wav", "--seed", seed, "--quiet", *common, cwd=tmp_path)
+    assert again.returncode == 0 and again.stderr == b"", again.stderr.decode()
+    assert (tmp_path / "x.wav").read_bytes() == (tmp_path / "y.wav").read_bytes()
 
 
 @pytest.mark.slow

@@ -2,13 +2,19 @@
 
     omnivoice-onnx speak "Hello there." --out hello.wav     # a 16-bit PCM WAV, 24 kHz
     echo "Hello." | omnivoice-onnx speak --raw | aplay -r 24000 -f S16_LE -c 1
+    omnivoice-onnx serve                                     # OpenAI-compatible server + a page at /
+    omnivoice-onnx wyoming                                   # Home Assistant's Wyoming protocol
     omnivoice-onnx COMMAND --help                            # every command's flags
 
-Each command is a module omnivoice_onnx/cli/<name>.py listed in SUBCOMMANDS, exposing
-`add_parser(subparsers) -> argparse.ArgumentParser` and `run(args) -> int | None`; a listed module
-that is not installed yet is left out. Commands import their heavy dependencies (onnxruntime
-sessions, fastapi, ray) when they run, so `--help` and `--version` start fast.
+`speak` prints a one-line summary with its seed on stderr (--quiet: nothing); the same --seed
+repeats it. The bundle folder is ./onnx unless --model-dir says otherwise.
 """
+
+# How commands register (for developers, kept out of --help): each is a module
+# omnivoice_onnx/cli/<name>.py listed in SUBCOMMANDS, exposing `add_parser(subparsers) ->
+# argparse.ArgumentParser` and `run(args) -> int | None`; a listed module that is not installed is
+# left out. Commands import their heavy dependencies (onnxruntime sessions, fastapi, ray) when they
+# run, so `--help` and `--version` start fast.
 
 from __future__ import annotations
 
@@ -20,7 +26,7 @@ from omnivoice_onnx import __version__
 from omnivoice_onnx.cliutil import EXIT_BAD_INPUT, EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, EXIT_TERMINATED, prepare, run_main
 
 PROG = "omnivoice-onnx"
-SUBCOMMANDS = ("speak", "voice", "info", "serve", "batch")
+SUBCOMMANDS = ("speak", "voice", "info", "serve", "wyoming", "batch")
 EXIT_CODES = (f"exit codes: 0 success, {EXIT_BAD_INPUT} bad or missing input (one line on stderr names the fix), "
               f"{EXIT_INTERRUPTED} interrupted (Ctrl-C), {EXIT_TERMINATED} terminated (SIGTERM), {EXIT_BROKEN_PIPE} "
               "output pipe closed; --debug shows the traceback of an error")

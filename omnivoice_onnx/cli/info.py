@@ -21,7 +21,7 @@ from omnivoice_onnx.cli.speak import DEFAULT_MODEL_DIR
 from omnivoice_onnx.contract import FP32_VARIANT, GRAPH_FILES, REPORT_FILE, variant_path, variants_present
 from omnivoice_onnx.errors import UserError
 from omnivoice_onnx.files import sha256_file
-from omnivoice_onnx.prompt import load_runtime_config
+from omnivoice_onnx.prompt import language_names, load_runtime_config
 from omnivoice_onnx.voices import list_voices, voices_dir
 
 NO_LICENSE = "not recorded (exported before licences were recorded: re-run export_omnivoice.py)"
@@ -66,11 +66,8 @@ def run(args: argparse.Namespace) -> int:
     config = load_runtime_config(onnx_dir)
     languages = config["languages"]
     if args.languages:
-        names: dict[str, list[str]] = {}
-        for name, lang_id in languages["name_to_id"].items():
-            names.setdefault(lang_id, []).append(name)
-        for lang_id in languages["ids"]:
-            print(f"{lang_id:<8} {', '.join(sorted(names.get(lang_id, [])))}")
+        for lang_id, names in language_names(languages).items():
+            print(f"{lang_id:<8} {', '.join(names)}")
         return 0
 
     from omnivoice_onnx.api import default_variant  # opens nothing; imports onnxruntime

@@ -1,7 +1,7 @@
 """omnivoice-onnx serve: an OpenAI-compatible speech server (POST /v1/audio/speech) on this machine.
 
     pip install 'omnivoice-onnx[serve]'
-    omnivoice-onnx serve --model-dir onnx                       # http://127.0.0.1:8000/v1
+    omnivoice-onnx serve --model-dir onnx                       # http://127.0.0.1:8000/v1, a page at /
     curl -s http://127.0.0.1:8000/v1/audio/speech -H 'Content-Type: application/json' \\
          -d '{"model": "omnivoice", "voice": "auto", "input": "Hello.", "response_format": "wav"}' -o hello.wav
 
@@ -17,6 +17,7 @@ import argparse
 import logging
 import os
 from pathlib import Path
+from typing import Any
 
 from omnivoice_onnx.cli.speak import DEFAULT_MODEL_DIR
 from omnivoice_onnx.cliutil import float_range, int_range
@@ -25,34 +26,59 @@ from omnivoice_onnx.errors import UserError
 INSTALL_FIX = "install the server's extra: pip install 'omnivoice-onnx[serve]'"
 
 
-def add_parser(subparsers) -> argparse.ArgumentParser:
+def add_model_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags of what a server loads and how it queues work: `serve`'s and `wyoming`'s."""
     from omnivoice_onnx import server
 
-    parser = subparsers.add_parser("serve", help="run an OpenAI-compatible speech server", description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model-dir", "--model_dir", dest="model_dir", type=Path, default=DEFAULT_MODEL_DIR,
                         help=f"the export folder (default: {DEFAULT_MODEL_DIR})")
     parser.add_argument("--voices", type=Path, default=None,
                         help="the saved voices folder (default: $OMNIVOICE_VOICES, else <model-dir>/voices)")
     parser.add_argument("--variant", default=None, help="transformer variant to serve (default: the runtime's choice)")
-    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)")
-    parser.add_argument("--port", type=int_range(0, 65535), default=8000, help="TCP port (default: 8000; 0: any free)")
-    parser.add_argument("--api-key", "--api_key", dest="api_key", default=None,
-                        help=f"require `Authorization: Bearer KEY` (default: ${server.API_KEY_ENV}; unset: no key)")
     parser.add_argument("--workers", type=int_range(1, 64), default=1,
                         help="inference workers, each with its own model sessions (default: 1)")
     parser.add_argument("--threads", type=int_range(1, 1024), default=None,
                         help="onnxruntime threads per worker (default: cores // workers)")
     parser.add_argument("--queue", type=int_range(1, 10_000), default=server.DEFAULT_QUEUE,
-                        help=f"requests that may wait for a worker; more get 429 (default: {server.DEFAULT_QUEUE})")
+                        help=f"requests that may wait for a worker; more are refused (default: {server.DEFAULT_QUEUE})")
     parser.add_argument("--timeout", type=float_range(1.0, 86_400.0), default=server.DEFAULT_TIMEOUT_S,
                         help=f"seconds a request may take, queue wait included (default: {server.DEFAULT_TIMEOUT_S:g})")
-    parser.add_argument("--drain-timeout", "--drain_timeout", dest="drain_timeout", type=float_range(0.0, 86_400.0), default=server.DEFAULT_DRAIN_S,
+
+
+def server_config(args: argparse.Namespace, **more: Any) -> Any:
+    """The ServerConfig of add_model_flags' flags (and `more` fields); the model folder checked."""
+    from omnivoice_onnx import server
+
+    if not args.model_dir.is_dir():
+        raise UserError(f"--model-dir {args.model_dir} is not a folder", "pass the export folder (onnx/)")
+    return server.ServerConfig(model_dir=args.model_dir, voices_dir=args.voices, workers=args.workers,
+                               threads=args.threads, queue_size=args.queue, timeout_s=args.timeout,
+                               variant=args.variant, **more)
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    from omnivoice_onnx import server
+
+    parser = subparsers.add_parser("serve", help="run an OpenAI-compatible speech server and a page to try voices",
+                                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_model_flags(parser)
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)")
+    parser.add_argument("--port", type=int_range(0, 65535), default=8000, help="TCP port (default: 8000; 0: any free)")
+    parser.add_argument("--api-key", "--api_key", dest="api_key", default=None,
+                        help=f"require `Authorization: Bearer KEY` (default: ${server.API_KEY_ENV}; unset: no key)")
+    parser.add_argument("--drain-timeout", "--drain_timeout", dest="drain_timeout", type=float_range(0.0, 86_400.0),
+                        default=server.DEFAULT_DRAIN_S,
                         help=f"on SIGTERM, seconds in-flight requests may take to finish (default: "
                              f"{server.DEFAULT_DRAIN_S:g})")
-    parser.add_argument("--default-format", "--default_format", dest="default_format", choices=tuple(server.FORMATS), default=None,
-                        help="response_format when a request names none (default: mp3 as OpenAI, where libsndfile "
-                             "writes it; else wav)")
+    parser.add_argument("--default-format", "--default_format", dest="default_format", choices=tuple(server.FORMATS),
+                        default=None, help="response_format when a request names none (default: mp3 as OpenAI, where "
+                                           "libsndfile writes it; else wav)")
+    parser.add_argument("--model-alias", "--model_alias", dest="model_aliases", action="append", default=[],
+                        metavar="ID", help="another `model` id that names the served variant (repeatable; tts-1, "
+                                           "tts-1-hd and gpt-4o-mini-tts always do)")
+    parser.add_argument("--allow-voice-save", "--allow_voice_save", dest="allow_voice_save", action="store_true",
+                        help="let POST /v1/audio/references?save_as=NAME (and the page) save a voice into the voices "
+                             "folder (default: off; uploaded references are then kept in memory only)")
     return parser
 
 
@@ -63,12 +89,9 @@ def run(args: argparse.Namespace) -> int:
         import uvicorn  # noqa: F401
     except ModuleNotFoundError as exc:
         raise UserError(f"omnivoice-onnx serve needs {exc.name}, which is not installed", INSTALL_FIX) from None
-    if not args.model_dir.is_dir():
-        raise UserError(f"--model-dir {args.model_dir} is not a folder", "pass the export folder (onnx/)")
+    config = server_config(
+        args, host=args.host, port=args.port, api_key=args.api_key or os.environ.get(server.API_KEY_ENV) or None,
+        drain_s=args.drain_timeout, default_format=args.default_format, model_aliases=tuple(args.model_aliases),
+        allow_voice_save=args.allow_voice_save)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(message)s")
-    config = server.ServerConfig(
-        model_dir=args.model_dir, voices_dir=args.voices, host=args.host, port=args.port,
-        api_key=args.api_key or os.environ.get(server.API_KEY_ENV) or None, workers=args.workers,
-        threads=args.threads, queue_size=args.queue, timeout_s=args.timeout, drain_s=args.drain_timeout,
-        variant=args.variant, default_format=args.default_format)
     return server.serve(config)

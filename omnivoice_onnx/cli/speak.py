@@ -20,9 +20,11 @@ the same chunking and --seed; its level is fixed from the first chunk when there
 (see OmniVoiceOnnx.stream). Without --stream, the output is upstream generate()'s for the seed.
 
 Modes: voice cloning (--ref-audio + --ref-text, or --voice NAME|FILE saved with `omnivoice-onnx
-voice add`), voice design (--instruct), or neither (a voice the model chooses). A progress line
-(chunk, step, ETA) and a one-line summary go to stderr when it is a terminal (never with --quiet);
-stdout carries audio only. No --seed draws one, and the summary prints it so the run can be repeated.
+voice add`), voice design (--instruct), or neither (a voice the model chooses). A one-line summary
+(audio length, RTF, seed, destination) goes to stderr, a terminal or a log alike; a progress line
+(chunk, step, ETA) only when stderr is a terminal; --quiet silences both. stdout carries audio only.
+No --seed draws one, and the summary prints it so the run can be repeated. --out into a folder
+that does not exist is refused (create it first).
 """
 
 from __future__ import annotations
@@ -175,20 +177,27 @@ def voice_kwargs(args: argparse.Namespace, tts, kwargs: dict[str, Any]) -> dict[
 
 
 class Reporter:
-    """The progress line and the summary on stderr, when it is a terminal and --quiet is not given.
-    The ETA and the real-time factor count from begin() (generation), the load time before it."""
+    """What goes to stderr: the one-line summary (with the seed) unless --quiet, wherever stderr
+    goes (a log keeps the seed of a run worth repeating); the progress line only on a terminal
+    (its carriage returns would fill a log). The ETA and the real-time factor count from begin()
+    (generation), the load time before it."""
 
-    def __init__(self, enabled: bool, err: TextIO | None = None) -> None:
-        self.enabled, self.err = enabled, err or sys.stderr
+    def __init__(self, summaries: bool, progress_line: bool, err: TextIO | None = None) -> None:
+        self.summaries, self.progress_line, self.err = summaries, progress_line, err or sys.stderr
         self.start = self.generation_start = time.monotonic()
         self.drawn = False
+
+    @classmethod
+    def for_stderr(cls, quiet: bool) -> "Reporter":
+        """The command line's: the summary unless quiet, the progress line on a terminal unless quiet."""
+        return cls(not quiet, not quiet and sys.stderr.isatty())
 
     def begin(self) -> None:
         """Generation starts now (the model is loaded)."""
         self.generation_start = time.monotonic()
 
     def progress(self, p: Progress) -> None:
-        if not self.enabled:
+        if not self.progress_line:
             return
         done = ((p.chunk - 1) + p.step / p.steps) / p.chunks
         elapsed = time.monotonic() - self.generation_start
@@ -198,13 +207,13 @@ class Reporter:
         self.drawn = True
 
     def summary(self, seconds: float, seed: int, dest: str) -> None:
-        if not self.enabled:
+        if not self.summaries:
             return
         now = time.monotonic()
         generation, load = now - self.generation_start, self.generation_start - self.start
-        rtf = generation / seconds if seconds > 0 else float("inf")
+        rtf = f"RTF {generation / seconds:.2f}" if seconds > 0 else "no RTF: no audio"
         self.err.write(("\r\x1b[K" if self.drawn else "") + f"{PROG}: {seconds:.2f} s of audio in {generation:.2f} s "
-                       f"(RTF {rtf:.2f}; model loaded in {load:.2f} s), seed {seed} -> {dest}\n")
+                       f"({rtf}; model loaded in {load:.2f} s), seed {seed} -> {dest}\n")
         self.err.flush()
 
 
@@ -252,7 +261,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.model_dir.is_dir():
         raise UserError(f"model folder {args.model_dir} not found", "pass --model-dir DIR, the export folder holding "
                         "the .onnx graphs, tokenizer.json and runtime-config.json")
-    reporter = Reporter(sys.stderr.isatty() and not args.quiet)
+    reporter = Reporter.for_stderr(args.quiet)
     tts = OmniVoiceOnnx.from_dir(args.model_dir, provider=args.provider, threads=args.threads, variant=args.variant)
     kwargs = voice_kwargs(args, tts, kwargs)
     seed = fresh_seed() if args.seed is None else args.seed

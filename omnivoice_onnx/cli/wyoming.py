@@ -1,0 +1,49 @@
+"""omnivoice-onnx wyoming: a Wyoming server for Home Assistant's local voice pipeline.
+
+    pip install 'omnivoice-onnx[wyoming]'
+    omnivoice-onnx wyoming --model-dir onnx --uri tcp://127.0.0.1:10200
+
+Then in Home Assistant: Settings > Devices & services > Add integration > "Wyoming Protocol",
+host and port of this machine (bind --uri tcp://0.0.0.0:10200 for another machine to reach it;
+the protocol has no key: keep it on a trusted network). Voices: the saved ones, the OpenAI-named
+presets and auto. The protocol carries no seed: each request's is logged; --seed fixes it.
+Events, limits and errors: omnivoice_onnx.wyoming_server. SIGTERM or Ctrl-C stops it (exit 0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+from omnivoice_onnx.cli.serve import add_model_flags, server_config
+from omnivoice_onnx.cliutil import SEED
+from omnivoice_onnx.errors import UserError
+
+INSTALL_FIX = "install the Wyoming extra: pip install 'omnivoice-onnx[wyoming]'"
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    from omnivoice_onnx import wyoming_server
+
+    parser = subparsers.add_parser("wyoming", help="run a Wyoming server (Home Assistant's local voice protocol)",
+                                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_model_flags(parser)
+    parser.add_argument("--uri", default=wyoming_server.DEFAULT_URI,
+                        help=f"where to listen, tcp://HOST:PORT (default: {wyoming_server.DEFAULT_URI}; port 0: any)")
+    parser.add_argument("--voice", default=wyoming_server.DEFAULT_VOICE,
+                        help=f"the voice of a request that names none (default: {wyoming_server.DEFAULT_VOICE})")
+    parser.add_argument("--seed", type=SEED, default=None,
+                        help="every request's seed (default: a preset's own, else a fresh one per request, logged)")
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        import wyoming  # noqa: F401  (the extra's package, named now rather than at the first client)
+
+        from omnivoice_onnx import wyoming_server
+    except ModuleNotFoundError as exc:
+        raise UserError(f"omnivoice-onnx wyoming needs {exc.name}, which is not installed", INSTALL_FIX) from None
+    config = server_config(args)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(message)s")
+    return wyoming_server.serve(config, wyoming_server.WyomingConfig(uri=args.uri, seed=args.seed, voice=args.voice))

@@ -1,0 +1,284 @@
+"""A Wyoming server over the torch-free runtime (`omnivoice-onnx wyoming`), for Home Assistant.
+
+    pip install 'omnivoice-onnx[wyoming]'
+    omnivoice-onnx wyoming --model-dir onnx --uri tcp://127.0.0.1:10200
+
+Home Assistant's local voice pipeline speaks Wyoming (https://github.com/OHF-Voice/wyoming), not
+HTTP: add this server as its "Wyoming Protocol" integration (host, port). Events (the `wyoming`
+package's own classes):
+- Describe -> Info: one TtsProgram "omnivoice-onnx" whose voices are the saved voices, the OpenAI-
+  named presets (omnivoice_onnx.presets) and "auto", each with the model's language ids.
+- Synthesize(text, voice) -> AudioStart, AudioChunk... (16-bit mono PCM at 24 kHz, sent as
+  OmniVoiceOnnx.stream() decodes each sentence-sized chunk), AudioStop.
+- SynthesizeStart, SynthesizeChunk..., SynthesizeStop (streamed text, wyoming >= 1.7): each
+  completed sentence is spoken as soon as it arrives, inside one AudioStart..AudioStop, then
+  SynthesizeStopped. A Synthesize sent alongside (clients do, for older servers) is ignored.
+- A refused request -> Error(text, code): the HTTP server's message and code.
+
+Requests go through the HTTP server's machinery (omnivoice_onnx.server): the same voice
+resolution, limits (input up to server.MAX_INPUT_CHARS), validation, queue and timeout. The
+protocol carries no seed: each request gets the preset's seed for a preset voice, else a fresh
+one, and the log line names it; --seed N fixes it for every request (then the audio equals
+stream(text, seed=N) of the voice, bit for bit as 16-bit PCM). A streamed request keeps the seed
+of its first sentence for the rest. With random weights (test bundles) every voice speaks noise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+import signal
+import socket
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlparse
+
+from omnivoice_onnx import __version__
+from omnivoice_onnx import server as http
+from omnivoice_onnx.audio_out import to_pcm16
+from omnivoice_onnx.errors import UserError
+from omnivoice_onnx.presets import PRESETS
+
+LOG = logging.getLogger("omnivoice_onnx.wyoming")
+
+DEFAULT_URI = "tcp://127.0.0.1:10200"  # wyoming-piper's port is 10200 too; one of them per machine
+DEFAULT_VOICE = "alloy"  # the voice of a request that names none
+LISTENING = "omnivoice-onnx wyoming: listening on "  # the start line's prefix (server.launch reads it)
+SAMPLE_WIDTH = 2  # bytes per sample: 16-bit PCM, what Home Assistant plays
+ATTRIBUTION = ("k2-fsa OmniVoice", "https://github.com/k2-fsa/OmniVoice")
+# A sentence is complete once its end mark (and any closing quote or bracket) is followed by
+# whitespace: "Dr. Smith" may still split early, which costs a pause, never words.
+SENTENCE_END = re.compile(r"[.!?;:\u3002\uff01\uff1f\uff1b][\"')\]\u201d\u2019\u300d]*\s")
+
+
+@dataclass
+class WyomingConfig:
+    """What `omnivoice-onnx wyoming` was asked for, beyond the HTTP server's loading options."""
+
+    uri: str = DEFAULT_URI
+    seed: int | None = None  # every request's seed (None: the preset's, else a fresh one, logged)
+    voice: str = DEFAULT_VOICE
+
+
+def parse_uri(uri: str) -> tuple[str, int]:
+    """(host, port) of a tcp://HOST:PORT uri; UserError naming the fix otherwise."""
+    parsed = urlparse(uri)
+    try:
+        port = parsed.port
+    except ValueError:
+        port = None
+    if parsed.scheme != "tcp" or not parsed.hostname or port is None:
+        raise UserError(f"--uri {uri} is not tcp://HOST:PORT", "pass e.g. --uri tcp://127.0.0.1:10200 (0: any port)")
+    return parsed.hostname, port
+
+
+def voice_names(service: http.Service) -> list[str]:
+    """The voices a client may pick: saved, presets, then auto ("design" needs a description,
+    which the protocol cannot send)."""
+    return [name for name in service.voice_names() if name not in http.BUILTIN_VOICES] + ["auto"]
+
+
+def describe(service: http.Service) -> Any:
+    """The Info event's content: one TTS program and its voices, each with the model's languages."""
+    from wyoming.info import Attribution, Info, TtsProgram, TtsVoice
+
+    attribution = Attribution(*ATTRIBUTION)
+    languages = [item["id"] for item in service.languages()]
+    saved = {voice.name: voice for voice in service.saved_voices()}
+
+    def description(name: str) -> str:
+        if name in saved:
+            voice = saved[name]
+            return "saved voice: " + ("a cloned reference" if voice.prompt is not None else voice.instruct or "")
+        if name in PRESETS:
+            return f"preset: {PRESETS[name].instruct} (seed {PRESETS[name].seed})"
+        return http.BUILTIN_VOICES[name]
+
+    voices = [TtsVoice(name=name, attribution=attribution, installed=True, description=description(name),
+                       version=None, languages=languages) for name in voice_names(service)]
+    program = TtsProgram(name="omnivoice-onnx", attribution=attribution, installed=True, version=__version__,
+                         description="OmniVoice text to speech (ONNX, no torch)", voices=voices,
+                         supports_synthesize_streaming=True)
+    return Info(tts=[program])
+
+
+class Refused(Exception):
+    """A request the client gets an Error event for."""
+
+    def __init__(self, message: str, code: str | None) -> None:
+        super().__init__(message)
+        self.message, self.code = message, code
+
+
+class Session:
+    """One client connection: its events in, audio and errors out."""
+
+    def __init__(self, service: http.Service, config: WyomingConfig, reader: asyncio.StreamReader,
+                 writer: asyncio.StreamWriter) -> None:
+        self.service, self.config, self.reader, self.writer = service, config, reader, writer
+        self.streaming: dict[str, Any] | None = None  # between SynthesizeStart and SynthesizeStop
+        self.jobs: list[http.Job] = []  # running, cancelled if the connection or the server ends
+
+    async def write(self, event: Any) -> None:
+        from wyoming.event import async_write_event
+
+        await async_write_event(event.event(), self.writer)
+
+    async def run(self) -> None:
+        from wyoming.event import async_read_event
+
+        try:
+            while (event := await async_read_event(self.reader)) is not None:
+                await self.handle(event)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass  # the client went away: its work is cancelled below
+        except Exception:  # a bug: logged with its traceback; the client gets one line, the server goes on
+            LOG.exception("wyoming request failed")
+            from wyoming.error import Error
+
+            with contextlib.suppress(ConnectionError):
+                await self.write(Error(text="the server failed (its log has the details)", code="internal_error"))
+        finally:
+            for job in self.jobs:
+                job.cancel.set()
+            self.writer.close()
+
+    async def handle(self, event: Any) -> None:
+        from wyoming.error import Error
+        from wyoming.info import Describe
+        from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop, SynthesizeStopped
+
+        try:
+            if Describe.is_type(event.type):
+                await self.write(describe(self.service))
+            elif SynthesizeStart.is_type(event.type):
+                start = SynthesizeStart.from_event(event)
+                self.streaming = {"voice": start.voice, "text": "", "seed": self.config.seed, "started": False}
+            elif SynthesizeChunk.is_type(event.type) and self.streaming is not None:
+                self.streaming["text"] += SynthesizeChunk.from_event(event).text
+                await self.speak_sentences(final=False)
+            elif SynthesizeStop.is_type(event.type) and self.streaming is not None:
+                await self.speak_sentences(final=True)
+                await self.finish_stream()
+                self.streaming = None
+                await self.write(SynthesizeStopped())
+            elif Synthesize.is_type(event.type) and self.streaming is None:  # else: sent for old servers, ignored
+                request = Synthesize.from_event(event)
+                await self.speak(request.text, request.voice, self.config.seed, start=True, stop=True)
+        except Refused as exc:
+            self.streaming = None  # a refused stream ends here: its later chunks are ignored
+            await self.write(Error(text=exc.message, code=exc.code))
+
+    async def speak_sentences(self, final: bool) -> None:
+        """Speak the streamed text's completed sentences (all of it when `final`)."""
+        stream = self.streaming
+        ends = [match.end() for match in SENTENCE_END.finditer(stream["text"])]
+        cut = len(stream["text"]) if final else (ends[-1] if ends else 0)
+        ready, stream["text"] = stream["text"][:cut], stream["text"][cut:]
+        if ready.strip():
+            stream["seed"] = await self.speak(ready.strip(), stream["voice"], stream["seed"],
+                                              start=not stream["started"], stop=False)
+            stream["started"] = True
+
+    async def finish_stream(self) -> None:
+        """AudioStop for a stream that sent audio (an AudioStart and AudioStop when it sent none)."""
+        from wyoming.audio import AudioStart, AudioStop
+
+        if not self.streaming["started"]:
+            await self.write(AudioStart(rate=self.service.sample_rate, width=SAMPLE_WIDTH, channels=1))
+        await self.write(AudioStop())
+
+    async def speak(self, text: str, voice: Any, seed: int | None, start: bool, stop: bool) -> int:
+        """Synthesize `text` and send its audio as it is decoded -> the seed used. Refused (no
+        audio sent) for what the HTTP server answers 4xx/5xx."""
+        from wyoming.audio import AudioChunk, AudioStart, AudioStop
+
+        name = (voice.name if voice is not None else None) or self.config.voice
+        language = voice.language if voice is not None and voice.name is None else None
+        if len(text) > http.MAX_INPUT_CHARS:
+            raise Refused(f"text is longer than {http.MAX_INPUT_CHARS} characters; send it in several requests",
+                          "string_above_max_length")
+        loop = asyncio.get_running_loop()
+        speech = http.Speech(input=text, voice=name, language=language, seed=seed)
+        try:
+            job = http.plan_job(self.service, speech, loop, stream=True)
+            self.service.pool.submit(job)
+        except http.ApiError as exc:
+            raise Refused(exc.message, exc.code) from None
+        except http.QueueFull:
+            raise Refused("the server is busy; retry in a moment", "queue_full") from None
+        except http.Draining:
+            raise Refused("the server is shutting down", "shutting_down") from None
+        LOG.info("synthesize: %d characters, voice %s, seed %d", len(text), name, job.seed)
+        self.jobs.append(job)
+        timer = loop.call_at(loop.time() + self.service.config.timeout_s, http.time_out, job)
+        rate = self.service.sample_rate
+        try:
+            if start:
+                await self.write(AudioStart(rate=rate, width=SAMPLE_WIDTH, channels=1))
+            while True:
+                kind, payload = await job.events.get()
+                if kind == "chunk":
+                    await self.write(AudioChunk(rate=rate, width=SAMPLE_WIDTH, channels=1,
+                                                audio=to_pcm16(payload).tobytes()))
+                elif kind == "done":
+                    break
+                else:
+                    failure = http.job_failure(job, kind, payload)
+                    raise Refused(failure.message, failure.code)
+            if stop:
+                await self.write(AudioStop())
+        finally:
+            timer.cancel()
+            job.cancel.set()  # a no-op once done; stops the worker if this ended early
+            self.jobs.remove(job)
+        return job.seed
+
+
+async def serve_async(service: http.Service, config: WyomingConfig, listener: socket.socket) -> None:
+    """Accept connections on `listener` until SIGTERM/SIGINT, then cancel what runs and return."""
+    sessions: set[Session] = set()
+
+    async def connected(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        session = Session(service, config, reader, writer)
+        sessions.add(session)
+        try:
+            await session.run()
+        finally:
+            sessions.discard(session)
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    listening = await asyncio.start_server(connected, sock=listener)
+    bound_host, bound_port = listener.getsockname()[:2]
+    LOG.info("omnivoice-onnx wyoming: %d voice(s), %d language(s); seed %s", len(voice_names(service)),
+             len(service.languages()), "per request" if config.seed is None else config.seed)
+    LOG.info("%s%s", LISTENING, f"tcp://{f'[{bound_host}]' if ':' in bound_host else bound_host}:{bound_port}")
+    async with listening:
+        await stop.wait()
+        LOG.info("stopping: cancelling %d connection(s)", len(sessions))
+        listening.close()
+        for session in list(sessions):
+            for job in session.jobs:
+                job.cancel.set()
+            session.writer.close()
+    with contextlib.suppress(Exception):
+        await listening.wait_closed()
+
+
+def serve(server_config: http.ServerConfig, config: WyomingConfig) -> int:
+    """Load the model(s), run the Wyoming server until SIGTERM/SIGINT; exit code 0."""
+    listener = http.bind(*parse_uri(config.uri))  # a bad --uri or a busy port is named before the models load
+    service = http.load_service(server_config)
+    if config.voice not in voice_names(service):
+        raise UserError(f"--voice {config.voice} is not one of this server's voices",
+                        f"choose one of {', '.join(voice_names(service))}")
+    try:
+        asyncio.run(serve_async(service, config, listener))
+    finally:
+        service.pool.close()
+    return 0
