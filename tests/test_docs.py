@@ -118,6 +118,16 @@ def test_pages_parse_and_not_run_blocks_say_why() -> None:
     assert any(runnable(page) for page in doc_pages())
 
 
+README_MAX_LINES = 250  # a README that leads (piper's is ~190, faster-whisper's ~300); the rest is in docs/
+
+
+def test_readme_leads() -> None:
+    """The README stays short and opens with the two commands that work on a fresh machine."""
+    readme = REPO / "README.md"
+    assert len(readme.read_text().splitlines()) <= README_MAX_LINES
+    assert blocks_of(readme)[0].text == "make demo\nmake test\n"
+
+
 LINK = re.compile(r"\]\((?P<target>[^)\s]+)\)")
 HEADING = re.compile(r"^#+ (?P<title>.+)$", re.MULTILINE)
 
