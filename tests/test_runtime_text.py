@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import random
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -625,10 +626,8 @@ def test_qwen2_tokenizer_class_checkpoint(tiny_model, tmp_path):
     rebuilds the BPE on load, and the written tokenizer.json is that rebuilt one, id for id."""
     from transformers import AutoTokenizer
 
-    checkpoint = tmp_path / "checkpoint"
-    checkpoint.mkdir()
-    for name in ("config.json", "tokenizer.json"):
-        (checkpoint / name).write_bytes((tiny_model / name).read_bytes())
+    checkpoint = tmp_path / "checkpoint"  # whole: runtime-config.json records the model's fingerprint
+    shutil.copytree(tiny_model, checkpoint)
     tokenizer_config = json.loads((tiny_model / "tokenizer_config.json").read_text())
     tokenizer_config["tokenizer_class"] = "Qwen2Tokenizer"
     (checkpoint / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
