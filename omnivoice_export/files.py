@@ -5,5 +5,5 @@ from __future__ import annotations
 
 from omnivoice_onnx.files import (FILE_ENTRY_SCHEMA, PERMISSION_FIX, Each, atomic_dir, atomic_path,  # noqa: F401
                                   existing_file, file_entry, matches_entry, read_artefact, read_json,
-                                  remove_stale_temporaries, schema_problem, sha256_file, temp_path_for,
+                                  remove_stale_temporaries, schema_problem, sha256_file, create_temporary,
                                   temporary_dir, umask_mode, write_json_atomic)

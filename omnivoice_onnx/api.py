@@ -27,7 +27,6 @@ faster), else the faithful fp32 graph, which stays the reference every verdict i
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import threading
@@ -42,6 +41,7 @@ from omnivoice_onnx import integrity, request
 from omnivoice_onnx.contract import (AUDIO_VOCAB_SIZE, FP32_VARIANT, NUM_CODEBOOKS, REPORT_FILE, contract_table,
                                      ort_signature, signature_problems, variant_path, variants_present)
 from omnivoice_onnx.errors import UserError
+from omnivoice_onnx.files import read_json
 from omnivoice_onnx.prompt import RUNTIME_CONFIG_FILE, TextTokenizer, load_runtime_config
 from omnivoice_onnx.rng import TorchCpuRng, check_seed, fresh_seed
 from omnivoice_onnx.sessions import TRANSFORMER_ARENA, CodecSessions, finite_output, make_session, run_split
@@ -70,8 +70,8 @@ def default_variant(onnx_dir: Path, provider: str = "cpu") -> str:
     if provider != "cpu":
         return FP32_VARIANT
     try:
-        listed = set(json.loads((Path(onnx_dir) / REPORT_FILE).read_text()).get("variants", {}))
-    except (OSError, ValueError, AttributeError):
+        listed = set(read_json(Path(onnx_dir) / REPORT_FILE, "export report", "").get("variants", {}))
+    except (UserError, AttributeError, TypeError):
         return FP32_VARIANT  # no readable report: the faithful graph, whose own checks then speak
     present = variants_present(onnx_dir)
     return next((name for name in DEFAULT_VARIANT_ORDER if name in present and (name == FP32_VARIANT or name in listed)),

@@ -34,6 +34,7 @@ from __future__ import annotations
 import math
 import numbers
 import os
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -41,6 +42,7 @@ import soundfile as sf
 
 from omnivoice_onnx import _resample, _silence
 from omnivoice_onnx.errors import UserError
+from omnivoice_onnx.files import existing_file
 
 # The settings (`rules`: runtime-config.json's audio section, written by
 # omnivoice_export/runtime_assets.py from upstream; docs/runtime.md states each):
@@ -75,7 +77,10 @@ def load_reference(ref_audio: str | os.PathLike | tuple[np.ndarray, int], sample
         if waveform.ndim == 1:
             waveform = waveform[np.newaxis, :]
     else:
-        if max_seconds is not None and os.path.isfile(ref_audio):
+        # A FIFO, /dev/zero, a directory or a symlink loop is named as what it is (README), before
+        # anything opens it: libsndfile would block on a FIFO or read a device without end.
+        existing_file(Path(ref_audio), "reference audio file", "pass the path of a WAV or FLAC file")
+        if max_seconds is not None:
             try:
                 info = sf.info(ref_audio)
             except sf.LibsndfileError:
@@ -241,8 +246,6 @@ def _fade_and_pad(audio: np.ndarray, pad_duration: float, fade_duration: float, 
 
 def _read_file(path: str | os.PathLike) -> tuple[np.ndarray, int]:
     """upstream load_waveform's soundfile branch: float32 [C, T] and the file's rate."""
-    if not os.path.isfile(path):
-        raise UserError(f"reference audio file {os.fspath(path)} does not exist", "pass the path of a WAV or FLAC file")
     try:
         data, rate = sf.read(path, dtype="float32", always_2d=True)
     except sf.LibsndfileError as exc:

@@ -21,8 +21,9 @@ Destinations (open_output):
 - a path in a folder that does not exist: refused, naming the folder (as cp, sox and a shell
   redirection do; a mistyped path must not create folders).
 - a regular file, or a path that does not exist yet: written under a hidden temporary name beside
-  it and renamed onto it when complete (files.temp_path_for), so a Ctrl-C, a full disk or an
-  error leaves the previous file (or none), never half a file. A replaced file keeps its mode.
+  it and renamed onto it when complete (files.create_temporary: a random name, created
+  exclusively), so a Ctrl-C, a full disk or an error leaves the previous file (or none), never
+  half a file. A replaced file keeps its mode.
 - a symlink: followed deliberately. The link's final target is written atomically as above and
   the link itself stays a link (replacing the link by a regular file would silently detach
   whatever else reads through it; a dangling link gets its target created). This is what
@@ -41,6 +42,7 @@ encoder seeks back to finish its header); stream WAV or raw PCM instead.
 from __future__ import annotations
 
 import contextlib
+import errno
 import io
 import os
 import stat
@@ -53,7 +55,7 @@ import numpy as np
 
 from omnivoice_onnx.cliutil import check_output
 from omnivoice_onnx.errors import UserError
-from omnivoice_onnx.files import _errors_name, remove_stale_temporaries, temp_path_for
+from omnivoice_onnx.files import _errors_name, create_temporary, remove_stale_temporaries, replace_into
 
 FORMATS = ("wav", "flac", "pcm")
 EXTENSIONS = {".wav": "wav", ".flac": "flac", ".pcm": "pcm", ".raw": "pcm"}
@@ -164,29 +166,47 @@ class AudioSink:
                 return
             if self.fmt == "wav" and self._header_at is None:
                 self._header_at = self._handle.tell() if self._seekable else 0
-                self._handle.write(wav_header(self.sample_rate, None))
-            self._handle.write(pcm.astype("<i2").tobytes())
+                self._put(wav_header(self.sample_rate, None))
+            self._put(pcm.astype("<i2").tobytes())
             self._handle.flush()  # a listener on a pipe hears each chunk as it is written
+
+    def _put(self, data: bytes) -> None:
+        """Write all of `data`. A buffered write larger than the pipe returns the short count the
+        pipe took when its reader has gone (65,536 of 969,644 bytes, no error: `speak | head -c 1000`
+        exited 0); the next write raises the BrokenPipeError that makes the command exit 141."""
+        view = memoryview(data)
+        while view:
+            written = self._handle.write(view)
+            if not written:
+                raise BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE))
+            view = view[written:]
 
     def close(self) -> None:
         """Finish the output: sizes patched, buffered audio written, a temporary renamed into place."""
         if self._closed:
             return
+        try:
+            self._finish()
+        except BaseException:
+            self._discard()  # a full disk or a refused rename leaves no temporary behind
+            raise
+
+    def _finish(self) -> None:
         with _errors_name(Path(self.name)):
             if self._buffer is not None:
                 data = np.concatenate(self._buffer) if self._buffer else np.zeros(0, np.int16)
-                self._handle.write(_encode_pcm16(data, self.sample_rate, self.fmt))
+                self._put(_encode_pcm16(data, self.sample_rate, self.fmt))
             elif self.fmt == "flac":
                 if self._flac is None:  # nothing written: an empty but valid FLAC file
                     self.write(np.zeros(0, np.float32))
                 self._flac.close()
             elif self.fmt == "wav":
                 if self._header_at is None:  # nothing written: a valid empty WAV
-                    self._handle.write(wav_header(self.sample_rate, 0))
+                    self._put(wav_header(self.sample_rate, 0))
                 elif self._seekable:
                     end = self._handle.tell()
                     self._handle.seek(self._header_at)
-                    self._handle.write(wav_header(self.sample_rate, self.frames))
+                    self._put(wav_header(self.sample_rate, self.frames))
                     self._handle.seek(end)
             self._handle.flush()
             self._closed = True
@@ -195,13 +215,15 @@ class AudioSink:
             if self._temp is not None:
                 if self._target.exists():  # a replaced file keeps its permissions
                     os.chmod(self._temp, stat.S_IMODE(self._target.stat().st_mode))
-                os.replace(self._temp, self._target)
+                replace_into(self._temp, self._target)
 
     def abort(self) -> None:
         """Give up: a regular-file output's temporary is removed (the previous file stays); a
         streamed output keeps what it had received."""
-        if self._closed:
-            return
+        if not self._closed:
+            self._discard()
+
+    def _discard(self) -> None:
         self._closed = True
         with contextlib.suppress(OSError, ValueError):
             if self._flac is not None:
@@ -279,7 +301,7 @@ def open_output(dest: str | os.PathLike | None, fmt: str | None, sample_rate: in
             raise UserError(f"cannot open {what} {dest} ({exc.strerror})", "pass a path you may write") from exc
         return AudioSink(handle, fmt, sample_rate, stream, str(dest))
     remove_stale_temporaries(target)
-    temp = temp_path_for(target)
-    with _errors_name(temp):
+    with _errors_name(target):
+        temp = create_temporary(target)
         handle = open(temp, "wb")  # noqa: SIM115 (closed by the sink)
     return AudioSink(handle, fmt, sample_rate, stream, str(dest), temp=temp, target=target)

@@ -29,6 +29,7 @@ the recorded sha256; anything else is redone.
 from __future__ import annotations
 
 import concurrent.futures
+import ctypes
 import dataclasses
 import hashlib
 import json
@@ -38,6 +39,7 @@ import os
 import signal
 import socket
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -51,7 +53,8 @@ from omnivoice_onnx.api import OmniVoiceOnnx
 from omnivoice_onnx.audio_out import encode_audio
 from omnivoice_onnx.cliutil import check_output
 from omnivoice_onnx.errors import UserError
-from omnivoice_onnx.files import atomic_path, remove_stale_temporaries, sha256_file
+from omnivoice_onnx.files import (MAX_JSON_DEPTH, FolderLock, atomic_path, decode_text, open_append, parse_json,
+                                  read_bounded, remove_stale_temporaries, resolved_folder, sha256_file)
 from omnivoice_onnx.rng import check_seed
 from omnivoice_onnx.voices import is_voice_path, load_voice, voices_dir
 
@@ -63,6 +66,10 @@ OWN_FIELDS = ("seed", "voice")
 # An id becomes the file name <id>.wav, written as .<id>.wav.tmp-<pid> first: 200 bytes leave room
 # for both within the usual 255-byte name limit.
 MAX_ID_BYTES = 200
+# A test list or results.jsonl is read whole, up to this (~500k lines of ~500 bytes): /dev/zero as
+# --test-list was read to 2.6 GB before "out of memory". Longer lists: split them.
+MAX_LIST_BYTES = 256 << 20
+RES_DIR_FIX = "pass a folder (or a path to create one at)"
 # What the request hash covers besides the line: bump when the WAV encoding of the same samples
 # changes, so a resume redoes files written the old way.
 OUTPUT_FORMAT = "wav-pcm16-v1"
@@ -210,23 +217,20 @@ def read_test_list(path: Path, default_language: str | None = None) -> TestList:
     unsafe id, a missing text, a wrong type and every line of a repeated id (upstream would write
     them all to one file, the last one winning)."""
     path = Path(path)
-    try:
-        raw = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise UserError(f"test list {path} does not exist", "pass a JSONL file: one JSON object per line") from None
-    except UnicodeDecodeError as exc:
-        raise UserError(f"test list {path} is not UTF-8 text ({exc.reason} at byte {exc.start})",
-                        "save it as UTF-8") from None
-    except IsADirectoryError:
-        raise UserError(f"test list {path} is a directory", "pass a JSONL file") from None
+    if not path.exists():
+        raise UserError(f"test list {path} does not exist", "pass a JSONL file: one JSON object per line")
+    if path.is_dir():
+        raise UserError(f"test list {path} is a directory", "pass a JSONL file")
+    data = read_bounded(path, MAX_LIST_BYTES, "test list", "split it into several lists")
+    raw = decode_text(data, f"test list {path}", "save it as UTF-8")
     lines, bad, unknown = [], [], set()
     for number, text in enumerate(raw.splitlines(), 1):
         if not text.strip():
             continue
         try:
-            obj = json.loads(text)
-        except json.JSONDecodeError as exc:
-            bad.append(BadLine(number, None, f"not JSON ({exc.msg} at column {exc.colno})"))
+            obj = parse_json(text, "", "")
+        except UserError as exc:
+            bad.append(BadLine(number, None, f"not JSON within {MAX_JSON_DEPTH} levels ({exc.problem.strip()})"))
             continue
         try:
             lines.append(parse_line(obj, number, path.parent, default_language))
@@ -417,16 +421,17 @@ def read_results(path: Path) -> dict[str, dict[str, Any]]:
     """The last record per id in a results.jsonl; a torn last line (a run killed while appending)
     and records without an id are dropped. Missing file: empty."""
     records: dict[str, dict[str, Any]] = {}
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
+    if not os.path.lexists(path):
         return records
+    fix = f"move {path} aside (the next run rewrites it and redoes the lines it cannot prove done)"
+    text = decode_text(read_bounded(path, MAX_LIST_BYTES, "results file", fix), f"results file {path}", fix)
     for row in text.splitlines():
         try:
-            record = json.loads(row)
-        except json.JSONDecodeError:
+            record = parse_json(row, "", "")
+        except UserError:
             continue
-        if isinstance(record, dict) and isinstance(record.get("id"), str):
+        if (isinstance(record, dict) and isinstance(record.get("id"), str)
+                and type(record.get("line")) is int):  # what the rewrite sorts by
             records[record["id"]] = record
     return records
 
@@ -497,7 +502,7 @@ class ResultsLog:
     def append(self, record: dict[str, Any]) -> None:
         """Add one record: one write of one whole line, flushed."""
         if self._handle is None:
-            self._handle = open(self.path, "a", encoding="utf-8")
+            self._handle = open_append(self.path)
         self._handle.write(json.dumps(record, ensure_ascii=False) + "\n")
         self._handle.flush()
         self.records[record["id"]] = record
@@ -540,11 +545,35 @@ _WORKER: Synthesizer | None = None
 _WORKER_ARGS: tuple[str, str, int] | None = None
 
 
-def _pool_init(model_dir: str, variant: str, threads: int) -> None:
-    """A pool process: Ctrl-C goes to the driver alone (it stops the pool). The model is loaded by
-    the first task, so that a load failure reaches the driver as itself (an initializer's error
-    would only break the pool)."""
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+PARENT_POLL_S = 1.0  # elsewhere: how often a worker looks whether its driver is still there
+
+
+def die_with_parent(parent: int) -> None:
+    """End this process when `parent` (the driver) dies, however it dies: a driver killed with
+    SIGKILL left its workers and the resource tracker running (~260 MB each, 79 s later). On
+    Linux the kernel sends SIGKILL (prctl PR_SET_PDEATHSIG); elsewhere a daemon thread polls.
+    A driver already gone before this ran is seen at once (this process was re-parented)."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    else:
+        def watch() -> None:
+            while os.getppid() == parent:
+                time.sleep(PARENT_POLL_S)
+            os._exit(1)
+        threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+    if os.getppid() != parent:
+        os._exit(1)
+
+
+def _pool_init(model_dir: str, variant: str, threads: int, driver: int) -> None:
+    """A pool process: it dies with its driver `driver` (die_with_parent); Ctrl-C goes to the driver
+    alone (it stops the pool). The model is loaded by the first task, so that a load failure
+    reaches the driver as itself (an initializer's error would only break the pool)."""
     global _WORKER_ARGS
+    die_with_parent(driver)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _WORKER_ARGS = (model_dir, variant, threads)
 
@@ -568,7 +597,8 @@ def run_pool(options: Options, variant: str, tasks: list[str], threads: int) -> 
     nothing, so a line in progress is simply redone by the next run."""
     context = multiprocessing.get_context("spawn")  # no fork of a process holding onnxruntime threads
     pool = concurrent.futures.ProcessPoolExecutor(options.workers, mp_context=context, initializer=_pool_init,
-                                                  initargs=(os.fspath(options.model_dir), variant, threads))
+                                                  initargs=(os.fspath(options.model_dir), variant, threads,
+                                                            os.getpid()))
     try:
         futures = [pool.submit(_pool_run, task) for task in tasks]
         for future in concurrent.futures.as_completed(futures):
@@ -616,15 +646,34 @@ def run_batch(options: Options, log: Callable[[str], None] = lambda message: pri
     """Check the list, then synthesise every line not already done into options.res_dir.
 
     Raises UserError before any synthesis for bad lines (unless skip_bad), an unreadable list,
-    model folder or an unwritable res_dir. Ctrl-C and SIGTERM (as KeyboardInterrupt) stop it with
-    every finished line's WAV and record in place and nothing half-written."""
+    model folder or an unwritable res_dir, or a res_dir another run is writing (its lock,
+    files.FolderLock: two runs would each rewrite results.jsonl without the other's records).
+    Ctrl-C and SIGTERM (as KeyboardInterrupt) stop it with every finished line's WAV and record
+    in place and nothing half-written."""
+    lock = FolderLock(resolved_folder(options.res_dir, "--res-dir", RES_DIR_FIX), RESULTS_FILE, "--res-dir",
+                      wait_s=0)
+    try:
+        return _run_batch(options, log, lock)
+    finally:
+        lock.release()
+
+
+def _run_batch(options: Options, log: Callable[[str], None], lock: FolderLock) -> Summary:
+    """run_batch, holding `lock` from before results.jsonl is read (or, for a new res_dir, from
+    its creation) to the end."""
     start = time.perf_counter()
     test_list = read_test_list(options.test_list, options.default_language)
     if test_list.unknown_fields:
         log(f"note: {options.test_list} has field(s) {', '.join(test_list.unknown_fields)} that nothing reads "
             f"(known: {', '.join(UPSTREAM_FIELDS + OWN_FIELDS)})")
+    # Resolved once: every WAV and record goes where --res-dir led now, whatever its links become.
+    options = dataclasses.replace(options, res_dir=lock.path.parent)
     check_output(options.res_dir, "--res-dir", "dir")  # a read-only or unwritable folder: now, not after the model
+    if options.res_dir.is_dir():
+        lock.acquire()  # before results.jsonl is read
     engine = ray_engine() if options.ray is not None else None  # Ray missing: now, too
+    if engine is not None:
+        engine.check_address(options.ray)  # a bad or dead address: now, before any output
     threads = worker_threads(options.workers, options.threads)
     local_single = options.ray is None and options.workers == 1
     # The driver's model checks every line (validate) and names the model; on one local worker it
@@ -643,6 +692,10 @@ def run_batch(options: Options, log: Callable[[str], None] = lambda message: pri
         return sorted(good + [bad_record(b) for b in plan.bad], key=lambda r: r["line"])
 
     options.res_dir.mkdir(parents=True, exist_ok=True)  # only now: a refused list leaves no folder behind
+    if not lock.held:
+        lock.acquire()
+        if os.path.lexists(results.path):  # another run made the folder and finished in between
+            raise UserError(f"another batch run wrote {results.path} while this one started", "re-run the command")
     results.rewrite(listed_records())  # a full res_dir fails here, before any synthesis
     for line, _, _ in plan.todo:
         remove_stale_temporaries(options.res_dir / f"{line.id}.wav")

@@ -25,10 +25,12 @@ A worker whose export differs (another fingerprint or variant) stops the run wit
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import math
 import os
+import socket
 from collections.abc import Iterator
 from typing import Any
 
@@ -36,6 +38,7 @@ import numpy as np
 
 import omnivoice_onnx
 from omnivoice_onnx.batch import Options, Synthesizer
+from omnivoice_onnx.errors import UserError
 
 # ray is imported inside the functions that use it: every runtime module must import without an
 # extra's package (tests/test_runtime_install.py imports them all, as `omnivoice-onnx --help` may).
@@ -59,6 +62,43 @@ class SynthActor:
                 "outcome": np.array([json.dumps(o) for o in outcomes], dtype=object)}
 
 
+CONNECT_TIMEOUT_S = 10.0  # a cluster address must accept a TCP connection within this
+CLIENT_PREFIX = "ray://"
+ADDRESS_FIX = "pass --ray alone (a local Ray), --ray auto on a node of a running cluster, --ray HOST:PORT (its GCS) " \
+              "or --ray ray://HOST:10001 (Ray Client)"
+
+
+def check_address(address: str) -> None:
+    """Before any output: `address` is one Ray can use, and a cluster's answers within
+    CONNECT_TIMEOUT_S. ray.init with a bad one raised a traceback (garbage, `auto` with no
+    cluster, `ray://` without Ray Client's grpcio) or hung (`127.0.0.1:1`), after results.jsonl was
+    made; here each is one line."""
+    if address == "local":
+        return
+    from ray._private import services  # ray's own parsing of the forms ray.init accepts
+
+    target = address.removeprefix(CLIENT_PREFIX)
+    if address.startswith(CLIENT_PREFIX) and importlib.util.find_spec("grpc") is None:
+        raise UserError(f"--ray {address} needs Ray Client, which is not installed", "pip install 'ray[client]'")
+    if target == "auto":
+        try:
+            target = services.canonicalize_bootstrap_address("auto")
+        except Exception as exc:  # ray raises ConnectionError, ValueError or its own types here
+            raise UserError(f"--ray auto: no running Ray cluster found on this node ({exc})", ADDRESS_FIX) from None
+        if target is None:
+            raise UserError("--ray auto: no running Ray cluster found on this node (start one with `ray start "
+                            "--head`)", ADDRESS_FIX)
+    parsed = services.parse_address(target)
+    if parsed is None or not parsed[0] or not str(parsed[1]).isdecimal() or not 0 < int(parsed[1]) < 65536:
+        raise UserError(f"--ray {address} is not a Ray address", ADDRESS_FIX)
+    host, port = parsed[0], int(parsed[1])
+    try:
+        socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S).close()
+    except OSError as exc:
+        raise UserError(f"--ray {address}: nothing answers at {host}:{port} within {CONNECT_TIMEOUT_S:g} s "
+                        f"({exc.strerror or exc})", "start the cluster, or check the address and the network") from None
+
+
 def connect(address: str, cpus_wanted: int) -> bool:
     """Join Ray: the running one (a test's, an application's), a cluster at `address`, or a new
     local instance ("local") with room for every actor. True when this call started it."""
@@ -68,10 +108,14 @@ def connect(address: str, cpus_wanted: int) -> bool:
         return False
     runtime_env = {"py_modules": [omnivoice_onnx]}  # this package's code, to every worker
     quiet = {"logging_level": logging.WARNING, "include_dashboard": False, "runtime_env": runtime_env}
-    if address == "local":
-        ray.init(num_cpus=max(cpus_wanted, len(os.sched_getaffinity(0))), **quiet)
-    else:
-        ray.init(address=address, **quiet)
+    try:
+        if address == "local":
+            ray.init(num_cpus=max(cpus_wanted, len(os.sched_getaffinity(0))), **quiet)
+        else:
+            ray.init(address=address, **quiet)
+    except (ConnectionError, TimeoutError, ValueError) as exc:  # the cluster went away after check_address
+        raise UserError(f"--ray {address}: Ray could not connect ({str(exc).splitlines()[0][:200]})",
+                        ADDRESS_FIX) from None
     return True
 
 

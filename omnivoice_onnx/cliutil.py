@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, NoReturn
 
-from omnivoice_onnx.errors import UserError
+from omnivoice_onnx.errors import DISK_FULL, ENVIRONMENT, UserError, check_unicode  # noqa: F401 (re-exported)
 from omnivoice_onnx.rng import SEED_MAX, SEED_MIN  # what torch.manual_seed accepts (re-exported: --seed)
 from omnivoice_onnx.sessions import default_threads
 
@@ -201,10 +201,6 @@ def os_error_in_chain(exc: BaseException | None, numbers: set[int]) -> OSError |
     return None
 
 
-DISK_FULL = {errno.ENOSPC, errno.EDQUOT}
-# OSErrors that describe the machine, not a bug: a full disk, a file or folder this user may not
-# read or write, a read-only mount. Each ends in one line naming the file (exit 2).
-ENVIRONMENT = DISK_FULL | {errno.EACCES, errno.EPERM, errno.EROFS}
 
 
 def environment_error(exc: BaseException) -> OSError | None:
@@ -281,6 +277,8 @@ def run_main(main: Callable[[list[str] | None], None], argv: list[str] | None = 
     debug = "--debug" in (sys.argv[1:] if argv is None else argv)
     lead = f"{prog}: " if prog else ""
     try:
+        for position, arg in enumerate(sys.argv[1:] if argv is None else argv, 1):
+            check_unicode(arg, f"command-line argument {position}", "pass UTF-8 text (check the terminal's locale)")
         default_threads()  # a bad $OMNIVOICE_ORT_THREADS is named now, not after minutes of work
         with sigterm_raises() as sigterm:
             main(argv)

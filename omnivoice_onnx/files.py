@@ -6,34 +6,79 @@ Users run the scripts for minutes at a time on multi-GB files. An interrupted ru
 leave a half-written artefact where a complete one was: every file and directory is written
 under a hidden temporary name beside its destination and renamed into place only when complete
 (rename within one directory is atomic on POSIX); what a killed run left is removed by the next
-write beside it. Every artefact records each file it lists as a `{sha256, bytes}` entry, so a
-later stage can prove it reads what was written; its reader checks it against a schema, so a
-hand-edited or damaged artefact is one line naming the field, never a KeyError.
+write beside it. Temporary names are random and created exclusively, never followed through a
+symlink (create_temporary): a shared writable folder cannot redirect a write. Every artefact
+records each file it lists as a `{sha256, bytes}` entry, so a later stage can prove it reads what
+was written; its reader checks it against a schema, so a hand-edited or damaged artefact is one
+line naming the field, never a KeyError. Every JSON file is read bounded in size and depth.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import hashlib
 import json
 import os
 import re
 import shutil
 import stat
+import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from omnivoice_onnx.cliutil import ENVIRONMENT
-from omnivoice_onnx.errors import UserError
+from omnivoice_onnx.errors import ENVIRONMENT, UserError
 
 PERMISSION_FIX = "give this user read access to it (chmod/chown), or run as its owner"
 
 
-def temp_path_for(path: Path) -> Path:
-    """The hidden sibling a file or directory is written to before it is renamed into place."""
-    return path.with_name(f".{path.name}.tmp-{os.getpid()}")
+def _temp_prefix(path: Path) -> str:
+    """How a temporary beside `path` starts: `.<name>.tmp-<pid>-` (remove_stale_temporaries reads the pid)."""
+    return f".{path.name}.tmp-{os.getpid()}-"
+
+
+def _umask() -> int:
+    """This process's umask, read without changing it (os.umask sets it: a race with other threads)."""
+    with contextlib.suppress(OSError, ValueError, StopIteration):
+        with open("/proc/self/status") as status:
+            return int(next(line for line in status if line.startswith("Umask:")).split()[1], 8)
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def create_temporary(path: Path) -> Path:
+    """A new empty file beside `path` to write before it is renamed onto `path`, with the mode a
+    plain open() gives. Created by tempfile.mkstemp (O_CREAT|O_EXCL|O_NOFOLLOW, a random name):
+    a name of the form `.<name>.tmp-<pid>` could be planted in a shared folder as a symlink ahead
+    of the pid, and the write would go through it into a file of the planter's choosing."""
+    handle, name = tempfile.mkstemp(prefix=_temp_prefix(path), dir=path.parent)
+    try:
+        os.fchmod(handle, 0o666 & ~_umask())
+    finally:
+        os.close(handle)
+    return Path(name)
+
+
+def replace_into(temp: Path, path: Path) -> None:
+    """Rename `temp` onto `path`; a refusal (the target a directory, a read-only folder) names
+    `path`, the file the user asked for, not the hidden temporary."""
+    try:
+        os.replace(temp, path)
+    except IsADirectoryError:
+        raise UserError(f"{path} is a directory", "remove it, or write the file elsewhere") from None
+    except OSError as exc:
+        raise OSError(exc.errno, exc.strerror, str(path)) from None
+
+
+def open_append(path: Path) -> Any:
+    """`path` opened to append text lines (O_NOFOLLOW: a symlink planted in its place is refused,
+    not written through)."""
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    return os.fdopen(os.open(path, flags, 0o666), "a", encoding="utf-8")
 
 
 def _process_alive(pid: int) -> bool:
@@ -89,19 +134,22 @@ def _errors_name(path: Path) -> Iterator[None]:
 
 @contextlib.contextmanager
 def atomic_path(path: Path) -> Iterator[Path]:
-    """Yield a temporary path beside `path`; rename it onto `path` only if the block succeeds.
+    """Yield a new temporary file beside `path` (create_temporary) to write by name; rename it
+    onto `path` only if the block succeeds.
 
-    Readers see the old file or the new one, never a partial write. On any exception (Ctrl-C
-    included) the temporary file is removed.
+    Readers see the old file or the new one, never a partial write. The rename replaces a symlink
+    at `path` by the file (it never writes through it). On any exception (Ctrl-C included) the
+    temporary file is removed; an error names `path`, not the temporary.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temporaries(path)
-    tmp = temp_path_for(path)
+    with _errors_name(path):
+        tmp = create_temporary(path)
     try:
         with _errors_name(path):
             yield tmp
-        os.replace(tmp, path)
+        replace_into(tmp, path)
     finally:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
@@ -110,13 +158,15 @@ def atomic_path(path: Path) -> Iterator[Path]:
 @contextlib.contextmanager
 def temporary_dir(path: Path) -> Iterator[Path]:
     """A fresh empty directory beside `path` (same filesystem, so renames out of it are atomic),
-    removed when the block ends, whatever happens."""
+    removed when the block ends, whatever happens. Created by tempfile.mkdtemp (a random name,
+    mode 0700 until filled: nobody else can plant a file in it)."""
     path = Path(path)
-    tmp = temp_path_for(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temporaries(path)
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    with _errors_name(path):
+        tmp = Path(tempfile.mkdtemp(prefix=_temp_prefix(path), dir=path.parent))
     try:
+        os.chmod(tmp, 0o777 & ~_umask())  # the mode a plain mkdir gives: the folder may be renamed into place
         with _errors_name(tmp):
             yield tmp
     finally:
@@ -136,8 +186,94 @@ def atomic_dir(path: Path) -> Iterator[Path]:
         old = path.with_name(f".{path.name}.old-{os.getpid()}")
         if path.exists():
             os.replace(path, old)
-        os.replace(tmp, path)
+        replace_into(tmp, path)
         shutil.rmtree(old, ignore_errors=True)
+
+
+def resolved_folder(path: Path, what: str, fix: str, within: Path | None = None) -> Path:
+    """`path` resolved once (symlinks followed, made absolute), for a folder the runtime writes
+    into: later writes go to what it named now, not to wherever a swapped link points then. A path
+    that exists and is not a folder is a UserError; so is one that leads outside `within` (a
+    bundle's voices/ that is a symlink out of the bundle)."""
+    resolved = Path(os.path.realpath(path))
+    if os.path.lexists(path) and not resolved.is_dir():
+        raise UserError(f"{what} {path} is not a folder", fix)
+    if within is not None:
+        root = Path(os.path.realpath(within))
+        if resolved != root and root not in resolved.parents:
+            raise UserError(f"{what} {path} leads outside {within} (to {resolved})", fix)
+    return resolved
+
+
+def confined(folder: Path, name: str, what: str, fix: str) -> Path:
+    """`folder / name` for a relative `name` read from a file (a report's file list), checked
+    BEFORE anything opens it: an absolute name or one with a `..` part (`../../x.data`) would name a
+    file outside the bundle, so it is a UserError, never opened or hashed."""
+    parts = Path(name).parts
+    if not name or Path(name).is_absolute() or ".." in parts or "\0" in name:
+        raise UserError(f"{what} names {name!r}, a path outside its folder {folder}", fix)
+    return Path(folder) / name
+
+
+LOCK_WAIT_S = 10.0  # how long a second writer of the same voice waits for the first before it is refused
+
+
+class FolderLock:
+    """An exclusive lock on `<folder>/.<name>.lock` (fcntl.flock, so the kernel releases it when its
+    holder dies, however it dies): two writers of one voice name, or two batch runs into one
+    res-dir, never interleave a check and a write. A second holder waits up to `wait_s` seconds,
+    then is refused with one line naming the holder's pid. The holder removes the file when it
+    releases; a waiter that then wins the lock on the removed file sees that the path no longer
+    leads to it and tries again, so two processes never both hold the lock. The folder must exist."""
+
+    def __init__(self, folder: Path, name: str, what: str, wait_s: float = LOCK_WAIT_S) -> None:
+        self.path, self.what, self.wait_s = Path(folder) / f".{name}.lock", what, wait_s
+        self._fd: int | None = None
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def acquire(self) -> None:
+        deadline = time.monotonic() + self.wait_s
+        flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+        while True:
+            with _errors_name(self.path):
+                fd = os.open(self.path, flags, 0o666 & ~_umask())
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "?"
+                os.close(fd)
+                if time.monotonic() >= deadline:
+                    raise UserError(f"{self.what} is in use by another process (pid {holder}, lock {self.path})",
+                                    "wait for it to finish, then re-run") from None
+                time.sleep(0.05)
+                continue
+            try:
+                current = os.stat(self.path, follow_symlinks=False).st_ino
+            except FileNotFoundError:
+                current = None
+            if current == os.fstat(fd).st_ino:
+                break
+            os.close(fd)  # the holder removed this file as it released it: lock the new one
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            with contextlib.suppress(FileNotFoundError):
+                self.path.unlink()  # while still held: see the class docstring
+            os.close(self._fd)  # closing the last descriptor releases the flock
+            self._fd = None
+
+    def __enter__(self) -> "FolderLock":
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.release()
 
 
 def umask_mode(*paths: Path) -> None:
@@ -207,13 +343,67 @@ def write_json_atomic(path: Path, data: Any) -> None:
         tmp.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
 
 
-def read_json(path: Path, what: str, fix: str) -> Any:
-    """Load JSON or raise a UserError naming the file and how to regenerate it."""
-    path = existing_file(path, what, fix)
+# Every JSON file the runtime reads (reports, runtime-config.json, voice files, results.jsonl) is
+# far below these: a report is ~10 KB, a 60 s voice ~30 KB, nothing nests deeper than 6 levels. The
+# bounds keep a hostile file from exhausting memory or the parser's recursion (200k-deep `[[[...`
+# raised RecursionError, a traceback).
+MAX_JSON_BYTES = 64 << 20
+MAX_JSON_DEPTH = 64
+_JSON_NESTING = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')  # strings (skipped whole) and brackets
+
+
+def read_limited(handle: Any, limit: int, where: str, fix: str) -> bytes:
+    """At most `limit` bytes from a binary `handle` (a file, a FIFO, stdin), read as limit + 1 so
+    that a longer input (`/dev/zero`) is refused after `limit` bytes, never read into memory whole."""
+    data = handle.read(limit + 1)
+    if len(data) > limit:
+        raise UserError(f"{where} is larger than {limit:,} bytes", fix)
+    return data
+
+
+def read_bounded(path: Path, limit: int, what: str, fix: str) -> bytes:
+    """At most `limit` bytes of the file `path` (read_limited); an unreadable one is one line."""
     try:
-        return json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise UserError(f"{what} is not valid JSON ({path}: {exc})", fix) from exc
+        with open(path, "rb") as handle:
+            return read_limited(handle, limit, f"{what} {path}", fix)
+    except OSError as exc:
+        raise UserError(f"cannot read {what} {path} ({exc.strerror or exc})",
+                        PERMISSION_FIX if exc.errno in (errno.EACCES, errno.EPERM) else fix) from exc
+
+
+def decode_text(data: bytes, where: str, fix: str) -> str:
+    """`data` as UTF-8, strictly: an invalid byte is one line naming `where`, the line and the offset."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise UserError(f"{where} is not UTF-8 text (byte 0x{data[exc.start]:02x} on line {line}, offset "
+                        f"{exc.start})", fix) from None
+
+
+def parse_json(text: str, where: str, fix: str, max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """`text` parsed as JSON, its nesting checked first (no recursion of the parser's can run out);
+    anything but valid JSON within `max_depth` levels is one line naming `where`."""
+    depth = 0
+    for token in _JSON_NESTING.finditer(text):
+        bracket = token.group()
+        if bracket in "[{":
+            depth += 1
+            if depth > max_depth:
+                raise UserError(f"{where} nests deeper than {max_depth} levels: not a file this project writes", fix)
+        elif bracket in "]}":
+            depth -= 1
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{where} is not valid JSON ({exc})", fix) from None
+
+
+def read_json(path: Path, what: str, fix: str, limit: int = MAX_JSON_BYTES) -> Any:
+    """A JSON file of at most `limit` bytes and MAX_JSON_DEPTH levels, strictly UTF-8; anything else
+    is a UserError naming the file and how to regenerate it."""
+    path = existing_file(path, what, fix)
+    return parse_json(decode_text(read_bounded(path, limit, what, fix), f"{what} {path}", fix), f"{what} {path}", fix)
 
 
 @dataclass(frozen=True)
@@ -283,7 +473,7 @@ def read_artefact(path: Path, what: str, fix: str, version: int, schema: dict[st
     otherwise a UserError saying what is wrong with it (fix: `stale_fix`, else `fix`)."""
     data = read_json(path, what, fix)
     found = data.get("format") if isinstance(data, dict) else None
-    if found != version:
+    if type(found) is not int or found != version:  # `"format": true` is not version 1
         raise UserError(f"{what} {path} is of format {found!r}, not {version}: it is from another version, or "
                         "not one", stale_fix or fix)
     problem = schema_problem(data, schema) or check(data)

@@ -23,7 +23,7 @@ from typing import Any
 
 from omnivoice_onnx.contract import FP32_VARIANT, GRAPH_FILES, REPORT_FILE, variant_dir
 from omnivoice_onnx.errors import UserError
-from omnivoice_onnx.files import FILE_ENTRY_SCHEMA, Each, matches_entry, read_json, schema_problem
+from omnivoice_onnx.files import FILE_ENTRY_SCHEMA, Each, confined, matches_entry, read_json, schema_problem
 from omnivoice_onnx.prompt import RUNTIME_CONFIG_FILE, TOKENIZER_FILE
 
 VERIFY_ENV = "OMNIVOICE_VERIFY"  # "0": skip the sha256 check (verify=False for every from_dir)
@@ -57,8 +57,8 @@ def expected_files(onnx_dir: Path, variant: str) -> list[tuple[Path, dict[str, A
         entry = report["graphs"].get(graph)
         if entry is None:
             raise UserError(f"export report {path} lists no {graph} graph", RERUN_EXPORT)
-        files += [(onnx_dir / name, info, RERUN_EXPORT) for name, info in entry["files"].items()
-                  if name.startswith(GRAPH_FILES[graph])]
+        files += [(confined(onnx_dir, name, f"export report {path}", RERUN_EXPORT), info, RERUN_EXPORT)
+                  for name, info in entry["files"].items() if name.startswith(GRAPH_FILES[graph])]
     for name in (TOKENIZER_FILE, RUNTIME_CONFIG_FILE):
         if name not in report["runtime_assets"]:
             raise UserError(f"export report {path} lists no {name}", RERUN_EXPORT)
@@ -72,7 +72,8 @@ def expected_files(onnx_dir: Path, variant: str) -> list[tuple[Path, dict[str, A
         problem = schema_problem(entry, VARIANT_SCHEMA, f"variants.{variant}")
         if problem:
             raise UserError(f"export report {path} is malformed: {problem}", fix)
-        files += [(variant_dir(onnx_dir, variant) / name, info, fix) for name, info in entry["files"].items()]
+        files += [(confined(variant_dir(onnx_dir, variant), name, f"export report {path}", fix), info, fix)
+                  for name, info in entry["files"].items()]
     return files
 
 

@@ -35,7 +35,6 @@ Subtle points, for a port:
 from __future__ import annotations
 
 import difflib
-import json
 import math
 import re
 from collections.abc import Callable
@@ -46,6 +45,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from omnivoice_onnx.errors import UserError
+from omnivoice_onnx.files import read_json
 from omnivoice_onnx.text import combine_text
 
 TOKENIZER_FILE = "tokenizer.json"
@@ -62,6 +62,15 @@ LANG_START, LANG_END = "<|lang_start|>", "<|lang_end|>"
 INSTRUCT_START, INSTRUCT_END = "<|instruct_start|>", "<|instruct_end|>"
 TEXT_START, TEXT_END = "<|text_start|>", "<|text_end|>"
 CONTROL_TOKENS = (DENOISE, LANG_START, LANG_END, INSTRUCT_START, INSTRUCT_END, TEXT_START, TEXT_END)
+try:  # the parsed form of a pattern, as re itself makes it
+    import re._constants as _sre
+    import re._parser as _sre_parse
+except ImportError:  # Python 3.10
+    import sre_constants as _sre  # type: ignore[no-redef]
+    import sre_parse as _sre_parse  # type: ignore[no-redef]
+_REPEATS = tuple(getattr(_sre, name) for name in ("MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT")
+                 if hasattr(_sre, name))
+REGEX_EXPECTED = "a regular expression without nested repeats, repeated alternatives or backreferences"
 # A BCP-47 / POSIX-locale tag: primary language subtag, then any subtags (region, script, ...).
 BCP47_TAG = re.compile(r"([A-Za-z]{2,3})(?:[-_][A-Za-z0-9]{1,8})*")
 # Primary subtags people still send whose model id is another code: deprecated ISO 639-1 codes
@@ -84,14 +93,42 @@ def _str_dict(value: Any) -> bool:
     return isinstance(value, dict) and all(isinstance(v, str) for v in value.values())
 
 
+def _backtracks(items: Any, repeated: bool = False) -> bool:
+    """Whether a parsed pattern holds a shape that backtracks exponentially: a repeat or an
+    alternation inside a repeat (`(a+)+`, `(a|aa)*`), or a backreference. Python's re cannot be
+    stopped from another thread once it runs, and a bundle's pattern runs on every request's text:
+    `(x+x+)+y` stalled `speak` on a short text. (Polynomial shapes such as `.*a.*b` are left: the
+    texts they run on are bounded by MAX_TEXT_CHARS.)"""
+    for op, arg in items:
+        if op in (_sre.GROUPREF, _sre.GROUPREF_EXISTS):
+            return True
+        if op in _REPEATS:
+            _, high, body = arg
+            if repeated or _backtracks(body, high > 1):
+                return True
+        elif op == _sre.BRANCH:
+            if repeated or any(_backtracks(branch, repeated) for branch in arg[1]):
+                return True
+        elif op == _sre.SUBPATTERN:
+            if _backtracks(arg[3], repeated):
+                return True
+        elif op in (_sre.ASSERT, _sre.ASSERT_NOT):
+            if _backtracks(arg[1], repeated):
+                return True
+        elif op == getattr(_sre, "ATOMIC_GROUP", None):
+            if _backtracks(arg, repeated):
+                return True
+    return False
+
+
 def _regex(value: Any) -> bool:
     if not isinstance(value, str):
         return False
     try:
         re.compile(value)
+        return not _backtracks(_sre_parse.parse(value))
     except re.error:
         return False
-    return True
 
 
 def _int_at_least(low: int) -> Callable[[Any], bool]:
@@ -132,7 +169,7 @@ CONFIG_SCHEMA: dict[str, dict[str, tuple[Callable[[Any], bool], str]]] = {
         "zh_to_en": (_str_dict, "an object of strings"),
         "mutually_exclusive": (lambda v: isinstance(v, list) and all(_str_list(c) for c in v),
                                "a list of lists of strings"),
-        "zh_pattern": (_regex, "a regular expression"), "split_pattern": (_regex, "a regular expression"),
+        "zh_pattern": (_regex, REGEX_EXPECTED), "split_pattern": (_regex, REGEX_EXPECTED),
         "dialect_suffix": (lambda v: isinstance(v, str) and v != "", "a non-empty string"),
         "accent_mark": (lambda v: isinstance(v, str) and v != "", "a non-empty string"),
         "joiners": (lambda v: _str_dict(v) and set(v) == {"zh", "en"}, 'an object {"zh": str, "en": str}'),
@@ -156,7 +193,7 @@ CONFIG_SCHEMA: dict[str, dict[str, tuple[Callable[[Any], bool], str]]] = {
         "chinese_full_stop": (lambda v: isinstance(v, str) and v != "", "a non-empty string"),
         "full_stop": (lambda v: isinstance(v, str) and v != "", "a non-empty string"),
         "min_chunk_len": (_int_at_least(0), "an integer >= 0")},
-    "prompt": {"nonverbal_pattern": (_regex, "a regular expression"),
+    "prompt": {"nonverbal_pattern": (_regex, REGEX_EXPECTED),
                "no_value": (lambda v: isinstance(v, str) and v != "", "a non-empty string")},
     "audio": {
         "target_rms": (_positive, "a number > 0"), "peak_level": (_positive, "a number > 0"),
@@ -180,15 +217,10 @@ def load_runtime_config(directory: Path) -> dict[str, Any]:
     naming the file when it is missing, not JSON, of another version, or when a section or key
     the runtime reads is missing or of the wrong type (CONFIG_SCHEMA)."""
     path = Path(directory) / RUNTIME_CONFIG_FILE
-    if not path.is_file():
-        raise UserError(f"runtime config not found: {path}", RERUN_EXPORT)
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise UserError(f"runtime config {path} is not valid JSON ({exc})", RERUN_EXPORT) from exc
+    config = read_json(path, "runtime config", RERUN_EXPORT)  # bounded in size and depth
     if not isinstance(config, dict):
         raise UserError(f"runtime config {path} is not a JSON object", RERUN_EXPORT)
-    if config.get("version") != RUNTIME_CONFIG_VERSION:
+    if type(config.get("version")) is not int or config["version"] != RUNTIME_CONFIG_VERSION:
         raise UserError(f"runtime config {path} is version {config.get('version')!r}; this runtime reads version "
                         f"{RUNTIME_CONFIG_VERSION} (the host tables and audio constants as data)", RERUN_EXPORT)
     for section, keys in CONFIG_SCHEMA.items():

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Mapping
 import numpy as np
 
 from omnivoice_onnx import audio, duration, plan, prompt, schedule, text
-from omnivoice_onnx.errors import UserError
+from omnivoice_onnx.errors import UserError, check_unicode
 from omnivoice_onnx.rng import check_seed
 
 if TYPE_CHECKING:
@@ -292,6 +292,7 @@ def _texts(value: Any) -> list[str]:
         label = "text" if len(items) == 1 else f"text {i}"
         if not isinstance(item, str):
             raise UserError(f"{label} is {type(item).__name__}, not str", "pass the text to speak as a string")
+        check_unicode(item, label, "pass the text to speak as UTF-8")
         if not item.strip():
             raise UserError(f"{label} is empty", "pass the text to speak")
         if not any(unicodedata.category(c)[0] in "LNPS" for c in item):
@@ -316,7 +317,7 @@ def _optional_str(value: Any, label: str) -> str | None:
     if value is not None and not isinstance(value, str):
         raise UserError(f"{label} must be a string or None, got {type(value).__name__} {value!r:.60}",
                         f"pass {label.split('[')[0]} as a string")
-    return value
+    return value if value is None else check_unicode(value, label, f"pass {label.split('[')[0]} as UTF-8 text")
 
 
 def _optional_number(low: float, high_limit: str | None, high: float | None = None):
@@ -371,6 +372,7 @@ def load_reference(model: "Model", ref_audio: Any, ref_text: Any, preprocess_pro
                         "pass the reference's transcript as ref_text")
     if not isinstance(ref_text, str):
         raise UserError(f"ref_text must be a string, got {type(ref_text).__name__}", "pass the transcript as str")
+    check_unicode(ref_text, "ref_text", "pass the transcript as UTF-8 text")
     if not ref_text.strip():
         raise UserError("ref_text is empty", "pass the transcript of the reference audio")
     _ref_audio(ref_audio, label)

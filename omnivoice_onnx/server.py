@@ -64,6 +64,7 @@ import contextlib
 import hashlib
 import hmac
 import io
+import ipaddress
 import json
 import logging
 import math
@@ -76,6 +77,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
+from http import HTTPStatus
 from pathlib import Path
 from typing import Any, Literal
 
@@ -104,6 +106,16 @@ DEFAULT_QUEUE = 16  # waiting requests beyond the ones running; more get 429
 DEFAULT_TIMEOUT_S = 300.0  # per request, queue wait included
 LISTENING = "omnivoice-onnx serve: listening on "  # the start line's prefix, read by launch()
 DEFAULT_DRAIN_S = 60.0  # SIGTERM: how long requests in flight may take to finish
+# Connections (http_protocol): a client holding the server's resources without finishing a request
+# (slowloris: one header byte every 2 s; 300 idle sockets) is cut off, with a JSON error where a
+# reply is still possible. A real client sends its headers at once and its <= 64 KiB body in well
+# under a second.
+HEADER_TIMEOUT_S = 10.0  # from the connection (or the previous response) to a request's complete headers
+BODY_TIMEOUT_S = 30.0  # from the headers to the complete body, plus its limit at MIN_BODY_RATE
+MIN_BODY_RATE = 64 * 1024  # bytes/s a client must at least send: 16 MiB of reference audio get 256 s more
+KEEP_ALIVE_S = 5.0  # an idle keep-alive connection is closed after this (uvicorn's default, stated)
+MAX_CONNECTIONS = 512  # open connections at once; one more is answered 503 and closed
+MAX_HEADER_BYTES = 16 * 1024  # request line + headers (h11's incomplete-event limit); more: 400
 BUILTIN_VOICES = {
     "auto": "upstream's auto mode: a voice the model picks; with `instructions`, voice design",
     "design": "voice design from `instructions` (required), e.g. \"female, low pitch, british accent\"",
@@ -250,7 +262,8 @@ class ApiError(Exception):
 def speech_request_model():
     """The pydantic model of a POST /v1/audio/speech body (built on first use: pydantic is the
     `serve` extra's, not the runtime core's). Unknown fields are refused, as OpenAI refuses them:
-    a misspelt `sped` must not silently run at speed 1."""
+    a misspelt `sped` must not silently run at speed 1. Numbers are strict: `"speed": true` or
+    `"seed": "7"` is a 400, never read as 1 or 7 (a JSON integer is still a number)."""
     from pydantic import BaseModel, ConfigDict, Field
 
     class VoiceId(BaseModel):
@@ -264,16 +277,16 @@ def speech_request_model():
         voice: str | VoiceId
         instructions: str | None = Field(None, max_length=MAX_INSTRUCTIONS_CHARS)
         response_format: str | None = None
-        speed: float | None = Field(None, ge=SPEED_MIN, le=SPEED_MAX, allow_inf_nan=False)
+        speed: float | None = Field(None, ge=SPEED_MIN, le=SPEED_MAX, allow_inf_nan=False, strict=True)
         stream_format: Literal["audio", "sse"] | None = None
         # Extensions (not OpenAI's): the runtime's generate() arguments. Types and signs here; their
         # upper limits are the runtime's (omnivoice_onnx.request, raisable by environment), checked by
         # OmniVoiceOnnx.validate().
         language: str | None = None
-        seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
-        num_step: int | None = Field(None, ge=1)
-        guidance_scale: float | None = Field(None, allow_inf_nan=False)
-        duration: float | None = Field(None, gt=0.0, allow_inf_nan=False)
+        seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX, strict=True)
+        num_step: int | None = Field(None, ge=1, strict=True)
+        guidance_scale: float | None = Field(None, allow_inf_nan=False, strict=True)
+        duration: float | None = Field(None, gt=0.0, allow_inf_nan=False, strict=True)
 
     return SpeechRequest
 
@@ -431,7 +444,8 @@ class ServerConfig:
     voices_dir: Path | None = None  # None: omnivoice_onnx.voices.voices_dir's default
     host: str = "127.0.0.1"
     port: int = 8000
-    api_key: str | None = None  # None: no key required
+    api_key: str | None = None  # None: no key required (refused off loopback unless no_auth)
+    no_auth: bool = False  # --no-auth: serve a non-loopback host without a key, knowingly
     workers: int = 1
     threads: int | None = None  # per worker; None: cores // workers
     queue_size: int = DEFAULT_QUEUE
@@ -605,17 +619,94 @@ def build_job(service: Service, request: Any, loop: asyncio.AbstractEventLoop) -
     return plan_job(service, request, loop, stream=request.stream_format is not None), fmt
 
 
-async def read_body(request: Any, limit: int) -> bytes:
-    """The request body, refused with 413 as soon as it passes `limit` bytes (declared or sent)."""
+async def read_body(request: Any, limit: int, timeout_s: float | None = None) -> bytes:
+    """The request body, refused with 413 as soon as it passes `limit` bytes (declared or sent),
+    and with 408 when it has not all come within `timeout_s` (default BODY_TIMEOUT_S plus `limit`
+    at MIN_BODY_RATE; a client trickling it would hold a connection and a task for as long as it
+    likes)."""
+    timeout_s = BODY_TIMEOUT_S + limit / MIN_BODY_RATE if timeout_s is None else timeout_s
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdecimal() and int(declared) > limit:
         raise ApiError(413, f"request body of {declared} bytes is over the limit of {limit}", code="body_too_large")
     body = bytearray()
-    async for piece in request.stream():
+    pieces = request.stream().__aiter__()
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        try:
+            piece = await asyncio.wait_for(pieces.__anext__(), max(0.0, deadline - asyncio.get_running_loop().time()))
+        except StopAsyncIteration:
+            return bytes(body)
+        except asyncio.TimeoutError:
+            raise ApiError(408, f"the request body did not arrive within {timeout_s:.0f} s", code="body_timeout",
+                           headers={"Connection": "close"}) from None
         body += piece
         if len(body) > limit:
             raise ApiError(413, f"request body is over the limit of {limit} bytes", code="body_too_large")
-    return bytes(body)
+
+
+def raw_error(error: ApiError) -> bytes:
+    """`error` as a complete HTTP/1.1 response that closes the connection, for the places where
+    there is no request to answer through the app (malformed HTTP, headers too slow, too many
+    connections): the same JSON body as every other error, never uvicorn's plain text."""
+    body = json.dumps(error.body()).encode()
+    head = [f"HTTP/1.1 {error.status} {HTTPStatus(error.status).phrase}", "content-type: application/json",
+            f"content-length: {len(body)}", "connection: close",
+            *(f"{name}: {value}" for name, value in error.headers.items())]
+    return ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body
+
+
+def http_protocol() -> type:
+    """uvicorn's h11 protocol with the connection limits above (built on first use: uvicorn is the
+    `serve` extra's). uvicorn bounds neither the time to send headers nor the number of idle
+    connections, and answers malformed HTTP in plain text."""
+    import h11
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class BoundedH11(H11Protocol):
+        def connection_made(self, transport: Any) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self.header_timer: asyncio.TimerHandle | None = None
+            self.over_limit = len(self.connections) > MAX_CONNECTIONS  # answered when its request comes
+            self.arm_header_timer()
+
+        def data_received(self, data: bytes) -> None:
+            if self.over_limit:  # refused after reading what was sent: closing first would reset the answer
+                self.reject(ApiError(503, f"the server holds {MAX_CONNECTIONS} connections; retry shortly",
+                                     kind="server_error", code="too_many_connections", headers={"Retry-After": "1"}))
+                return
+            super().data_received(data)
+
+        def arm_header_timer(self) -> None:
+            if self.header_timer is not None:
+                self.header_timer.cancel()
+            self.header_timer = self.loop.call_later(HEADER_TIMEOUT_S, self.headers_too_slow)
+
+        def headers_too_slow(self) -> None:
+            if self.cycle is not None and not self.cycle.response_complete:
+                return  # a request is being answered (its body has BODY_TIMEOUT_S of its own)
+            if self.conn.their_state is h11.IDLE:
+                self.reject(ApiError(408, f"the request headers did not arrive within {HEADER_TIMEOUT_S:g} s",
+                                     code="header_timeout"))
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            if not self.transport.is_closing():
+                self.arm_header_timer()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            if self.header_timer is not None:
+                self.header_timer.cancel()
+            super().connection_lost(exc)
+
+        def send_400_response(self, msg: str) -> None:
+            self.reject(ApiError(400, f"malformed HTTP request ({msg.rstrip('.')})", code="invalid_http"))
+
+        def reject(self, error: ApiError) -> None:
+            if not self.transport.is_closing():
+                self.transport.write(raw_error(error))
+                self.transport.close()
+
+    return BoundedH11
 
 
 async def wait_disconnect(request: Any) -> None:
@@ -638,7 +729,10 @@ def create_app(service: Service) -> Any:
         yield
         await asyncio.to_thread(service.pool.close)
 
-    app = FastAPI(title="omnivoice-onnx", description=__doc__, lifespan=lifespan, docs_url=None, redoc_url=None)
+    # No generated schema or docs pages (GET /openapi.json is a JSON 404 like any unknown route):
+    # the routes are OpenAI's, documented in the README, and the speech route reads its body itself.
+    app = FastAPI(title="omnivoice-onnx", description=__doc__, lifespan=lifespan, docs_url=None, redoc_url=None,
+                  openapi_url=None)
 
     def error_response(error: ApiError) -> JSONResponse:
         return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
@@ -672,8 +766,7 @@ def create_app(service: Service) -> Any:
 
         async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
             if scope["type"] == "http" and scope["path"] not in ("/health", "/"):
-                given = dict(scope["headers"]).get(b"authorization", b"")
-                token = given[len(b"Bearer "):] if given.startswith(b"Bearer ") else b""
+                token = bearer_token(dict(scope["headers"]).get(b"authorization", b""))
                 if not hmac.compare_digest(token, key.encode()):
                     response = error_response(ApiError(401, "incorrect API key (send Authorization: Bearer <key>)",
                                                        code="invalid_api_key"))
@@ -683,6 +776,33 @@ def create_app(service: Service) -> Any:
 
     if key:
         app.add_middleware(RequireKey)
+
+    class DrainCutOff:
+        """Outermost: a request that SIGTERM's --drain-timeout cancels before its response started
+        gets a JSON 503 (uvicorn would send a plain-text 500); one that had started is cut short."""
+
+        def __init__(self, app: Any) -> None:
+            self.app = app
+
+        async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+            started = False
+
+            async def tracked(message: dict) -> None:
+                nonlocal started
+                started = started or message["type"] == "http.response.start"
+                await send(message)
+
+            try:
+                await self.app(scope, receive, tracked)
+            except asyncio.CancelledError:
+                if scope["type"] != "http" or started:
+                    raise
+                LOG.warning("drain timeout: %s %s cut off before its response", scope["method"], scope["path"])
+                await error_response(ApiError(503, "the server was stopped before this request finished (drain "
+                                                   "timeout)", kind="server_error", code="shutting_down",
+                                              headers={"Connection": "close"}))(scope, receive, send)
+
+    app.add_middleware(DrainCutOff)
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -922,6 +1042,48 @@ def load_service(config: ServerConfig) -> Service:
                    sample_rate=first.sample_rate)
 
 
+def bearer_token(header: bytes) -> bytes:
+    """The credentials of an `Authorization: Bearer <token>` header, b"" for any other scheme or
+    none. The scheme name is case-insensitive (RFC 7235 2.1): `bearer KEY` and `BEARER KEY` count."""
+    scheme, _, token = header.strip().partition(b" ")
+    return token.strip() if scheme.lower() == b"bearer" else b""
+
+
+def api_key_from(flag: str | None, environ: dict[str, str]) -> str | None:
+    """The key the server requires: --api-key if given, else $OMNIVOICE_API_KEY, else None. An empty
+    one is an error, not "no key": `--api-key "$KEY"` with KEY unset would otherwise start the
+    server with authentication off and no word."""
+    source, key = ("--api-key", flag) if flag is not None else (f"${API_KEY_ENV}", environ.get(API_KEY_ENV))
+    if key is not None and not key.strip():
+        raise UserError(f"{source} is empty (an unset shell variable?)",
+                        "pass the key the clients will send, or leave the option out for a loopback-only server")
+    return key
+
+
+def is_loopback(host: str) -> bool:
+    """Whether every address `host` resolves to is this machine's loopback (127.0.0.0/8, ::1)."""
+    try:
+        found = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError):
+        return False  # bind() names an unresolvable host in its own line
+    return bool(found) and all(ipaddress.ip_address(info[4][0].split("%")[0]).is_loopback for info in found)
+
+
+def check_auth(config: ServerConfig) -> None:
+    """Refuse to serve a host other machines can reach without a key, unless --no-auth says so
+    knowingly (then warn, loudly); a key and --no-auth together contradict each other."""
+    if config.no_auth and config.api_key is not None:
+        raise UserError("--no-auth and an API key contradict each other",
+                        f"drop --no-auth, or drop --api-key / unset ${API_KEY_ENV}")
+    if config.api_key is None and not is_loopback(config.host):
+        if not config.no_auth:
+            raise UserError(f"refusing to serve {config.host} without an API key: anyone who can reach it could use it",
+                            f"pass --api-key KEY (or set ${API_KEY_ENV}), bind --host 127.0.0.1, or pass --no-auth "
+                            "to serve it open on purpose")
+        LOG.warning("--no-auth: serving %s WITHOUT AUTHENTICATION; anyone who can reach this address can use it",
+                    config.host)
+
+
 def bind(host: str, port: int) -> socket.socket:
     """The listening socket, or a UserError naming the address (uvicorn itself logs and exits 1)."""
     try:
@@ -940,10 +1102,13 @@ def serve(config: ServerConfig) -> int:
     """Run the server until SIGTERM/SIGINT; the exit code (0 drained, 143/130 requests cut off)."""
     import uvicorn
 
+    check_auth(config)
     listener = bind(config.host, config.port)  # a busy port is named before the models load
     service = load_service(config)
     server = make_server(uvicorn.Config(create_app(service), host=config.host, port=config.port, log_level="info",
-                                        timeout_graceful_shutdown=math.ceil(config.drain_s), lifespan="on"),
+                                        timeout_graceful_shutdown=math.ceil(config.drain_s), lifespan="on",
+                                        http=http_protocol(), timeout_keep_alive=math.ceil(KEEP_ALIVE_S),
+                                        h11_max_incomplete_event_size=MAX_HEADER_BYTES),
                          service.pool)
     host, port = listener.getsockname()[:2]
     LOG.info("omnivoice-onnx serve: %d worker(s) x %d thread(s), queue %d, default format %s, voices %s",

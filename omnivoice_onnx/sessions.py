@@ -37,6 +37,16 @@ from omnivoice_onnx.contract import FP32_VARIANT, GRAPH_FILES, variant_path
 from omnivoice_onnx.errors import UserError
 from omnivoice_onnx.request import check_threads
 
+# onnxruntime's Linux wheels carry Microsoft's 1DS telemetry: at import (when its environment is
+# made) it writes a device id and an event database under ~/.cache/Microsoft/DeveloperTools, and
+# with a read-only HOME prints a warning line before any of ours. ORT_DISABLE_TELEMETRY=1, read at
+# that import, stops both (measured with 1.32, log Run 30S); set here, where the runtime first
+# comes before any onnxruntime import of its own (every module reaches this one first). A user
+# who sets the variable keeps their value; a host that imported onnxruntime earlier still gets
+# the events off for the sessions made here (disable_telemetry_events in make_session).
+TELEMETRY_ENV = "ORT_DISABLE_TELEMETRY"
+os.environ.setdefault(TELEMETRY_ENV, "1")
+
 PROVIDERS = ("cpu", "cuda-fp32", "cuda-tf32")
 THREADS_ENV = "OMNIVOICE_ORT_THREADS"
 GPU_INSTALL_HINT = "install the GPU requirements (pip install --no-deps -r requirements-gpu.txt) on a machine with an NVIDIA GPU"
@@ -99,6 +109,8 @@ def make_session(path: Path, provider: str = "cpu", threads: int | None = None, 
     if not path.is_file():
         raise UserError(f"ONNX graph not found: {path}", "run export_omnivoice.py (step 2)")
     check_provider(provider)
+    if os.environ.get(TELEMETRY_ENV) != "0":
+        ort.disable_telemetry_events()
     options = ort.SessionOptions()
     options.log_severity_level = 3
     threads = check_threads(threads) or default_threads()

@@ -40,10 +40,11 @@ from typing import Any
 
 import numpy as np
 
-from omnivoice_onnx.contract import AUDIO_VOCAB_SIZE, NUM_CODEBOOKS
-from omnivoice_onnx.errors import UserError
-from omnivoice_onnx.files import atomic_path
+from omnivoice_onnx.contract import AUDIO_VOCAB_SIZE, FRAME_RATE, NUM_CODEBOOKS
+from omnivoice_onnx.errors import UserError, check_unicode
+from omnivoice_onnx.files import FolderLock, atomic_path, read_json, resolved_folder
 from omnivoice_onnx.generate import VoiceClonePrompt
+from omnivoice_onnx.request import limit, too_large
 
 VOICES_ENV = "OMNIVOICE_VOICES"
 VOICES_SUBDIR = "voices"  # the default voices folder, inside the bundle
@@ -56,17 +57,28 @@ MAX_CODE = AUDIO_VOCAB_SIZE - 2  # codes 0..1023; 1024 is the mask id, never an 
 # An upstream voice file is ~10 KB (8 x T int64 codes + a few strings); anything near this size
 # is not one, and the cap bounds what a crafted zip can make the reader inflate.
 MAX_UPSTREAM_BYTES = 64 << 20
+# A voice file holds at most MAX_REF_SECONDS x 25 frames x 8 codes of <= 5 characters ("1023,"):
+# ~60 KB at the default 60 s. Its reader stops well above that, before reading a huge file whole.
+MAX_VOICE_BYTES = 16 << 20
 NAME_PATTERN = re.compile(r"[^\W_][\w-]{0,63}")  # letters/digits first, then letters, digits, _ and -
+REPLACE_FIX = "pass --force to replace it, or choose another name"
 ADD_FIX = "re-create it with `omnivoice-onnx voice add NAME --ref-audio F --ref-text T` for this model"
 
 
 def voices_dir(model_dir: Path, override: Path | None = None) -> Path:
     """Where voices live: `override` (--voices) if given, else $OMNIVOICE_VOICES if set and not
-    empty, else <model_dir>/voices (beside the graphs, so a copied bundle keeps its voices)."""
+    empty, else <model_dir>/voices (beside the graphs, so a copied bundle keeps its voices).
+
+    Resolved once (files.resolved_folder): a path that is not a folder is one line, and the
+    default must stay inside the bundle: a bundle's voices/ that is a symlink elsewhere (a bundle
+    from someone else) would otherwise receive `voice add`."""
+    fix = "pass --voices FOLDER (or set $OMNIVOICE_VOICES) to name the voices folder"
     if override is not None:
-        return Path(override)
+        return resolved_folder(Path(override), "--voices", "pass a folder (or a path to create one at)")
     env = os.environ.get(VOICES_ENV)
-    return Path(env) if env else Path(model_dir) / VOICES_SUBDIR
+    if env:
+        return resolved_folder(Path(env), f"${VOICES_ENV}", "set it to a folder (or a path to create one at)")
+    return resolved_folder(Path(model_dir) / VOICES_SUBDIR, "the bundle's voices folder", fix, within=model_dir)
 
 
 def check_name(name: str) -> str:
@@ -132,6 +144,9 @@ def check_tokens(tokens: Any, where: str) -> np.ndarray:
     if array.ndim != 2 or array.shape[0] != NUM_CODEBOOKS or array.shape[1] < 1 or array.dtype.kind not in "iu":
         raise UserError(f"{where}: ref_audio_tokens must be integers [{NUM_CODEBOOKS}, T], got {array.dtype} "
                         f"{list(array.shape)}", ADD_FIX)
+    if array.shape[1] > limit("MAX_REF_SECONDS") * FRAME_RATE:  # refused on import as on use (check_prompt)
+        raise too_large(f"{where}: ref_audio_tokens holds {array.shape[1] / FRAME_RATE:.1f} s of reference",
+                        "MAX_REF_SECONDS", "make the voice from a shorter reference (3-10 s is best)")
     if array.min() < 0 or array.max() > MAX_CODE:
         raise UserError(f"{where}: ref_audio_tokens holds codes outside 0..{MAX_CODE}", ADD_FIX)
     return array.astype(np.int64)
@@ -140,6 +155,7 @@ def check_tokens(tokens: Any, where: str) -> np.ndarray:
 def _prompt(tokens: Any, ref_text: Any, ref_rms: Any, where: str) -> VoiceClonePrompt:
     if not isinstance(ref_text, str) or not ref_text.strip():
         raise UserError(f"{where}: ref_text must be the reference's transcript (a non-empty string)", ADD_FIX)
+    check_unicode(ref_text, f"{where}: ref_text", ADD_FIX)
     if isinstance(ref_rms, bool) or not isinstance(ref_rms, (int, float)) or not np.isfinite(ref_rms) or ref_rms < 0:
         raise UserError(f"{where}: ref_rms must be a finite number >= 0, got {ref_rms!r}", ADD_FIX)
     return VoiceClonePrompt(ref_audio_tokens=check_tokens(tokens, where), ref_text=ref_text, ref_rms=float(ref_rms))
@@ -147,15 +163,10 @@ def _prompt(tokens: Any, ref_text: Any, ref_rms: Any, where: str) -> VoiceCloneP
 
 def _read_json_voice(path: Path) -> Voice:
     """A voice file, its fields checked (the fingerprint is the caller's to compare)."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise UserError(f"cannot read voice file {path} ({exc.strerror})", "check the path") from exc
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise UserError(f"voice file {path} is not valid JSON ({exc})", ADD_FIX) from exc
+    data = read_json(path, "voice file", ADD_FIX, MAX_VOICE_BYTES)
     if not isinstance(data, dict) or data.get("format") != VOICE_FORMAT:
         raise UserError(f"{path} is not an omnivoice-onnx voice file (no \"format\": \"{VOICE_FORMAT}\")", ADD_FIX)
-    if data.get("format_version") != VOICE_FORMAT_VERSION:
+    if type(data.get("format_version")) is not int or data["format_version"] != VOICE_FORMAT_VERSION:  # true is not 1
         raise UserError(f"voice file {path} has format_version {data.get('format_version')!r}; this runtime reads "
                         f"{VOICE_FORMAT_VERSION}", ADD_FIX)
     fingerprint, instruct = data.get("model_fingerprint"), data.get("instruct")
@@ -163,6 +174,8 @@ def _read_json_voice(path: Path) -> Voice:
         raise UserError(f"voice file {path} has no model_fingerprint", ADD_FIX)
     if instruct is not None and (not isinstance(instruct, str) or not instruct.strip()):
         raise UserError(f"voice file {path}: instruct must be a non-empty string or null", ADD_FIX)
+    if instruct is not None:
+        check_unicode(instruct, f"voice file {path}: instruct", ADD_FIX)
     prompt = None
     if data.get("ref_audio_tokens") is not None:
         prompt = _prompt(data["ref_audio_tokens"], data.get("ref_text"), data.get("ref_rms"), str(path))
@@ -215,16 +228,22 @@ def list_voices(voices: Path) -> list[Voice]:
             if not path.name.startswith(".")]
 
 
-def save_voice(voices: Path, name: str, voice: Voice) -> Path:
-    """Write `voice` as <voices>/<name>.json (atomically; an existing one is replaced) -> its path."""
+def save_voice(voices: Path, name: str, voice: Voice, replace: bool = True) -> Path:
+    """Write `voice` as <voices>/<name>.json (atomically) -> its path. An existing voice of that
+    name is replaced, or with `replace` False refused; the check and the write hold the name's
+    lock (files.FolderLock), so of two writers without replace one saves and one is refused."""
     path = voice_path(voices, name)
     if not voice.model_fingerprint or (voice.prompt is None and voice.instruct is None):
         # What _read_json_voice would refuse is never written.
         raise UserError(f"voice {name!r} has no model fingerprint, or neither a reference nor an instruct",
                         "give it the bundle's model_fingerprint and a prompt or an instruct")
     text = json.dumps(voice.to_json(), ensure_ascii=False, separators=(",", ":")) + "\n"
-    with atomic_path(path) as tmp:
-        tmp.write_text(text, encoding="utf-8")
+    Path(voices).mkdir(parents=True, exist_ok=True)
+    with FolderLock(voices, path.name, f"voice {name!r}"):
+        if not replace and os.path.lexists(path):
+            raise UserError(f"voice {name!r} already exists ({path})", REPLACE_FIX)
+        with atomic_path(path) as tmp:
+            tmp.write_text(text, encoding="utf-8")
     return path
 
 
@@ -324,7 +343,7 @@ def load_upstream_voice(path: Path) -> Voice:
     if not isinstance(data, dict) or set(data) != expected:
         keys = sorted(map(str, data)) if isinstance(data, dict) else type(data).__name__
         raise UserError(f"{path} holds {keys}, not upstream's voice dict {sorted(expected)}", fix)
-    if data["format_version"] != UPSTREAM_FORMAT_VERSION:
+    if type(data["format_version"]) is not int or data["format_version"] != UPSTREAM_FORMAT_VERSION:
         raise UserError(f"{path} has upstream format_version {data['format_version']!r}; this runtime reads "
                         f"{UPSTREAM_FORMAT_VERSION}", fix)
     if not isinstance(data["ref_audio_tokens"], np.ndarray):

@@ -249,7 +249,7 @@ def _flip_middle_byte(data: bytes) -> bytes:
 CAPTURE_CASES = {
     "missing": (lambda p: shutil.rmtree(p.capture), "capture manifest not found"),
     "manifest-not-json": (lambda p: replace_file(p.capture / "manifest.json", b'{"format": 1, "mod'),
-                          "capture manifest is not valid JSON"),
+                          "manifest.json is not valid JSON"),
     "manifest-malformed": (lambda p: edit_json(p.capture / "manifest.json", lambda m: m.pop("model")),
                            "is malformed: model is missing"),
     "partial": (lambda p: _first_step(p).unlink(), "capture is incomplete"),
@@ -315,7 +315,7 @@ ONNX_CASES = {
     "other-exporter": (lambda p: _set_graph_entry(p, exporter="legacy"), "by the dynamo exporter"),
     "report-missing": (lambda p: _report(p).unlink(), "export report not found"),
     "report-not-json": (lambda p: replace_file(_report(p), _report(p).read_bytes()[:200]),
-                        "export report is not valid JSON"),
+                        "export-report.json is not valid JSON"),
     "report-malformed": (lambda p: edit_json(_report(p), lambda r: r["graphs"]["decoder"].pop("files")),
                          "is malformed: graphs.decoder.files is missing"),
 }
@@ -674,9 +674,9 @@ def test_stale_temporaries_of_dead_runs_removed(tmp_path: Path) -> None:
     (onnx_dir / f".export-report.json.tmp-{dead}").write_text("{")
     (tmp_path / f".capture.old-{dead}").mkdir()
     (tmp_path / f".capture.old-{dead}" / "manifest.json").write_text("{}")
-    with temporary_dir(onnx_dir / "staging"):
-        assert sorted(p.name for p in onnx_dir.iterdir()) == sorted([f".staging.tmp-{live}",
-                                                                     f".staging.tmp-{os.getpid()}",
+    with temporary_dir(onnx_dir / "staging") as staging:
+        assert staging.name.startswith(f".staging.tmp-{os.getpid()}-")
+        assert sorted(p.name for p in onnx_dir.iterdir()) == sorted([f".staging.tmp-{live}", staging.name,
                                                                      f".export-report.json.tmp-{dead}"])
     with atomic_path(onnx_dir / "export-report.json") as tmp:
         tmp.write_text("{}")

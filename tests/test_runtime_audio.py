@@ -450,7 +450,7 @@ def test_bad_reference_input_is_a_user_error(tmp_path: Path):
         ((speech.astype(np.float16), SR), "float16"), ((speech[:, np.newaxis], SR), "more channels than samples"),
         ((speech, 0), "sample rate"), ((speech, -16000), "sample rate"), ((speech, 16000.5), "sample rate"),
         ((speech, "16000"), "sample rate"), ((speech, True), "sample rate"), ((speech, float("nan")), "sample rate"),
-        ((speech,), "tuple has 1 items"), (tmp_path / "missing.wav", "does not exist"),
+        ((speech,), "tuple has 1 items"), (tmp_path / "missing.wav", "not found"),
         (str(not_audio), "cannot read"), (empty_file, "no samples"),
     ]
     for ref_audio, message in bad:

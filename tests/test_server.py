@@ -246,6 +246,10 @@ def test_auth_and_body_limit(srv):
     with pytest.raises(openai.AuthenticationError):
         srv.client(key="wrong").models.list()
     assert srv.request("GET", "/health", key=None)[0] == 200  # load balancers probe without the key
+    status, _, body = srv.request("GET", "/openapi.json")  # was a 500: no schema is served, a JSON 404 says so
+    assert status == 404 and error_of(body)["code"] == "not_found"
+    for scheme in ("bearer", "BEARER"):  # RFC 7235: the scheme name is case-insensitive
+        assert srv.request("GET", "/v1/models", key=None, headers={"Authorization": f"{scheme} {KEY}"})[0] == 200
     big = json.dumps({"model": "omnivoice", "voice": "auto", "input": "x" * (server.MAX_BODY_BYTES + 1)}).encode()
     status, _, body = srv.request("POST", "/v1/audio/speech", big, headers={"Content-Type": "application/json"})
     assert status == 413 and error_of(body)["code"] == "body_too_large"

@@ -13,14 +13,13 @@ bundle copies its terms (see the bundle's README.md).
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from omnivoice_onnx.bundle import MODEL_CARD_FILE, bundle_metadata, card_license, metadata_props
 from omnivoice_onnx.cli.speak import DEFAULT_MODEL_DIR
 from omnivoice_onnx.contract import FP32_VARIANT, GRAPH_FILES, REPORT_FILE, variant_path, variants_present
 from omnivoice_onnx.errors import UserError
-from omnivoice_onnx.files import sha256_file
+from omnivoice_onnx.files import read_json, sha256_file
 from omnivoice_onnx.prompt import language_names, load_runtime_config
 from omnivoice_onnx.voices import list_voices, voices_dir
 
@@ -47,8 +46,8 @@ def _report(onnx_dir: Path) -> dict:
     """The export report's verdict sections (empty when absent or unreadable: info describes, it
     does not judge; the pipeline's own steps check the report)."""
     try:
-        data = json.loads((onnx_dir / REPORT_FILE).read_text())
-    except (OSError, ValueError):
+        data = read_json(onnx_dir / REPORT_FILE, "export report", "")
+    except UserError:
         return {}
     return data if isinstance(data, dict) else {}
 

@@ -5,8 +5,9 @@
     curl -s http://127.0.0.1:8000/v1/audio/speech -H 'Content-Type: application/json' \\
          -d '{"model": "omnivoice", "voice": "auto", "input": "Hello.", "response_format": "wav"}' -o hello.wav
 
-Binds 127.0.0.1 unless --host says otherwise: put a key on it (--api-key or $OMNIVOICE_API_KEY)
-before exposing it. Routes, formats, errors, streaming and how it stops: omnivoice_onnx.server.
+Binds 127.0.0.1 unless --host says otherwise; another host needs a key (--api-key or
+$OMNIVOICE_API_KEY; an empty one is an error) or, to serve it open on purpose, --no-auth.
+Routes, formats, errors, streaming and how it stops: omnivoice_onnx.server.
 SIGTERM or Ctrl-C drains the requests in flight and exits 0; 143 (130) only if --drain-timeout
 cut some off.
 """
@@ -65,7 +66,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)")
     parser.add_argument("--port", type=int_range(0, 65535), default=8000, help="TCP port (default: 8000; 0: any free)")
     parser.add_argument("--api-key", "--api_key", dest="api_key", default=None,
-                        help=f"require `Authorization: Bearer KEY` (default: ${server.API_KEY_ENV}; unset: no key)")
+                        help=f"require `Authorization: Bearer KEY` (default: ${server.API_KEY_ENV}; unset: no key, "
+                             "allowed on a loopback --host only; empty: an error)")
+    parser.add_argument("--no-auth", "--no_auth", dest="no_auth", action="store_true",
+                        help="serve a non-loopback --host without a key, on purpose (logged as a warning)")
     parser.add_argument("--drain-timeout", "--drain_timeout", dest="drain_timeout", type=float_range(0.0, 86_400.0),
                         default=server.DEFAULT_DRAIN_S,
                         help=f"on SIGTERM, seconds in-flight requests may take to finish (default: "
@@ -90,8 +94,8 @@ def run(args: argparse.Namespace) -> int:
     except ModuleNotFoundError as exc:
         raise UserError(f"omnivoice-onnx serve needs {exc.name}, which is not installed", INSTALL_FIX) from None
     config = server_config(
-        args, host=args.host, port=args.port, api_key=args.api_key or os.environ.get(server.API_KEY_ENV) or None,
-        drain_s=args.drain_timeout, default_format=args.default_format, model_aliases=tuple(args.model_aliases),
-        allow_voice_save=args.allow_voice_save)
+        args, host=args.host, port=args.port, api_key=server.api_key_from(args.api_key, os.environ),
+        no_auth=args.no_auth, drain_s=args.drain_timeout, default_format=args.default_format,
+        model_aliases=tuple(args.model_aliases), allow_voice_save=args.allow_voice_save)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(message)s")
     return server.serve(config)

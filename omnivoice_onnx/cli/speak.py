@@ -40,7 +40,8 @@ from omnivoice_onnx import audio_out
 from omnivoice_onnx.cliutil import NUM_STEP, SEED, THREADS, float_range
 from omnivoice_onnx.errors import UserError
 from omnivoice_onnx.generate import Progress
-from omnivoice_onnx.request import MAX_SPEED, MIN_SPEED
+from omnivoice_onnx.files import decode_text, read_bounded, read_limited
+from omnivoice_onnx.request import LIMIT_ENV_PREFIX, MAX_SPEED, MIN_SPEED, limit
 from omnivoice_onnx.sessions import PROVIDERS
 
 PROG = "omnivoice-onnx"
@@ -100,21 +101,21 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def read_text(args: argparse.Namespace, stdin: TextIO | None = None) -> str:
-    """The text to speak, from TEXT, '-', piped stdin or --text-file; UserError if none or empty."""
+    """The text to speak, from TEXT, '-', piped stdin or --text-file; UserError if none or empty.
+    A file or stdin is read up to the bytes MAX_TEXT_CHARS can take in UTF-8 (4 a character) and
+    decoded strictly: `/dev/zero` or a non-UTF-8 byte is one line, not gigabytes or a traceback."""
     stdin = sys.stdin if stdin is None else stdin
     if args.text is not None and args.text_file is not None:
         raise UserError("both TEXT and --text-file were given", "pass one of them")
+    most = int(limit("MAX_TEXT_CHARS")) * 4
+    too_long = f"split the text, or raise {LIMIT_ENV_PREFIX}MAX_TEXT_CHARS (docs/runtime.md, Request limits)"
     if args.text_file is not None:
-        try:
-            text = args.text_file.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
-            raise UserError(f"cannot read --text-file {args.text_file} ({reason})", "pass a UTF-8 text file") from exc
+        data = read_bounded(args.text_file, most, "--text-file", too_long)
+        text = decode_text(data, f"--text-file {args.text_file}", "save it as UTF-8")
     elif args.text == "-" or (args.text is None and stdin is not None and not stdin.isatty()):
-        try:
-            text = stdin.read()
-        except UnicodeDecodeError as exc:
-            raise UserError("stdin is not UTF-8 text", "pipe UTF-8 text, or pass it as TEXT") from exc
+        source = getattr(stdin, "buffer", None)
+        data = read_limited(source, most, "stdin", too_long) if source else stdin.read(most + 1).encode()
+        text = decode_text(data, "stdin", "pipe UTF-8 text, or pass it as TEXT")
     elif args.text is None:
         raise UserError("no text to speak", "pass TEXT, --text-file FILE, or pipe the text on stdin")
     else:

@@ -24,10 +24,8 @@ from omnivoice_onnx.cli.speak import DEFAULT_MODEL_DIR
 from omnivoice_onnx.cliutil import prepare
 from omnivoice_onnx.contract import FRAME_RATE
 from omnivoice_onnx.errors import UserError
-from omnivoice_onnx.voices import (VOICES_ENV, Voice, list_voices, load_upstream_voice, read_voice, save_voice,
-                                   voice_path, voices_dir)
-
-FORCE_FIX = "pass --force to replace it, or choose another name"
+from omnivoice_onnx.voices import (REPLACE_FIX, VOICES_ENV, Voice, list_voices, load_upstream_voice, read_voice,
+                                   save_voice, voice_path, voices_dir)
 
 
 def _common(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -70,7 +68,7 @@ def _target(args: argparse.Namespace, voices: Path) -> Path:
     """The file a new voice `args.name` goes to; refused now, before any work, if it exists without --force."""
     path = voice_path(voices, args.name)
     if path.exists() and not args.force:
-        raise UserError(f"voice {args.name!r} already exists ({path})", FORCE_FIX)
+        raise UserError(f"voice {args.name!r} already exists ({path})", REPLACE_FIX)
     return path
 
 
@@ -124,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
                           Path())
         else:
             voice = _add(args, voices)
-        path = save_voice(voices, args.name, voice)
+        path = save_voice(voices, args.name, voice, replace=args.force)  # checked again under the name's lock
         print(f"saved voice {args.name!r}: {describe(voice, FRAME_RATE)} -> {path}")
     elif args.voice_command == "list":
         found = list_voices(voices)
