@@ -9,14 +9,17 @@ encoded once per worker) — over sentences of different lengths, run three time
     local 2x1   two worker processes (spawned), 1 thread each
     ray 2x1     a local Ray (started and stopped by the run, as `--ray` does), 2 actors x 1 thread
 
+(--engines picks others: the workers x threads table, e.g. --engines 1x1,1x2,2x1,2x2.)
+
 Per engine: wall seconds of the whole run (model loads, the up-front check of every line, Ray's
 start and stop included: what a user waits for), lines per wall second, seconds of audio per wall
-second, the workers' summed generate() seconds; Ray's overhead against local 2x1 (the same workers
-and threads). --repeats N runs N rounds, the engine order rotated each round, and reports medians
-(min..max). Every engine's WAVs must be the same bytes (exit 1 otherwise: a speed for other audio
-is no figure). Results: bench/results/<date>-<host>-<model>-batch.json and .md, with the CPU and
-the load average at the start and end (the machine may be shared with other work; the markdown
-says so when it was).
+second, the workers' summed generate() seconds and their CPU seconds (audio seconds per CPU second:
+the engine's efficiency, which neighbours on shared cores do not stretch); Ray's overhead against
+local 2x1 (the same workers and threads). --repeats N runs N rounds, the engine order rotated each
+round, and reports medians (min..max). Every engine's WAVs must be the same bytes (exit 1
+otherwise: a speed for other audio is no figure). Results:
+bench/results/<date>-<host>-<cpu>-<model>-batch.json and .md, with the CPU and the load average at
+the start and end (the machine may be shared with other work; the markdown says so when it was).
 
     python bench/bench_batch.py --model tiny --onnx-dir onnx --capture-dir capture
     python bench/bench_batch.py --model full-random --onnx-dir bench/out/full/onnx \\
@@ -41,8 +44,8 @@ REPO = Path(__file__).resolve().parent.parent
 BENCH = Path(__file__).resolve().parent
 sys.path[:0] = [str(REPO), str(BENCH)]
 
-# (name, workers, threads per worker, Ray?)
-ENGINES = (("local 1x2", 1, 2, False), ("local 2x1", 2, 1, False), ("ray 2x1", 2, 1, True))
+# The engines run by default, as --engines spells them: (workers)x(threads per worker), local or Ray.
+DEFAULT_ENGINES = "1x2,2x1,ray:2x1"
 SENTENCES = (
     "Good morning.",
     "The weather today is mild, with a light breeze from the west.",
@@ -68,8 +71,31 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int_range(1), default=1,
                         help="rounds; each runs every engine, the order rotated per round so that a "
                              "neighbour's load falls on all of them alike; figures are medians")
+    parser.add_argument("--engines", default=DEFAULT_ENGINES,
+                        help="comma-separated WORKERSxTHREADS, local or ray:WORKERSxTHREADS (the workers x threads "
+                             "table: e.g. 1x1,1x2,2x1,2x2)")
     parser.add_argument("--results-dir", type=Path, default=BENCH / "results", help="where the results go")
-    return parse(parser, argv)
+    args = parse(parser, argv)
+    args.engines = engines(args.engines)
+    return args
+
+
+def engines(text: str) -> list[tuple[str, int, int, bool]]:
+    """--engines as (name, workers, threads, ray) tuples, or a UserError naming the bad item."""
+    from omnivoice_onnx.errors import UserError
+
+    found = []
+    for item in (part.strip() for part in text.split(",") if part.strip()):
+        ray, _, shape = item.rpartition(":")
+        workers, _, threads = shape.partition("x")
+        if ray not in ("", "ray") or not (workers.isdecimal() and threads.isdecimal()) or min(int(workers),
+                                                                                              int(threads)) < 1:
+            raise UserError(f"--engines: {item!r} is not WORKERSxTHREADS or ray:WORKERSxTHREADS",
+                            f"give e.g. --engines {DEFAULT_ENGINES}")
+        found.append((f"{ray or 'local'} {shape}", int(workers), int(threads), bool(ray)))
+    if not found:
+        raise UserError("--engines is empty", f"give e.g. --engines {DEFAULT_ENGINES}")
+    return found
 
 
 def write_list(folder: Path, count: int, ref_wav: Path, ref_text: str) -> Path:
@@ -101,19 +127,22 @@ def run_engine(name: str, workers: int, threads: int, ray: bool, args, lines: Pa
     return {"engine": name, "workers": workers, "threads": threads, "ray": ray, "made": summary.made,
             "failed": summary.failed, "wall_s": summary.wall_seconds, "audio_s": summary.audio_seconds,
             "synth_s": summary.synth_seconds, "cpu_s": summary.cpu_seconds, "lines_per_s": summary.made / summary.wall_seconds,
-            "audio_s_per_wall_s": summary.audio_seconds / summary.wall_seconds}
+            "audio_s_per_wall_s": summary.audio_seconds / summary.wall_seconds,
+            "audio_s_per_cpu_s": summary.audio_seconds / summary.cpu_seconds}
 
 
 def summarise(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Per engine and figure: median, min, max over the rounds."""
     from bench_omnivoice import spread
 
-    figures = ("wall_s", "lines_per_s", "audio_s_per_wall_s", "synth_s", "cpu_s")
+    figures = ("wall_s", "lines_per_s", "audio_s_per_wall_s", "synth_s", "cpu_s", "audio_s_per_cpu_s")
     return {name: {f: spread([r[f] for r in runs if r["engine"] == name]) for f in figures}
-            for name, _, _, _ in ENGINES}
+            for name in dict.fromkeys(r["engine"] for r in runs)}
 
 
 def markdown(result: dict[str, Any]) -> str:
+    from omnivoice_export.measure import hardware_lines
+
     meta, cpu, load = result["meta"], result["meta"]["cpu"], result["meta"]["load_average"]
     shared = (" — **measured on a shared machine under load**: other work used the same cores, so the figures "
               "are pessimistic and their ratios approximate") if load["start"][0] > 0.5 else ""
@@ -122,41 +151,47 @@ def markdown(result: dict[str, Any]) -> str:
              f"{cpu['logical_cores']} logical / {cpu['physical_cores']} physical cores. Load average (1/5/15 min) "
              f"at start {load['start'][0]:.2f} / {load['start'][1]:.2f} / {load['start'][2]:.2f}, at end "
              f"{load['end'][0]:.2f} / {load['end'][1]:.2f} / {load['end'][2]:.2f}{shared}.", "",
+             *hardware_lines(meta), "",
              f"{meta['lines']} lines (auto / design / clone in turn), {meta['num_step']} steps each, "
              f"{meta['repeats']} round(s), engine order rotated per round; medians (min..max). Wall time is the "
              f"whole run (model loads, the up-front check of every line, Ray's start and stop included). WAVs "
              f"byte-identical across every engine and round: **{'yes' if result['bytes_equal'] else 'NO'}**.", "",
-             "| engine | wall s | lines/s | audio s per wall s | workers' generate() s | their CPU s |",
-             "|---|---|---|---|---|---|"]
+             "| engine | wall s | lines/s | audio s per wall s | workers' generate() s | their CPU s | "
+             "audio s per CPU s |", "|---|---|---|---|---|---|---|"]
     for name, figures in result["summary"].items():
         cells = [f"{figures[f]['median']:.{d}f} ({figures[f]['min']:.{d}f}..{figures[f]['max']:.{d}f})"
                  for f, d in (("wall_s", 1), ("lines_per_s", 2), ("audio_s_per_wall_s", 2), ("synth_s", 1),
-                              ("cpu_s", 1))]
+                              ("cpu_s", 1), ("audio_s_per_cpu_s", 2))]
         lines.append(f"| {name} | {' | '.join(cells)} |")
     overhead = result["ray_overhead"]
-    lines += ["", f"Ray's overhead against local 2x1 (same workers and threads), medians: {overhead['seconds']:+.1f} s "
-              f"wall ({overhead['ratio']:.2f}x); {result['runs'][0]['audio_s']:.1f} s of audio per run.",
+    lines += ["", (f"Ray's overhead against local 2x1 (same workers and threads), medians: "
+                   f"{overhead['seconds']:+.1f} s wall ({overhead['ratio']:.2f}x); " if overhead else "")
+              + f"{result['runs'][0]['audio_s']:.1f} s of audio per run.",
               "", "generate() s: wall time inside the workers' generate() calls, summed (stretched by any other "
               "work on the cores); CPU s: those calls' CPU time in the workers, all threads (what the work itself "
-              "cost: 2 onnxruntime threads spend about twice the CPU of 1 on tiny's small graphs).", ""]
+              "cost: 2 onnxruntime threads spend about twice the CPU of 1 on tiny's small graphs); audio s per CPU s: "
+              "the engine's own efficiency, which other work on the cores does not stretch (on C free cores, "
+              "W x T <= C engines reach about C times it in audio s per wall s).", ""]
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     from bench_omnivoice import cpu_description
+    from omnivoice_export.measure import hardware_record, results_stem
     from omnivoice_export.capture import REF_TXT, REF_WAV
     from omnivoice_export.cli import CheckFailed
     from omnivoice_export.files import atomic_path, write_json_atomic
 
     load_start = os.getloadavg()
+    hardware = hardware_record()
     with tempfile.TemporaryDirectory(prefix="bench-batch-") as scratch:
         scratch = Path(scratch)
         lines = write_list(scratch, args.lines, args.capture_dir / REF_WAV, (args.capture_dir / REF_TXT).read_text().strip())
         runs, reference, equal = [], None, True
         for round_index in range(args.repeats):
-            shift = round_index % len(ENGINES)
-            for name, workers, threads, ray in ENGINES[shift:] + ENGINES[:shift]:
+            shift = round_index % len(args.engines)
+            for name, workers, threads, ray in args.engines[shift:] + args.engines[:shift]:
                 out = scratch / f"{round_index}-{name.replace(' ', '-')}"
                 runs.append({**run_engine(name, workers, threads, ray, args, lines, out), "round": round_index})
                 wavs = {p.name: p.read_bytes() for p in sorted(out.glob("*.wav"))}
@@ -164,14 +199,14 @@ def main(argv: list[str] | None = None) -> None:
                 equal = equal and wavs == reference and len(wavs) == args.lines
                 shutil.rmtree(out)
     summary = summarise(runs)
-    local, ray = summary["local 2x1"]["wall_s"]["median"], summary["ray 2x1"]["wall_s"]["median"]
+    pair = [summary.get(name, {}).get("wall_s", {}).get("median") for name in ("local 2x1", "ray 2x1")]
     date = datetime.date.today().isoformat()
     result = {"meta": {"model": args.model, "host": socket.gethostname(), "date": date, "lines": args.lines,
                        "num_step": args.num_step, "repeats": args.repeats, "cpu": cpu_description(),
-                       "load_average": {"start": load_start, "end": os.getloadavg()}},
+                       "load_average": {"start": load_start, "end": os.getloadavg()}, "hardware": hardware},
               "runs": runs, "summary": summary, "bytes_equal": equal,
-              "ray_overhead": {"seconds": ray - local, "ratio": ray / local}}
-    stem = args.results_dir / f"{date}-{socket.gethostname()}-{args.model}-batch"
+              "ray_overhead": {"seconds": pair[1] - pair[0], "ratio": pair[1] / pair[0]} if all(pair) else None}
+    stem = args.results_dir / results_stem(f"{args.model}-batch")
     write_json_atomic(stem.with_suffix(".json"), result)
     with atomic_path(stem.with_suffix(".md")) as tmp:
         tmp.write_text(markdown(result))

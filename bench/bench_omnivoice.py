@@ -21,9 +21,10 @@ Measures, for one checkpoint (tiny, full-random or a path) and its ONNX export:
 
 Every variant runs in its own worker process (page faults and allocator state of one runtime
 would otherwise bias the next), workers alternate A B A B over --repeats rounds, and figures are
-medians with min..max spread. Results go to bench/results/<date>-<host>-<model>.json and .md,
-with the CPU (model, family, cores) and the GEMM library each side uses (torch: its BLAS, MKL on
-x86; ORT: its own MLAS): the speedup is a property of that CPU, the ORT-vs-torch padded ratio
+medians with min..max spread. Results go to bench/results/<date>-<host>-<cpu>-<model>.json and .md,
+with the CPU (model, family, cores, ISA flags; onnxruntime's version, the load average and whether
+its int8 GEMM runs on AMX: measure.hardware_record) and the GEMM library each side uses (torch: its
+BLAS, MKL on x86; ORT: its own MLAS): the speedup is a property of that CPU, the ORT-vs-torch padded ratio
 shows the library part of it, the split the part that holds everywhere. The investigation log
 keeps the history.
 
@@ -65,7 +66,7 @@ from omnivoice_export.capture import DEFAULT_DIR, REF_TXT, REF_WAV  # noqa: E402
 from omnivoice_export.checkpoints import model_fingerprint, resolve_model  # noqa: E402
 from omnivoice_export.cli import NUM_STEP, CheckFailed, float_range, int_range, parse, parse_subset, run_main  # noqa: E402
 from omnivoice_export.files import atomic_path, write_json_atomic  # noqa: E402
-from omnivoice_export.measure import cpu_description  # noqa: E402
+from omnivoice_export.measure import cpu_description, hardware_lines, hardware_record, rate, results_stem  # noqa: E402
 from omnivoice_export.report import DEFAULT_ONNX_DIR  # noqa: E402
 from omnivoice_onnx.contract import GRAPH_NAMES, SAMPLE_RATE, variant_path  # noqa: E402
 from omnivoice_onnx.errors import UserError  # noqa: E402
@@ -88,6 +89,14 @@ CODEC_SECONDS = "5,20"
 # One round, in order: the GEMM ceiling, then each pair of variants A B. torch-calls must run before
 # onnx-calls, and fp32's onnx-calls before each variant's: each writes to --scratch what the next reads.
 WORKERS = ("gemm", "torch-calls", "onnx-calls", "torch-e2e", "onnx-e2e")
+# What the workers time with. `cpu` runs every side on one thread (torch and onnxruntime compute on
+# the calling thread then, without spinning helpers) and reads the process's CPU time: on cores
+# shared with other work, wall time measures the neighbours, CPU time the call.
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+CLOCK = CLOCKS["wall"]  # the worker's, set in worker()
+CPU_CLOCK_NOTE = ("**Clock: CPU time, one thread per side** (--clock cpu): every time below is the seconds of CPU "
+                  "one core spent, every GFLOP/s per CPU-second (the GEMM peak is one core's). Other work on the "
+                  "cores stretches wall time, not these; shared caches and memory bandwidth still slow them.")
 # GEMM shapes (m, k, n): a square one and the transformer's own at S~435 split (730 rows).
 GEMM_SHAPES = ((2048, 2048, 2048), (730, 1024, 3072), (730, 3072, 1024), (730, 1024, 2048))
 
@@ -118,6 +127,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--variants", default=None,
                         help="comma-separated transformer variants (quantize_omnivoice.py) to time against fp32 ORT in "
                              "the same run; default: every variant in the export report; 'none' for none")
+    parser.add_argument("--clock", choices=CLOCKS, default="wall",
+                        help="wall: wall time at the threads set (torch's default, $OMNIVOICE_ORT_THREADS); cpu: one "
+                             "thread per side, timed by the process's CPU time (what a call costs on a shared machine, "
+                             "where other work stretches wall time; the GEMM peak is then one core's)")
     parser.add_argument("--results-dir", type=Path, default=RESULTS, help="where the .json and .md results go")
     parser.add_argument("--worker", choices=WORKERS, help=argparse.SUPPRESS)
     parser.add_argument("--scratch", type=Path, help=argparse.SUPPRESS)  # torch's call inputs and logits, for the ONNX workers
@@ -180,16 +193,6 @@ def transformer_flops(config: dict[str, Any], lengths: list[int]) -> float:
     return sum(transformer_flop_parts(config, lengths).values())
 
 
-def rate(fn, flops: float, seconds: float) -> float:
-    """GFLOP/s of `fn` repeated for about `seconds`, after one warm-up call."""
-    fn()
-    started, count = time.perf_counter(), 0
-    while time.perf_counter() - started < seconds:
-        fn()
-        count += 1
-    return flops * count / (time.perf_counter() - started) / 1e9
-
-
 def gemm_worker(seconds: float) -> dict[str, Any]:
     """fp32 GEMM GFLOP/s of torch.mm and of ORT's MatMul (weight as an initializer, as in the
     graph) per shape, all threads, before anything else is loaded. On CPUs that MKL does not
@@ -206,14 +209,17 @@ def gemm_worker(seconds: float) -> dict[str, Any]:
         a = rng.standard_normal((m, k), dtype=np.float32)
         b = rng.standard_normal((k, n), dtype=np.float32)
         ta, tb = torch.from_numpy(a), torch.from_numpy(b)
-        result["torch_mkl"][label] = rate(lambda: torch.mm(ta, tb), flops, seconds)
+        result["torch_mkl"][label] = rate(lambda: torch.mm(ta, tb), flops, seconds, CLOCK)
         graph = helper.make_graph([helper.make_node("MatMul", ["a", "b"], ["c"])], "gemm",
                                   [helper.make_tensor_value_info("a", TensorProto.FLOAT, [m, k])],
                                   [helper.make_tensor_value_info("c", TensorProto.FLOAT, [m, n])],
                                   [numpy_helper.from_array(b, "b")])
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
-        session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-        result["ort_mlas"][label] = rate(lambda: session.run(None, {"a": a}), flops, seconds)
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = default_threads() or 0  # 0: onnxruntime's default, one per core
+        session = ort.InferenceSession(model.SerializeToString(), sess_options=options,
+                                       providers=["CPUExecutionProvider"])
+        result["ort_mlas"][label] = rate(lambda: session.run(None, {"a": a}), flops, seconds, CLOCK)
     result["peak_gflops"] = max(max(result["torch_mkl"].values()), max(result["ort_mlas"].values()))
     return result
 
@@ -269,9 +275,9 @@ def timed(fn, calls: int) -> list[float]:
     fn()  # warm-up: allocator, pre-packing, lazy init
     times = []
     for _ in range(calls):
-        started = time.perf_counter()
+        started = CLOCK()
         fn()
-        times.append(time.perf_counter() - started)
+        times.append(CLOCK() - started)
     return times
 
 
@@ -397,18 +403,18 @@ def e2e_worker(args, runtime: str) -> dict[str, Any]:
     forward, transformer_seconds = model.forward, []
 
     def timed_forward(*inputs, **kwargs):
-        call_started = time.perf_counter()
+        call_started = CLOCK()
         try:
             return forward(*inputs, **kwargs)
         finally:
-            transformer_seconds.append(time.perf_counter() - call_started)
+            transformer_seconds.append(CLOCK() - call_started)
 
     model.forward = timed_forward
     recorder = Recorder(model, Path("."), steps=set())  # steps=set(): tokens only, nothing written
-    started = time.perf_counter()
+    started = CLOCK()
     with recorder.active():
         run_generate(model, clone_request(args.capture_dir, E2E_TEXT, args.num_step))
-    result["e2e_seconds"] = time.perf_counter() - started
+    result["e2e_seconds"] = CLOCK() - started
     result["e2e_transformer_seconds"] = sum(transformer_seconds)
     result["e2e_final_tokens"] = recorder.token_states[-1].tolist()
     return result
@@ -416,7 +422,14 @@ def e2e_worker(args, runtime: str) -> dict[str, Any]:
 
 def worker(args) -> dict[str, Any]:
     """One worker's measurements, in this process; printed as JSON on the last stdout line."""
+    import torch
+
     from omnivoice_export.measure import PeakRss
+
+    global CLOCK
+    CLOCK = CLOCKS[args.clock]
+    if args.clock == "cpu":  # one thread per side: CPU time is then the call's own (spawn() sets ORT's)
+        torch.set_num_threads(1)
 
     load_before = os.getloadavg()[0]
     with PeakRss() as peak:
@@ -440,8 +453,9 @@ def spawn(args, worker: str, variant: str = "fp32") -> dict[str, Any]:
     command = [sys.executable, __file__, "--worker", worker, "--model", args.model, "--onnx-dir", str(args.onnx_dir),
                "--capture-dir", str(args.capture_dir), "--calls", str(args.calls), "--num-step", str(args.num_step),
                "--scratch", str(args.scratch), "--variant", variant, "--shapes", args.shapes,
-               "--codec-seconds", args.codec_seconds, "--gemm-seconds", str(args.gemm_seconds)]
-    done = subprocess.run(command, capture_output=True, text=True, cwd=REPO)
+               "--codec-seconds", args.codec_seconds, "--gemm-seconds", str(args.gemm_seconds), "--clock", args.clock]
+    env = {**os.environ, THREADS_ENV: "1"} if args.clock == "cpu" else None
+    done = subprocess.run(command, capture_output=True, text=True, cwd=REPO, env=env)
     if done.returncode != 0:
         raise RuntimeError(f"{worker} worker ({variant}) failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -636,7 +650,8 @@ def markdown(summary: dict[str, Any], meta: dict[str, Any]) -> str:
              f"{cpu['logical_cores']} logical / {cpu['physical_cores']} physical cores; torch "
              f"{gemm['torch_threads']} threads, GEMM {gemm['libraries']['torch']}; ORT GEMM "
              f"{gemm['libraries']['onnxruntime']}, {meta.get('ort_threads') or 'default (one per core)'} intra-op "
-             f"threads (${THREADS_ENV}).", "",
+             f"threads (${THREADS_ENV}).", "", *hardware_lines(meta), "",
+             *([CPU_CLOCK_NOTE, ""] if meta.get("clock") == "cpu" else []),
              f"fp32 GEMM peak {gemm['peak_gflops']:.0f} GFLOP/s (best of torch.mm {gemm['torch_mkl_best']:.0f} and "
              f"ORT MatMul {gemm['ort_mlas_best']:.0f}, fresh process, same run); "
              f"{meta['repeats']} interleaved rounds, medians (min..max). Speedups are of this CPU: ORT padded vs "
@@ -684,6 +699,7 @@ def main(argv: list[str] | None = None) -> None:
         raise UserError(f"{args.capture_dir / REF_WAV} not found", "run make_reference.py (step 0) first")
     args.variant_names = variant_names(args)
     fingerprint = check_export(args, args.variant_names)
+    hardware = hardware_record()  # before the workers: the load average is other work's, the AMX check idle-ish
     args.scratch = Path(tempfile.mkdtemp(prefix="omnivoice-bench-"))
     rounds = []
     try:
@@ -704,8 +720,9 @@ def main(argv: list[str] | None = None) -> None:
             "date": datetime.date.today().isoformat(), "cpu": cpu_description(), "repeats": args.repeats,
             "calls": args.calls, "shapes": args.shape_labels, "codec_seconds": args.codec_durations,
             "gemm_seconds": args.gemm_seconds, "num_step": args.num_step, "python": platform.python_version(),
-            "ort_threads": default_threads()}  # None: onnxruntime's default, one per core
-    stem = args.results_dir / f"{meta['date']}-{meta['host']}-{Path(args.model).name}"
+            "ort_threads": 1 if args.clock == "cpu" else default_threads(),  # None: one per core
+            "clock": args.clock, "hardware": hardware}
+    stem = args.results_dir / results_stem(Path(args.model).name)
     write_json_atomic(stem.with_suffix(".json"), {"meta": meta, "summary": summary, "rounds": rounds})
     text = markdown(summary, meta)
     with atomic_path(stem.with_suffix(".md")) as tmp:

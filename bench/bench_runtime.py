@@ -162,6 +162,8 @@ def summarise(rounds: list[dict[str, dict[str, Any]]]) -> dict[str, Any]:
 
 
 def markdown(summary: dict[str, Any], meta: dict[str, Any]) -> str:
+    from omnivoice_export.measure import hardware_lines
+
     cpu, load = meta["cpu"], meta["load_average"]
     # Only the start says whether other work shared the cores: at the end the 1-minute average
     # counts this bench's own workers (ORT keeps both cores busy).
@@ -173,6 +175,7 @@ def markdown(summary: dict[str, Any], meta: dict[str, Any]) -> str:
              f"at start {load['start'][0]:.2f} / {load['start'][1]:.2f} / {load['start'][2]:.2f}, at end "
              f"{load['end'][0]:.2f} / {load['end'][1]:.2f} / {load['end'][2]:.2f} (the bench's own workers included)"
              f"{' — **measured under load**: other work shared the cores' if loaded else ''}.", "",
+             *hardware_lines(meta), "",
              f"One clone generate(), {summary['target_frames']} target frames, {meta['num_step']} steps, a fresh "
              f"process per run, {meta['repeats']} interleaved rounds; medians (min..max). Final tokens equal: "
              f"**{'yes' if summary['tokens_equal'] else 'NO'}**.", "",
@@ -194,7 +197,7 @@ def main(argv: list[str] | None = None) -> None:
         worker_main(argv)
         return
     from bench_omnivoice import E2E_TEXT, check_export, clone_request
-    from omnivoice_export.measure import cpu_description
+    from omnivoice_export.measure import cpu_description, hardware_record, results_stem
     from omnivoice_export.capture import REF_WAV
     from omnivoice_export.cli import CheckFailed
     from omnivoice_export.files import atomic_path, write_json_atomic
@@ -211,6 +214,7 @@ def main(argv: list[str] | None = None) -> None:
     TextTokenizer.from_dir(args.onnx_dir)
     request = clone_request(args.capture_dir, E2E_TEXT, args.num_step).to_dict()
     load_start = os.getloadavg()
+    hardware = hardware_record()
     rounds = []
     for index in range(args.repeats):
         round_ = {}
@@ -225,8 +229,8 @@ def main(argv: list[str] | None = None) -> None:
     meta = {"model": args.model, "fingerprint": fingerprint, "host": socket.gethostname(),
             "date": datetime.date.today().isoformat(), "cpu": cpu_description(), "repeats": args.repeats,
             "num_step": args.num_step, "request": request,
-            "load_average": {"start": list(load_start), "end": list(os.getloadavg())}}
-    stem = args.results_dir / f"{meta['date']}-{meta['host']}-{Path(args.model).name}-runtime"
+            "load_average": {"start": list(load_start), "end": list(os.getloadavg())}, "hardware": hardware}
+    stem = args.results_dir / results_stem(f"{Path(args.model).name}-runtime")
     write_json_atomic(stem.with_suffix(".json"), {"meta": meta, "summary": summary, "rounds": rounds})
     text = markdown(summary, meta)
     with atomic_path(stem.with_suffix(".md")) as tmp:

@@ -13,9 +13,10 @@ What a deployment asks of the server, measured as its users' client sees it:
                this runtime could batch queued requests (the server does not: see the result)
 
 The server is started by this script (omnivoice_onnx.server.launch) from --onnx-dir, one worker
-per --workers with threads = cores // workers. Results go to bench/results/<date>-<host>-<model>-server.json
-and .md with the CPU and the load average at start and end: on a shared machine the figures are
-the neighbours' too, and the .md says so.
+per --workers with threads = cores // workers. Results go to
+bench/results/<date>-<host>-<cpu>-<model>-server.json and .md with the CPU (ISA flags, the AMX
+check) and the load average at start and end: on a shared machine the figures are the neighbours'
+too, and the .md says so.
 
     python bench/bench_server.py --onnx-dir onnx --model tiny
     python bench/bench_server.py --onnx-dir onnx --model tiny --quick      # 1/2 clients, 100-request memory run
@@ -182,10 +183,12 @@ def batching(onnx_dir: Path, threads: int, repeats: int = 3) -> dict[str, Any]:
 
 
 def markdown(result: dict[str, Any]) -> str:
+    from omnivoice_export.measure import hardware_lines
+
     meta = result["meta"]
     lines = [f"# omnivoice-onnx serve under load — {meta['model']} ({meta['date']})", "",
              f"CPU: {meta['cpu']['model_name']} ({meta['cores']} cores available); load average at start "
-             f"{meta['load_start']}, at end {meta['load_end']}. {meta['note']}", "",
+             f"{meta['load_start']}, at end {meta['load_end']}. {meta['note']}", "", *hardware_lines(meta), "",
              f"Server: {meta['workers']} worker(s) x {meta['threads']} thread(s), queue {meta['queue']}; client: the "
              f"official openai {meta['openai']} Python client on loopback; streamed requests (stream_format=audio, "
              f"pcm) of a {len(STREAM_TEXT)}-character, 4-sentence text"
@@ -225,6 +228,7 @@ def main(argv: list[str] | None = None) -> None:
     import openai
 
     from bench_omnivoice import cpu_description
+    from omnivoice_export.measure import hardware_record, results_stem
     from omnivoice_onnx import server
 
     cores = server.cores()
@@ -232,6 +236,7 @@ def main(argv: list[str] | None = None) -> None:
     levels = LEVELS[:2] if args.quick else LEVELS
     memory_requests = 100 if args.quick else args.memory_requests
     load_start = os.getloadavg()
+    hardware = hardware_record()
     with tempfile.TemporaryDirectory() as tmp:
         env = {key: value for key, value in os.environ.items() if key != server.API_KEY_ENV}
         launched = server.launch(args.onnx_dir, Path(tmp) / "server.log", "--workers", str(args.workers),
@@ -261,10 +266,10 @@ def main(argv: list[str] | None = None) -> None:
                        "queue": max(levels), "num_step": args.num_step, "openai": openai.__version__,
                        "load_start": [round(x, 2) for x in load_start],
                        "load_end": [round(x, 2) for x in os.getloadavg()], "quick": args.quick,
-                       "server_exit_codes": [code, small_code],
+                       "server_exit_codes": [code, small_code], "hardware": hardware,
                        "note": "The machine is shared with other sessions' jobs: these figures include their load."},
               "levels": rows, "overload": over, "memory": mem, "batching": bat}
-    stem = f"{now:%Y-%m-%d}-{socket.gethostname()}-{args.model}-server"
+    stem = results_stem(f"{args.model}-server")
     args.out_dir.mkdir(parents=True, exist_ok=True)
     (args.out_dir / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
     (args.out_dir / f"{stem}.md").write_text(markdown(result))

@@ -40,6 +40,7 @@ BENCH = Path(__file__).resolve().parent
 sys.path[:0] = [str(REPO), str(BENCH)]
 
 from bench_omnivoice import RESULTS, cpu_description  # noqa: E402
+from omnivoice_export.measure import hardware_lines, hardware_record, results_stem  # noqa: E402
 from omnivoice_export.cli import NUM_STEP, THREADS, int_range, parse, run_main  # noqa: E402
 from omnivoice_export.files import atomic_path, write_json_atomic  # noqa: E402
 
@@ -100,6 +101,7 @@ def summary(values: list[float]) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     load_before = os.getloadavg()[0]
+    hardware = hardware_record()
     runs: dict[str, list[dict[str, float]]] = {mode: [] for mode in MODES}
     for _ in range(args.repeats):
         for mode in MODES:
@@ -110,9 +112,9 @@ def main(argv: list[str] | None = None) -> None:
         "repeats": args.repeats, "chunks": chunk_count(args), "text_chars": len(args.text),
         "load_1min": [load_before, os.getloadavg()[0]],
         "modes": {mode: {key: summary([run[key] for run in runs[mode]]) for key in runs[mode][0]} for mode in MODES},
-        "runs": runs,
+        "runs": runs, "hardware": hardware,
     }
-    stem = f"{result['date']}-{socket.gethostname()}-{args.label}-stream"
+    stem = results_stem(f"{args.label}-stream")
     args.out_dir.mkdir(parents=True, exist_ok=True)
     write_json_atomic(args.out_dir / f"{stem}.json", result)
     cpu = result["cpu"]
@@ -120,7 +122,7 @@ def main(argv: list[str] | None = None) -> None:
              f"CPU: {cpu['model_name']} (family {cpu['family']}, model {cpu['model']}), {cpu['logical_cores']} logical "
              f"cores; load {load_before:.2f} -> {result['load_1min'][1]:.2f}. `omnivoice-onnx speak --raw [--stream]`, "
              f"{args.num_step} steps, seed 1, {result['chunks']} chunks, {args.repeats} rounds (median, min..max); "
-             "each run a fresh process (start-up included).", "",
+             "each run a fresh process (start-up included).", "", *hardware_lines(result), "",
              "| mode | first audio byte (s) | whole run (s) | audio (s) |", "| --- | --- | --- | --- |"]
     for mode in MODES:
         m = result["modes"][mode]

@@ -44,7 +44,8 @@ from omnivoice_onnx.errors import UserError
 from omnivoice_onnx.files import read_json
 from omnivoice_onnx.prompt import RUNTIME_CONFIG_FILE, TextTokenizer, load_runtime_config
 from omnivoice_onnx.rng import TorchCpuRng, check_seed, fresh_seed
-from omnivoice_onnx.sessions import TRANSFORMER_ARENA, CodecSessions, finite_output, make_session, run_split
+from omnivoice_onnx.sessions import (PROVIDERS, TRANSFORMER_ARENA, CodecSessions, finite_output, make_session,
+                                     run_split)
 
 RERUN_EXPORT = integrity.RERUN_EXPORT
 VARIANT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # a folder name inside the export, never a path
@@ -145,8 +146,8 @@ class OmniVoiceOnnx:
             raise UserError(f"onnx_dir must be a path, got {type(onnx_dir).__name__}",
                             "pass the folder export_omnivoice.py wrote")
         if not isinstance(provider, str):
-            raise UserError(f"provider must be a string, got {type(provider).__name__}", "pass \"cpu\", \"cuda-fp32\" "
-                            "or \"cuda-tf32\"")
+            raise UserError(f"provider must be a string, got {type(provider).__name__}",
+                            f"pass one of {', '.join(PROVIDERS)}")
         threads = request.check_threads(threads)
         if not isinstance(resident_codecs, bool):
             raise UserError(f"resident_codecs must be True or False, got {resident_codecs!r:.40}", "pass a bool")
@@ -224,7 +225,8 @@ class OmniVoiceOnnx:
     @classmethod
     def from_dir(cls, onnx_dir: str | os.PathLike, provider: str = "cpu", threads: int | None = None,
                  resident_codecs: bool = False, variant: str | None = None, verify: bool = True) -> "OmniVoiceOnnx":
-        """Load an export folder. provider: "cpu", "cuda-fp32" or "cuda-tf32" (omnivoice_onnx.sessions);
+        """Load an export folder. provider: one of sessions.PROVIDERS ("cpu"; "cuda-fp32", "cuda-tf32";
+        "openvino-bf16", "openvino-f32": the transformer on OpenVINO, bits not fp32 MLAS's);
         threads: onnxruntime intra-op threads (None: its default; at most request.MAX_THREADS);
         resident_codecs: keep the encoder and decoder loaded between calls (a server) instead of
         opening them per call; variant: a transformer variant of quantize_omnivoice.py ("int8",

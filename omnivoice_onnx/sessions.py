@@ -5,6 +5,15 @@ Providers:
     cuda-fp32  CUDAExecutionProvider with use_tf32=0: full fp32, a parity path
     cuda-tf32  CUDAExecutionProvider defaults (TF32 matmuls): a speed/precision trade-off, not a
                parity verdict on the export (facts sheet: argmax 0.996, max |d| 5e-2 per step)
+    openvino-bf16  the transformer on the OpenVINO execution provider (PyPI onnxruntime-ep-openvino,
+               a plugin for this onnxruntime: `pip install "omnivoice-onnx[openvino]"`) computing
+               in bfloat16 (AMX-BF16 / AVX512-BF16 where the CPU has them): like cuda-tf32, a speed
+               trade-off that changes bits, never parity (log Run 30P: 3.5x the faithful fp32 graph's
+               CPU time per call on an AMX Xeon, argmax 0.958 vs fp32, where int8 is 2.96x and 0.852)
+    openvino-f32   the same provider in float32: other bits than MLAS (max |d| 1.7e-4), and measured
+               no faster than the default fp32-fused graph (1.02x): kept to measure, not to use
+The OpenVINO providers run the transformer only; the codec graphs stay on the CPU provider in
+fp32 (codec_provider). They need the faithful fp32 graph (OpenVINO has no com.microsoft contrib ops).
 
 A requested CUDA provider that onnxruntime lacks is an error, never a quiet fall back to CPU.
 A CUDA session's provider options are read back from onnxruntime: `cuda-fp32` is refused unless
@@ -47,7 +56,10 @@ from omnivoice_onnx.request import check_threads
 TELEMETRY_ENV = "ORT_DISABLE_TELEMETRY"
 os.environ.setdefault(TELEMETRY_ENV, "1")
 
-PROVIDERS = ("cpu", "cuda-fp32", "cuda-tf32")
+PROVIDERS = ("cpu", "cuda-fp32", "cuda-tf32", "openvino-bf16", "openvino-f32")
+# OpenVINO's CPU plugin precision per provider (its INFERENCE_PRECISION_HINT).
+OPENVINO_PRECISION = {"openvino-bf16": "bf16", "openvino-f32": "f32"}
+OPENVINO_INSTALL_HINT = "pip install onnxruntime-ep-openvino (the [openvino] extra), or use --provider cpu"
 THREADS_ENV = "OMNIVOICE_ORT_THREADS"
 GPU_INSTALL_HINT = "install the GPU requirements (pip install --no-deps -r requirements-gpu.txt) on a machine with an NVIDIA GPU"
 
@@ -60,6 +72,8 @@ def provider_chain(provider: str) -> list[Any]:
         return [("CUDAExecutionProvider", {"use_tf32": "0"}), "CPUExecutionProvider"]
     if provider == "cuda-tf32":
         return [("CUDAExecutionProvider", {}), "CPUExecutionProvider"]
+    if provider in OPENVINO_PRECISION:
+        return []  # a plugin provider: added to the session options (openvino_options), not listed
     raise UserError(f"unknown provider {provider!r}", f"choose one of {', '.join(PROVIDERS)}")
 
 
@@ -68,10 +82,45 @@ def check_provider(provider: str) -> None:
     import onnxruntime as ort
 
     provider_chain(provider)
+    if provider in OPENVINO_PRECISION:
+        openvino_device()
     if provider.startswith("cuda") and "CUDAExecutionProvider" not in ort.get_available_providers():
         raise UserError(f"--provider {provider} needs onnxruntime's CUDAExecutionProvider, which this install "
                         f"lacks (onnxruntime {ort.__version__} has {', '.join(ort.get_available_providers())})",
                         GPU_INSTALL_HINT)
+
+
+def codec_provider(provider: str) -> str:
+    """The provider the encoder and decoder run on: the transformer's, except under OpenVINO,
+    whose precision hint is for the transformer (the codec stays fp32, as every variant's does)."""
+    return "cpu" if provider in OPENVINO_PRECISION else provider
+
+
+def openvino_device():
+    """onnxruntime's OpenVINO CPU device, the plugin registered once per process; UserError when the
+    plugin package is missing or finds no CPU device."""
+    import onnxruntime as ort
+
+    try:
+        import onnxruntime_ep_openvino as openvino
+    except ImportError as exc:
+        raise UserError("the OpenVINO providers need the onnxruntime-ep-openvino package, which is not installed",
+                        OPENVINO_INSTALL_HINT) from exc
+    name = openvino.get_ep_name()
+    if not any(device.ep_name == name for device in ort.get_ep_devices()):
+        ort.register_execution_provider_library("openvino", openvino.get_library_path())
+    devices = [d for d in ort.get_ep_devices() if d.ep_name == name and d.ep_metadata.get("ov_device") == "CPU"]
+    if not devices:
+        raise UserError("onnxruntime's OpenVINO provider found no CPU device", OPENVINO_INSTALL_HINT)
+    return devices[0]
+
+
+def openvino_options(options, provider: str, threads: int | None) -> None:
+    """Put the OpenVINO provider on session `options`: its CPU device, the provider's precision,
+    one inference stream (a call at a time, as the CPU provider) on `threads` threads (0: its default)."""
+    config = {"CPU": {"INFERENCE_PRECISION_HINT": OPENVINO_PRECISION[provider], "NUM_STREAMS": 1,
+                      "INFERENCE_NUM_THREADS": threads or 0}}
+    options.add_provider_for_devices([openvino_device()], {"load_config": json.dumps(config)})
 
 
 def default_threads() -> int | None:
@@ -122,8 +171,10 @@ def make_session(path: Path, provider: str = "cpu", threads: int | None = None, 
     if profile:
         options.enable_profiling = True
         options.profile_file_prefix = str(Path(tempfile.gettempdir()) / f"omnivoice-ort-profile-{os.getpid()}")
+    if provider in OPENVINO_PRECISION:
+        openvino_options(options, provider, threads)
     try:
-        session = ort.InferenceSession(str(path), sess_options=options, providers=provider_chain(provider))
+        session = ort.InferenceSession(str(path), sess_options=options, providers=provider_chain(provider) or None)
     except Exception as exc:  # onnxruntime raises its own Fail/InvalidProtobuf types
         if allocation_failure(exc):
             raise MemoryError(f"not enough memory to load {path} ({str(exc).splitlines()[0][:200]})") from exc
@@ -227,7 +278,7 @@ class CodecSessions:
                  variant: str = FP32_VARIANT) -> None:
         # A variant's own codec graphs where it carries them (fp16), else the export's.
         self.paths = {name: variant_path(onnx_dir, variant, name) for name in ("encoder", "decoder")}
-        self.provider, self.threads = provider, threads
+        self.provider, self.threads = codec_provider(provider), threads
         self.held = {name: self.open(name) for name in self.paths} if resident else {}
 
     def open(self, name: str):

@@ -388,3 +388,19 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         return (0, 0) if longest == 0 else (2, longest)
 
     items.sort(key=rank)
+
+
+def assert_hardware_recorded(meta: dict, results: Path) -> None:
+    """A bench results file names the hardware its figures belong to (issue 39): every ISA flag the
+    kernels choose by (present or not), onnxruntime's version, the load average at the start, and the
+    measured AMX check; its markdown says the same."""
+    from omnivoice_onnx.hardware import ISA_FLAGS
+
+    assert set(meta["cpu"]["isa"]) == set(ISA_FLAGS) and meta["cpu"]["model_name"]
+    hardware = meta["hardware"]
+    assert hardware["onnxruntime"] and len(hardware["load_average"]) == 3
+    check = hardware["amx_check"]
+    assert check["gops_per_core"] > 0 and check["amx_ran"] in (True, False, None)
+    assert check["amx_ran"] is not True or meta["cpu"]["isa"]["amx_int8"]
+    text = results.with_suffix(".md").read_text()
+    assert "ISA: " in text and "int8 GEMM check" in text and hardware["onnxruntime"] in text

@@ -29,7 +29,7 @@ import export_omnivoice
 import infer_onnx
 import parity_check
 import quantize_omnivoice
-from conftest import REPO, Pipeline, install_graph, read_report, run_script
+from conftest import REPO, Pipeline, assert_hardware_recorded, install_graph, read_report, run_script
 from omnivoice_export import capture, metrics
 from omnivoice_export.checkpoints import REQUIRED_FILES, load_omnivoice, model_fingerprint
 from omnivoice_export.cli import EXIT_BAD_INPUT, EXIT_CHECK_FAILED
@@ -347,6 +347,7 @@ def test_bench_fails_on_other_tokens_names_the_cpu_and_times_each_variant(pipeli
     data = json.loads(results.read_text())
     summary, cpu = data["summary"], data["meta"]["cpu"]
     assert cpu["logical_cores"] == os.cpu_count() and cpu["model_name"] and cpu["family"] is not None
+    assert_hardware_recorded(data["meta"], results)
     assert summary["gemm"]["libraries"]["onnxruntime"].startswith("MLAS")
     assert summary["generate"]["final_token_match"] < 1.0, line
     for row in summary["transformer"].values():

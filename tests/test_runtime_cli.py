@@ -21,7 +21,7 @@ import soundfile
 
 import infer_onnx
 import quantize_omnivoice
-from conftest import REPO, Pipeline, import_blocker, single_stderr_line
+from conftest import REPO, Pipeline, assert_hardware_recorded, import_blocker, single_stderr_line
 from omnivoice_export import quantize
 from omnivoice_export.cli import EXIT_BAD_INPUT, run_main
 from omnivoice_export.generation import DEFAULT_SEED, LANGUAGE
@@ -243,6 +243,7 @@ def test_bench_runtime_on_tiny(pipeline: Pipeline, tmp_path: Path) -> None:
             assert summary[side][figure]["n"] == 1 and summary[side][figure]["median"] > 0
         assert summary[side]["cold_start_s"]["median"] > summary[side]["import_s"]["median"]
     assert meta["cpu"]["model_name"] and len(meta["load_average"]["start"]) == 3
+    assert_hardware_recorded(meta, result)
     assert meta["request"]["mode"] == "clone" and meta["request"]["num_step"] == 2
     text = result.with_suffix(".md").read_text()
     assert meta["cpu"]["model_name"] in text and "Load average" in text and "Final tokens equal: **yes**" in text

@@ -22,6 +22,7 @@ import torch
 
 from conftest import REPO, Pipeline, import_blocker, single_stderr_line
 from omnivoice_onnx import UserError, VoiceClonePrompt
+from omnivoice_onnx.hardware import isa_line
 from omnivoice_onnx.voices import (VOICES_ENV, Voice, check_name, list_voices, load_upstream_voice, load_voice,
                                    save_voice, voices_dir)
 
@@ -205,14 +206,14 @@ def test_upstream_voice_file_gives_the_prompts_tokens(pipeline: Pipeline, tts, t
 @pytest.mark.slow
 def test_info_describes_the_bundle(pipeline: Pipeline, tts, tmp_path: Path) -> None:
     """`omnivoice-onnx info DIR`: fingerprint, licence, every graph file, variants, languages, instruct
-    items, voices; `--languages` lists the ids."""
+    items, voices, the CPU with its ISA flags; `--languages` lists the ids."""
     save_voice(tmp_path, "calm", Voice("calm", None, "female", tts.metadata["model_fingerprint"], Path()))
     done = _cli("info", str(pipeline.onnx), "--voices", str(tmp_path))
     assert done.returncode == 0, done.stderr
     out = done.stdout
     for expected in (f"fingerprint {tts.metadata['model_fingerprint']}", "licence     other",
                      "higgs_decoder.onnx.data", "variants    fp32 (default)", "languages   646", "low pitch",
-                     "voices      1 in", "calm"):
+                     "voices      1 in", "calm", f"cpu         {isa_line()}"):
         assert expected in out, (expected, out)
     languages = _cli("info", str(pipeline.onnx), "--languages")
     assert languages.returncode == 0 and len(languages.stdout.splitlines()) == 646

@@ -1,4 +1,5 @@
-"""What a bundle (an export folder) holds: model, graphs, variants, languages, instruct items, licence, voices.
+"""What a bundle (an export folder) holds: model, graphs, variants, languages, instruct items, licence, voices;
+and the CPU it would run on, with the ISA flags its speed depends on (docs/performance.md).
 
     omnivoice-onnx info                 # the bundle in ./onnx
     omnivoice-onnx info path/to/onnx
@@ -20,6 +21,7 @@ from omnivoice_onnx.cli.speak import DEFAULT_MODEL_DIR
 from omnivoice_onnx.contract import FP32_VARIANT, GRAPH_FILES, REPORT_FILE, variant_path, variants_present
 from omnivoice_onnx.errors import UserError
 from omnivoice_onnx.files import read_json, sha256_file
+from omnivoice_onnx.hardware import isa_line
 from omnivoice_onnx.prompt import language_names, load_runtime_config
 from omnivoice_onnx.voices import list_voices, voices_dir
 
@@ -102,4 +104,5 @@ def run(args: argparse.Namespace) -> int:
         print(f"voices      {len(found)} in {voices}" + (f": {', '.join(found)}" if found else ""))
     except UserError as exc:  # a damaged voice file: named, and the rest of info still shown
         print(f"voices      unreadable: {exc}")
+    print(f"cpu         {isa_line()}")
     return 0
