@@ -8,7 +8,7 @@ never imports torch, transformers, omnivoice, pydub or the toolchain (omnivoice_
     tts = OmniVoiceOnnx.from_dir("onnx")
     audios = tts.generate("Hello.", language="English", seed=1)
     for chunk in tts.stream("First sentence. Second one.", seed=1):   # audio as each chunk is ready
-        play(chunk.samples, chunk.sample_rate)
+        print(chunk.index, chunk.count, chunk.samples.shape)   # float32 samples at chunk.sample_rate
 
 The command line: `omnivoice-onnx speak "Hello." --out hello.wav` (omnivoice_onnx.cli).
 

@@ -354,8 +354,9 @@ def assert_same_bits_on_captured_calls(capture_dir: Path, session, reference, ev
 
 # The files that need the session pipeline, longest first (investigation log: `--durations=0` summed per
 # file on two workers; the first also builds the pipeline, ~65 s).
-LONGEST_FILES = ("test_script_errors.py", "test_runtime_generate.py", "test_quantize.py", "test_batch.py",
-                 "test_pipeline_safeguards.py", "test_runtime_refusals.py", "test_parity.py", "test_runtime_cli.py",
+LONGEST_FILES = ("test_script_errors.py", "test_runtime_generate.py", "test_docs.py", "test_quantize.py",
+                 "test_batch.py", "test_pipeline_safeguards.py", "test_runtime_refusals.py", "test_parity.py",
+                 "test_runtime_cli.py",
                  "test_export.py", "test_fusion.py", "test_infer.py", "test_runtime_install.py", "test_server.py",
                  "test_dropin.py", "test_wyoming.py", "test_stream.py", "test_voices.py", "test_speak.py",
                  "test_model_card.py")

@@ -59,7 +59,8 @@ def pip_into(python: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 # The distribution's whole source: what `pip install .` reads (pyproject.toml: package omnivoice_onnx only).
-DISTRIBUTION_SOURCES = ("pyproject.toml", "README.md", "omnivoice_onnx")
+PACKAGE_PAGE = "docs/package.md"  # pyproject's readme: the distribution's description
+DISTRIBUTION_SOURCES = ("pyproject.toml", PACKAGE_PAGE, "omnivoice_onnx")
 FORBIDDEN_DISTRIBUTIONS = ("torch", "transformers", "omnivoice", "pydub", "onnx")
 
 
@@ -71,6 +72,7 @@ def source_copy(dst: Path) -> Path:
         if (REPO / name).is_dir():
             shutil.copytree(REPO / name, dst / name, ignore=shutil.ignore_patterns("__pycache__"))
         else:
+            (dst / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(REPO / name, dst / name)
     return dst
 
@@ -122,6 +124,10 @@ def test_wheel_and_pip_install_dot_need_no_torch(pipeline, runtime_python: Path,
     assert all(n.startswith(("omnivoice_onnx/", "omnivoice_onnx-")) for n in names), names
     assert "omnivoice_onnx/cli/speak.py" in names and "omnivoice_onnx/audio_out.py" in names
     assert "omnivoice_onnx/web/index.html" in names  # serve's page at / is package data
+    # The description is the runtime user's page, as Markdown (the body after METADATA's headers).
+    headers, description = metadata.split("\n\n", 1)
+    assert "Description-Content-Type: text/markdown" in headers.splitlines()
+    assert description.strip() == (REPO / PACKAGE_PAGE).read_text().strip()
     # The ranges the wheel declares admit the versions the tests pin (requirements-runtime.txt).
     pins = [Requirement(line) for line in (REPO / "requirements-runtime.txt").read_text().splitlines()
             if line and not line.startswith("#")]
