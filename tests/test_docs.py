@@ -165,13 +165,13 @@ LIMIT_ROW = re.compile(r"^\| `(?P<name>MAX_\w+)` \| (?P<value>[\d^]+) \|", re.MU
 
 def test_limits_table_is_the_codes() -> None:
     """The request limits package.md lists are the runtime's own, all of them, with their values."""
-    from omnivoice_onnx.core import request
+    from omnivoice_onnx import limits
 
     rows = {row["name"]: row["value"] for row in LIMIT_ROW.finditer((REPO / "docs" / "package.md").read_text())}
-    assert sorted(rows) == sorted(request.LIMITS)
+    assert sorted(rows) == sorted(limits.LIMITS)
     for name, shown in rows.items():
         base, _, power = shown.partition("^")
-        assert int(base) ** int(power or 1) == getattr(request, name), name
+        assert int(base) ** int(power or 1) == getattr(limits, name), name
 
 
 class Checkout:
