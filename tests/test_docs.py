@@ -197,10 +197,10 @@ class Checkout:
 
     def serve(self) -> int:
         """The port of this copy's `omnivoice-onnx serve` (started on first use)."""
-        from omnivoice_onnx import server
+        from omnivoice_export.serving import launch
 
         if self.server is None:
-            self.server = server.launch(self.root / "onnx", self.root.parent / "serve.log", "--threads", "1",
+            self.server = launch(self.root / "onnx", self.root.parent / "serve.log", "--threads", "1",
                                         env=self.env, start_timeout=SERVER_START_S)
         return self.server.port
 
