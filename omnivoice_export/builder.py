@@ -101,9 +101,8 @@ class LargeActivations:
     (a few channels in the hundreds to thousands; |x| > 256 squares past float16's 65504)."""
 
     channels: tuple[int, ...]  # residual stream channels (of Dims.hidden)
-    values: tuple[
-        float, ...
-    ]  # each one's offset at every position: text rows carry it, audio rows 1/8 each (8 codebooks are summed)
+    # each one's offset at every position: text rows carry it, audio rows 1/8 each (8 codebooks are summed)
+    values: tuple[float, ...]
     norm_weight: float  # the residual RMSNorms' weight on those channels: weights them down, as trained norms do
 
 
@@ -187,7 +186,7 @@ def higgs_rules(scales: dict[str, float], semantic_std: float) -> list[tuple[str
 
     - DAC convs: the library's trunc-normal 0.02 makes the decoder's output ~constant whatever
       the codes, and fan-in scaling alone lets the residual units grow activations ~200x over the
-      five blocks; each conv draws at its recorded calibration scale (`scales`, measure_scales).
+      five blocks; each conv draws at its recorded calibration scale (`scales`, calibration.measure_codec_scales).
     - Codebooks are zero-initialised by the library (every code identical): std 1, the scale of
       the embeddings they quantise (project_in leaves them near unit variance); embed_avg = embed.
     - HuBERT's linears at its initializer_range; every other conv / linear at 1 / sqrt(fan_in);
@@ -215,7 +214,7 @@ def _tie_codebook_averages(higgs) -> None:
             quantizer.codebook.embed_avg.copy_(quantizer.codebook.embed)
 
 
-def _add_large_activations(omnivoice, spec: LargeActivations, norm_scales: list[float]) -> None:
+def add_large_activations(omnivoice, spec: LargeActivations, norm_scales: list[float]) -> None:
     """Give the residual stream spec's large channels at every position, keeping the fp32 model's
     behaviour: every RMSNorm that reads the residual gets spec.norm_weight on those channels and
     its other channels multiplied by its recorded scale (measured by _measure_norm_scales so that
@@ -256,8 +255,8 @@ def count_parameters(name: str) -> int:
 
 
 def make_modules(name: str, seed: int, codec_scales: dict[str, float] | None = None):
-    """(OmniVoice, Higgs tokenizer, tokenizer vocab size) of checkpoint `name` with every weight from
-    the portable recipe; `codec_scales` None reads the recorded table (measure_scales passes its own).
+    """(OmniVoice, Higgs tokenizer) of checkpoint `name` with every weight from the portable recipe;
+    `codec_scales` None reads the recorded table (calibration passes its own while measuring it).
     tiny-large-act's residual norms are applied by build_checkpoint (they need the codec first)."""
     from omnivoice.models.omnivoice import OmniVoice
     from transformers import HiggsAudioV2TokenizerModel
@@ -294,7 +293,7 @@ def build_checkpoint(name: str, out_dir: Path, seed: int = 0) -> Path:
     started = time.perf_counter()
     model, higgs = make_modules(name, seed)
     if name in LARGE_ACTIVATIONS:
-        _add_large_activations(model, LARGE_ACTIVATIONS[name], load_scales("residual_norms")[name])
+        add_large_activations(model, LARGE_ACTIVATIONS[name], load_scales("residual_norms")[name])
     with atomic_dir(out_dir) as tmp:
         tokenizer_provenance = save_qwen_tokenizer(tmp)
         model.config.omnivoice_export = {"checkpoint": name, "seed": seed, "builder_version": BUILDER_VERSION,

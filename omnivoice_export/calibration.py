@@ -18,7 +18,14 @@ import argparse
 import json
 from collections.abc import Callable
 
-from omnivoice_export.builder import BASE_OF, DIMS, LARGE_ACTIVATIONS, make_modules, residual_norms
+from omnivoice_export.builder import (
+    BASE_OF,
+    DIMS,
+    LARGE_ACTIVATIONS,
+    add_large_activations,
+    make_modules,
+    residual_norms,
+)
 from omnivoice_export.cli import parse, run_main
 from omnivoice_export.weights_recipe import SCALES_FILE, normal, round_scale
 from omnivoice_onnx.contract import HOP_LENGTH, NUM_CODEBOOKS
@@ -102,8 +109,6 @@ def measure_norm_scales(name: str, seed: int = 0) -> list[float]:
     output std those channels had before the large channels were added (random probe inputs)."""
     import torch
 
-    from omnivoice_export.builder import _add_large_activations
-
     spec = LARGE_ACTIVATIONS[name]
     model, _ = make_modules(name, seed, codec_scales=_UnitScales())  # the codec plays no part here
     norms = residual_norms(model.llm)
@@ -121,7 +126,7 @@ def measure_norm_scales(name: str, seed: int = 0) -> list[float]:
 
     with torch.no_grad():
         before = output_stds()
-        _add_large_activations(model, spec, [1.0] * len(norms))
+        add_large_activations(model, spec, [1.0] * len(norms))
         scales = []
         for index, norm in enumerate(norms):
             scale = round_scale(before[index] / output_stds()[index])

@@ -15,7 +15,7 @@ The recipe touches no CPU-dispatched kernel:
   float32: integer arithmetic, one correctly rounded IEEE multiply and one conversion, the same
   bits on any IEEE-754 machine whatever the SIMD width (no transcendental function, no reduction);
 - data-dependent scales (the codec convs' LSUV-style calibration, tiny-large-act's norm weights)
-  are constants in `checkpoint_scales.json`, measured once by `measure_scales` and rounded to
+  are constants in `checkpoint_scales.json`, measured once by `calibration.py` and rounded to
   SCALE_DIGITS significant digits; the build itself runs no forward pass.
 Library init still runs when the modules are constructed, but every tensor it filled at random is
 overwritten here; a tensor with no rule that is not a constant fill stops the build.
@@ -65,8 +65,8 @@ def fan_in(shape: tuple[int, ...]) -> int:
     return math.prod(shape[1:])
 
 
-# A rule maps (name, shape) to the std of the tensor's draw, or to a fixed fill.
-Rule = Callable[[str, tuple[int, ...]], float]
+# A rule is a std (float), a StdOf callable (name, shape) -> std, or one of these fixed fills.
+StdOf = Callable[[str, tuple[int, ...]], float]
 ZEROS = "zeros"
 ONES = "ones"
 
@@ -81,7 +81,7 @@ def round_scale(value: float) -> float:
     return float(f"{value:.{SCALE_DIGITS - 1}e}")
 
 
-def draw_all(module, rules: list[tuple[str, object]], seed: int, prefix: str = "") -> list[str]:
+def draw_all(module, rules: list[tuple[str, float | str | StdOf]], seed: int, prefix: str = "") -> list[str]:
     """Overwrite every floating tensor of `module`'s state_dict by the first rule whose regex
     matches its name: a std (float) or a callable (name, shape) -> std draws `normal`; ZEROS/ONES
     fill. A tensor no rule matches must already be a constant fill (norm weights, Snake alphas,
