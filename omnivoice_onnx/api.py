@@ -53,9 +53,12 @@ from omnivoice_onnx.sessions import PROVIDERS, TRANSFORMER_ARENA, CodecSessions,
 
 # Graph metadata (omnivoice_export.exporting.graph_metadata) the runtime reads, as ints.
 INT_METADATA = ("sample_rate", "hop_length", "frame_rate", "num_codebooks", "audio_vocab_size", "audio_mask_id")
-# runtime-config.json's model section -> the graph metadata key that must agree with it.
+# runtime-config.json's model section -> the graph metadata key that must agree with it (a port
+# reads the config instead of the graphs' metadata_props, so both must say the same).
 CONFIG_VS_METADATA = {"audio_mask_id": "audio_mask_id", "num_audio_codebook": "num_codebooks",
-                      "audio_vocab_size": "audio_vocab_size"}
+                      "audio_vocab_size": "audio_vocab_size", "sample_rate": "sample_rate",
+                      "hop_length": "hop_length", "frame_rate": "frame_rate",
+                      "model_fingerprint": "model_fingerprint"}
 
 def graph_metadata(session, path: Path, graph: str) -> dict[str, Any]:
     """A session's OmniVoice metadata (ints parsed), checked to describe `graph` and its inputs
@@ -151,12 +154,6 @@ class OmniVoiceOnnx:
             if differ:
                 raise UserError(f"{self.codecs.paths[name]} says {differ[0]}={codec_meta[differ[0]]} but {path} says "
                                 f"{self.metadata[differ[0]]}", RERUN_EXPORT)
-        model_config = self.runtime_config["model"]  # what a port reads instead of graph metadata
-        differ = [key for key in ("sample_rate", "hop_length", "frame_rate", "model_fingerprint")
-                  if str(model_config[key]) != str(self.metadata[key])]
-        if differ:
-            raise UserError(f"{self.model_dir / RUNTIME_CONFIG_FILE} says model.{differ[0]}="
-                            f"{model_config[differ[0]]} but {path} says {self.metadata[differ[0]]}", RERUN_EXPORT)
         try:  # the export's own generation defaults, checked as a request's are
             gen.GenerationConfig.from_dict(None, self.runtime_config["generation"])
         except UserError as exc:

@@ -248,31 +248,43 @@ def output_record(tts: OmniVoiceOnnx, result: Any, final: np.ndarray, ref_rms: f
     silence removal) and `post_process`: post-processing of `decoded_path`, the decoded audio at
     16 bits (written first when `write`), exact on any machine whatever its decoder gives."""
     decoded = decode(tts.model, result)
-    rules = tts.runtime_config["audio"]
     stages = {"decoded": audio_summary(decoded[0])}
     if config.postprocess_output:
-        stages["silence_removed"] = audio_summary(
-            audio.remove_silence(decoded, tts.sample_rate, *rules["output_silence_ms"], rules)[0])
+        stages["silence_removed"] = _silence_removed(tts, decoded)
     if write:
         sf.write(decoded_path, decoded[0], tts.sample_rate, subtype="PCM_16", format="FLAC")
     settings = {"ref_rms": ref_rms, "postprocess_output": config.postprocess_output,
                 "pad_duration": config.pad_duration, "fade_duration": config.fade_duration}
-    post = post_process_run(tts, decoded_path, settings) if decoded_path.is_file() else None
+    if not decoded_path.is_file():
+        return {**audio_summary(final), "stages": stages, "post_process": None}
+    stored = _read_float32(decoded_path)
     return {**audio_summary(final), "stages": stages,
-            "post_process": None if post is None else {"input": decoded_path.name, **post}}
+            "post_process": {"input": decoded_path.name, "input_audio": audio_summary(stored[0]),
+                             **post_process_run(tts, stored, settings)}}
 
 
-def post_process_run(tts: OmniVoiceOnnx, path: Path, settings: dict[str, Any]) -> dict[str, Any]:
-    """audio.post_process of the file at `path` (read as float32) with `settings`: the input's
-    summary, the settings, and the summaries after silence removal and of the output."""
+def post_process_run(tts: OmniVoiceOnnx, decoded: np.ndarray, settings: dict[str, Any]) -> dict[str, Any]:
+    """audio.post_process of `decoded` [1, T] with `settings`: the settings and the summaries after
+    silence removal and of the output. Silence is removed once: post_process with it on is
+    remove_silence, then the level, fades and padding that post_process with it off applies."""
     rules = tts.runtime_config["audio"]
-    decoded = sf.read(path, dtype="float32")[0][np.newaxis]
-    removed = audio.remove_silence(decoded, tts.sample_rate, *rules["output_silence_ms"], rules)
-    output = audio.post_process(decoded, settings["ref_rms"], tts.sample_rate, rules, settings["postprocess_output"],
+    trim = settings["postprocess_output"]
+    removed = audio.remove_silence(decoded, tts.sample_rate, *rules["output_silence_ms"], rules) if trim else decoded
+    output = audio.post_process(removed, settings["ref_rms"], tts.sample_rate, rules, False,
                                 settings["pad_duration"], settings["fade_duration"])
-    return {"input_audio": audio_summary(decoded[0]), **settings,
-            "silence_removed": audio_summary(removed[0]) if settings["postprocess_output"] else None,
+    return {**settings, "silence_removed": audio_summary(removed[0]) if trim else None,
             "output": audio_summary(output[0])}
+
+
+def _read_float32(path: Path) -> np.ndarray:
+    """A 16-bit file of the folder as the port reads it: float32 [1, T], sample / 32768."""
+    return sf.read(path, dtype="float32")[0][np.newaxis]
+
+
+def _silence_removed(tts: OmniVoiceOnnx, decoded: np.ndarray) -> dict[str, Any]:
+    """The summary of `decoded` [1, T] after the output's silence removal (post_process's first stage)."""
+    rules = tts.runtime_config["audio"]
+    return audio_summary(audio.remove_silence(decoded, tts.sample_rate, *rules["output_silence_ms"], rules)[0])
 
 
 def run_case(tts: OmniVoiceOnnx, name: str, case: dict[str, Any], folder: Path, write: bool = False
@@ -350,17 +362,17 @@ def _floats(values: np.ndarray) -> list[float]:
 def _export_hashes(tts: OmniVoiceOnnx) -> dict[str, str]:
     """The export a vector was made from: the graphs' model fingerprint, the host files' sha256."""
     return {"model_fingerprint": tts.metadata["model_fingerprint"],
-            "runtime_config_sha256": sha256_file(tts.onnx_dir / RUNTIME_CONFIG_FILE),
-            "tokenizer_sha256": sha256_file(tts.onnx_dir / TOKENIZER_FILE)}
+            "runtime_config_sha256": sha256_file(tts.model_dir / RUNTIME_CONFIG_FILE),
+            "tokenizer_sha256": sha256_file(tts.model_dir / TOKENIZER_FILE)}
 
 
 def post_process_case(tts: OmniVoiceOnnx, name: str, runs: list[dict[str, Any]], folder: Path) -> dict[str, Any]:
     """One POST_PROCESS_CASES entry: audio.post_process on SILENCES_WAV with each run's settings."""
-    records = [post_process_run(tts, folder / SILENCES_WAV, run) for run in runs]
+    decoded = _read_float32(folder / SILENCES_WAV)
     return {"format": FORMAT, "kind": "post_process", "case": name,
-            "export": {"runtime_config_sha256": sha256_file(tts.onnx_dir / RUNTIME_CONFIG_FILE)},
-            "input": {"file": SILENCES_WAV, **records[0]["input_audio"]},
-            "runs": [{key: value for key, value in run.items() if key != "input_audio"} for run in records]}
+            "export": {"runtime_config_sha256": sha256_file(tts.model_dir / RUNTIME_CONFIG_FILE)},
+            "input": {"file": SILENCES_WAV, **audio_summary(decoded[0])},
+            "runs": [post_process_run(tts, decoded, run) for run in runs]}
 
 
 def silences_input(voice: np.ndarray, rate: int) -> np.ndarray:
