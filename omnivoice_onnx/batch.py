@@ -5,7 +5,7 @@
 
 The list is upstream's `omnivoice-infer-batch --test_list` format, unchanged (its fields and
 their reading: omnivoice_onnx.batch_list). This module is the driver: it checks and plans, hands
-tasks to an engine (omnivoice_onnx.batch_worker in process or in a process pool,
+tasks to an engine (this module's Synthesizer in process or in a process pool,
 omnivoice_onnx.batch_ray on Ray) and writes every file.
 
 Every line is checked before any synthesis (its JSON, id, field types, reference file, language,

@@ -240,7 +240,7 @@ class FolderLock:
         flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
         while True:
             with _errors_name(self.path):
-                fd = os.open(self.path, flags, 0o666 & ~_umask())
+                fd = os.open(self.path, flags, 0o666)  # os.open applies the umask itself
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -284,8 +284,7 @@ def umask_mode(*paths: Path) -> None:
     sidecar or a built checkpoint would be unreadable to other users of a shared machine or
     container while its `.onnx` is readable.
     """
-    mask = os.umask(0)
-    os.umask(mask)
+    mask = _umask()
     for path in paths:
         os.chmod(path, 0o666 & ~mask)
 
