@@ -4,13 +4,13 @@
 Runs one forward (after a warm-up) at the S~435 clone layout, padded (upstream's layout) and
 split (cond and uncond rows at their own length), with ORT profiling on, and prints the time per
 op type and its share. Achieved GFLOP/s against the analytic FLOP count: fp32 MatMul (every GEMM
-of the faithful graph), the int8 GEMM kernels against the projections' FLOPs, MultiHeadAttention
-against attention's. --variants adds transformer variants of step 5 (quantize_omnivoice.py),
+of the faithful graph), the int8 GEMM kernels against the projections' FLOPs, the fused graphs'
+Attention against attention's. --variants adds transformer variants of step 5 (quantize_omnivoice.py),
 profiled split only: the unmasked and fused graphs are valid only for all-True masks (run_split's
 calls). For a variant with int8 GEMMs, the ceiling they are measured against is a one-node
 DynamicQuantizeMatMul (what onnxruntime fuses int8's DynamicQuantizeLinear + MatMulInteger into)
-at the call's longest row and the widest projection (hidden -> 2 x intermediate, int8's merged
-gate/up), timed in the same process: the share of it the graph's int8 GEMMs reach is the
+at the call's longest row and hidden -> 2 x intermediate (gate and up together), timed in the
+same process: the share of it the graph's int8 GEMMs reach is the
 "share of the int8 GEMM rate".
 
     python bench/profile_transformer.py --model full-random --onnx-dir bench/out/full/onnx \\
@@ -145,12 +145,12 @@ def main(argv: list[str] | None = None) -> None:
         int8_micros = sum(per_op.get(op, 0.0) for op in INT8_GEMMS)
         if per_op.get("MatMul", 0.0) and not int8_micros:
             # the faithful graph's MatMuls are every GEMM; fused graphs' are the projections and heads
-            gemm_flops = flops - (parts["attention"] if "MultiHeadAttention" in per_op else 0.0)
+            gemm_flops = flops - (parts["attention"] if "Attention" in per_op else 0.0)
             record["matmul_gflops"] = gemm_flops / per_op["MatMul"] / 1e3
             lines.append(f"  MatMul: {record['matmul_gflops']:.0f} GFLOP/s")
-        if per_op.get("MultiHeadAttention"):
-            record["attention_gflops"] = parts["attention"] / per_op["MultiHeadAttention"] / 1e3
-            lines.append(f"  MultiHeadAttention: {record['attention_gflops']:.0f} GFLOP/s")
+        if per_op.get("Attention"):
+            record["attention_gflops"] = parts["attention"] / per_op["Attention"] / 1e3
+            lines.append(f"  Attention: {record['attention_gflops']:.0f} GFLOP/s")
         if int8_micros:
             dims = (max(row_lengths), llm["hidden_size"], 2 * llm["intermediate_size"])
             if not ceilings:  # both one-node rates, measured once, in this process, beside the profiles
@@ -163,13 +163,13 @@ def main(argv: list[str] | None = None) -> None:
                          f"{100 * achieved / ceilings['MatMulInteger']:.0f} % of one bare MatMulInteger's "
                          f"{ceilings['MatMulInteger']:.0f} ([{dims[0]}, {dims[1]}] x [{dims[1]}, {dims[2]}], the "
                          f"same threads, this process); the whole graph: {100 * flops / total / 1e3 / ceiling:.0f} %")
-            # The floor: integer GEMMs at the ceiling, the fp32 MultiHeadAttention and MatMuls (heads;
+            # The floor: integer GEMMs at the ceiling, the fp32 Attention and MatMuls (heads;
             # attention too in an unfused graph) as profiled, every other op free. fp32's split time
             # over it bounds what this graph's speed-up can reach on this CPU with these kernels.
-            fp32_kernels = per_op.get("MultiHeadAttention", 0.0) + per_op.get("MatMul", 0.0)
+            fp32_kernels = per_op.get("Attention", 0.0) + per_op.get("MatMul", 0.0)
             floor = parts["projections"] / ceiling / 1e3 + fp32_kernels
             record["floor_seconds"] = floor / 1e6
-            lines.append(f"  floor {floor / 1e6:.3f} s: int8 GEMMs at the ceiling, MultiHeadAttention and MatMul as "
+            lines.append(f"  floor {floor / 1e6:.3f} s: int8 GEMMs at the ceiling, Attention and MatMul as "
                          f"profiled, the other ops' {(total - int8_micros - fp32_kernels) / 1e6:.3f} s free"
                          + (f"; at most {fp32_split / floor:.2f}x fp32 split's {fp32_split / 1e6:.3f} s (now "
                             f"{fp32_split / total:.2f}x)" if fp32_split else ""))

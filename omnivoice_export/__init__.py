@@ -16,7 +16,7 @@ omnivoice_onnx.contract, read by all of these):
     metrics        parity metrics (argmax/max-abs, code match, log-spectral L1)
     measure        wall time and peak RSS of a block
     quantize       transformer variants (quantization recipes, the unmasked fp32 graph), one sidecar each
-    fusion         graph surgery for the fused fp32 variant (attention -> MultiHeadAttention)
+    fusion         graph surgery for the fused variants (attention -> Attention, RoPE, RMSNorm)
     quality        per-step and end-to-end measurements of a variant against the PyTorch capture
     files          atomic writes, sha256 and {sha256, bytes} entries, JSON artefacts
     cli            argparse ending (--debug), one-line errors, exit codes

@@ -28,10 +28,10 @@ Why the recipes are what they are (the quality table measures each):
   right on VNNI CPUs (AVX512-VNNI / AVX-VNNI) and can saturate u8 x s8 products on older AVX2 ones.
 - `fp32-unmasked` is not quantized: the faithful fp32 graph without each layer's mask work, valid
   (and bit-identical) for the calls run_split makes, whose masks are all True (drop_mask_work).
-- `fp32-fused` is fp32-unmasked with each layer's attention core fused into com.microsoft
-  MultiHeadAttention (omnivoice_export.fusion): same calls, same output guard; its logits were
-  the same bits as fp32-unmasked's on every call measured (tiny: all captured; real dims: the
-  bench's three shapes), not a guarantee: the fused kernel owns its float order.
+- `fp32-fused` is fp32-unmasked with each layer's attention core fused into one ONNX Attention
+  (opset 23; omnivoice_export.fusion): same calls, same output guard; its logits were the same
+  bits as fp32-unmasked's on every call measured (tiny: all captured; real dims: the bench's
+  shapes), not a guarantee: the fused kernel owns its float order.
 - `fp16` (omnivoice_export.fp16): float16 weights and compute, float32 inputs and outputs, and
   float32 islands where float16 overflows or loses the decision (`keep_fp32`: RMSNorm's square,
   mean and rsqrt; RoPE's angles; softmax; the audio heads to the logits), computed in float32
@@ -40,10 +40,11 @@ Why the recipes are what they are (the quality table measures each):
   arithmetic runs it no faster than fp32 (0.97x at the real dims; slower on tiny).
 - `int8` is quantize_dynamic on fp32-fused's graph (same calls, same output guard as
   fp32-unmasked), with two more rewrites before quantizing (omnivoice_export.fusion;
-  investigation log): the MatMuls that read one activation merged into one (q/k/v, gate/up: the
-  same int8 bits, one GEMM instead of three or two) and each RMSNorm as onnxruntime's
-  SimplifiedLayerNormalization (its own float order: not for the fp32 recipes). The attention
-  cores stay MultiHeadAttention in fp32: at the real dims they are a quarter of int8's time, the
+  investigation log): each RoPE as com.microsoft.RotaryEmbedding, so that Attention reads q, k
+  and v without a layout change, and each RMSNorm as onnxruntime's SimplifiedLayerNormalization
+  (each its own float order: not for the fp32 recipes). onnxruntime quantizes the activation that
+  q/k/v (gate/up) share once and runs one MatMulIntegerToFloat per projection. The attention cores
+  stay Attention in fp32: at the real dims they are a third of int8's time on two threads, the
   bound on what int8 projections can gain. `int8-unfused` is the same quantization of the
   faithful graph (valid for any mask), kept to measure what the rewrites gain.
 - `MatMulNBits` keeps weights block-wise (block along K, one scale and zero point per block);
@@ -106,17 +107,17 @@ RECIPES: dict[str, Recipe] = {recipe.name: recipe for recipe in (
            summary="fp32, without the per-layer mask work (mask Add, NaN guard): for calls whose mask is all "
                    "True, as run_split makes every call; NaN logits for any row whose mask is not"),
     Recipe("fp32-fused", "unmasked", 32, True, "fp32", fusions=("attention",),
-           summary="fp32-unmasked with each layer's attention core one com.microsoft MultiHeadAttention "
-                   "(ORT contrib op): same calls, same guard; the same logits as fp32-unmasked where measured"),
+           summary="fp32-unmasked with each layer's attention core one ONNX Attention (opset 23, grouped-query): "
+                   "same calls, same guard; the same logits as fp32-unmasked where measured"),
     Recipe("fp16", "fp16", 16, True, "fp16", keep_fp32=fp16.TRANSFORMER_KEEP, codecs=("encoder", "decoder"),
            summary="float16 weights and compute, float32 I/O; float32 islands for RMSNorm (square, mean, rsqrt), "
                    "RoPE angles, softmax and the audio heads; its own float16 codec graphs (GPU / mobile format: "
                    "no faster than fp32 on x86 CPUs without native float16)"),
-    Recipe("int8", "dynamic", 8, True, "fp16", fusions=("attention", "projections", "rms_norm"),
+    Recipe("int8", "dynamic", 8, True, "fp16", fusions=("attention", "rotary", "rms_norm"),
            summary="quantize_dynamic on fp32-fused's graph: int8 per-channel weights, uint8 per-tensor activations; "
-                   "q/k/v and gate/up each one int8 GEMM, attention one MultiHeadAttention (fp32), RMSNorm "
-                   "onnxruntime's kernel; audio heads fp32, embedding tables fp16; for run_split's calls (NaN "
-                   "logits for a row whose mask is not all True)"),
+                   "attention one ONNX Attention (fp32) on RotaryEmbedding's q and k, RMSNorm onnxruntime's kernel; "
+                   "audio heads fp32, embedding tables fp16; for run_split's calls (NaN logits for a row whose "
+                   "mask is not all True)"),
     Recipe("int8-unfused", "dynamic", 8, True, "fp16",
            summary="int8 on the faithful graph (any mask), nothing fused: what the fusions of int8 gain"),
     Recipe("int8-emb32", "dynamic", 8, True, "fp32",
@@ -187,13 +188,13 @@ def quantize_dynamic_variant(source: Path, staging: Path, recipe: Recipe, exclud
     return model
 
 
-def unmasked_source(source: Path, staging: Path, recipe: Recipe, exclude: list[str]) -> Path:
+def unmasked_source(source: Path, staging: Path, recipe: Recipe) -> Path:
     """The fp32 graph without the mask work and with `recipe.fusions` applied, saved with its own
     sidecar under `staging`: the input of a fused int8 recipe (quantize_dynamic then quantizes the
-    projections' MatMuls; the fused MultiHeadAttention nodes stay fp32, as in fp32-fused)."""
+    projections' MatMuls; the fused Attention nodes stay fp32, as in fp32-fused)."""
     model = onnx.load(str(source))
     drop_mask_work(model)
-    fusion.apply_fusions(model, recipe.fusions, tuple(exclude))
+    fusion.apply_fusions(model, recipe.fusions)
     path = staging / "unmasked" / TRANSFORMER_FILE
     path.parent.mkdir()
     save_with_sidecar(model, path)
@@ -347,7 +348,7 @@ def guard_output(model: onnx.ModelProto) -> None:
 def quantized_node_counts(model: onnx.ModelProto) -> dict[str, int]:
     """How many nodes of each quantized op type the variant holds (for the report)."""
     kinds = ("MatMulInteger", "DynamicQuantizeLinear", "MatMulNBits", "MatMul", "Gather", "Softmax", "IsNaN", "Cast",
-             "MultiHeadAttention")
+             "Attention", "RotaryEmbedding")
     counts = {kind: 0 for kind in kinds}
     for node in model.graph.node:
         if node.op_type in counts:
@@ -379,7 +380,7 @@ def build_variant(onnx_dir: Path, recipe: Recipe, fp32_metadata: dict[str, str])
     with temporary_dir(variant_dir(onnx_dir, recipe.name)) as staging:
         with PeakRss() as peak:
             if recipe.method == "dynamic":
-                graph = unmasked_source(source, staging, recipe, exclude) if recipe.fusions else source
+                graph = unmasked_source(source, staging, recipe) if recipe.fusions else source
                 model = quantize_dynamic_variant(graph, staging, recipe, exclude)
             elif recipe.method == "unmasked":
                 model = onnx.load(str(source))

@@ -2,10 +2,10 @@
 
 It must pass the same fp32 verdicts as the faithful export (parity_check.py --variant: argmax
 1.000000 and max |d| within the fp32 threshold on every captured call; infer_onnx.py --variant:
-final tokens 100 % in every mode), hold one MultiHeadAttention per layer and no Softmax, keep the
+final tokens 100 % in every mode), hold one ONNX Attention per layer and no Softmax, keep the
 unmasked graph's guard (a padded call gives NaN rows), and refuse a graph it cannot fully fuse.
-The int8 recipe's two further rewrites are checked here too: merged projections give int8's same
-bits, and the RMSNorm kernel computes the same function within float32 rounding.
+The int8 recipe's two further rewrites are checked here too: the RoPE and RMSNorm kernels compute
+the same functions within float32 rounding.
 """
 
 from __future__ import annotations
@@ -43,21 +43,23 @@ def layers(pipeline) -> int:
 
 
 @pytest.mark.slow
-def test_one_multihead_attention_per_layer_and_no_softmax(pipeline, fused):
+def test_one_attention_per_layer_and_no_softmax(pipeline, fused):
+    """One grouped-query Attention per layer reading the kv heads as they are (repeat_kv's Expand
+    gone), at opset 23."""
     model = onnx.load(str(fused / FUSED / TRANSFORMER), load_external_data=False)
     ops = [node.op_type for node in model.graph.node]
-    assert ops.count("MultiHeadAttention") == layers(pipeline) >= 2
-    assert "Softmax" not in ops and "IsNaN" not in ops
-    attention = [node for node in model.graph.node if node.op_type == "MultiHeadAttention"]
+    assert ops.count("Attention") == layers(pipeline) >= 2
+    assert "Softmax" not in ops and "IsNaN" not in ops and "Expand" not in ops
+    attention = [node for node in model.graph.node if node.op_type == "Attention"]
     config = json.loads((pipeline.model / "config.json").read_text())["llm_config"]
     for node in attention:
-        assert node.domain == fusion.MS_DOMAIN
-        assert fusion.attribute(node, "num_heads") == config["num_attention_heads"]
+        assert node.domain == ""
         # the graph's two scale factors (head_dim ** -0.25 each) multiplied in float32
         assert np.float32(fusion.attribute(node, "scale")) == np.float32(config["head_dim"] ** -0.25) ** 2
-    assert any(entry.domain == fusion.MS_DOMAIN for entry in model.opset_import)
+    assert next(entry.version for entry in model.opset_import if entry.domain == "") == fusion.ATTENTION_OPSET
+    assert config["num_key_value_heads"] < config["num_attention_heads"]  # grouped-query: the repeat mattered
     entry = read_report(fused)["variants"][FUSED]
-    assert entry["node_counts"]["MultiHeadAttention"] == layers(pipeline) and "Softmax" not in entry["node_counts"]
+    assert entry["node_counts"]["Attention"] == layers(pipeline) and "Softmax" not in entry["node_counts"]
     assert entry["recipe"] == quantize.RECIPES[FUSED].as_dict() and entry["recipe"]["fusions"] == ["attention"]
 
 
@@ -142,33 +144,40 @@ def test_bench_refuses_a_variant_the_export_does_not_have(pipeline, fused, tmp_p
     assert not (tmp_path / "results").exists()
 
 
-def _quantized(source: Path, staging: Path, fusions: tuple[str, ...], exclude: list[str]) -> Path:
-    """quantize_dynamic (int8's settings) of `source` after `fusions`, saved under `staging`."""
-    recipe = quantize.Recipe("probe", "dynamic", 8, True, "fp32", fusions=fusions)
-    staging.mkdir()
-    model = quantize.quantize_dynamic_variant(quantize.unmasked_source(source, staging, recipe, exclude), staging,
-                                              recipe, exclude)
-    path = staging / "probe.onnx"
-    quantize.save_with_sidecar(model, path)
-    return path
-
-
 @pytest.mark.slow
-def test_merged_projections_give_the_same_int8_bits_on_every_captured_call(pipeline, fused, tmp_path):
-    """q/k/v and gate/up as one MatMul + Split before quantize_dynamic: int8 per output column and one
-    activation scale per tensor make every column the same integers and scales, so the logits are
-    the separate projections' bits (every 8th captured step of each mode: the property is
-    structural, the sample keeps the test cheap), with 4 MatMulInteger per layer (q/k/v, o,
-    gate/up, down) instead of 7."""
-    source = fused / TRANSFORMER
-    config = json.loads((pipeline.model / "config.json").read_text())
-    heads, _ = quantize.weight_nodes(onnx.load(str(source), load_external_data=False),
-                                     config["num_audio_codebook"] * config["audio_vocab_size"])
-    separate = _quantized(source, tmp_path / "separate", ("attention",), heads)
-    merged = _quantized(source, tmp_path / "merged", ("attention", "projections"), heads)
-    ops = [node.op_type for node in onnx.load(str(merged), load_external_data=False).graph.node]
-    assert ops.count("MatMulInteger") == 4 * layers(pipeline) and ops.count("MatMul") == 1  # the fp32 heads
-    assert_same_bits_on_captured_calls(pipeline.capture, make_session(merged), make_session(separate), every=8)
+def test_rotary_fusion_replaces_every_rope_with_the_same_function(pipeline, fused, tmp_path):
+    """Each layer's two rotations (q, k) become one com.microsoft.RotaryEmbedding each on the
+    graph's own angles, no Neg (rotate_half) is left, and on the fp32 graph the logits stay within
+    float32 rounding of the exported nodes' (the kernel's own order: why only the int8 recipe uses
+    it), on every 8th captured step of each mode. With the attention fusion after it, Attention
+    reads q, k and v as [B, S, N * D] with no layout copy (the int8 graph; its ops:
+    test_quantize). A graph where one rotation does not match is refused, never half fused."""
+    model = onnx.load(str(fused / "fp32-unmasked" / TRANSFORMER))
+    assert fusion.fuse_rotary(model) == 2 * layers(pipeline)
+    fusion.prune_dead_nodes(model)
+    ops = [node.op_type for node in model.graph.node]
+    assert "Neg" not in ops and ops.count("RotaryEmbedding") == 2 * layers(pipeline)
+    assert ops.count("Cos") == ops.count("Sin") == 1  # one angle table for every layer
+    quantize.save_with_sidecar(model, tmp_path / TRANSFORMER)
+    session = make_session(tmp_path / TRANSFORMER)
+    reference = make_session(fused / "fp32-unmasked" / TRANSFORMER)
+    for mode, step, feeds in captured_calls(pipeline.capture, every=8):
+        got, want = run_split(session, *feeds), run_split(reference, *feeds)
+        assert np.max(np.abs(got - want)) <= 1e-5 * max(1.0, float(np.max(np.abs(want)))), (mode, step)
+    flat = onnx.load(str(fused / "fp32-unmasked" / TRANSFORMER), load_external_data=False)
+    fusion.apply_fusions(flat, ("attention", "rotary"))
+    attention = [node for node in flat.graph.node if node.op_type == "Attention"]
+    config = json.loads((pipeline.model / "config.json").read_text())["llm_config"]
+    assert [(fusion.attribute(node, "q_num_heads"), fusion.attribute(node, "kv_num_heads")) for node in attention] \
+        == [(config["num_attention_heads"], config["num_key_value_heads"])] * layers(pipeline)
+    ops = [node.op_type for node in flat.graph.node]
+    assert "Expand" not in ops and ops.count("Transpose") == 1  # the one left lays out the logits [B, 8, S, V]
+    broken = onnx.load(str(fused / "fp32-unmasked" / TRANSFORMER), load_external_data=False)
+    negation = next(node for node in broken.graph.node if node.op_type == "Neg")
+    halves = next(node for node in broken.graph.node if negation.output[0] in node.input)
+    halves.attribute[0].i = 2  # one rotate_half joins its halves along another axis: not RoPE
+    with pytest.raises(UserError, match=f"at {2 * layers(pipeline) - 1} of the graph's {2 * layers(pipeline)} "):
+        fusion.fuse_rotary(broken)
 
 
 @pytest.mark.slow

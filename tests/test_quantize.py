@@ -40,8 +40,8 @@ def variants(pipeline, tmp_path_factory) -> Path:
 # MatMulNBits, fp16 with its own codec graphs); the variants left out differ only in numbers passed
 # to the same quantizer, in the graph they quantize (int8: int8-unfused's quantization of a
 # rewritten graph) or in how the embedding tables are stored (checked op by op in the tests above),
-# and still build, load and keep the contract. int8's rewrites are tested in test_fusion (merged
-# projections give the same bits) and below (its ops), its generate() by infer_onnx --variant int8;
+# and still build, load and keep the contract. int8's rewrites are tested in test_fusion (RoPE and
+# RMSNorm kernels compute the same function) and below (its ops), its generate() by infer_onnx --variant int8;
 # int8-unfused, not int8, is measured beside int8-plain so that the heads are their one difference.
 # The fp32 variants are judged, not measured: their logits are the faithful graph's bits on every
 # captured call (test_unmasked_fp32_is_bit_identical_through_run_split, test_fusion) and
@@ -108,23 +108,25 @@ def test_heads_and_embeddings_stay_fp32_where_the_recipe_says(variants):
         assert len(half_gathers) == (len(embeddings) if recipe.embeddings == "fp16" else 0), name
         counts = quantize.quantized_node_counts(model)
         quantized = counts.get("MatMulInteger", 0) + counts.get("MatMulNBits", 0)
-        # every MatMul with a weight but the heads (2 layers x 7 + heads on tiny; 2 x 4 where q/k/v and
-        # gate/up are merged, "projections"); fp16 is float, not integer
-        per_layer = 4 if "projections" in recipe.fusions else 7
-        expected = 0 if recipe.bits >= 16 else 2 * per_layer + (0 if recipe.keep_heads_fp32 else 1)
+        # every MatMul with a weight but the heads (2 layers x 7 + heads on tiny); fp16 is float, not integer
+        expected = 0 if recipe.bits >= 16 else 2 * 7 + (0 if recipe.keep_heads_fp32 else 1)
         assert quantized == expected, (name, counts)
 
 
 @pytest.mark.slow
 def test_int8_holds_its_three_rewrites(pipeline, variants):
-    """`int8` as step 5 builds it: per layer one MultiHeadAttention, four MatMulIntegers (q/k/v, o,
-    gate/up, down) and four RMSNorm kernels (input, post-attention, q, k; plus the final norm)."""
+    """`int8` as step 5 builds it: per layer one Attention, two RotaryEmbeddings (q, k), seven
+    MatMulIntegers (q, k, v, o, gate, up, down) and four RMSNorm kernels (input, post-attention, q,
+    k; plus the final norm), and no layout copies around attention (no Expand; the one Transpose
+    lays out the logits)."""
     model = onnx.load(str(variants / "int8" / TRANSFORMER), load_external_data=False)
     ops = [node.op_type for node in model.graph.node]
     layers = json.loads((pipeline.model / "config.json").read_text())["llm_config"]["num_hidden_layers"]
-    assert (ops.count("MultiHeadAttention"), ops.count("MatMulInteger"), ops.count("SimplifiedLayerNormalization"),
-            ops.count("Pow"), ops.count("Softmax")) == (layers, 4 * layers, 4 * layers + 1, 0, 0)
-    assert quantize.RECIPES["int8"].fusions == ("attention", "projections", "rms_norm")
+    assert (ops.count("Attention"), ops.count("RotaryEmbedding"), ops.count("MatMulInteger"),
+            ops.count("SimplifiedLayerNormalization"), ops.count("Pow"), ops.count("Softmax"), ops.count("Neg"),
+            ops.count("Transpose"), ops.count("Expand")) == (layers, 2 * layers, 7 * layers, 4 * layers + 1,
+                                                             0, 0, 0, 1, 0)
+    assert quantize.RECIPES["int8"].fusions == ("attention", "rotary", "rms_norm")
 
 
 @pytest.mark.slow
