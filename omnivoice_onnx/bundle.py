@@ -52,8 +52,8 @@ VARIANT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # a folder name inside
 # The transformer graph used when no variant is named: the first of these that the export holds.
 # fp32-fused passes the fp32 verdicts (parity argmax 1.000000, tokens 100 %, its logits the same
 # bits as the faithful graph's on every CPU call measured: investigation log) and runs faster; it
-# needs onnxruntime's contrib op com.microsoft.MultiHeadAttention (in every standard build; a
-# reduced mobile build may lack it: name variant="fp32" there). The one place the runtime's choice
+# needs the ONNX Attention operator of opset 23 (onnxruntime >= 1.23; a reduced mobile build may
+# lack it: name variant="fp32" there). The one place the runtime's choice
 # is made; infer_onnx.py --text takes it, its compare mode always runs the faithful graph.
 DEFAULT_VARIANT_ORDER = ("fp32-fused", FP32_VARIANT)
 
@@ -115,10 +115,12 @@ class FileCheck:
 class Bundle:
     """An export folder, opened: build it with `Bundle.open`."""
 
-    def __init__(self, model_dir: Path, variant: str, report: dict[str, Any] | None) -> None:
+    def __init__(self, model_dir: Path, variant: str, report: dict[str, Any] | None,
+                 report_error: UserError | None = None) -> None:
         self.dir = model_dir
         self.variant = variant  # the transformer variant loaded (named, or default_variant's choice)
-        self.report = report  # export-report.json, read once (None: no report, opened with verify=False)
+        self.report = report  # export-report.json, read once (None: none readable, opened with verify=False)
+        self.report_error = report_error  # why report is None: missing, unreadable, not an object
 
     @classmethod
     def open(cls, model_dir: str | os.PathLike, variant: str | None = None, verify: bool = True,
@@ -136,8 +138,13 @@ class Bundle:
         verify = verify_requested(verify)
         if not model_dir.is_dir():
             raise UserError(f"export folder not found: {model_dir}", "pass the folder export_omnivoice.py wrote")
-        report = read_report(model_dir, required=verify)
-        bundle = cls(model_dir, variant or default_variant(model_dir, report, provider), report)
+        try:
+            report, report_error = read_report(model_dir), None
+        except UserError as exc:
+            if verify:
+                raise
+            report, report_error = None, exc  # unchecked on request; file_checks still says why, if asked
+        bundle = cls(model_dir, variant or default_variant(model_dir, report, provider), report, report_error)
         bundle.transformer_path()  # a variant not in the folder is named before anything is hashed
         if verify:  # before anything is loaded: a damaged sidecar loads, and runs
             bundle.verify()
@@ -197,7 +204,7 @@ class Bundle:
         variant = variant or self.variant
         path = self.dir / REPORT_FILE
         if self.report is None:
-            raise UserError(f"export report not found: {path}", f"{RERUN_EXPORT}, {SKIP}")
+            raise self.report_error or UserError(f"export report not read: {path}", f"{RERUN_EXPORT}, {SKIP}")
         problem = schema_problem(self.report, REPORT_FILES_SCHEMA)
         if problem:  # a report of an earlier version (no runtime_assets), or a hand edit
             raise UserError(f"export report {path} is malformed: {problem}", f"{RERUN_EXPORT}, {SKIP}")
@@ -232,18 +239,12 @@ class Bundle:
         return listed if isinstance(listed, dict) else {}
 
 
-def read_report(model_dir: Path, required: bool = True) -> dict[str, Any] | None:
-    """export-report.json; when it is missing, unreadable or not a JSON object, a UserError if
-    `required`, else None."""
+def read_report(model_dir: Path) -> dict[str, Any]:
+    """export-report.json; a UserError naming why when it is missing, unreadable or not a JSON object."""
     path = Path(model_dir) / REPORT_FILE
-    try:
-        report = read_json(path, "export report", f"{RERUN_EXPORT}, {SKIP}")
-        if not isinstance(report, dict):
-            raise UserError(f"export report {path} is not a JSON object", f"{RERUN_EXPORT}, {SKIP}")
-    except UserError:
-        if required:
-            raise
-        return None  # unchecked on request: the graphs' own checks then speak
+    report = read_json(path, "export report", f"{RERUN_EXPORT}, {SKIP}")
+    if not isinstance(report, dict):
+        raise UserError(f"export report {path} is not a JSON object", f"{RERUN_EXPORT}, {SKIP}")
     return report
 
 

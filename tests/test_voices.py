@@ -247,6 +247,9 @@ def test_info_verifies_as_loading_does(pipeline: Pipeline, tmp_path: Path) -> No
     assert "higgs_decoder.onnx.data does not match the sha256" in line and "export_omnivoice.py" in line, line
     assert "higgs_decoder.onnx.data" in done.stdout and "DAMAGED" in done.stdout
     assert "parity cpu PASS - NOT for these files" in done.stdout, done.stdout
+    (onnx / "export-report.json").write_text("{not json")  # the reason is named, not "not found"
+    done = _cli("info", str(onnx))
+    assert done.returncode == 2 and "export-report.json is not valid JSON" in single_stderr_line(done), done
     (onnx / "export-report.json").unlink()
     sidecar.unlink()
     done = _cli("info", str(onnx))
