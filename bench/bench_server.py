@@ -13,13 +13,19 @@ What a deployment asks of the server, measured as its users' client sees it:
                this runtime could batch queued requests (the server does not: see the result)
 
 The server is started by this script (omnivoice_export.serving.launch) from --onnx-dir, one worker
-per --workers with threads = cores // workers. Results go to
+per --workers with threads = cores // workers.
+
+    engines    with --engines 1x1,1x2,2x1 (WORKERSxTHREADS): only the levels, once per server shape,
+               into one table (requests/s, p50/p95, audio seconds per wall second): which split of
+               the cores serves most, what `serve`'s defaults are chosen from Results go to
 bench/results/<date>-<host>-<cpu>-<model>-server.json and .md with the CPU (ISA flags, the AMX
 check) and the load average at start and end: on a shared machine the figures are the neighbours'
 too, and the .md says so.
 
     python bench/bench_server.py --onnx-dir onnx --model tiny
     python bench/bench_server.py --onnx-dir onnx --model tiny --quick      # 1/2 clients, 100-request memory run
+    python bench/bench_server.py --onnx-dir bench/out/full/onnx --model full-random --engines 1x1,1x2,2x1 \
+        --levels 1,2,4 --per-client 2 --num-step 8
 """
 
 from __future__ import annotations
@@ -48,6 +54,16 @@ STREAM_TEXT = ("The first sentence is here. A second one follows it, somewhat lo
                "Then a third, so that the stream has several chunks to send. And a fourth to end it.")
 SHORT_TEXT = "Hello there, how are you today?"
 LEVELS = (1, 2, 4, 8)
+# response_format="pcm": 16-bit mono at the codec's 24 kHz.
+PCM_BYTES_PER_SECOND = 2 * 24000
+
+
+def client_levels(text: str) -> tuple[int, ...]:
+    """--levels: comma-separated client counts >= 1."""
+    items = [item.strip() for item in text.split(",") if item.strip()]
+    if not items or not all(item.isdecimal() and int(item) >= 1 for item in items):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of client counts (e.g. 1,2,4)")
+    return tuple(int(item) for item in items)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -105,8 +121,9 @@ def level(base_url: str, clients: int, per_client: int, num_step: int | None) ->
     wall = time.perf_counter() - start
     totals = [r["total_s"] for r in results]
     ttfb = [r["ttfb_s"] for r in results]
+    audio_s = sum(r["bytes"] for r in results) / PCM_BYTES_PER_SECOND
     return {"clients": clients, "requests": len(results), "errors": len(errors), "error_samples": errors[:3],
-            "wall_s": wall, "requests_per_s": len(results) / wall,
+            "wall_s": wall, "requests_per_s": len(results) / wall, "audio_s_per_wall_s": audio_s / wall,
             "latency_p50_s": percentile(totals, 0.5), "latency_p95_s": percentile(totals, 0.95),
             "ttfb_p50_s": percentile(ttfb, 0.5), "ttfb_p95_s": percentile(ttfb, 0.95)}
 
@@ -211,6 +228,64 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def engines_markdown(result: dict[str, Any]) -> str:
+    """The workers x threads table: one row per server shape and client count."""
+    from omnivoice_export.measure import hardware_lines
+
+    meta = result["meta"]
+    lines = [f"# omnivoice-onnx serve: workers x threads — {meta['model']} ({meta['date']})", "",
+             f"CPU: {meta['cpu']['model_name']} ({meta['cores']} cores available); load average at start "
+             f"{meta['load_start']}, at end {meta['load_end']}.", "", *hardware_lines(meta), "",
+             f"Variant {meta['variant']}; client: the official openai {meta['openai']} Python client on loopback, "
+             f"closed loop ({meta['per_client']} requests per client); streamed requests (stream_format=audio, pcm) "
+             f"of a {len(STREAM_TEXT)}-character, 4-sentence text"
+             + (f", num_step {meta['num_step']}" if meta["num_step"] else "") + ".", "",
+             "| workers x threads | clients | requests | errors | req/s | audio s per wall s | p50 latency s | "
+             "p95 latency s | p50 first byte s |", "|---|---|---|---|---|---|---|---|---|"]
+    for engine in result["engines"]:
+        for row in engine["levels"]:
+            lines.append(f"| {engine['workers']} x {engine['threads']} | {row['clients']} | {row['requests']} | "
+                         f"{row['errors']} | {row['requests_per_s']:.3f} | {row['audio_s_per_wall_s']:.3f} | "
+                         f"{row['latency_p50_s']:.2f} | {row['latency_p95_s']:.2f} | {row['ttfb_p50_s']:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def server_shapes(text: str) -> list[tuple[int, int]]:
+    """--engines as (workers, threads) server shapes (bench_batch's syntax; Ray's engines are batch's)."""
+    from bench_batch import engines
+
+    shapes = []
+    for name, workers, threads, ray in engines(text):
+        if ray:
+            raise UserError(f"--engines: {name!r} is a batch engine", "give WORKERSxTHREADS items, e.g. 1x1,1x2,2x1")
+        shapes.append((workers, threads))
+    return shapes
+
+
+def run_engines(args: argparse.Namespace, env: dict[str, str], tmp: Path) -> list[dict[str, Any]]:
+    """The levels once per --engines server shape, each server started and stopped in turn."""
+    from omnivoice_export.serving import launch
+
+    found = []
+    for workers, threads in args.engines:
+        flags = ["--workers", str(workers), "--threads", str(threads), "--queue", str(max(args.levels))]
+        if args.variant:
+            flags += ["--variant", args.variant]
+        launched = launch(args.onnx_dir, tmp / f"server-{workers}x{threads}.log", *flags, env=env,
+                          start_timeout=600.0)
+        try:
+            rows = []
+            for clients in args.levels:
+                rows.append(level(launched.base_url, clients, args.per_client, args.num_step))
+                print(f"{workers}x{threads}, {clients} clients: {rows[-1]['requests_per_s']:.3f} req/s, "
+                      f"p50 {rows[-1]['latency_p50_s']:.2f} s, p95 {rows[-1]['latency_p95_s']:.2f} s, "
+                      f"errors {rows[-1]['errors']}", file=sys.stderr)
+        finally:
+            code = launched.stop()
+        found.append({"workers": workers, "threads": threads, "levels": rows, "exit_code": code})
+    return found
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model-dir", "--onnx-dir", dest="onnx_dir",
@@ -225,8 +300,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--quick", action="store_true", help="1 and 2 clients, 100 memory requests: a look, not a figure"
     )
+    parser.add_argument("--engines", default=None,
+                        help="comma-separated WORKERSxTHREADS server shapes (e.g. 1x1,1x2,2x1): run only the levels, "
+                             "once per shape, into one table (no memory, overload or batching runs)")
+    parser.add_argument("--levels", type=client_levels, default=LEVELS,
+                        help="comma-separated concurrent-client counts (default: 1,2,4,8)")
+    parser.add_argument("--variant", default=None, help="transformer variant the server runs (default: its own)")
     parser.add_argument("--out-dir", type=Path, default=REPO / "bench" / "results")
     args = parse(parser, argv)
+    if args.engines:  # checked before any measurement starts
+        args.engines = server_shapes(args.engines)
     if not (args.onnx_dir / "runtime-config.json").is_file():
         raise UserError(f"--onnx-dir {args.onnx_dir} holds no export", "pass the folder export_omnivoice.py wrote")
     import openai
@@ -237,8 +320,24 @@ def main(argv: list[str] | None = None) -> None:
     from omnivoice_onnx import server_service, sessions
 
     cores = sessions.cores()
+    if args.engines:
+        load_start = os.getloadavg()
+        hardware = hardware_record()
+        env = {key: value for key, value in os.environ.items() if key != server_service.API_KEY_ENV}
+        with tempfile.TemporaryDirectory() as tmp:
+            found = run_engines(args, env, Path(tmp))
+        now = datetime.datetime.now(datetime.timezone.utc)
+        result = {"meta": {"model": args.model, "date": now.strftime("%Y-%m-%d %H:%M UTC"),
+                           "host": socket.gethostname(), "cpu": cpu_description(), "cores": cores,
+                           "variant": args.variant or "default", "num_step": args.num_step,
+                           "per_client": args.per_client, "openai": openai.__version__,
+                           "load_start": [round(x, 2) for x in load_start],
+                           "load_end": [round(x, 2) for x in os.getloadavg()], "hardware": hardware},
+                  "engines": found}
+        write_results(args.out_dir, results_stem(f"{args.model}-server-engines"), result, engines_markdown(result))
+        return
     threads = max(1, cores // args.workers)
-    levels = LEVELS[:2] if args.quick else LEVELS
+    levels = args.levels[:2] if args.quick else args.levels
     memory_requests = 100 if args.quick else args.memory_requests
     load_start = os.getloadavg()
     hardware = hardware_record()
@@ -278,11 +377,14 @@ def main(argv: list[str] | None = None) -> None:
                        "server_exit_codes": [code, small_code], "hardware": hardware,
                        "note": "The machine is shared with other sessions' jobs: these figures include their load."},
               "levels": rows, "overload": over, "memory": mem, "batching": bat}
-    stem = results_stem(f"{args.model}-server")
-    args.out_dir.mkdir(parents=True, exist_ok=True)
-    (args.out_dir / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
-    (args.out_dir / f"{stem}.md").write_text(markdown(result))
-    print(f"wrote {args.out_dir / stem}.json and .md", file=sys.stderr)
+    write_results(args.out_dir, results_stem(f"{args.model}-server"), result, markdown(result))
+
+
+def write_results(out_dir: Path, stem: str, result: dict[str, Any], text: str) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
+    (out_dir / f"{stem}.md").write_text(text)
+    print(f"wrote {out_dir / stem}.json and .md", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ SIGTERM and a bounded wait. Toolchain-side: a test helper, not part of the runti
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import subprocess
@@ -13,6 +14,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import omnivoice_onnx
+
+# The folder holding the omnivoice_onnx this process imported: the child's `python -m omnivoice_onnx`
+# must find the same package from any working directory (a checkout is not installed).
+PACKAGE_ROOT = str(Path(omnivoice_onnx.__file__).resolve().parent.parent)
 
 
 @dataclass
@@ -45,6 +52,8 @@ def launch(model_dir: Path, log: Path, *flags: str, env: dict[str, str] | None =
     """`omnivoice-onnx serve --model-dir M --port 0 FLAGS` as a child process, once it listens: the
     port is read from its start line, so there is no race for a free port (tests, benches).
     command="wyoming" starts `omnivoice-onnx wyoming --uri tcp://127.0.0.1:0` the same way."""
+    env = dict(os.environ if env is None else env)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [PACKAGE_ROOT, env.get("PYTHONPATH")]))
     with open(log, "w") as handle:
         where = ["--port", "0"] if command == "serve" else ["--uri", "tcp://127.0.0.1:0"]
         process = subprocess.Popen([sys.executable, "-m", "omnivoice_onnx", command, "--model-dir", str(model_dir),

@@ -260,3 +260,29 @@ def test_bench_runtime_on_tiny(pipeline: Pipeline, tmp_path: Path) -> None:
     assert meta["request"]["mode"] == "clone" and meta["request"]["num_step"] == 2
     text = result.with_suffix(".md").read_text()
     assert meta["cpu"]["model_name"] in text and "Load average" in text and "Final tokens equal: **yes**" in text
+
+
+# --- bench/bench_server.py --engines ------------------------------------------------------------
+
+@pytest.mark.slow
+def test_bench_server_engines_table_on_tiny(pipeline: Pipeline, tmp_path: Path) -> None:
+    """The workers x threads table: one real server per shape, started and stopped in turn, every
+    request answered, each row with requests/s, audio seconds per wall second and p50/p95, and the
+    hardware named. A batch engine (ray:) is refused with one line."""
+    bench = [sys.executable, str(REPO / "bench" / "bench_server.py"), "--onnx-dir", str(pipeline.onnx), "--model",
+             "tiny", "--levels", "1,2", "--per-client", "1", "--num-step", "2", "--out-dir", str(tmp_path)]
+    done = subprocess.run([*bench, "--engines", "1x1,2x1"], capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (result,) = tmp_path.glob("*-server-engines.json")
+    data = json.loads(result.read_text())
+    rows = [(engine["workers"], engine["threads"], row["clients"], row["requests"], row["errors"])
+            for engine in data["engines"] for row in engine["levels"]]
+    assert rows == [(1, 1, 1, 1, 0), (1, 1, 2, 2, 0), (2, 1, 1, 1, 0), (2, 1, 2, 2, 0)]
+    assert all(engine["exit_code"] == 0 for engine in data["engines"])
+    assert all(row["audio_s_per_wall_s"] > 0 and row["latency_p95_s"] >= row["latency_p50_s"] > 0
+               for engine in data["engines"] for row in engine["levels"])
+    assert_hardware_recorded(data["meta"], result)
+    assert "| 2 x 1 | 2 | 2 | 0 |" in result.with_suffix(".md").read_text()
+    refused = subprocess.run([*bench, "--engines", "ray:2x1"], capture_output=True, text=True, timeout=120,
+                             cwd=tmp_path)
+    assert refused.returncode == 2 and "is a batch engine" in single_stderr_line(refused)
