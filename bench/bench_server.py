@@ -17,7 +17,9 @@ per --workers with threads = cores // workers.
 
     engines    with --engines 1x1,1x2,2x1 (WORKERSxTHREADS): only the levels, once per server shape,
                into one table (requests/s, p50/p95, audio seconds per wall second): which split of
-               the cores serves most, what `serve`'s defaults are chosen from Results go to
+               the cores serves most, what `serve`'s defaults are chosen from
+               (<date>-<host>-<cpu>-<model>-server-engines.json and .md; --workers and --quick
+               do not apply there). Results go to
 bench/results/<date>-<host>-<cpu>-<model>-server.json and .md with the CPU (ISA flags, the AMX
 check) and the load average at start and end: on a shared machine the figures are the neighbours'
 too, and the .md says so.
@@ -177,12 +179,12 @@ def memory(base_url: str, pid: int, total: int) -> dict[str, Any]:
             "growth_mib": marks[total] - marks[10]}
 
 
-def batching(onnx_dir: Path, threads: int, repeats: int = 3) -> dict[str, Any]:
+def batching(onnx_dir: Path, threads: int, variant: str | None, repeats: int = 3) -> dict[str, Any]:
     """generate() of 4 texts as one batch vs one at a time (same texts, seeds differ by design:
     a batch shares one generator), best of `repeats`."""
     from omnivoice_onnx import OmniVoiceOnnx
 
-    tts = OmniVoiceOnnx.from_dir(onnx_dir, threads=threads, resident_codecs=True)
+    tts = OmniVoiceOnnx.from_dir(onnx_dir, threads=threads, variant=variant, resident_codecs=True)
     texts = [STREAM_TEXT.split(". ")[i] + "." for i in range(4)]
     tts.generate(texts[0], seed=0)  # warm-up
     single, batch = [], []
@@ -255,11 +257,20 @@ def server_shapes(text: str) -> list[tuple[int, int]]:
     from bench_batch import engines
 
     shapes = []
-    for name, workers, threads, ray in engines(text):
+    try:
+        found = engines(text)
+    except UserError as exc:  # bench_batch's hint names its Ray engines, which a server has not
+        raise UserError(exc.problem, "give WORKERSxTHREADS items, e.g. --engines 1x1,1x2,2x1") from None
+    for name, workers, threads, ray in found:
         if ray:
             raise UserError(f"--engines: {name!r} is a batch engine", "give WORKERSxTHREADS items, e.g. 1x1,1x2,2x1")
         shapes.append((workers, threads))
     return shapes
+
+
+def variant_flags(args: argparse.Namespace) -> list[str]:
+    """`serve`'s --variant for every server this bench starts (none: the export's default)."""
+    return ["--variant", args.variant] if args.variant else []
 
 
 def run_engines(args: argparse.Namespace, env: dict[str, str], tmp: Path) -> list[dict[str, Any]]:
@@ -268,9 +279,8 @@ def run_engines(args: argparse.Namespace, env: dict[str, str], tmp: Path) -> lis
 
     found = []
     for workers, threads in args.engines:
-        flags = ["--workers", str(workers), "--threads", str(threads), "--queue", str(max(args.levels))]
-        if args.variant:
-            flags += ["--variant", args.variant]
+        flags = ["--workers", str(workers), "--threads", str(threads), "--queue", str(max(args.levels)),
+                 *variant_flags(args)]
         launched = launch(args.onnx_dir, tmp / f"server-{workers}x{threads}.log", *flags, env=env,
                           start_timeout=600.0)
         try:
@@ -344,7 +354,7 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         env = {key: value for key, value in os.environ.items() if key != server_service.API_KEY_ENV}
         launched = launch(args.onnx_dir, Path(tmp) / "server.log", "--workers", str(args.workers),
-                                 "--queue", str(max(levels)), env=env)
+                          "--queue", str(max(levels)), *variant_flags(args), env=env)
         try:
             rows = []
             for clients in levels:
@@ -360,13 +370,14 @@ def main(argv: list[str] | None = None) -> None:
         finally:
             code = launched.stop()
         queue = 2
-        small = launch(args.onnx_dir, Path(tmp) / "small.log", "--workers", "1", "--queue", str(queue), env=env)
+        small = launch(args.onnx_dir, Path(tmp) / "small.log", "--workers", "1", "--queue", str(queue),
+                       *variant_flags(args), env=env)
         try:
             over = {**overload(small.base_url, 4 * (queue + 1), args.num_step), "queue": queue}
             print(f"overload: {over}", file=sys.stderr)
         finally:
             small_code = small.stop()
-    bat = batching(args.onnx_dir, cores)
+    bat = batching(args.onnx_dir, cores, args.variant)
     print(f"batching: {bat}", file=sys.stderr)
     now = datetime.datetime.now(datetime.timezone.utc)
     result = {"meta": {"model": args.model, "date": now.strftime("%Y-%m-%d %H:%M UTC"), "host": socket.gethostname(),

@@ -114,7 +114,9 @@ def attribute(node: onnx.NodeProto, name: str, default=None):
 
 def _repeat_kv(g: _Graph, name: str) -> tuple[str, int, int, int] | None:
     """(the kv heads' tensor, heads, kv heads, head_dim) if `name` is repeat_kv's output:
-    Reshape(Expand(Unsqueeze(x, 2), Concat(B, [KV], [H / KV], S, [D])), Concat(B, [H], S, [D]))."""
+    Reshape(Expand(Unsqueeze(x, 2), Concat(B, [KV], [H / KV], S, [D])), Concat(B, [H], S, [D])),
+    which repeats each kv head in place (query head h reads kv head h // (H / KV), as Attention's
+    grouped-query form does)."""
     reshape = g.op(name, "Reshape")
     shape = g.op(reshape.input[1], "Concat") if reshape is not None else None
     expand = g.op(reshape.input[0], "Expand") if reshape is not None else None
@@ -122,10 +124,15 @@ def _repeat_kv(g: _Graph, name: str) -> tuple[str, int, int, int] | None:
     unsqueeze = g.op(expand.input[0], "Unsqueeze") if expand is not None else None
     if shape is None or len(shape.input) != 4 or repeated is None or len(repeated.input) != 5 or unsqueeze is None:
         return None
-    heads, kv_heads, dim = (g.constant(name) for name in (shape.input[1], repeated.input[1], shape.input[3]))
-    if any(value is None or value.size != 1 for value in (heads, kv_heads, dim)):
+    axes = g.constant(unsqueeze.input[1]) if len(unsqueeze.input) > 1 else None
+    found = [g.constant(item) for item in (shape.input[1], repeated.input[1], repeated.input[2], shape.input[3],
+                                           repeated.input[4])]
+    if axes is None or list(axes.reshape(-1)) != [2] or any(value is None or value.size != 1 for value in found):
         return None
-    return unsqueeze.input[0], int(heads.reshape(-1)[0]), int(kv_heads.reshape(-1)[0]), int(dim.reshape(-1)[0])
+    heads, kv_heads, repeats, dim, kv_dim = (int(value.reshape(-1)[0]) for value in found)
+    if heads != kv_heads * repeats or dim != kv_dim:  # each kv head repeated in place, as repeat_kv does
+        return None
+    return unsqueeze.input[0], heads, kv_heads, dim
 
 
 def _bsd_source(g: _Graph, name: str, head_dim: int) -> str | None:
@@ -143,7 +150,8 @@ def _bsd_source(g: _Graph, name: str, head_dim: int) -> str | None:
     source = g.producer.get(reshape.input[0])
     if shape is None or len(shape) != 4 or int(shape[-1]) != head_dim or source is None:
         return None
-    return reshape.input[0] if source.op_type in ("MatMul", "RotaryEmbedding") else None
+    projection = source.op_type == "MatMul" and source.input[1] in g.initializers  # hidden [B, S, H] @ W
+    return reshape.input[0] if projection or source.op_type == "RotaryEmbedding" else None
 
 
 def _match_attention(g: _Graph, softmax: onnx.NodeProto) -> dict | None:
@@ -209,8 +217,10 @@ def fuse_attention(model: onnx.ModelProto) -> int:
         raise UserError(f"found the unmasked attention pattern (MatMul(Mul(q, s), Mul(kT, s)) -> Softmax -> MatMul -> "
                         f"Transpose -> Reshape) at {len(matches)} of the graph's {len(softmaxes)} Softmax nodes "
                         "(one per layer)", _FIX)
+    require_opset(model, ATTENTION_OPSET)  # refuses an old graph before anything is rewritten
     shared = numpy_helper.from_array(np.array([0, 0, -1], dtype=np.int64), "fused_attention_bsd_shape")
-    model.graph.initializer.append(shared)
+    if any(match["flat"] is None for match in matches):
+        model.graph.initializer.append(shared)
     for index, match in enumerate(matches):
         prefix = f"fused_attention_{index}"
         if match["flat"] is not None:  # q, k, v each a [B, S, N * D] tensor: no layout change around it
@@ -227,7 +237,6 @@ def fuse_attention(model: onnx.ModelProto) -> int:
             ]
         # The old merge Reshape gives its output name to the new one and becomes dead.
         take_over(model, g, match["output"], new)
-    require_opset(model, ATTENTION_OPSET)
     return len(matches)
 
 
@@ -296,7 +305,9 @@ def _slice_bounds(g: _Graph, node: onnx.NodeProto | None) -> tuple[str, int, int
 
 def _rotary_table(g: _Graph, name: str, op_type: str) -> str | None:
     """The angles [1, S, D/2] behind Unsqueeze(op_type(Concat(f, f)), 1), RoPE's cos or sin as
-    Qwen3's rotary embedding writes them (torch.cat((freqs, freqs), -1)), or None."""
+    Qwen3's rotary embedding writes them (torch.cat((freqs, freqs), -1)), or None. Batch 1: the
+    positions are arange(S) for every row (transformers' cache_position.unsqueeze(0)); fuse_rotary
+    squeezes that axis."""
     unsqueeze = g.op(name, "Unsqueeze")
     axes = g.constant(unsqueeze.input[1]) if unsqueeze is not None and len(unsqueeze.input) > 1 else None
     function = g.op(unsqueeze.input[0], op_type) if axes is not None and list(axes.reshape(-1)) == [1] else None
@@ -411,9 +422,14 @@ def prune_dead_nodes(model: onnx.ModelProto) -> int:
 
 def require_opset(model: onnx.ModelProto, version: int) -> None:
     """Raise the default domain's opset to `version` (and the IR version to the one onnx pairs
-    with it). The exported graph's other ops keep their meaning from opset 18 to 23: the versions
-    between only add types (Cast's saturate attribute concerns float8)."""
+    with it), without converting any op. Sound for the graphs this project exports at opset 18 or
+    later: the ops they use (no DFT, GridSample or GroupNormalization) keep their meaning up to 23,
+    the versions between only adding types (Cast's saturate attribute concerns float8). An older
+    graph (the legacy exporter's opsets 14-17, ReduceMean's axes an attribute) is refused."""
     entry = next(entry for entry in model.opset_import if entry.domain in ("", "ai.onnx"))
+    if entry.version < 18:
+        raise UserError(f"the transformer graph is at opset {entry.version}; the fused variants need an export at "
+                        "opset 18 or later", "re-export with export_omnivoice.py's default (dynamo, opset 18)")
     entry.version = max(entry.version, version)
     ir = next(row[1] for row in helper.VERSION_TABLE if row[2] >= version)
     model.ir_version = max(model.ir_version, ir)

@@ -44,7 +44,7 @@ Why the recipes are what they are (the quality table measures each):
   and v without a layout change, and each RMSNorm as onnxruntime's SimplifiedLayerNormalization
   (each its own float order: not for the fp32 recipes). onnxruntime quantizes the activation that
   q/k/v (gate/up) share once and runs one MatMulIntegerToFloat per projection. The attention cores
-  stay Attention in fp32: at the real dims they are a third of int8's time on two threads, the
+  stay Attention in fp32: at the real dims they are 38 % of int8's kernel time on two threads, the
   bound on what int8 projections can gain. `int8-unfused` is the same quantization of the
   faithful graph (valid for any mask), kept to measure what the rewrites gain.
 - `MatMulNBits` keeps weights block-wise (block along K, one scale and zero point per block);

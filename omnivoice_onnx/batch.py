@@ -328,7 +328,7 @@ def make_plan(tts: OmniVoiceOnnx, test_list: TestList, options: Options, records
         voice_frames = None if voice is None or voice.prompt is None else voice.prompt.ref_audio_tokens.shape[-1]
         plan.todo.append((line, request, estimated_seconds(line, tts.model.frame_rate, tts.runtime_config["duration"],
                                                            voice_frames)))
-        plan.tasks[line.id] = {"task": line.as_task(options.generation_config, os.fspath(voices)),
+        plan.tasks[line.id] = {"task": line.as_task(),
                                "request": pickle.dumps(requests[line.id])}
     plan.todo.sort(key=lambda item: -item[2])  # longest first: the last lines to start are short
     return plan

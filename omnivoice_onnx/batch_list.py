@@ -89,10 +89,11 @@ class Line:
     seed_from: str  # "line" or "id"
     voice: str | None  # a saved voice's name, or its file (absolute, as ref_audio)
 
-    def as_task(self, generation_config: dict[str, Any], voices: str) -> str:
-        """What a worker needs, as JSON text: travels through a process pipe or a Ray block
+    def as_task(self) -> str:
+        """What a worker reads of the line besides its validated request (its id, and the reference
+        it caches encodings by), as JSON text: travels through a process pipe or a Ray block
         unchanged (an Arrow column would not hold a seed above 2**63)."""
-        return json.dumps({**dataclasses.asdict(self), "generation_config": generation_config, "voices": voices})
+        return json.dumps(dataclasses.asdict(self))
 
 
 @dataclass(frozen=True)

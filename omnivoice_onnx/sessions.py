@@ -13,7 +13,8 @@ Providers:
     openvino-f32   the same provider in float32: other bits than MLAS (max |d| 1.7e-4), and measured
                no faster than the default fp32-fused graph (1.02x): kept to measure, not to use
 The OpenVINO providers run the transformer only; the codec graphs stay on the CPU provider in
-fp32 (codec_provider). They need the faithful fp32 graph (OpenVINO has no com.microsoft contrib ops).
+fp32 (codec_provider). They run the faithful fp32 graph: the default variant is chosen for the CPU
+provider only (bundle.default_variant), and the fused graphs were measured there.
 
 A requested CUDA provider that onnxruntime lacks is an error, never a quiet fall back to CPU.
 A CUDA session's provider options are read back from onnxruntime: `cuda-fp32` is refused unless

@@ -151,7 +151,8 @@ def test_rotary_fusion_replaces_every_rope_with_the_same_function(pipeline, fuse
     float32 rounding of the exported nodes' (the kernel's own order: why only the int8 recipe uses
     it), on every 8th captured step of each mode. With the attention fusion after it, Attention
     reads q, k and v as [B, S, N * D] with no layout copy (the int8 graph; its ops:
-    test_quantize). A graph where one rotation does not match is refused, never half fused."""
+    test_quantize), grouped as the model's heads are and within the same bound. A graph where one
+    rotation does not match is refused, never half fused."""
     model = onnx.load(str(fused / "fp32-unmasked" / TRANSFORMER))
     assert fusion.fuse_rotary(model) == 2 * layers(pipeline)
     fusion.prune_dead_nodes(model)
@@ -164,7 +165,7 @@ def test_rotary_fusion_replaces_every_rope_with_the_same_function(pipeline, fuse
     for mode, step, feeds in captured_calls(pipeline.capture, every=8):
         got, want = run_split(session, *feeds), run_split(reference, *feeds)
         assert np.max(np.abs(got - want)) <= 1e-5 * max(1.0, float(np.max(np.abs(want)))), (mode, step)
-    flat = onnx.load(str(fused / "fp32-unmasked" / TRANSFORMER), load_external_data=False)
+    flat = onnx.load(str(fused / "fp32-unmasked" / TRANSFORMER))
     fusion.apply_fusions(flat, ("attention", "rotary"))
     attention = [node for node in flat.graph.node if node.op_type == "Attention"]
     config = json.loads((pipeline.model / "config.json").read_text())["llm_config"]
@@ -172,6 +173,12 @@ def test_rotary_fusion_replaces_every_rope_with_the_same_function(pipeline, fuse
         == [(config["num_attention_heads"], config["num_key_value_heads"])] * layers(pipeline)
     ops = [node.op_type for node in flat.graph.node]
     assert "Expand" not in ops and ops.count("Transpose") == 1  # the one left lays out the logits [B, 8, S, V]
+    (tmp_path / "flat").mkdir()
+    quantize.save_with_sidecar(flat, tmp_path / "flat" / TRANSFORMER)  # and it computes the same function
+    flat_session = make_session(tmp_path / "flat" / TRANSFORMER)
+    for mode, step, feeds in captured_calls(pipeline.capture, every=8):
+        got, want = run_split(flat_session, *feeds), run_split(reference, *feeds)
+        assert np.max(np.abs(got - want)) <= 1e-5 * max(1.0, float(np.max(np.abs(want)))), (mode, step)
     broken = onnx.load(str(fused / "fp32-unmasked" / TRANSFORMER), load_external_data=False)
     negation = next(node for node in broken.graph.node if node.op_type == "Neg")
     halves = next(node for node in broken.graph.node if negation.output[0] in node.input)
