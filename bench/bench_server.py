@@ -200,13 +200,19 @@ def batching(onnx_dir: Path, threads: int, variant: str | None, repeats: int = 3
             "batch_speedup": min(single) / min(batch)}
 
 
-def markdown(result: dict[str, Any]) -> str:
+def header_lines(meta: dict[str, Any], what: str, note: str = "") -> list[str]:
+    """A results page's title ("# omnivoice-onnx serve" + `what`), CPU, load average and hardware record."""
     from omnivoice_export.measure import hardware_lines
 
+    title = f"# omnivoice-onnx serve{what} — {meta['model']} ({meta['date']})"
+    return [title, "", f"CPU: {meta['cpu']['model_name']} ({meta['cores']} cores available); load average at start "
+            f"{meta['load_start']}, at end {meta['load_end']}." + (f" {note}" if note else ""), "",
+            *hardware_lines(meta), ""]
+
+
+def markdown(result: dict[str, Any]) -> str:
     meta = result["meta"]
-    lines = [f"# omnivoice-onnx serve under load — {meta['model']} ({meta['date']})", "",
-             f"CPU: {meta['cpu']['model_name']} ({meta['cores']} cores available); load average at start "
-             f"{meta['load_start']}, at end {meta['load_end']}. {meta['note']}", "", *hardware_lines(meta), "",
+    lines = [*header_lines(meta, " under load", meta["note"]),
              f"Server: {meta['workers']} worker(s) x {meta['threads']} thread(s), queue {meta['queue']}; client: the "
              f"official openai {meta['openai']} Python client on loopback; streamed requests (stream_format=audio, "
              f"pcm) of a {len(STREAM_TEXT)}-character, 4-sentence text"
@@ -232,12 +238,8 @@ def markdown(result: dict[str, Any]) -> str:
 
 def engines_markdown(result: dict[str, Any]) -> str:
     """The workers x threads table: one row per server shape and client count."""
-    from omnivoice_export.measure import hardware_lines
-
     meta = result["meta"]
-    lines = [f"# omnivoice-onnx serve: workers x threads — {meta['model']} ({meta['date']})", "",
-             f"CPU: {meta['cpu']['model_name']} ({meta['cores']} cores available); load average at start "
-             f"{meta['load_start']}, at end {meta['load_end']}.", "", *hardware_lines(meta), "",
+    lines = [*header_lines(meta, ": workers x threads"),
              f"Variant {meta['variant']}; client: the official openai {meta['openai']} Python client on loopback, "
              f"closed loop ({meta['per_client']} requests per client); streamed requests (stream_format=audio, pcm) "
              f"of a {len(STREAM_TEXT)}-character, 4-sentence text"

@@ -144,6 +144,18 @@ def test_bench_refuses_a_variant_the_export_does_not_have(pipeline, fused, tmp_p
     assert not (tmp_path / "results").exists()
 
 
+def assert_same_function_as_unmasked(pipeline, fused: Path, model: onnx.ModelProto, folder: Path) -> None:
+    """`model` (a rewrite of fp32-unmasked in its own float order), saved in `folder`, gives
+    fp32-unmasked's logits within float32 rounding (1e-5 of the largest |logit|) through run_split
+    on every 8th captured step of each mode."""
+    folder.mkdir()
+    quantize.save_with_sidecar(model, folder / TRANSFORMER)
+    session, reference = make_session(folder / TRANSFORMER), make_session(fused / "fp32-unmasked" / TRANSFORMER)
+    for mode, step, feeds in captured_calls(pipeline.capture, every=8):
+        got, want = run_split(session, *feeds), run_split(reference, *feeds)
+        assert np.max(np.abs(got - want)) <= 1e-5 * max(1.0, float(np.max(np.abs(want)))), (mode, step)
+
+
 @pytest.mark.slow
 def test_rotary_fusion_replaces_every_rope_with_the_same_function(pipeline, fused, tmp_path):
     """Each layer's two rotations (q, k) become one com.microsoft.RotaryEmbedding each on the
@@ -159,12 +171,7 @@ def test_rotary_fusion_replaces_every_rope_with_the_same_function(pipeline, fuse
     ops = [node.op_type for node in model.graph.node]
     assert "Neg" not in ops and ops.count("RotaryEmbedding") == 2 * layers(pipeline)
     assert ops.count("Cos") == ops.count("Sin") == 1  # one angle table for every layer
-    quantize.save_with_sidecar(model, tmp_path / TRANSFORMER)
-    session = make_session(tmp_path / TRANSFORMER)
-    reference = make_session(fused / "fp32-unmasked" / TRANSFORMER)
-    for mode, step, feeds in captured_calls(pipeline.capture, every=8):
-        got, want = run_split(session, *feeds), run_split(reference, *feeds)
-        assert np.max(np.abs(got - want)) <= 1e-5 * max(1.0, float(np.max(np.abs(want)))), (mode, step)
+    assert_same_function_as_unmasked(pipeline, fused, model, tmp_path / "rewritten")
     flat = onnx.load(str(fused / "fp32-unmasked" / TRANSFORMER))
     fusion.apply_fusions(flat, ("attention", "rotary"))
     attention = [node for node in flat.graph.node if node.op_type == "Attention"]
@@ -173,12 +180,7 @@ def test_rotary_fusion_replaces_every_rope_with_the_same_function(pipeline, fuse
         == [(config["num_attention_heads"], config["num_key_value_heads"])] * layers(pipeline)
     ops = [node.op_type for node in flat.graph.node]
     assert "Expand" not in ops and ops.count("Transpose") == 1  # the one left lays out the logits [B, 8, S, V]
-    (tmp_path / "flat").mkdir()
-    quantize.save_with_sidecar(flat, tmp_path / "flat" / TRANSFORMER)  # and it computes the same function
-    flat_session = make_session(tmp_path / "flat" / TRANSFORMER)
-    for mode, step, feeds in captured_calls(pipeline.capture, every=8):
-        got, want = run_split(flat_session, *feeds), run_split(reference, *feeds)
-        assert np.max(np.abs(got - want)) <= 1e-5 * max(1.0, float(np.max(np.abs(want)))), (mode, step)
+    assert_same_function_as_unmasked(pipeline, fused, flat, tmp_path / "flat")
     broken = onnx.load(str(fused / "fp32-unmasked" / TRANSFORMER), load_external_data=False)
     negation = next(node for node in broken.graph.node if node.op_type == "Neg")
     halves = next(node for node in broken.graph.node if negation.output[0] in node.input)
@@ -206,12 +208,7 @@ def test_rms_norm_fusion_replaces_every_norm_with_the_same_function(pipeline, fu
     assert all(np.float32(fusion.attribute(node, "epsilon")) == np.float32(llm["rms_norm_eps"]) for node in norms)
     # the scale is the graph's own norm weight: hidden-wide for the layer norms, head_dim for q/k
     assert all(weights.get(node.input[1]) in ([llm["hidden_size"]], [llm["head_dim"]]) for node in norms)
-    quantize.save_with_sidecar(model, tmp_path / TRANSFORMER)
-    session = make_session(tmp_path / TRANSFORMER)
-    reference = make_session(fused / "fp32-unmasked" / TRANSFORMER)
-    for mode, step, feeds in captured_calls(pipeline.capture, every=8):
-        got, want = run_split(session, *feeds), run_split(reference, *feeds)
-        assert np.max(np.abs(got - want)) <= 1e-5 * max(1.0, float(np.max(np.abs(want)))), (mode, step)
+    assert_same_function_as_unmasked(pipeline, fused, model, tmp_path / "rewritten")
     broken = onnx.load(str(fused / "fp32-unmasked" / TRANSFORMER), load_external_data=False)
     square = next(node for node in broken.graph.node if node.op_type == "Pow")
     square.op_type = "Mul"  # one norm no longer of the pattern
