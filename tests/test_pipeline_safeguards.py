@@ -370,11 +370,18 @@ def test_bench_fails_on_other_tokens_names_the_cpu_and_times_each_variant(pipeli
         assert parts["transformer"]["median"] > 0 and parts["rest"]["median"] > 0
         assert parts["transformer"]["median"] + parts["rest"]["median"] == pytest.approx(
             variant["generate"]["seconds"]["median"])
+    runtime = summary["runtime_generate"]  # the torch-free runtime's generate(), fp32 and each variant
+    assert list(runtime) == ["fp32", "int8"] and runtime["fp32"]["final_token_match"] < 1.0
+    for entry in runtime.values():
+        parts = entry["parts"]
+        assert entry["seconds"]["n"] == 1 and entry["speedup_vs_torch"] > 0 and entry["peak_rss_mb"]["median"] > 0
+        assert parts["transformer"]["median"] + parts["rest"]["median"] == pytest.approx(entry["seconds"]["median"])
     text = (results.with_suffix(".md")).read_text()
+    assert "torch-free runtime's generate()" in text
     assert "ORT padded vs torch" in text and cpu["model_name"] in text and " MiB" in text
     assert (data["meta"]["shapes"], data["meta"]["codec_seconds"]) == (["S~200"], [1]) and "1 s codec calls" in text
     assert all(any(row.startswith(f"| {name} |") for row in text.splitlines()) for name in ("fp32", "int8"))
-    assert "generate() split" in text and sum(row.startswith("| int8 |") for row in text.splitlines()) == 2
+    assert "generate() split" in text and sum(row.startswith("| int8 |") for row in text.splitlines()) == 3
 
 
 def bench_module():

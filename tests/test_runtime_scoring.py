@@ -105,6 +105,15 @@ def random_logits(seed: int, t_len: int, scale: float = 10.0) -> tuple[torch.Ten
             torch.randn(1, CODEBOOKS, t_len, VOCAB, generator=g) * scale)
 
 
+def test_log_softmax_is_the_documented_recipe(real_logits):
+    """scoring.log_softmax widens inside the exp (no float64 copy) and subtracts in place; its
+    bits are the recipe of docs/runtime.md written out step by step, on real and wide logits."""
+    for x in [real_logits[0][0].numpy(), real_logits[-1][1].numpy(), random_logits(5, 64, 40.0)[0].numpy()]:
+        shifted = x - x.max(axis=-1, keepdims=True)
+        recipe = shifted - np.log(np.exp(shifted.astype(np.float64)).sum(axis=-1, keepdims=True)).astype(np.float32)
+        assert np.array_equal(scoring.log_softmax(x), recipe)
+
+
 def test_log_softmax_within_ulps_of_torch(real_logits):
     """torch's float32 log_softmax is not correctly rounded; ours (float64 log-sum-exp rounded
     once) differs from it by a few ULPs (of the row's log-sum-exp) on a few percent of elements,

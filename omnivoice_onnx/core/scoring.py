@@ -57,8 +57,11 @@ def log_softmax(x: np.ndarray) -> np.ndarray:
     """float32 log_softmax over the last axis: s = x - max, then s - log(sum(exp(s))), the
     log-sum-exp evaluated in float64 and rounded to float32 (see the module docstring)."""
     shifted = x - x.max(axis=-1, keepdims=True)
-    log_sum_exp = np.log(np.exp(shifted.astype(np.float64)).sum(axis=-1, keepdims=True)).astype(F32)
-    return shifted - log_sum_exp
+    # dtype=float64 widens each element exactly before the float64 exp, as astype would, without
+    # a float64 copy of the whole array (2.3x faster on [1, 8, 278, 1025]).
+    log_sum_exp = np.log(np.exp(shifted, dtype=np.float64).sum(axis=-1, keepdims=True)).astype(F32)
+    shifted -= log_sum_exp
+    return shifted
 
 
 def gumbel_sample(logits: np.ndarray, temperature: float, rng: TorchCpuRng) -> np.ndarray:
@@ -91,8 +94,12 @@ def guided_log_probs(c_logits: np.ndarray, u_logits: np.ndarray, guidance_scale:
     """The classifier-free-guided log-probabilities of `_predict_tokens_with_scoring`, with the
     mask id's column set to -inf. c_logits/u_logits [1, C, T, V] float32 -> [1, C, T, V] float32."""
     if guidance_scale != 0:
-        c_log_probs, u_log_probs = log_softmax(c_logits), log_softmax(u_logits)
-        log_probs = log_softmax(c_log_probs + F32(guidance_scale) * (c_log_probs - u_log_probs))
+        c_log_probs, guided = log_softmax(c_logits), log_softmax(u_logits)
+        # c + g * (c - u), in that order, in place in u's buffer (IEEE addition commutes exactly)
+        np.subtract(c_log_probs, guided, out=guided)
+        guided *= F32(guidance_scale)
+        guided += c_log_probs
+        log_probs = log_softmax(guided)
     else:
         log_probs = log_softmax(c_logits)
     log_probs[..., mask_id] = -np.inf
