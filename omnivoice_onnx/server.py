@@ -77,10 +77,8 @@ from omnivoice_onnx.api import OmniVoiceOnnx
 from omnivoice_onnx.audio_out import StreamEncoder, available_response_formats, encode_clip
 from omnivoice_onnx.contract import variants_present
 from omnivoice_onnx.errors import UserError
-from omnivoice_onnx.presets import PRESETS
 from omnivoice_onnx.server_pool import ApiError, Draining, Job, QueueFull, WorkerPool, job_failure, time_out
 from omnivoice_onnx.server_service import (
-    BUILTIN_VOICES,
     MAX_REFERENCE_BYTES,
     MODEL_ID,
     ServerConfig,
@@ -315,13 +313,16 @@ def create_app(service: Service) -> Any:
 
     @app.get("/v1/audio/voices")
     async def list_voices() -> dict[str, Any]:
-        data = [{"id": name, "name": name, "kind": "builtin", "description": text}
-                for name, text in BUILTIN_VOICES.items()]
-        saved = service.saved_voices()
-        data += [{"id": voice.name, "name": voice.name, "kind": "clone" if voice.prompt is not None else "design",
-                  "instruct": voice.instruct} for voice in saved]
-        data += [{"id": name, "name": name, "kind": "preset", "instruct": preset.instruct, "seed": preset.seed}
-                 for name, preset in PRESETS.items() if name not in {voice.name for voice in saved}]
+        data = []
+        for entry in service.voice_catalogue():
+            item = {"id": entry.name, "name": entry.name, "kind": entry.kind}
+            if entry.kind == "builtin":
+                item["description"] = entry.text
+            else:
+                item["instruct"] = entry.text
+            if entry.kind == "preset":
+                item["seed"] = entry.seed
+            data.append(item)
         return {"object": "list", "voices": [item["id"] for item in data], "data": data}
 
     @app.get("/v1/audio/languages")

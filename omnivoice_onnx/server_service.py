@@ -49,6 +49,17 @@ REFERENCE_PREFIX = "ref-"  # the voice id of an uploaded reference: "ref-" + the
 REFERENCES_KEPT = 32  # uploaded references held in memory (the least recently used goes first)
 
 
+@dataclass(frozen=True)
+class VoiceEntry:
+    """One voice of Service.voice_catalogue(), as the voice lists (GET /v1/audio/voices, Wyoming's
+    Info) show it."""
+
+    name: str
+    kind: Literal["builtin", "clone", "design", "preset"]  # clone/design: a saved voice
+    text: str | None  # builtin: what the mode does; a saved voice's or preset's instruct (None: none)
+    seed: int | None = None  # a preset's fixed seed
+
+
 # --- requests ------------------------------------------------------------------------------------
 
 def speech_request_model():
@@ -190,11 +201,22 @@ class Service:
     def saved_names(self) -> list[str]:
         return [voice.name for voice in self.saved_voices()]
 
+    def voice_catalogue(self) -> list[VoiceEntry]:
+        """What `voice` may name (uploaded references aside), in the order every list shows it: the
+        built-in modes, the saved voices, then the presets no saved voice of the same name hides
+        (the one place that rule is written; voice_kwargs resolves a name in the same order). The
+        voices folder is read once."""
+        saved = self.saved_voices()
+        entries = [VoiceEntry(name, "builtin", text) for name, text in BUILTIN_VOICES.items()]
+        entries += [VoiceEntry(voice.name, "clone" if voice.prompt is not None else "design", voice.instruct)
+                    for voice in saved]
+        hidden = {voice.name for voice in saved}
+        return entries + [VoiceEntry(name, "preset", preset.instruct, preset.seed)
+                          for name, preset in PRESETS.items() if name not in hidden]
+
     def voice_names(self) -> list[str]:
-        """What `voice` may name (uploaded references aside): the built-in modes, the saved voices, and
-        the presets no saved voice of the same name replaces."""
-        saved = self.saved_names()
-        return list(BUILTIN_VOICES) + saved + [name for name in PRESETS if name not in saved]
+        """The names of voice_catalogue(), in its order."""
+        return [entry.name for entry in self.voice_catalogue()]
 
     def languages(self) -> list[dict[str, Any]]:
         """The model's languages: [{"id", "names"}] in runtime-config.json's order."""

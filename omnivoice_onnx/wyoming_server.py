@@ -38,7 +38,6 @@ from urllib.parse import urlparse
 from omnivoice_onnx import server_pool, server_service
 from omnivoice_onnx.audio_out import to_pcm16
 from omnivoice_onnx.errors import UserError
-from omnivoice_onnx.presets import PRESETS
 from omnivoice_onnx.version import __version__
 
 LOG = logging.getLogger("omnivoice_onnx.wyoming")
@@ -74,10 +73,25 @@ def parse_uri(uri: str) -> tuple[str, int]:
     return parsed.hostname, port
 
 
-def voice_names(service: server_service.Service) -> list[str]:
+def voice_entries(service: server_service.Service) -> list[server_service.VoiceEntry]:
     """The voices a client may pick: saved, presets, then auto ("design" needs a description,
     which the protocol cannot send)."""
-    return [name for name in service.voice_names() if name not in server_service.BUILTIN_VOICES] + ["auto"]
+    catalogue = service.voice_catalogue()
+    return ([entry for entry in catalogue if entry.kind != "builtin"]
+            + [entry for entry in catalogue if entry.name == "auto"])
+
+
+def voice_names(service: server_service.Service) -> list[str]:
+    return [entry.name for entry in voice_entries(service)]
+
+
+def description(entry: server_service.VoiceEntry) -> str:
+    """A voice's line in the Info event."""
+    if entry.kind == "preset":
+        return f"preset: {entry.text} (seed {entry.seed})"
+    if entry.kind == "builtin":
+        return entry.text or ""
+    return "saved voice: " + ("a cloned reference" if entry.kind == "clone" else entry.text or "")
 
 
 def describe(service: server_service.Service) -> Any:
@@ -86,18 +100,8 @@ def describe(service: server_service.Service) -> Any:
 
     attribution = Attribution(*ATTRIBUTION)
     languages = [item["id"] for item in service.languages()]
-    saved = {voice.name: voice for voice in service.saved_voices()}
-
-    def description(name: str) -> str:
-        if name in saved:
-            voice = saved[name]
-            return "saved voice: " + ("a cloned reference" if voice.prompt is not None else voice.instruct or "")
-        if name in PRESETS:
-            return f"preset: {PRESETS[name].instruct} (seed {PRESETS[name].seed})"
-        return server_service.BUILTIN_VOICES[name]
-
-    voices = [TtsVoice(name=name, attribution=attribution, installed=True, description=description(name),
-                       version=None, languages=languages) for name in voice_names(service)]
+    voices = [TtsVoice(name=entry.name, attribution=attribution, installed=True, description=description(entry),
+                       version=None, languages=languages) for entry in voice_entries(service)]
     program = TtsProgram(name="omnivoice-onnx", attribution=attribution, installed=True, version=__version__,
                          description="OmniVoice text to speech (ONNX, no torch)", voices=voices,
                          supports_synthesize_streaming=True)
