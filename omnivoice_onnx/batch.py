@@ -108,13 +108,13 @@ class Synthesizer:
         return dataclasses.replace(req, references=[self._prompts[key]] * len(req.references))
 
     def run(self, row: dict[str, Any]) -> dict[str, Any]:
-        """Synthesise one task (`row`: its JSON and the driver's validated Request, pickled): its
-        WAV bytes and timings, or the error that stopped it. The Request is not validated again.
+        """Synthesise one task (`row`: its JSON and the driver's validated Request): its WAV bytes
+        and timings, or the error that stopped it. The Request is not validated again.
 
         A UserError (a limit the up-front check could not see) or an onnxruntime failure
         (RuntimeError) is this line's failure, recorded by the caller; the run goes on. Anything
         else is a bug and propagates."""
-        task, req = json.loads(row["task"]), pickle.loads(row["request"])
+        task, req = json.loads(row["task"]), row["request"]
         outcome = {"id": task["id"], "worker": self.worker, "model_fingerprint": self.tts.metadata["model_fingerprint"],
                    "variant": self.tts.variant, "wav": None, "audio_seconds": None, "synth_seconds": None,
                    "cpu_seconds": None, "error": None}
@@ -132,15 +132,16 @@ class Synthesizer:
 
 
 class SynthActor:
-    """A Ray Data actor: one loaded model, a block of tasks in, their outcomes out (WAV bytes in
-    a binary column, the rest as JSON text so that no field is squeezed into an Arrow type)."""
+    """A Ray Data actor: one loaded model, a block of tasks in (each Request pickled: ray_rows),
+    their outcomes out (WAV bytes in a binary column, the rest as JSON text so that no field is
+    squeezed into an Arrow type)."""
 
     def __init__(self, model_dir: str, variant: str, threads: int) -> None:
         self.synth = Synthesizer.load(model_dir, variant, threads)
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        outcomes = [self.synth.run({"task": task, "request": req}) for task, req in zip(batch["task"],
-                                                                                        batch["request"])]
+        outcomes = [self.synth.run({"task": task, "request": pickle.loads(req)})
+                    for task, req in zip(batch["task"], batch["request"])]
         return {"wav": np.array([o.pop("wav") or b"" for o in outcomes], dtype=object),
                 "outcome": np.array([json.dumps(o) for o in outcomes], dtype=object)}
 
@@ -251,25 +252,38 @@ class Plan:
     done: list[Line]  # already in res_dir with a matching record
     bad: list[BadLine]  # skipped (skip_bad), recorded
     hashes: dict[str, str]  # id -> request hash of every good line
-    tasks: dict[str, dict[str, Any]]  # id -> {"task": its JSON, "request": its validated Request, pickled}
+    tasks: dict[str, dict[str, Any]]  # id -> {"task": its JSON, "request": its validated Request}
 
 
 def check_lines(tts: OmniVoiceOnnx, test_list: TestList, options: Options,
                 voices: Path) -> tuple[list, dict, dict[str, Request]]:
     """OmniVoiceOnnx.validate on every parsed line, once (no model work: references read, not
     encoded); returns the lines that fail it as BadLines, the loaded Voice of each voice line by
-    id, and each good line's Request by id (what its worker runs)."""
+    id, and each good line's Request by id (what its worker runs). Lines naming the same
+    reference file and transcript share one prepared Reference (its waveform held once, however
+    many lines use it)."""
     bad, voice_of, requests = [], {}, {}
+    shared: dict[tuple, list] = {}
     for line in test_list.lines:
         kwargs = keywords(dataclasses.asdict(line), options.generation_config)  # the one builder
         try:
             if line.voice is not None:
                 voice_of[line.id] = load_voice(line.voice, voices, tts.metadata["model_fingerprint"])
                 kwargs.update(voice_of[line.id].generate_kwargs())
-            requests[line.id] = tts.validate(line.text, **kwargs)
+            req = tts.validate(line.text, **kwargs)
+            if line.ref_audio is not None:
+                references = shared.setdefault((line.ref_audio, line.ref_text), req.references)
+                req = dataclasses.replace(req, references=references)
+            requests[line.id] = req
         except UserError as exc:
             bad.append(BadLine(line.number, line.id, str(exc)))
     return bad, voice_of, requests
+
+
+def ray_rows(tasks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The tasks as Ray Data rows: str/bytes columns, each Request pickled (SynthActor unpickles
+    it). The local engines pass the Request objects as they are."""
+    return [{"task": task["task"], "request": pickle.dumps(task["request"])} for task in tasks]
 
 
 def read_results(path: Path) -> dict[str, dict[str, Any]]:
@@ -328,8 +342,7 @@ def make_plan(tts: OmniVoiceOnnx, test_list: TestList, options: Options, records
         voice_frames = None if voice is None or voice.prompt is None else voice.prompt.ref_audio_tokens.shape[-1]
         plan.todo.append((line, request, estimated_seconds(line, tts.model.frame_rate, tts.runtime_config["duration"],
                                                            voice_frames)))
-        plan.tasks[line.id] = {"task": line.as_task(),
-                               "request": pickle.dumps(requests[line.id])}
+        plan.tasks[line.id] = {"task": line.as_task(), "request": requests[line.id]}
     plan.todo.sort(key=lambda item: -item[2])  # longest first: the last lines to start are short
     return plan
 
@@ -484,7 +497,7 @@ def _run_batch(options: Options, log: Callable[[str], None], lock: FolderLock) -
         del tts
         outcomes = engine.run_ray(options.ray, SynthActor, {"model_dir": os.fspath(options.model_dir.absolute()),
                                                               "variant": model["variant"], "threads": threads},
-                                  options.workers, tasks, [e for _, _, e in plan.todo], threads)
+                                  options.workers, ray_rows(tasks), [e for _, _, e in plan.todo], threads)
     elif options.workers > 1:
         del tts
         outcomes = run_pool(options.model_dir, options.workers, model["variant"], tasks, threads)

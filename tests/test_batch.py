@@ -11,6 +11,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import pickle
 import shutil
 import signal
 import subprocess
@@ -23,7 +24,7 @@ import pytest
 
 from omnivoice_onnx import OmniVoiceOnnx
 from omnivoice_onnx.audio_out import encode_audio
-from omnivoice_onnx.batch import Options, read_results, run_batch
+from omnivoice_onnx.batch import Options, make_plan, ray_rows, read_results, run_batch
 from omnivoice_onnx.batch_list import RESULT_FIELDS, RESULTS_FILE, read_test_list, seed_for_id
 from omnivoice_onnx.voices import Voice, save_voice
 
@@ -147,6 +148,19 @@ def test_outputs_equal_generate(reference_run, corpus, pipeline):
         assert record["audio_seconds"] == pytest.approx((len(wavs[line.id]) - 44) / 2 / tts.sample_rate)
         assert (record["model_fingerprint"], record["variant"]) == (tts.metadata["model_fingerprint"], tts.variant)
     assert leftovers(reference_run) == []
+
+
+def test_plan_holds_one_reference_per_file_and_pickles_only_for_ray(corpus, pipeline, tmp_path):
+    """clone_1 and clone_2 name the same file and transcript: their validated Requests share one
+    prepared Reference, so the driver holds that waveform once whatever the list's length; the
+    local engines get the Request objects, Ray rows carry them pickled."""
+    tts = OmniVoiceOnnx.from_dir(pipeline.onnx, threads=1)
+    plan = make_plan(tts, read_test_list(corpus / "lines.jsonl"), options(corpus, pipeline, tmp_path / "out"), {},
+                     log=lambda message: None)
+    first, second = (plan.tasks[key]["request"] for key in ("clone_1", "clone_2"))
+    assert first.references[0] is second.references[0] and first.texts != second.texts
+    rows = ray_rows([plan.tasks["clone_2"]])
+    assert isinstance(rows[0]["request"], bytes) and pickle.loads(rows[0]["request"]).texts == second.texts
 
 
 def test_pool_equals_in_process(reference_run, corpus, pipeline, tmp_path):
