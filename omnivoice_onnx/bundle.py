@@ -235,8 +235,13 @@ class Bundle:
 
     def listed_variants(self) -> dict[str, Any]:
         """The report's `variants` section (empty without a report)."""
-        listed = (self.report or {}).get("variants")
-        return listed if isinstance(listed, dict) else {}
+        return report_variants(self.report)
+
+
+def report_variants(report: dict[str, Any] | None) -> dict[str, Any]:
+    """An export report's `variants` section; empty without a report or when it is not an object."""
+    listed = (report or {}).get("variants")
+    return listed if isinstance(listed, dict) else {}
 
 
 def read_report(model_dir: Path) -> dict[str, Any]:
@@ -253,8 +258,8 @@ def default_variant(model_dir: Path, report: dict[str, Any] | None, provider: st
     whose graph is in the folder AND that the export report lists (a re-export writes a new report
     without variants, so a folder left from the previous export is never taken), on the CPU
     provider only (the fused kernel was measured on CPU); else "fp32"."""
-    listed = (report or {}).get("variants")
-    if provider != "cpu" or not isinstance(listed, dict):
+    listed = report_variants(report)
+    if provider != "cpu" or not listed:
         return FP32_VARIANT  # no readable report: the faithful graph, whose own checks then speak
     present = variants_present(model_dir)
     return next((name for name in DEFAULT_VARIANT_ORDER

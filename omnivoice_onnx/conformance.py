@@ -63,6 +63,7 @@ What must match exactly and what within a tolerance: docs/runtime.md, and FOLDER
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 from dataclasses import asdict
 from pathlib import Path
@@ -362,15 +363,27 @@ def _floats(values: np.ndarray) -> list[float]:
 def _export_hashes(tts: OmniVoiceOnnx) -> dict[str, str]:
     """The export a vector was made from: the graphs' model fingerprint, the host files' sha256."""
     return {"model_fingerprint": tts.metadata["model_fingerprint"],
-            "runtime_config_sha256": sha256_file(tts.model_dir / RUNTIME_CONFIG_FILE),
-            "tokenizer_sha256": sha256_file(tts.model_dir / TOKENIZER_FILE)}
+            "runtime_config_sha256": _file_sha256(tts.model_dir / RUNTIME_CONFIG_FILE),
+            "tokenizer_sha256": _file_sha256(tts.model_dir / TOKENIZER_FILE)}
+
+
+def _file_sha256(path: Path) -> str:
+    """sha256_file, computed once per version of the file (inode, size, mtime): every case of a
+    vector set records the same export, and the tokenizer is megabytes."""
+    stat = path.stat()
+    return _sha256_of_version(str(path), stat.st_ino, stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=16)
+def _sha256_of_version(path: str, inode: int, size: int, mtime_ns: int) -> str:
+    return sha256_file(path)
 
 
 def post_process_case(tts: OmniVoiceOnnx, name: str, runs: list[dict[str, Any]], folder: Path) -> dict[str, Any]:
     """One POST_PROCESS_CASES entry: audio.post_process on SILENCES_WAV with each run's settings."""
     decoded = _read_float32(folder / SILENCES_WAV)
     return {"format": FORMAT, "kind": "post_process", "case": name,
-            "export": {"runtime_config_sha256": sha256_file(tts.model_dir / RUNTIME_CONFIG_FILE)},
+            "export": {"runtime_config_sha256": _file_sha256(tts.model_dir / RUNTIME_CONFIG_FILE)},
             "input": {"file": SILENCES_WAV, **audio_summary(decoded[0])},
             "runs": [post_process_run(tts, decoded, run) for run in runs]}
 

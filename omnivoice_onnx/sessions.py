@@ -33,6 +33,7 @@ graphs that spinning costs more CPU than the call itself (investigation log).
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import tempfile
@@ -99,9 +100,11 @@ def codec_provider(provider: str) -> str:
     return "cpu" if provider in OPENVINO_PRECISION else provider
 
 
+@functools.cache
 def openvino_device():
-    """onnxruntime's OpenVINO CPU device, the plugin registered once per process; UserError when the
-    plugin package is missing or finds no CPU device."""
+    """onnxruntime's OpenVINO CPU device, the plugin registered and the device looked up once per
+    process (check_provider and openvino_options both ask); UserError when the plugin package is
+    missing or finds no CPU device."""
     import onnxruntime as ort
 
     try:
