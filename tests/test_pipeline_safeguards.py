@@ -339,7 +339,7 @@ def test_bench_fails_on_other_tokens_names_the_cpu_and_times_each_variant(pipeli
     install_graph(perturbed_transformer, onnx_dir, "transformer")
     done = run_script("bench/bench_omnivoice.py", "--model", str(pipeline.model), "--onnx-dir", str(onnx_dir),
                       "--capture-dir", str(pipeline.capture), "--results-dir", str(tmp_path / "results"),
-                      "--repeats", "1", "--calls", "1", "--num-step", "8", "--variants", "int8",
+                      "--repeats", "1", "--calls", "1", "--num-step", "4", "--variants", "int8",
                       "--shapes", "S~200", "--codec-seconds", "1", "--gemm-seconds", "0.05", timeout=900)
     line = assert_one_line(Result(done.returncode, done.stdout, done.stderr), EXIT_CHECK_FAILED,
                            "ONNX generate()'s final tokens differ from PyTorch's")
