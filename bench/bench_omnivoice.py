@@ -34,8 +34,8 @@ keeps the history.
 The export must be of the model measured (same fingerprint, every graph and variant as its report
 records it), or the bench refuses to start (exit 2). The exit code is 1 when ONNX generate()'s
 final tokens differ from PyTorch's, with the fp32 graph or an fp32 variant (fp32-unmasked,
-fp32-fused), through upstream's host code or the runtime: a speed figure for different speech is no figure. A quantized variant's tokens are
-a measurement.
+fp32-fused), through upstream's host code or the runtime: a speed figure for different speech is
+no figure. A quantized variant's tokens are a measurement.
 
     python bench/bench_omnivoice.py --model tiny --onnx-dir onnx --capture-dir capture
     python bench/bench_omnivoice.py --model full-random --onnx-dir bench/out/full/onnx \\
@@ -56,6 +56,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -429,6 +430,22 @@ def e2e_worker(args, runtime: str) -> dict[str, Any]:
     return result
 
 
+def time_transformer(tts, clock: Callable[[], float]) -> list[float]:
+    """Time every transformer call of the runtime `tts` (an OmniVoiceOnnx) by `clock`: the list,
+    filled as generate() calls it."""
+    transformer, seconds = tts.model.transformer, []
+
+    def timed(*inputs):
+        started = clock()
+        try:
+            return transformer(*inputs)
+        finally:
+            seconds.append(clock() - started)
+
+    tts.model.transformer = timed
+    return seconds
+
+
 def runtime_e2e_worker(args) -> dict[str, Any]:
     """The torch-free runtime's generate() (omnivoice_onnx: what `omnivoice-onnx speak` runs, the
     codec sessions opened per call) on the e2e workers' request and seed, with --variant's
@@ -438,16 +455,7 @@ def runtime_e2e_worker(args) -> dict[str, Any]:
     started = time.perf_counter()
     tts = OmniVoiceOnnx.from_dir(args.onnx_dir, variant=args.variant)
     result: dict[str, Any] = {"load_seconds": time.perf_counter() - started}
-    transformer, transformer_seconds = tts.model.transformer, []
-
-    def timed_transformer(*inputs):
-        call_started = CLOCK()
-        try:
-            return transformer(*inputs)
-        finally:
-            transformer_seconds.append(CLOCK() - call_started)
-
-    tts.model.transformer = timed_transformer
+    transformer_seconds = time_transformer(tts, CLOCK)
     request, trace = clone_request(args.capture_dir, E2E_TEXT, args.num_step), Trace()
     started = CLOCK()
     tts.generate(request.text, language=request.language, ref_text=request.ref_text, ref_audio=request.ref_audio,
