@@ -467,14 +467,15 @@ def runtime_e2e_worker(args) -> dict[str, Any]:
 
 
 def worker(args) -> dict[str, Any]:
-    """One worker's measurements, in this process; printed as JSON on the last stdout line."""
-    import torch
-
+    """One worker's measurements, in this process; printed as JSON on the last stdout line. The
+    runtime-e2e worker never imports torch, so its peak RSS is the torch-free runtime's own."""
     from omnivoice_export.measure import PeakRss
 
     global CLOCK
     CLOCK = CLOCKS[args.clock]
-    if args.clock == "cpu":  # one thread per side: CPU time is then the call's own (spawn() sets ORT's)
+    if args.clock == "cpu" and args.worker != "runtime-e2e":
+        import torch  # one thread per side: CPU time is then the call's own (spawn() sets ORT's)
+
         torch.set_num_threads(1)
 
     load_before = os.getloadavg()[0]

@@ -368,14 +368,14 @@ def _export_hashes(tts: OmniVoiceOnnx) -> dict[str, str]:
 
 
 def _file_sha256(path: Path) -> str:
-    """sha256_file, computed once per version of the file (inode, size, mtime): every case of a
-    vector set records the same export, and the tokenizer is megabytes."""
+    """sha256_file, computed once per version of the file (device, inode, size, mtime): every case
+    of a vector set records the same export, and the tokenizer is megabytes."""
     stat = path.stat()
-    return _sha256_of_version(str(path), stat.st_ino, stat.st_size, stat.st_mtime_ns)
+    return _sha256_of_version(str(path), stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns)
 
 
 @functools.lru_cache(maxsize=16)
-def _sha256_of_version(path: str, inode: int, size: int, mtime_ns: int) -> str:
+def _sha256_of_version(path: str, device: int, inode: int, size: int, mtime_ns: int) -> str:
     return sha256_file(path)
 
 

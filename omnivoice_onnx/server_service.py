@@ -204,9 +204,10 @@ class Service:
     def voice_catalogue(self) -> list[VoiceEntry]:
         """What `voice` may name (uploaded references aside), in the order every list shows it: the
         built-in modes, the saved voices, then the presets no saved voice of the same name hides
-        (the one place that rule is written; voice_kwargs resolves a name in the same order). The
-        voices folder is read once."""
-        saved = self.saved_voices()
+        (the one place that rule is written; voice_kwargs resolves a name in the same order, so a
+        saved voice called "auto" or "design" cannot be reached and is not listed). The voices
+        folder is read once."""
+        saved = [voice for voice in self.saved_voices() if voice.name not in BUILTIN_VOICES]
         entries = [VoiceEntry(name, "builtin", text) for name, text in BUILTIN_VOICES.items()]
         entries += [VoiceEntry(voice.name, "clone" if voice.prompt is not None else "design", voice.instruct)
                     for voice in saved]

@@ -78,7 +78,7 @@ def voice_entries(service: server_service.Service) -> list[server_service.VoiceE
     which the protocol cannot send)."""
     catalogue = service.voice_catalogue()
     return ([entry for entry in catalogue if entry.kind != "builtin"]
-            + [entry for entry in catalogue if entry.name == "auto"])
+            + [entry for entry in catalogue if entry.kind == "builtin" and entry.name == "auto"])
 
 
 def voice_names(service: server_service.Service) -> list[str]:

@@ -72,9 +72,10 @@ def test_openvino_provider_missing_is_one_line(monkeypatch) -> None:
     import sys
 
     from omnivoice_onnx import UserError
-    from omnivoice_onnx.sessions import OPENVINO_INSTALL_HINT, check_provider
+    from omnivoice_onnx.sessions import OPENVINO_INSTALL_HINT, check_provider, openvino_device
 
     monkeypatch.setitem(sys.modules, "onnxruntime_ep_openvino", None)  # import fails as if absent
+    openvino_device.cache_clear()  # a device found earlier in this process is cached
     with pytest.raises(UserError, match="onnxruntime-ep-openvino") as error:
         check_provider("openvino-bf16")
     assert error.value.fix == OPENVINO_INSTALL_HINT

@@ -27,3 +27,29 @@ def test_the_docs_table_is_the_presets() -> None:
     page = (REPO / "docs" / "drop-in.md").read_text()
     for preset in PRESETS.values():
         assert f"| `{preset.name}` | {preset.instruct} | {preset.seed} |" in page, preset.name
+
+
+def test_voice_catalogue_hides_presets_under_saved_names_and_unreachable_saved_voices() -> None:
+    """Service.voice_catalogue, read by GET /v1/audio/voices and Wyoming's Info: built-in modes,
+    saved voices, then the presets no saved voice hides; a saved voice named like a built-in mode
+    (which resolves first) is not listed. Wyoming's list: saved, presets, then "auto" once."""
+    from types import SimpleNamespace
+
+    from omnivoice_onnx.server_service import BUILTIN_VOICES, Service
+    from omnivoice_onnx.wyoming_server import description, voice_entries
+
+    saved = [SimpleNamespace(name="alloy", prompt=None, instruct="male, elderly"),
+             SimpleNamespace(name="auto", prompt=object(), instruct=None),
+             SimpleNamespace(name="mine", prompt=object(), instruct=None)]
+    service = SimpleNamespace(saved_voices=lambda: saved)
+    service.voice_catalogue = lambda: Service.voice_catalogue(service)
+    catalogue = service.voice_catalogue()
+    presets = [name for name in PRESETS if name != "alloy"]
+    assert [entry.name for entry in catalogue] == [*BUILTIN_VOICES, "alloy", "mine", *presets]
+    assert [entry.kind for entry in catalogue[:4]] == ["builtin", "builtin", "design", "clone"]
+    assert all(entry.kind == "preset" and entry.seed == PRESETS[entry.name].seed for entry in catalogue[4:])
+    entries = voice_entries(service)
+    assert [entry.name for entry in entries] == ["alloy", "mine", *presets, "auto"]
+    assert [description(entry) for entry in entries[:2]] == ["saved voice: male, elderly",
+                                                             "saved voice: a cloned reference"]
+    assert description(entries[-1]) == BUILTIN_VOICES["auto"]

@@ -114,6 +114,19 @@ def test_log_softmax_is_the_documented_recipe(real_logits):
         assert np.array_equal(scoring.log_softmax(x), recipe)
 
 
+def test_guided_log_probs_is_the_combination_in_upstream_order(real_logits):
+    """guided_log_probs combines in place in u's buffer: its bits are c + g * (c - u) written out,
+    then log_softmax and the mask column, and the caller's logits are left as they were."""
+    for c_tensor, u_tensor in real_logits[::8]:
+        c, u = c_tensor.numpy(), u_tensor.numpy()
+        c_before, u_before = c.copy(), u.copy()
+        c_lp, u_lp = scoring.log_softmax(c), scoring.log_softmax(u)
+        expected = scoring.log_softmax(c_lp + np.float32(2.0) * (c_lp - u_lp))
+        expected[..., MASK_ID] = -np.inf
+        assert np.array_equal(scoring.guided_log_probs(c, u, 2.0, MASK_ID), expected)
+        assert np.array_equal(c, c_before) and np.array_equal(u, u_before)
+
+
 def test_log_softmax_within_ulps_of_torch(real_logits):
     """torch's float32 log_softmax is not correctly rounded; ours (float64 log-sum-exp rounded
     once) differs from it by a few ULPs (of the row's log-sum-exp) on a few percent of elements,
