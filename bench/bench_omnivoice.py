@@ -410,16 +410,7 @@ def e2e_worker(args, runtime: str) -> dict[str, Any]:
     result: dict[str, Any] = {"load_seconds": time.perf_counter() - started, "torch_threads": torch.get_num_threads()}
     # The transformer's share, timed where generate() calls it: the rest of generate() (reference
     # encoding, decoding, host work) does not depend on the transformer variant.
-    forward, transformer_seconds = model.forward, []
-
-    def timed_forward(*inputs, **kwargs):
-        call_started = CLOCK()
-        try:
-            return forward(*inputs, **kwargs)
-        finally:
-            transformer_seconds.append(CLOCK() - call_started)
-
-    model.forward = timed_forward
+    transformer_seconds = time_calls(model, "forward", CLOCK)
     recorder = Recorder(model, Path("."), steps=set())  # steps=set(): tokens only, nothing written
     started = CLOCK()
     with recorder.active():
@@ -430,19 +421,19 @@ def e2e_worker(args, runtime: str) -> dict[str, Any]:
     return result
 
 
-def time_transformer(tts, clock: Callable[[], float]) -> list[float]:
-    """Time every transformer call of the runtime `tts` (an OmniVoiceOnnx) by `clock`: the list,
-    filled as generate() calls it."""
-    transformer, seconds = tts.model.transformer, []
+def time_calls(owner: Any, name: str, clock: Callable[[], float]) -> list[float]:
+    """Time every call of `owner.name` by `clock` (upstream's model.forward, the runtime's
+    model.transformer: the transformer where generate() calls it): the list, filled as it runs."""
+    function, seconds = getattr(owner, name), []
 
-    def timed(*inputs):
+    def timed(*inputs, **kwargs):
         started = clock()
         try:
-            return transformer(*inputs)
+            return function(*inputs, **kwargs)
         finally:
             seconds.append(clock() - started)
 
-    tts.model.transformer = timed
+    setattr(owner, name, timed)
     return seconds
 
 
@@ -455,7 +446,7 @@ def runtime_e2e_worker(args) -> dict[str, Any]:
     started = time.perf_counter()
     tts = OmniVoiceOnnx.from_dir(args.onnx_dir, variant=args.variant)
     result: dict[str, Any] = {"load_seconds": time.perf_counter() - started}
-    transformer_seconds = time_transformer(tts, CLOCK)
+    transformer_seconds = time_calls(tts.model, "transformer", CLOCK)
     request, trace = clone_request(args.capture_dir, E2E_TEXT, args.num_step), Trace()
     started = CLOCK()
     tts.generate(request.text, language=request.language, ref_text=request.ref_text, ref_audio=request.ref_audio,

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 # bench/ (this script's directory) is on sys.path; importing bench_omnivoice puts the repository there.
-from bench_omnivoice import E2E_TEXT, RESULTS, export_parser, spread, time_transformer
+from bench_omnivoice import E2E_TEXT, RESULTS, export_parser, spread, time_calls
 
 from omnivoice_export.capture import REF_TXT, REF_WAV
 from omnivoice_export.cli import NUM_STEP, int_range, parse, run_main
@@ -103,7 +103,7 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     variant, _, provider = name.partition("@")
     clock = time.process_time if threads == 1 else time.perf_counter
     tts = OmniVoiceOnnx.from_dir(args.onnx_dir, variant=variant, threads=threads, provider=provider or "cpu")
-    spent = time_transformer(tts, clock)
+    spent = time_calls(tts.model, "transformer", clock)
     runs = {}
     for seconds in args.refs:
         ref_audio, ref_text = reference(args.capture_dir, seconds)

@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import datetime
-import json
 import os
 import socket
 import sys
@@ -50,14 +49,15 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
 from omnivoice_onnx.cliutil import int_range, parse, run_main  # noqa: E402
+from omnivoice_onnx.contract import SAMPLE_RATE  # noqa: E402
 from omnivoice_onnx.errors import UserError  # noqa: E402
 
 STREAM_TEXT = ("The first sentence is here. A second one follows it, somewhat longer than the first. "
                "Then a third, so that the stream has several chunks to send. And a fourth to end it.")
 SHORT_TEXT = "Hello there, how are you today?"
 LEVELS = (1, 2, 4, 8)
-# response_format="pcm": 16-bit mono at the codec's 24 kHz.
-PCM_BYTES_PER_SECOND = 2 * 24000
+# response_format="pcm": 16-bit mono at the codec's rate.
+PCM_BYTES_PER_SECOND = 2 * SAMPLE_RATE
 
 
 def client_levels(text: str) -> tuple[int, ...]:
@@ -210,13 +210,17 @@ def header_lines(meta: dict[str, Any], what: str, note: str = "") -> list[str]:
             *hardware_lines(meta), ""]
 
 
+def requests_phrase(meta: dict[str, Any]) -> str:
+    """What every timed request is, as both results pages say it."""
+    steps = f", num_step {meta['num_step']}" if meta["num_step"] else ""
+    return f"streamed requests (stream_format=audio, pcm) of a {len(STREAM_TEXT)}-character, 4-sentence text{steps}."
+
+
 def markdown(result: dict[str, Any]) -> str:
     meta = result["meta"]
     lines = [*header_lines(meta, " under load", meta["note"]),
              f"Server: {meta['workers']} worker(s) x {meta['threads']} thread(s), queue {meta['queue']}; client: the "
-             f"official openai {meta['openai']} Python client on loopback; streamed requests (stream_format=audio, "
-             f"pcm) of a {len(STREAM_TEXT)}-character, 4-sentence text"
-             + (f", num_step {meta['num_step']}" if meta["num_step"] else "") + ".", "",
+             f"official openai {meta['openai']} Python client on loopback; {requests_phrase(meta)}", "",
              "| clients | requests | errors | req/s | p50 latency s | p95 latency s | p50 first byte s | "
              "p95 first byte s |", "|---|---|---|---|---|---|---|---|"]
     for row in result["levels"]:
@@ -241,9 +245,7 @@ def engines_markdown(result: dict[str, Any]) -> str:
     meta = result["meta"]
     lines = [*header_lines(meta, ": workers x threads"),
              f"Variant {meta['variant']}; client: the official openai {meta['openai']} Python client on loopback, "
-             f"closed loop ({meta['per_client']} requests per client); streamed requests (stream_format=audio, pcm) "
-             f"of a {len(STREAM_TEXT)}-character, 4-sentence text"
-             + (f", num_step {meta['num_step']}" if meta["num_step"] else "") + ".", "",
+             f"closed loop ({meta['per_client']} requests per client); {requests_phrase(meta)}", "",
              "| workers x threads | clients | requests | errors | req/s | audio s per wall s | p50 latency s | "
              "p95 latency s | p50 first byte s |", "|---|---|---|---|---|---|---|---|---|"]
     for engine in result["engines"]:
@@ -325,7 +327,6 @@ def main(argv: list[str] | None = None) -> None:
     if not (args.onnx_dir / "runtime-config.json").is_file():
         raise UserError(f"--onnx-dir {args.onnx_dir} holds no export", "pass the folder export_omnivoice.py wrote")
     import openai
-    from bench_omnivoice import cpu_description
 
     from omnivoice_export.measure import hardware_record, results_stem
     from omnivoice_export.serving import launch
@@ -338,13 +339,8 @@ def main(argv: list[str] | None = None) -> None:
         env = {key: value for key, value in os.environ.items() if key != server_service.API_KEY_ENV}
         with tempfile.TemporaryDirectory() as tmp:
             found = run_engines(args, env, Path(tmp))
-        now = datetime.datetime.now(datetime.timezone.utc)
-        result = {"meta": {"model": args.model, "date": now.strftime("%Y-%m-%d %H:%M UTC"),
-                           "host": socket.gethostname(), "cpu": cpu_description(), "cores": cores,
-                           "variant": args.variant or "default", "num_step": args.num_step,
-                           "per_client": args.per_client, "openai": openai.__version__,
-                           "load_start": [round(x, 2) for x in load_start],
-                           "load_end": [round(x, 2) for x in os.getloadavg()], "hardware": hardware},
+        result = {"meta": run_meta(args, cores, load_start, hardware, openai.__version__,
+                                   variant=args.variant or "default", per_client=args.per_client),
                   "engines": found}
         write_results(args.out_dir, results_stem(f"{args.model}-server-engines"), result, engines_markdown(result))
         return
@@ -381,22 +377,36 @@ def main(argv: list[str] | None = None) -> None:
             small_code = small.stop()
     bat = batching(args.onnx_dir, cores, args.variant)
     print(f"batching: {bat}", file=sys.stderr)
-    now = datetime.datetime.now(datetime.timezone.utc)
-    result = {"meta": {"model": args.model, "date": now.strftime("%Y-%m-%d %H:%M UTC"), "host": socket.gethostname(),
-                       "cpu": cpu_description(), "cores": cores, "workers": args.workers, "threads": threads,
-                       "queue": max(levels), "num_step": args.num_step, "openai": openai.__version__,
-                       "load_start": [round(x, 2) for x in load_start],
-                       "load_end": [round(x, 2) for x in os.getloadavg()], "quick": args.quick,
-                       "server_exit_codes": [code, small_code], "hardware": hardware,
-                       "note": "The machine is shared with other sessions' jobs: these figures include their load."},
+    result = {"meta": run_meta(args, cores, load_start, hardware, openai.__version__, workers=args.workers,
+                               threads=threads, queue=max(levels), quick=args.quick,
+                               server_exit_codes=[code, small_code],
+                               note="The machine is shared with other sessions' jobs: these figures include their "
+                                    "load."),
               "levels": rows, "overload": over, "memory": mem, "batching": bat}
     write_results(args.out_dir, results_stem(f"{args.model}-server"), result, markdown(result))
 
 
+def run_meta(args: argparse.Namespace, cores: int, load_start: tuple[float, ...], hardware: dict[str, Any],
+             openai_version: str, **extra: Any) -> dict[str, Any]:
+    """A results file's meta, both runs: model, UTC time, host, CPU, cores, steps, client version,
+    the load average at start and now, the hardware record; then the run's own `extra` fields."""
+    from omnivoice_export.measure import cpu_description
+
+    now = datetime.datetime.now(datetime.timezone.utc)
+    return {"model": args.model, "date": now.strftime("%Y-%m-%d %H:%M UTC"), "host": socket.gethostname(),
+            "cpu": cpu_description(), "cores": cores, "num_step": args.num_step, "openai": openai_version,
+            "load_start": [round(x, 2) for x in load_start], "load_end": [round(x, 2) for x in os.getloadavg()],
+            "hardware": hardware, **extra}
+
+
 def write_results(out_dir: Path, stem: str, result: dict[str, Any], text: str) -> None:
+    """The .json and .md results, each written to a temporary name and renamed into place."""
+    from omnivoice_export.files import atomic_path, write_json_atomic
+
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
-    (out_dir / f"{stem}.md").write_text(text)
+    write_json_atomic(out_dir / f"{stem}.json", result)
+    with atomic_path(out_dir / f"{stem}.md") as tmp:
+        tmp.write_text(text)
     print(f"wrote {out_dir / stem}.json and .md", file=sys.stderr)
 
 
