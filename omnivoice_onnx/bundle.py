@@ -14,8 +14,10 @@ export and step 5 record every file they write as {sha256, bytes} in the report;
 each file the variant loads (its transformer, both codec graphs, each with its sidecar,
 tokenizer.json and runtime-config.json) and names the step that remakes a file that differs:
 the export's own files `re-run export_omnivoice.py`, a variant's `run quantize_omnivoice.py
---variants NAME`. Cost: one read of every file loaded (at the real dims ~3 GB, a few seconds at
-disk speed); a server pays it once. A bundle without a report (assembled by hand, a port's test
+--variants NAME`. Cost: one read of every file loaded (at the real dims 1.55 GB for fp32-fused,
+4.5 s of a 6.2 s load on a cold page cache, 1.6 s warm). A file found as recorded is remembered
+by its stat identity in the user's cache (VerifiedFiles), so the next load of the same unchanged
+files hashes nothing; a server pays it once either way. A bundle without a report (assembled by hand, a port's test
 folder) is refused unless the check is skipped (verify=False, or OMNIVOICE_VERIFY=0); the graphs'
 metadata and runtime-config.json's values are checked either way (api.py, prompt.load_runtime_config).
 
@@ -29,6 +31,7 @@ from __future__ import annotations
 import functools
 import os
 import re
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,12 +39,31 @@ from typing import Any
 from omnivoice_onnx.contract import FP32_VARIANT, GRAPH_FILES, REPORT_FILE, variant_dir, variant_path, variants_present
 from omnivoice_onnx.core.prompt import RUNTIME_CONFIG_FILE, TOKENIZER_FILE, load_runtime_config
 from omnivoice_onnx.errors import UserError
-from omnivoice_onnx.files import FILE_ENTRY_SCHEMA, Each, confined, matches_entry, read_json, schema_problem
+from omnivoice_onnx.files import (
+    FILE_ENTRY_SCHEMA,
+    Each,
+    confined,
+    matches_entry,
+    read_json,
+    schema_problem,
+    sha256_file,
+    write_json_atomic,
+)
 from omnivoice_onnx.graphmeta import read_metadata_props
 
 DEFAULT_MODEL_DIR = Path("onnx")  # where the commands look when no --model-dir is given
 MODEL_CARD_FILE = "README.md"
 VERIFY_ENV = "OMNIVOICE_VERIFY"  # "0": skip the sha256 check (verify=False for every open)
+CACHE_ENV = "OMNIVOICE_CACHE_DIR"  # where VerifiedFiles keeps its record; "" keeps none
+VERIFIED_FILE = "verified-files.json"
+VERIFIED_FORMAT, VERIFIED_VERSION = "omnivoice-onnx verified files", 1
+VERIFIED_MAX = 256  # files remembered (a variant loads 8); the least recently verified go first
+VERIFIED_MAX_BYTES = 1 << 20  # 256 entries are ~60 KB; a larger record is not ours and is ignored
+# A file whose inode changed (ctime) less than this before its hash began is hashed but not
+# remembered: file times tick coarsely (a kernel tick, or a server's clock on a network file
+# system), so a write in the same tick as that ctime could leave the stat identity unchanged.
+# A file older than this that changes later gets a later ctime. (git's "racy" index entries.)
+RACY_NS = 2_000_000_000
 RERUN_EXPORT = "re-run export_omnivoice.py into an empty folder"
 SKIP = f"or load it unchecked with verify=False / {VERIFY_ENV}=0"
 # What the runtime reads of the report: the files of each graph, the runtime assets, the variants.
@@ -102,14 +124,109 @@ class FileCheck:
     entry: dict[str, Any]  # {sha256, bytes} as the report records it
     fix: str  # the step that remakes it
 
-    def problem(self) -> str | None:
-        """Why the file is not the one recorded (None when it is): missing, or another size/sha256."""
+    def problem(self, verified: VerifiedFiles | None = None) -> str | None:
+        """Why the file is not the one recorded (None when it is): missing, or another size/sha256
+        (hashed, or vouched for by `verified`'s record of an earlier hash of this very file)."""
         if not self.path.is_file():
             return f"{self.path} is missing"
-        if not matches_entry(self.path, self.entry):
+        if not (verified.matches(self.path, self.entry) if verified else matches_entry(self.path, self.entry)):
             return (f"{self.path} does not match the sha256 export-report.json records for it (damaged, truncated, "
                     "replaced or from another export)")
         return None
+
+
+def cache_dir() -> Path | None:
+    """The runtime's cache folder: $OMNIVOICE_CACHE_DIR, else $XDG_CACHE_HOME/omnivoice-onnx, else
+    ~/.cache/omnivoice-onnx (None: $OMNIVOICE_CACHE_DIR set empty, or no home to put it in)."""
+    value = os.environ.get(CACHE_ENV)
+    if value is not None:
+        return Path(value) if value.strip() else None
+    base = os.environ.get("XDG_CACHE_HOME", "").strip()
+    if base:
+        return Path(base) / "omnivoice-onnx"
+    home = Path("~").expanduser()
+    return home / ".cache" / "omnivoice-onnx" if home.is_absolute() else None
+
+
+def stat_identity(status: os.stat_result) -> list[int]:
+    """What changes when a file's content may have: device, inode, size, mtime and ctime in ns.
+    ctime is set by the kernel on every write, rename and touch and cannot be set back by a user
+    (mtime can: `touch -d`, os.utime), so a rewrite that restores size and mtime still shows."""
+    return [status.st_dev, status.st_ino, status.st_size, status.st_mtime_ns, status.st_ctime_ns]
+
+
+class VerifiedFiles:
+    """The files this user's processes hashed and found as an export report lists them, each with
+    its stat identity: a later check of the same path with the same identity and the same
+    expected sha256 is answered without reading the file (a full-size `speak` spent 4.5 of its
+    6.2 s load hashing files that had not changed since the last one).
+
+    What it trusts: that a file whose device, inode, size, mtime and ctime are unchanged holds the
+    bytes it held when hashed (make's and rsync's quick check, with ctime added). Corruption that
+    bypasses the file system (a failing disk) is not seen until the record is dropped:
+    OMNIVOICE_VERIFY=full or `omnivoice-onnx info` hash every file again. The record lives in the
+    user's cache folder (cache_dir); anyone who can write there can also edit the export's report,
+    so it vouches for nothing a report would not. It is written to a temporary name and renamed
+    (files.atomic_path: never through a planted link); a missing, damaged or unwritable record
+    only means the files are hashed, never an error.
+    """
+
+    def __init__(self, path: Path | None, reuse: bool = True) -> None:
+        self.path = path  # None: nothing is remembered (no cache folder)
+        self.reuse = reuse  # False: every file is hashed (the record is only refreshed)
+        self.entries = self._read() if path else {}
+        self.changed = False
+
+    @classmethod
+    def in_cache(cls, reuse: bool = True) -> VerifiedFiles:
+        """The record in cache_dir(); with `reuse` False (info), or $OMNIVOICE_VERIFY=full, every
+        file is hashed and the record refreshed."""
+        folder = cache_dir()
+        return cls(folder / VERIFIED_FILE if folder else None,
+                   reuse=reuse and os.environ.get(VERIFY_ENV, "").strip() != "full")
+
+    def _read(self) -> dict[str, dict[str, Any]]:
+        try:
+            data = read_json(self.path, "verified-files record", f"delete it (or set {CACHE_ENV}=)",
+                             limit=VERIFIED_MAX_BYTES)
+        except UserError:  # none yet, unreadable or damaged: every file is hashed and the record rewritten
+            return {}
+        if not (isinstance(data, dict) and data.get("format") == VERIFIED_FORMAT
+                and data.get("version") == VERIFIED_VERSION and isinstance(data.get("files"), dict)):
+            return {}
+        return {name: entry for name, entry in data["files"].items() if isinstance(entry, dict)}
+
+    def matches(self, path: Path, entry: dict[str, Any]) -> bool:
+        """Whether `path` is the file `entry` ({sha256, bytes}) lists: its size, then the record,
+        then its sha256; a match is remembered unless the file changed while it was read or too
+        recently (RACY_NS)."""
+        before = os.stat(path)
+        if before.st_size != entry["bytes"]:
+            return False
+        key, identity = os.path.realpath(path), stat_identity(before)
+        if self.reuse and self.entries.get(key) == {"stat": identity, "sha256": entry["sha256"]}:
+            return True
+        started = time.time_ns()
+        if sha256_file(path) != entry["sha256"]:
+            return False
+        if self.path and stat_identity(os.stat(path)) == identity and before.st_ctime_ns < started - RACY_NS:
+            self.entries.pop(key, None)  # re-inserted last: the most recently verified are kept
+            self.entries[key] = {"stat": identity, "sha256": entry["sha256"]}
+            self.changed = True
+        return True
+
+    def save(self) -> None:
+        """Write the record if a file was added, keeping the VERIFIED_MAX most recent; a folder that
+        cannot be written is skipped (the next load hashes again)."""
+        if not (self.path and self.changed):
+            return
+        kept = dict(list(self.entries.items())[-VERIFIED_MAX:])
+        try:
+            self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            write_json_atomic(self.path, {"format": VERIFIED_FORMAT, "version": VERIFIED_VERSION, "files": kept})
+        except (OSError, UserError):
+            pass
+        self.changed = False
 
 
 class Bundle:
@@ -152,11 +269,16 @@ class Bundle:
 
     def verify(self, variant: str | None = None) -> None:
         """Every file `variant` (default: the bundle's) loads is the one the report lists (size,
-        then sha256); else a UserError naming the first that is not, and the step that remakes it."""
-        for check in self.file_checks(variant):
-            problem = check.problem()
-            if problem:
-                raise UserError(problem, check.fix)
+        then sha256, or VerifiedFiles' record of an earlier hash); else a UserError naming the first
+        that is not, and the step that remakes it."""
+        verified = VerifiedFiles.in_cache()
+        try:
+            for check in self.file_checks(variant):
+                problem = check.problem(verified)
+                if problem:
+                    raise UserError(problem, check.fix)
+        finally:  # the files that passed are remembered even when a later one fails
+            verified.save()
 
     @property
     def variants(self) -> list[str]:

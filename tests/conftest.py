@@ -21,10 +21,12 @@ import os
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("OMNIVOICE_ORT_THREADS", "1")
 
+import atexit
 import json
 import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -36,6 +38,10 @@ import torch
 from filelock import FileLock
 
 REPO = Path(__file__).resolve().parent.parent
+# Tests never read or write the user's cache (omnivoice_onnx.bundle.VerifiedFiles' record): every
+# test process, and every process it starts, uses its own, removed at exit.
+os.environ["OMNIVOICE_CACHE_DIR"] = tempfile.mkdtemp(prefix="omnivoice-test-cache-")
+atexit.register(shutil.rmtree, os.environ["OMNIVOICE_CACHE_DIR"], True)
 sys.path.insert(0, str(REPO))
 
 from omnivoice_export import exporting, model_card, report, wrappers  # noqa: E402

@@ -8,7 +8,8 @@ ISA flags its speed depends on (docs/performance.md).
 
 Read from the graphs' metadata (no session is opened), runtime-config.json, the export report
 and the model card. Every file a variant in the folder loads is checked against export-report.json
-as loading checks it (omnivoice_onnx.bundle: size, then sha256; the first 12 hex digits shown): a
+as loading checks it (omnivoice_onnx.bundle: size, then sha256; the first 12 hex digits shown), every
+file hashed (loading may skip a file hashed before and unchanged since; info refreshes that record): a
 missing, truncated or replaced file is listed, and the command ends with one line naming it and
 exit 2. --no-verify (or OMNIVOICE_VERIFY=0) describes a bundle without a report. The licence is
 what the export recorded from the checkpoint: copying the bundle copies its terms (see the
@@ -25,6 +26,7 @@ from omnivoice_onnx.bundle import (
     MODEL_CARD_FILE,
     Bundle,
     FileCheck,
+    VerifiedFiles,
     card_license,
     metadata_props,
     verify_requested,
@@ -72,6 +74,7 @@ def _checked_files(bundle: Bundle) -> tuple[list[tuple[FileCheck, str | None]], 
     and why the report cannot vouch for a variant (no report, not listed, a malformed entry)."""
     seen: dict[Path, tuple[FileCheck, str | None]] = {}
     unvouched = {}
+    verified = VerifiedFiles.in_cache(reuse=False)
     for variant in [bundle.variant] + [v for v in bundle.variants if v != bundle.variant]:
         try:
             checks = bundle.file_checks(variant)
@@ -80,7 +83,8 @@ def _checked_files(bundle: Bundle) -> tuple[list[tuple[FileCheck, str | None]], 
             continue
         for check in checks:
             if check.path not in seen:
-                seen[check.path] = (check, check.problem())
+                seen[check.path] = (check, check.problem(verified))
+    verified.save()
     return list(seen.values()), unvouched
 
 
