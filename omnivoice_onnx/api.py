@@ -191,7 +191,8 @@ class OmniVoiceOnnx:
         "fp32-unmasked", ...; "fp32" the export's own; None: bundle.default_variant(), fp32-fused when
         step 5 made it, else fp32); verify: check every file loaded against export-report.json's
         sha256 first (omnivoice_onnx.bundle; False, or OMNIVOICE_VERIFY=0, for a bundle
-        without a report)."""
+        without a report; files hashed before and unchanged since are not hashed again unless
+        OMNIVOICE_VERIFY=full)."""
         if (model_dir is None) == (onnx_dir is None):
             raise UserError("from_dir needs the export folder once: model_dir (or its alias onnx_dir)",
                             "pass from_dir(\"onnx\")")

@@ -14,12 +14,13 @@ export and step 5 record every file they write as {sha256, bytes} in the report;
 each file the variant loads (its transformer, both codec graphs, each with its sidecar,
 tokenizer.json and runtime-config.json) and names the step that remakes a file that differs:
 the export's own files `re-run export_omnivoice.py`, a variant's `run quantize_omnivoice.py
---variants NAME`. Cost: one read of every file loaded (at the real dims 1.55 GB for fp32-fused,
-4.5 s of a 6.2 s load on a cold page cache, 1.6 s warm). A file found as recorded is remembered
-by its stat identity in the user's cache (VerifiedFiles), so the next load of the same unchanged
-files hashes nothing; a server pays it once either way. A bundle without a report (assembled by hand, a port's test
-folder) is refused unless the check is skipped (verify=False, or OMNIVOICE_VERIFY=0); the graphs'
-metadata and runtime-config.json's values are checked either way (api.py, prompt.load_runtime_config).
+--variants NAME`. Cost: one read of every file loaded (at the real dims 1.55 GB for int8: 4.5 s
+of a 6.2 s load with a page cache holding part of it, 1.6 s warm). A file found as recorded is
+remembered by its stat identity in the user's cache (VerifiedFiles), so the next load of the same
+unchanged files hashes nothing; a server pays it once either way. A bundle without a report
+(assembled by hand, a port's test folder) is refused unless the check is skipped (verify=False, or
+OMNIVOICE_VERIFY=0); the graphs' metadata and runtime-config.json's values are checked either
+way (api.py, prompt.load_runtime_config).
 
 Metadata is read from the .onnx protobuf (omnivoice_onnx.graphmeta; the weights are in the
 sidecar): no onnxruntime session, no `onnx` package. Licence: each graph's metadata carries
@@ -43,7 +44,6 @@ from omnivoice_onnx.files import (
     FILE_ENTRY_SCHEMA,
     Each,
     confined,
-    matches_entry,
     read_json,
     schema_problem,
     sha256_file,
@@ -53,12 +53,13 @@ from omnivoice_onnx.graphmeta import read_metadata_props
 
 DEFAULT_MODEL_DIR = Path("onnx")  # where the commands look when no --model-dir is given
 MODEL_CARD_FILE = "README.md"
-VERIFY_ENV = "OMNIVOICE_VERIFY"  # "0": skip the sha256 check (verify=False for every open)
+VERIFY_ENV = "OMNIVOICE_VERIFY"  # "0": skip the sha256 check (verify=False for every open); "full": no record
 CACHE_ENV = "OMNIVOICE_CACHE_DIR"  # where VerifiedFiles keeps its record; "" keeps none
+CACHE_SUBDIR = "omnivoice-onnx"  # the folder under $XDG_CACHE_HOME or ~/.cache
 VERIFIED_FILE = "verified-files.json"
 VERIFIED_FORMAT, VERIFIED_VERSION = "omnivoice-onnx verified files", 1
-VERIFIED_MAX = 256  # files remembered (a variant loads 8); the least recently verified go first
-VERIFIED_MAX_BYTES = 1 << 20  # 256 entries are ~60 KB; a larger record is not ours and is ignored
+VERIFIED_MAX = 256  # files remembered (a variant loads 8); the least recently hashed go first
+VERIFIED_MAX_BYTES = 2 << 20  # 256 entries of 4,096-character paths are ~1.1 MB; a larger record is not ours
 # A file whose inode changed (ctime) less than this before its hash began is hashed but not
 # remembered: file times tick coarsely (a kernel tick, or a server's clock on a network file
 # system), so a write in the same tick as that ctime could leave the stat identity unchanged.
@@ -81,11 +82,11 @@ DEFAULT_VARIANT_ORDER = ("fp32-fused", FP32_VARIANT)
 
 
 def verify_requested(verify: Any) -> bool:
-    """Whether to check sha256: `verify` (a bool), unless $OMNIVOICE_VERIFY is "0"."""
+    """Whether to check sha256: `verify` (a bool), unless $OMNIVOICE_VERIFY is "0" (verify_mode)."""
     if not isinstance(verify, bool):
         raise UserError(f"verify must be True or False, got {type(verify).__name__} {verify!r:.40}",
                         "pass verify=False only for a bundle without export-report.json")
-    return verify and os.environ.get(VERIFY_ENV, "").strip() != "0"
+    return verify and verify_mode() != "off"
 
 
 def variant_fix(variant: str) -> str:
@@ -124,109 +125,153 @@ class FileCheck:
     entry: dict[str, Any]  # {sha256, bytes} as the report records it
     fix: str  # the step that remakes it
 
-    def problem(self, verified: VerifiedFiles | None = None) -> str | None:
+    def problem(self, verified: VerifiedFiles) -> str | None:
         """Why the file is not the one recorded (None when it is): missing, or another size/sha256
         (hashed, or vouched for by `verified`'s record of an earlier hash of this very file)."""
         if not self.path.is_file():
             return f"{self.path} is missing"
-        if not (verified.matches(self.path, self.entry) if verified else matches_entry(self.path, self.entry)):
+        if not verified.matches(self.path, self.entry):
             return (f"{self.path} does not match the sha256 export-report.json records for it (damaged, truncated, "
                     "replaced or from another export)")
         return None
 
 
+def verify_mode() -> str:
+    """$OMNIVOICE_VERIFY, read in this one place: "off" ("0": no sha256 check), "full" ("full":
+    every file hashed, VerifiedFiles' record not trusted), else "cached" (the default)."""
+    value = os.environ.get(VERIFY_ENV, "").strip().lower()
+    return {"0": "off", "full": "full"}.get(value, "cached")
+
+
 def cache_dir() -> Path | None:
-    """The runtime's cache folder: $OMNIVOICE_CACHE_DIR, else $XDG_CACHE_HOME/omnivoice-onnx, else
-    ~/.cache/omnivoice-onnx (None: $OMNIVOICE_CACHE_DIR set empty, or no home to put it in)."""
+    """The runtime's cache folder: $OMNIVOICE_CACHE_DIR, else $XDG_CACHE_HOME/omnivoice-onnx (an
+    absolute one: the XDG spec ignores a relative value), else ~/.cache/omnivoice-onnx; None when
+    $OMNIVOICE_CACHE_DIR is set empty or there is no home (no $HOME and no passwd entry)."""
     value = os.environ.get(CACHE_ENV)
     if value is not None:
         return Path(value) if value.strip() else None
-    base = os.environ.get("XDG_CACHE_HOME", "").strip()
-    if base:
-        return Path(base) / "omnivoice-onnx"
-    home = Path("~").expanduser()
-    return home / ".cache" / "omnivoice-onnx" if home.is_absolute() else None
+    base = os.environ.get("XDG_CACHE_HOME", "")
+    if os.path.isabs(base):
+        return Path(base) / CACHE_SUBDIR
+    home = os.path.expanduser("~")  # "~" itself when no home can be found
+    return Path(home) / ".cache" / CACHE_SUBDIR if os.path.isabs(home) else None
 
 
 def stat_identity(status: os.stat_result) -> list[int]:
     """What changes when a file's content may have: device, inode, size, mtime and ctime in ns.
-    ctime is set by the kernel on every write, rename and touch and cannot be set back by a user
-    (mtime can: `touch -d`, os.utime), so a rewrite that restores size and mtime still shows."""
+    On local POSIX file systems the kernel sets ctime on every write, rename and touch and a user
+    cannot set it back (mtime can: `touch -d`, os.utime), so a rewrite that restores size and
+    mtime still shows. (vfat/exFAT, SMB and some FUSE file systems do not keep that promise.)"""
     return [status.st_dev, status.st_ino, status.st_size, status.st_mtime_ns, status.st_ctime_ns]
+
+
+def _private(status: os.stat_result) -> bool:
+    """Owned by this user and writable by no one else."""
+    return status.st_uid == os.geteuid() and not status.st_mode & 0o022
 
 
 class VerifiedFiles:
     """The files this user's processes hashed and found as an export report lists them, each with
     its stat identity: a later check of the same path with the same identity and the same
-    expected sha256 is answered without reading the file (a full-size `speak` spent 4.5 of its
-    6.2 s load hashing files that had not changed since the last one).
+    expected sha256 is answered without reading the file (a full-size int8 `speak` spent 4.5 of
+    its 6.2 s load hashing files that had not changed since the last one).
 
     What it trusts: that a file whose device, inode, size, mtime and ctime are unchanged holds the
-    bytes it held when hashed (make's and rsync's quick check, with ctime added). Corruption that
-    bypasses the file system (a failing disk) is not seen until the record is dropped:
-    OMNIVOICE_VERIFY=full or `omnivoice-onnx info` hash every file again. The record lives in the
-    user's cache folder (cache_dir); anyone who can write there can also edit the export's report,
-    so it vouches for nothing a report would not. It is written to a temporary name and renamed
-    (files.atomic_path: never through a planted link); a missing, damaged or unwritable record
-    only means the files are hashed, never an error.
+    bytes it held when hashed (make's and rsync's quick check, with ctime added; stat_identity
+    names the file systems where ctime can be set). The identity is taken from the opened file, so
+    a network file system revalidates it. Corruption that bypasses the file system (a failing
+    disk) is not seen until OMNIVOICE_VERIFY=full or `omnivoice-onnx info` hash the file again;
+    a mismatch found then drops its entry. The record is read only from a folder and a file that
+    belong to this user and that no one else may write, and written only there (or where this user
+    may create that folder: under `sudo` with the user's HOME, root leaves the user's cache alone).
+    It is written to a temporary name and renamed (files.atomic_path: never through a planted link),
+    merged with what other processes wrote meanwhile. A missing, damaged, foreign or unwritable
+    record only means the files are hashed: never an error.
     """
 
     def __init__(self, path: Path | None, reuse: bool = True) -> None:
         self.path = path  # None: nothing is remembered (no cache folder)
         self.reuse = reuse  # False: every file is hashed (the record is only refreshed)
-        self.entries = self._read() if path else {}
-        self.changed = False
+        self.entries = self._read()
+        self.updates: dict[str, dict[str, Any] | None] = {}  # this process's additions (None: dropped)
 
     @classmethod
     def in_cache(cls, reuse: bool = True) -> VerifiedFiles:
         """The record in cache_dir(); with `reuse` False (info), or $OMNIVOICE_VERIFY=full, every
         file is hashed and the record refreshed."""
         folder = cache_dir()
-        return cls(folder / VERIFIED_FILE if folder else None,
-                   reuse=reuse and os.environ.get(VERIFY_ENV, "").strip() != "full")
+        return cls(folder / VERIFIED_FILE if folder else None, reuse=reuse and verify_mode() != "full")
 
     def _read(self) -> dict[str, dict[str, Any]]:
+        """The record's entries; {} unless it is this user's own, private, well-formed record."""
         try:
+            if self.path is None or not (_private(os.stat(self.path.parent)) and _private(os.lstat(self.path))):
+                return {}
             data = read_json(self.path, "verified-files record", f"delete it (or set {CACHE_ENV}=)",
                              limit=VERIFIED_MAX_BYTES)
-        except UserError:  # none yet, unreadable or damaged: every file is hashed and the record rewritten
+        except (OSError, UserError):  # none yet, unreadable or damaged: every file is hashed
             return {}
         if not (isinstance(data, dict) and data.get("format") == VERIFIED_FORMAT
                 and data.get("version") == VERIFIED_VERSION and isinstance(data.get("files"), dict)):
             return {}
         return {name: entry for name, entry in data["files"].items() if isinstance(entry, dict)}
 
+    def _note(self, key: str, entry: dict[str, Any] | None) -> None:
+        self.entries.pop(key, None)  # re-inserted last: the most recently hashed are kept
+        if entry is not None:
+            self.entries[key] = entry
+        self.updates.pop(key, None)
+        self.updates[key] = entry
+
     def matches(self, path: Path, entry: dict[str, Any]) -> bool:
         """Whether `path` is the file `entry` ({sha256, bytes}) lists: its size, then the record,
-        then its sha256; a match is remembered unless the file changed while it was read or too
-        recently (RACY_NS)."""
-        before = os.stat(path)
-        if before.st_size != entry["bytes"]:
-            return False
-        key, identity = os.path.realpath(path), stat_identity(before)
+        then its sha256. A match is remembered unless the file changed while it was read or within
+        RACY_NS before; otherwise what the record said of the path is dropped."""
+        key = os.path.realpath(path)
+        with open(path, "rb") as handle:  # opened, not only stat'ed: NFS revalidates on open
+            before = os.fstat(handle.fileno())
+        identity = stat_identity(before)
         if self.reuse and self.entries.get(key) == {"stat": identity, "sha256": entry["sha256"]}:
             return True
         started = time.time_ns()
-        if sha256_file(path) != entry["sha256"]:
+        if before.st_size != entry["bytes"] or sha256_file(path) != entry["sha256"]:
+            if key in self.entries:
+                self._note(key, None)
             return False
-        if self.path and stat_identity(os.stat(path)) == identity and before.st_ctime_ns < started - RACY_NS:
-            self.entries.pop(key, None)  # re-inserted last: the most recently verified are kept
-            self.entries[key] = {"stat": identity, "sha256": entry["sha256"]}
-            self.changed = True
+        if stat_identity(os.stat(path)) == identity and before.st_ctime_ns < started - RACY_NS:
+            self._note(key, {"stat": identity, "sha256": entry["sha256"]})
+        elif key in self.entries:
+            self._note(key, None)  # an earlier version's entry: of no use again
         return True
 
+    def _writable(self) -> bool:
+        """Whether to write the record: its folder is this user's and private, or does not exist
+        and its nearest existing parent is this user's."""
+        folder = self.path.parent
+        if folder.exists():
+            return _private(os.stat(folder))
+        parent = next(p for p in folder.parents if p.exists())
+        return os.stat(parent).st_uid == os.geteuid()
+
     def save(self) -> None:
-        """Write the record if a file was added, keeping the VERIFIED_MAX most recent; a folder that
-        cannot be written is skipped (the next load hashes again)."""
-        if not (self.path and self.changed):
+        """Write this process's updates into the record as it is now (another process may have
+        written since it was read), keeping the VERIFIED_MAX most recently hashed files."""
+        if self.path is None or not self.updates:
             return
-        kept = dict(list(self.entries.items())[-VERIFIED_MAX:])
         try:
+            if not self._writable():
+                return
             self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            current = self._read()
+            for key, entry in self.updates.items():
+                current.pop(key, None)
+                if entry is not None:
+                    current[key] = entry
+            kept = dict(list(current.items())[-VERIFIED_MAX:])
             write_json_atomic(self.path, {"format": VERIFIED_FORMAT, "version": VERIFIED_VERSION, "files": kept})
-        except (OSError, UserError):
+        except Exception:  # noqa: BLE001 - a record that cannot be written costs the next load a hash, never the load
             pass
-        self.changed = False
+        self.updates = {}
 
 
 class Bundle:

@@ -85,7 +85,7 @@ def open_append(path: Path) -> Any:
 def _process_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+    except (ProcessLookupError, OverflowError):  # OverflowError: a planted name's pid no process can have
         return False
     except PermissionError:  # another user's live process
         return True
@@ -395,8 +395,8 @@ def parse_json(text: str, where: str, fix: str, max_depth: int = MAX_JSON_DEPTH)
             depth -= 1
     try:
         return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise UserError(f"{where} is not valid JSON ({exc})", fix) from None
+    except ValueError as exc:  # JSONDecodeError, and an integer over Python's 4,300-digit conversion limit
+        raise UserError(f"{where} is not valid JSON ({str(exc)[:200]})", fix) from None
 
 
 def read_json(path: Path, what: str, fix: str, limit: int = MAX_JSON_BYTES) -> Any:

@@ -238,12 +238,12 @@ def test_test_list_is_read_up_to_its_limit(monkeypatch) -> None:
 DEEP = "[" * 200_000 + "]" * 200_000
 
 
-def deep_json_readers(tmp_path: Path, assets: Path) -> dict[str, Callable[[], object]]:
-    """Every JSON reader of the runtime, each given a file holding 200k-deep JSON."""
+def deep_json_readers(tmp_path: Path, assets: Path, text: str = DEEP) -> dict[str, Callable[[], object]]:
+    """Every JSON reader of the runtime, each given a file holding `text` (200k-deep JSON)."""
     bundle = tmp_path / "bundle"
     shutil.copytree(assets, bundle)
     for name in ("runtime-config.json", REPORT_FILE, "alice.json"):
-        (bundle / name).write_text(DEEP)
+        (bundle / name).write_text(text)
     return {"voice file": lambda: voices.read_voice(str(bundle / "alice.json"), bundle),
             "runtime-config.json": lambda: prompt.load_runtime_config(bundle),
             "export-report.json": lambda: expected_files(bundle, FP32_VARIANT)}
@@ -255,6 +255,14 @@ def test_deep_json_is_one_line(reader: str, tmp_path: Path, assets: Path) -> Non
     RecursionError (serve never started)."""
     with pytest.raises(UserError, match="nests deeper than"):
         deep_json_readers(tmp_path, assets)[reader]()
+
+
+@pytest.mark.parametrize("reader", ["voice file", "runtime-config.json", "export-report.json"])
+def test_an_integer_too_long_to_convert_is_one_line(reader: str, tmp_path: Path, assets: Path) -> None:
+    """A 5,000-digit integer (past Python's int conversion limit) made json.loads raise ValueError,
+    not JSONDecodeError: a traceback."""
+    with pytest.raises(UserError, match="is not valid JSON"):
+        deep_json_readers(tmp_path, assets, '{"n": ' + "9" * 5000 + "}")[reader]()
 
 
 def test_deep_or_incomplete_jsonl_lines_are_bad_lines_not_tracebacks(tmp_path: Path) -> None:

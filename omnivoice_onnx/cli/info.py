@@ -8,9 +8,9 @@ ISA flags its speed depends on (docs/performance.md).
 
 Read from the graphs' metadata (no session is opened), runtime-config.json, the export report
 and the model card. Every file a variant in the folder loads is checked against export-report.json
-as loading checks it (omnivoice_onnx.bundle: size, then sha256; the first 12 hex digits shown), every
-file hashed (loading may skip a file hashed before and unchanged since; info refreshes that record): a
-missing, truncated or replaced file is listed, and the command ends with one line naming it and
+(omnivoice_onnx.bundle: size, then sha256; the first 12 hex digits shown), each hashed anew, where
+loading skips a file hashed before and unchanged since (info refreshes that record): a missing,
+truncated or replaced file is listed, and the command ends with one line naming it and
 exit 2. --no-verify (or OMNIVOICE_VERIFY=0) describes a bundle without a report. The licence is
 what the export recorded from the checkpoint: copying the bundle copies its terms (see the
 bundle's README.md).
