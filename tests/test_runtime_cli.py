@@ -262,6 +262,27 @@ def test_bench_runtime_on_tiny(pipeline: Pipeline, tmp_path: Path) -> None:
     assert meta["cpu"]["model_name"] in text and "Load average" in text and "Final tokens equal: **yes**" in text
 
 
+# --- bench/bench_load.py ---------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_bench_load_on_tiny(pipeline: Pipeline, tmp_path: Path) -> None:
+    """One round: each mode in a fresh process; the recorded loads were vouched for (the record
+    written by the priming load), the CPU named."""
+    done = subprocess.run([sys.executable, str(REPO / "bench" / "bench_load.py"), "--onnx-dir", str(pipeline.onnx),
+                           "--variants", "fp32", "--repeats", "1", "--results-dir", str(tmp_path)],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (result,) = tmp_path.glob("*-load.json")
+    data = json.loads(result.read_text())
+    entry = data["summary"]["fp32"]
+    for mode in ("hashed", "recorded"):
+        assert entry[mode]["from_dir_s"]["n"] == 1
+        assert entry[mode]["ready_s"]["median"] > entry[mode]["from_dir_s"]["median"] > 0
+    assert entry["files_mib"] > 1
+    assert_hardware_recorded(data["meta"], result)
+    assert data["meta"]["cpu"]["model_name"] in result.with_suffix(".md").read_text()
+
+
 # --- bench/bench_server.py --engines ------------------------------------------------------------
 
 @pytest.mark.slow

@@ -1,0 +1,168 @@
+#!/usr/bin/env python3
+"""Load time of the torch-free runtime: `OmniVoiceOnnx.from_dir` per transformer variant, in a fresh
+process per run, with every file it loads hashed against the export report and with those files
+vouched for by the verification record (omnivoice_onnx.bundle.VerifiedFiles).
+
+    hashed    OMNIVOICE_CACHE_DIR empty: no record, every file sha256-hashed (a first load, or
+              OMNIVOICE_VERIFY=full)
+    recorded  OMNIVOICE_CACHE_DIR a private folder of this run, primed by one load per variant
+              before the rounds (not counted): a later load of the same unchanged files
+
+Per run: `from_dir_s` (verification, tokenizer, the three sessions opened; the codec sessions are
+released again) and `ready_s`, from the process's launch to the bundle loaded (interpreter,
+imports and from_dir: what `omnivoice-onnx speak` waits before its first step). The modes alternate over
+--repeats rounds, so drift and the page cache hit both alike; the priming load warms the page
+cache, so the figures are warm-cache figures (from disk the hash costs more: the investigation
+log, Run 32). Medians with min..max go to bench/results/<date>-<host>-<cpu>-load.json and .md with
+the CPU, its ISA flags and the load average: the hash is I/O and SHA-256, so the figures carry over
+to another machine only as far as its disk and its SHA instructions do.
+
+    python bench/bench_load.py --onnx-dir bench/out/full/onnx --variants int8,fp32-fused
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+# Module level: the standard library only. A worker imports the runtime inside its timed region.
+REPO = Path(__file__).resolve().parent.parent
+BENCH = Path(__file__).resolve().parent
+sys.path[:0] = [str(REPO), str(BENCH)]  # the packages, and bench_omnivoice's shared helpers
+MODES = ("hashed", "recorded")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The orchestrator's flags (a worker's are worker_main's)."""
+    from bench_omnivoice import RESULTS
+
+    from omnivoice_export.cli import int_range, parse
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model-dir", "--onnx-dir", dest="onnx_dir", type=Path, default=REPO / "onnx",
+                        help="the export to load (default: ./onnx)")
+    parser.add_argument("--variants", default="int8,fp32-fused",
+                        help="comma-separated transformer variants to load (default: int8,fp32-fused)")
+    parser.add_argument("--repeats", type=int_range(1), default=3,
+                        help="rounds; each loads every variant hashed, then recorded (default: 3)")
+    parser.add_argument("--results-dir", type=Path, default=RESULTS, help="where the .json and .md results go")
+    return parse(parser, argv)
+
+
+def worker(onnx_dir: Path, variant: str, launched: float) -> dict[str, float]:
+    """Load `variant` in this fresh process, launched at time.time() `launched`; the two times."""
+    from omnivoice_onnx import OmniVoiceOnnx
+
+    started = time.perf_counter()
+    OmniVoiceOnnx.from_dir(onnx_dir, variant=variant)
+    return {"from_dir_s": time.perf_counter() - started, "ready_s": time.time() - launched}
+
+
+def worker_main(argv: list[str]) -> None:
+    """`--worker VARIANT --launched T --onnx-dir D` (internal): the two times as JSON on the last stdout line."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--worker", required=True)
+    parser.add_argument("--launched", type=float, required=True)
+    parser.add_argument("--onnx-dir", type=Path, required=True)
+    args = parser.parse_args(argv)
+    print(json.dumps(worker(args.onnx_dir, args.worker, args.launched)))
+
+
+def spawn(onnx_dir: Path, variant: str, cache: str) -> dict[str, float]:
+    """One worker in a fresh interpreter with OMNIVOICE_CACHE_DIR=`cache` ("" keeps no record)."""
+    done = subprocess.run([sys.executable, __file__, "--worker", variant, "--launched", repr(time.time()),
+                           "--onnx-dir", str(onnx_dir)],
+                          capture_output=True, text=True, cwd=REPO, env={**os.environ, "OMNIVOICE_CACHE_DIR": cache,
+                                                                          "OMNIVOICE_VERIFY": "1"})
+    if done.returncode != 0:
+        raise RuntimeError(f"{variant} worker failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def markdown(summary: dict[str, Any], meta: dict[str, Any]) -> str:
+    from omnivoice_export.measure import cpu_line, hardware_lines
+
+    lines = [f"# omnivoice_onnx load time: {meta['onnx_dir']} on {meta['host']} ({meta['date']})", "",
+             f"CPU: {cpu_line(meta['cpu'])}.", "", *hardware_lines(meta), "",
+             f"`OmniVoiceOnnx.from_dir` in a fresh process per run, {meta['repeats']} rounds alternating the modes, "
+             "warm page cache; medians (min..max). hashed: every file sha256-hashed (no record); recorded: the "
+             "files vouched for by the verification record of an earlier load.", "",
+             "| variant | files loaded | figure | hashed | recorded | hashed / recorded |", "|---|---|---|---|---|---|"]
+    for variant, entry in summary.items():
+        for figure, label in (("from_dir_s", "from_dir"), ("ready_s", "launch to loaded")):
+            hashed, recorded = entry["hashed"][figure], entry["recorded"][figure]
+            lines.append(f"| {variant} | {entry['files_mib']:,.0f} MiB | {label} | "
+                         f"{hashed['median']:.2f} s ({hashed['min']:.2f}..{hashed['max']:.2f}) | "
+                         f"{recorded['median']:.2f} s ({recorded['min']:.2f}..{recorded['max']:.2f}) | "
+                         f"{hashed['median'] / recorded['median']:.2f}x |")
+    return "\n".join(lines + [""])
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--worker"]:
+        worker_main(argv)
+        return
+    from bench_omnivoice import spread
+
+    from omnivoice_export.files import atomic_path, write_json_atomic
+    from omnivoice_export.measure import cpu_description, hardware_record, results_stem
+    from omnivoice_onnx.bundle import RACY_NS, VERIFIED_FILE, Bundle
+    from omnivoice_onnx.errors import UserError
+
+    args = parse_args(argv)
+    onnx_dir = args.onnx_dir.resolve()
+    variants = [name.strip() for name in args.variants.split(",") if name.strip()]
+    sizes, newest = {}, 0
+    for variant in variants:  # refused here, in one line, before any worker: an unknown variant, a damaged file
+        checks = Bundle.open(onnx_dir, variant).file_checks()
+        sizes[variant] = sum(check.path.stat().st_size for check in checks) / 2**20
+        newest = max([newest] + [check.path.stat().st_ctime_ns for check in checks])
+    wait = (newest + RACY_NS - time.time_ns()) / 1e9
+    if wait > 0:  # a file written moments ago would not be recorded (bundle.RACY_NS)
+        print(f"waiting {wait:.1f} s: the export's files changed within the last {RACY_NS / 1e9:.0f} s", flush=True)
+        time.sleep(wait + 0.1)
+    hardware = hardware_record()
+    with tempfile.TemporaryDirectory(prefix="omnivoice-bench-load-") as scratch:
+        cache = str(Path(scratch) / "cache")
+        for variant in variants:  # primes the record and the page cache
+            spawn(onnx_dir, variant, cache)
+        record = json.loads((Path(cache) / VERIFIED_FILE).read_text())["files"] if Path(cache).exists() else {}
+        if not record:
+            raise UserError(f"the priming loads wrote no verification record in {cache}",
+                            "check that the temporary folder can be written (TMPDIR)")
+        runs: dict[str, dict[str, list[dict[str, float]]]] = {v: {m: [] for m in MODES} for v in variants}
+        for index in range(args.repeats):
+            for variant in variants:
+                for mode in MODES:
+                    print(f"round {index + 1}/{args.repeats}: {variant} {mode} ...", flush=True)
+                    runs[variant][mode].append(spawn(onnx_dir, variant, cache if mode == "recorded" else ""))
+    summary = {variant: {"files_mib": sizes[variant],
+                         **{mode: {figure: spread([run[figure] for run in runs[variant][mode]])
+                                   for figure in ("from_dir_s", "ready_s")} for mode in MODES}}
+               for variant in variants}
+    meta = {"onnx_dir": str(args.onnx_dir), "host": socket.gethostname(), "date": datetime.date.today().isoformat(),
+            "cpu": cpu_description(), "hardware": hardware, "repeats": args.repeats}
+    text = markdown(summary, meta)
+    print(text)
+    args.results_dir.mkdir(parents=True, exist_ok=True)
+    stem = args.results_dir / results_stem("load")
+    write_json_atomic(stem.with_suffix(".json"), {"meta": meta, "summary": summary, "runs": runs})
+    with atomic_path(stem.with_suffix(".md")) as tmp:
+        tmp.write_text(text)
+    print(f"results: {stem}.json, .md")
+
+
+if __name__ == "__main__":
+    from omnivoice_export.cli import run_main  # the standard library only, as every script's one-line errors
+
+    run_main(main)
