@@ -8,14 +8,17 @@ vouched for by the verification record (omnivoice_onnx.bundle.VerifiedFiles).
     recorded  OMNIVOICE_CACHE_DIR a private folder of this run, primed by one load per variant
               before the rounds (not counted): a later load of the same unchanged files
 
-Per run: `from_dir_s` (verification, tokenizer, the three sessions opened; the codec sessions are
-released again) and `ready_s`, from the process's launch to the bundle loaded (interpreter,
-imports and from_dir: what `omnivoice-onnx speak` waits before its first step). The modes alternate over
---repeats rounds, so drift and the page cache hit both alike; the priming load warms the page
-cache, so the figures are warm-cache figures (from disk the hash costs more: the investigation
-log, Run 32). Medians with min..max go to bench/results/<date>-<host>-<cpu>-load.json and .md with
-the CPU, its ISA flags and the load average: the hash is I/O and SHA-256, so the figures carry over
-to another machine only as far as its disk and its SHA instructions do.
+Per run: `from_dir_s` (onnxruntime's import at the first session, verification, tokenizer, the
+three sessions opened; the codec sessions are released again) and `ready_s`, from the process's
+launch to the bundle loaded (interpreter, imports and from_dir: close to what `omnivoice-onnx
+speak` waits before its first step, which imports its command-line modules too). The check
+before the rounds hashes every file once with no record (a damaged file is one line, before any
+worker) and leaves the user's own record alone. The modes alternate over --repeats rounds, each
+mode first in every other round, so drift and the page cache hit both alike; the priming load
+warms the page cache, so the figures are warm-cache figures (from disk the hash costs more: the
+investigation log, Run 32). Medians with min..max go to bench/results/<date>-<host>-<cpu>-load.json
+and .md with the CPU, its ISA flags and the load average: the hash is I/O and SHA-256, so the
+figures carry over to another machine only as far as its disk and its SHA instructions do.
 
     python bench/bench_load.py --onnx-dir bench/out/full/onnx --variants int8,fp32-fused
 """
@@ -89,13 +92,16 @@ def spawn(onnx_dir: Path, variant: str, cache: str) -> dict[str, float]:
 
 
 def markdown(summary: dict[str, Any], meta: dict[str, Any]) -> str:
+    """The results page: the CPU and its hardware lines, then one row per variant and figure."""
     from omnivoice_export.measure import cpu_line, hardware_lines
 
     lines = [f"# omnivoice_onnx load time: {meta['onnx_dir']} on {meta['host']} ({meta['date']})", "",
              f"CPU: {cpu_line(meta['cpu'])}.", "", *hardware_lines(meta), "",
-             f"`OmniVoiceOnnx.from_dir` in a fresh process per run, {meta['repeats']} rounds alternating the modes, "
-             "warm page cache; medians (min..max). hashed: every file sha256-hashed (no record); recorded: the "
-             "files vouched for by the verification record of an earlier load.", "",
+             f"Load average at the end: {' / '.join(f'{x:.2f}' for x in meta['load_average_end'])} (the bench's own "
+             "workers included).", "",
+             f"`OmniVoiceOnnx.from_dir` in a fresh process per run, {meta['repeats']} rounds, each mode first in "
+             "every other round, warm page cache; medians (min..max). hashed: every file sha256-hashed (no "
+             "record); recorded: the files vouched for by the verification record of an earlier load.", "",
              "| variant | files loaded | figure | hashed | recorded | hashed / recorded |", "|---|---|---|---|---|---|"]
     for variant, entry in summary.items():
         for figure, label in (("from_dir_s", "from_dir"), ("ready_s", "launch to loaded")):
@@ -116,45 +122,50 @@ def main(argv: list[str] | None = None) -> None:
 
     from omnivoice_export.files import atomic_path, write_json_atomic
     from omnivoice_export.measure import cpu_description, hardware_record, results_stem
-    from omnivoice_onnx.bundle import RACY_NS, VERIFIED_FILE, Bundle
+    from omnivoice_onnx.bundle import CACHE_ENV, RACY_NS, VERIFIED_FILE, Bundle, VerifiedFiles
     from omnivoice_onnx.errors import UserError
 
     args = parse_args(argv)
     onnx_dir = args.onnx_dir.resolve()
-    variants = [name.strip() for name in args.variants.split(",") if name.strip()]
-    sizes, newest = {}, 0
+    variants = list(dict.fromkeys(name.strip() for name in args.variants.split(",") if name.strip()))
+    if not variants:
+        raise UserError(f"--variants {args.variants!r} names no variant", "pass e.g. --variants int8,fp32-fused")
+    hardware = hardware_record()  # before the check below hashes GBs: the load average is other work's
+    os.environ[CACHE_ENV] = ""  # that check hashes every file and leaves the user's own record alone
+    files: dict[str, list[Path]] = {}
     for variant in variants:  # refused here, in one line, before any worker: an unknown variant, a damaged file
-        checks = Bundle.open(onnx_dir, variant).file_checks()
-        sizes[variant] = sum(check.path.stat().st_size for check in checks) / 2**20
-        newest = max([newest] + [check.path.stat().st_ctime_ns for check in checks])
+        files[variant] = [check.path for check in Bundle.open(onnx_dir, variant).file_checks()]
+    newest = max(path.stat().st_ctime_ns for paths in files.values() for path in paths)
     wait = (newest + RACY_NS - time.time_ns()) / 1e9
     if wait > 0:  # a file written moments ago would not be recorded (bundle.RACY_NS)
         print(f"waiting {wait:.1f} s: the export's files changed within the last {RACY_NS / 1e9:.0f} s", flush=True)
         time.sleep(wait + 0.1)
-    hardware = hardware_record()
     with tempfile.TemporaryDirectory(prefix="omnivoice-bench-load-") as scratch:
-        cache = str(Path(scratch) / "cache")
+        cache = Path(scratch) / "cache"
         for variant in variants:  # primes the record and the page cache
-            spawn(onnx_dir, variant, cache)
-        record = json.loads((Path(cache) / VERIFIED_FILE).read_text())["files"] if Path(cache).exists() else {}
-        if not record:
-            raise UserError(f"the priming loads wrote no verification record in {cache}",
-                            "check that the temporary folder can be written (TMPDIR)")
+            spawn(onnx_dir, variant, str(cache))
+        recorded = VerifiedFiles(cache / VERIFIED_FILE).entries  # read as a load reads it
+        missing = sorted({os.path.realpath(p) for paths in files.values() for p in paths} - set(recorded))
+        if missing:
+            raise UserError(f"the priming loads left {len(missing)} file(s) out of the verification record in {cache} "
+                            f"(first: {missing[0]}): the recorded loads would hash", "check that TMPDIR can be written")
         runs: dict[str, dict[str, list[dict[str, float]]]] = {v: {m: [] for m in MODES} for v in variants}
         for index in range(args.repeats):
             for variant in variants:
-                for mode in MODES:
+                # Each mode first in every other round: the page cache then favours neither.
+                for mode in MODES if index % 2 == 0 else MODES[::-1]:
                     print(f"round {index + 1}/{args.repeats}: {variant} {mode} ...", flush=True)
-                    runs[variant][mode].append(spawn(onnx_dir, variant, cache if mode == "recorded" else ""))
-    summary = {variant: {"files_mib": sizes[variant],
+                    runs[variant][mode].append(spawn(onnx_dir, variant, str(cache) if mode == "recorded" else ""))
+    summary = {variant: {"files": len(files[variant]),
+                         "files_mib": sum(path.stat().st_size for path in files[variant]) / 2**20,
                          **{mode: {figure: spread([run[figure] for run in runs[variant][mode]])
                                    for figure in ("from_dir_s", "ready_s")} for mode in MODES}}
                for variant in variants}
     meta = {"onnx_dir": str(args.onnx_dir), "host": socket.gethostname(), "date": datetime.date.today().isoformat(),
-            "cpu": cpu_description(), "hardware": hardware, "repeats": args.repeats}
+            "cpu": cpu_description(), "hardware": hardware, "load_average_end": list(os.getloadavg()),
+            "repeats": args.repeats}
     text = markdown(summary, meta)
     print(text)
-    args.results_dir.mkdir(parents=True, exist_ok=True)
     stem = args.results_dir / results_stem("load")
     write_json_atomic(stem.with_suffix(".json"), {"meta": meta, "summary": summary, "runs": runs})
     with atomic_path(stem.with_suffix(".md")) as tmp:

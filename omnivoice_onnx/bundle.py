@@ -30,6 +30,7 @@ sidecar): no onnxruntime session, no `onnx` package. Licence: each graph's metad
 from __future__ import annotations
 
 import functools
+import json
 import os
 import re
 import time
@@ -43,11 +44,12 @@ from omnivoice_onnx.errors import UserError
 from omnivoice_onnx.files import (
     FILE_ENTRY_SCHEMA,
     Each,
+    FolderLock,
+    atomic_path,
     confined,
     read_json,
     schema_problem,
     sha256_file,
-    write_json_atomic,
 )
 from omnivoice_onnx.graphmeta import read_metadata_props
 
@@ -59,11 +61,13 @@ CACHE_SUBDIR = "omnivoice-onnx"  # the folder under $XDG_CACHE_HOME or ~/.cache
 VERIFIED_FILE = "verified-files.json"
 VERIFIED_FORMAT, VERIFIED_VERSION = "omnivoice-onnx verified files", 1
 VERIFIED_MAX = 256  # files remembered (a variant loads 8); the least recently hashed go first
+VERIFIED_LOCK_S = 2.0  # another process saving the record holds its lock for milliseconds
 VERIFIED_MAX_BYTES = 2 << 20  # 256 entries of 4,096-character paths are ~1.1 MB; a larger record is not ours
 # A file whose inode changed (ctime) less than this before its hash began is hashed but not
-# remembered: file times tick coarsely (a kernel tick, or a server's clock on a network file
-# system), so a write in the same tick as that ctime could leave the stat identity unchanged.
-# A file older than this that changes later gets a later ctime. (git's "racy" index entries.)
+# remembered: file times tick coarsely (a kernel tick), so a write in the same tick as that ctime
+# could leave the stat identity unchanged. A file older than this that changes later gets a later
+# ctime. (git's "racy" index entries.) The comparison is with this machine's clock: a network
+# file server whose clock runs more than this behind defeats it (docs/package.md names the limits).
 RACY_NS = 2_000_000_000
 RERUN_EXPORT = "re-run export_omnivoice.py into an empty folder"
 SKIP = f"or load it unchecked with verify=False / {VERIFY_ENV}=0"
@@ -128,9 +132,13 @@ class FileCheck:
     def problem(self, verified: VerifiedFiles) -> str | None:
         """Why the file is not the one recorded (None when it is): missing, or another size/sha256
         (hashed, or vouched for by `verified`'s record of an earlier hash of this very file)."""
-        if not self.path.is_file():
+        try:
+            if not self.path.is_file():
+                raise FileNotFoundError
+            found = verified.matches(self.path, self.entry)
+        except FileNotFoundError:  # also when it went between the test and the read
             return f"{self.path} is missing"
-        if not verified.matches(self.path, self.entry):
+        if not found:
             return (f"{self.path} does not match the sha256 export-report.json records for it (damaged, truncated, "
                     "replaced or from another export)")
         return None
@@ -185,7 +193,7 @@ class VerifiedFiles:
     belong to this user and that no one else may write, and written only there (or where this user
     may create that folder: under `sudo` with the user's HOME, root leaves the user's cache alone).
     It is written to a temporary name and renamed (files.atomic_path: never through a planted link),
-    merged with what other processes wrote meanwhile. A missing, damaged, foreign or unwritable
+    under a lock, merged with what other processes wrote since it was read. A missing, damaged, foreign or unwritable
     record only means the files are hashed: never an error.
     """
 
@@ -217,6 +225,7 @@ class VerifiedFiles:
         return {name: entry for name, entry in data["files"].items() if isinstance(entry, dict)}
 
     def _note(self, key: str, entry: dict[str, Any] | None) -> None:
+        """Record `entry` for `key` (None: drop it) here and in the updates save() writes."""
         self.entries.pop(key, None)  # re-inserted last: the most recently hashed are kept
         if entry is not None:
             self.entries[key] = entry
@@ -231,7 +240,8 @@ class VerifiedFiles:
         with open(path, "rb") as handle:  # opened, not only stat'ed: NFS revalidates on open
             before = os.fstat(handle.fileno())
         identity = stat_identity(before)
-        if self.reuse and self.entries.get(key) == {"stat": identity, "sha256": entry["sha256"]}:
+        if before.st_size == entry["bytes"] and self.reuse and \
+                self.entries.get(key) == {"stat": identity, "sha256": entry["sha256"]}:
             return True
         started = time.time_ns()
         if before.st_size != entry["bytes"] or sha256_file(path) != entry["sha256"]:
@@ -244,32 +254,40 @@ class VerifiedFiles:
             self._note(key, None)  # an earlier version's entry: of no use again
         return True
 
-    def _writable(self) -> bool:
-        """Whether to write the record: its folder is this user's and private, or does not exist
-        and its nearest existing parent is this user's."""
+    def _folder(self) -> Path | None:
+        """The record's folder, made 0700 if missing, when it is this user's and private; None
+        when it is not, or when it is missing and its nearest existing parent is someone else's
+        (root under `sudo` with the user's HOME)."""
         folder = self.path.parent
-        if folder.exists():
-            return _private(os.stat(folder))
-        parent = next(p for p in folder.parents if p.exists())
-        return os.stat(parent).st_uid == os.geteuid()
+        if not folder.exists():
+            parent = next((p for p in folder.absolute().parents if p.exists()), None)
+            if parent is None or os.stat(parent).st_uid != os.geteuid():
+                return None
+            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        return folder if _private(os.stat(folder)) else None  # checked after the mkdir: it may be another's
 
     def save(self) -> None:
-        """Write this process's updates into the record as it is now (another process may have
-        written since it was read), keeping the VERIFIED_MAX most recently hashed files."""
+        """Write this process's updates into the record as it is now, under the folder's lock
+        (another process may have written since it was read), keeping the VERIFIED_MAX most
+        recently hashed files; mode 0600 whatever the umask (a group-writable record is not read)."""
         if self.path is None or not self.updates:
             return
         try:
-            if not self._writable():
+            folder = self._folder()
+            if folder is None:
                 return
-            self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            current = self._read()
-            for key, entry in self.updates.items():
-                current.pop(key, None)
-                if entry is not None:
-                    current[key] = entry
-            kept = dict(list(current.items())[-VERIFIED_MAX:])
-            write_json_atomic(self.path, {"format": VERIFIED_FORMAT, "version": VERIFIED_VERSION, "files": kept})
-        except Exception:  # noqa: BLE001 - a record that cannot be written costs the next load a hash, never the load
+            with FolderLock(folder, VERIFIED_FILE, "the verification record", wait_s=VERIFIED_LOCK_S):
+                current = self._read()
+                for key, entry in self.updates.items():
+                    current.pop(key, None)
+                    if entry is not None:
+                        current[key] = entry
+                kept = dict(list(current.items())[-VERIFIED_MAX:])
+                with atomic_path(self.path) as tmp:
+                    tmp.write_text(json.dumps({"format": VERIFIED_FORMAT, "version": VERIFIED_VERSION,
+                                               "files": kept}, indent=1) + "\n")
+                    os.chmod(tmp, 0o600)
+        except (OSError, UserError, ValueError):  # a record that cannot be written costs a hash, never the load
             pass
         self.updates = {}
 

@@ -257,6 +257,8 @@ def test_deep_json_is_one_line(reader: str, tmp_path: Path, assets: Path) -> Non
         deep_json_readers(tmp_path, assets)[reader]()
 
 
+@pytest.mark.skipif(not getattr(sys, "get_int_max_str_digits", lambda: 0)(),
+                    reason="this Python has no integer conversion limit (before 3.10.7, or PYTHONINTMAXSTRDIGITS=0)")
 @pytest.mark.parametrize("reader", ["voice file", "runtime-config.json", "export-report.json"])
 def test_an_integer_too_long_to_convert_is_one_line(reader: str, tmp_path: Path, assets: Path) -> None:
     """A 5,000-digit integer (past Python's int conversion limit) made json.loads raise ValueError,

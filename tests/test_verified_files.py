@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -106,15 +107,34 @@ def test_second_load_hashes_nothing_and_a_rewrite_keeping_size_and_mtime_is_caug
 
 
 @pytest.mark.slow
+def test_the_record_is_private_and_used_whatever_the_umask(settled: Path, cache: Path, hashed: list[Path]) -> None:
+    """Under umask 002 (user accounts on Debian and Ubuntu) the record was written group-writable,
+    so it was never trusted again: every load hashed."""
+    mask = os.umask(0o002)
+    try:
+        Bundle.open(settled)
+        hashed.clear()
+        Bundle.open(settled)
+    finally:
+        os.umask(mask)
+    assert hashed == []
+    assert oct((cache / VERIFIED_FILE).stat().st_mode & 0o777) == "0o600"
+    assert oct(cache.stat().st_mode & 0o777) == "0o700"
+
+
+@pytest.mark.slow
 def test_files_changed_moments_ago_or_while_hashed_are_not_remembered(pipeline, tmp_path: Path, cache: Path,
                                                                      hashed: list[Path], monkeypatch) -> None:
     """A file whose ctime is within RACY_NS of its hash is not remembered (a write in the same
     clock tick could leave its stat identity as it was), nor one that changed while it was read."""
     onnx_dir = settled_copy(pipeline.onnx, tmp_path / "onnx")
     tokenizer, config = onnx_dir / "tokenizer.json", onnx_dir / "runtime-config.json"
-    tokenizer.touch()  # its ctime now
+    tokenizer.touch()  # its ctime now; the clock below stops 1 s later, however long the load takes
+    frozen = tokenizer.stat().st_ctime_ns + 1_000_000_000
+    monkeypatch.setattr(bundle_module, "time", types.SimpleNamespace(time_ns=lambda: frozen))
     Bundle.open(onnx_dir)
     assert sorted(record(cache)) == real(p for p in hashed if p != tokenizer)
+    monkeypatch.setattr(bundle_module, "time", time)
     # With the racy window closed, the tokenizer is remembered; the config, written to while it is
     # hashed (a byte appended: visible whatever the clock's tick), is not.
     monkeypatch.setattr(bundle_module, "RACY_NS", 0)
@@ -139,7 +159,7 @@ def planted_record(kind: str, cache: Path, onnx_dir: Path, elsewhere: Path, monk
     if kind in ("foreign", "shared", "another user's"):  # a real record of these very files first
         Bundle.open(onnx_dir)
     path = cache / VERIFIED_FILE
-    cache.mkdir(exist_ok=True)
+    cache.mkdir(mode=0o700, exist_ok=True)
     if kind == "garbage":
         path.write_bytes(b"\xff{not json")
     elif kind == "huge number":  # over Python's int conversion limit: json.loads raises ValueError
