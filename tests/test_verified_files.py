@@ -57,6 +57,13 @@ def settled_copy(source: Path, target: Path) -> Path:
     return target
 
 
+@pytest.fixture
+def clock_ahead(monkeypatch) -> None:
+    """The bundle module's clock RACY_NS + 1 s ahead: files copied a moment ago count as settled
+    (the tests that change files need no wait; the racy window itself is tested on a stopped clock)."""
+    monkeypatch.setattr(bundle_module, "time", types.SimpleNamespace(time_ns=lambda: time.time_ns() + RACY_NS + 10**9))
+
+
 @pytest.fixture(scope="module")
 def settled(pipeline, tmp_path_factory) -> Path:
     """One settled copy of the session export, for the tests that only read it."""
@@ -73,8 +80,8 @@ def real(paths) -> list[str]:
 
 @pytest.mark.slow
 def test_second_load_hashes_nothing_and_a_rewrite_keeping_size_and_mtime_is_caught(
-        pipeline, tmp_path: Path, cache: Path, hashed: list[Path]) -> None:
-    onnx_dir = settled_copy(pipeline.onnx, tmp_path / "onnx")
+        pipeline, tmp_path: Path, cache: Path, hashed: list[Path], clock_ahead: None) -> None:
+    onnx_dir = Path(shutil.copytree(pipeline.onnx, tmp_path / "onnx"))
     Bundle.open(onnx_dir)
     first = list(hashed)
     assert len(first) >= 6 and sorted(record(cache)) == real(first)
@@ -127,10 +134,14 @@ def test_files_changed_moments_ago_or_while_hashed_are_not_remembered(pipeline, 
                                                                      hashed: list[Path], monkeypatch) -> None:
     """A file whose ctime is within RACY_NS of its hash is not remembered (a write in the same
     clock tick could leave its stat identity as it was), nor one that changed while it was read."""
-    onnx_dir = settled_copy(pipeline.onnx, tmp_path / "onnx")
+    onnx_dir = Path(shutil.copytree(pipeline.onnx, tmp_path / "onnx"))
     tokenizer, config = onnx_dir / "tokenizer.json", onnx_dir / "runtime-config.json"
-    tokenizer.touch()  # its ctime now; the clock below stops 1 s later, however long the load takes
-    frozen = tokenizer.stat().st_ctime_ns + 1_000_000_000
+    time.sleep(0.1)  # past a coarse clock tick (<= 10 ms): the copy's ctimes are older than the touch's
+    tokenizer.touch()
+    # A window of 50 ms on a clock stopped 20 ms after the touch, however long the load takes: the
+    # copy is outside the window, the touched tokenizer inside.
+    monkeypatch.setattr(bundle_module, "RACY_NS", 50_000_000)
+    frozen = tokenizer.stat().st_ctime_ns + 20_000_000
     monkeypatch.setattr(bundle_module, "time", types.SimpleNamespace(time_ns=lambda: frozen))
     Bundle.open(onnx_dir)
     assert sorted(record(cache)) == real(p for p in hashed if p != tokenizer)
