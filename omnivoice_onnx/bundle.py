@@ -173,6 +173,13 @@ def stat_identity(status: os.stat_result) -> list[int]:
     return [status.st_dev, status.st_ino, status.st_size, status.st_mtime_ns, status.st_ctime_ns]
 
 
+def _put(entries: dict[str, Any], key: str, entry: dict[str, Any] | None) -> None:
+    """Set `key` to `entry` last in `entries` (the most recently hashed are kept), or drop it (None)."""
+    entries.pop(key, None)
+    if entry is not None:
+        entries[key] = entry
+
+
 def _private(status: os.stat_result) -> bool:
     """Owned by this user and writable by no one else."""
     return status.st_uid == os.geteuid() and not status.st_mode & 0o022
@@ -193,8 +200,8 @@ class VerifiedFiles:
     belong to this user and that no one else may write, and written only there (or where this user
     may create that folder: under `sudo` with the user's HOME, root leaves the user's cache alone).
     It is written to a temporary name and renamed (files.atomic_path: never through a planted link),
-    under a lock, merged with what other processes wrote since it was read. A missing, damaged, foreign or unwritable
-    record only means the files are hashed: never an error.
+    under a lock, merged with what other processes wrote since it was read. A missing, damaged,
+    foreign or unwritable record only means the files are hashed: never an error.
     """
 
     def __init__(self, path: Path | None, reuse: bool = True) -> None:
@@ -226,9 +233,7 @@ class VerifiedFiles:
 
     def _note(self, key: str, entry: dict[str, Any] | None) -> None:
         """Record `entry` for `key` (None: drop it) here and in the updates save() writes."""
-        self.entries.pop(key, None)  # re-inserted last: the most recently hashed are kept
-        if entry is not None:
-            self.entries[key] = entry
+        _put(self.entries, key, entry)
         self.updates.pop(key, None)
         self.updates[key] = entry
 
@@ -279,9 +284,7 @@ class VerifiedFiles:
             with FolderLock(folder, VERIFIED_FILE, "the verification record", wait_s=VERIFIED_LOCK_S):
                 current = self._read()
                 for key, entry in self.updates.items():
-                    current.pop(key, None)
-                    if entry is not None:
-                        current[key] = entry
+                    _put(current, key, entry)
                 kept = dict(list(current.items())[-VERIFIED_MAX:])
                 with atomic_path(self.path) as tmp:
                     tmp.write_text(json.dumps({"format": VERIFIED_FORMAT, "version": VERIFIED_VERSION,

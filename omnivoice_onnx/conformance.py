@@ -74,6 +74,7 @@ import soundfile as sf
 
 from omnivoice_onnx import rule_vectors
 from omnivoice_onnx.api import OmniVoiceOnnx
+from omnivoice_onnx.bundle import stat_identity
 from omnivoice_onnx.cliutil import THREADS, CheckFailed, check_input_dir, check_output, parse, run_main
 from omnivoice_onnx.contract import FP32_VARIANT
 from omnivoice_onnx.core import audio, duration, scoring
@@ -368,14 +369,13 @@ def _export_hashes(tts: OmniVoiceOnnx) -> dict[str, str]:
 
 
 def _file_sha256(path: Path) -> str:
-    """sha256_file, computed once per version of the file (device, inode, size, mtime): every case
-    of a vector set records the same export, and the tokenizer is megabytes."""
-    stat = path.stat()
-    return _sha256_of_version(str(path), stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns)
+    """sha256_file, computed once per version of the file (bundle.stat_identity, the verification
+    record's key): every case of a vector set records the same export, and the tokenizer is megabytes."""
+    return _sha256_of_version(str(path), *stat_identity(path.stat()))
 
 
 @functools.lru_cache(maxsize=16)
-def _sha256_of_version(path: str, device: int, inode: int, size: int, mtime_ns: int) -> str:
+def _sha256_of_version(path: str, *identity: int) -> str:
     return sha256_file(path)
 
 
