@@ -113,6 +113,16 @@ TEMPERATURE = float_range(0.0)  # 0: greedy; (0, MIN_TEMPERATURE) is refused by 
 CHUNK_SECONDS = float_range(0.0, low_open=True)  # audio_chunk_duration, audio_chunk_threshold
 
 
+class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """argparse's "(default: X)" after a flag's help, only where there is a default to show: a
+    flag that is off or unset (False, None) says nothing rather than "(default: None)"."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default in (None, False) or action.default is argparse.SUPPRESS:
+            return action.help
+        return super()._get_help_string(action)
+
+
 def prepare(parser: argparse.ArgumentParser, epilog: str = EXIT_CODES_HELP) -> argparse.ArgumentParser:
     """Add --debug and the exit codes (in the --help epilog) to a parser (a script's, or one
     subcommand's). A bad argument becomes a UserError like any other: one line naming the flag and

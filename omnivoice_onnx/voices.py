@@ -28,12 +28,14 @@ Writes are atomic (temp + rename): an interrupted `voice add` leaves the old voi
 from __future__ import annotations
 
 import collections
+import contextlib
 import io
 import json
 import os
 import pickle
 import re
 import zipfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -95,6 +97,20 @@ def check_name(name: str) -> str:
 def voice_path(voices: Path, name: str) -> Path:
     """The file of the saved voice `name` (checked to be a plain name)."""
     return Path(voices) / f"{check_name(name)}{VOICE_SUFFIX}"
+
+
+def find_saved(voices: Path, name: str) -> Path | None:
+    """The file of the saved voice called `name`, whatever its case (`Alice` finds alice.json; the
+    exact spelling first, so of two files differing only in case each stays reachable); None when
+    there is none. Voice names travel through menus and speech assistants that capitalise them."""
+    exact = voice_path(voices, name)
+    if exact.is_file():
+        return exact
+    wanted = name.casefold() + VOICE_SUFFIX
+    folder = Path(voices)
+    found = sorted(path for path in folder.glob(f"*{VOICE_SUFFIX}") if path.name.casefold() == wanted
+                   and path.is_file()) if folder.is_dir() else []
+    return found[0] if found else None
 
 
 def is_voice_path(spec: str) -> bool:
@@ -190,8 +206,8 @@ def read_voice(spec: str, voices: Path) -> Voice:
     (<voices>/<name>.json), or a file's path (an omnivoice-onnx .json voice, or an upstream
     VoiceClonePrompt.save .pt). For `voice show`, which must open another model's voice too."""
     if not is_voice_path(spec):
-        path = voice_path(voices, spec)
-        if not path.is_file():
+        path = find_saved(voices, spec)
+        if path is None:
             raise UserError(f"no voice named {spec!r} in {voices}",
                             "see `omnivoice-onnx voice list`, or make it with `omnivoice-onnx voice add`")
         return _read_json_voice(path)
@@ -246,12 +262,59 @@ def save_voice(voices: Path, name: str, voice: Voice, replace: bool = True) -> P
                         "give it the bundle's model_fingerprint and a prompt or an instruct")
     text = json.dumps(voice.to_json(), ensure_ascii=False, separators=(",", ":")) + "\n"
     Path(voices).mkdir(parents=True, exist_ok=True)
-    with FolderLock(voices, path.name, f"voice {name!r}"):
-        if not replace and os.path.lexists(path):
-            raise UserError(f"voice {name!r} already exists ({path})", REPLACE_FIX)
+    with FolderLock(voices, _lock_name(name), f"voice {name!r}"):
+        existing = find_saved(voices, name)  # Alice replaces (or is refused by) alice: one voice, one name
+        if not replace and (os.path.lexists(path) or existing is not None):
+            raise UserError(f"voice {name!r} already exists ({existing or path})", REPLACE_FIX)
         with atomic_path(path) as tmp:
             tmp.write_text(text, encoding="utf-8")
+        if existing is not None and existing != path:
+            existing.unlink(missing_ok=True)
     return path
+
+
+def _lock_name(name: str) -> str:
+    """The lock of a voice name, one for all its spellings (Alice and alice are one voice)."""
+    return name.casefold() + VOICE_SUFFIX
+
+
+def remove_voice(voices: Path, name: str) -> Path:
+    """Delete the saved voice `name` (whatever its case) -> the file removed; UserError when there
+    is none."""
+    check_name(name)
+    with FolderLock(voices, _lock_name(name), f"voice {name!r}") if Path(voices).is_dir() else _no_lock():
+        path = find_saved(voices, name)
+        if path is None:
+            raise UserError(f"no voice named {name!r} in {voices}", "see `omnivoice-onnx voice list`")
+        path.unlink()
+    return path
+
+
+def rename_voice(voices: Path, name: str, new_name: str) -> Path:
+    """Give the saved voice `name` the name `new_name` -> its new file. Refused when there is no
+    voice `name`, or another voice already has `new_name` (a change of case alone is allowed)."""
+    check_name(new_name)
+    check_name(name)
+    locks = sorted({_lock_name(name), _lock_name(new_name)})  # always taken in one order: no deadlock
+    with contextlib.ExitStack() as held:
+        if Path(voices).is_dir():
+            for lock in locks:
+                held.enter_context(FolderLock(voices, lock, f"voice {lock[: -len(VOICE_SUFFIX)]!r}"))
+        source = find_saved(voices, name)
+        if source is None:
+            raise UserError(f"no voice named {name!r} in {voices}", "see `omnivoice-onnx voice list`")
+        taken = find_saved(voices, new_name)
+        if taken is not None and taken != source:
+            raise UserError(f"voice {new_name!r} already exists ({taken})", "remove it first, or choose another name")
+        target = voice_path(voices, new_name)
+        os.replace(source, target)
+    return target
+
+
+@contextlib.contextmanager
+def _no_lock() -> Iterator[None]:
+    """No folder, no voice to lock (the caller then finds none)."""
+    yield
 
 
 # --- upstream .pt files, without torch ---------------------------------------------------------

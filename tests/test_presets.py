@@ -5,9 +5,11 @@ preset is a distinct (instruct, seed) pair. Fast: the runtime config alone, no m
 from __future__ import annotations
 
 from omnivoice_onnx.core.prompt import resolve_instruct
-from omnivoice_onnx.presets import OPENAI_MODEL_IDS, PRESETS
+from omnivoice_onnx.presets import OPENAI_MODEL_IDS, PRESETS, find_preset
 
-OPENAI_VOICES = ("alloy", "ash", "ballad", "coral", "echo", "fable", "nova", "onyx", "sage", "shimmer", "verse")
+# The voices of the `openai` package's speech API (its type hints), in presets.py's order.
+OPENAI_VOICES = ("alloy", "ash", "ballad", "coral", "echo", "fable", "nova", "onyx", "sage", "shimmer", "verse",
+                 "marin", "cedar")
 
 
 def test_every_openai_voice_has_a_valid_preset(config) -> None:
@@ -18,6 +20,19 @@ def test_every_openai_voice_has_a_valid_preset(config) -> None:
         assert resolve_instruct(preset.instruct, False, config["instruct"]) == preset.instruct, name
     assert len({preset.instruct for preset in PRESETS.values()}) == len(PRESETS)
     assert len({preset.seed for preset in PRESETS.values()}) == len(PRESETS)
+
+
+def test_the_installed_openai_sdk_names_no_voice_without_a_preset() -> None:
+    """Every voice the installed `openai` package's speech API lists is a preset, in any case."""
+    import typing
+
+    from openai.resources.audio.speech import Speech
+
+    hint = typing.get_type_hints(Speech.create)["voice"]
+    names = {arg for part in typing.get_args(hint) for arg in typing.get_args(part) if isinstance(arg, str)}
+    assert names and names <= set(PRESETS), names - set(PRESETS)
+    assert find_preset("Alloy") is find_preset("ALLOY") is PRESETS["alloy"]
+    assert find_preset("nobody") is None
 
 
 def test_the_docs_table_is_the_presets() -> None:

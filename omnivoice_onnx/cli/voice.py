@@ -20,16 +20,18 @@ import sys
 from pathlib import Path
 
 from omnivoice_onnx.bundle import DEFAULT_MODEL_DIR, Bundle
-from omnivoice_onnx.cliutil import prepare
+from omnivoice_onnx.cliutil import DefaultsHelpFormatter, prepare
 from omnivoice_onnx.contract import FRAME_RATE
 from omnivoice_onnx.errors import UserError
 from omnivoice_onnx.voices import (
     REPLACE_FIX,
     VOICES_ENV,
     Voice,
+    find_saved,
     list_voices,
     load_upstream_voice,
     read_voice,
+    remove_voice,
     save_voice,
     voice_path,
     voices_dir,
@@ -48,7 +50,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser = subparsers.add_parser("voice", help="keep voices by name: add, list, show, remove, import",
                                    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     actions = parser.add_subparsers(dest="voice_command", metavar="ACTION", required=True)
-    fmt = argparse.ArgumentDefaultsHelpFormatter
+    fmt = DefaultsHelpFormatter
 
     add = _common(actions.add_parser("add", help="encode a reference (or keep an instruct) as a named voice",
                                      formatter_class=fmt))
@@ -75,8 +77,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 def _target(args: argparse.Namespace, voices: Path) -> Path:
     """The file a new voice `args.name` goes to; refused now, before any work, if it exists without --force."""
     path = voice_path(voices, args.name)
-    if path.exists() and not args.force:
-        raise UserError(f"voice {args.name!r} already exists ({path})", REPLACE_FIX)
+    existing = find_saved(voices, args.name)  # names are matched whatever their case
+    if existing is not None and not args.force:
+        raise UserError(f"voice {args.name!r} already exists ({existing})", REPLACE_FIX)
     return path
 
 
@@ -153,9 +156,6 @@ def run(args: argparse.Namespace) -> int:
         if voice.instruct is not None:
             print(f"instruct           {voice.instruct}")
     elif args.voice_command == "remove":
-        path = voice_path(voices, args.name)
-        if not path.is_file():
-            raise UserError(f"no voice named {args.name!r} in {voices}", "see `omnivoice-onnx voice list`")
-        path.unlink()
+        path = remove_voice(voices, args.name)
         print(f"removed voice {args.name!r} ({path})")
     return 0
