@@ -217,21 +217,23 @@ class OmniVoiceOnnx:
     def validate(self, text: str | list[str], language: Any = None, ref_text: Any = None, ref_audio: Any = None,
                  voice_clone_prompt: Any = None, instruct: Any = None, duration: Any = None, speed: Any = None,
                  generation_config: dict[str, Any] | None = None, seed: int | None = None,
-                 stream: bool = False) -> request.Request:
+                 strict_instructions: bool = False, stream: bool = False) -> request.Request:
         """The request generate() (or, with `stream`, stream()) runs, checked whole (types, values,
         the limits of omnivoice_onnx.limits) without model work: the reference is loaded and
         prepared, not encoded; a seed of None is drawn now (Request.seed). Pass the Request to
         generate()/stream(): it is not checked again. A UserError names the first problem; a
         server answers 400 with it, a batch refuses the line before any generation.
         stream: stream()'s chunking defaults (STREAM_CHUNK_DEFAULTS) under generation_config, and
-        one text."""
+        one text. An instruct in prose has the vocabulary's words applied and the rest ignored
+        (Request.instruct_readings says which); strict_instructions refuses it instead."""
         if stream and not isinstance(text, str):
             raise UserError("stream() speaks one text (a str)", "call generate() for a batch of texts")
         config = self.generation_config(generation_config, base=self.STREAM_CHUNK_DEFAULTS if stream else None)
         with memory_errors_as_user_errors():
             return request.validate(self.model, text, config, language=language, ref_text=ref_text,
                                     ref_audio=ref_audio, voice_clone_prompt=voice_clone_prompt, instruct=instruct,
-                                    duration_s=duration, speed=speed, seed=seed)
+                                    duration_s=duration, speed=speed, seed=seed,
+                                    strict_instructions=strict_instructions)
 
     def create_voice_clone_prompt(self, ref_audio: Any, ref_text: str,
                                   preprocess_prompt: bool = True) -> gen.VoiceClonePrompt:
@@ -246,7 +248,7 @@ class OmniVoiceOnnx:
                  ref_audio: Any = None, voice_clone_prompt: Any = None, instruct: Any = None, duration: Any = None,
                  speed: Any = None, generation_config: dict[str, Any] | None = None, seed: int | None = None,
                  trace: gen.Trace | None = None, progress: Callable[[gen.Progress], None] | None = None,
-                 cancel: threading.Event | None = None) -> list[np.ndarray]:
+                 cancel: threading.Event | None = None, strict_instructions: bool | None = None) -> list[np.ndarray]:
         """Speech for `text` (a string or a list: a batch): one float32 [T] array per text.
 
         `text` may be a Request from validate() instead, which runs as it is (no keyword then);
@@ -261,7 +263,8 @@ class OmniVoiceOnnx:
         """
         req = self._request(text, dict(language=language, ref_text=ref_text, ref_audio=ref_audio,
                                        voice_clone_prompt=voice_clone_prompt, instruct=instruct, duration=duration,
-                                       speed=speed, generation_config=generation_config, seed=seed), stream=False)
+                                       speed=speed, generation_config=generation_config, seed=seed,
+                                       strict_instructions=strict_instructions), stream=False)
         check_trace(trace)
         with memory_errors_as_user_errors():
             return gen.generate(self.model, req, trace, gen.Monitor(progress=progress, cancel=cancel))
@@ -269,7 +272,8 @@ class OmniVoiceOnnx:
     def stream(self, text: str | request.Request, *, language: Any = None, ref_text: Any = None,
                ref_audio: Any = None, voice_clone_prompt: Any = None, instruct: Any = None, duration: Any = None,
                speed: Any = None, generation_config: dict[str, Any] | None = None, seed: int | None = None,
-               progress: Callable[[gen.Progress], None] | None = None, cancel: threading.Event | None = None,
+               strict_instructions: bool | None = None, progress: Callable[[gen.Progress], None] | None = None,
+               cancel: threading.Event | None = None,
                trace: gen.Trace | None = None) -> Iterator[gen.AudioChunk]:
         """Speech for one `text`, yielded as AudioChunks as each chunk of upstream's chunking is decoded.
 
@@ -282,7 +286,8 @@ class OmniVoiceOnnx:
         """
         req = self._request(text, dict(language=language, ref_text=ref_text, ref_audio=ref_audio,
                                        voice_clone_prompt=voice_clone_prompt, instruct=instruct, duration=duration,
-                                       speed=speed, generation_config=generation_config, seed=seed), stream=True)
+                                       speed=speed, generation_config=generation_config, seed=seed,
+                                       strict_instructions=strict_instructions), stream=True)
         check_trace(trace)
         with memory_errors_as_user_errors():
             yield from gen.stream(self.model, req, trace, gen.Monitor(progress=progress, cancel=cancel))
