@@ -123,7 +123,10 @@ def test_routes(srv):
     models = client.models.list()
     assert [m.id for m in models.data][0] == "omnivoice"
     status, _, body = srv.request("GET", "/v1/audio/voices")
-    assert status == 200 and json.loads(body)["voices"] == ["auto", "design", "clone", "narrator", *PRESETS]
+    listed = json.loads(body)
+    assert status == 200 and [item["id"] for item in listed["data"]] == ["auto", "design", "clone", "narrator",
+                                                                       *PRESETS]
+    assert listed["voices"] == [{"id": item["id"], "name": item["name"]} for item in listed["data"]]
     health = srv.health()
     assert health["status"] == "ok" and health["workers"] == 1 and health["queue_size"] == 2
     status, _, body = srv.request("GET", "/v1/nothing")

@@ -7,7 +7,8 @@
 
 Binds 127.0.0.1 unless --host says otherwise; another host needs a key (--api-key or
 $OMNIVOICE_API_KEY; an empty one is an error) or, to serve it open on purpose, --no-auth.
-Routes, formats, errors, streaming and how it stops: omnivoice_onnx.serve.app.
+Routes, formats, errors, streaming, metrics and how it stops: docs/serving.md; OpenAI clients,
+Open WebUI and the page at /: docs/drop-in.md.
 SIGTERM or Ctrl-C drains the requests in flight and exits 0; 143 (130) only if --drain-timeout
 cut some off.
 """

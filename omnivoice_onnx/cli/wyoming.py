@@ -7,7 +7,8 @@ Then in Home Assistant: Settings > Devices & services > Add integration > "Wyomi
 host and port of this machine (bind --uri tcp://0.0.0.0:10200 for another machine to reach it;
 the protocol has no key: keep it on a trusted network). Voices: the saved ones, the OpenAI-named
 presets and auto. The protocol carries no seed: each request's is logged; --seed fixes it.
-Events, limits and errors: omnivoice_onnx.serve.wyoming. SIGTERM or Ctrl-C stops it (exit 0).
+Events, limits and errors: docs/drop-in.md ("Home Assistant: the Wyoming protocol"). SIGTERM or
+Ctrl-C stops it (exit 0).
 """
 
 from __future__ import annotations

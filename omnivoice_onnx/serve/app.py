@@ -9,17 +9,27 @@
 
 Routes (OpenAI's shapes, so the official client and the tools built on it work unchanged):
     POST /v1/audio/speech   model, input, voice, instructions, response_format, speed, stream_format,
-                            and the extensions language, seed, num_step, guidance_scale, duration
+                            and the extensions language, seed, num_step, guidance_scale, duration,
+                            strict_instructions; applied/ignored prose instructions in X-Instructions-*
+    POST /v1/audio/speech/clone  multipart: input, ref_audio (a file), ref_text and the speech fields
     GET  /v1/audio/voices   the built-in modes, the saved voices (omnivoice_onnx.voices) and the
-                            OpenAI-named presets no saved voice replaces (omnivoice_onnx.presets)
+                            OpenAI-named presets no saved voice replaces (omnivoice_onnx.presets):
+                            `voices` [{"id", "name"}] as Open WebUI reads it, `data` in full
+    GET  /v1/audio/voices/{name}  one of them (names in any case)
+    POST /v1/audio/voices   multipart: name, ref_audio + ref_text or instruct -> a saved voice;
+    PATCH, DELETE /v1/audio/voices/{name}  rename ({"name"}) or delete one: all three only with
+                            --allow-voice-save (else 403)
     GET  /v1/models         the bundle's model id, the transformer variants in the folder, and the
                             ids that name the served variant (tts-1, tts-1-hd, gpt-4o-mini-tts, --model-alias)
+    GET  /v1/models/{id}    one of them, as OpenAI's; GET /v1/audio/models: the served ones, as Open
+                            WebUI reads them ({"models": [{"id"}]})
     GET  /v1/audio/languages  the model's language ids and names (extension)
     POST /v1/audio/references  a reference recording as the body, ?ref_text=its words -> a voice id
                             for later requests ("ref-...", in memory); &save_as=NAME saves it as a
                             voice, only with --allow-voice-save (else 403)
     GET  /                  a page to try voices (omnivoice_onnx/serve/web/index.html; no key needed)
     GET  /health            liveness and queue depth (no key needed: for load balancers)
+    GET  /metrics           Prometheus' text format (omnivoice_onnx.serve.metrics)
 
 OpenAI clients work with OpenAI's defaults: `model="tts-1"` and `voice="alloy"` (a preset: a
 voice-design instruct and a fixed seed, so the same request gives the same bytes); see
@@ -33,11 +43,11 @@ What a request gets:
   when asked, because a text-chunk stream cannot equal the post-processed clip (see
   OmniVoiceOnnx.stream) and a caller that sends a seed expects generate()'s audio.
 - stream_format "audio": chunked transfer of audio bytes as OmniVoiceOnnx.stream() decodes each
-  text chunk (pcm, wav with an open-ended header as OpenAI sends it, or Ogg Opus). "sse": OpenAI's
-  `speech.audio.delta` events (base64 of the same bytes) then one `speech.audio.done`. FLAC and
-  MP3 are offered whole only: libsndfile rewrites their headers when it closes the file (FLAC's
-  sample count, LAME's Info frame), and the bytes streamed before that are not a stream that
-  decoders read back (measured: investigation log).
+  text chunk (mp3 frames, pcm, wav with an open-ended header as OpenAI sends it, or Ogg Opus);
+  without response_format that is mp3, as OpenAI streams. "sse": OpenAI's
+  `speech.audio.delta` events (base64 of the same bytes) then one `speech.audio.done`. FLAC is
+  offered whole only: libsndfile rewrites its header (the sample count) when it closes the file.
+  MP3 is written without LAME's Info frame (audio_out.StreamEncoder), streamed or whole.
 - Errors in OpenAI's shape {"error": {"message", "type", "param", "code"}}: 400 bad field, 401
   wrong key, 404 unknown route, 413 body too large, 429 queue full and 503 shutting down (both
   with Retry-After), 504 past the request timeout. No traceback or server path reaches a client:
@@ -67,6 +77,7 @@ import logging
 import math
 import signal
 import threading
+import urllib.parse
 from collections.abc import AsyncIterator, Callable, Iterator
 from http import HTTPStatus
 from pathlib import Path
@@ -76,7 +87,10 @@ from omnivoice_onnx import voices as voice_store
 from omnivoice_onnx.api import OmniVoiceOnnx
 from omnivoice_onnx.audio_out import StreamEncoder, available_response_formats, encode_clip
 from omnivoice_onnx.contract import variants_present
+from omnivoice_onnx.core.prompt import InstructReading, instructions_note, resolve_instruct
 from omnivoice_onnx.errors import UserError
+from omnivoice_onnx.serve.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from omnivoice_onnx.serve.metrics import Metrics
 from omnivoice_onnx.serve.pool import ApiError, Draining, Job, QueueFull, WorkerPool, job_failure, time_out
 from omnivoice_onnx.serve.service import (
     MAX_REFERENCE_BYTES,
@@ -253,7 +267,7 @@ def create_app(service: Service) -> Any:
             self.app = app
 
         async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
-            if scope["type"] == "http" and scope["path"] not in ("/health", "/"):
+            if scope["type"] == "http" and scope["path"] not in OPEN_PATHS:
                 token = bearer_token(dict(scope["headers"]).get(b"authorization", b""))
                 if not hmac.compare_digest(token, key.encode()):
                     response = error_response(ApiError(401, "incorrect API key (send Authorization: Bearer <key>)",
@@ -292,6 +306,37 @@ def create_app(service: Service) -> Any:
 
     app.add_middleware(DrainCutOff)
 
+    metrics = Metrics(service.pool.queue.qsize, lambda: service.pool.running, service.sample_rate)
+    service.pool.on_synthesis = metrics.synthesis
+    templates: dict[Any, str] = {}
+
+    def route_of(scope: dict) -> str | None:
+        """The template of the route that answered (its endpoint, set by routing), None if none did."""
+        if not templates:
+            templates.update({route.endpoint: route.path for route in app.routes if hasattr(route, "endpoint")})
+        return templates.get(scope.get("endpoint"))
+
+    class Measured:
+        """Outermost: every request counted in /metrics, 401s and 404s included."""
+
+        def __init__(self, inner: Any) -> None:
+            self.app = metrics.middleware(inner, route_of)
+
+        async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+            await self.app(scope, receive, send)
+
+    app.add_middleware(Measured)
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        """Prometheus' text format (omnivoice_onnx.serve.metrics lists the series)."""
+        return Response(metrics.render(), media_type=METRICS_CONTENT_TYPE)
+
+    @app.get("/favicon.ico")
+    async def favicon() -> Response:
+        """No icon: an empty answer, so a browser's automatic request is neither a 404 nor a 401."""
+        return Response(status_code=204)
+
     @app.get("/health")
     async def health() -> JSONResponse:
         pool = service.pool
@@ -299,8 +344,7 @@ def create_app(service: Service) -> Any:
                 "queued": pool.queue.qsize(), "queue_size": pool.queue_size, **pool.counts}
         return JSONResponse(body, status_code=503 if pool.draining else 200)
 
-    @app.get("/v1/models")
-    async def models() -> dict[str, Any]:
+    def model_list() -> list[dict[str, Any]]:
         present = variants_present(service.config.model_dir)
         data = [{"id": MODEL_ID, "object": "model", "created": service.created, "owned_by": "omnivoice-onnx",
                  "variant": service.variant, "served": True}]
@@ -309,21 +353,122 @@ def create_app(service: Service) -> Any:
                  for name in present]
         data += [{"id": alias, "object": "model", "created": service.created, "owned_by": "omnivoice-onnx",
                   "variant": service.variant, "served": True} for alias in service.model_ids()[2:]]
-        return {"object": "list", "data": data}
+        return data
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": model_list()}
+
+    @app.get("/v1/models/{model_id}")
+    async def model(model_id: str) -> dict[str, Any]:
+        """One model, as OpenAI's GET /v1/models/{model}; 404 in its shape for an unknown id."""
+        for item in model_list():
+            if item["id"] == model_id:
+                return item
+        raise ApiError(404, f"model {model_id!r} does not exist; this server has {', '.join(service.model_ids())}",
+                       "model", "model_not_found")
+
+    @app.get("/v1/audio/models")
+    async def speech_models() -> dict[str, Any]:
+        """The speech models, as Open WebUI reads them (`models`: [{"id"}]) and as OpenAI lists models."""
+        data = [item for item in model_list() if item["served"]]
+        return {"object": "list", "models": [{"id": item["id"]} for item in data], "data": data}
 
     @app.get("/v1/audio/voices")
     async def list_voices() -> dict[str, Any]:
-        data = []
+        """`voices`: [{"id", "name"}], the shape Open WebUI parses; `data`: every voice in full."""
+        data = [voice_item(entry) for entry in service.voice_catalogue()]
+        return {"object": "list", "voices": [{"id": item["id"], "name": item["name"]} for item in data], "data": data}
+
+    def saved_entry(name: str) -> dict[str, Any]:
+        """The saved voice `name` (any case) as GET /v1/audio/voices lists it; 404 if there is none."""
         for entry in service.voice_catalogue():
-            item = {"id": entry.name, "name": entry.name, "kind": entry.kind}
-            if entry.kind == "builtin":
-                item["description"] = entry.text
-            else:
-                item["instruct"] = entry.text
-            if entry.kind == "preset":
-                item["seed"] = entry.seed
-            data.append(item)
-        return {"object": "list", "voices": [item["id"] for item in data], "data": data}
+            if entry.kind in ("clone", "design") and entry.name.casefold() == name.casefold():
+                return voice_item(entry)
+        raise ApiError(404, f"no saved voice {name!r}", "voice", "voice_not_found")
+
+    @app.get("/v1/audio/voices/{name}")
+    async def get_voice(name: str) -> dict[str, Any]:
+        """One voice: a saved one, a preset or a mode (any case)."""
+        for entry in service.voice_catalogue():
+            if entry.name.casefold() == name.casefold():
+                return voice_item(entry)
+        raise ApiError(404, f"no voice {name!r}; voices: {', '.join(service.voice_names())}", "voice",
+                       "voice_not_found")
+
+    def require_save(param: str | None = None) -> None:
+        if not service.config.allow_voice_save:
+            raise ApiError(403, "changing saved voices over HTTP is off on this server; start it with "
+                           "--allow-voice-save", param, "voice_save_disabled", kind="permission_error")
+
+    def checked_name(name: Any, param: str) -> str:
+        try:
+            return voice_store.check_name(name)
+        except UserError as exc:
+            raise ApiError(400, str(exc), param, "invalid_voice") from None
+
+    async def create_voice(request: Request) -> JSONResponse:
+        """Multipart: name, and ref_audio (a file) + ref_text, and/or instruct (voice design in the
+        vocabulary). 201 with the voice; 409 if the name is taken (any case)."""
+        require_save("name")
+        form = await read_form(request)
+        name = checked_name(form_text(form, "name", required=True), "name")
+        instruct = form_text(form, "instruct")
+        upload = form.get("ref_audio")
+        if upload is None and instruct is None:
+            raise ApiError(400, "a voice needs ref_audio (a recording) + ref_text, or an instruct", "ref_audio",
+                           "missing_required_parameter")
+        if voice_store.find_saved(service.voices, name) is not None:
+            raise ApiError(409, f"voice {name!r} already exists; rename or delete it first", "name", "voice_exists")
+        if instruct is not None:
+            try:
+                resolve_instruct(instruct, False, service.pool.models[0].runtime_config["instruct"])
+            except UserError as exc:
+                raise ApiError(400, str(exc), "instruct", "invalid_instruct") from None
+        prompt = None
+        if upload is not None:
+            data, ref_text = await form_upload(form)
+            prompt = await asyncio.to_thread(service.encode_reference, data, ref_text)
+        voice = voice_store.Voice(name, prompt, instruct.strip() if instruct else None, service.fingerprint, Path())
+        try:
+            await asyncio.to_thread(voice_store.save_voice, service.voices, name, voice, False)
+        except UserError as exc:  # a concurrent create of the same name won the lock
+            raise ApiError(409, service.scrub(str(exc)), "name", "voice_exists") from None
+        LOG.info("saved voice %s (POST /v1/audio/voices)", name)
+        return JSONResponse(saved_entry(name), status_code=201)
+
+    app.router.add_route("/v1/audio/voices", create_voice, methods=["POST"])  # reads its form itself
+
+    async def rename_voice(request: Request) -> JSONResponse:
+        """JSON {"name": NEW}: the saved voice renamed (a change of case alone included)."""
+        require_save("name")
+        old = request.path_params["name"]
+        body = await read_body(request, service.config.max_body_bytes)
+        try:
+            new = json.loads(body)["name"]
+        except (ValueError, KeyError, TypeError):
+            raise ApiError(400, 'send a JSON body {"name": "<the new name>"}', "name", "invalid_json") from None
+        new = checked_name(new, "name")
+        if voice_store.find_saved(service.voices, old) is None:
+            raise ApiError(404, f"no saved voice {old!r}", "voice", "voice_not_found")
+        try:
+            await asyncio.to_thread(voice_store.rename_voice, service.voices, old, new)
+        except UserError as exc:
+            raise ApiError(409, service.scrub(str(exc)), "name", "voice_exists") from None
+        LOG.info("renamed voice %s to %s (PATCH /v1/audio/voices)", old, new)
+        return JSONResponse(saved_entry(new))
+
+    async def delete_voice(request: Request) -> JSONResponse:
+        require_save()
+        name = request.path_params["name"]
+        if voice_store.find_saved(service.voices, name) is None:
+            raise ApiError(404, f"no saved voice {name!r}", "voice", "voice_not_found")
+        path = await asyncio.to_thread(voice_store.remove_voice, service.voices, name)
+        LOG.info("deleted voice %s (DELETE /v1/audio/voices)", path.stem)
+        return JSONResponse({"id": path.stem, "object": "voice.deleted", "deleted": True})
+
+    app.router.add_route("/v1/audio/voices/{name}", rename_voice, methods=["PATCH"])
+    app.router.add_route("/v1/audio/voices/{name}", delete_voice, methods=["DELETE"])
 
     @app.get("/v1/audio/languages")
     async def list_languages() -> dict[str, Any]:
@@ -376,6 +521,34 @@ def create_app(service: Service) -> Any:
             if any(error["type"] == "json_invalid" for error in exc.errors()):
                 raise ApiError(400, "the request body is not valid JSON", code="invalid_json") from None
             raise validation_error(exc) from None
+        return await run_speech(request, parsed)
+
+    async def speech_clone(request: Request) -> Any:
+        """One call: clone the uploaded ref_audio (with ref_text) and speak `input` in that voice.
+        Multipart: input, ref_audio (a file), ref_text, and the speech fields (response_format,
+        speed, seed, stream_format, language, instructions, num_step, guidance_scale, duration,
+        model). The fields are checked before the reference is encoded."""
+        form = await read_form(request)
+        if form.get("voice") is not None:
+            raise ApiError(400, "a clone request's voice is its ref_audio; drop the voice field", "voice",
+                           "unknown_parameter")
+        fields: dict[str, Any] = {"model": MODEL_ID, "voice": "auto"}
+        for name, value in form.multi_items():
+            if name not in ("ref_audio", "ref_text"):
+                fields[name] = form_value(name, value)
+        try:
+            parsed = SpeechRequest.model_validate(fields)
+        except ValidationError as exc:
+            raise validation_error(exc) from None
+        data, ref_text = await form_upload(form)
+        prompt = await asyncio.to_thread(service.encode_reference, data, ref_text)
+        voice = service.add_reference(prompt, hashlib.sha256(data + b"\0" + ref_text.encode()).hexdigest())
+        return await run_speech(request, parsed.model_copy(update={"voice": voice}))
+
+    app.router.add_route("/v1/audio/speech/clone", speech_clone, methods=["POST"])  # reads its form itself
+
+    async def run_speech(request: Request, parsed: Any) -> Any:
+        """A checked speech request queued, run and answered (whole, streamed or as SSE)."""
         loop = asyncio.get_running_loop()
         job, fmt = build_job(service, parsed, loop)
         try:
@@ -388,7 +561,7 @@ def create_app(service: Service) -> Any:
             raise ApiError(503, "the server is shutting down", code="shutting_down", kind="server_error",
                            headers={"Retry-After": "5"}) from None
         timer = loop.call_at(loop.time() + service.config.timeout_s, time_out, job)
-        headers = {"X-Seed": str(job.request.seed)}
+        headers = {"X-Seed": str(job.request.seed), **instruction_headers(job.request.instruct_readings[0])}
         try:
             first = await _first_event(job, request)
         except BaseException:
@@ -423,6 +596,108 @@ def web_page() -> bytes:
     from importlib.resources import files
 
     return files("omnivoice_onnx").joinpath("serve", "web", "index.html").read_bytes()
+
+
+# Routes that answer without the API key: load balancers' probe, the page (it holds no data; its
+# own requests send the key typed into it) and the icon a browser asks for by itself.
+OPEN_PATHS = ("/health", "/", "/favicon.ico")
+# A multipart body: one reference recording (MAX_REFERENCE_BYTES) and a few short fields.
+MAX_FORM_BYTES = MAX_REFERENCE_BYTES + 64 * 1024
+MAX_FORM_FIELD_BYTES = 64 * 1024
+# Form fields arrive as text: these are converted to the number or boolean the JSON body carries.
+FORM_NUMBERS = {"speed": float, "guidance_scale": float, "duration": float, "seed": int, "num_step": int}
+
+
+def instruction_headers(reading: InstructReading) -> dict[str, str]:
+    """X-Instructions-Applied / -Ignored for a request with instructions: the vocabulary items
+    applied and the pieces ignored (UTF-8, percent-encoded: a header is Latin-1), and the log
+    line when something was ignored."""
+    if not reading.applied and not reading.ignored:
+        return {}
+    if reading.ignored:
+        LOG.info("%s", instructions_note(reading))
+    safe = " ,;:'()?!-"
+    return {"X-Instructions-Applied": urllib.parse.quote(", ".join(reading.applied), safe=safe),
+            "X-Instructions-Ignored": urllib.parse.quote("; ".join(reading.ignored), safe=safe)}
+
+
+async def read_form(request: Any) -> Any:
+    """A multipart/form-data body (MAX_FORM_BYTES at most, read as read_body reads: 413, 408),
+    parsed by starlette's parser (python-multipart); 400 for another content type or a broken body."""
+    from starlette.formparsers import MultiPartException, MultiPartParser
+
+    if not request.headers.get("content-type", "").startswith("multipart/form-data"):
+        raise ApiError(400, "send the fields as multipart/form-data (curl -F 'input=...' -F 'ref_audio=@ref.wav')",
+                       code="invalid_content_type")
+    body = await read_body(request, MAX_FORM_BYTES)
+
+    async def replay() -> AsyncIterator[bytes]:
+        yield body
+        yield b""
+
+    try:
+        return await MultiPartParser(request.headers, replay(), max_files=1, max_fields=32,
+                                     max_part_size=MAX_FORM_FIELD_BYTES).parse()
+    except MultiPartException as exc:
+        raise ApiError(400, f"the multipart body cannot be read ({exc.message})", code="invalid_multipart") from None
+
+
+def form_text(form: Any, name: str, required: bool = False) -> str | None:
+    """A text field of a form (None when absent); 400 for a file in its place or a missing required one."""
+    value = form.get(name)
+    if value is None or (isinstance(value, str) and not value.strip()):
+        if required:
+            raise ApiError(400, f"missing required field {name!r}", name, "missing_required_parameter")
+        return None
+    if not isinstance(value, str):
+        raise ApiError(400, f"{name} must be a text field, not a file", name, "invalid_value")
+    return value
+
+
+def form_value(name: str, value: Any) -> Any:
+    """A speech field from a form, as the JSON body would carry it (numbers and booleans converted)."""
+    if not isinstance(value, str):
+        raise ApiError(400, f"{name} must be a text field, not a file", name, "invalid_value")
+    try:
+        if name in FORM_NUMBERS:
+            return FORM_NUMBERS[name](value)
+    except ValueError:
+        raise ApiError(400, f"{name}: {value!r:.40} is not a {FORM_NUMBERS[name].__name__}", name,
+                       "invalid_value") from None
+    if name == "strict_instructions":
+        if value.lower() not in ("true", "false", "1", "0"):
+            raise ApiError(400, f"strict_instructions: {value!r:.40} is not true or false", name, "invalid_value")
+        return value.lower() in ("true", "1")
+    return value
+
+
+async def form_upload(form: Any) -> tuple[bytes, str]:
+    """The form's ref_audio file's bytes and its ref_text; 400 naming what is missing."""
+    upload = form.get("ref_audio")
+    if upload is None or isinstance(upload, str):
+        raise ApiError(400, "ref_audio must be the reference recording, sent as a file (curl -F 'ref_audio=@ref.wav')",
+                       "ref_audio", "missing_required_parameter")
+    ref_text = form_text(form, "ref_text")
+    if ref_text is None:
+        raise ApiError(400, "ref_text (the words spoken in ref_audio) is required", "ref_text",
+                       "missing_required_parameter")
+    data = await upload.read()
+    if not data:
+        raise ApiError(400, "ref_audio is an empty file", "ref_audio", "invalid_reference")
+    return data, ref_text
+
+
+def voice_item(entry: Any) -> dict[str, Any]:
+    """A voice as the voice routes show it: id and name (Open WebUI's), kind, its description or
+    instruct, a preset's seed."""
+    item: dict[str, Any] = {"id": entry.name, "name": entry.name, "kind": entry.kind}
+    if entry.kind == "builtin":
+        item["description"] = entry.text
+    else:
+        item["instruct"] = entry.text
+    if entry.kind == "preset":
+        item["seed"] = entry.seed
+    return item
 
 
 async def _first_event(job: Job, request: Any) -> tuple[str, Any]:

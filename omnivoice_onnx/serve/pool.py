@@ -14,6 +14,7 @@ import math
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -89,6 +90,8 @@ class WorkerPool:
         # Outcomes since start, in /health: what an operator (and the tests) can see of cancellation.
         self.counts = {"completed": 0, "cancelled": 0, "timed_out": 0, "failed": 0}
         self.mean_seconds = 1.0  # running mean of a request's worker time, for Retry-After
+        # Called from the worker with (seconds of work, samples made) of each completed request: /metrics.
+        self.on_synthesis: Callable[[float, int], None] | None = None
         self._lock = threading.Lock()
         self._threads = [threading.Thread(target=self._work, args=(model,), name=f"omnivoice-worker-{i}", daemon=True)
                          for i, model in enumerate(models)]
@@ -147,12 +150,18 @@ class WorkerPool:
         job.emit("timeout" if job.timed_out else "cancelled")
 
     def _run(self, tts: OmniVoiceOnnx, job: Job) -> None:
+        started, samples = time.monotonic(), 0
         try:
             if job.stream:
                 for chunk in tts.stream(job.request, cancel=job.cancel):
+                    samples += chunk.samples.size
                     job.emit("chunk", chunk.samples)
             else:
-                job.emit("audio", tts.generate(job.request, cancel=job.cancel)[0])
+                audio = tts.generate(job.request, cancel=job.cancel)[0]
+                samples = audio.size
+                job.emit("audio", audio)
+            if self.on_synthesis is not None:
+                self.on_synthesis(time.monotonic() - started, samples)
             self._count("completed")
             job.emit("done")
         except Cancelled:

@@ -23,8 +23,8 @@ from omnivoice_onnx.audio_out import AudioFormat
 from omnivoice_onnx.core.prompt import VoiceClonePrompt, language_names
 from omnivoice_onnx.core.request import keywords
 from omnivoice_onnx.errors import UserError
-from omnivoice_onnx.limits import SEED_MAX, SEED_MIN
-from omnivoice_onnx.presets import OPENAI_MODEL_IDS, PRESETS
+from omnivoice_onnx.limits import MAX_SPEED, MIN_SPEED, SEED_MAX, SEED_MIN
+from omnivoice_onnx.presets import OPENAI_MODEL_IDS, PRESETS, find_preset
 from omnivoice_onnx.serve.pool import ApiError, Job, WorkerPool, scrub_paths
 
 LOG = logging.getLogger("omnivoice_onnx.server")
@@ -33,7 +33,6 @@ MODEL_ID = "omnivoice"  # the `model` a request names; a variant is also reachab
 API_KEY_ENV = "OMNIVOICE_API_KEY"  # --api-key's environment spelling (keeps the key out of `ps`)
 MAX_INPUT_CHARS = 4096  # OpenAI's documented limit for `input`
 MAX_INSTRUCTIONS_CHARS = 4096
-SPEED_MIN, SPEED_MAX = 0.25, 4.0  # OpenAI's documented range for `speed`
 MAX_BODY_BYTES = 64 * 1024  # 4096 chars of input are < 16 KiB even as \u escapes; leaves room
 DEFAULT_QUEUE = 16  # waiting requests beyond the ones running; more get 429
 DEFAULT_TIMEOUT_S = 300.0  # per request, queue wait included
@@ -80,7 +79,7 @@ def speech_request_model():
         voice: str | VoiceId
         instructions: str | None = Field(None, max_length=MAX_INSTRUCTIONS_CHARS)
         response_format: str | None = None
-        speed: float | None = Field(None, ge=SPEED_MIN, le=SPEED_MAX, allow_inf_nan=False, strict=True)
+        speed: float | None = Field(None, ge=MIN_SPEED, le=MAX_SPEED, allow_inf_nan=False, strict=True)  # limits
         stream_format: Literal["audio", "sse"] | None = None
         # Extensions (not OpenAI's): the runtime's generate() arguments. Types and signs here; their
         # upper limits are the runtime's (omnivoice_onnx.core.request, raisable by environment), checked by
@@ -90,6 +89,7 @@ def speech_request_model():
         num_step: int | None = Field(None, ge=1, strict=True)
         guidance_scale: float | None = Field(None, allow_inf_nan=False, strict=True)
         duration: float | None = Field(None, gt=0.0, allow_inf_nan=False, strict=True)
+        strict_instructions: bool | None = Field(None, strict=True)  # refuse prose instructions (else applied/ignored)
 
     return SpeechRequest
 
@@ -164,15 +164,18 @@ class Service:
                            kind="server_error", code="voices_unreadable") from exc
 
     def voice_kwargs(self, voice: Any, instructions: str | None) -> tuple[dict[str, Any], int | None]:
-        """generate() keywords for the request's voice and instructions (a name, never a path), and
+        """generate() keywords for the request's voice (a name, never a path; plan_job lays the
+        request's instructions over them; `instructions` here only decides the design mode), and
         the seed the voice brings (a preset's; None: the request's or a fresh one). A name resolves
-        to a built-in mode, an uploaded reference (ref-...), a saved voice, else an OpenAI preset."""
+        to a built-in mode, an uploaded reference (ref-...), a saved voice, else an OpenAI preset;
+        modes, saved voices and presets whatever the name's case ("Alloy" is alloy)."""
         name = voice if isinstance(voice, str) else voice.id
-        if name in BUILTIN_VOICES:
+        if name.casefold() in BUILTIN_VOICES:
+            name = name.casefold()
             if name == "design" and not instructions:
                 raise ApiError(400, "voice 'design' needs `instructions` describing the voice, e.g. "
                                "\"female, low pitch\"", "instructions", "missing_required_parameter")
-            return ({"instruct": instructions} if instructions else {}), None
+            return {}, None  # a mode designs from the request's instructions alone
         try:
             voice_store.check_name(name)
         except UserError:
@@ -182,24 +185,20 @@ class Service:
         if name in self.references:
             self.references.move_to_end(name)
             kwargs: dict[str, Any] = {"voice_clone_prompt": self.references[name]}
-        elif name in self.saved_names():
+        elif voice_store.find_saved(self.voices, name) is not None:
             try:
                 kwargs = voice_store.resolve(name, self.voices, self.fingerprint)
             except UserError as exc:
                 raise ApiError(400, self.scrub(str(exc)), "voice", "invalid_voice") from exc
-        elif name in PRESETS:
-            kwargs, seed = PRESETS[name].generate_kwargs(), PRESETS[name].seed
+        elif find_preset(name) is not None:
+            preset = find_preset(name)
+            kwargs, seed = preset.generate_kwargs(), preset.seed
         else:
             hint = " (uploaded references are kept in memory only: upload it again)" \
                 if name.startswith(REFERENCE_PREFIX) else ""
             raise ApiError(400, f"unknown voice {name!r}{hint}; voices: {', '.join(self.voice_names())}", "voice",
                            "invalid_voice")
-        if instructions:
-            kwargs["instruct"] = instructions  # the request's description wins over a saved or preset design
         return kwargs, seed
-
-    def saved_names(self) -> list[str]:
-        return [voice.name for voice in self.saved_voices()]
 
     def voice_catalogue(self) -> list[VoiceEntry]:
         """What `voice` may name (uploaded references aside), in the order every list shows it: the
@@ -207,11 +206,11 @@ class Service:
         (the one place that rule is written; voice_kwargs resolves a name in the same order, so a
         saved voice called "auto" or "design" cannot be reached and is not listed). The voices
         folder is read once."""
-        saved = [voice for voice in self.saved_voices() if voice.name not in BUILTIN_VOICES]
+        saved = [voice for voice in self.saved_voices() if voice.name.casefold() not in BUILTIN_VOICES]
         entries = [VoiceEntry(name, "builtin", text) for name, text in BUILTIN_VOICES.items()]
         entries += [VoiceEntry(voice.name, "clone" if voice.prompt is not None else "design", voice.instruct)
                     for voice in saved]
-        hidden = {voice.name for voice in saved}
+        hidden = {voice.name.casefold() for voice in saved}
         return entries + [VoiceEntry(name, "preset", preset.instruct, preset.seed)
                           for name, preset in PRESETS.items() if name not in hidden]
 
@@ -271,10 +270,19 @@ def plan_job(service: Service, request: Any, loop: asyncio.AbstractEventLoop, st
     voice_kwargs, voice_seed = service.voice_kwargs(request.voice, request.instructions)
     fields = dataclasses.asdict(request) if dataclasses.is_dataclass(request) else request.model_dump()
     kwargs = {**keywords(fields), **voice_kwargs}  # the one builder (core.request.keywords)
+    own_design = voice_kwargs.get("instruct")
+    if request.instructions:
+        kwargs["instruct"] = request.instructions  # the request's description wins over a saved or preset design
     if kwargs["seed"] is None:
         kwargs["seed"] = voice_seed
+    tts = service.pool.models[0]
     try:  # no model work: a 400 before the queue
-        req = service.pool.models[0].validate(request.input, **kwargs, stream=stream)
+        req = tts.validate(request.input, **kwargs, stream=stream)
+        if request.instructions and own_design and req.instruct_readings[0].instruct is None:
+            # Prose with no word OmniVoice reads ("speak cheerfully") keeps the voice's own design
+            # (alloy stays alloy); the reading still reports every word as ignored.
+            kept = tts.validate(request.input, **{**kwargs, "instruct": own_design}, stream=stream)
+            req = dataclasses.replace(kept, instruct_readings=req.instruct_readings)
     except UserError as exc:
         raise ApiError(400, service.scrub(str(exc))) from exc
     return Job(request=req, stream=stream, loop=loop)
