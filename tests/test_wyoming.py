@@ -107,6 +107,8 @@ def test_synthesize_streams_the_runtimes_audio(port, tts) -> None:
     expected = list(tts.stream(TEXT, seed=SEED, **PRESETS["alloy"].generate_kwargs()))
     assert len(events) == len(expected) + 2 and len(expected) > 1  # chunks are sent as they are decoded
     assert audio_of(events, tts.sample_rate) == pcm_of(tts, TEXT, "alloy")
+    capitalised = exchange(port, Synthesize(TEXT, voice=SynthesizeVoice(name="Alloy")))  # a name in any case
+    assert audio_of(capitalised, tts.sample_rate) == audio_of(events, tts.sample_rate)
 
 
 def test_streaming_synthesis_speaks_each_sentence(port, tts) -> None:

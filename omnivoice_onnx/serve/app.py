@@ -622,11 +622,13 @@ def instruction_headers(reading: InstructReading) -> dict[str, str]:
 
 
 async def read_form(request: Any) -> Any:
-    """A multipart/form-data body (MAX_FORM_BYTES at most, read as read_body reads: 413, 408),
-    parsed by starlette's parser (python-multipart); 400 for another content type or a broken body."""
-    from starlette.formparsers import MultiPartException, MultiPartParser
+    """A multipart/form-data body (or a url-encoded one, which has no file: what a client sends for
+    a form of text fields alone), MAX_FORM_BYTES at most, read as read_body reads (413, 408) and
+    parsed by starlette's parsers (python-multipart); 400 for another content type or a broken body."""
+    from starlette.formparsers import FormParser, MultiPartException, MultiPartParser
 
-    if not request.headers.get("content-type", "").startswith("multipart/form-data"):
+    kind = request.headers.get("content-type", "")
+    if not kind.startswith(("multipart/form-data", "application/x-www-form-urlencoded")):
         raise ApiError(400, "send the fields as multipart/form-data (curl -F 'input=...' -F 'ref_audio=@ref.wav')",
                        code="invalid_content_type")
     body = await read_body(request, MAX_FORM_BYTES)
@@ -636,6 +638,8 @@ async def read_form(request: Any) -> Any:
         yield b""
 
     try:
+        if kind.startswith("application/x-www-form-urlencoded"):
+            return await FormParser(request.headers, replay()).parse()
         return await MultiPartParser(request.headers, replay(), max_files=1, max_fields=32,
                                      max_part_size=MAX_FORM_FIELD_BYTES).parse()
     except MultiPartException as exc:
