@@ -31,6 +31,7 @@ from omnivoice_onnx.contract import FP32_VARIANT, FRAME_RATE, GRAPH_FILES, NUM_C
 from omnivoice_onnx.core import audio, prompt, request
 from omnivoice_onnx.errors import UserError
 from omnivoice_onnx.serve import app as server
+from omnivoice_onnx.serve import door
 from omnivoice_onnx.serve import service as server_service
 
 START_S = 60  # a refused start is one line within this, long before any model could load
@@ -503,7 +504,7 @@ async def echo_length(scope: dict, receive, send) -> None:
     try:
         body = await server.read_body(Request(scope, receive), 1024)
         response = JSONResponse({"bytes": len(body)})
-    except server.ApiError as error:
+    except door.ApiError as error:
         response = JSONResponse(error.body(), error.status, error.headers)
     await response(scope, receive, send)
 
@@ -512,13 +513,13 @@ async def echo_length(scope: dict, receive, send) -> None:
 def bounded_server(monkeypatch):
     """uvicorn with server.http_protocol() on a free loopback port, in a thread; short limits."""
     uvicorn = pytest.importorskip("uvicorn")
-    monkeypatch.setattr(server, "HEADER_TIMEOUT_S", 1.0)
-    monkeypatch.setattr(server, "BODY_TIMEOUT_S", 1.0)
-    monkeypatch.setattr(server, "MAX_CONNECTIONS", 3)
+    monkeypatch.setattr(door, "HEADER_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(door, "BODY_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(door, "MAX_CONNECTIONS", 3)
     listener = server.bind("127.0.0.1", 0)
     running = uvicorn.Server(uvicorn.Config(echo_length, lifespan="off", http=server.http_protocol(),
                                             log_level="critical",
-                                            h11_max_incomplete_event_size=server.MAX_HEADER_BYTES))
+                                            h11_max_incomplete_event_size=door.MAX_HEADER_BYTES))
     thread = threading.Thread(target=running.run, kwargs={"sockets": [listener]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + START_S
@@ -560,7 +561,7 @@ def test_slow_idle_and_malformed_connections_end_with_a_json_error(pieces: list[
 
 
 def test_connections_over_the_limit_refused_with_a_json_503(bounded_server: int) -> None:
-    held = [socket.create_connection(("127.0.0.1", bounded_server), timeout=5) for _ in range(server.MAX_CONNECTIONS)]
+    held = [socket.create_connection(("127.0.0.1", bounded_server), timeout=5) for _ in range(door.MAX_CONNECTIONS)]
     try:
         time.sleep(0.2)
         status, body, _ = reply(bounded_server, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
