@@ -30,8 +30,7 @@ from omnivoice_onnx.bundle import Bundle, read_report
 from omnivoice_onnx.contract import FP32_VARIANT, FRAME_RATE, GRAPH_FILES, NUM_CODEBOOKS, REPORT_FILE
 from omnivoice_onnx.core import audio, prompt, request
 from omnivoice_onnx.errors import UserError
-from omnivoice_onnx.serve import app as server
-from omnivoice_onnx.serve import door
+from omnivoice_onnx.serve import connection, door
 from omnivoice_onnx.serve import service as server_service
 
 START_S = 60  # a refused start is one line within this, long before any model could load
@@ -343,7 +342,7 @@ def test_true_is_not_a_version_or_a_number(tmp_path: Path) -> None:
     with pytest.raises(UserError, match="format_version True"):
         voices.read_voice(str(path), tmp_path)
     pytest.importorskip("pydantic")
-    model = server.speech_request_model()
+    model = server_service.speech_request_model()
     base = {"model": "omnivoice", "input": "Hi.", "voice": "auto"}
     for field in ("speed", "seed", "num_step", "guidance_scale", "duration"):
         with pytest.raises(ValueError, match=field):
@@ -497,12 +496,12 @@ def test_reference_that_is_not_a_file_is_named_as_what_it_is(kind: str, words: s
 # --- 8. the server's connections bounded, every refusal in OpenAI's JSON shape ----------------------
 
 async def echo_length(scope: dict, receive, send) -> None:
-    """An app that reads the body as the speech route does (server.read_body) and says its length."""
+    """An app that reads the body as the speech route does (connection.read_body) and says its length."""
     from starlette.requests import Request
     from starlette.responses import JSONResponse
 
     try:
-        body = await server.read_body(Request(scope, receive), 1024)
+        body = await connection.read_body(Request(scope, receive), 1024)
         response = JSONResponse({"bytes": len(body)})
     except door.ApiError as error:
         response = JSONResponse(error.body(), error.status, error.headers)
@@ -511,13 +510,13 @@ async def echo_length(scope: dict, receive, send) -> None:
 
 @pytest.fixture
 def bounded_server(monkeypatch):
-    """uvicorn with server.http_protocol() on a free loopback port, in a thread; short limits."""
+    """uvicorn with connection.http_protocol() on a free loopback port, in a thread; short limits."""
     uvicorn = pytest.importorskip("uvicorn")
     monkeypatch.setattr(door, "HEADER_TIMEOUT_S", 1.0)
     monkeypatch.setattr(door, "BODY_TIMEOUT_S", 1.0)
     monkeypatch.setattr(door, "MAX_CONNECTIONS", 3)
-    listener = server.bind("127.0.0.1", 0)
-    running = uvicorn.Server(uvicorn.Config(echo_length, lifespan="off", http=server.http_protocol(),
+    listener = server_service.bind("127.0.0.1", 0)
+    running = uvicorn.Server(uvicorn.Config(echo_length, lifespan="off", http=connection.http_protocol(),
                                             log_level="critical",
                                             h11_max_incomplete_event_size=door.MAX_HEADER_BYTES))
     thread = threading.Thread(target=running.run, kwargs={"sockets": [listener]}, daemon=True)

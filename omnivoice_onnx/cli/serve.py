@@ -70,7 +70,7 @@ def model_alias(value: str) -> str:
     """A --model-alias id: printable, no spaces, not empty (it is listed in /v1/models and matched
     against a request's `model` exactly)."""
     if not value or not value.isprintable() or any(char.isspace() for char in value):
-        raise argparse.ArgumentTypeError(f"--model-alias {value!r} is not a model id (printable, no spaces, not "
+        raise argparse.ArgumentTypeError(f"{value!r} is not a model id (printable, no spaces, not "
                                          "empty), e.g. --model-alias my-tts")
     return value
 

@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
         import wyoming  # noqa: F401  (the extra's package, named now rather than at the first client)
 
         from omnivoice_onnx.serve import wyoming as wyoming_server
-        from omnivoice_onnx.serve.service import load_service
+        from omnivoice_onnx.serve.app import load_service
     except ModuleNotFoundError as exc:
         raise UserError(f"omnivoice-onnx wyoming needs {exc.name}, which is not installed", INSTALL_FIX) from None
     config = server_config(args)

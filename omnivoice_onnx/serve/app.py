@@ -68,16 +68,17 @@ import math
 import signal
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
-from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 
 from omnivoice_onnx import voices as voice_store
-from omnivoice_onnx.audio_out import StreamEncoder, encode_clip
+from omnivoice_onnx.api import OmniVoiceOnnx
+from omnivoice_onnx.audio_out import StreamEncoder, available_response_formats, encode_clip
 from omnivoice_onnx.contract import variants_present
 from omnivoice_onnx.errors import UserError
 from omnivoice_onnx.serve import door
 from omnivoice_onnx.serve.browser import BrowserGuard, BrowserPolicy, page_csp
+from omnivoice_onnx.serve.connection import http_protocol, read_body, wait_disconnect
 from omnivoice_onnx.serve.door import ApiError, refuse
 from omnivoice_onnx.serve.pool import Job, WorkerPool, job_failure, time_out
 from omnivoice_onnx.serve.service import (
@@ -89,7 +90,6 @@ from omnivoice_onnx.serve.service import (
     build_job,
     check_auth,
     is_loopback,
-    load_service,
     speech_request_model,
     validation_error,
 )
@@ -97,98 +97,6 @@ from omnivoice_onnx.sessions import worker_threads
 
 LOG = logging.getLogger("omnivoice_onnx.server")
 LISTENING = "omnivoice-onnx serve: listening on "  # the start line's prefix, read by launch()
-
-
-async def read_body(request: Any, limit: int, timeout_s: float | None = None) -> bytes:
-    """The request body, refused (413) as soon as it passes `limit` bytes (declared or sent), and
-    (408) when it has not all come within `timeout_s` (default: door.body_timeout of `limit`; a
-    client trickling it would hold a connection and a task for as long as it likes)."""
-    timeout_s = door.body_timeout(limit) if timeout_s is None else timeout_s
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdecimal() and int(declared) > limit:
-        raise refuse("body_too_large", limit=limit)
-    body = bytearray()
-    pieces = request.stream().__aiter__()
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while True:
-        try:
-            piece = await asyncio.wait_for(pieces.__anext__(), max(0.0, deadline - asyncio.get_running_loop().time()))
-        except StopAsyncIteration:
-            return bytes(body)
-        except asyncio.TimeoutError:
-            raise refuse("body_timeout", seconds=timeout_s, headers={"Connection": "close"}) from None
-        body += piece
-        if len(body) > limit:
-            raise refuse("body_too_large", limit=limit)
-
-
-def raw_error(error: ApiError) -> bytes:
-    """`error` as a complete HTTP/1.1 response that closes the connection, for the places where
-    there is no request to answer through the app (malformed HTTP, headers too slow, too many
-    connections): the same JSON body as every other error, never uvicorn's plain text."""
-    body = json.dumps(error.body()).encode()
-    head = [f"HTTP/1.1 {error.status} {HTTPStatus(error.status).phrase}", "content-type: application/json",
-            f"content-length: {len(body)}", "connection: close",
-            *(f"{name}: {value}" for name, value in error.headers.items())]
-    return ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body
-
-
-def http_protocol() -> type:
-    """uvicorn's h11 protocol with the front door's connection limits (built on first use: uvicorn
-    is the `serve` extra's). uvicorn bounds neither the time to send headers nor the number of idle
-    connections, and answers malformed HTTP in plain text."""
-    import h11
-    from uvicorn.protocols.http.h11_impl import H11Protocol
-
-    class BoundedH11(H11Protocol):
-        def connection_made(self, transport: Any) -> None:  # type: ignore[override]
-            super().connection_made(transport)
-            self.header_timer: asyncio.TimerHandle | None = None
-            self.over_limit = len(self.connections) > door.MAX_CONNECTIONS  # answered when its request comes
-            self.arm_header_timer()
-
-        def data_received(self, data: bytes) -> None:
-            if self.over_limit:  # refused after reading what was sent: closing first would reset the answer
-                self.reject(refuse("too_many_connections", limit=door.MAX_CONNECTIONS, headers={"Retry-After": "1"}))
-                return
-            super().data_received(data)
-
-        def arm_header_timer(self) -> None:
-            if self.header_timer is not None:
-                self.header_timer.cancel()
-            self.header_timer = self.loop.call_later(door.HEADER_TIMEOUT_S, self.headers_too_slow)
-
-        def headers_too_slow(self) -> None:
-            if self.cycle is not None and not self.cycle.response_complete:
-                return  # a request is being answered (its body has a timeout of its own)
-            if self.conn.their_state is h11.IDLE:
-                self.reject(refuse("header_timeout", seconds=door.HEADER_TIMEOUT_S))
-
-        def on_response_complete(self) -> None:
-            super().on_response_complete()
-            if not self.transport.is_closing():
-                self.arm_header_timer()
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            if self.header_timer is not None:
-                self.header_timer.cancel()
-            super().connection_lost(exc)
-
-        def send_400_response(self, msg: str) -> None:
-            self.reject(refuse("invalid_http", detail=msg.rstrip(".")))
-
-        def reject(self, error: ApiError) -> None:
-            if not self.transport.is_closing():
-                self.transport.write(raw_error(error))
-                self.transport.close()
-
-    return BoundedH11
-
-
-async def wait_disconnect(request: Any) -> None:
-    """Returns when the client goes away (after the body was read, receive() waits for that)."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
 
 
 def error_response(error: ApiError) -> Any:
@@ -518,6 +426,27 @@ async def _sse(chunks: AsyncIterator[bytes], job: Job, input_tokens: int, hop_le
 
 
 # --- running it ----------------------------------------------------------------------------------
+
+def load_service(config: ServerConfig) -> Service:
+    """Load one OmniVoiceOnnx per worker and check the voices folder, before the port opens."""
+    threads = worker_threads(config.workers, config.threads)
+    # The first load checks the bundle's files against its report (OmniVoiceOnnx's verify); the
+    # other workers load the same files just checked, so they skip the re-hash (~3.7 GB at full size).
+    models = [OmniVoiceOnnx.from_dir(config.model_dir, threads=threads, resident_codecs=True, variant=config.variant,
+                                     verify=i == 0)
+              for i in range(config.workers)]
+    formats = available_response_formats()
+    default = config.default_format or ("mp3" if "mp3" in formats else "wav")
+    if default not in formats:
+        raise UserError(f"--default-format {default} is not available here", f"choose one of {', '.join(formats)}")
+    voices = voice_store.voices_dir(config.model_dir, config.voices_dir)
+    voice_store.list_voices(voices)  # a damaged voice file is named now, not at the first request
+    first = models[0]
+    folders = {"<voices>": voices, "<model>": Path(config.model_dir)}
+    return Service(config=config, pool=WorkerPool(models, config.queue_size, folders), voices=voices, formats=formats,
+                   default_format=default, fingerprint=first.metadata["model_fingerprint"], variant=first.variant,
+                   sample_rate=first.sample_rate)
+
 
 def serve(config: ServerConfig) -> int:
     """Run the server until SIGTERM/SIGINT; the exit code (0 drained, 143/130 requests cut off)."""

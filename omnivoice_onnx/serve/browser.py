@@ -26,12 +26,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from omnivoice_onnx.serve.door import ApiError, refuse
+from omnivoice_onnx.serve.door import LOG, ApiError, refuse
 
 # Every response: no MIME sniffing, no Referer to elsewhere, never in a frame (old browsers' header;
 # the page's CSP says frame-ancestors too).
-SECURITY_HEADERS = [(b"x-content-type-options", b"nosniff"), (b"referrer-policy", b"no-referrer"),
-                    (b"x-frame-options", b"DENY")]
+SECURITY_HEADERS = [
+    (b"x-content-type-options", b"nosniff"),
+    (b"referrer-policy", b"no-referrer"),
+    (b"x-frame-options", b"DENY"),
+]
 CORS_METHODS = b"GET, POST"
 CORS_HEADERS = b"authorization, content-type"
 CORS_MAX_AGE = b"600"
@@ -104,12 +107,15 @@ def page_csp(html: bytes) -> str:
 
     def hashes(tag: str) -> str:
         bodies = re.findall(rf"<{tag}>(.*?)</{tag}>", text, flags=re.S)
-        return " ".join(f"'sha256-{base64.b64encode(hashlib.sha256(body.encode()).digest()).decode()}'"
-                        for body in bodies)
+        return " ".join(
+            f"'sha256-{base64.b64encode(hashlib.sha256(body.encode()).digest()).decode()}'" for body in bodies
+        )
 
-    return (f"default-src 'none'; script-src {hashes('script')}; style-src {hashes('style')}; connect-src 'self'; "
-            "media-src 'self' blob:; img-src 'self' data:; base-uri 'none'; form-action 'none'; "
-            "frame-ancestors 'none'")
+    return (
+        f"default-src 'none'; script-src {hashes('script')}; style-src {hashes('style')}; connect-src 'self'; "
+        "media-src 'self' blob:; img-src 'self' data:; base-uri 'none'; form-action 'none'; "
+        "frame-ancestors 'none'"
+    )
 
 
 async def send_error(send: Callable, error: ApiError, extra: list[tuple[bytes, bytes]]) -> None:
@@ -117,8 +123,12 @@ async def send_error(send: Callable, error: ApiError, extra: list[tuple[bytes, b
     import json
 
     body = json.dumps(error.body()).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *extra,
-               *((name.lower().encode(), value.encode()) for name, value in error.headers.items())]
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        *extra,
+        *((name.lower().encode(), value.encode()) for name, value in error.headers.items()),
+    ]
     await send({"type": "http.response.start", "status": error.status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
@@ -136,20 +146,40 @@ class BrowserGuard:
             return
         headers = {name.decode("latin-1"): value.decode("latin-1") for name, value in scope["headers"]}
         host, origin = headers.get("host"), headers.get("origin")
+        refusal = None
         if not self.policy.host_allowed(host):
-            await send_error(send, refuse("host_not_allowed", host=host), SECURITY_HEADERS)
+            refusal = refuse("host_not_allowed", host=host)
+        elif (foreign := self.policy.origin_refused(origin, host, headers.get("sec-fetch-site"))) is not None:
+            refusal = refuse("cross_origin", origin=foreign)
+        if refusal is not None:  # before the body is read or any route runs
+            LOG.info(
+                "refused %s %s (%s): Host %r, Origin %r", scope["method"], scope["path"], refusal.code, host, origin
+            )
+            await send_error(send, refusal, SECURITY_HEADERS)
             return
-        foreign = self.policy.origin_refused(origin, host, headers.get("sec-fetch-site"))
-        if foreign is not None:
-            await send_error(send, refuse("cross_origin", origin=foreign), SECURITY_HEADERS)
-            return
-        cors = [] if origin is None or origin.lower() not in self.policy.cors_origins else [
-            (b"access-control-allow-origin", origin.encode("latin-1")), (b"vary", b"Origin"),
-            (b"access-control-expose-headers", b"x-seed")]
+        cors = (
+            []
+            if origin is None or origin.lower() not in self.policy.cors_origins
+            else [
+                (b"access-control-allow-origin", origin.encode("latin-1")),
+                (b"vary", b"Origin"),
+                (b"access-control-expose-headers", b"x-seed"),
+            ]
+        )
         if cors and scope["method"] == "OPTIONS" and "access-control-request-method" in headers:
-            await send({"type": "http.response.start", "status": 204, "headers": [
-                *SECURITY_HEADERS, *cors, (b"access-control-allow-methods", CORS_METHODS),
-                (b"access-control-allow-headers", CORS_HEADERS), (b"access-control-max-age", CORS_MAX_AGE)]})
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 204,
+                    "headers": [
+                        *SECURITY_HEADERS,
+                        *cors,
+                        (b"access-control-allow-methods", CORS_METHODS),
+                        (b"access-control-allow-headers", CORS_HEADERS),
+                        (b"access-control-max-age", CORS_MAX_AGE),
+                    ],
+                }
+            )
             await send({"type": "http.response.body", "body": b""})
             return
 

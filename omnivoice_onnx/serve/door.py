@@ -49,12 +49,20 @@ def body_timeout(length: int) -> float:
 
 # --- the error table -----------------------------------------------------------------------------
 
+
 class ApiError(Exception):
     """A refusal a client sees: HTTP answers it in OpenAI's shape, Wyoming as an Error event with
     `code`. Made by refuse() from the table; `headers` are HTTP's (Retry-After, Connection)."""
 
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 kind: str = "invalid_request_error", headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        code: str | None = None,
+        kind: str = "invalid_request_error",
+        headers: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
         self.headers = headers or {}
@@ -96,28 +104,39 @@ ERRORS: dict[str, Refusal] = {
     "method_not_allowed": Refusal(405, _BAD, "{detail}"),
     # who may ask
     "invalid_api_key": Refusal(401, _BAD, "incorrect API key (send Authorization: Bearer <key>)"),
-    "host_not_allowed": Refusal(403, "permission_error",
-                                "Host {host!r} is not a name this server answers to (a page reaching it through "
-                                "another name is refused); use http://127.0.0.1:PORT, or start the server with "
-                                "--allowed-host NAME"),
-    "cross_origin": Refusal(403, "permission_error",
-                            "requests from the page at {origin!r} are refused (only this server's own page may send "
-                            "them); start the server with --cors-origin {origin} to allow that page"),
-    "voice_save_disabled": Refusal(403, "permission_error",
-                                   "saving voices over HTTP is off on this server; start it with --allow-voice-save, "
-                                   "or leave out save_as to use the reference for requests without saving it"),
+    "host_not_allowed": Refusal(
+        403,
+        "permission_error",
+        "Host {host!r} is not a name this server answers to (a page reaching it through "
+        "another name is refused); use http://127.0.0.1:PORT, or start the server with "
+        "--allowed-host NAME",
+    ),
+    "cross_origin": Refusal(
+        403,
+        "permission_error",
+        "requests from the page at {origin!r} are refused (only this server's own page may send "
+        "them); start the server with --cors-origin {origin} to allow that page",
+    ),
+    "voice_save_disabled": Refusal(
+        403,
+        "permission_error",
+        "saving voices over HTTP is off on this server; start it with --allow-voice-save, "
+        "or leave out save_as to use the reference for requests without saving it",
+    ),
     # the connection's time and count
     "header_timeout": Refusal(408, _BAD, "the request headers did not arrive within {seconds:g} s"),
     "body_timeout": Refusal(408, _BAD, "the request body did not arrive within {seconds:.0f} s"),
     "too_many_connections": Refusal(503, _SERVER, "the server holds {limit} connections; retry shortly"),
     # the server's state
-    "queue_full": Refusal(429, "rate_limit_error",
-                          "the server is busy ({running} running, {queued} queued); retry after {retry} s"),
+    "queue_full": Refusal(
+        429, "rate_limit_error", "the server is busy ({running} running, {queued} queued); retry after {retry} s"
+    ),
     "shutting_down": Refusal(503, _SERVER, "the server is shutting down"),
     "timeout": Refusal(504, _SERVER, "the request took longer than the server's timeout"),
     "cancelled": Refusal(499, _BAD, "request cancelled"),  # nginx's "client closed request": only logs see it
-    "voices_unreadable": Refusal(500, _SERVER,
-                                 "the voices folder holds a damaged voice file (the server log names it)"),
+    "voices_unreadable": Refusal(
+        500, _SERVER, "the voices folder holds a damaged voice file (the server log names it)"
+    ),
     "internal_error": Refusal(500, _SERVER, "the server failed (its log has the details)"),
 }
 
@@ -130,8 +149,14 @@ def refuse(code: str, param: str | None = None, headers: dict[str, str] | None =
 
 # --- the request's shape -------------------------------------------------------------------------
 
-TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", dict: "an object", list: "a list",
-              bool: "true or false"}
+TYPE_NAMES = {
+    str: "a string",
+    int: "an integer",
+    float: "a number",
+    dict: "an object",
+    list: "a list",
+    bool: "true or false",
+}
 
 
 def is_kind(value: Any, kind: type) -> bool:
@@ -177,4 +202,3 @@ def json_object(data: bytes, what: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise refuse("invalid_type", field=f"the {what}", expected="a JSON object")
     return value
-

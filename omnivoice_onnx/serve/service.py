@@ -19,8 +19,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from omnivoice_onnx import voices as voice_store
-from omnivoice_onnx.api import OmniVoiceOnnx
-from omnivoice_onnx.audio_out import AudioFormat, available_response_formats
+from omnivoice_onnx.audio_out import AudioFormat
 from omnivoice_onnx.core.prompt import VoiceClonePrompt, language_names
 from omnivoice_onnx.core.request import keywords
 from omnivoice_onnx.errors import UserError
@@ -28,7 +27,6 @@ from omnivoice_onnx.limits import SEED_MAX, SEED_MIN
 from omnivoice_onnx.presets import OPENAI_MODEL_IDS, PRESETS
 from omnivoice_onnx.serve.door import MAX_BODY_BYTES, MAX_INPUT_CHARS, ApiError, refuse, too_long
 from omnivoice_onnx.serve.pool import Job, WorkerPool, scrub_paths
-from omnivoice_onnx.sessions import worker_threads
 
 LOG = logging.getLogger("omnivoice_onnx.server")
 
@@ -307,27 +305,6 @@ def build_job(service: Service, request: Any, loop: asyncio.AbstractEventLoop) -
                      f"with stream_format use one of {', '.join(streamable)}, or drop stream_format to get the whole "
                      f"{fmt} file")
     return plan_job(service, request, loop, stream=request.stream_format is not None), fmt
-
-
-def load_service(config: ServerConfig) -> Service:
-    """Load one OmniVoiceOnnx per worker and check the voices folder, before the port opens."""
-    threads = worker_threads(config.workers, config.threads)
-    # The first load checks the bundle's files against its report (OmniVoiceOnnx's verify); the
-    # other workers load the same files just checked, so they skip the re-hash (~3.7 GB at full size).
-    models = [OmniVoiceOnnx.from_dir(config.model_dir, threads=threads, resident_codecs=True, variant=config.variant,
-                                     verify=i == 0)
-              for i in range(config.workers)]
-    formats = available_response_formats()
-    default = config.default_format or ("mp3" if "mp3" in formats else "wav")
-    if default not in formats:
-        raise UserError(f"--default-format {default} is not available here", f"choose one of {', '.join(formats)}")
-    voices = voice_store.voices_dir(config.model_dir, config.voices_dir)
-    voice_store.list_voices(voices)  # a damaged voice file is named now, not at the first request
-    first = models[0]
-    folders = {"<voices>": voices, "<model>": Path(config.model_dir)}
-    return Service(config=config, pool=WorkerPool(models, config.queue_size, folders), voices=voices, formats=formats,
-                   default_format=default, fingerprint=first.metadata["model_fingerprint"], variant=first.variant,
-                   sample_rate=first.sample_rate)
 
 
 def bind(host: str, port: int) -> socket.socket:

@@ -63,6 +63,7 @@ DEFAULT_VOICE = "alloy"  # the voice of a request that names none
 LISTENING = "omnivoice-onnx wyoming: listening on "  # the start line's prefix (serving.launch reads it)
 SAMPLE_WIDTH = 2  # bytes per sample: 16-bit PCM, what Home Assistant plays
 ATTRIBUTION = ("k2-fsa OmniVoice", "https://github.com/k2-fsa/OmniVoice")
+LINGER_S = 1.0  # how long a refused peer's remaining bytes are read and dropped before the close
 # A sentence is complete once its end mark (and any closing quote or bracket) is followed by
 # whitespace: "Dr. Smith" may still split early, which costs a pause, never words.
 END_MARKS = ".!?;:\u3002\uff01\uff1f\uff1b"
@@ -266,6 +267,7 @@ class Session:
                     event = await read_event(self.reader)
                 except Unframed as exc:
                     await self.refuse(exc.error)
+                    await self.linger()
                     break
                 except Idle:
                     break
@@ -288,6 +290,18 @@ class Session:
             for job in self.jobs:
                 job.cancel.set()
             self.writer.close()
+
+    async def linger(self) -> None:
+        """Before closing on a peer whose bytes are still coming: say we are done writing, then
+        read and drop what it sends for a moment (bounded), so that the close does not reset the
+        connection and destroy the Error event just sent."""
+        if self.writer.can_write_eof():
+            self.writer.write_eof()
+        deadline = asyncio.get_running_loop().time() + LINGER_S
+        with contextlib.suppress(asyncio.TimeoutError, ConnectionError):
+            while await asyncio.wait_for(self.reader.read(door.MAX_BODY_BYTES),
+                                         max(0.0, deadline - asyncio.get_running_loop().time())):
+                pass
 
     async def last_word(self) -> None:
         """The drain's end for this connection: a stream still open gets `shutting_down` (its
