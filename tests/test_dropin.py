@@ -136,7 +136,11 @@ def test_page_speaks_in_chromium(srv: Server, tmp_path: Path) -> None:
         browser = playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True,
                                              args=["--autoplay-policy=no-user-gesture-required", "--no-sandbox"])
         try:
-            page = browser.new_page(viewport={"width": 900, "height": 860})
+            # bypass_csp: Playwright's wait_for_function evaluates its predicate as a string, which the
+            # page's Content-Security-Policy (no 'unsafe-eval') refuses; the page's own script runs as served.
+            page = browser.new_page(viewport={"width": 900, "height": 860}, bypass_csp=True)
+            responses: list[tuple[str, int]] = []
+            page.on("response", lambda response: responses.append((response.url, response.status)))
             page.goto(f"http://127.0.0.1:{srv.port}/", timeout=REQUEST_S * 1000)
             page.wait_for_function("document.querySelectorAll('#voice option').length > 12",
                                    timeout=REQUEST_S * 1000)
@@ -149,7 +153,14 @@ def test_page_speaks_in_chromium(srv: Server, tmp_path: Path) -> None:
             page.wait_for_function("window.omnivoice.played > 0", timeout=REQUEST_S * 1000)
             status = page.inner_text("#status")
             assert f"seed {PRESETS['alloy'].seed}" in status and "RTF" in status, status
+            assert page.input_value("#seed") == str(PRESETS["alloy"].seed)  # the seed, where it is reused
+            assert page.is_visible("#player")
+            assert not [url for url, code in responses if code >= 400], responses  # the favicon included
             page.screenshot(path=str(tmp_path / "page.png"))
+            page.fill("#steps", "0")  # refused: the clip of the request before must not stay on show
+            page.click("#speak")
+            page.wait_for_function("window.omnivoice.error", timeout=REQUEST_S * 1000)
+            assert not page.is_visible("#player") and "num_step" in page.inner_text("#status")
         finally:
             browser.close()
     assert (tmp_path / "page.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -29,7 +29,7 @@ from omnivoice_export.serving import launch  # noqa: E402
 from omnivoice_onnx import OmniVoiceOnnx  # noqa: E402
 from omnivoice_onnx.audio_out import to_pcm16  # noqa: E402
 from omnivoice_onnx.presets import PRESETS  # noqa: E402
-from omnivoice_onnx.serve import service as server_service  # noqa: E402
+from omnivoice_onnx.serve import door  # noqa: E402
 
 pytestmark = pytest.mark.slow  # the session pipeline's tiny export
 
@@ -128,7 +128,7 @@ def test_refusals_are_error_events(port) -> None:
     (unknown,) = exchange(port, Synthesize("Hello.", voice=SynthesizeVoice(name="nobody")))
     error = Error.from_event(unknown)
     assert error.code == "invalid_voice" and "unknown voice 'nobody'" in error.text and "alloy" in error.text
-    (long,) = exchange(port, Synthesize("x" * (server_service.MAX_INPUT_CHARS + 1)))
+    (long,) = exchange(port, Synthesize("x" * (door.MAX_INPUT_CHARS + 1)))
     assert Error.from_event(long).code == "string_above_max_length"
     (empty,) = exchange(port, Synthesize("   "))
     assert Error.is_type(empty.type) and "empty" in Error.from_event(empty).text

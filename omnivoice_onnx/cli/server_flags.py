@@ -12,7 +12,7 @@ from typing import Any
 from omnivoice_onnx.bundle import DEFAULT_MODEL_DIR
 from omnivoice_onnx.cliutil import THREADS, float_range, int_range
 from omnivoice_onnx.errors import UserError
-from omnivoice_onnx.serve.service import DEFAULT_QUEUE, DEFAULT_TIMEOUT_S, ServerConfig
+from omnivoice_onnx.serve.service import DEFAULT_DRAIN_S, DEFAULT_QUEUE, DEFAULT_TIMEOUT_S, ServerConfig
 
 
 def add_model_flags(parser: argparse.ArgumentParser) -> None:
@@ -30,6 +30,10 @@ def add_model_flags(parser: argparse.ArgumentParser) -> None:
                         help=f"requests that may wait for a worker; more are refused (default: {DEFAULT_QUEUE})")
     parser.add_argument("--timeout", type=float_range(1.0, 86_400.0), default=DEFAULT_TIMEOUT_S,
                         help=f"seconds a request may take, queue wait included (default: {DEFAULT_TIMEOUT_S:g})")
+    parser.add_argument("--drain-timeout", "--drain_timeout", dest="drain_timeout", type=float_range(0.0, 86_400.0),
+                        default=DEFAULT_DRAIN_S,
+                        help=f"on SIGTERM, seconds in-flight requests may take to finish; the rest end with an error "
+                             f"(default: {DEFAULT_DRAIN_S:g})")
 
 
 def server_config(args: argparse.Namespace, **more: Any) -> ServerConfig:
@@ -37,4 +41,5 @@ def server_config(args: argparse.Namespace, **more: Any) -> ServerConfig:
     if not args.model_dir.is_dir():
         raise UserError(f"--model-dir {args.model_dir} is not a folder", "pass the export folder (onnx/)")
     return ServerConfig(model_dir=args.model_dir, voices_dir=args.voices, workers=args.workers, threads=args.threads,
-                        queue_size=args.queue, timeout_s=args.timeout, variant=args.variant, **more)
+                        queue_size=args.queue, timeout_s=args.timeout, drain_s=args.drain_timeout, variant=args.variant,
+                        **more)

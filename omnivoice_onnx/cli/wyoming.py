@@ -4,11 +4,12 @@
     omnivoice-onnx wyoming --model-dir onnx --uri tcp://127.0.0.1:10200
 
 Then in Home Assistant: Settings > Devices & services > Add integration > "Wyoming Protocol",
-host and port of this machine (bind --uri tcp://0.0.0.0:10200 for another machine to reach it;
-the protocol has no key: keep it on a trusted network). Voices: the saved ones, the OpenAI-named
+host and port of this machine. The protocol has no key: a --uri other machines can reach (e.g.
+tcp://0.0.0.0:10200, for Home Assistant on another machine or in a container) needs
+--allow-remote, and is then for a trusted network only. Voices: the saved ones, the OpenAI-named
 presets and auto. The protocol carries no seed: each request's is logged; --seed fixes it.
 Events, limits and errors: docs/drop-in.md ("Home Assistant: the Wyoming protocol"). SIGTERM or
-Ctrl-C stops it (exit 0).
+Ctrl-C drains it (exit 0; 143/130 if --drain-timeout cut a request off).
 """
 
 from __future__ import annotations
@@ -35,6 +36,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         help=f"the voice of a request that names none (default: {wyoming_server.DEFAULT_VOICE})")
     parser.add_argument("--seed", type=SEED, default=None,
                         help="every request's seed (default: a preset's own, else a fresh one per request, logged)")
+    parser.add_argument("--allow-remote", "--allow_remote", dest="allow_remote", action="store_true",
+                        help="listen on a --uri other machines can reach (default: refused; the protocol has no key, "
+                             "so anyone who can reach the port can use it)")
     return parser
 
 
@@ -42,12 +46,13 @@ def run(args: argparse.Namespace) -> int:
     try:
         import wyoming  # noqa: F401  (the extra's package, named now rather than at the first client)
 
-        from omnivoice_onnx.serve import app as server
         from omnivoice_onnx.serve import wyoming as wyoming_server
+        from omnivoice_onnx.serve.app import load_service
     except ModuleNotFoundError as exc:
         raise UserError(f"omnivoice-onnx wyoming needs {exc.name}, which is not installed", INSTALL_FIX) from None
     config = server_config(args)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(message)s")
-    wyoming = wyoming_server.WyomingConfig(uri=args.uri, seed=args.seed, voice=args.voice)
+    wyoming = wyoming_server.WyomingConfig(uri=args.uri, seed=args.seed, voice=args.voice,
+                                           allow_remote=args.allow_remote)
     listener = wyoming_server.listen(wyoming)  # a bad --uri or a busy port is named before the models load
-    return wyoming_server.serve(server.load_service(config), wyoming, listener)
+    return wyoming_server.serve(load_service(config), wyoming, listener)

@@ -79,7 +79,6 @@ import signal
 import threading
 import urllib.parse
 from collections.abc import AsyncIterator, Callable, Iterator
-from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 
@@ -89,11 +88,14 @@ from omnivoice_onnx.audio_out import StreamEncoder, available_response_formats, 
 from omnivoice_onnx.contract import variants_present
 from omnivoice_onnx.core.prompt import InstructReading, instructions_note, resolve_instruct
 from omnivoice_onnx.errors import UserError
+from omnivoice_onnx.serve import door
+from omnivoice_onnx.serve.browser import BrowserGuard, BrowserPolicy, page_csp
+from omnivoice_onnx.serve.connection import http_protocol, read_body, wait_disconnect
+from omnivoice_onnx.serve.door import ApiError, refuse
 from omnivoice_onnx.serve.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from omnivoice_onnx.serve.metrics import Metrics
-from omnivoice_onnx.serve.pool import ApiError, Draining, Job, QueueFull, WorkerPool, job_failure, time_out
+from omnivoice_onnx.serve.pool import Job, WorkerPool, job_failure, time_out
 from omnivoice_onnx.serve.service import (
-    MAX_REFERENCE_BYTES,
     MODEL_ID,
     ServerConfig,
     Service,
@@ -101,6 +103,7 @@ from omnivoice_onnx.serve.service import (
     bind,
     build_job,
     check_auth,
+    is_loopback,
     speech_request_model,
     validation_error,
 )
@@ -109,122 +112,18 @@ from omnivoice_onnx.sessions import worker_threads
 LOG = logging.getLogger("omnivoice_onnx.server")
 LISTENING = "omnivoice-onnx serve: listening on "  # the start line's prefix, read by launch()
 
-# Connections (http_protocol): a client holding the server's resources without finishing a request
-# (slowloris: one header byte every 2 s; 300 idle sockets) is cut off, with a JSON error where a
-# reply is still possible. A real client sends its headers at once and its <= 64 KiB body in well
-# under a second.
-HEADER_TIMEOUT_S = 10.0  # from the connection (or the previous response) to a request's complete headers
-BODY_TIMEOUT_S = 30.0  # from the headers to the complete body, plus its limit at MIN_BODY_RATE
-MIN_BODY_RATE = 64 * 1024  # bytes/s a client must at least send: 16 MiB of reference audio get 256 s more
-KEEP_ALIVE_S = 5.0  # an idle keep-alive connection is closed after this (uvicorn's default, stated)
-MAX_CONNECTIONS = 512  # open connections at once; one more is answered 503 and closed
-MAX_HEADER_BYTES = 16 * 1024  # request line + headers (h11's incomplete-event limit); more: 400
 
+def error_response(error: ApiError) -> Any:
+    from fastapi.responses import JSONResponse
 
-async def read_body(request: Any, limit: int, timeout_s: float | None = None) -> bytes:
-    """The request body, refused with 413 as soon as it passes `limit` bytes (declared or sent),
-    and with 408 when it has not all come within `timeout_s` (default BODY_TIMEOUT_S plus `limit`
-    at MIN_BODY_RATE; a client trickling it would hold a connection and a task for as long as it
-    likes)."""
-    timeout_s = BODY_TIMEOUT_S + limit / MIN_BODY_RATE if timeout_s is None else timeout_s
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdecimal() and int(declared) > limit:
-        raise ApiError(413, f"request body of {declared} bytes is over the limit of {limit}", code="body_too_large")
-    body = bytearray()
-    pieces = request.stream().__aiter__()
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while True:
-        try:
-            piece = await asyncio.wait_for(pieces.__anext__(), max(0.0, deadline - asyncio.get_running_loop().time()))
-        except StopAsyncIteration:
-            return bytes(body)
-        except asyncio.TimeoutError:
-            raise ApiError(408, f"the request body did not arrive within {timeout_s:.0f} s", code="body_timeout",
-                           headers={"Connection": "close"}) from None
-        body += piece
-        if len(body) > limit:
-            raise ApiError(413, f"request body is over the limit of {limit} bytes", code="body_too_large")
-
-
-def raw_error(error: ApiError) -> bytes:
-    """`error` as a complete HTTP/1.1 response that closes the connection, for the places where
-    there is no request to answer through the app (malformed HTTP, headers too slow, too many
-    connections): the same JSON body as every other error, never uvicorn's plain text."""
-    body = json.dumps(error.body()).encode()
-    head = [f"HTTP/1.1 {error.status} {HTTPStatus(error.status).phrase}", "content-type: application/json",
-            f"content-length: {len(body)}", "connection: close",
-            *(f"{name}: {value}" for name, value in error.headers.items())]
-    return ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body
-
-
-def http_protocol() -> type:
-    """uvicorn's h11 protocol with the connection limits above (built on first use: uvicorn is the
-    `serve` extra's). uvicorn bounds neither the time to send headers nor the number of idle
-    connections, and answers malformed HTTP in plain text."""
-    import h11
-    from uvicorn.protocols.http.h11_impl import H11Protocol
-
-    class BoundedH11(H11Protocol):
-        def connection_made(self, transport: Any) -> None:  # type: ignore[override]
-            super().connection_made(transport)
-            self.header_timer: asyncio.TimerHandle | None = None
-            self.over_limit = len(self.connections) > MAX_CONNECTIONS  # answered when its request comes
-            self.arm_header_timer()
-
-        def data_received(self, data: bytes) -> None:
-            if self.over_limit:  # refused after reading what was sent: closing first would reset the answer
-                self.reject(ApiError(503, f"the server holds {MAX_CONNECTIONS} connections; retry shortly",
-                                     kind="server_error", code="too_many_connections", headers={"Retry-After": "1"}))
-                return
-            super().data_received(data)
-
-        def arm_header_timer(self) -> None:
-            if self.header_timer is not None:
-                self.header_timer.cancel()
-            self.header_timer = self.loop.call_later(HEADER_TIMEOUT_S, self.headers_too_slow)
-
-        def headers_too_slow(self) -> None:
-            if self.cycle is not None and not self.cycle.response_complete:
-                return  # a request is being answered (its body has BODY_TIMEOUT_S of its own)
-            if self.conn.their_state is h11.IDLE:
-                self.reject(ApiError(408, f"the request headers did not arrive within {HEADER_TIMEOUT_S:g} s",
-                                     code="header_timeout"))
-
-        def on_response_complete(self) -> None:
-            super().on_response_complete()
-            if not self.transport.is_closing():
-                self.arm_header_timer()
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            if self.header_timer is not None:
-                self.header_timer.cancel()
-            super().connection_lost(exc)
-
-        def send_400_response(self, msg: str) -> None:
-            self.reject(ApiError(400, f"malformed HTTP request ({msg.rstrip('.')})", code="invalid_http"))
-
-        def reject(self, error: ApiError) -> None:
-            if not self.transport.is_closing():
-                self.transport.write(raw_error(error))
-                self.transport.close()
-
-    return BoundedH11
-
-
-async def wait_disconnect(request: Any) -> None:
-    """Returns when the client goes away (after the body was read, receive() waits for that)."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
+    return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
 
 
 def create_app(service: Service) -> Any:
-    """The FastAPI application over `service` (its WorkerPool is closed when the app shuts down)."""
-    from fastapi import FastAPI, Request
-    from fastapi.responses import JSONResponse, Response, StreamingResponse
-    from pydantic import ValidationError
-    from starlette.exceptions import HTTPException
-
-    SpeechRequest = speech_request_model()
+    """The FastAPI application over `service` (its WorkerPool is closed when the app shuts down):
+    the error handlers, the middleware, then each group of routes. A new group is one more
+    add_*_routes(app, service) here."""
+    from fastapi import FastAPI
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Any) -> AsyncIterator[None]:
@@ -235,33 +134,54 @@ def create_app(service: Service) -> Any:
     # the routes are OpenAI's, documented in the README, and the speech route reads its body itself.
     app = FastAPI(title="omnivoice-onnx", description=__doc__, lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None)
+    add_error_handlers(app)
+    add_middleware(app, service)
+    add_info_routes(app, service)
+    add_voice_routes(app, service)
+    add_reference_routes(app, service)
+    add_speech_routes(app, service)
+    return app
 
-    def error_response(error: ApiError) -> JSONResponse:
-        return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+
+def add_error_handlers(app: Any) -> None:
+    """Every error a client sees is the front door's JSON; a bug's traceback goes to the log only."""
+    from fastapi import Request
+    from starlette.exceptions import HTTPException
 
     @app.exception_handler(ApiError)
-    async def api_error(request: Request, exc: ApiError) -> JSONResponse:
+    async def api_error(request: Request, exc: ApiError) -> Any:
         return error_response(exc)
 
     @app.exception_handler(HTTPException)
-    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+    async def http_error(request: Request, exc: HTTPException) -> Any:
         if exc.status_code == 404:
-            return error_response(ApiError(404, f"no route {request.method} {request.url.path}", code="not_found"))
-        return error_response(ApiError(exc.status_code, str(exc.detail), code=None))
+            return error_response(refuse("not_found", detail=f"{request.method} {request.url.path}"))
+        if exc.status_code == 405:
+            return error_response(refuse("method_not_allowed", detail=str(exc.detail)))
+        return error_response(ApiError(exc.status_code, str(exc.detail)))
 
     @app.exception_handler(Exception)
-    async def server_error(request: Request, exc: Exception) -> JSONResponse:
+    async def server_error(request: Request, exc: Exception) -> Any:
         LOG.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
-        return error_response(ApiError(500, "internal server error (the server log has the details)",
-                                       kind="server_error", code="internal_error"))
+        return error_response(refuse("internal_error"))
 
+
+def browser_policy(config: ServerConfig) -> BrowserPolicy:
+    """A keyless loopback server checks Host (a page rebinding a name to 127.0.0.1 has no key to
+    show); any server does once --allowed-host names one."""
+    return BrowserPolicy(check_host=bool(config.allowed_hosts) or (config.api_key is None and is_loopback(config.host)),
+                         allowed_hosts=frozenset(config.allowed_hosts), cors_origins=frozenset(config.cors_origins))
+
+
+def add_middleware(app: Any, service: Service) -> None:
+    """From the outside in: Measured (every request counted for /metrics), LastWord (drain
+    cut-offs and cut streams end in one log line), the browser checks (browser.BrowserGuard), the
+    key. Plain ASGI rather than @app.middleware: starlette's BaseHTTPMiddleware breaks a streamed
+    response whose client leaves ("No response returned")."""
     key = service.config.api_key
 
     class RequireKey:
-        """`Authorization: Bearer <key>` on every route but /health (load balancers probe without
-        it) and the page at / (it holds no data; its own requests send the key typed into it).
-        Plain ASGI rather than @app.middleware: starlette's BaseHTTPMiddleware breaks a
-        streamed response whose client leaves ("No response returned")."""
+        """`Authorization: Bearer <key>` on every route but OPEN_PATHS."""
 
         def __init__(self, app: Any) -> None:
             self.app = app
@@ -270,18 +190,15 @@ def create_app(service: Service) -> Any:
             if scope["type"] == "http" and scope["path"] not in OPEN_PATHS:
                 token = bearer_token(dict(scope["headers"]).get(b"authorization", b""))
                 if not hmac.compare_digest(token, key.encode()):
-                    response = error_response(ApiError(401, "incorrect API key (send Authorization: Bearer <key>)",
-                                                       code="invalid_api_key"))
-                    await response(scope, receive, send)
+                    await error_response(refuse("invalid_api_key"))(scope, receive, send)
                     return
             await self.app(scope, receive, send)
 
-    if key:
-        app.add_middleware(RequireKey)
-
-    class DrainCutOff:
+    class LastWord:
         """Outermost: a request that SIGTERM's --drain-timeout cancels before its response started
-        gets a JSON 503 (uvicorn would send a plain-text 500); one that had started is cut short."""
+        gets a JSON 503 (uvicorn would send a plain-text 500); one that had started is cut short.
+        A stream whose generation failed after its headers went out (its timeout, a worker's
+        error) ends without its last chunk and one log line, not uvicorn's traceback."""
 
         def __init__(self, app: Any) -> None:
             self.app = app
@@ -296,18 +213,22 @@ def create_app(service: Service) -> Any:
 
             try:
                 await self.app(scope, receive, tracked)
+            except StreamFailed as exc:
+                LOG.warning("%s %s: stream cut short: %s", scope["method"], scope["path"], exc)
             except asyncio.CancelledError:
                 if scope["type"] != "http" or started:
                     raise
                 LOG.warning("drain timeout: %s %s cut off before its response", scope["method"], scope["path"])
-                await error_response(ApiError(503, "the server was stopped before this request finished (drain "
-                                                   "timeout)", kind="server_error", code="shutting_down",
-                                              headers={"Connection": "close"}))(scope, receive, send)
+                await error_response(refuse("shutting_down", headers={"Connection": "close"}))(scope, receive, send)
 
-    app.add_middleware(DrainCutOff)
+    if key:
+        app.add_middleware(RequireKey)
+    app.add_middleware(BrowserGuard, policy=browser_policy(service.config))
+    app.add_middleware(LastWord)
 
     metrics = Metrics(service.pool.queue.qsize, lambda: service.pool.running, service.sample_rate)
     service.pool.on_synthesis = metrics.synthesis
+    app.state.metrics = metrics
     templates: dict[Any, str] = {}
 
     def route_of(scope: dict) -> str | None:
@@ -327,15 +248,10 @@ def create_app(service: Service) -> Any:
 
     app.add_middleware(Measured)
 
-    @app.get("/metrics")
-    async def prometheus() -> Response:
-        """Prometheus' text format (omnivoice_onnx.serve.metrics lists the series)."""
-        return Response(metrics.render(), media_type=METRICS_CONTENT_TYPE)
 
-    @app.get("/favicon.ico")
-    async def favicon() -> Response:
-        """No icon: an empty answer, so a browser's automatic request is neither a 404 nor a 401."""
-        return Response(status_code=204)
+def add_info_routes(app: Any, service: Service) -> None:
+    """What the server has: /health, the models, voices and languages, the page."""
+    from fastapi.responses import JSONResponse, Response
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -365,8 +281,8 @@ def create_app(service: Service) -> Any:
         for item in model_list():
             if item["id"] == model_id:
                 return item
-        raise ApiError(404, f"model {model_id!r} does not exist; this server has {', '.join(service.model_ids())}",
-                       "model", "model_not_found")
+        raise refuse("model_not_found", "model", detail=f"model {model_id!r} does not exist; this server has "
+                     f"{', '.join(service.model_ids())}")
 
     @app.get("/v1/audio/models")
     async def speech_models() -> dict[str, Any]:
@@ -380,12 +296,43 @@ def create_app(service: Service) -> Any:
         data = [voice_item(entry) for entry in service.voice_catalogue()]
         return {"object": "list", "voices": [{"id": item["id"], "name": item["name"]} for item in data], "data": data}
 
+    @app.get("/v1/audio/languages")
+    async def list_languages() -> dict[str, Any]:
+        """The `language` values the model knows (ids; names and tags like en-US resolve too)."""
+        return {"object": "list", "data": service.languages()}
+
+    html = web_page()
+    csp = page_csp(html)
+
+    @app.get("/")
+    async def page() -> Response:
+        """The page to try voices (omnivoice_onnx/serve/web/index.html: plain HTML + JS, nothing
+        fetched from elsewhere), with its Content-Security-Policy."""
+        return Response(html, media_type="text/html; charset=utf-8", headers={"Content-Security-Policy": csp})
+
+    @app.get("/favicon.ico")
+    async def favicon() -> Response:
+        """No icon: an empty answer, so a browser's automatic request is neither a 404 nor a 401."""
+        return Response(status_code=204)
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        """Prometheus' text format (omnivoice_onnx.serve.metrics lists the series)."""
+        return Response(app.state.metrics.render(), media_type=METRICS_CONTENT_TYPE)
+
+
+def add_voice_routes(app: Any, service: Service) -> None:
+    """One voice, and saved voices changed over HTTP (POST, PATCH, DELETE: only with
+    --allow-voice-save, else the table's voices_read_only)."""
+    from fastapi import Request
+    from fastapi.responses import JSONResponse
+
     def saved_entry(name: str) -> dict[str, Any]:
         """The saved voice `name` (any case) as GET /v1/audio/voices lists it; 404 if there is none."""
         for entry in service.voice_catalogue():
             if entry.kind in ("clone", "design") and entry.name.casefold() == name.casefold():
                 return voice_item(entry)
-        raise ApiError(404, f"no saved voice {name!r}", "voice", "voice_not_found")
+        raise refuse("voice_not_found", "voice", detail=f"no saved voice {name!r}")
 
     @app.get("/v1/audio/voices/{name}")
     async def get_voice(name: str) -> dict[str, Any]:
@@ -393,19 +340,22 @@ def create_app(service: Service) -> Any:
         for entry in service.voice_catalogue():
             if entry.name.casefold() == name.casefold():
                 return voice_item(entry)
-        raise ApiError(404, f"no voice {name!r}; voices: {', '.join(service.voice_names())}", "voice",
-                       "voice_not_found")
+        raise refuse("voice_not_found", "voice", detail=f"no voice {name!r}; voices: "
+                     f"{', '.join(service.voice_names())}")
 
     def require_save(param: str | None = None) -> None:
         if not service.config.allow_voice_save:
-            raise ApiError(403, "changing saved voices over HTTP is off on this server; start it with "
-                           "--allow-voice-save", param, "voice_save_disabled", kind="permission_error")
+            raise refuse("voices_read_only", param)
 
     def checked_name(name: Any, param: str) -> str:
         try:
             return voice_store.check_name(name)
         except UserError as exc:
-            raise ApiError(400, str(exc), param, "invalid_voice") from None
+            raise refuse("invalid_voice", param, detail=str(exc)) from None
+
+    def must_exist(name: str) -> None:
+        if voice_store.find_saved(service.voices, name) is None:
+            raise refuse("voice_not_found", "voice", detail=f"no saved voice {name!r}")
 
     async def create_voice(request: Request) -> JSONResponse:
         """Multipart: name, and ref_audio (a file) + ref_text, and/or instruct (voice design in the
@@ -416,15 +366,15 @@ def create_app(service: Service) -> Any:
         instruct = form_text(form, "instruct")
         upload = form.get("ref_audio")
         if upload is None and instruct is None:
-            raise ApiError(400, "a voice needs ref_audio (a recording) + ref_text, or an instruct", "ref_audio",
-                           "missing_required_parameter")
+            raise refuse("missing_required_parameter", "ref_audio",
+                         detail="a voice needs ref_audio (a recording) + ref_text, or an instruct")
         if voice_store.find_saved(service.voices, name) is not None:
-            raise ApiError(409, f"voice {name!r} already exists; rename or delete it first", "name", "voice_exists")
+            raise refuse("voice_exists", "name", detail=f"voice {name!r} already exists; rename or delete it first")
         if instruct is not None:
             try:
                 resolve_instruct(instruct, False, service.pool.models[0].runtime_config["instruct"])
             except UserError as exc:
-                raise ApiError(400, str(exc), "instruct", "invalid_instruct") from None
+                raise refuse("invalid_instruct", "instruct", detail=str(exc)) from None
         prompt = None
         if upload is not None:
             data, ref_text = await form_upload(form)
@@ -433,47 +383,42 @@ def create_app(service: Service) -> Any:
         try:
             await asyncio.to_thread(voice_store.save_voice, service.voices, name, voice, False)
         except UserError as exc:  # a concurrent create of the same name won the lock
-            raise ApiError(409, service.scrub(str(exc)), "name", "voice_exists") from None
+            raise refuse("voice_exists", "name", detail=service.scrub(str(exc))) from None
         LOG.info("saved voice %s (POST /v1/audio/voices)", name)
         return JSONResponse(saved_entry(name), status_code=201)
-
-    app.router.add_route("/v1/audio/voices", create_voice, methods=["POST"])  # reads its form itself
 
     async def rename_voice(request: Request) -> JSONResponse:
         """JSON {"name": NEW}: the saved voice renamed (a change of case alone included)."""
         require_save("name")
         old = request.path_params["name"]
-        body = await read_body(request, service.config.max_body_bytes)
-        try:
-            new = json.loads(body)["name"]
-        except (ValueError, KeyError, TypeError):
-            raise ApiError(400, 'send a JSON body {"name": "<the new name>"}', "name", "invalid_json") from None
-        new = checked_name(new, "name")
-        if voice_store.find_saved(service.voices, old) is None:
-            raise ApiError(404, f"no saved voice {old!r}", "voice", "voice_not_found")
+        body = door.json_object(await read_body(request, service.config.max_body_bytes), "the request body")
+        new = checked_name(door.typed(body, "name", str, required=True), "name")
+        must_exist(old)
         try:
             await asyncio.to_thread(voice_store.rename_voice, service.voices, old, new)
         except UserError as exc:
-            raise ApiError(409, service.scrub(str(exc)), "name", "voice_exists") from None
+            raise refuse("voice_exists", "name", detail=service.scrub(str(exc))) from None
         LOG.info("renamed voice %s to %s (PATCH /v1/audio/voices)", old, new)
         return JSONResponse(saved_entry(new))
 
     async def delete_voice(request: Request) -> JSONResponse:
         require_save()
         name = request.path_params["name"]
-        if voice_store.find_saved(service.voices, name) is None:
-            raise ApiError(404, f"no saved voice {name!r}", "voice", "voice_not_found")
+        must_exist(name)
         path = await asyncio.to_thread(voice_store.remove_voice, service.voices, name)
         LOG.info("deleted voice %s (DELETE /v1/audio/voices)", path.stem)
         return JSONResponse({"id": path.stem, "object": "voice.deleted", "deleted": True})
 
+    # Plain Starlette routes: each reads its own body or form (size limits first).
+    app.router.add_route("/v1/audio/voices", create_voice, methods=["POST"])
     app.router.add_route("/v1/audio/voices/{name}", rename_voice, methods=["PATCH"])
     app.router.add_route("/v1/audio/voices/{name}", delete_voice, methods=["DELETE"])
 
-    @app.get("/v1/audio/languages")
-    async def list_languages() -> dict[str, Any]:
-        """The `language` values the model knows (ids; names and tags like en-US resolve too)."""
-        return {"object": "list", "data": service.languages()}
+
+def add_reference_routes(app: Any, service: Service) -> None:
+    """POST /v1/audio/references: an uploaded recording becomes a voice (in memory, or saved)."""
+    from fastapi import Request
+    from fastapi.responses import JSONResponse
 
     async def add_reference(request: Request) -> JSONResponse:
         """Body: a reference recording (any format libsndfile reads); query: ref_text (its words),
@@ -481,21 +426,18 @@ def create_app(service: Service) -> Any:
         voice id to name in speech requests: NAME when saved, else an in-memory "ref-..." id."""
         ref_text, save_as = request.query_params.get("ref_text"), request.query_params.get("save_as")
         if not ref_text or not ref_text.strip():
-            raise ApiError(400, "ref_text (the words spoken in the reference) is required", "ref_text",
-                           "missing_required_parameter")
+            raise refuse("missing_required_parameter", "ref_text",
+                         detail="ref_text (the words spoken in the reference) is required")
         if save_as is not None and not service.config.allow_voice_save:
-            raise ApiError(403, "saving voices over HTTP is off on this server; start it with --allow-voice-save, "
-                           "or leave out save_as to use the reference for requests without saving it",
-                           "save_as", "voice_save_disabled", kind="permission_error")
+            raise refuse("voice_save_disabled", "save_as")
         if save_as is not None:
             try:
                 voice_store.check_name(save_as)
             except UserError as exc:
-                raise ApiError(400, str(exc), "save_as", "invalid_voice") from None
-        body = await read_body(request, MAX_REFERENCE_BYTES)
+                raise refuse("invalid_voice", "save_as", detail=str(exc)) from None
+        body = await read_body(request, door.MAX_REFERENCE_BYTES)
         if not body:
-            raise ApiError(400, "the request body is empty; send the reference recording as the body",
-                           code="empty_body")
+            raise refuse("empty_body")
         digest = hashlib.sha256(body + b"\0" + ref_text.encode()).hexdigest()
         prompt = await asyncio.to_thread(service.encode_reference, body, ref_text)
         if save_as is None:
@@ -507,11 +449,14 @@ def create_app(service: Service) -> Any:
 
     app.router.add_route("/v1/audio/references", add_reference, methods=["POST"])  # reads its body itself
 
-    @app.get("/")
-    async def page() -> Response:
-        """The page to try voices (omnivoice_onnx/serve/web/index.html: plain HTML + JS, nothing fetched
-        from elsewhere)."""
-        return Response(web_page(), media_type="text/html; charset=utf-8")
+
+def add_speech_routes(app: Any, service: Service) -> None:
+    """POST /v1/audio/speech: OpenAI's speech route, whole clips and streams."""
+    from fastapi import Request
+    from fastapi.responses import Response, StreamingResponse
+    from pydantic import ValidationError
+
+    SpeechRequest = speech_request_model()
 
     async def speech(request: Request) -> Any:
         body = await read_body(request, service.config.max_body_bytes)
@@ -519,7 +464,7 @@ def create_app(service: Service) -> Any:
             parsed = SpeechRequest.model_validate_json(body)
         except ValidationError as exc:
             if any(error["type"] == "json_invalid" for error in exc.errors()):
-                raise ApiError(400, "the request body is not valid JSON", code="invalid_json") from None
+                raise refuse("invalid_json") from None
             raise validation_error(exc) from None
         return await run_speech(request, parsed)
 
@@ -530,8 +475,7 @@ def create_app(service: Service) -> Any:
         model). The fields are checked before the reference is encoded."""
         form = await read_form(request)
         if form.get("voice") is not None:
-            raise ApiError(400, "a clone request's voice is its ref_audio; drop the voice field", "voice",
-                           "unknown_parameter")
+            raise refuse("unknown_parameter", "voice", field="voice (a clone request's voice is its ref_audio)")
         fields: dict[str, Any] = {"model": MODEL_ID, "voice": "auto"}
         for name, value in form.multi_items():
             if name not in ("ref_audio", "ref_text"):
@@ -545,21 +489,11 @@ def create_app(service: Service) -> Any:
         voice = service.add_reference(prompt, hashlib.sha256(data + b"\0" + ref_text.encode()).hexdigest())
         return await run_speech(request, parsed.model_copy(update={"voice": voice}))
 
-    app.router.add_route("/v1/audio/speech/clone", speech_clone, methods=["POST"])  # reads its form itself
-
     async def run_speech(request: Request, parsed: Any) -> Any:
         """A checked speech request queued, run and answered (whole, streamed or as SSE)."""
         loop = asyncio.get_running_loop()
         job, fmt = build_job(service, parsed, loop)
-        try:
-            service.pool.submit(job)
-        except QueueFull:
-            raise ApiError(429, f"the server is busy ({service.pool.workers} running, {service.pool.queue_size} "
-                           "queued); retry after the Retry-After seconds", code="queue_full",
-                           kind="rate_limit_error", headers={"Retry-After": str(service.pool.retry_after())}) from None
-        except Draining:
-            raise ApiError(503, "the server is shutting down", code="shutting_down", kind="server_error",
-                           headers={"Retry-After": "5"}) from None
+        service.pool.submit(job)  # queue_full / shutting_down: the table's, with Retry-After
         timer = loop.call_at(loop.time() + service.config.timeout_s, time_out, job)
         headers = {"X-Seed": str(job.request.seed), **instruction_headers(job.request.instruct_readings[0])}
         try:
@@ -571,7 +505,7 @@ def create_app(service: Service) -> Any:
         kind, payload = first
         if kind in ("error", "timeout", "cancelled", "gone"):
             timer.cancel()
-            raise job_failure(job, kind, payload)
+            raise job_failure(job, kind, payload, service.pool.draining)
         if not job.stream:
             timer.cancel()
             # an mp3 of minutes: not on the event loop
@@ -588,7 +522,7 @@ def create_app(service: Service) -> Any:
     # A plain Starlette route: the handler reads and validates the body itself (size limit first,
     # then OpenAI-shaped 400s), so FastAPI's parameter injection has nothing to do here.
     app.router.add_route("/v1/audio/speech", speech, methods=["POST"])
-    return app
+    app.router.add_route("/v1/audio/speech/clone", speech_clone, methods=["POST"])  # reads its form itself
 
 
 def web_page() -> bytes:
@@ -602,7 +536,7 @@ def web_page() -> bytes:
 # own requests send the key typed into it) and the icon a browser asks for by itself.
 OPEN_PATHS = ("/health", "/", "/favicon.ico")
 # A multipart body: one reference recording (MAX_REFERENCE_BYTES) and a few short fields.
-MAX_FORM_BYTES = MAX_REFERENCE_BYTES + 64 * 1024
+MAX_FORM_BYTES = door.MAX_REFERENCE_BYTES + 64 * 1024
 MAX_FORM_FIELD_BYTES = 64 * 1024
 # Form fields arrive as text: these are converted to the number or boolean the JSON body carries.
 FORM_NUMBERS = {"speed": float, "guidance_scale": float, "duration": float, "seed": int, "num_step": int}
@@ -629,8 +563,7 @@ async def read_form(request: Any) -> Any:
 
     kind = request.headers.get("content-type", "")
     if not kind.startswith(("multipart/form-data", "application/x-www-form-urlencoded")):
-        raise ApiError(400, "send the fields as multipart/form-data (curl -F 'input=...' -F 'ref_audio=@ref.wav')",
-                       code="invalid_content_type")
+        raise refuse("invalid_content_type")
     body = await read_body(request, MAX_FORM_BYTES)
 
     async def replay() -> AsyncIterator[bytes]:
@@ -643,7 +576,7 @@ async def read_form(request: Any) -> Any:
         return await MultiPartParser(request.headers, replay(), max_files=1, max_fields=32,
                                      max_part_size=MAX_FORM_FIELD_BYTES).parse()
     except MultiPartException as exc:
-        raise ApiError(400, f"the multipart body cannot be read ({exc.message})", code="invalid_multipart") from None
+        raise refuse("invalid_multipart", detail=exc.message) from None
 
 
 def form_text(form: Any, name: str, required: bool = False) -> str | None:
@@ -651,26 +584,25 @@ def form_text(form: Any, name: str, required: bool = False) -> str | None:
     value = form.get(name)
     if value is None or (isinstance(value, str) and not value.strip()):
         if required:
-            raise ApiError(400, f"missing required field {name!r}", name, "missing_required_parameter")
+            raise refuse("missing_required_parameter", name, detail=f"missing required field {name!r}")
         return None
     if not isinstance(value, str):
-        raise ApiError(400, f"{name} must be a text field, not a file", name, "invalid_value")
+        raise refuse("invalid_type", name, field=name, expected="a text field, not a file")
     return value
 
 
 def form_value(name: str, value: Any) -> Any:
     """A speech field from a form, as the JSON body would carry it (numbers and booleans converted)."""
     if not isinstance(value, str):
-        raise ApiError(400, f"{name} must be a text field, not a file", name, "invalid_value")
+        raise refuse("invalid_type", name, field=name, expected="a text field, not a file")
     try:
         if name in FORM_NUMBERS:
             return FORM_NUMBERS[name](value)
     except ValueError:
-        raise ApiError(400, f"{name}: {value!r:.40} is not a {FORM_NUMBERS[name].__name__}", name,
-                       "invalid_value") from None
+        raise refuse("invalid_type", name, field=name, expected=door.TYPE_NAMES[FORM_NUMBERS[name]]) from None
     if name == "strict_instructions":
         if value.lower() not in ("true", "false", "1", "0"):
-            raise ApiError(400, f"strict_instructions: {value!r:.40} is not true or false", name, "invalid_value")
+            raise refuse("invalid_type", name, field=name, expected="true or false")
         return value.lower() in ("true", "1")
     return value
 
@@ -679,15 +611,15 @@ async def form_upload(form: Any) -> tuple[bytes, str]:
     """The form's ref_audio file's bytes and its ref_text; 400 naming what is missing."""
     upload = form.get("ref_audio")
     if upload is None or isinstance(upload, str):
-        raise ApiError(400, "ref_audio must be the reference recording, sent as a file (curl -F 'ref_audio=@ref.wav')",
-                       "ref_audio", "missing_required_parameter")
+        raise refuse("missing_required_parameter", "ref_audio", detail="ref_audio must be the reference recording, "
+                     "sent as a file (curl -F 'ref_audio=@ref.wav')")
     ref_text = form_text(form, "ref_text")
     if ref_text is None:
-        raise ApiError(400, "ref_text (the words spoken in ref_audio) is required", "ref_text",
-                       "missing_required_parameter")
+        raise refuse("missing_required_parameter", "ref_text", detail="ref_text (the words spoken in ref_audio) is "
+                     "required")
     data = await upload.read()
     if not data:
-        raise ApiError(400, "ref_audio is an empty file", "ref_audio", "invalid_reference")
+        raise refuse("invalid_reference", "ref_audio", detail="ref_audio is an empty file")
     return data, ref_text
 
 
@@ -805,8 +737,8 @@ def serve(config: ServerConfig) -> int:
     service = load_service(config)
     server = make_server(uvicorn.Config(create_app(service), host=config.host, port=config.port, log_level="info",
                                         timeout_graceful_shutdown=math.ceil(config.drain_s), lifespan="on",
-                                        http=http_protocol(), timeout_keep_alive=math.ceil(KEEP_ALIVE_S),
-                                        h11_max_incomplete_event_size=MAX_HEADER_BYTES),
+                                        http=http_protocol(), timeout_keep_alive=math.ceil(door.KEEP_ALIVE_S),
+                                        h11_max_incomplete_event_size=door.MAX_HEADER_BYTES),
                          service.pool)
     host, port = listener.getsockname()[:2]
     LOG.info("omnivoice-onnx serve: %d worker(s) x %d thread(s), queue %d, default format %s, voices %s",
