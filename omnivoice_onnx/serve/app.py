@@ -38,10 +38,11 @@ What a request gets:
   MP3 are offered whole only: libsndfile rewrites their headers when it closes the file (FLAC's
   sample count, LAME's Info frame), and the bytes streamed before that are not a stream that
   decoders read back (measured: investigation log).
-- Errors in OpenAI's shape {"error": {"message", "type", "param", "code"}}: 400 bad field, 401
-  wrong key, 404 unknown route, 413 body too large, 429 queue full and 503 shutting down (both
-  with Retry-After), 504 past the request timeout. No traceback or server path reaches a client:
-  it goes to the server's log.
+- Errors in OpenAI's shape {"error": {"message", "type", "param", "code"}}, every one from the
+  front door's table (door.ERRORS, which Wyoming answers from too): 400 bad field, 401 wrong key,
+  403 a foreign Host or page origin (browser.py), 404 unknown route, 408 too slow, 413 body too
+  large, 429 queue full and 503 shutting down (both with Retry-After), 504 past the request
+  timeout. No traceback or server path reaches a client: it goes to the server's log.
 
 Concurrency: a bounded queue in front of N worker threads, each with its own OmniVoiceOnnx (own
 sessions, threads = cores // N, so N x threads = cores). A client that disconnects has its queued
