@@ -371,7 +371,7 @@ def test_speak_writes_the_servers_mp3(srv: Server, pipeline, tmp_path: Path) -> 
 def test_page_asks_for_the_key_before_calling_it_wrong(srv: Server) -> None:
     """The page on a server with a key, in headless Chromium: before any key is typed it asks for
     one (not "incorrect API key"); with the key typed, the voices load."""
-    from test_dropin import CHROMIUM
+    from test_dropin import CHROMIUM, wait_until
 
     if not CHROMIUM.is_file():
         pytest.skip(f"{CHROMIUM} is missing (apt-get install chromium; .ci/run does)")
@@ -379,13 +379,13 @@ def test_page_asks_for_the_key_before_calling_it_wrong(srv: Server) -> None:
     with sync_api.sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=["--no-sandbox"])
         try:
-            page = browser.new_page(bypass_csp=True)  # for wait_for_function's string predicates (no 'unsafe-eval')
+            page = browser.new_page()
             page.goto(f"http://127.0.0.1:{srv.port}/", timeout=REQUEST_S * 1000)
-            page.wait_for_function("document.querySelector('#status').textContent !== ''", timeout=REQUEST_S * 1000)
+            wait_until(page, "document.querySelector('#status').textContent !== ''", REQUEST_S)
             status = page.inner_text("#status")
             assert "needs its API key" in status and "incorrect" not in status, status
             page.fill("#api-key", KEY)
             page.dispatch_event("#api-key", "change")
-            page.wait_for_function("document.querySelectorAll('#voice option').length > 12", timeout=REQUEST_S * 1000)
+            wait_until(page, "document.querySelectorAll('#voice option').length > 12", REQUEST_S)
         finally:
             browser.close()

@@ -611,7 +611,7 @@ def test_model_alias_must_be_one_printable_word(tmp_path: Path) -> None:
 
 
 def test_stream_cut_by_the_timeout_leaves_no_traceback(pipeline, voices, tmp_path: Path) -> None:
-    server = start(pipeline.onnx, voices, tmp_path / "server.log", "serve", "--timeout", "1")
+    server = start(pipeline.onnx, voices, tmp_path / "server.log", "serve", "--timeout", "3")
     body = json.dumps(
         {
             "model": "omnivoice",

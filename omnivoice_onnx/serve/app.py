@@ -48,10 +48,12 @@ What a request gets:
   `speech.audio.delta` events (base64 of the same bytes) then one `speech.audio.done`. FLAC is
   offered whole only: libsndfile rewrites its header (the sample count) when it closes the file.
   MP3 is written without LAME's Info frame (audio_out.StreamEncoder), streamed or whole.
-- Errors in OpenAI's shape {"error": {"message", "type", "param", "code"}}: 400 bad field, 401
-  wrong key, 404 unknown route, 413 body too large, 429 queue full and 503 shutting down (both
-  with Retry-After), 504 past the request timeout. No traceback or server path reaches a client:
-  it goes to the server's log.
+- Errors in OpenAI's shape {"error": {"message", "type", "param", "code"}}, every one from the
+  front door's table (door.ERRORS, which Wyoming answers from too): 400 bad field, 401 wrong key,
+  403 a foreign Host or page origin (browser.py) or voices changed without --allow-voice-save,
+  404 unknown route, model or voice, 408 too slow, 409 a voice name taken, 413 body too large,
+  429 queue full and 503 shutting down (both with Retry-After), 504 past the request timeout. No
+  traceback or server path reaches a client: it goes to the server's log.
 
 Concurrency: a bounded queue in front of N worker threads, each with its own OmniVoiceOnnx (own
 sessions, threads = cores // N, so N x threads = cores). A client that disconnects has its queued

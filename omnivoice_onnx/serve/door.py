@@ -138,6 +138,7 @@ ERRORS: dict[str, Refusal] = {
     # the connection's time and count
     "header_timeout": Refusal(408, _BAD, "the request headers did not arrive within {seconds:g} s"),
     "body_timeout": Refusal(408, _BAD, "the request body did not arrive within {seconds:.0f} s"),
+    "idle_timeout": Refusal(408, _BAD, "no event arrived within {seconds:g} s; the connection is closed"),
     "too_many_connections": Refusal(503, _SERVER, "the server holds {limit} connections; retry shortly"),
     # the server's state
     "queue_full": Refusal(

@@ -269,7 +269,9 @@ class Session:
                     await self.refuse(exc.error)
                     await self.linger()
                     break
-                except Idle:
+                except Idle:  # a stream left open is told why its AudioStop never comes
+                    if self.stream is not None:
+                        await self.refuse(refuse("idle_timeout", seconds=door.IDLE_TIMEOUT_S))
                     break
                 if event is None:
                     break
