@@ -122,6 +122,10 @@ class WorkerPool:
                     self.running -= 1
                     self.mean_seconds = 0.8 * self.mean_seconds + 0.2 * (time.monotonic() - started)
 
+    def _synthesized(self, seconds: float, samples: int) -> None:
+        if self.on_synthesis is not None:
+            self.on_synthesis(seconds, samples)
+
     def _count(self, outcome: str) -> None:
         with self._lock:
             self.counts[outcome] += 1
@@ -140,12 +144,11 @@ class WorkerPool:
                 for chunk in tts.stream(job.request, cancel=job.cancel):
                     samples += chunk.samples.size
                     job.emit("chunk", chunk.samples)
+                self._synthesized(time.monotonic() - started, samples)
             else:
                 audio = tts.generate(job.request, cancel=job.cancel)[0]
-                samples = audio.size
+                self._synthesized(time.monotonic() - started, audio.size)  # before the client has its answer
                 job.emit("audio", audio)
-            if self.on_synthesis is not None:
-                self.on_synthesis(time.monotonic() - started, samples)
             self._count("completed")
             job.emit("done")
         except Cancelled:
