@@ -110,17 +110,20 @@ class WorkerPool:
     def _work(self, tts: OmniVoiceOnnx) -> None:
         while (job := self.queue.get()) is not None:
             if job.cancel.is_set():  # its client left (or it timed out, or the drain ran out) while it waited
-                self._cancelled(job)
+                job.emit(*self._cancelled(job))
                 continue
             with self._lock:
                 self.running += 1
             started = time.monotonic()
+            final: list[tuple[str, Any]] = []
             try:
-                self._run(tts, job)
+                final = self._run(tts, job)
             finally:
                 with self._lock:
                     self.running -= 1
                     self.mean_seconds = 0.8 * self.mean_seconds + 0.2 * (time.monotonic() - started)
+                for event in final:  # after `running` drops: a client holding its answer sees the worker free
+                    job.emit(*event)
 
     def _synthesized(self, seconds: float, samples: int) -> None:
         if self.on_synthesis is not None:
@@ -130,14 +133,16 @@ class WorkerPool:
         with self._lock:
             self.counts[outcome] += 1
 
-    def _cancelled(self, job: Job) -> None:
+    def _cancelled(self, job: Job) -> tuple[str, Any]:
         if self.draining and not job.timed_out:
             with self._lock:
                 self.cut_off += 1
         self._count("timed_out" if job.timed_out else "cancelled")
-        job.emit("timeout" if job.timed_out else "cancelled")
+        return ("timeout" if job.timed_out else "cancelled"), None
 
-    def _run(self, tts: OmniVoiceOnnx, job: Job) -> None:
+    def _run(self, tts: OmniVoiceOnnx, job: Job) -> list[tuple[str, Any]]:
+        """Run the job, emitting its chunks as they come -> its final events (the whole clip and
+        "done", or its failure), which _work emits once the worker counts as free."""
         started, samples = time.monotonic(), 0
         try:
             if job.stream:
@@ -145,21 +150,22 @@ class WorkerPool:
                     samples += chunk.samples.size
                     job.emit("chunk", chunk.samples)
                 self._synthesized(time.monotonic() - started, samples)
+                final: list[tuple[str, Any]] = []
             else:
                 audio = tts.generate(job.request, cancel=job.cancel)[0]
-                self._synthesized(time.monotonic() - started, audio.size)  # before the client has its answer
-                job.emit("audio", audio)
+                self._synthesized(time.monotonic() - started, audio.size)
+                final = [("audio", audio)]
             self._count("completed")
-            job.emit("done")
+            return [*final, ("done", None)]
         except Cancelled:
-            self._cancelled(job)
+            return [self._cancelled(job)]
         except UserError as exc:
             self._count("failed")
-            job.emit("error", refuse("invalid_value", detail=scrub_paths(str(exc), self.folders)))
+            return [("error", refuse("invalid_value", detail=scrub_paths(str(exc), self.folders)))]
         except Exception:  # a bug or the machine (memory): logged with its traceback; the client gets one line
             self._count("failed")
             LOG.exception("request failed")
-            job.emit("error", refuse("internal_error"))
+            return [("error", refuse("internal_error"))]
 
 
 def time_out(job: Job) -> None:
