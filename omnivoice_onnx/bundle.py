@@ -17,7 +17,10 @@ the export's own files `re-run export_omnivoice.py`, a variant's `run quantize_o
 --variants NAME`. Cost: one read of every file loaded (at the real dims 1.55 GB for int8: 4.5 s
 of a 6.2 s load with a page cache holding part of it, 1.6 s warm). A file found as recorded is
 remembered by its stat identity in the user's cache (VerifiedFiles), so the next load of the same
-unchanged files hashes nothing; a server pays it once either way. A bundle without a report
+unchanged files hashes nothing; a server pays it once either way. What is verified is what runs:
+tokenizer.json and runtime-config.json are parsed from the bytes that were hashed, and each graph's
+files must keep the identity they were hashed under once onnxruntime has loaded them and after
+every call (check_loaded: onnxruntime maps a sidecar, it does not copy it). A bundle without a report
 (assembled by hand, a port's test folder) is refused unless the check is skipped (verify=False, or
 OMNIVOICE_VERIFY=0); the graphs' metadata and runtime-config.json's values are checked either
 way (api.py, prompt.load_runtime_config).
