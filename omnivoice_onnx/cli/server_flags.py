@@ -9,7 +9,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from omnivoice_onnx.bundle import DEFAULT_MODEL_DIR
+from omnivoice_onnx.bundle import DEFAULT_MODEL_DIR, GET_BUNDLE
 from omnivoice_onnx.cliutil import THREADS, float_range, int_range
 from omnivoice_onnx.errors import UserError
 from omnivoice_onnx.server_service import DEFAULT_QUEUE, DEFAULT_TIMEOUT_S, ServerConfig
@@ -35,6 +35,6 @@ def add_model_flags(parser: argparse.ArgumentParser) -> None:
 def server_config(args: argparse.Namespace, **more: Any) -> ServerConfig:
     """The ServerConfig of add_model_flags' flags (and `more` fields); the model folder checked."""
     if not args.model_dir.is_dir():
-        raise UserError(f"--model-dir {args.model_dir} is not a folder", "pass the export folder (onnx/)")
+        raise UserError(f"--model-dir {args.model_dir} is not a folder", GET_BUNDLE)
     return ServerConfig(model_dir=args.model_dir, voices_dir=args.voices, workers=args.workers, threads=args.threads,
                         queue_size=args.queue, timeout_s=args.timeout, variant=args.variant, **more)
