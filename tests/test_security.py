@@ -25,11 +25,13 @@ import numpy as np
 import pytest
 from conftest import REPO, single_stderr_line
 
-from omnivoice_onnx import audio_out, batch, batch_list, files, limits, server, server_service, voices
+from omnivoice_onnx import audio_out, batch, batch_list, files, limits, voices
 from omnivoice_onnx.bundle import Bundle, read_report
 from omnivoice_onnx.contract import FP32_VARIANT, FRAME_RATE, GRAPH_FILES, NUM_CODEBOOKS, REPORT_FILE
 from omnivoice_onnx.core import audio, prompt, request
 from omnivoice_onnx.errors import UserError
+from omnivoice_onnx.serve import app as server
+from omnivoice_onnx.serve import service as server_service
 
 START_S = 60  # a refused start is one line within this, long before any model could load
 

@@ -29,8 +29,9 @@ openai = pytest.importorskip("openai")
 pytest.importorskip("fastapi")
 
 from omnivoice_export.serving import Launched, launch  # noqa: E402
-from omnivoice_onnx import OmniVoiceOnnx, audio_out, server_service  # noqa: E402
+from omnivoice_onnx import OmniVoiceOnnx, audio_out  # noqa: E402
 from omnivoice_onnx.presets import PRESETS  # noqa: E402
+from omnivoice_onnx.serve import service as server_service  # noqa: E402
 from omnivoice_onnx.voices import Voice, load_voice, save_voice  # noqa: E402
 
 pytestmark = pytest.mark.slow  # the session pipeline's tiny export

@@ -125,5 +125,5 @@ def test_the_graph_is_read_right() -> None:
     skips TYPE_CHECKING (a check that cannot see an import proves nothing)."""
     assert f"{PACKAGE}.batch_ray" in imports(f"{PACKAGE}.batch")[0]  # imported inside ray_engine()
     assert f"{PACKAGE}.core.audio" in imports(f"{PACKAGE}.core.request")[0]  # from omnivoice_onnx.core import audio
-    assert f"{PACKAGE}.api" not in imports(f"{PACKAGE}.server_pool")[0]  # under TYPE_CHECKING
+    assert f"{PACKAGE}.api" not in imports(f"{PACKAGE}.serve.pool")[0]  # under TYPE_CHECKING
     assert "numpy" in imports(f"{PACKAGE}.core.rng")[1]

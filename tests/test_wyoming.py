@@ -26,9 +26,10 @@ from wyoming.info import Describe, Info  # noqa: E402
 from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop, SynthesizeStopped, SynthesizeVoice  # noqa: E402
 
 from omnivoice_export.serving import launch  # noqa: E402
-from omnivoice_onnx import OmniVoiceOnnx, server_service  # noqa: E402
+from omnivoice_onnx import OmniVoiceOnnx  # noqa: E402
 from omnivoice_onnx.audio_out import to_pcm16  # noqa: E402
 from omnivoice_onnx.presets import PRESETS  # noqa: E402
+from omnivoice_onnx.serve import service as server_service  # noqa: E402
 
 pytestmark = pytest.mark.slow  # the session pipeline's tiny export
 

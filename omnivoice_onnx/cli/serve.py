@@ -7,7 +7,7 @@
 
 Binds 127.0.0.1 unless --host says otherwise; another host needs a key (--api-key or
 $OMNIVOICE_API_KEY; an empty one is an error) or, to serve it open on purpose, --no-auth.
-Routes, formats, errors, streaming and how it stops: omnivoice_onnx.server.
+Routes, formats, errors, streaming and how it stops: omnivoice_onnx.serve.app.
 SIGTERM or Ctrl-C drains the requests in flight and exits 0; 143 (130) only if --drain-timeout
 cut some off.
 """
@@ -22,7 +22,7 @@ from omnivoice_onnx.audio_out import RESPONSE_FORMATS
 from omnivoice_onnx.cli.server_flags import add_model_flags, server_config
 from omnivoice_onnx.cliutil import float_range, int_range
 from omnivoice_onnx.errors import UserError
-from omnivoice_onnx.server_service import API_KEY_ENV, DEFAULT_DRAIN_S, api_key_from
+from omnivoice_onnx.serve.service import API_KEY_ENV, DEFAULT_DRAIN_S, api_key_from
 
 INSTALL_FIX = "install the server's extra: pip install 'omnivoice-onnx[serve]'"
 
@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
         import fastapi  # noqa: F401  (the extra's packages, named now rather than at the first request)
         import uvicorn  # noqa: F401
 
-        from omnivoice_onnx import server
+        from omnivoice_onnx.serve import app as server
     except ModuleNotFoundError as exc:
         raise UserError(f"omnivoice-onnx serve needs {exc.name}, which is not installed", INSTALL_FIX) from None
     config = server_config(

@@ -12,7 +12,7 @@ from typing import Any
 from omnivoice_onnx.bundle import DEFAULT_MODEL_DIR, GET_BUNDLE
 from omnivoice_onnx.cliutil import THREADS, float_range, int_range
 from omnivoice_onnx.errors import UserError
-from omnivoice_onnx.server_service import DEFAULT_QUEUE, DEFAULT_TIMEOUT_S, ServerConfig
+from omnivoice_onnx.serve.service import DEFAULT_QUEUE, DEFAULT_TIMEOUT_S, ServerConfig
 
 
 def add_model_flags(parser: argparse.ArgumentParser) -> None:

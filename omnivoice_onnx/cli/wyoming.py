@@ -7,7 +7,7 @@ Then in Home Assistant: Settings > Devices & services > Add integration > "Wyomi
 host and port of this machine (bind --uri tcp://0.0.0.0:10200 for another machine to reach it;
 the protocol has no key: keep it on a trusted network). Voices: the saved ones, the OpenAI-named
 presets and auto. The protocol carries no seed: each request's is logged; --seed fixes it.
-Events, limits and errors: omnivoice_onnx.wyoming_server. SIGTERM or Ctrl-C stops it (exit 0).
+Events, limits and errors: omnivoice_onnx.serve.wyoming. SIGTERM or Ctrl-C stops it (exit 0).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ INSTALL_FIX = "install the Wyoming extra: pip install 'omnivoice-onnx[wyoming]'"
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
-    from omnivoice_onnx import wyoming_server
+    from omnivoice_onnx.serve import wyoming as wyoming_server
 
     parser = subparsers.add_parser("wyoming", help="run a Wyoming server (Home Assistant's local voice protocol)",
                                    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -41,7 +41,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         import wyoming  # noqa: F401  (the extra's package, named now rather than at the first client)
 
-        from omnivoice_onnx import server, wyoming_server
+        from omnivoice_onnx.serve import app as server
+        from omnivoice_onnx.serve import wyoming as wyoming_server
     except ModuleNotFoundError as exc:
         raise UserError(f"omnivoice-onnx wyoming needs {exc.name}, which is not installed", INSTALL_FIX) from None
     config = server_config(args)

@@ -18,7 +18,7 @@ Routes (OpenAI's shapes, so the official client and the tools built on it work u
     POST /v1/audio/references  a reference recording as the body, ?ref_text=its words -> a voice id
                             for later requests ("ref-...", in memory); &save_as=NAME saves it as a
                             voice, only with --allow-voice-save (else 403)
-    GET  /                  a page to try voices (omnivoice_onnx/web/index.html; no key needed)
+    GET  /                  a page to try voices (omnivoice_onnx/serve/web/index.html; no key needed)
     GET  /health            liveness and queue depth (no key needed: for load balancers)
 
 OpenAI clients work with OpenAI's defaults: `model="tts-1"` and `voice="alloy"` (a preset: a
@@ -77,8 +77,8 @@ from omnivoice_onnx.api import OmniVoiceOnnx
 from omnivoice_onnx.audio_out import StreamEncoder, available_response_formats, encode_clip
 from omnivoice_onnx.contract import variants_present
 from omnivoice_onnx.errors import UserError
-from omnivoice_onnx.server_pool import ApiError, Draining, Job, QueueFull, WorkerPool, job_failure, time_out
-from omnivoice_onnx.server_service import (
+from omnivoice_onnx.serve.pool import ApiError, Draining, Job, QueueFull, WorkerPool, job_failure, time_out
+from omnivoice_onnx.serve.service import (
     MAX_REFERENCE_BYTES,
     MODEL_ID,
     ServerConfig,
@@ -364,7 +364,7 @@ def create_app(service: Service) -> Any:
 
     @app.get("/")
     async def page() -> Response:
-        """The page to try voices (omnivoice_onnx/web/index.html: plain HTML + JS, nothing fetched
+        """The page to try voices (omnivoice_onnx/serve/web/index.html: plain HTML + JS, nothing fetched
         from elsewhere)."""
         return Response(web_page(), media_type="text/html; charset=utf-8")
 
@@ -419,10 +419,10 @@ def create_app(service: Service) -> Any:
 
 
 def web_page() -> bytes:
-    """The page at / (package data: omnivoice_onnx/web/index.html, in the wheel via pyproject)."""
+    """The page at / (package data: omnivoice_onnx/serve/web/index.html, in the wheel via pyproject)."""
     from importlib.resources import files
 
-    return files("omnivoice_onnx").joinpath("web", "index.html").read_bytes()
+    return files("omnivoice_onnx").joinpath("serve", "web", "index.html").read_bytes()
 
 
 async def _first_event(job: Job, request: Any) -> tuple[str, Any]:

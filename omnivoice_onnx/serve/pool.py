@@ -1,5 +1,5 @@
 """The server's worker pool: a bounded queue in front of N worker threads, each with its own
-loaded OmniVoiceOnnx (own sessions), and the Job a request hands it. The app (omnivoice_onnx.server)
+loaded OmniVoiceOnnx (own sessions), and the Job a request hands it. The app (omnivoice_onnx.serve.app)
 loads the models and submits jobs; a worker runs generate() or stream() with the job's `cancel`
 Event, so a client that leaves or a request past its timeout is cancelled between unmasking steps.
 Errors reach the client in OpenAI's shape (ApiError); a bug's traceback goes to the log only.

@@ -1,4 +1,4 @@
-"""What a request is to the speech server (omnivoice_onnx.server): OpenAI's request body (its
+"""What a request is to the speech server (omnivoice_onnx.serve.app): OpenAI's request body (its
 pydantic model, its 400s), the server's configuration and loaded state (Service: the pool, the
 voices, uploaded references, the formats), and the Job a synthesis becomes (plan_job: every check,
 the runtime's one validation included, before the request takes a place in the queue).
@@ -25,7 +25,7 @@ from omnivoice_onnx.core.request import keywords
 from omnivoice_onnx.errors import UserError
 from omnivoice_onnx.limits import SEED_MAX, SEED_MIN
 from omnivoice_onnx.presets import OPENAI_MODEL_IDS, PRESETS
-from omnivoice_onnx.server_pool import ApiError, Job, WorkerPool, scrub_paths
+from omnivoice_onnx.serve.pool import ApiError, Job, WorkerPool, scrub_paths
 
 LOG = logging.getLogger("omnivoice_onnx.server")
 

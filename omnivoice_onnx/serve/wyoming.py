@@ -15,7 +15,7 @@ package's own classes):
   SynthesizeStopped. A Synthesize sent alongside (clients do, for older servers) is ignored.
 - A refused request -> Error(text, code): the HTTP server's message and code.
 
-Requests go through the HTTP server's machinery (omnivoice_onnx.server): the same voice
+Requests go through the HTTP server's machinery (omnivoice_onnx.serve.app): the same voice
 resolution, limits (input up to server_service.MAX_INPUT_CHARS), validation, queue and timeout. The
 protocol carries no seed: each request gets the preset's seed for a preset voice, else a fresh
 one, and the log line names it; --seed N fixes it for every request (then the audio equals
@@ -35,9 +35,10 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlparse
 
-from omnivoice_onnx import server_pool, server_service
 from omnivoice_onnx.audio_out import to_pcm16
 from omnivoice_onnx.errors import UserError
+from omnivoice_onnx.serve import pool as server_pool
+from omnivoice_onnx.serve import service as server_service
 from omnivoice_onnx.version import __version__
 
 LOG = logging.getLogger("omnivoice_onnx.wyoming")
