@@ -5,8 +5,10 @@
 
 Then in Home Assistant: Settings > Devices & services > Add integration > "Wyoming Protocol",
 host and port of this machine (bind --uri tcp://0.0.0.0:10200 for another machine to reach it;
-the protocol has no key: keep it on a trusted network). Voices: the saved ones, the OpenAI-named
-presets and auto. The protocol carries no seed: each request's is logged; --seed fixes it.
+the protocol has no key: keep it on a trusted network), or --zeroconf and Home Assistant finds it.
+For a reply faster than real time on a CPU: --variant int8 --num-step 8 or 16 (docs/drop-in.md).
+Voices: the saved ones, the OpenAI-named presets and auto. The protocol carries no seed: each
+request's is logged; --seed fixes it.
 Events, limits and errors: omnivoice_onnx.serve.wyoming. SIGTERM or Ctrl-C stops it (exit 0).
 """
 
@@ -34,6 +36,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         help=f"the voice of a request that names none (default: {wyoming_server.DEFAULT_VOICE})")
     parser.add_argument("--seed", type=SEED, default=None,
                         help="every request's seed (default: a preset's own, else a fresh one per request, logged)")
+    parser.add_argument("--zeroconf", nargs="?", const=wyoming_server.ZEROCONF_NAME, default=None, metavar="NAME",
+                        help=f"announce the server over mDNS (_wyoming._tcp) for Home Assistant to discover, as NAME "
+                             f"(default name: {wyoming_server.ZEROCONF_NAME}); needs the zeroconf package (the "
+                             "wyoming extra)")
     return parser
 
 
@@ -41,12 +47,15 @@ def run(args: argparse.Namespace) -> int:
     try:
         import wyoming  # noqa: F401  (the extra's package, named now rather than at the first client)
 
+        if args.zeroconf:
+            import zeroconf  # noqa: F401
+
         from omnivoice_onnx.serve import app as server
         from omnivoice_onnx.serve import wyoming as wyoming_server
     except ModuleNotFoundError as exc:
         raise UserError(f"omnivoice-onnx wyoming needs {exc.name}, which is not installed", INSTALL_FIX) from None
     config = server_config(args)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(message)s")
-    wyoming = wyoming_server.WyomingConfig(uri=args.uri, seed=args.seed, voice=args.voice)
+    wyoming = wyoming_server.WyomingConfig(uri=args.uri, seed=args.seed, voice=args.voice, zeroconf=args.zeroconf)
     listener = wyoming_server.listen(wyoming)  # a bad --uri or a busy port is named before the models load
     return wyoming_server.serve(server.load_service(config), wyoming, listener)
