@@ -16,7 +16,7 @@ finds it in place and fetches nothing.
 Nothing half-downloaded is ever used: an archive is fetched to `.<dir>.<hash>.part` beside the
 folder (an interrupted fetch resumes from there with an HTTP Range request, or restarts when the
 server ignores it), checked against the sha256 the user gave, then extracted into a temporary
-sibling folder (files.temporary_dir), each file hashed as it is written and checked against the
+sibling folder (files.atomic_dir), each file hashed as it is written and checked against the
 manifest and the export report, and only then renamed onto the folder. A Hugging Face repo is read
 through huggingface_hub (its cache, its resumable downloads, HF_HUB_OFFLINE / local_files_only),
 only the variant's files, then copied the same way. Extraction takes regular files and folders
@@ -34,7 +34,6 @@ import io
 import json
 import os
 import re
-import shutil
 import tarfile
 import urllib.error
 import urllib.parse
@@ -59,13 +58,12 @@ from omnivoice_onnx.files import (
     FILE_ENTRY_SCHEMA,
     Each,
     FolderLock,
+    atomic_dir,
     atomic_path,
     confined,
     parse_json,
-    replace_into,
     schema_problem,
     sha256_file,
-    temporary_dir,
 )
 
 MANIFEST_FILE = "release-manifest.json"  # an archive's first member, and kept in a downloaded folder
@@ -293,17 +291,6 @@ def check_folder(folder: Path, variant: str, found: dict[str, dict[str, Any]], w
     return bundle.metadata["model_fingerprint"]
 
 
-def _finish(tmp: Path, target: Path, manifest: dict[str, Any]) -> None:
-    """Write the folder's manifest into `tmp`, then rename `tmp` onto `target` (a previous
-    download there is replaced whole: check_target allowed it)."""
-    (tmp / MANIFEST_FILE).write_bytes(_manifest_bytes(manifest))
-    old = target.with_name(f".{target.name}.old-{os.getpid()}")
-    if target.exists():
-        os.replace(target, old)
-    replace_into(tmp, target)
-    shutil.rmtree(old, ignore_errors=True)
-
-
 def installed(target: Path, source: dict[str, str], variant: str | None) -> dict[str, Any] | None:
     """The manifest of the download already in `target` when it came from `source`, is of
     `variant` (None: any) and every file is still as listed (VerifiedFiles: hashed again only
@@ -407,7 +394,7 @@ def _download_archive(url: str, sha256: str, target: Path, variant: str | None) 
             "or a wrong hash); nothing was kept",
             "check the hash its publisher gives, then run again",
         )
-    with temporary_dir(target) as tmp:
+    with atomic_dir(target) as tmp:  # renamed onto target (an earlier download replaced whole) only if all passes
         try:
             manifest = extract(part, tmp, url)
         except UserError:
@@ -425,7 +412,7 @@ def _download_archive(url: str, sha256: str, target: Path, variant: str | None) 
                 "get the archive from its publisher again",
             )
         result = {**manifest, "source": {"url_sha256": sha256}}
-        _finish(tmp, target, result)
+        (tmp / MANIFEST_FILE).write_bytes(_manifest_bytes(result))
     part.unlink(missing_ok=True)
     return result
 
@@ -533,14 +520,14 @@ def _download_hub(
     repo: str, target: Path, variant: str | None, local_files_only: bool, revision: str | None
 ) -> dict[str, Any]:
     snapshot, variant = hub_snapshot(repo, variant, local_files_only, revision)
-    with temporary_dir(target) as tmp:
+    with atomic_dir(target) as tmp:  # renamed onto target (an earlier download replaced whole) only if all passes
         found = {}
         for name in release_files(read_report(snapshot), variant):
             with open(snapshot / name, "rb") as handle:
                 found[name] = _copy_hashed(handle, tmp / name, MAX_MEMBER_BYTES)
         fingerprint = check_folder(tmp, variant, found, f"Hugging Face repo {repo}")
         manifest = _manifest(variant, fingerprint, found, {"hf_repo": repo, "revision": revision or "main"})
-        _finish(tmp, target, manifest)
+        (tmp / MANIFEST_FILE).write_bytes(_manifest_bytes(manifest))
     return manifest
 
 
