@@ -15,6 +15,7 @@ import http.client
 import http.server
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -207,14 +208,13 @@ def health(port: int) -> dict:
 def test_wyoming_unframed_peer_gets_one_error_and_is_closed(wy: Launched, data: bytes, code: str) -> None:
     events, closed = raw_wyoming(wy.port, data, wait_s=10)
     assert [event["type"] for event in events] == ["error"] and closed, events
-    assert events[0]["data"]["code"] == code and events[0]["data"]["text"] == door_message(code, events[0]), events
+    assert events[0]["data"]["code"] == code and from_the_table(code, events[0]["data"]["text"]), events
 
 
-def door_message(code: str, event: dict) -> str:
-    """The message the table gives `code` (its variable part taken from the event itself)."""
-    text = event["data"]["text"]
-    template = door.ERRORS[code].message
-    return text if "{" in template else template
+def from_the_table(code: str, text: str) -> bool:
+    """Whether `text` is the message door.ERRORS gives `code` (its {fields} filled with anything)."""
+    pattern = re.sub(r"\\\{[^}]*\\\}", ".+", re.escape(door.ERRORS[code].message))
+    return re.fullmatch(pattern, text) is not None
 
 
 @pytest.mark.parametrize(

@@ -28,6 +28,7 @@ from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, Synthesize
 from omnivoice_export.serving import launch  # noqa: E402
 from omnivoice_onnx import OmniVoiceOnnx  # noqa: E402
 from omnivoice_onnx.audio_out import to_pcm16  # noqa: E402
+from omnivoice_onnx.core.prompt import advertised_languages  # noqa: E402
 from omnivoice_onnx.presets import PRESETS  # noqa: E402
 from omnivoice_onnx.serve import door  # noqa: E402
 
@@ -95,7 +96,7 @@ def test_describe_lists_voices_and_languages(port, tts) -> None:
     names = [voice.name for voice in program.voices]
     assert set(PRESETS) <= set(names) and "auto" in names and "design" not in names
     assert program.supports_synthesize_streaming
-    languages = tts.runtime_config["languages"]["ids"]
+    languages = advertised_languages(tts.runtime_config["languages"])
     assert all(voice.languages == languages for voice in program.voices)
     alloy = program.voices[names.index("alloy")]
     assert PRESETS["alloy"].instruct in alloy.description

@@ -19,14 +19,13 @@ cut some off.
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 from collections.abc import Callable
 
 from omnivoice_onnx.audio_out import RESPONSE_FORMATS
 from omnivoice_onnx.cli.server_flags import add_model_flags, server_config
 from omnivoice_onnx.cliutil import int_range
-from omnivoice_onnx.errors import UserError
+from omnivoice_onnx.errors import UserError, log_lines
 from omnivoice_onnx.serve.browser import check_host_flag, check_origin_flag
 from omnivoice_onnx.serve.service import API_KEY_ENV, api_key_from
 
@@ -99,5 +98,5 @@ def run(args: argparse.Namespace) -> int:
         no_auth=args.no_auth, default_format=args.default_format, model_aliases=tuple(args.model_aliases),
         allow_voice_save=args.allow_voice_save, cors_origins=tuple(args.cors_origins),
         allowed_hosts=tuple(args.allowed_hosts))
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(message)s")
+    log_lines()
     return server.serve(config)

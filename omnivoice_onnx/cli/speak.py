@@ -41,13 +41,13 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from omnivoice_onnx import audio_out
-from omnivoice_onnx.bundle import DEFAULT_MODEL_DIR
+from omnivoice_onnx.bundle import DEFAULT_MODEL_DIR, GET_BUNDLE
 from omnivoice_onnx.cliutil import DURATION, NUM_STEP, SCORE_FACTOR, SEED, SPEED, THREADS, note
 from omnivoice_onnx.core import request
 from omnivoice_onnx.core.generate import Progress
 from omnivoice_onnx.core.prompt import instructions_note
 from omnivoice_onnx.core.request import Request
-from omnivoice_onnx.errors import UserError
+from omnivoice_onnx.errors import UserError, printable
 from omnivoice_onnx.files import decode_text, read_bounded, read_limited
 from omnivoice_onnx.limits import LIMIT_ENV_PREFIX, MAX_SPEED, MIN_SPEED, limit
 from omnivoice_onnx.sessions import PROVIDERS
@@ -225,8 +225,9 @@ class Reporter:
         now = time.monotonic()
         generation, load = now - self.generation_start, self.generation_start - self.start
         rtf = f"RTF {generation / seconds:.2f}" if seconds > 0 else "no RTF: no audio"
-        self.err.write(("\r\x1b[K" if self.drawn else "") + f"{PROG}: {seconds:.2f} s of audio in {generation:.2f} s "
-                       f"({rtf}; model loaded in {load:.2f} s), seed {seed} -> {dest}\n")
+        self.err.write(("\r\x1b[K" if self.drawn else "") + printable(  # the line's own text: one safe line
+            f"{PROG}: {seconds:.2f} s of audio in {generation:.2f} s ({rtf}; model loaded in {load:.2f} s), seed "
+            f"{seed} -> {dest}") + "\n")
         self.err.flush()
 
 
@@ -270,8 +271,7 @@ def run(args: argparse.Namespace) -> int:
     kwargs = generation_kwargs(args)
     check_provider(args.provider)
     if not args.model_dir.is_dir():
-        raise UserError(f"model folder {args.model_dir} not found", "pass --model-dir DIR, the export folder holding "
-                        "the .onnx graphs, tokenizer.json and runtime-config.json")
+        raise UserError(f"model folder {args.model_dir} not found", GET_BUNDLE)
     reporter = Reporter.for_stderr(args.quiet)
     tts = OmniVoiceOnnx.from_dir(args.model_dir, provider=args.provider, threads=args.threads, variant=args.variant)
     kwargs = voice_kwargs(args, tts, kwargs)

@@ -45,6 +45,7 @@ from typing import Any
 import numpy as np
 from tokenizers import Tokenizer
 
+from omnivoice_onnx.core.iso639 import ISO_639_3_TO_1
 from omnivoice_onnx.core.text import combine_text
 from omnivoice_onnx.errors import UserError
 from omnivoice_onnx.files import read_json
@@ -76,8 +77,13 @@ REGEX_EXPECTED = "a regular expression without nested repeats, repeated alternat
 BCP47_TAG = re.compile(r"([A-Za-z]{2,3})(?:[-_][A-Za-z0-9]{1,8})*")
 # Primary subtags people still send whose model id is another code: deprecated ISO 639-1 codes
 # (iw, in, ji, jw) and the usual code for Tagalog (the model knows it as Filipino, fil), Mandarin
-# (cmn, zh's main member) and Norwegian Bokmal's 639-2 code.
-LANGUAGE_ALIASES = {"iw": "he", "in": "id", "ji": "yi", "jw": "jv", "tl": "fil", "cmn": "zh", "nob": "nb"}
+# (cmn, zh's main member) and Norwegian Bokmal's 639-2 code; and the two-letter codes of Arabic and
+# Odia, whose model ids are the ISO 639-3 individual languages (Standard Arabic arb, Odia ory).
+TWO_LETTER_ALIASES = {"ar": "arb", "or": "ory"}
+LANGUAGE_ALIASES = {"iw": "he", "in": "id", "ji": "yi", "jw": "jv", "tl": "fil", "cmn": "zh", "nob": "nb",
+                    **TWO_LETTER_ALIASES}
+# Model ids with no two-letter code that BCP-47 tags (and so Home Assistant) still name: Cantonese.
+NAMED_THREE_LETTER = ("yue",)
 
 LANGUAGE_FIX = ("pass a language name (English, Chinese, ...), id (en, zh, ...) or tag (en-US, pt_BR), or None "
                 "for language-agnostic mode")
@@ -222,20 +228,18 @@ CONFIG_SCHEMA: dict[str, dict[str, tuple[Callable[[Any], bool], str]]] = {
 }
 
 
-def load_runtime_config(directory: Path) -> dict[str, Any]:
+def load_runtime_config(directory: Path, data: bytes | None = None) -> dict[str, Any]:
     """The export's runtime-config.json (written by omnivoice_export.runtime_assets); UserError
     naming the file when it is missing, not JSON, of another version, or when a section or key
-    the runtime reads is missing or of the wrong type (CONFIG_SCHEMA)."""
+    the runtime reads is missing or of the wrong type (CONFIG_SCHEMA). `data`: the file's bytes
+    as the bundle verified them (parsed instead of reading the file again)."""
     path = Path(directory) / RUNTIME_CONFIG_FILE
-    config = read_json(path, "runtime config", RERUN_EXPORT)  # bounded in size and depth
-    if not isinstance(config, dict):
-        raise UserError(f"runtime config {path} is not a JSON object", RERUN_EXPORT)
-    if type(config.get("version")) is not int or config["version"] != RUNTIME_CONFIG_VERSION:
+    config = read_json(path, "runtime config", RERUN_EXPORT, data=data,  # bounded in size and depth
+                       schema={"version": int, **{section: dict for section in CONFIG_SCHEMA}})
+    if config["version"] != RUNTIME_CONFIG_VERSION:
         raise UserError(f"runtime config {path} is version {config.get('version')!r}; this runtime reads version "
                         f"{RUNTIME_CONFIG_VERSION} (the host tables and audio constants as data)", RERUN_EXPORT)
     for section, keys in CONFIG_SCHEMA.items():
-        if not isinstance(config.get(section), dict):
-            raise UserError(f"runtime config {path} lacks the section {section!r}", RERUN_EXPORT)
         for key, (check, expected) in keys.items():
             if not check(config[section].get(key)):
                 raise UserError(f"runtime config {path}: {section}.{key} is missing or not {expected}", RERUN_EXPORT)
@@ -287,14 +291,15 @@ class TextTokenizer:
         self.backend = backend
 
     @classmethod
-    def from_dir(cls, directory: Path) -> TextTokenizer:
+    def from_dir(cls, directory: Path, data: bytes | None = None) -> TextTokenizer:
         """Load the export's tokenizer.json; UserError when it is missing, unreadable, or lacks one
-        of the prompt's control tokens (a plain Qwen tokenizer, say)."""
+        of the prompt's control tokens (a plain Qwen tokenizer, say). `data`: the file's bytes as
+        the bundle verified them (built from those instead of reading the file again)."""
         path = Path(directory) / TOKENIZER_FILE
-        if not path.is_file():
+        if data is None and not path.is_file():
             raise UserError(f"text tokenizer not found: {path}", RERUN_EXPORT)
         try:
-            backend = Tokenizer.from_file(str(path))
+            backend = Tokenizer.from_file(str(path)) if data is None else Tokenizer.from_buffer(data)
         except Exception as exc:  # the Rust library raises a bare Exception for any parse error
             raise UserError(f"text tokenizer {path} cannot be loaded ({str(exc).splitlines()[0][:200]})",
                             RERUN_EXPORT) from exc
@@ -325,12 +330,24 @@ class TextTokenizer:
         return parts if parts else self.encode(text)
 
 
+def advertised_languages(languages: dict[str, Any]) -> list[str]:
+    """The model's languages as the BCP-47 codes Home Assistant can name, sorted: its two-letter ids,
+    TWO_LETTER_ALIASES whose id it has, and NAMED_THREE_LETTER. What the Wyoming server lists
+    (all 646 ids, mostly ISO 639-3, bury English in a picker); resolve_language takes each of
+    these, and every other id as well."""
+    ids = set(languages["ids"])
+    found = {lang for lang in ids if len(lang) == 2}
+    found |= {code for code, lang in TWO_LETTER_ALIASES.items() if lang in ids}
+    return sorted(found | (ids & set(NAMED_THREE_LETTER)))
+
+
 def resolve_language(language: str | None, languages: dict[str, Any]) -> str | None:
     """The language id for a name or id (_resolve_language); None for None or "None".
 
     An id must match exactly ("en"); a name matches case-insensitively ("english"); a BCP-47 or
-    locale tag ("en-US", "pt_BR", "zh-Hant-TW", "EN") gives its primary language subtag,
-    lower-cased and with LANGUAGE_ALIASES applied, when that is an id (the model's ids are
+    locale tag ("en-US", "pt_BR", "zh-Hant-TW", "EN", "eng") gives its primary language subtag,
+    lower-cased, a three-letter code of a two-letter language made two-letter (iso639), and with
+    LANGUAGE_ALIASES applied, when that is an id (the model's ids are
     ISO 639 codes without region or script: "pt-BR" and "pt-PT" are both "pt"). Upstream
     logs a warning for anything else and goes language-agnostic; here it is a UserError, so a
     typo never silently changes the output (None is the explicit language-agnostic choice).
@@ -346,6 +363,8 @@ def resolve_language(language: str | None, languages: dict[str, Any]) -> str | N
     tag = BCP47_TAG.fullmatch(language)
     if tag:
         primary = tag.group(1).lower()
+        if primary not in languages["ids"]:  # "eng" -> "en" (the model's own three-letter ids stay)
+            primary = ISO_639_3_TO_1.get(primary, primary)
         primary = LANGUAGE_ALIASES.get(primary, primary)
         if primary in languages["ids"]:
             return primary

@@ -89,6 +89,7 @@ from omnivoice_onnx.api import OmniVoiceOnnx
 from omnivoice_onnx.audio_out import StreamEncoder, available_response_formats, encode_clip
 from omnivoice_onnx.contract import variants_present
 from omnivoice_onnx.core.prompt import InstructReading, instructions_note, resolve_instruct
+from omnivoice_onnx.core.request import keywords
 from omnivoice_onnx.errors import UserError
 from omnivoice_onnx.serve import door
 from omnivoice_onnx.serve.browser import BrowserGuard, BrowserPolicy, page_csp
@@ -724,6 +725,10 @@ def load_service(config: ServerConfig) -> Service:
     voices = voice_store.voices_dir(config.model_dir, config.voices_dir)
     voice_store.list_voices(voices)  # a damaged voice file is named now, not at the first request
     first = models[0]
+    try:  # the defaults pass the one request check now, not at the first request
+        first.validate("A default.", **keywords(config.request_defaults))
+    except UserError as exc:
+        raise UserError(f"--num-step/--guidance-scale/--language: {exc.problem}", exc.fix) from None
     folders = {"<voices>": voices, "<model>": Path(config.model_dir)}
     return Service(config=config, pool=WorkerPool(models, config.queue_size, folders), voices=voices, formats=formats,
                    default_format=default, fingerprint=first.metadata["model_fingerprint"], variant=first.variant,

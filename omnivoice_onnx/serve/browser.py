@@ -93,7 +93,7 @@ class BrowserPolicy:
         """The foreign origin a request comes from, None when it may be answered: no Origin (not a
         browser, or a same-origin GET), its own origin, or an allowed one."""
         if origin is None:
-            return "a cross-site page" if fetch_site == "cross-site" else None
+            return "Sec-Fetch-Site: cross-site, no Origin" if fetch_site == "cross-site" else None
         origin = origin.lower()
         if host is not None and origin in (f"http://{host.lower()}", f"https://{host.lower()}"):
             return None

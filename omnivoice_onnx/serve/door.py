@@ -121,8 +121,8 @@ ERRORS: dict[str, Refusal] = {
     "cross_origin": Refusal(
         403,
         "permission_error",
-        "requests from the page at {origin!r} are refused (only this server's own page may send "
-        "them); start the server with --cors-origin {origin} to allow that page",
+        "a request from another page ({origin}) is refused: only this server's own page may send "
+        "requests from a browser; start the server with --cors-origin ORIGIN to allow a page",
     ),
     "voice_save_disabled": Refusal(
         403,

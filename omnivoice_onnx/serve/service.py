@@ -137,6 +137,9 @@ class ServerConfig:
     allow_voice_save: bool = False  # POST /v1/audio/references may save a named voice (--allow-voice-save)
     allowed_hosts: tuple[str, ...] = ()  # Host names answered besides loopback ones (--allowed-host; browser.py)
     cors_origins: tuple[str, ...] = ()  # page origins besides the server's own (--cors-origin; browser.py)
+    # What a request that leaves these fields out gets (--num-step, --guidance-scale, --language):
+    # a field the request sets wins. Checked once at load by the runtime's request check.
+    request_defaults: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -255,6 +258,9 @@ class Service:
         return name
 
 
+REQUEST_DEFAULT_FIELDS = ("num_step", "guidance_scale", "language")  # ServerConfig.request_defaults' keys
+
+
 @dataclass
 class Speech:
     """What one synthesis asks for, as a front end without pydantic (the Wyoming server) builds it;
@@ -278,6 +284,7 @@ def plan_job(service: Service, request: Any, loop: asyncio.AbstractEventLoop, st
     anything it would refuse."""
     voice_kwargs, voice_seed = service.voice_kwargs(request.voice, request.instructions)
     fields = dataclasses.asdict(request) if dataclasses.is_dataclass(request) else request.model_dump()
+    fields |= {name: value for name, value in service.config.request_defaults.items() if fields.get(name) is None}
     kwargs = {**keywords(fields), **voice_kwargs}  # the one builder (core.request.keywords)
     own_design = voice_kwargs.get("instruct")
     if request.instructions:

@@ -7,7 +7,9 @@ Home Assistant's local voice pipeline speaks Wyoming (https://github.com/OHF-Voi
 HTTP: add this server as its "Wyoming Protocol" integration (host, port). Events (the `wyoming`
 package's own classes):
 - Describe -> Info: one TtsProgram "omnivoice-onnx" whose voices are the saved voices, the OpenAI-
-  named presets (omnivoice_onnx.presets) and "auto", each with the model's language ids.
+  named presets (omnivoice_onnx.presets) and "auto", each described by its name and a few words,
+  with the languages Home Assistant can name (the model's two-letter ids, ar, or, yue: about 130 of
+  its 646); a request's language may be any name, id or tag the runtime resolves (eng, en-US).
 - Synthesize(text, voice) -> AudioStart, AudioChunk... (16-bit mono PCM at 24 kHz, sent as
   OmniVoiceOnnx.stream() decodes each sentence-sized chunk), AudioStop.
 - SynthesizeStart, SynthesizeChunk..., SynthesizeStop (streamed text, wyoming >= 1.7): each
@@ -40,6 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
 import re
 import signal
@@ -49,6 +52,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from omnivoice_onnx.audio_out import to_pcm16
+from omnivoice_onnx.core.prompt import advertised_languages
 from omnivoice_onnx.errors import UserError
 from omnivoice_onnx.serve import door
 from omnivoice_onnx.serve import service as server_service
@@ -62,8 +66,17 @@ DEFAULT_URI = "tcp://127.0.0.1:10200"  # wyoming-piper's port is 10200 too; one 
 DEFAULT_VOICE = "alloy"  # the voice of a request that names none
 LISTENING = "omnivoice-onnx wyoming: listening on "  # the start line's prefix (serving.launch reads it)
 SAMPLE_WIDTH = 2  # bytes per sample: 16-bit PCM, what Home Assistant plays
+# Home Assistant labels a voice by its description: the name, then a few words ("alloy: female,
+# young adult, moderate pitch, american accent" fits; a long saved instruct is cut at a comma).
+MAX_DESCRIPTION_CHARS = 64
+AUTO_DESCRIPTION = "a voice the model picks"
 ATTRIBUTION = ("k2-fsa OmniVoice", "https://github.com/k2-fsa/OmniVoice")
 LINGER_S = 1.0  # how long a refused peer's remaining bytes are read and dropped before the close
+# mDNS discovery as wyoming-piper does it (the wyoming package's zeroconf module): Home Assistant
+# browses this type and offers each server it finds under its name.
+ZEROCONF_TYPE = "_wyoming._tcp.local."
+ZEROCONF_NAME = "omnivoice-onnx"  # --zeroconf without a name
+MDNS_GROUP = "224.0.0.251"  # a UDP socket "connected" here names the interface mDNS leaves by (sends nothing)
 # A sentence is complete once its end mark (and any closing quote or bracket) is followed by
 # whitespace: "Dr. Smith" may still split early, which costs a pause, never words.
 END_MARKS = ".!?;:\u3002\uff01\uff1f\uff1b"
@@ -79,6 +92,7 @@ class WyomingConfig:
     seed: int | None = None  # every request's seed (None: the preset's, else a fresh one, logged)
     voice: str = DEFAULT_VOICE
     allow_remote: bool = False  # --allow-remote: listen where other machines reach it (the protocol has no key)
+    zeroconf: str | None = None  # the service name announced over mDNS (None: not announced)
 
 
 def parse_uri(uri: str) -> tuple[str, int]:
@@ -106,20 +120,22 @@ def voice_names(service: server_service.Service) -> list[str]:
 
 
 def description(entry: server_service.VoiceEntry) -> str:
-    """A voice's line in the Info event."""
-    if entry.kind == "preset":
-        return f"preset: {entry.text} (seed {entry.seed})"
-    if entry.kind == "builtin":
-        return entry.text or ""
-    return "saved voice: " + ("a cloned reference" if entry.kind == "clone" else entry.text or "")
+    """A voice's label in Home Assistant's picker, which shows the description (else the name):
+    the name first, then what the voice is, cut at a comma to MAX_DESCRIPTION_CHARS."""
+    what = {"builtin": AUTO_DESCRIPTION, "clone": "cloned voice"}.get(entry.kind) or entry.text or "designed voice"
+    line = f"{entry.name}: {what}"
+    while len(line) > MAX_DESCRIPTION_CHARS and ", " in line:
+        line = line.rsplit(", ", 1)[0]
+    return line if len(line) <= MAX_DESCRIPTION_CHARS else line[:MAX_DESCRIPTION_CHARS - 1] + "\u2026"
 
 
 def describe(service: server_service.Service) -> Any:
-    """The Info event's content: one TTS program and its voices, each with the model's languages."""
+    """The Info event's content: one TTS program and its voices, each with the languages Home
+    Assistant can name (prompt.advertised_languages; a request may still name any of the model's)."""
     from wyoming.info import Attribution, Info, TtsProgram, TtsVoice
 
     attribution = Attribution(*ATTRIBUTION)
-    languages = [item["id"] for item in service.languages()]
+    languages = advertised_languages(service.pool.models[0].runtime_config["languages"])
     voices = [TtsVoice(name=entry.name, attribution=attribution, installed=True, description=description(entry),
                        version=None, languages=languages) for entry in voice_entries(service)]
     program = TtsProgram(name="omnivoice-onnx", attribution=attribution, installed=True, version=__version__,
@@ -405,6 +421,41 @@ class Session:
 
 # --- the server ----------------------------------------------------------------------------------
 
+def announced_address(host: str) -> str:
+    """The address to announce for a server bound to `host`: itself, or for a wildcard bind the
+    address of the interface multicast leaves by (as the wyoming package finds it)."""
+    if host not in ("0.0.0.0", "::", ""):
+        return host
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect((MDNS_GROUP, 1))
+        return probe.getsockname()[0]
+
+
+async def announce(name: str, host: str, port: int) -> Any:
+    """Register `name` as a _wyoming._tcp service at host:port over mDNS -> (the AsyncZeroconf,
+    its service info) to unregister at stop; a UserError when it cannot be announced."""
+    from zeroconf import Error as ZeroconfError
+    from zeroconf import IPVersion
+    from zeroconf.asyncio import AsyncServiceInfo, AsyncZeroconf
+
+    try:
+        address = announced_address(host)
+        family = socket.AF_INET6 if ":" in address else socket.AF_INET
+        info = AsyncServiceInfo(ZEROCONF_TYPE, f"{name}.{ZEROCONF_TYPE}", port=port,
+                                addresses=[socket.inet_pton(family, address)],
+                                properties={"version": __version__})
+        zeroconf = AsyncZeroconf(ip_version=IPVersion.V6Only if family == socket.AF_INET6 else IPVersion.V4Only)
+        await zeroconf.async_register_service(info)
+    except (OSError, ValueError, ZeroconfError) as exc:  # no multicast route; a name mDNS cannot carry
+        raise UserError(f"--zeroconf: cannot announce {name!r} over mDNS ({exc})",
+                        "check the network allows multicast, or leave out --zeroconf") from None
+    if ipaddress.ip_address(address).is_loopback:
+        LOG.warning("--zeroconf announces %s, a loopback address other machines cannot reach; bind --uri to this "
+                    "machine's address for Home Assistant to find it", address)
+    LOG.info("zeroconf: announced %s at %s:%d", info.name, address, port)
+    return zeroconf, info
+
+
 async def serve_async(service: server_service.Service, config: WyomingConfig, listener: socket.socket) -> int:
     """Accept connections on `listener` until SIGTERM/SIGINT, then drain -> the signal (0: none)."""
     sessions: dict[Session, asyncio.Task] = {}
@@ -432,8 +483,12 @@ async def serve_async(service: server_service.Service, config: WyomingConfig, li
     LOG.info("omnivoice-onnx wyoming: %d voice(s), %d language(s); seed %s", len(voice_names(service)),
              len(service.languages()), "per request" if config.seed is None else config.seed)
     LOG.info("%s%s", LISTENING, f"tcp://{f'[{bound_host}]' if ':' in bound_host else bound_host}:{bound_port}")
+    announced = await announce(config.zeroconf, bound_host, bound_port) if config.zeroconf else None
     async with listening:
         await stop.wait()
+        if announced is not None:  # gone from Home Assistant's list before the port closes
+            await announced[0].async_unregister_service(announced[1])
+            await announced[0].async_close()
         listening.close()
         await drain(service, sessions)
     return stopped_by[0] if stopped_by else 0
