@@ -51,7 +51,7 @@ def test_voice_catalogue_hides_presets_under_saved_names_and_unreachable_saved_v
     from types import SimpleNamespace
 
     from omnivoice_onnx.serve.service import BUILTIN_VOICES, Service
-    from omnivoice_onnx.serve.wyoming import description, voice_entries
+    from omnivoice_onnx.serve.wyoming import AUTO_DESCRIPTION, description, voice_entries
 
     saved = [SimpleNamespace(name="alloy", prompt=None, instruct="male, elderly"),
              SimpleNamespace(name="auto", prompt=object(), instruct=None),
@@ -65,6 +65,5 @@ def test_voice_catalogue_hides_presets_under_saved_names_and_unreachable_saved_v
     assert all(entry.kind == "preset" and entry.seed == PRESETS[entry.name].seed for entry in catalogue[4:])
     entries = voice_entries(service)
     assert [entry.name for entry in entries] == ["alloy", "mine", *presets, "auto"]
-    assert [description(entry) for entry in entries[:2]] == ["saved voice: male, elderly",
-                                                             "saved voice: a cloned reference"]
-    assert description(entries[-1]) == BUILTIN_VOICES["auto"]
+    assert [description(entry) for entry in entries[:2]] == ["alloy: male, elderly", "mine: cloned voice"]
+    assert description(entries[-1]) == f"auto: {AUTO_DESCRIPTION}"
