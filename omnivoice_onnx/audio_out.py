@@ -55,9 +55,11 @@ import sys
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
+from types import TracebackType
 from typing import Any, BinaryIO
 
 import numpy as np
+import numpy.typing as npt
 
 from omnivoice_onnx.errors import UserError
 from omnivoice_onnx.files import (
@@ -77,7 +79,7 @@ WAV_HEADER_BYTES = 44
 WAV_UNKNOWN_SIZE = 0xFFFFFFFF  # RIFF/data size of a stream whose length is unknown when the header is written
 
 
-def to_pcm16(samples: np.ndarray) -> np.ndarray:
+def to_pcm16(samples: np.ndarray) -> npt.NDArray[np.int16]:
     """float samples -> int16: `rint(clip(x, -1, 1) * 32767)` (round half to even), NaN -> 0.
 
     Clipping first makes an over-full sample saturate instead of wrapping around (a loud click);
@@ -85,7 +87,8 @@ def to_pcm16(samples: np.ndarray) -> np.ndarray:
     does when it writes floats to PCM_16. A port reproduces it bit for bit with that formula.
     """
     x = np.nan_to_num(np.asarray(samples, dtype=np.float32).reshape(-1), nan=0.0)
-    return np.rint(np.clip(x, -1.0, 1.0) * np.float32(PCM16_SCALE)).astype(np.int16)
+    pcm: npt.NDArray[np.int16] = np.rint(np.clip(x, -1.0, 1.0) * np.float32(PCM16_SCALE)).astype(np.int16)
+    return pcm
 
 
 def wav_header(sample_rate: int, frames: int | None) -> bytes:
@@ -130,7 +133,7 @@ def check_format(fmt: str) -> str:
     return fmt
 
 
-def output_format(dest: str | os.PathLike | None, fmt: str | None, streamed_path: bool = False) -> str:
+def output_format(dest: str | os.PathLike[str] | None, fmt: str | None, streamed_path: bool = False) -> str:
     """The format for `dest`: `fmt` when given (and not contradicted by the extension), else the
     extension's; stdout, and a device or pipe without extension, default to wav."""
     if fmt is not None:
@@ -158,14 +161,16 @@ class AudioSink:
     block by an exception) removes what a regular-file output had written. Build it with open_output."""
 
     def __init__(self, handle: BinaryIO, fmt: str, sample_rate: int, stream: bool, name: str,
-                 temp: Path | None = None, target: Path | None = None, owned: bool = True) -> None:
+                 replacing: tuple[Path, Path] | None = None, owned: bool = True) -> None:
+        """replacing: (temporary, target) of a regular file: written to the temporary, renamed onto
+        the target by close()."""
         self.fmt, self.sample_rate, self.name = fmt, sample_rate, name
         self.frames = 0  # samples written so far
-        self._handle, self._temp, self._target, self._owned = handle, temp, target, owned
+        self._handle, self._replacing, self._owned = handle, replacing, owned
         self._seekable = _seekable(handle)
         # Buffer until close: a non-streamed pipe (exact WAV sizes), or FLAC where seeking is impossible.
         self._buffer: list[np.ndarray] | None = [] if (not self._seekable and (not stream or fmt == "flac")) else None
-        self._flac = None
+        self._flac: Any = None  # a soundfile.SoundFile once FLAC is written (soundfile has no stubs)
         self._encoder: StreamEncoder | None = None  # mp3, opus: appended frames, written as they come
         self._header_at: int | None = None
         self._closed = False
@@ -187,9 +192,7 @@ class AudioSink:
                 self._flac.write(pcm)
                 return
             if self.fmt in ENCODED:
-                if self._encoder is None:
-                    self._encoder = StreamEncoder(self.fmt, self.sample_rate)
-                self._put(self._encoder.write_pcm16(pcm))
+                self._put(self._stream_encoder().write_pcm16(pcm))
                 self._handle.flush()
                 return
             if self.fmt == "wav" and self._header_at is None:
@@ -197,6 +200,11 @@ class AudioSink:
                 self._put(wav_header(self.sample_rate, None))
             self._put(pcm.astype("<i2").tobytes())
             self._handle.flush()  # a listener on a pipe hears each chunk as it is written
+
+    def _stream_encoder(self) -> StreamEncoder:
+        if self._encoder is None:
+            self._encoder = StreamEncoder(self.fmt, self.sample_rate)
+        return self._encoder
 
     def _put(self, data: bytes) -> None:
         """Write all of `data`. A buffered write larger than the pipe returns the short count the
@@ -227,7 +235,7 @@ class AudioSink:
             elif self.fmt in ENCODED:
                 if self._encoder is None:  # nothing written: the encoder's empty stream
                     self.write(np.zeros(0, np.float32))
-                self._put(self._encoder.finish())
+                self._put(self._stream_encoder().finish())
             elif self.fmt == "flac":
                 if self._flac is None:  # nothing written: an empty but valid FLAC file
                     self.write(np.zeros(0, np.float32))
@@ -244,10 +252,11 @@ class AudioSink:
             self._closed = True
             if self._owned:
                 self._handle.close()
-            if self._temp is not None:
-                if self._target.exists():  # a replaced file keeps its permissions
-                    os.chmod(self._temp, stat.S_IMODE(self._target.stat().st_mode))
-                replace_into(self._temp, self._target)
+            if self._replacing is not None:
+                temp, target = self._replacing
+                if target.exists():  # a replaced file keeps its permissions
+                    os.chmod(temp, stat.S_IMODE(target.stat().st_mode))
+                replace_into(temp, target)
 
     def abort(self) -> None:
         """Give up: a regular-file output's temporary is removed (the previous file stays); a
@@ -264,13 +273,14 @@ class AudioSink:
                 self._encoder.close()
             if self._owned:
                 self._handle.close()
-        if self._temp is not None:
-            self._temp.unlink(missing_ok=True)
+        if self._replacing is not None:
+            self._replacing[0].unlink(missing_ok=True)
 
     def __enter__(self) -> AudioSink:
         return self
 
-    def __exit__(self, kind, value, traceback) -> None:
+    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None,
+                 traceback: TracebackType | None) -> None:
         if kind is None:
             self.close()
         else:
@@ -284,7 +294,7 @@ def _seekable(handle: BinaryIO) -> bool:
         return False
 
 
-def _destination(dest: str | os.PathLike | None, fmt: str | None, what: str) -> tuple[str, Path | None, str]:
+def _destination(dest: str | os.PathLike[str] | None, fmt: str | None, what: str) -> tuple[str, Path | None, str]:
     """(kind, path to write, format) for `dest`: kind "stdout", "stream" (a device, FIFO or socket,
     written in place) or "file" (written atomically); every check open_output makes, nothing created."""
     if dest is None or str(dest) == STDOUT:
@@ -313,20 +323,20 @@ def _destination(dest: str | os.PathLike | None, fmt: str | None, what: str) -> 
     return "file", target, fmt
 
 
-def check_destination(dest: str | os.PathLike | None, fmt: str | None, what: str = "output") -> str:
+def check_destination(dest: str | os.PathLike[str] | None, fmt: str | None, what: str = "output") -> str:
     """The format `dest` will be written in, after every check open_output makes (unknown
     extension, a directory, a folder it may not write, a terminal as stdout), creating nothing:
     for a front end to call before loading a model. `what` names the destination in messages."""
     return _destination(dest, fmt, what)[2]
 
 
-def open_output(dest: str | os.PathLike | None, fmt: str | None, sample_rate: int, stream: bool = False,
+def open_output(dest: str | os.PathLike[str] | None, fmt: str | None, sample_rate: int, stream: bool = False,
                 what: str = "output") -> AudioSink:
     """Open `dest` for audio (see the module docstring for formats and destinations); every problem
     the user can fix is a UserError now, before any samples (check_destination). stream: write
     streamed outputs as each write() comes (else at close, with exact sizes)."""
     kind, target, fmt = _destination(dest, fmt, what)
-    if kind == "stdout":
+    if target is None:  # stdout
         return AudioSink(sys.stdout.buffer, fmt, sample_rate, stream, "<stdout>", owned=False)
     if kind == "stream":
         try:
@@ -338,7 +348,7 @@ def open_output(dest: str | os.PathLike | None, fmt: str | None, sample_rate: in
     with _errors_name(target):
         temp = create_temporary(target)
         handle = open(temp, "wb")  # noqa: SIM115 (closed by the sink)
-    return AudioSink(handle, fmt, sample_rate, stream, str(dest), temp=temp, target=target)
+    return AudioSink(handle, fmt, sample_rate, stream, str(dest), replacing=(temp, target))
 
 
 # --- the server's response formats (OpenAI's response_format) ------------------------------------
@@ -475,7 +485,7 @@ class StreamEncoder:
         if not self.spec.streams:
             raise ValueError(f"{fmt} does not stream")
         self._sink: _AppendOnly | _PipeSink | None = None
-        self._file = None
+        self._file: Any = None  # a soundfile.SoundFile (soundfile has no stubs)
         self._piece: int | None = None
         if self.spec.sf_format not in (None, "WAV"):
             import soundfile
@@ -503,7 +513,7 @@ class StreamEncoder:
         return self.write_pcm16(to_pcm16(samples))
 
     def write_pcm16(self, pcm: np.ndarray) -> bytes:
-        if self._file is None:
+        if self._file is None or self._sink is None:  # WAV and PCM: the samples themselves
             return pcm.astype("<i2").tobytes()
         step = self._piece or max(pcm.size, 1)
         out = []
@@ -514,7 +524,7 @@ class StreamEncoder:
 
     def finish(self) -> bytes:
         """The stream's last bytes (the encoder's buffered frames); the encoder is closed."""
-        if self._file is None:
+        if self._file is None or self._sink is None:
             return b""
         self._file.close()
         data = self._sink.take()

@@ -56,7 +56,7 @@ THRESHOLDS = {
 # The length axis of audio: the encoder's graph holds only encode()'s no-padding branch, valid for
 # hop multiples. The legacy (TorchScript) exporter cannot state a derived axis; it names it freely.
 SAMPLES_AXIS = f"{HOP_LENGTH}*frames"
-LEGACY_AXIS_NAMES = {SAMPLES_AXIS: "samples"}
+LEGACY_AXIS_NAMES: dict[str | int, str] = {SAMPLES_AXIS: "samples"}
 
 
 @dataclass(frozen=True)
@@ -165,9 +165,14 @@ def variants_present(onnx_dir: Path) -> list[str]:
 ORT_DTYPES = {"tensor(int64)": "int64", "tensor(bool)": "bool", "tensor(float)": "float32"}
 
 
-def ort_signature(session) -> tuple[list[tuple[str, str, list]], list[tuple[str, str, list]]]:
-    """(inputs, outputs) of an onnxruntime session as (name, dtype, axes) triples."""
-    def describe(args) -> list[tuple[str, str, list]]:
+# (name, dtype, axes) of a graph's tensor; an axis is a symbol, a fixed size or (unnamed) None
+TensorSignature = tuple[str, str, list[str | int | None]]
+
+
+def ort_signature(session: Any) -> tuple[list[TensorSignature], list[TensorSignature]]:
+    """(inputs, outputs) of an onnxruntime session (untyped: onnxruntime has no stubs) as
+    (name, dtype, axes) triples."""
+    def describe(args: Sequence[Any]) -> list[TensorSignature]:
         return [(a.name, ORT_DTYPES.get(a.type, a.type), list(a.shape)) for a in args]
     return describe(session.get_inputs()), describe(session.get_outputs())
 

@@ -26,10 +26,10 @@ import shutil
 import stat
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from omnivoice_onnx.errors import ENVIRONMENT, UserError
 
@@ -343,7 +343,7 @@ def file_entry(path: Path) -> dict[str, Any]:
 FILE_ENTRY_SCHEMA = {"sha256": str, "bytes": int}  # file_entry() in schema_problem's notation
 
 
-def matches_entry(path: Path, entry: dict[str, Any]) -> bool:
+def matches_entry(path: Path, entry: Mapping[str, object]) -> bool:
     """Whether `path` is the file `entry` lists (size first: a truncated file costs no hashing)."""
     return Path(path).stat().st_size == entry["bytes"] and sha256_file(path) == entry["sha256"]
 
@@ -388,7 +388,7 @@ MAX_JSON_DEPTH = 64
 _JSON_NESTING = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')  # strings (skipped whole) and brackets
 
 
-def read_limited(handle: Any, limit: int, where: str, fix: str) -> bytes:
+def read_limited(handle: IO[bytes], limit: int, where: str, fix: str) -> bytes:
     """At most `limit` bytes from a binary `handle` (a file, a FIFO, stdin), read as limit + 1 so
     that a longer input (`/dev/zero`) is refused after `limit` bytes, never read into memory whole."""
     data = handle.read(limit + 1)
@@ -528,14 +528,15 @@ def checked(value: Any, schema: Any, where: str, fix: str) -> Any:
 
 
 def read_artefact(path: Path, what: str, fix: str, version: int, schema: dict[str, Any],
-                  check: Callable[[dict], str | None] = lambda data: None,
+                  check: Callable[[dict[str, Any]], str | None] = lambda data: None,
                   stale_fix: str | None = None) -> dict[str, Any]:
     """A JSON artefact (capture manifest, export report) whose `format` is `version`, that meets
     `schema` (see schema_problem) and whose values `check` accepts (it returns a problem or None);
     otherwise a UserError saying what is wrong with it (fix: `stale_fix`, else `fix`)."""
     data = read_json(path, what, fix)
     found = data.get("format") if isinstance(data, dict) else None
-    if type(found) is not int or found != version:  # `"format": true` is not version 1
+    # `"format": true` is not version 1
+    if not isinstance(data, dict) or type(found) is not int or found != version:
         raise UserError(f"{what} {path} is of format {found!r}, not {version}: it is from another version, or "
                         "not one", stale_fix or fix)
     problem = schema_problem(data, schema) or check(data)

@@ -15,6 +15,7 @@ ModelProto (onnx.proto): field 14 `metadata_props`, repeated StringStringEntryPr
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 METADATA_PROPS_FIELD = 14  # ModelProto.metadata_props
@@ -38,12 +39,13 @@ def _varint(data: bytes, pos: int) -> tuple[int, int]:
             raise ValueError("varint too long")
 
 
-def _fields(data: bytes):
+def _fields(data: bytes) -> Iterator[tuple[int, int, int | bytes]]:
     """(field number, wire type, value) of a message: ints for VARINT/FIXED, bytes for LENGTH_DELIMITED."""
     pos = 0
     while pos < len(data):
         tag, pos = _varint(data, pos)
         number, wire = tag >> 3, tag & 7
+        value: int | bytes
         if wire == VARINT:
             value, pos = _varint(data, pos)
         elif wire in (FIXED64, FIXED32):
@@ -62,11 +64,13 @@ def _fields(data: bytes):
 def read_metadata_props(path: str | Path) -> dict[str, str]:
     """A graph's metadata_props as a dict; ValueError for a file that is not an ONNX ModelProto
     (malformed protobuf, or no graph field: an empty file parses as an empty message)."""
-    props, has_graph = {}, False
+    props: dict[str, str] = {}
+    has_graph = False
     for number, wire, value in _fields(Path(path).read_bytes()):
         has_graph |= number == GRAPH_FIELD and wire == LENGTH_DELIMITED
-        if number == METADATA_PROPS_FIELD and wire == LENGTH_DELIMITED:
-            entry = {n: v for n, w, v in _fields(value) if w == LENGTH_DELIMITED}
+        # a LENGTH_DELIMITED value is the bytes, every other wire type's an int
+        if number == METADATA_PROPS_FIELD and isinstance(value, bytes):
+            entry = {n: v for n, _, v in _fields(value) if isinstance(v, bytes)}
             props[entry.get(KEY_FIELD, b"").decode("utf-8")] = entry.get(VALUE_FIELD, b"").decode("utf-8")
     if not has_graph:
         raise ValueError("no graph in it: not an ONNX model")

@@ -19,7 +19,7 @@ import math
 import numbers
 import os
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Literal, overload
 
 import numpy as np
 
@@ -69,7 +69,7 @@ def limit(name: str) -> float:
         raise KeyError(f"{name} is not one of limits.LIMITS")
     env = LIMIT_ENV_PREFIX + name
     raw = os.environ.get(env, "").strip()
-    default = globals()[name]
+    default: float = globals()[name]  # one of the module's constants, by name (LIMITS)
     if not raw:
         return default
     try:
@@ -107,8 +107,14 @@ def is_number(value: Any) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
 
 
+@overload
 def checked_number(value: Any, name: str, low: float | None = None, high: float | None = None,
-                   low_open: bool = False, integer: bool = False, fix: str | None = None) -> float | int:
+                   low_open: bool = False, *, integer: Literal[True], fix: str | None = None) -> int: ...
+@overload
+def checked_number(value: Any, name: str, low: float | None = None, high: float | None = None,
+                   low_open: bool = False, integer: bool = False, fix: str | None = None) -> float: ...
+def checked_number(value: Any, name: str, low: float | None = None, high: float | None = None,
+                   low_open: bool = False, integer: bool = False, fix: str | None = None) -> float:
     """`value` as a Python float (int when `integer`) within [low, high] ((low, high] when
     `low_open`), finite; UserError naming `name` otherwise."""
     bounds = (

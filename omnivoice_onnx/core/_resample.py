@@ -33,6 +33,7 @@ The subtle points, in the order torchaudio meets them:
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 
@@ -68,7 +69,7 @@ def sinc_kernel(orig: int, new: int, dtype: type[np.floating], lowpass_filter_wi
     return kernel * (window * dtype(base_freq / orig)), width
 
 
-def _libm(function, values: np.ndarray) -> np.ndarray:
+def _libm(function: Callable[[float], float], values: np.ndarray) -> np.ndarray:
     """`function` (math.sin / math.cos: the C library's double precision) of every value, float64."""
     flat = [function(value) for value in values.astype(np.float64).ravel().tolist()]
     return np.array(flat, dtype=np.float64).reshape(values.shape)

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import soundfile as sf
 
 from omnivoice_onnx.core import _resample, _silence
@@ -57,7 +58,7 @@ from omnivoice_onnx.limits import too_large
 #   resample {lowpass_filter_width 6, rolloff 0.99}   torchaudio.functional.resample's defaults
 
 
-def load_reference(ref_audio: str | os.PathLike | tuple[np.ndarray, int], sample_rate: int, rules: dict[str, Any],
+def load_reference(ref_audio: str | os.PathLike[str] | tuple[np.ndarray, int], sample_rate: int, rules: dict[str, Any],
                    max_seconds: float | None = None) -> np.ndarray:
     """float32 [1, T] mono at sample_rate (upstream load_audio / the tuple branch).
 
@@ -136,7 +137,8 @@ def prepare_reference(wav: np.ndarray, sample_rate: int, hop_length: int, rules:
         raise UserError("the reference audio is silent (all samples are zero)",
                         "pass a reference with clearly audible speech")
     if preprocess:
-        wav = remove_silence(wav, sample_rate, *rules["reference_silence_ms"], rules)
+        mid, lead, trail = rules["reference_silence_ms"]
+        wav = remove_silence(wav, sample_rate, mid, lead, trail, rules)
         if wav.shape[-1] == 0:
             raise UserError("the reference audio is silent or too quiet: nothing is left after "
                             "silence removal (-50 dBFS)", "pass a reference with clearly audible speech")
@@ -159,14 +161,18 @@ def post_process(audio: np.ndarray, ref_rms: float | None, sample_rate: int, rul
     that order), then fades and silent padding avoid clicks.
     """
     if postprocess_output:
-        audio = remove_silence(audio, sample_rate, *rules["output_silence_ms"], rules)
+        mid, lead, trail = rules["output_silence_ms"]
+        audio = remove_silence(audio, sample_rate, mid, lead, trail, rules)
     audio = level(audio, ref_rms, peak_of(audio), rules)
     return _fade_and_pad(audio, pad_duration, fade_duration, sample_rate)
 
 
 def peak_of(audio: np.ndarray) -> np.float32 | None:
     """The peak that level() normalises by (None for empty audio)."""
-    return np.abs(audio).max() if audio.size else None
+    if not audio.size:
+        return None
+    peak: np.float32 = np.abs(audio).max()
+    return peak
 
 
 def level(audio: np.ndarray, ref_rms: float | None, peak: np.floating | None, rules: dict[str, Any]) -> np.ndarray:
@@ -174,11 +180,15 @@ def level(audio: np.ndarray, ref_rms: float | None, peak: np.floating | None, ru
     target_rms`; without a reference, `(x / peak) * peak_level` when `peak` (the whole output's)
     is > min_peak. Elementwise with fixed factors, in upstream's operation order, so a stream that
     applies it piece by piece with the same factors gets the same bits."""
-    if ref_rms is not None and ref_rms < rules["target_rms"]:
-        return audio * ref_rms / rules["target_rms"]
-    if ref_rms is None and peak is not None and peak > rules["min_peak"]:
-        return audio / peak * rules["peak_level"]
-    return audio
+    target_rms: float = rules["target_rms"]  # runtime-config.json's audio section
+    min_peak: float = rules["min_peak"]
+    peak_level: float = rules["peak_level"]
+    gained: np.ndarray = audio
+    if ref_rms is not None and ref_rms < target_rms:
+        gained = audio * ref_rms / target_rms
+    elif ref_rms is None and peak is not None and peak > min_peak:
+        gained = audio / peak * peak_level
+    return gained
 
 
 def cross_fade_chunks(chunks: list[np.ndarray], sample_rate: int, rules: dict[str, Any]) -> np.ndarray:
@@ -197,7 +207,7 @@ def cross_fade_chunks(chunks: list[np.ndarray], sample_rate: int, rules: dict[st
         return chunks[0]
     fade_n = int(rules["cross_fade_silence_s"] * sample_rate) // 3
     silence_n = fade_n
-    merged = chunks[0].copy()
+    merged: np.ndarray = chunks[0].copy()
     for chunk in chunks[1:]:
         fout_n = min(fade_n, merged.shape[-1])
         if fout_n > 0:
@@ -231,7 +241,7 @@ def _fade_and_pad(audio: np.ndarray, pad_duration: float, fade_duration: float, 
         return audio
     fade_samples = int(fade_duration * sample_rate)
     pad_samples = int(pad_duration * sample_rate)
-    processed = audio.copy()
+    processed: np.ndarray = audio.copy()
     if fade_samples > 0:
         k = min(fade_samples, processed.shape[-1] // 2)
         if k > 0:
@@ -244,7 +254,7 @@ def _fade_and_pad(audio: np.ndarray, pad_duration: float, fade_duration: float, 
     return processed
 
 
-def _read_file(path: str | os.PathLike) -> tuple[np.ndarray, int]:
+def _read_file(path: str | os.PathLike[str]) -> tuple[np.ndarray, int]:
     """upstream load_waveform's soundfile branch: float32 [C, T] and the file's rate."""
     try:
         data, rate = sf.read(path, dtype="float32", always_2d=True)
@@ -274,10 +284,11 @@ def _checked_array(waveform: object) -> np.ndarray:
 def _checked_rate(rate: object) -> int:
     """A positive whole sample rate as int (upstream accepts 16000.0 too); UserError otherwise."""
     if (isinstance(rate, bool) or not isinstance(rate, numbers.Real) or not math.isfinite(rate) or rate <= 0
-            or rate != int(rate)):
+            or not float(rate).is_integer()):
         raise UserError(f"reference sample rate {rate!r} is not a positive whole number of Hz",
                         "pass the rate as an int, e.g. 16000")
-    return int(rate)
+    # int() of a Real that is not Integral needs its __int__, which numbers.Real does not promise
+    return int(rate) if isinstance(rate, numbers.Integral) else int(float(rate))
 
 
 class StreamAssembler:
@@ -318,7 +329,8 @@ class StreamAssembler:
     def add(self, chunk: np.ndarray, index: int, count: int) -> np.ndarray:
         """One decoded chunk [1, T] (chunk `index` of `count`) -> float32 [n] samples to play now."""
         if self.postprocess_output:
-            chunk = remove_silence(chunk, self.sample_rate, *self.rules["output_silence_ms"], self.rules)
+            mid, lead, trail = self.rules["output_silence_ms"]
+            chunk = remove_silence(chunk, self.sample_rate, mid, lead, trail, self.rules)
         if index == 0:
             self.peak = peak_of(chunk)
             joined = chunk.copy()
@@ -347,7 +359,8 @@ class StreamAssembler:
         if self.pad_n > 0 and (start or last) and total > 0:
             pad = np.zeros((1, self.pad_n), dtype=np.float32)
             out = np.concatenate(([pad] if start and ready else []) + [out] + ([pad] if last else []), axis=-1)
-        return out[0].astype(np.float32, copy=False)
+        samples: npt.NDArray[np.float32] = out[0].astype(np.float32, copy=False)
+        return samples
 
     def _edge_fades(self, out: np.ndarray, total: int | None) -> np.ndarray:
         """_fade_and_pad's fades on the piece [played, played + n) of the joined output; `total`

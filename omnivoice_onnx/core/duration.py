@@ -48,7 +48,8 @@ def char_weight(char: str, rules: dict[str, Any]) -> float:
     upper_planes_script (cjk), the rest as default. So a CJK full stop is punctuation and a
     Devanagari digit a digit.
     """
-    weights, code = rules["weights"], ord(char)
+    weights: dict[str, float] = rules["weights"]  # runtime-config.json: checked at load
+    code = ord(char)
     if 65 <= code <= 90 or 97 <= code <= 122:
         return weights["latin"]
     if code == ASCII_SPACE:
@@ -64,7 +65,7 @@ def char_weight(char: str, rules: dict[str, Any]) -> float:
         return weights["space"]
     if category.startswith("N"):
         return weights["digit"]
-    ranges = rules["ranges"]  # ascending [last code point, script] (checked at load)
+    ranges: list[tuple[int, str]] = rules["ranges"]  # ascending [last code point, script] (checked at load)
     index = bisect.bisect_left(ranges, code, key=lambda r: r[0])
     if index < len(ranges):
         return weights[ranges[index][1]]
@@ -92,10 +93,11 @@ def estimate_duration(target_text: str, ref_text: str, ref_duration: float, rule
         return 0.0
     speed_factor = ref_weight / ref_duration
     estimated = text_weight(target_text, rules) / speed_factor
-    low_threshold = rules["low_threshold"]
+    low_threshold: float | None = rules["low_threshold"]
     if low_threshold is not None and estimated < low_threshold:
-        alpha = 1.0 / rules["boost_strength"]
-        return low_threshold * (estimated / low_threshold) ** alpha
+        alpha = 1.0 / float(rules["boost_strength"])
+        lifted: float = low_threshold * (estimated / low_threshold) ** alpha  # float ** float: typeshed says Any
+        return lifted
     return estimated
 
 
@@ -123,7 +125,7 @@ def estimate_target_tokens(text: str, ref_text: str | None, num_ref_audio_tokens
     return max(1, int(estimated))
 
 
-def _per_item(value: float | Sequence[float | None] | None, batch_size: int, name: str) -> list | None:
+def _per_item(value: float | Sequence[float | None] | None, batch_size: int, name: str) -> list[float | None] | None:
     """A scalar repeated per item, or the given list (upstream: `[float(v)] * B` or `list(v)`)."""
     if value is None:
         return None
@@ -166,8 +168,9 @@ def target_lengths(texts: Sequence[str], ref_texts: Sequence[str | None], ref_to
     if durations is not None:
         speed_list = []
         for i in range(batch_size):
-            if durations[i] is not None:
-                target = max(1, int(durations[i] * frame_rate))
+            item_duration = durations[i]
+            if item_duration is not None:
+                target = max(1, int(item_duration * frame_rate))
                 speed_list.append(lengths[i] / target)
                 lengths[i] = target
             else:

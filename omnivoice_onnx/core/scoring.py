@@ -56,7 +56,7 @@ def log32(x: np.ndarray) -> np.ndarray:
 def log_softmax(x: np.ndarray) -> np.ndarray:
     """float32 log_softmax over the last axis: s = x - max, then s - log(sum(exp(s))), the
     log-sum-exp evaluated in float64 and rounded to float32 (see the module docstring)."""
-    shifted = x - x.max(axis=-1, keepdims=True)
+    shifted: np.ndarray = x - x.max(axis=-1, keepdims=True)
     # dtype=float64 widens each element exactly before the float64 exp, as astype would, without
     # a float64 copy of the whole array (2.3x faster on [1, 8, 278, 1025]).
     log_sum_exp = np.log(np.exp(shifted, dtype=np.float64).sum(axis=-1, keepdims=True)).astype(F32)
@@ -73,7 +73,8 @@ def gumbel_sample(logits: np.ndarray, temperature: float, rng: TorchCpuRng) -> n
     scaled = logits / F32(temperature)
     u = rng.rand(scaled.shape)
     noise = -log32(-log32(u + GUMBEL_EPS) + GUMBEL_EPS)
-    return scaled + noise
+    noisy: np.ndarray = scaled + noise
+    return noisy
 
 
 def top_k_order(values: np.ndarray, k: int) -> np.ndarray:
@@ -126,7 +127,8 @@ def layer_penalty(confidence: np.ndarray, factor: float) -> np.ndarray:
     """`scores - layer_ids * layer_penalty_factor`: codebook c loses c * factor (float32), so
     earlier codebooks unmask first. confidence [1, C, T]."""
     layer_ids = np.arange(confidence.shape[1], dtype=F32).reshape(1, -1, 1)
-    return confidence - layer_ids * F32(factor)
+    penalised: np.ndarray = confidence - layer_ids * F32(factor)
+    return penalised
 
 
 def select_cells(scores: np.ndarray, item_tokens: np.ndarray, mask_id: int, k: int) -> np.ndarray:

@@ -22,9 +22,9 @@ import base64
 import hashlib
 import ipaddress
 import re
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from omnivoice_onnx.serve.door import LOG, ApiError, refuse
 
@@ -118,7 +118,7 @@ def page_csp(html: bytes) -> str:
     )
 
 
-async def send_error(send: Callable, error: ApiError, extra: list[tuple[bytes, bytes]]) -> None:
+async def send_error(send: Send, error: ApiError, extra: list[tuple[bytes, bytes]]) -> None:
     """`error` as a complete JSON response through ASGI `send` (no framework needed)."""
     import json
 
@@ -137,10 +137,10 @@ class BrowserGuard:
     """ASGI middleware: the Host and Origin checks, the CORS preflight, the security headers
     (see the module's docstring). It stands outside the key check: a preflight carries no key."""
 
-    def __init__(self, app: Any, policy: BrowserPolicy) -> None:
+    def __init__(self, app: ASGIApp, policy: BrowserPolicy) -> None:
         self.app, self.policy = app, policy
 
-    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
@@ -183,7 +183,7 @@ class BrowserGuard:
             await send({"type": "http.response.body", "body": b""})
             return
 
-        async def with_headers(message: dict) -> None:
+        async def with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
                 message = {**message, "headers": [*message.get("headers", []), *SECURITY_HEADERS, *cors]}
             await send(message)

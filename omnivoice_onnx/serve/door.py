@@ -16,7 +16,7 @@ import json
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, TypeVar, cast, overload
 
 LOG = logging.getLogger("omnivoice_onnx.server")
 
@@ -179,7 +179,14 @@ def is_kind(value: Any, kind: type) -> bool:
     return isinstance(value, (int, float)) if kind is float else isinstance(value, kind)
 
 
-def typed(data: Mapping[str, Any], name: str, kind: type, required: bool = False) -> Any:
+JsonT = TypeVar("JsonT")
+
+
+@overload
+def typed(data: Mapping[str, Any], name: str, kind: type[JsonT], required: Literal[True]) -> JsonT: ...
+@overload
+def typed(data: Mapping[str, Any], name: str, kind: type[JsonT], required: bool = False) -> JsonT | None: ...
+def typed(data: Mapping[str, Any], name: str, kind: type[JsonT], required: bool = False) -> JsonT | None:
     """data[name] if it is JSON's `kind` (an integer counts as a number; true never does), None
     when absent (or null) and not `required`; else the table's `invalid_type` (or
     `missing_required_parameter`) naming the field."""
@@ -190,7 +197,7 @@ def typed(data: Mapping[str, Any], name: str, kind: type, required: bool = False
         return None
     if not is_kind(value, kind):
         raise refuse("invalid_type", name, field=name, expected=TYPE_NAMES[kind])
-    return value
+    return cast(JsonT, value)  # parsed JSON, its kind checked just above
 
 
 def text_field(data: Mapping[str, Any], name: str, required: bool = True) -> str | None:

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 # Seconds: a short clip on a GPU takes tens of ms; a long one on a small CPU minutes (the timeout's 300 s).
 LATENCY_BUCKETS = (0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
@@ -80,18 +80,18 @@ class Metrics:
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
-    def middleware(self, app: Any, route_of: Callable[[dict], str | None]) -> Callable:
+    def middleware(self, app: ASGIApp, route_of: Callable[[Scope], str | None]) -> ASGIApp:
         """ASGI middleware: every HTTP request counted by route (route_of(scope) after routing,
         else OTHER_ROUTE), method and status, with its latency and time to first body byte."""
 
-        async def measured(scope: dict, receive: Callable, send: Callable) -> None:
+        async def measured(scope: Scope, receive: Receive, send: Send) -> None:
             if scope["type"] != "http":
                 await app(scope, receive, send)
                 return
             started = time.monotonic()
             status, first = 500, None
 
-            async def tracked(message: dict) -> None:
+            async def tracked(message: Message) -> None:
                 nonlocal status, first
                 if message["type"] == "http.response.start":
                     status = message["status"]
