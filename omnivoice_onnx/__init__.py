@@ -30,14 +30,9 @@ holds the package to no import circle, at most 8 floors, no module over 600 line
 """
 
 from omnivoice_onnx.api import OmniVoiceOnnx
-from omnivoice_onnx.core.generate import (
-    AudioChunk,
-    GenerationConfig,
-    Progress,
-    Trace,
-    VoiceClonePrompt,
-)
-from omnivoice_onnx.core.request import Request
+from omnivoice_onnx.core.generate import AudioChunk, Progress, Trace
+from omnivoice_onnx.core.prompt import VoiceClonePrompt
+from omnivoice_onnx.core.request import GenerationConfig, Request
 from omnivoice_onnx.errors import Cancelled, UserError
 from omnivoice_onnx.version import __version__
 

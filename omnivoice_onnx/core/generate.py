@@ -41,7 +41,8 @@ from typing import Any
 import numpy as np
 
 from omnivoice_onnx.core import audio, plan, prompt, request
-from omnivoice_onnx.core.request import GenerationConfig, Model, Reference, VoiceClonePrompt
+from omnivoice_onnx.core.prompt import VoiceClonePrompt
+from omnivoice_onnx.core.request import GenerationConfig, Model, Reference
 from omnivoice_onnx.core.rng import TorchCpuRng
 from omnivoice_onnx.core.schedule import unmask_schedule
 from omnivoice_onnx.core.scoring import unmask_step
@@ -277,7 +278,8 @@ def decode(model: Model, tokens: np.ndarray | list[np.ndarray]) -> np.ndarray:
     if isinstance(tokens, list):
         return audio.cross_fade_chunks([model.decode(t[np.newaxis])[0] for t in tokens], model.sample_rate,
                                        model.runtime_config["audio"])
-    return model.decode(tokens[np.newaxis])[0]
+    decoded: np.ndarray = model.decode(tokens[np.newaxis])[0]
+    return decoded
 
 
 def decode_and_post_process(model: Model, tokens: np.ndarray | list[np.ndarray], ref_rms: float | None,
@@ -286,7 +288,8 @@ def decode_and_post_process(model: Model, tokens: np.ndarray | list[np.ndarray],
     waveform = audio.post_process(decode(model, tokens), ref_rms, model.sample_rate, model.runtime_config["audio"],
                                   postprocess_output=config.postprocess_output,
                                   pad_duration=config.pad_duration, fade_duration=config.fade_duration)
-    return waveform[0]
+    samples: np.ndarray = waveform[0]
+    return samples
 
 
 def generate(model: Model, req: request.Request, trace: Trace | None = None,
@@ -351,10 +354,11 @@ def stream(model: Model, req: request.Request, trace: Trace | None = None,
         return
     chunks, batches = chunk_plan(model, task, config)
     count = monitor.chunks = len(chunks[0])
+    streamed: list[np.ndarray] = []  # the chunks' tokens, for the trace
     if trace is not None:
-        trace.chunks[0], trace.results = chunks[0], [[]]
+        trace.chunks[0], trace.results = chunks[0], [streamed]
     for index, done in iter_chunked(model, task, config, rng, batches, trace, monitor):
         if trace is not None:
-            trace.results[0].append(done[0])
+            streamed.append(done[0])
         samples = assembler.add(model.decode(done[0][np.newaxis])[0], index, count)
         yield AudioChunk(samples=samples, sample_rate=model.sample_rate, index=index, count=count)

@@ -37,6 +37,7 @@ from __future__ import annotations
 import difflib
 import math
 import re
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,12 +65,13 @@ LANG_START, LANG_END = "<|lang_start|>", "<|lang_end|>"
 INSTRUCT_START, INSTRUCT_END = "<|instruct_start|>", "<|instruct_end|>"
 TEXT_START, TEXT_END = "<|text_start|>", "<|text_end|>"
 CONTROL_TOKENS = (DENOISE, LANG_START, LANG_END, INSTRUCT_START, INSTRUCT_END, TEXT_START, TEXT_END)
-try:  # the parsed form of a pattern, as re itself makes it
+# the parsed form of a pattern, as re itself makes it
+if sys.version_info >= (3, 11):
     import re._constants as _sre
     import re._parser as _sre_parse
-except ImportError:  # Python 3.10
-    import sre_constants as _sre  # type: ignore[no-redef]
-    import sre_parse as _sre_parse  # type: ignore[no-redef]
+else:
+    import sre_constants as _sre
+    import sre_parse as _sre_parse
 _REPEATS = tuple(getattr(_sre, name) for name in ("MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT")
                  if hasattr(_sre, name))
 REGEX_EXPECTED = "a regular expression without nested repeats, repeated alternatives or backreferences"
@@ -234,7 +236,7 @@ def load_runtime_config(directory: Path, data: bytes | None = None) -> dict[str,
     the runtime reads is missing or of the wrong type (CONFIG_SCHEMA). `data`: the file's bytes
     as the bundle verified them (parsed instead of reading the file again)."""
     path = Path(directory) / RUNTIME_CONFIG_FILE
-    config = read_json(path, "runtime config", RERUN_EXPORT, data=data,  # bounded in size and depth
+    config: dict[str, Any] = read_json(path, "runtime config", RERUN_EXPORT, data=data,  # bounded in size and depth
                        schema={"version": int, **{section: dict for section in CONFIG_SCHEMA}})
     if config["version"] != RUNTIME_CONFIG_VERSION:
         raise UserError(f"runtime config {path} is version {config.get('version')!r}; this runtime reads version "
@@ -358,8 +360,9 @@ def resolve_language(language: str | None, languages: dict[str, Any]) -> str | N
     if language in languages["ids"]:
         return language
     key = language.lower()
-    if key in languages["name_to_id"]:
-        return languages["name_to_id"][key]
+    names: dict[str, str] = languages["name_to_id"]  # runtime-config.json's languages section
+    if key in names:
+        return names[key]
     tag = BCP47_TAG.fullmatch(language)
     if tag:
         primary = tag.group(1).lower()
@@ -393,11 +396,13 @@ def resolve_instruct(instruct: str | None, use_zh: bool, instruct_data: dict[str
     upstream's one-line message as the problem. `instruct_data` is runtime-config.json's
     "instruct" section.
     """
-    if instruct is None:
+    if instruct is None or not instruct.strip():
         return None
-    instruct_str = instruct.strip()
-    if not instruct_str:
-        return None
+    return _resolved(instruct.strip(), use_zh, instruct_data)
+
+
+def _resolved(instruct_str: str, use_zh: bool, instruct_data: dict[str, Any]) -> str:
+    """resolve_instruct of a stripped, non-blank instruct."""
     valid = set(instruct_data["valid"])
 
     normalised, unknown = [], []
@@ -443,7 +448,8 @@ def resolve_instruct(instruct: str | None, use_zh: bool, instruct_data: dict[str
                         + ". Each category (gender, age, pitch, style, accent, dialect) allows at most one item.")
 
     has_chinese = any(re.search(instruct_data["zh_pattern"], item) for item in normalised)
-    return instruct_data["joiners"]["zh" if has_chinese else "en"].join(normalised)
+    joiner: str = instruct_data["joiners"]["zh" if has_chinese else "en"]  # runtime-config.json's instruct section
+    return joiner.join(normalised)
 
 
 # Everyday words for items of upstream's English instruct vocabulary, matched as whole words in
@@ -531,7 +537,7 @@ def read_instruct(instruct: str | None, use_zh: bool, instruct_data: dict[str, A
     if instruct is None or not instruct.strip():
         return InstructReading(None, (), ())
     if not _unknown_items(instruct, instruct_data):
-        resolved = resolve_instruct(instruct, use_zh, instruct_data)
+        resolved = _resolved(instruct.strip(), use_zh, instruct_data)
         return InstructReading(resolved, tuple(re.split(instruct_data["split_pattern"], resolved)), ())
     if strict:
         raise vocabulary_error(instruct, use_zh, instruct_data)
@@ -566,7 +572,7 @@ def read_instruct(instruct: str | None, use_zh: bool, instruct_data: dict[str, A
                if any(c.isalnum() for c in piece)] + ignored
     if not applied:
         return InstructReading(None, (), tuple(ignored))
-    resolved = resolve_instruct(instruct_data["joiners"]["en"].join(applied), use_zh, instruct_data)
+    resolved = _resolved(instruct_data["joiners"]["en"].join(applied).strip(), use_zh, instruct_data)
     return InstructReading(resolved, tuple(re.split(instruct_data["split_pattern"], resolved)), tuple(ignored))
 
 

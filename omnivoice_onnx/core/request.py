@@ -34,7 +34,7 @@ import os
 import unicodedata
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -94,7 +94,8 @@ class GenerationConfig:
     fade_duration: float  # fade-in/out at the output's ends (seconds)
 
     @classmethod
-    def from_dict(cls, values: Mapping[str, Any] | None, defaults: dict[str, Any]) -> GenerationConfig:
+    def from_dict(cls, values: Mapping[str, Any] | GenerationConfig | None,
+                  defaults: dict[str, Any]) -> GenerationConfig:
         """`defaults` overlaid with `values`; UserError for an unknown field or a bad value.
 
         Upstream's from_dict silently drops unknown keys; here a misspelt field is an error, so it
@@ -117,7 +118,9 @@ class GenerationConfig:
                             "re-run export_omnivoice.py")
         merged = {name: values.get(name, defaults[name]) for name in names}
         for f in dataclasses.fields(cls):
-            merged[f.name] = _checked_field(f.name, f.type, merged[f.name])
+            # a string under `from __future__ import annotations`, the class itself without it
+            kind = f.type if isinstance(f.type, str) else f.type.__name__
+            merged[f.name] = _checked_field(f.name, kind, merged[f.name])
         config = cls(**merged)
         _check_schedule(config.num_step, config.t_shift)
         return config
@@ -237,7 +240,11 @@ def _texts(value: Any) -> list[str]:
     return list(items)
 
 
-def _per_item(value: Any, batch: int, name: str, check, repeat: bool = True) -> list:
+ItemT = TypeVar("ItemT")
+
+
+def _per_item(value: Any, batch: int, name: str, check: Callable[[Any, str], ItemT],
+              repeat: bool = True) -> list[ItemT]:
     """One value or a list of 1 or `batch` values, each passed through `check(value, label)`;
     repeated to the batch unless `repeat` is False."""
     values = value if isinstance(value, list) else [value]
@@ -254,7 +261,8 @@ def _optional_str(value: Any, label: str) -> str | None:
     return value if value is None else check_unicode(value, label, f"pass {label.split('[')[0]} as UTF-8 text")
 
 
-def _optional_number(low: float, high_limit: str | None, high: float | None = None):
+def _optional_number(low: float, high_limit: str | None,
+                     high: float | None = None) -> Callable[[Any, str], float | None]:
     def check(value: Any, label: str) -> float | None:
         if value is None:
             return None
@@ -372,7 +380,7 @@ def validate(model: Model, texts: Any, config: GenerationConfig, language: Any =
         # Upstream logs a warning and ignores ref_text/ref_audio.
         raise UserError("voice_clone_prompt was given together with ref_text/ref_audio",
                         "pass either a voice_clone_prompt or ref_audio + ref_text")
-    references: list[Any]
+    references: list[Reference | VoiceClonePrompt | None]
     if voice_clone_prompt is not None:
         references = _per_item(voice_clone_prompt, batch, "voice_clone_prompt",
                                lambda p, label: check_prompt(p, label, model))
@@ -383,8 +391,9 @@ def validate(model: Model, texts: Any, config: GenerationConfig, language: Any =
             # Upstream makes len(ref_text) prompts from the first ref_audios: a silent mix-up.
             raise UserError(f"{len(ref_audios)} ref_audio for {len(ref_texts)} ref_text",
                             "pass one ref_text per ref_audio")
-        loaded = [load_reference(model, a, t, config.preprocess_prompt, "ref_audio" if len(ref_audios) == 1
-                                 else f"ref_audio[{i}]") for i, (a, t) in enumerate(zip(ref_audios, ref_texts))]
+        loaded: list[Reference | VoiceClonePrompt | None] = [
+            load_reference(model, a, t, config.preprocess_prompt, "ref_audio" if len(ref_audios) == 1
+                           else f"ref_audio[{i}]") for i, (a, t) in enumerate(zip(ref_audios, ref_texts))]
         references = loaded * batch if len(loaded) == 1 else loaded
     elif ref_text is not None:  # upstream ignores a ref_text without ref_audio
         raise UserError("ref_text was given without ref_audio", "pass ref_audio too, or drop ref_text")
@@ -405,8 +414,9 @@ def validate(model: Model, texts: Any, config: GenerationConfig, language: Any =
                    target_lens=target_lens, speed=speed_list, config=config, seed=seed, calls=calls)
 
 
-def _check_calls(model: Model, config: GenerationConfig, texts: list[str], langs: list, instructs: list,
-                 ref_texts: list, ref_frames: list, target_lens: list[int],
+def _check_calls(model: Model, config: GenerationConfig, texts: list[str], langs: list[str | None],
+                 instructs: list[str | None], ref_texts: list[str | None], ref_frames: list[int | None],
+                 target_lens: list[int],
                  speeds: list[float] | None) -> list[tuple[int, int]]:
     """Each transformer batch the request will run, as (rows, sequence), checked against
     MAX_SEQUENCE and MAX_ATTENTION_CELLS from the plan alone (no array of that size is made)."""

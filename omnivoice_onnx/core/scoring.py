@@ -143,7 +143,8 @@ def unmask(item_tokens: np.ndarray, predicted: np.ndarray, cells: np.ndarray) ->
     """The item's tokens [1, C, T] with the chosen flat `cells` set to the predicted tokens."""
     flat = item_tokens.ravel().copy()
     flat[cells] = predicted.ravel()[cells]
-    return flat.reshape(item_tokens.shape)
+    tokens: np.ndarray = flat.reshape(item_tokens.shape)
+    return tokens
 
 
 def unmask_step(c_logits: np.ndarray, u_logits: np.ndarray, item_tokens: np.ndarray, k: int, *,

@@ -39,7 +39,9 @@ FULL_WIDTH_PARENTHESES = {"\uff08": "(", "\uff09": ")"}  # _combine_text's two s
 
 def is_chinese(char: str, rules: dict[str, Any]) -> bool:
     """Whether one code point is "Chinese" in upstream's sense (rules["chinese_range"])."""
-    first, last = rules["chinese_range"]
+    first: int
+    last: int
+    first, last = rules["chinese_range"]  # runtime-config.json's text section
     return first <= ord(char) <= last
 
 
