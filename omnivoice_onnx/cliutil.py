@@ -20,6 +20,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from types import FrameType
 from typing import NoReturn
 
 from omnivoice_onnx.errors import (  # noqa: F401  (re-exported: every command's edge)
@@ -135,7 +136,9 @@ def prepare(parser: argparse.ArgumentParser, epilog: str = EXIT_CODES_HELP) -> a
 
     def refuse(message: str) -> NoReturn:
         raise UserError(message, f"see {parser.prog} --help")
-    parser.error = refuse
+    # The instance's own error(): argparse has no hook for it, and each script and subcommand
+    # builds its parser itself (a subclass would have to reach every one of them).
+    parser.error = refuse  # type: ignore[method-assign]
     return parser
 
 
@@ -190,7 +193,7 @@ def sigterm_raises() -> Iterator[Sigterm]:
         yield state
         return
 
-    def terminate(signum, frame) -> NoReturn:
+    def terminate(signum: int, frame: FrameType | None) -> NoReturn:
         state.received = True
         raise Terminated()
     previous = signal.signal(signal.SIGTERM, terminate)

@@ -56,7 +56,8 @@ def http_protocol() -> type:
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
     class BoundedH11(H11Protocol):
-        def connection_made(self, transport: Any) -> None:  # type: ignore[override]
+        # uvicorn's own signature takes asyncio.Transport where asyncio's BaseProtocol says BaseTransport
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
             self.header_timer: asyncio.TimerHandle | None = None
             self.over_limit = len(self.connections) > door.MAX_CONNECTIONS  # answered when its request comes

@@ -36,7 +36,8 @@ class Job:
     request: Request  # validated by the handler (OmniVoiceOnnx.validate), run as it is: never re-checked
     stream: bool  # stream() (the request was validated with stream=True), else generate()
     loop: asyncio.AbstractEventLoop
-    events: asyncio.Queue = field(default_factory=asyncio.Queue)  # ("chunk"|"audio", samples) ... ("done"|"error", x)
+    # ("chunk"|"audio", samples) ... ("done", None) | ("error", ApiError) | ("timeout", None)
+    events: asyncio.Queue[tuple[str, Any]] = field(default_factory=asyncio.Queue)
     cancel: threading.Event = field(default_factory=threading.Event)
     timed_out: bool = False
     finished: bool = False
@@ -179,7 +180,7 @@ def time_out(job: Job) -> None:
 def job_failure(job: Job, kind: str, payload: Any, draining: bool = False) -> ApiError:
     """The refusal a job that ended without its audio gets: its error, the timeout, or (cancelled)
     `shutting_down` when the drain cut it off, else `cancelled` (its client left: only logs see it)."""
-    if kind == "error":
+    if kind == "error" and isinstance(payload, ApiError):
         return payload
     if kind == "timeout":
         return refuse("timeout")
