@@ -16,7 +16,7 @@ import json
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar, cast, overload
+from typing import Any, Literal, TypeGuard, TypeVar, overload
 
 LOG = logging.getLogger("omnivoice_onnx.server")
 
@@ -172,14 +172,14 @@ TYPE_NAMES = {
 }
 
 
-def is_kind(value: Any, kind: type) -> bool:
+JsonT = TypeVar("JsonT")
+
+
+def is_kind(value: Any, kind: type[JsonT]) -> TypeGuard[JsonT]:
     """Whether a parsed JSON value is of `kind` (an integer is a number; true is never one)."""
     if isinstance(value, bool):
         return kind is bool
     return isinstance(value, (int, float)) if kind is float else isinstance(value, kind)
-
-
-JsonT = TypeVar("JsonT")
 
 
 @overload
@@ -197,9 +197,13 @@ def typed(data: Mapping[str, Any], name: str, kind: type[JsonT], required: bool 
         return None
     if not is_kind(value, kind):
         raise refuse("invalid_type", name, field=name, expected=TYPE_NAMES[kind])
-    return cast(JsonT, value)  # parsed JSON, its kind checked just above
+    return value
 
 
+@overload
+def text_field(data: Mapping[str, Any], name: str, required: Literal[True] = True) -> str: ...
+@overload
+def text_field(data: Mapping[str, Any], name: str, required: bool) -> str | None: ...
 def text_field(data: Mapping[str, Any], name: str, required: bool = True) -> str | None:
     """A text field: a string of at most MAX_INPUT_CHARS (the runtime then checks what it says)."""
     value = typed(data, name, str, required)

@@ -337,10 +337,10 @@ class Session:
             elif event.type == "synthesize-start":
                 self.stream = Stream(voice_of(event.data), self.config.seed)
             elif event.type == "synthesize-chunk" and self.stream is not None:
-                await self.hear(door.typed(event.data, "text", str, required=True))
+                await self.hear(self.stream, door.typed(event.data, "text", str, required=True))
             elif event.type == "synthesize-stop" and self.stream is not None:
-                await self.speak_sentences(final=True)
-                await self.finish_stream()
+                await self.speak_sentences(self.stream, final=True)
+                await self.finish_stream(self.stream)
                 self.stream = None
                 await self.write(SynthesizeStopped())
             elif event.type == "synthesize" and self.stream is None:  # else: sent for old servers, ignored
@@ -350,18 +350,17 @@ class Session:
             self.stream = None  # a refused stream ends here: its later chunks are ignored
             await self.refuse(exc)
 
-    async def hear(self, chunk: str) -> None:
+    async def hear(self, stream: Stream, chunk: str) -> None:
         """A streamed chunk: held until its sentence ends (at most door.MAX_INPUT_CHARS held)."""
-        self.stream.text += chunk
-        await self.speak_sentences(final=False)
-        if len(self.stream.text) > door.MAX_INPUT_CHARS:
+        stream.text += chunk
+        await self.speak_sentences(stream, final=False)
+        if len(stream.text) > door.MAX_INPUT_CHARS:
             raise door.too_long("streamed text without a sentence end",
                                 fix="end a sentence (. ! ? and a space) before that")
 
-    async def speak_sentences(self, final: bool) -> None:
+    async def speak_sentences(self, stream: Stream, final: bool) -> None:
         """Speak the streamed text's completed sentences (all of it when `final`); the text is
         scanned from where the last scan left off."""
-        stream = self.stream
         ends = [match.end() for match in SENTENCE_END.finditer(stream.text, stream.scanned)]
         cut = len(stream.text) if final else (ends[-1] if ends else 0)
         ready, stream.text = stream.text[:cut], stream.text[cut:]
@@ -371,11 +370,11 @@ class Session:
                                            stop=False)
             stream.started = True
 
-    async def finish_stream(self) -> None:
+    async def finish_stream(self, stream: Stream) -> None:
         """AudioStop for a stream that sent audio (an AudioStart and AudioStop when it sent none)."""
         from wyoming.audio import AudioStart, AudioStop
 
-        if not self.stream.started:
+        if not stream.started:
             await self.write(AudioStart(rate=self.service.sample_rate, width=SAMPLE_WIDTH, channels=1))
         await self.write(AudioStop())
 
@@ -428,7 +427,8 @@ def announced_address(host: str) -> str:
         return host
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
         probe.connect((MDNS_GROUP, 1))
-        return probe.getsockname()[0]
+        address: str = probe.getsockname()[0]  # an (address, port) pair for AF_INET
+        return address
 
 
 async def announce(name: str, host: str, port: int) -> Any:
@@ -458,7 +458,7 @@ async def announce(name: str, host: str, port: int) -> Any:
 
 async def serve_async(service: server_service.Service, config: WyomingConfig, listener: socket.socket) -> int:
     """Accept connections on `listener` until SIGTERM/SIGINT, then drain -> the signal (0: none)."""
-    sessions: dict[Session, asyncio.Task] = {}
+    sessions: dict[Session, asyncio.Task[None]] = {}
 
     async def connected(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         session = Session(service, config, reader, writer)
@@ -467,7 +467,9 @@ async def serve_async(service: server_service.Service, config: WyomingConfig, li
                 await session.refuse(refuse("too_many_connections", limit=door.MAX_CONNECTIONS))
             writer.close()
             return
-        sessions[session] = asyncio.current_task()
+        task = asyncio.current_task()
+        assert task is not None, "start_server runs each connection's callback in a task"
+        sessions[session] = task
         try:
             await session.run()
         finally:
@@ -475,9 +477,14 @@ async def serve_async(service: server_service.Service, config: WyomingConfig, li
 
     stopped_by: list[int] = []
     stop = asyncio.Event()
+
+    def stopping(sig: int) -> None:
+        stopped_by.append(sig)
+        stop.set()
+
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, lambda sig=sig: (stopped_by.append(sig), stop.set()))
+        loop.add_signal_handler(sig, stopping, sig)
     listening = await asyncio.start_server(connected, sock=listener, limit=door.MAX_HEADER_BYTES)
     bound_host, bound_port = listener.getsockname()[:2]
     LOG.info("omnivoice-onnx wyoming: %d voice(s), %d language(s); seed %s", len(voice_names(service)),
@@ -494,7 +501,7 @@ async def serve_async(service: server_service.Service, config: WyomingConfig, li
     return stopped_by[0] if stopped_by else 0
 
 
-async def drain(service: server_service.Service, sessions: dict[Session, asyncio.Task]) -> None:
+async def drain(service: server_service.Service, sessions: dict[Session, asyncio.Task[None]]) -> None:
     """SIGTERM: no new requests (the pool refuses them: shutting_down); every connection ends with
     a final event. Idle ones are closed (a stream still open gets its Error); one being answered
     finishes (its AudioStop) within the drain timeout, else its job is cancelled and it gets
