@@ -68,13 +68,16 @@ def check_address(address: str) -> None:
         raise UserError(f"--ray {address} needs Ray Client, which is not installed", "pip install 'ray[client]'")
     if target == "auto":
         try:
-            target = services.canonicalize_bootstrap_address("auto")
+            found = services.canonicalize_bootstrap_address("auto")
         except Exception as exc:  # ray raises ConnectionError, ValueError or its own types here
             raise UserError(f"--ray auto: no running Ray cluster found on this node ({exc})", ADDRESS_FIX) from None
-        if target is None:
+        if found is None:
             raise UserError("--ray auto: no running Ray cluster found on this node (start one with `ray start "
                             "--head`)", ADDRESS_FIX)
-    parsed = services.parse_address(target)
+        target = found
+    # ray 2.60 imports parse_address into services from ray._common.network_utils without re-exporting
+    # it; older ray (the extra's >= 2.40) defines it in services itself
+    parsed = services.parse_address(target)  # type: ignore[attr-defined]
     if parsed is None or not parsed[0] or not str(parsed[1]).isdecimal() or not 0 < int(parsed[1]) < 65536:
         raise UserError(f"--ray {address} is not a Ray address", ADDRESS_FIX)
     host, port = parsed[0], int(parsed[1])
@@ -92,13 +95,12 @@ def connect(address: str, cpus_wanted: int) -> bool:
 
     if ray.is_initialized():
         return False
-    runtime_env = {"py_modules": [PACKAGE_DIR]}  # this package's code, to every worker
-    quiet = {"logging_level": logging.WARNING, "include_dashboard": False, "runtime_env": runtime_env}
+    local = address == "local"
     try:
-        if address == "local":
-            ray.init(num_cpus=max(cpus_wanted, len(os.sched_getaffinity(0))), **quiet)
-        else:
-            ray.init(address=address, **quiet)
+        ray.init(address=None if local else address,
+                 num_cpus=max(cpus_wanted, len(os.sched_getaffinity(0))) if local else None,
+                 logging_level=logging.WARNING, include_dashboard=False,
+                 runtime_env={"py_modules": [PACKAGE_DIR]})  # this package's code, to every worker
     except (ConnectionError, TimeoutError, ValueError) as exc:  # the cluster went away after check_address
         raise UserError(f"--ray {address}: Ray could not connect ({str(exc).splitlines()[0][:200]})",
                         ADDRESS_FIX) from None
@@ -123,7 +125,8 @@ def run_ray(address: str, actor: type, actor_kwargs: dict[str, Any], workers: in
         context.enable_progress_bars = False  # the driver has its own bar, per line
         per_block = max(1, min(MAX_LINES_PER_BLOCK, len(tasks) // (BLOCKS_PER_ACTOR * workers)))
         items = [{**task, "estimate": estimate} for task, estimate in zip(tasks, estimates)]
-        dataset = ray.data.from_items(items, override_num_blocks=max(1, math.ceil(len(items) / per_block)))
+        blocks = max(1, math.ceil(len(items) / per_block))
+        dataset: ray.data.Dataset = ray.data.from_items(items, override_num_blocks=blocks)
         dataset = dataset.map_batches(
             actor, fn_constructor_kwargs=actor_kwargs,
             batch_size=None, batch_format="numpy", compute=ray.data.ActorPoolStrategy(size=workers),
