@@ -246,7 +246,7 @@ class FileDigests:
     def __init__(self) -> None:
         self._cache: dict[tuple[str, int, int], str] = {}
 
-    def __call__(self, path: str | os.PathLike) -> str:
+    def __call__(self, path: str | os.PathLike[str]) -> str:
         stat = os.stat(path)
         key = (os.fspath(path), stat.st_mtime_ns, stat.st_size)
         if key not in self._cache:
@@ -255,7 +255,7 @@ class FileDigests:
 
 
 def request_hash(line: Line, generation_config: dict[str, Any], digests: FileDigests,
-                 voice_file: str | os.PathLike | None) -> str:
+                 voice_file: str | os.PathLike[str] | None) -> str:
     """sha256 over everything that decides a line's WAV bytes, besides the model (recorded apart):
     the text and options, the seed, the whole generation config, the reference's and the voice's
     file contents (not their paths: moving a list with its files redoes nothing), OUTPUT_FORMAT."""
