@@ -2,7 +2,7 @@
 
 A generate vector exercises these rules only where its texts happen to reach them; this vector
 pins each one with inputs on which a competing reading gives another result (tests/test_rule_vectors.py
-shows it, reading by reading). Two readings named in issue 35 cannot change any result with
+shows it, reading by reading). Two of the readings cannot change any result with
 OmniVoice's data and tokenizer ("……" against the last code point; the fallback's special tokens):
 their cases pin the rule, the test proves the equivalence. It needs no graph run: a port checks it
 by calling its own text, prompt and audio functions on `input` and comparing with `expected`:
