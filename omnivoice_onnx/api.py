@@ -46,7 +46,7 @@ from omnivoice_onnx.contract import (
 )
 from omnivoice_onnx.core import generate as gen
 from omnivoice_onnx.core import request
-from omnivoice_onnx.core.prompt import RUNTIME_CONFIG_FILE, TextTokenizer
+from omnivoice_onnx.core.prompt import RUNTIME_CONFIG_FILE, TOKENIZER_FILE, TextTokenizer
 from omnivoice_onnx.errors import UserError
 from omnivoice_onnx.limits import check_threads, memory_errors_as_user_errors
 from omnivoice_onnx.sessions import PROVIDERS, TRANSFORMER_ARENA, CodecSessions, finite_output, make_session, run_split
@@ -126,14 +126,16 @@ class OmniVoiceOnnx:
         self.variant = self.bundle.variant
         path = self.bundle.transformer_path()
         self.runtime_config = self.bundle.runtime_config
-        self.tokenizer = TextTokenizer.from_dir(self.model_dir)
+        self.tokenizer = TextTokenizer.from_dir(self.model_dir, self.bundle.asset(TOKENIZER_FILE))
         fix = variant_fix(self.variant)
         self.transformer = make_session(path, provider, threads, arena=TRANSFORMER_ARENA, fix=fix)
+        self.bundle.check_loaded(path)  # the session holds the bytes that were hashed
         self.metadata = graph_metadata(self.transformer, path, "transformer")
         if self.metadata.get("variant", FP32_VARIANT) != self.variant:
             raise UserError(f"{path} is variant {self.metadata.get('variant', FP32_VARIANT)!r}, not "
                             f"{self.variant!r}", f"run quantize_omnivoice.py --variants {self.variant}")
-        self.codecs = CodecSessions(self.model_dir, provider, threads, resident_codecs, self.variant)
+        self.codecs = CodecSessions(self.model_dir, provider, threads, resident_codecs, self.variant,
+                                    self.bundle.check_loaded)
         for name in ("encoder", "decoder"):
             # Opened once here (then released unless resident) so a foreign graph fails now, not
             # after the whole transformer loop.
@@ -169,7 +171,8 @@ class OmniVoiceOnnx:
         decoder_path = self.codecs.paths["decoder"]
         self.model = gen.Model(
             transformer=lambda ids, audio_mask, attention: finite_output(
-                run_split(self.transformer, ids, audio_mask, attention), "transformer", path),
+                self._verified_result(run_split(self.transformer, ids, audio_mask, attention), path),
+                "transformer", path),
             encode=lambda wav: self.codecs.run("encoder", {"input_values": wav})["audio_codes"],
             decode=lambda codes: finite_output(self.codecs.run("decoder", {"audio_codes": codes})["audio_values"],
                                                "decoder", decoder_path),
@@ -177,6 +180,13 @@ class OmniVoiceOnnx:
             sample_rate=self.metadata["sample_rate"], hop_length=self.metadata["hop_length"],
             frame_rate=self.metadata["frame_rate"], num_codebooks=self.metadata["num_codebooks"],
             mask_id=self.metadata["audio_mask_id"])
+
+    def _verified_result(self, result: np.ndarray, graph: Path) -> np.ndarray:
+        """`result` of a call of `graph`'s session, once its files are seen unchanged since their hash:
+        onnxruntime maps a graph's external data file, so a write into it while a session holds it
+        would reach the weights; such a call is refused, never returned (Bundle.check_loaded)."""
+        self.bundle.check_loaded(graph)
+        return result
 
     @classmethod
     def from_dir(cls, model_dir: str | os.PathLike | None = None, provider: str = "cpu", threads: int | None = None,

@@ -82,8 +82,8 @@ from omnivoice_onnx.core import audio, duration, scoring
 from omnivoice_onnx.core.generate import IterativeTrace, Trace, decode
 from omnivoice_onnx.core.prompt import RUNTIME_CONFIG_FILE, TOKENIZER_FILE
 from omnivoice_onnx.core.rng import TorchCpuRng
-from omnivoice_onnx.errors import UserError
-from omnivoice_onnx.files import atomic_dir, sha256_file
+from omnivoice_onnx.errors import UserError, say
+from omnivoice_onnx.files import Maybe, atomic_dir, read_json, sha256_file
 from omnivoice_onnx.vector_format import ENVELOPE_BLOCK, FOLDER_README, FORMAT, audio_summary, short
 
 REF_WAV = "ref_voice.wav"
@@ -498,15 +498,14 @@ def write_vectors(onnx_dir: Path, out: Path, threads: int | None = None) -> list
             path = folder / f"{name}.json"
             path.write_text(json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n", encoding="utf-8")
             names += [decoded_file(name, i) for i in range(len(record["outputs"]))] + [path.name]
-            print(f"{out / path.name}  {path.stat().st_size / 1024:.0f} kB  {len(record['iterations'])} run(s), "
-                  f"target_lens {record['task']['target_lens']}", flush=True)
+            say(f"{out / path.name}  {path.stat().st_size / 1024:.0f} kB  {len(record['iterations'])} run(s), "
+                f"target_lens {record['task']['target_lens']}")
         for name, runs in POST_PROCESS_CASES.items():
             path = folder / f"{name}.json"
             record = post_process_case(tts, name, runs, folder)
             path.write_text(json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n", encoding="utf-8")
             names.append(path.name)
-            print(f"{out / path.name}  {path.stat().st_size / 1024:.0f} kB  {len(runs)} post_process run(s)",
-                  flush=True)
+            say(f"{out / path.name}  {path.stat().st_size / 1024:.0f} kB  {len(runs)} post_process run(s)")
         path = folder / f"{SCORING_CASE}.json"
         record = scoring_record(tts)
         path.write_text(json.dumps(record, separators=(",", ":")) + "\n", encoding="utf-8")
@@ -516,7 +515,7 @@ def write_vectors(onnx_dir: Path, out: Path, threads: int | None = None) -> list
                   "export": _export_hashes(tts)}
         path.write_text(json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n", encoding="utf-8")
         names.append(path.name)
-        print(f"{out / path.name}  {path.stat().st_size / 1024:.0f} kB  {len(record['rules'])} rule inputs", flush=True)
+        say(f"{out / path.name}  {path.stat().st_size / 1024:.0f} kB  {len(record['rules'])} rule inputs")
         (folder / README).write_text(FOLDER_README, encoding="utf-8")
         names.append(README)
     return [out / name for name in names]
@@ -527,7 +526,8 @@ def check_vectors(onnx_dir: Path, folder: Path, threads: int | None = None) -> d
     tts = OmniVoiceOnnx.from_dir(onnx_dir, threads=threads, variant=FP32_VARIANT)
     results = {}
     for path in sorted(folder.glob("*.json")):
-        stored = json.loads(path.read_text(encoding="utf-8"))
+        stored = read_json(path, "conformance vector", "write the vectors again (omnivoice_onnx.conformance --out)",
+                           schema={"case": Maybe(str)})
         name = stored.get("case", path.stem)
         if name in CASES:
             record, _ = run_case(tts, name, CASES[name], folder)
@@ -537,13 +537,13 @@ def check_vectors(onnx_dir: Path, folder: Path, threads: int | None = None) -> d
             record = scoring_record(tts, stored)
         elif name == rule_vectors.CASE:
             results[name] = rule_vectors.check_rules(stored, tts.runtime_config, tts.tokenizer, tts.sample_rate)
-            print(f"[{name}] {'OK' if not results[name] else 'FAIL: ' + results[name][0]}", flush=True)
+            say(f"[{name}] {'OK' if not results[name] else 'FAIL: ' + results[name][0]}")
             continue
         else:
             results[name] = [f"{path.name}: case {name!r} is not one of this runtime's cases"]
             continue
         results[name] = compare_records(stored, record)
-        print(f"[{name}] {'OK' if not results[name] else 'FAIL: ' + results[name][0]}", flush=True)
+        say(f"[{name}] {'OK' if not results[name] else 'FAIL: ' + results[name][0]}")
     return results
 
 
@@ -567,7 +567,7 @@ def main(argv: list[str] | None = None) -> None:
                         "pass the folder `--out` wrote (tests/conformance holds the tiny checkpoint's)")
     results = check_vectors(args.onnx_dir, args.check, args.threads)
     failed = sorted(name for name, problems in results.items() if problems)
-    print(f"OVERALL: {'PASS' if not failed else 'FAIL'} ({len(results) - len(failed)}/{len(results)} cases conform)")
+    say(f"OVERALL: {'PASS' if not failed else 'FAIL'} ({len(results) - len(failed)}/{len(results)} cases conform)")
     if failed:
         raise CheckFailed(f"{len(failed)} case(s) differ: {', '.join(failed)}")
 

@@ -38,6 +38,7 @@ import json
 import os
 import tempfile
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -295,18 +296,26 @@ class CodecSessions:
     """
 
     def __init__(self, onnx_dir: Path, provider: str, threads: int | None, resident: bool,
-                 variant: str = FP32_VARIANT) -> None:
+                 variant: str = FP32_VARIANT, loaded: Callable[[Path], None] = lambda path: None) -> None:
         # A variant's own codec graphs where it carries them (fp16), else the export's.
         self.paths = {name: variant_path(onnx_dir, variant, name) for name in ("encoder", "decoder")}
         self.provider, self.threads = codec_provider(provider), threads
+        # Called with a graph's path after each session of it is made and after each call
+        # (bundle.Bundle.check_loaded: its files are still the ones verified; a session opened per
+        # call reads them again, and onnxruntime maps the external data file it reads).
+        self.loaded = loaded
         self.held = {name: self.open(name) for name in self.paths} if resident else {}
 
     def open(self, name: str):
-        return make_session(self.paths[name], self.provider, self.threads, arena=CODEC_ARENA)
+        session = make_session(self.paths[name], self.provider, self.threads, arena=CODEC_ARENA)
+        self.loaded(self.paths[name])
+        return session
 
     def run(self, name: str, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         session = self.held.get(name) or self.open(name)
-        return run(session, feeds)
+        outputs = run(session, feeds)
+        self.loaded(self.paths[name])  # a mapped weights file written to during the call shows here
+        return outputs
 
 
 def prefix_lengths(attention_mask: np.ndarray) -> list[int] | None:

@@ -42,8 +42,17 @@ import numpy as np
 
 from omnivoice_onnx.contract import AUDIO_VOCAB_SIZE, FRAME_RATE, NUM_CODEBOOKS
 from omnivoice_onnx.core.prompt import VoiceClonePrompt
+from omnivoice_onnx.core.request import check_path
 from omnivoice_onnx.errors import UserError, check_unicode
-from omnivoice_onnx.files import FolderLock, atomic_path, read_json, resolved_folder
+from omnivoice_onnx.files import (
+    FolderLock,
+    Maybe,
+    atomic_path,
+    checked,
+    make_folder,
+    read_json,
+    resolved_folder,
+)
 from omnivoice_onnx.limits import limit, too_large
 
 VOICES_ENV = "OMNIVOICE_VOICES"
@@ -62,6 +71,10 @@ MAX_UPSTREAM_BYTES = 64 << 20
 MAX_VOICE_BYTES = 16 << 20
 NAME_PATTERN = re.compile(r"[^\W_][\w-]{0,63}")  # letters/digits first, then letters, digits, _ and -
 REPLACE_FIX = "pass --force to replace it, or choose another name"
+# The JSON type of each field a voice file's reader uses (files.schema_problem's notation; the
+# values are checked after: the version, a non-empty fingerprint, the tokens' shape and range).
+VOICE_SCHEMA = {"format_version": int, "model_fingerprint": str, "instruct": Maybe(str), "ref_text": Maybe(str),
+                "ref_rms": Maybe(float), "ref_audio_tokens": Maybe([[int]])}
 ADD_FIX = "re-create it with `omnivoice-onnx voice add NAME --ref-audio F --ref-text T` for this model"
 
 
@@ -166,13 +179,14 @@ def _read_json_voice(path: Path) -> Voice:
     data = read_json(path, "voice file", ADD_FIX, MAX_VOICE_BYTES)
     if not isinstance(data, dict) or data.get("format") != VOICE_FORMAT:
         raise UserError(f"{path} is not an omnivoice-onnx voice file (no \"format\": \"{VOICE_FORMAT}\")", ADD_FIX)
-    if type(data.get("format_version")) is not int or data["format_version"] != VOICE_FORMAT_VERSION:  # true is not 1
+    checked(data, VOICE_SCHEMA, f"voice file {path}", ADD_FIX)
+    if data["format_version"] != VOICE_FORMAT_VERSION:
         raise UserError(f"voice file {path} has format_version {data.get('format_version')!r}; this runtime reads "
                         f"{VOICE_FORMAT_VERSION}", ADD_FIX)
-    fingerprint, instruct = data.get("model_fingerprint"), data.get("instruct")
-    if not isinstance(fingerprint, str) or not fingerprint:
+    fingerprint, instruct = data["model_fingerprint"], data.get("instruct")
+    if not fingerprint:
         raise UserError(f"voice file {path} has no model_fingerprint", ADD_FIX)
-    if instruct is not None and (not isinstance(instruct, str) or not instruct.strip()):
+    if instruct is not None and not instruct.strip():
         raise UserError(f"voice file {path}: instruct must be a non-empty string or null", ADD_FIX)
     if instruct is not None:
         check_unicode(instruct, f"voice file {path}: instruct", ADD_FIX)
@@ -195,7 +209,7 @@ def read_voice(spec: str, voices: Path) -> Voice:
             raise UserError(f"no voice named {spec!r} in {voices}",
                             "see `omnivoice-onnx voice list`, or make it with `omnivoice-onnx voice add`")
         return _read_json_voice(path)
-    path = Path(spec)
+    path = Path(check_path(spec, "voice"))
     if not path.is_file():
         raise UserError(f"voice file {path} not found", "pass an existing .json or .pt voice file, or a saved "
                         "voice's name (`omnivoice-onnx voice list`)")
@@ -245,7 +259,7 @@ def save_voice(voices: Path, name: str, voice: Voice, replace: bool = True) -> P
         raise UserError(f"voice {name!r} has no model fingerprint, or neither a reference nor an instruct",
                         "give it the bundle's model_fingerprint and a prompt or an instruct")
     text = json.dumps(voice.to_json(), ensure_ascii=False, separators=(",", ":")) + "\n"
-    Path(voices).mkdir(parents=True, exist_ok=True)
+    make_folder(voices, "the voices folder", "pass --voices FOLDER (a real folder, or a path to create one at)")
     with FolderLock(voices, path.name, f"voice {name!r}"):
         if not replace and os.path.lexists(path):
             raise UserError(f"voice {name!r} already exists ({path})", REPLACE_FIX)

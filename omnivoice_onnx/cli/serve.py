@@ -15,13 +15,12 @@ cut some off.
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 
 from omnivoice_onnx.audio_out import RESPONSE_FORMATS
 from omnivoice_onnx.cli.server_flags import add_model_flags, server_config
 from omnivoice_onnx.cliutil import float_range, int_range
-from omnivoice_onnx.errors import UserError
+from omnivoice_onnx.errors import UserError, log_lines
 from omnivoice_onnx.server_service import API_KEY_ENV, DEFAULT_DRAIN_S, api_key_from
 
 INSTALL_FIX = "install the server's extra: pip install 'omnivoice-onnx[serve]'"
@@ -66,5 +65,5 @@ def run(args: argparse.Namespace) -> int:
         args, host=args.host, port=args.port, api_key=api_key_from(args.api_key, os.environ),
         no_auth=args.no_auth, drain_s=args.drain_timeout, default_format=args.default_format,
         model_aliases=tuple(args.model_aliases), allow_voice_save=args.allow_voice_save)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(message)s")
+    log_lines()
     return server.serve(config)

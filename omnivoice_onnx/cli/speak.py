@@ -42,7 +42,7 @@ from omnivoice_onnx.cliutil import DURATION, NUM_STEP, SCORE_FACTOR, SEED, SPEED
 from omnivoice_onnx.core import request
 from omnivoice_onnx.core.generate import Progress
 from omnivoice_onnx.core.request import Request
-from omnivoice_onnx.errors import UserError
+from omnivoice_onnx.errors import UserError, printable
 from omnivoice_onnx.files import decode_text, read_bounded, read_limited
 from omnivoice_onnx.limits import LIMIT_ENV_PREFIX, MAX_SPEED, MIN_SPEED, limit
 from omnivoice_onnx.sessions import PROVIDERS
@@ -215,8 +215,9 @@ class Reporter:
         now = time.monotonic()
         generation, load = now - self.generation_start, self.generation_start - self.start
         rtf = f"RTF {generation / seconds:.2f}" if seconds > 0 else "no RTF: no audio"
-        self.err.write(("\r\x1b[K" if self.drawn else "") + f"{PROG}: {seconds:.2f} s of audio in {generation:.2f} s "
-                       f"({rtf}; model loaded in {load:.2f} s), seed {seed} -> {dest}\n")
+        self.err.write(("\r\x1b[K" if self.drawn else "") + printable(  # the line's own text: one safe line
+            f"{PROG}: {seconds:.2f} s of audio in {generation:.2f} s ({rtf}; model loaded in {load:.2f} s), seed "
+            f"{seed} -> {dest}") + "\n")
         self.err.flush()
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from omnivoice_onnx.bundle import DEFAULT_MODEL_DIR, Bundle
 from omnivoice_onnx.cliutil import prepare
 from omnivoice_onnx.contract import FRAME_RATE
-from omnivoice_onnx.errors import UserError
+from omnivoice_onnx.errors import UserError, say
 from omnivoice_onnx.voices import (
     REPLACE_FIX,
     VOICES_ENV,
@@ -131,31 +131,31 @@ def run(args: argparse.Namespace) -> int:
         else:
             voice = _add(args, voices)
         path = save_voice(voices, args.name, voice, replace=args.force)  # checked again under the name's lock
-        print(f"saved voice {args.name!r}: {describe(voice, FRAME_RATE)} -> {path}")
+        say(f"saved voice {args.name!r}: {describe(voice, FRAME_RATE)} -> {path}")
     elif args.voice_command == "list":
         found = list_voices(voices)
         if not found:
-            print(f"no voices in {voices} (add one with `omnivoice-onnx voice add NAME --ref-audio F --ref-text T`)",
-                  file=sys.stderr)
+            say(f"no voices in {voices} (add one with `omnivoice-onnx voice add NAME --ref-audio F --ref-text T`)",
+                file=sys.stderr)
         width = max((len(v.name) for v in found), default=0)
         for voice in found:
-            print(f"{voice.name:<{width}}  {describe(voice, FRAME_RATE)}  model {voice.model_fingerprint}")
+            say(f"{voice.name:<{width}}  {describe(voice, FRAME_RATE)}  model {voice.model_fingerprint}")
     elif args.voice_command == "show":
         voice = read_voice(args.name, voices)
-        print(f"name               {voice.name}")
-        print(f"file               {voice.path}")
-        print(f"model fingerprint  {voice.model_fingerprint or 'unknown (an upstream .pt carries none)'}")
+        say(f"name               {voice.name}")
+        say(f"file               {voice.path}")
+        say(f"model fingerprint  {voice.model_fingerprint or 'unknown (an upstream .pt carries none)'}")
         if voice.prompt is not None:
             tokens = voice.prompt.ref_audio_tokens
-            print(f"reference tokens   {list(tokens.shape)} ({tokens.shape[-1] / FRAME_RATE:.2f} s)")
-            print(f"reference text     {voice.prompt.ref_text}")
-            print(f"reference RMS      {voice.prompt.ref_rms:.6g}")
+            say(f"reference tokens   {list(tokens.shape)} ({tokens.shape[-1] / FRAME_RATE:.2f} s)")
+            say(f"reference text     {voice.prompt.ref_text}")
+            say(f"reference RMS      {voice.prompt.ref_rms:.6g}")
         if voice.instruct is not None:
-            print(f"instruct           {voice.instruct}")
+            say(f"instruct           {voice.instruct}")
     elif args.voice_command == "remove":
         path = voice_path(voices, args.name)
         if not path.is_file():
             raise UserError(f"no voice named {args.name!r} in {voices}", "see `omnivoice-onnx voice list`")
         path.unlink()
-        print(f"removed voice {args.name!r} ({path})")
+        say(f"removed voice {args.name!r} ({path})")
     return 0

@@ -13,11 +13,10 @@ Events, limits and errors: omnivoice_onnx.wyoming_server. SIGTERM or Ctrl-C stop
 from __future__ import annotations
 
 import argparse
-import logging
 
 from omnivoice_onnx.cli.server_flags import add_model_flags, server_config
 from omnivoice_onnx.cliutil import SEED
-from omnivoice_onnx.errors import UserError
+from omnivoice_onnx.errors import UserError, log_lines
 
 INSTALL_FIX = "install the Wyoming extra: pip install 'omnivoice-onnx[wyoming]'"
 
@@ -45,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     except ModuleNotFoundError as exc:
         raise UserError(f"omnivoice-onnx wyoming needs {exc.name}, which is not installed", INSTALL_FIX) from None
     config = server_config(args)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(message)s")
+    log_lines()
     wyoming = wyoming_server.WyomingConfig(uri=args.uri, seed=args.seed, voice=args.voice)
     listener = wyoming_server.listen(wyoming)  # a bad --uri or a busy port is named before the models load
     return wyoming_server.serve(server.load_service(config), wyoming, listener)

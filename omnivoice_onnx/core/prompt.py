@@ -222,20 +222,18 @@ CONFIG_SCHEMA: dict[str, dict[str, tuple[Callable[[Any], bool], str]]] = {
 }
 
 
-def load_runtime_config(directory: Path) -> dict[str, Any]:
+def load_runtime_config(directory: Path, data: bytes | None = None) -> dict[str, Any]:
     """The export's runtime-config.json (written by omnivoice_export.runtime_assets); UserError
     naming the file when it is missing, not JSON, of another version, or when a section or key
-    the runtime reads is missing or of the wrong type (CONFIG_SCHEMA)."""
+    the runtime reads is missing or of the wrong type (CONFIG_SCHEMA). `data`: the file's bytes
+    as the bundle verified them (parsed instead of reading the file again)."""
     path = Path(directory) / RUNTIME_CONFIG_FILE
-    config = read_json(path, "runtime config", RERUN_EXPORT)  # bounded in size and depth
-    if not isinstance(config, dict):
-        raise UserError(f"runtime config {path} is not a JSON object", RERUN_EXPORT)
-    if type(config.get("version")) is not int or config["version"] != RUNTIME_CONFIG_VERSION:
+    config = read_json(path, "runtime config", RERUN_EXPORT, data=data,  # bounded in size and depth
+                       schema={"version": int, **{section: dict for section in CONFIG_SCHEMA}})
+    if config["version"] != RUNTIME_CONFIG_VERSION:
         raise UserError(f"runtime config {path} is version {config.get('version')!r}; this runtime reads version "
                         f"{RUNTIME_CONFIG_VERSION} (the host tables and audio constants as data)", RERUN_EXPORT)
     for section, keys in CONFIG_SCHEMA.items():
-        if not isinstance(config.get(section), dict):
-            raise UserError(f"runtime config {path} lacks the section {section!r}", RERUN_EXPORT)
         for key, (check, expected) in keys.items():
             if not check(config[section].get(key)):
                 raise UserError(f"runtime config {path}: {section}.{key} is missing or not {expected}", RERUN_EXPORT)
@@ -287,14 +285,15 @@ class TextTokenizer:
         self.backend = backend
 
     @classmethod
-    def from_dir(cls, directory: Path) -> TextTokenizer:
+    def from_dir(cls, directory: Path, data: bytes | None = None) -> TextTokenizer:
         """Load the export's tokenizer.json; UserError when it is missing, unreadable, or lacks one
-        of the prompt's control tokens (a plain Qwen tokenizer, say)."""
+        of the prompt's control tokens (a plain Qwen tokenizer, say). `data`: the file's bytes as
+        the bundle verified them (built from those instead of reading the file again)."""
         path = Path(directory) / TOKENIZER_FILE
-        if not path.is_file():
+        if data is None and not path.is_file():
             raise UserError(f"text tokenizer not found: {path}", RERUN_EXPORT)
         try:
-            backend = Tokenizer.from_file(str(path))
+            backend = Tokenizer.from_file(str(path)) if data is None else Tokenizer.from_buffer(data)
         except Exception as exc:  # the Rust library raises a bare Exception for any parse error
             raise UserError(f"text tokenizer {path} cannot be loaded ({str(exc).splitlines()[0][:200]})",
                             RERUN_EXPORT) from exc

@@ -262,9 +262,26 @@ def _optional_number(low: float, high_limit: str | None, high: float | None = No
     return check
 
 
+def check_path(value: Any, label: str) -> str:
+    """`value` (a str or os.PathLike) as a path string, or a UserError: the one check of every
+    path-valued field a front end takes (CLI flags, batch lines, HTTP fields, a voice's file). A
+    NUL cannot be in a path (the OS APIs take C strings: Python raises ValueError, a traceback, at
+    the first stat or open); argv cannot hold one, a JSON string can (`\\u0000`)."""
+    if not isinstance(value, (str, os.PathLike)):
+        raise UserError(f"{label} must be a file path (a string), got {type(value).__name__}",
+                        f"pass {label} as a path")
+    path = os.fspath(value)
+    if not isinstance(path, str):  # a bytes path-like
+        raise UserError(f"{label} must be a path string, got {type(path).__name__}", f"pass {label} as a str path")
+    if "\0" in path:
+        raise UserError(f"{label} {path[:200]!r} holds a NUL character at position {path.index(chr(0))}: not a path",
+                        f"pass {label} as the file's path")
+    return path
+
+
 def _ref_audio(value: Any, label: str) -> Any:
     if isinstance(value, (str, os.PathLike)):
-        return value
+        return check_path(value, label)
     if isinstance(value, tuple) and len(value) == 2:
         return value
     raise UserError(f"{label} must be a file path or a (waveform, sample_rate) tuple, got {type(value).__name__}",
