@@ -78,6 +78,10 @@ VERIFIED_MAX_BYTES = 2 << 20  # 256 entries of 4,096-character paths are ~1.1 MB
 # file server whose clock runs more than this behind defeats it (docs/package.md names the limits).
 RACY_NS = 2_000_000_000
 RERUN_EXPORT = "re-run export_omnivoice.py into an empty folder"
+# What a user without a bundle is told: both ways to get one without the export toolchain.
+GET_BUNDLE = ("pass a bundle folder (--model-dir), or get one: omnivoice-onnx download ORG/NAME --dir DIR (a "
+              "Hugging Face repo; or --model-dir hf:ORG/NAME), or omnivoice-onnx download URL --sha256 HEX --dir DIR "
+              "(a release archive); docs/download.md")
 SKIP = f"or load it unchecked with verify=False / {VERIFY_ENV}=0"
 # What the runtime reads of the report: the files of each graph, the runtime assets, the variants.
 REPORT_FILES_SCHEMA = {"graphs": Each({"files": Each(FILE_ENTRY_SCHEMA)}),
@@ -370,7 +374,7 @@ class Bundle:
                             f"pass one of {', '.join(variants_present(model_dir)) or 'fp32'}, or None")
         verify = verify_requested(verify)
         if not model_dir.is_dir():
-            raise UserError(f"export folder not found: {model_dir}", "pass the folder export_omnivoice.py wrote")
+            raise UserError(f"export folder not found: {model_dir}", GET_BUNDLE)
         try:
             report, report_error = read_report(model_dir), None
         except UserError as exc:
@@ -443,8 +447,12 @@ class Bundle:
     @functools.cached_property
     def metadata(self) -> dict[str, str]:
         """The export's own transformer graph's metadata (fingerprint, licence, source, constants),
-        read without a session; a UserError when the folder holds no export."""
+        read without a session; a UserError when the folder holds no export. A folder holding one
+        variant only (a release of it: omnivoice_onnx.fetch) answers from that variant's graph,
+        whose metadata is the export's plus `variant` and `recipe` (quantize_omnivoice.py)."""
         path = self.path("transformer", FP32_VARIANT)
+        if not path.is_file() and self.variant != FP32_VARIANT and self.path("transformer").is_file():
+            path = self.path("transformer")
         if not path.is_file():
             raise UserError(f"{self.dir} holds no OmniVoice export ({path.name} not found)",
                             "pass the folder export_omnivoice.py wrote (--model-dir)")
@@ -518,10 +526,11 @@ def default_variant(model_dir: Path, report: dict[str, Any] | None, provider: st
     """The variant loaded from `model_dir` when none is named: the first of DEFAULT_VARIANT_ORDER
     whose graph is in the folder AND that the export report lists (a re-export writes a new report
     without variants, so a folder left from the previous export is never taken), on the CPU
-    provider only (the fused kernel was measured on CPU); else "fp32"."""
+    provider only (the fused kernel was measured on CPU); else "fp32" when its graph is there;
+    else the first listed variant present (a folder holding one variant: a release of it)."""
     listed = report_variants(report)
     if provider != "cpu" or not listed:
         return FP32_VARIANT  # no readable report: the faithful graph, whose own checks then speak
     present = variants_present(model_dir)
-    return next((name for name in DEFAULT_VARIANT_ORDER
-                 if name in present and (name == FP32_VARIANT or name in listed)), FP32_VARIANT)
+    usable = [name for name in present if name == FP32_VARIANT or name in listed]
+    return next((name for name in DEFAULT_VARIANT_ORDER if name in usable), usable[0] if usable else FP32_VARIANT)

@@ -6,7 +6,7 @@ voice from a description (an instruct) and the seed. A preset is therefore a voi
 instruct AND a fixed seed: the same instruct with another seed is another speaker, so the seed is
 what makes `alloy` the same voice on every request (and a request's own `seed` still wins).
 
-Resolution, in the servers (omnivoice_onnx.server, omnivoice_onnx.wyoming_server): a saved voice
+Resolution, in the servers (omnivoice_onnx.serve.app, omnivoice_onnx.serve.wyoming): a saved voice
 of the same name first (save one called `alloy` to replace the preset), else the preset below.
 The instructs use only upstream's English instruct vocabulary (runtime-config.json's
 instruct.valid_en; tests/test_presets.py resolves each one as generate() does).

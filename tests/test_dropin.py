@@ -12,6 +12,7 @@ import io
 import json
 import os
 import shutil
+import time
 from pathlib import Path
 
 import numpy as np
@@ -125,9 +126,20 @@ def test_uploaded_reference_clones_and_saves(srv: Server, tts: OmniVoiceOnnx, vo
     assert status == 400 and error["code"] == "invalid_reference" and "/tmp" not in error["message"], body
 
 
+def wait_until(page, expression: str, timeout_s: float) -> None:
+    """Poll `expression` in the page until it is truthy (bounded). page.evaluate, not
+    wait_for_function: the latter compiles its predicate with eval, which the page's
+    Content-Security-Policy rightly forbids."""
+    deadline = time.monotonic() + timeout_s
+    while not page.evaluate(expression):
+        assert time.monotonic() < deadline, f"{expression} still false after {timeout_s:g} s"
+        time.sleep(0.1)
+
+
 def test_page_speaks_in_chromium(srv: Server, tmp_path: Path) -> None:
-    """The page at /, in a real headless Chromium: type text, press Speak; the audio streams in,
-    plays (Web Audio buffers end), and the seed and RTF are shown."""
+    """The page at /, in a real headless Chromium, under its own Content-Security-Policy: type
+    text, press Speak; the audio streams in, plays (Web Audio buffers end), and the seed and RTF
+    are shown."""
     if not CHROMIUM.is_file():
         pytest.skip(f"{CHROMIUM} is missing (apt-get install chromium; .ci/run does)")
     sync_api = pytest.importorskip("playwright.sync_api")
@@ -137,15 +149,14 @@ def test_page_speaks_in_chromium(srv: Server, tmp_path: Path) -> None:
         try:
             page = browser.new_page(viewport={"width": 900, "height": 860})
             page.goto(f"http://127.0.0.1:{srv.port}/", timeout=REQUEST_S * 1000)
-            page.wait_for_function("document.querySelectorAll('#voice option').length > 12",
-                                   timeout=REQUEST_S * 1000)
+            wait_until(page, "document.querySelectorAll('#voice option').length > 12", REQUEST_S)
             page.fill("#text", "Hello from the page.")
             page.fill("#steps", str(STEPS))
             page.click("#speak")
-            page.wait_for_function("window.omnivoice.done || window.omnivoice.error", timeout=REQUEST_S * 1000)
+            wait_until(page, "window.omnivoice.done || window.omnivoice.error", REQUEST_S)
             state = page.evaluate("window.omnivoice")
             assert state["error"] is None and state["bytes"] > 0 and state["seed"] == str(PRESETS["alloy"].seed)
-            page.wait_for_function("window.omnivoice.played > 0", timeout=REQUEST_S * 1000)
+            wait_until(page, "window.omnivoice.played > 0", REQUEST_S)
             status = page.inner_text("#status")
             assert f"seed {PRESETS['alloy'].seed}" in status and "RTF" in status, status
             page.screenshot(path=str(tmp_path / "page.png"))

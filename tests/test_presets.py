@@ -35,8 +35,8 @@ def test_voice_catalogue_hides_presets_under_saved_names_and_unreachable_saved_v
     (which resolves first) is not listed. Wyoming's list: saved, presets, then "auto" once."""
     from types import SimpleNamespace
 
-    from omnivoice_onnx.server_service import BUILTIN_VOICES, Service
-    from omnivoice_onnx.wyoming_server import description, voice_entries
+    from omnivoice_onnx.serve.service import BUILTIN_VOICES, Service
+    from omnivoice_onnx.serve.wyoming import description, voice_entries
 
     saved = [SimpleNamespace(name="alloy", prompt=None, instruct="male, elderly"),
              SimpleNamespace(name="auto", prompt=object(), instruct=None),

@@ -23,7 +23,7 @@ PACKAGE = "omnivoice_onnx"
 ROOT = Path(__file__).resolve().parent.parent / PACKAGE
 MAX_FLOORS = 8
 # The height by a reader's count (annotation-only imports and the CLI registry included), today:
-# the registry puts `cli` above every command and `__main__` above it, and server_pool's annotation
+# the registry puts `cli` above every command and `__main__` above it, and serve.pool's annotation
 # import of `api` puts the server two floors higher. Lower it as the layers are rearranged; the
 # goal is MAX_FLOORS.
 READER_MAX_FLOORS = 12
@@ -177,7 +177,7 @@ def test_the_graph_is_read_right() -> None:
     skips TYPE_CHECKING (a check that cannot see an import proves nothing)."""
     assert f"{PACKAGE}.batch_ray" in imports(f"{PACKAGE}.batch")[0]  # imported inside ray_engine()
     assert f"{PACKAGE}.core.audio" in imports(f"{PACKAGE}.core.request")[0]  # from omnivoice_onnx.core import audio
-    assert f"{PACKAGE}.api" not in imports(f"{PACKAGE}.server_pool")[0]  # under TYPE_CHECKING
-    assert f"{PACKAGE}.api" in reader_imports(f"{PACKAGE}.server_pool")  # which a reader follows
+    assert f"{PACKAGE}.api" not in imports(f"{PACKAGE}.serve.pool")[0]  # under TYPE_CHECKING
+    assert f"{PACKAGE}.api" in reader_imports(f"{PACKAGE}.serve.pool")  # which a reader follows
     assert f"{PACKAGE}.cli.speak" in reader_imports(REGISTRY) - imports(REGISTRY)[0]  # the registry
     assert "numpy" in imports(f"{PACKAGE}.core.rng")[1]

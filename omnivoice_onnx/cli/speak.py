@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from omnivoice_onnx import audio_out
-from omnivoice_onnx.bundle import DEFAULT_MODEL_DIR
+from omnivoice_onnx.bundle import DEFAULT_MODEL_DIR, GET_BUNDLE
 from omnivoice_onnx.cliutil import DURATION, NUM_STEP, SCORE_FACTOR, SEED, SPEED, THREADS
 from omnivoice_onnx.core import request
 from omnivoice_onnx.core.generate import Progress
@@ -261,8 +261,7 @@ def run(args: argparse.Namespace) -> int:
     kwargs = generation_kwargs(args)
     check_provider(args.provider)
     if not args.model_dir.is_dir():
-        raise UserError(f"model folder {args.model_dir} not found", "pass --model-dir DIR, the export folder holding "
-                        "the .onnx graphs, tokenizer.json and runtime-config.json")
+        raise UserError(f"model folder {args.model_dir} not found", GET_BUNDLE)
     reporter = Reporter.for_stderr(args.quiet)
     tts = OmniVoiceOnnx.from_dir(args.model_dir, provider=args.provider, threads=args.threads, variant=args.variant)
     kwargs = voice_kwargs(args, tts, kwargs)

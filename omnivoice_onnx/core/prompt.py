@@ -45,6 +45,7 @@ from typing import Any
 import numpy as np
 from tokenizers import Tokenizer
 
+from omnivoice_onnx.core.iso639 import ISO_639_3_TO_1
 from omnivoice_onnx.core.text import combine_text
 from omnivoice_onnx.errors import UserError
 from omnivoice_onnx.files import read_json
@@ -76,8 +77,13 @@ REGEX_EXPECTED = "a regular expression without nested repeats, repeated alternat
 BCP47_TAG = re.compile(r"([A-Za-z]{2,3})(?:[-_][A-Za-z0-9]{1,8})*")
 # Primary subtags people still send whose model id is another code: deprecated ISO 639-1 codes
 # (iw, in, ji, jw) and the usual code for Tagalog (the model knows it as Filipino, fil), Mandarin
-# (cmn, zh's main member) and Norwegian Bokmal's 639-2 code.
-LANGUAGE_ALIASES = {"iw": "he", "in": "id", "ji": "yi", "jw": "jv", "tl": "fil", "cmn": "zh", "nob": "nb"}
+# (cmn, zh's main member) and Norwegian Bokmal's 639-2 code; and the two-letter codes of Arabic and
+# Odia, whose model ids are the ISO 639-3 individual languages (Standard Arabic arb, Odia ory).
+TWO_LETTER_ALIASES = {"ar": "arb", "or": "ory"}
+LANGUAGE_ALIASES = {"iw": "he", "in": "id", "ji": "yi", "jw": "jv", "tl": "fil", "cmn": "zh", "nob": "nb",
+                    **TWO_LETTER_ALIASES}
+# Model ids with no two-letter code that BCP-47 tags (and so Home Assistant) still name: Cantonese.
+NAMED_THREE_LETTER = ("yue",)
 
 LANGUAGE_FIX = ("pass a language name (English, Chinese, ...), id (en, zh, ...) or tag (en-US, pt_BR), or None "
                 "for language-agnostic mode")
@@ -324,12 +330,24 @@ class TextTokenizer:
         return parts if parts else self.encode(text)
 
 
+def advertised_languages(languages: dict[str, Any]) -> list[str]:
+    """The model's languages as the BCP-47 codes Home Assistant can name, sorted: its two-letter ids,
+    TWO_LETTER_ALIASES whose id it has, and NAMED_THREE_LETTER. What the Wyoming server lists
+    (all 646 ids, mostly ISO 639-3, bury English in a picker); resolve_language takes each of
+    these, and every other id as well."""
+    ids = set(languages["ids"])
+    found = {lang for lang in ids if len(lang) == 2}
+    found |= {code for code, lang in TWO_LETTER_ALIASES.items() if lang in ids}
+    return sorted(found | (ids & set(NAMED_THREE_LETTER)))
+
+
 def resolve_language(language: str | None, languages: dict[str, Any]) -> str | None:
     """The language id for a name or id (_resolve_language); None for None or "None".
 
     An id must match exactly ("en"); a name matches case-insensitively ("english"); a BCP-47 or
-    locale tag ("en-US", "pt_BR", "zh-Hant-TW", "EN") gives its primary language subtag,
-    lower-cased and with LANGUAGE_ALIASES applied, when that is an id (the model's ids are
+    locale tag ("en-US", "pt_BR", "zh-Hant-TW", "EN", "eng") gives its primary language subtag,
+    lower-cased, a three-letter code of a two-letter language made two-letter (iso639), and with
+    LANGUAGE_ALIASES applied, when that is an id (the model's ids are
     ISO 639 codes without region or script: "pt-BR" and "pt-PT" are both "pt"). Upstream
     logs a warning for anything else and goes language-agnostic; here it is a UserError, so a
     typo never silently changes the output (None is the explicit language-agnostic choice).
@@ -345,6 +363,8 @@ def resolve_language(language: str | None, languages: dict[str, Any]) -> str | N
     tag = BCP47_TAG.fullmatch(language)
     if tag:
         primary = tag.group(1).lower()
+        if primary not in languages["ids"]:  # "eng" -> "en" (the model's own three-letter ids stay)
+            primary = ISO_639_3_TO_1.get(primary, primary)
         primary = LANGUAGE_ALIASES.get(primary, primary)
         if primary in languages["ids"]:
             return primary

@@ -18,7 +18,7 @@ Routes (OpenAI's shapes, so the official client and the tools built on it work u
     POST /v1/audio/references  a reference recording as the body, ?ref_text=its words -> a voice id
                             for later requests ("ref-...", in memory); &save_as=NAME saves it as a
                             voice, only with --allow-voice-save (else 403)
-    GET  /                  a page to try voices (omnivoice_onnx/web/index.html; no key needed)
+    GET  /                  a page to try voices (omnivoice_onnx/serve/web/index.html; no key needed)
     GET  /health            liveness and queue depth (no key needed: for load balancers)
 
 OpenAI clients work with OpenAI's defaults: `model="tts-1"` and `voice="alloy"` (a preset: a
@@ -38,10 +38,11 @@ What a request gets:
   MP3 are offered whole only: libsndfile rewrites their headers when it closes the file (FLAC's
   sample count, LAME's Info frame), and the bytes streamed before that are not a stream that
   decoders read back (measured: investigation log).
-- Errors in OpenAI's shape {"error": {"message", "type", "param", "code"}}: 400 bad field, 401
-  wrong key, 404 unknown route, 413 body too large, 429 queue full and 503 shutting down (both
-  with Retry-After), 504 past the request timeout. No traceback or server path reaches a client:
-  it goes to the server's log.
+- Errors in OpenAI's shape {"error": {"message", "type", "param", "code"}}, every one from the
+  front door's table (door.ERRORS, which Wyoming answers from too): 400 bad field, 401 wrong key,
+  403 a foreign Host or page origin (browser.py), 404 unknown route, 408 too slow, 413 body too
+  large, 429 queue full and 503 shutting down (both with Retry-After), 504 past the request
+  timeout. No traceback or server path reaches a client: it goes to the server's log.
 
 Concurrency: a bounded queue in front of N worker threads, each with its own OmniVoiceOnnx (own
 sessions, threads = cores // N, so N x threads = cores). A client that disconnects has its queued
@@ -68,7 +69,6 @@ import math
 import signal
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
-from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 
@@ -76,10 +76,14 @@ from omnivoice_onnx import voices as voice_store
 from omnivoice_onnx.api import OmniVoiceOnnx
 from omnivoice_onnx.audio_out import StreamEncoder, available_response_formats, encode_clip
 from omnivoice_onnx.contract import variants_present
+from omnivoice_onnx.core.request import keywords
 from omnivoice_onnx.errors import UserError
-from omnivoice_onnx.server_pool import ApiError, Draining, Job, QueueFull, WorkerPool, job_failure, time_out
-from omnivoice_onnx.server_service import (
-    MAX_REFERENCE_BYTES,
+from omnivoice_onnx.serve import door
+from omnivoice_onnx.serve.browser import BrowserGuard, BrowserPolicy, page_csp
+from omnivoice_onnx.serve.connection import http_protocol, read_body, wait_disconnect
+from omnivoice_onnx.serve.door import ApiError, refuse
+from omnivoice_onnx.serve.pool import Job, WorkerPool, job_failure, time_out
+from omnivoice_onnx.serve.service import (
     MODEL_ID,
     ServerConfig,
     Service,
@@ -87,6 +91,7 @@ from omnivoice_onnx.server_service import (
     bind,
     build_job,
     check_auth,
+    is_loopback,
     speech_request_model,
     validation_error,
 )
@@ -95,122 +100,18 @@ from omnivoice_onnx.sessions import worker_threads
 LOG = logging.getLogger("omnivoice_onnx.server")
 LISTENING = "omnivoice-onnx serve: listening on "  # the start line's prefix, read by launch()
 
-# Connections (http_protocol): a client holding the server's resources without finishing a request
-# (slowloris: one header byte every 2 s; 300 idle sockets) is cut off, with a JSON error where a
-# reply is still possible. A real client sends its headers at once and its <= 64 KiB body in well
-# under a second.
-HEADER_TIMEOUT_S = 10.0  # from the connection (or the previous response) to a request's complete headers
-BODY_TIMEOUT_S = 30.0  # from the headers to the complete body, plus its limit at MIN_BODY_RATE
-MIN_BODY_RATE = 64 * 1024  # bytes/s a client must at least send: 16 MiB of reference audio get 256 s more
-KEEP_ALIVE_S = 5.0  # an idle keep-alive connection is closed after this (uvicorn's default, stated)
-MAX_CONNECTIONS = 512  # open connections at once; one more is answered 503 and closed
-MAX_HEADER_BYTES = 16 * 1024  # request line + headers (h11's incomplete-event limit); more: 400
 
+def error_response(error: ApiError) -> Any:
+    from fastapi.responses import JSONResponse
 
-async def read_body(request: Any, limit: int, timeout_s: float | None = None) -> bytes:
-    """The request body, refused with 413 as soon as it passes `limit` bytes (declared or sent),
-    and with 408 when it has not all come within `timeout_s` (default BODY_TIMEOUT_S plus `limit`
-    at MIN_BODY_RATE; a client trickling it would hold a connection and a task for as long as it
-    likes)."""
-    timeout_s = BODY_TIMEOUT_S + limit / MIN_BODY_RATE if timeout_s is None else timeout_s
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdecimal() and int(declared) > limit:
-        raise ApiError(413, f"request body of {declared} bytes is over the limit of {limit}", code="body_too_large")
-    body = bytearray()
-    pieces = request.stream().__aiter__()
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while True:
-        try:
-            piece = await asyncio.wait_for(pieces.__anext__(), max(0.0, deadline - asyncio.get_running_loop().time()))
-        except StopAsyncIteration:
-            return bytes(body)
-        except asyncio.TimeoutError:
-            raise ApiError(408, f"the request body did not arrive within {timeout_s:.0f} s", code="body_timeout",
-                           headers={"Connection": "close"}) from None
-        body += piece
-        if len(body) > limit:
-            raise ApiError(413, f"request body is over the limit of {limit} bytes", code="body_too_large")
-
-
-def raw_error(error: ApiError) -> bytes:
-    """`error` as a complete HTTP/1.1 response that closes the connection, for the places where
-    there is no request to answer through the app (malformed HTTP, headers too slow, too many
-    connections): the same JSON body as every other error, never uvicorn's plain text."""
-    body = json.dumps(error.body()).encode()
-    head = [f"HTTP/1.1 {error.status} {HTTPStatus(error.status).phrase}", "content-type: application/json",
-            f"content-length: {len(body)}", "connection: close",
-            *(f"{name}: {value}" for name, value in error.headers.items())]
-    return ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body
-
-
-def http_protocol() -> type:
-    """uvicorn's h11 protocol with the connection limits above (built on first use: uvicorn is the
-    `serve` extra's). uvicorn bounds neither the time to send headers nor the number of idle
-    connections, and answers malformed HTTP in plain text."""
-    import h11
-    from uvicorn.protocols.http.h11_impl import H11Protocol
-
-    class BoundedH11(H11Protocol):
-        def connection_made(self, transport: Any) -> None:  # type: ignore[override]
-            super().connection_made(transport)
-            self.header_timer: asyncio.TimerHandle | None = None
-            self.over_limit = len(self.connections) > MAX_CONNECTIONS  # answered when its request comes
-            self.arm_header_timer()
-
-        def data_received(self, data: bytes) -> None:
-            if self.over_limit:  # refused after reading what was sent: closing first would reset the answer
-                self.reject(ApiError(503, f"the server holds {MAX_CONNECTIONS} connections; retry shortly",
-                                     kind="server_error", code="too_many_connections", headers={"Retry-After": "1"}))
-                return
-            super().data_received(data)
-
-        def arm_header_timer(self) -> None:
-            if self.header_timer is not None:
-                self.header_timer.cancel()
-            self.header_timer = self.loop.call_later(HEADER_TIMEOUT_S, self.headers_too_slow)
-
-        def headers_too_slow(self) -> None:
-            if self.cycle is not None and not self.cycle.response_complete:
-                return  # a request is being answered (its body has BODY_TIMEOUT_S of its own)
-            if self.conn.their_state is h11.IDLE:
-                self.reject(ApiError(408, f"the request headers did not arrive within {HEADER_TIMEOUT_S:g} s",
-                                     code="header_timeout"))
-
-        def on_response_complete(self) -> None:
-            super().on_response_complete()
-            if not self.transport.is_closing():
-                self.arm_header_timer()
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            if self.header_timer is not None:
-                self.header_timer.cancel()
-            super().connection_lost(exc)
-
-        def send_400_response(self, msg: str) -> None:
-            self.reject(ApiError(400, f"malformed HTTP request ({msg.rstrip('.')})", code="invalid_http"))
-
-        def reject(self, error: ApiError) -> None:
-            if not self.transport.is_closing():
-                self.transport.write(raw_error(error))
-                self.transport.close()
-
-    return BoundedH11
-
-
-async def wait_disconnect(request: Any) -> None:
-    """Returns when the client goes away (after the body was read, receive() waits for that)."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
+    return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
 
 
 def create_app(service: Service) -> Any:
-    """The FastAPI application over `service` (its WorkerPool is closed when the app shuts down)."""
-    from fastapi import FastAPI, Request
-    from fastapi.responses import JSONResponse, Response, StreamingResponse
-    from pydantic import ValidationError
-    from starlette.exceptions import HTTPException
-
-    SpeechRequest = speech_request_model()
+    """The FastAPI application over `service` (its WorkerPool is closed when the app shuts down):
+    the error handlers, the middleware, then each group of routes. A new group is one more
+    add_*_routes(app, service) here."""
+    from fastapi import FastAPI
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Any) -> AsyncIterator[None]:
@@ -221,33 +122,54 @@ def create_app(service: Service) -> Any:
     # the routes are OpenAI's, documented in the README, and the speech route reads its body itself.
     app = FastAPI(title="omnivoice-onnx", description=__doc__, lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None)
+    add_error_handlers(app)
+    add_middleware(app, service)
+    add_info_routes(app, service)
+    add_reference_routes(app, service)
+    add_speech_routes(app, service)
+    return app
 
-    def error_response(error: ApiError) -> JSONResponse:
-        return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+
+def add_error_handlers(app: Any) -> None:
+    """Every error a client sees is the front door's JSON; a bug's traceback goes to the log only."""
+    from fastapi import Request
+    from starlette.exceptions import HTTPException
 
     @app.exception_handler(ApiError)
-    async def api_error(request: Request, exc: ApiError) -> JSONResponse:
+    async def api_error(request: Request, exc: ApiError) -> Any:
         return error_response(exc)
 
     @app.exception_handler(HTTPException)
-    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+    async def http_error(request: Request, exc: HTTPException) -> Any:
         if exc.status_code == 404:
-            return error_response(ApiError(404, f"no route {request.method} {request.url.path}", code="not_found"))
-        return error_response(ApiError(exc.status_code, str(exc.detail), code=None))
+            return error_response(refuse("not_found", detail=f"{request.method} {request.url.path}"))
+        if exc.status_code == 405:
+            return error_response(refuse("method_not_allowed", detail=str(exc.detail)))
+        return error_response(ApiError(exc.status_code, str(exc.detail)))
 
     @app.exception_handler(Exception)
-    async def server_error(request: Request, exc: Exception) -> JSONResponse:
+    async def server_error(request: Request, exc: Exception) -> Any:
         LOG.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
-        return error_response(ApiError(500, "internal server error (the server log has the details)",
-                                       kind="server_error", code="internal_error"))
+        return error_response(refuse("internal_error"))
 
+
+def browser_policy(config: ServerConfig) -> BrowserPolicy:
+    """A keyless loopback server checks Host (a page rebinding a name to 127.0.0.1 has no key to
+    show); any server does once --allowed-host names one."""
+    return BrowserPolicy(check_host=bool(config.allowed_hosts) or (config.api_key is None and is_loopback(config.host)),
+                         allowed_hosts=frozenset(config.allowed_hosts), cors_origins=frozenset(config.cors_origins))
+
+
+def add_middleware(app: Any, service: Service) -> None:
+    """From the outside in: LastWord (drain cut-offs and cut streams end in one log line), the
+    browser checks (browser.BrowserGuard), the key. Plain ASGI rather than @app.middleware:
+    starlette's BaseHTTPMiddleware breaks a streamed response whose client leaves ("No response
+    returned")."""
     key = service.config.api_key
 
     class RequireKey:
         """`Authorization: Bearer <key>` on every route but /health (load balancers probe without
-        it) and the page at / (it holds no data; its own requests send the key typed into it).
-        Plain ASGI rather than @app.middleware: starlette's BaseHTTPMiddleware breaks a
-        streamed response whose client leaves ("No response returned")."""
+        it) and the page at / (it holds no data; its own requests send the key typed into it)."""
 
         def __init__(self, app: Any) -> None:
             self.app = app
@@ -256,18 +178,15 @@ def create_app(service: Service) -> Any:
             if scope["type"] == "http" and scope["path"] not in ("/health", "/"):
                 token = bearer_token(dict(scope["headers"]).get(b"authorization", b""))
                 if not hmac.compare_digest(token, key.encode()):
-                    response = error_response(ApiError(401, "incorrect API key (send Authorization: Bearer <key>)",
-                                                       code="invalid_api_key"))
-                    await response(scope, receive, send)
+                    await error_response(refuse("invalid_api_key"))(scope, receive, send)
                     return
             await self.app(scope, receive, send)
 
-    if key:
-        app.add_middleware(RequireKey)
-
-    class DrainCutOff:
+    class LastWord:
         """Outermost: a request that SIGTERM's --drain-timeout cancels before its response started
-        gets a JSON 503 (uvicorn would send a plain-text 500); one that had started is cut short."""
+        gets a JSON 503 (uvicorn would send a plain-text 500); one that had started is cut short.
+        A stream whose generation failed after its headers went out (its timeout, a worker's
+        error) ends without its last chunk and one log line, not uvicorn's traceback."""
 
         def __init__(self, app: Any) -> None:
             self.app = app
@@ -282,15 +201,23 @@ def create_app(service: Service) -> Any:
 
             try:
                 await self.app(scope, receive, tracked)
+            except StreamFailed as exc:
+                LOG.warning("%s %s: stream cut short: %s", scope["method"], scope["path"], exc)
             except asyncio.CancelledError:
                 if scope["type"] != "http" or started:
                     raise
                 LOG.warning("drain timeout: %s %s cut off before its response", scope["method"], scope["path"])
-                await error_response(ApiError(503, "the server was stopped before this request finished (drain "
-                                                   "timeout)", kind="server_error", code="shutting_down",
-                                              headers={"Connection": "close"}))(scope, receive, send)
+                await error_response(refuse("shutting_down", headers={"Connection": "close"}))(scope, receive, send)
 
-    app.add_middleware(DrainCutOff)
+    if key:
+        app.add_middleware(RequireKey)
+    app.add_middleware(BrowserGuard, policy=browser_policy(service.config))
+    app.add_middleware(LastWord)
+
+
+def add_info_routes(app: Any, service: Service) -> None:
+    """What the server has: /health, the models, voices and languages, the page."""
+    from fastapi.responses import JSONResponse, Response
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -330,27 +257,39 @@ def create_app(service: Service) -> Any:
         """The `language` values the model knows (ids; names and tags like en-US resolve too)."""
         return {"object": "list", "data": service.languages()}
 
+    html = web_page()
+    csp = page_csp(html)
+
+    @app.get("/")
+    async def page() -> Response:
+        """The page to try voices (omnivoice_onnx/serve/web/index.html: plain HTML + JS, nothing
+        fetched from elsewhere), with its Content-Security-Policy."""
+        return Response(html, media_type="text/html; charset=utf-8", headers={"Content-Security-Policy": csp})
+
+
+def add_reference_routes(app: Any, service: Service) -> None:
+    """POST /v1/audio/references: an uploaded recording becomes a voice (in memory, or saved)."""
+    from fastapi import Request
+    from fastapi.responses import JSONResponse
+
     async def add_reference(request: Request) -> JSONResponse:
         """Body: a reference recording (any format libsndfile reads); query: ref_text (its words),
         and save_as=NAME to keep it as a saved voice (only with --allow-voice-save). Answers the
         voice id to name in speech requests: NAME when saved, else an in-memory "ref-..." id."""
         ref_text, save_as = request.query_params.get("ref_text"), request.query_params.get("save_as")
         if not ref_text or not ref_text.strip():
-            raise ApiError(400, "ref_text (the words spoken in the reference) is required", "ref_text",
-                           "missing_required_parameter")
+            raise refuse("missing_required_parameter", "ref_text",
+                         detail="ref_text (the words spoken in the reference) is required")
         if save_as is not None and not service.config.allow_voice_save:
-            raise ApiError(403, "saving voices over HTTP is off on this server; start it with --allow-voice-save, "
-                           "or leave out save_as to use the reference for requests without saving it",
-                           "save_as", "voice_save_disabled", kind="permission_error")
+            raise refuse("voice_save_disabled", "save_as")
         if save_as is not None:
             try:
                 voice_store.check_name(save_as)
             except UserError as exc:
-                raise ApiError(400, str(exc), "save_as", "invalid_voice") from None
-        body = await read_body(request, MAX_REFERENCE_BYTES)
+                raise refuse("invalid_voice", "save_as", detail=str(exc)) from None
+        body = await read_body(request, door.MAX_REFERENCE_BYTES)
         if not body:
-            raise ApiError(400, "the request body is empty; send the reference recording as the body",
-                           code="empty_body")
+            raise refuse("empty_body")
         digest = hashlib.sha256(body + b"\0" + ref_text.encode()).hexdigest()
         prompt = await asyncio.to_thread(service.encode_reference, body, ref_text)
         if save_as is None:
@@ -362,11 +301,14 @@ def create_app(service: Service) -> Any:
 
     app.router.add_route("/v1/audio/references", add_reference, methods=["POST"])  # reads its body itself
 
-    @app.get("/")
-    async def page() -> Response:
-        """The page to try voices (omnivoice_onnx/web/index.html: plain HTML + JS, nothing fetched
-        from elsewhere)."""
-        return Response(web_page(), media_type="text/html; charset=utf-8")
+
+def add_speech_routes(app: Any, service: Service) -> None:
+    """POST /v1/audio/speech: OpenAI's speech route, whole clips and streams."""
+    from fastapi import Request
+    from fastapi.responses import Response, StreamingResponse
+    from pydantic import ValidationError
+
+    SpeechRequest = speech_request_model()
 
     async def speech(request: Request) -> Any:
         body = await read_body(request, service.config.max_body_bytes)
@@ -374,19 +316,11 @@ def create_app(service: Service) -> Any:
             parsed = SpeechRequest.model_validate_json(body)
         except ValidationError as exc:
             if any(error["type"] == "json_invalid" for error in exc.errors()):
-                raise ApiError(400, "the request body is not valid JSON", code="invalid_json") from None
+                raise refuse("invalid_json") from None
             raise validation_error(exc) from None
         loop = asyncio.get_running_loop()
         job, fmt = build_job(service, parsed, loop)
-        try:
-            service.pool.submit(job)
-        except QueueFull:
-            raise ApiError(429, f"the server is busy ({service.pool.workers} running, {service.pool.queue_size} "
-                           "queued); retry after the Retry-After seconds", code="queue_full",
-                           kind="rate_limit_error", headers={"Retry-After": str(service.pool.retry_after())}) from None
-        except Draining:
-            raise ApiError(503, "the server is shutting down", code="shutting_down", kind="server_error",
-                           headers={"Retry-After": "5"}) from None
+        service.pool.submit(job)  # queue_full / shutting_down: the table's, with Retry-After
         timer = loop.call_at(loop.time() + service.config.timeout_s, time_out, job)
         headers = {"X-Seed": str(job.request.seed)}
         try:
@@ -398,7 +332,7 @@ def create_app(service: Service) -> Any:
         kind, payload = first
         if kind in ("error", "timeout", "cancelled", "gone"):
             timer.cancel()
-            raise job_failure(job, kind, payload)
+            raise job_failure(job, kind, payload, service.pool.draining)
         if not job.stream:
             timer.cancel()
             # an mp3 of minutes: not on the event loop
@@ -415,14 +349,13 @@ def create_app(service: Service) -> Any:
     # A plain Starlette route: the handler reads and validates the body itself (size limit first,
     # then OpenAI-shaped 400s), so FastAPI's parameter injection has nothing to do here.
     app.router.add_route("/v1/audio/speech", speech, methods=["POST"])
-    return app
 
 
 def web_page() -> bytes:
-    """The page at / (package data: omnivoice_onnx/web/index.html, in the wheel via pyproject)."""
+    """The page at / (package data: omnivoice_onnx/serve/web/index.html, in the wheel via pyproject)."""
     from importlib.resources import files
 
-    return files("omnivoice_onnx").joinpath("web", "index.html").read_bytes()
+    return files("omnivoice_onnx").joinpath("serve", "web", "index.html").read_bytes()
 
 
 async def _first_event(job: Job, request: Any) -> tuple[str, Any]:
@@ -511,6 +444,10 @@ def load_service(config: ServerConfig) -> Service:
     voices = voice_store.voices_dir(config.model_dir, config.voices_dir)
     voice_store.list_voices(voices)  # a damaged voice file is named now, not at the first request
     first = models[0]
+    try:  # the defaults pass the one request check now, not at the first request
+        first.validate("A default.", **keywords(config.request_defaults))
+    except UserError as exc:
+        raise UserError(f"--num-step/--guidance-scale/--language: {exc.problem}", exc.fix) from None
     folders = {"<voices>": voices, "<model>": Path(config.model_dir)}
     return Service(config=config, pool=WorkerPool(models, config.queue_size, folders), voices=voices, formats=formats,
                    default_format=default, fingerprint=first.metadata["model_fingerprint"], variant=first.variant,
@@ -526,8 +463,8 @@ def serve(config: ServerConfig) -> int:
     service = load_service(config)
     server = make_server(uvicorn.Config(create_app(service), host=config.host, port=config.port, log_level="info",
                                         timeout_graceful_shutdown=math.ceil(config.drain_s), lifespan="on",
-                                        http=http_protocol(), timeout_keep_alive=math.ceil(KEEP_ALIVE_S),
-                                        h11_max_incomplete_event_size=MAX_HEADER_BYTES),
+                                        http=http_protocol(), timeout_keep_alive=math.ceil(door.KEEP_ALIVE_S),
+                                        h11_max_incomplete_event_size=door.MAX_HEADER_BYTES),
                          service.pool)
     host, port = listener.getsockname()[:2]
     LOG.info("omnivoice-onnx serve: %d worker(s) x %d thread(s), queue %d, default format %s, voices %s",

@@ -1,8 +1,8 @@
 """The server's worker pool: a bounded queue in front of N worker threads, each with its own
-loaded OmniVoiceOnnx (own sessions), and the Job a request hands it. The app (omnivoice_onnx.server)
+loaded OmniVoiceOnnx (own sessions), and the Job a request hands it. The app (omnivoice_onnx.serve.app)
 loads the models and submits jobs; a worker runs generate() or stream() with the job's `cancel`
 Event, so a client that leaves or a request past its timeout is cancelled between unmasking steps.
-Errors reach the client in OpenAI's shape (ApiError); a bug's traceback goes to the log only.
+Errors reach the client as the front door's refusals (door.refuse); a bug's traceback goes to the log only.
 """
 
 from __future__ import annotations
@@ -19,25 +19,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from omnivoice_onnx.errors import Cancelled, UserError
+from omnivoice_onnx.serve.door import ApiError, refuse
 
 if TYPE_CHECKING:  # annotations only: the app hands the pool the models it loaded and the requests it checked
     from omnivoice_onnx.api import OmniVoiceOnnx
     from omnivoice_onnx.core.request import Request
 
 LOG = logging.getLogger("omnivoice_onnx.server")
-
-
-class ApiError(Exception):
-    """An error a client sees, in OpenAI's shape."""
-
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 kind: str = "invalid_request_error", headers: dict[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
-        self.headers = headers or {}
-
-    def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
 
 
 @dataclass
@@ -65,14 +53,6 @@ def scrub_paths(message: str, folders: dict[str, Path]) -> str:
         for spelling in sorted({str(folder), str(Path(folder).resolve())}, key=len, reverse=True):
             message = message.replace(spelling, label)
     return message
-
-
-class QueueFull(Exception):
-    """No room in the queue (429)."""
-
-
-class Draining(Exception):
-    """The server is stopping (503)."""
 
 
 class WorkerPool:
@@ -105,12 +85,16 @@ class WorkerPool:
         return max(1, math.ceil(self.mean_seconds * ahead / self.workers))
 
     def submit(self, job: Job) -> None:
+        """Queue `job`; the table's `shutting_down` (503) once draining, `queue_full` (429) when
+        there is no room, each with its Retry-After."""
         if self.draining:
-            raise Draining()
+            raise refuse("shutting_down", headers={"Retry-After": "5"})
         try:
             self.queue.put_nowait(job)
         except queue.Full:
-            raise QueueFull() from None
+            retry = self.retry_after()
+            raise refuse("queue_full", running=self.workers, queued=self.queue_size, retry=retry,
+                         headers={"Retry-After": str(retry)}) from None
 
     def close(self) -> None:
         """Stop the workers after the jobs already queued (the drain has let them finish)."""
@@ -159,12 +143,11 @@ class WorkerPool:
             self._cancelled(job)
         except UserError as exc:
             self._count("failed")
-            job.emit("error", ApiError(400, scrub_paths(str(exc), self.folders)))
+            job.emit("error", refuse("invalid_value", detail=scrub_paths(str(exc), self.folders)))
         except Exception:  # a bug or the machine (memory): logged with its traceback; the client gets one line
             self._count("failed")
             LOG.exception("request failed")
-            job.emit("error", ApiError(500, "the server failed to make this audio (its log has the details)",
-                                       kind="server_error", code="internal_error"))
+            job.emit("error", refuse("internal_error"))
 
 
 def time_out(job: Job) -> None:
@@ -175,10 +158,11 @@ def time_out(job: Job) -> None:
     job.events.put_nowait(("timeout", None))
 
 
-def job_failure(job: Job, kind: str, payload: Any) -> ApiError:
+def job_failure(job: Job, kind: str, payload: Any, draining: bool = False) -> ApiError:
+    """The refusal a job that ended without its audio gets: its error, the timeout, or (cancelled)
+    `shutting_down` when the drain cut it off, else `cancelled` (its client left: only logs see it)."""
     if kind == "error":
         return payload
     if kind == "timeout":
-        return ApiError(504, "the request took longer than the server's timeout", code="timeout", kind="server_error")
-    # 499 (nginx's "client closed request"): only the access log sees it, the client has gone.
-    return ApiError(499, "request cancelled", code="cancelled")
+        return refuse("timeout")
+    return refuse("shutting_down" if draining else "cancelled")
