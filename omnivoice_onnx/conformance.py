@@ -57,7 +57,8 @@ records, and marks what is exact everywhere: COMPARE_ORDER's "bits" and "exact" 
                          file's summary) and per run its settings (ref_rms, postprocess_output,
                          pad_duration, fade_duration), `silence_removed` and `output` summaries
 
-What must match exactly and what within a tolerance: docs/runtime.md, and FOLDER_README.
+What must match exactly and what within a tolerance: docs/runtime.md, and FOLDER_README. The
+format as a port reads it (every field, the arithmetic of the numbers): docs/vectors.md.
 """
 
 from __future__ import annotations
@@ -254,7 +255,7 @@ def output_record(tts: OmniVoiceOnnx, result: Any, final: np.ndarray, ref_rms: f
     if config.postprocess_output:
         stages["silence_removed"] = _silence_removed(tts, decoded)
     if write:
-        sf.write(decoded_path, decoded[0], tts.sample_rate, subtype="PCM_16", format="FLAC")
+        write_decoded(decoded_path, decoded[0], tts.sample_rate)
     settings = {"ref_rms": ref_rms, "postprocess_output": config.postprocess_output,
                 "pad_duration": config.pad_duration, "fade_duration": config.fade_duration}
     if not decoded_path.is_file():
@@ -263,6 +264,13 @@ def output_record(tts: OmniVoiceOnnx, result: Any, final: np.ndarray, ref_rms: f
     return {**audio_summary(final), "stages": stages,
             "post_process": {"input": decoded_path.name, "input_audio": audio_summary(stored[0]),
                              **post_process_run(tts, stored, settings)}}
+
+
+def write_decoded(path: Path, samples: np.ndarray, rate: int) -> None:
+    """A decoded output as the vectors store it: 16-bit FLAC, each sample libsndfile's FLAC
+    conversion of float32 x, round-half-to-even(x * 32768) clipped to [-32768, 32767]
+    (docs/vectors.md; tests/test_runtime_formulas.py holds libsndfile to it)."""
+    sf.write(path, samples, rate, subtype="PCM_16", format="FLAC")
 
 
 def post_process_run(tts: OmniVoiceOnnx, decoded: np.ndarray, settings: dict[str, Any]) -> dict[str, Any]:
