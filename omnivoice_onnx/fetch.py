@@ -173,7 +173,7 @@ def pack(model_dir: Path, variant: str | None, out: Path) -> dict[str, Any]:
     expected = {check.path.relative_to(bundle.dir).as_posix(): check.entry for check in bundle.file_checks()}
     files: dict[str, dict[str, Any]] = {}
     for name in release_files(bundle.report, bundle.variant):
-        path = bundle.dir / name
+        path = bundle.member(name)
         if not path.is_file():
             raise UserError(
                 f"{path} is missing (the bundle's {'model card' if name == MODEL_CARD_FILE else name})",
@@ -185,11 +185,12 @@ def pack(model_dir: Path, variant: str | None, out: Path) -> dict[str, Any]:
         head = _manifest_bytes(manifest)
         archive.addfile(_member(MANIFEST_FILE, len(head)), _Hashing(io.BytesIO(head)))
         for name, entry in files.items():
-            with open(bundle.dir / name, "rb") as handle:
+            with open(bundle.member(name), "rb") as handle:
                 reader = _Hashing(handle)
                 archive.addfile(_member(name, entry["bytes"]), reader)
             if reader.digest.hexdigest() != entry["sha256"]:
-                raise UserError(f"{bundle.dir / name} changed while it was packed", "pack again when nothing writes it")
+                raise UserError(f"{bundle.member(name)} changed while it was packed",
+                                "pack again when nothing writes it")
     return manifest
 
 

@@ -23,6 +23,7 @@ import torch
 from conftest import REPO, Pipeline, import_blocker, single_stderr_line
 
 from omnivoice_onnx import UserError, VoiceClonePrompt
+from omnivoice_onnx.bundle import Folder
 from omnivoice_onnx.hardware import isa_line
 from omnivoice_onnx.voices import (
     VOICES_ENV,
@@ -61,10 +62,10 @@ def test_names_are_names(name: str) -> None:
 def test_voices_dir_precedence(tmp_path: Path, monkeypatch) -> None:
     """--voices > $OMNIVOICE_VOICES > <bundle>/voices."""
     monkeypatch.delenv(VOICES_ENV, raising=False)
-    assert voices_dir(tmp_path / "onnx") == tmp_path / "onnx" / "voices"
+    assert voices_dir(Folder(tmp_path / "onnx")) == tmp_path / "onnx" / "voices"
     monkeypatch.setenv(VOICES_ENV, str(tmp_path / "env"))
-    assert voices_dir(tmp_path / "onnx") == tmp_path / "env"
-    assert voices_dir(tmp_path / "onnx", tmp_path / "flag") == tmp_path / "flag"
+    assert voices_dir(Folder(tmp_path / "onnx")) == tmp_path / "env"
+    assert voices_dir(Folder(tmp_path / "onnx"), tmp_path / "flag") == tmp_path / "flag"
 
 
 def test_voice_round_trip_and_another_models_voice_refused(tmp_path: Path) -> None:
