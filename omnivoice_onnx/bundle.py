@@ -72,6 +72,7 @@ DEFAULT_MODEL_DIR = Path("onnx")  # where the commands look when no --model-dir 
 MODEL_CARD_FILE = "README.md"
 VOICES_SUBDIR = "voices"  # the default voices folder: inside the bundle, so a copied bundle keeps its voices
 VOICES_ENV = "OMNIVOICE_VOICES"  # the voices folder when no --voices is given (voices.voices_dir)
+MANIFEST_FILE = "release-manifest.json"  # a release archive's first member, kept in a downloaded folder
 VERIFY_ENV = "OMNIVOICE_VERIFY"  # "0": skip the sha256 check (verify=False for every open); "full": no record
 CACHE_ENV = "OMNIVOICE_CACHE_DIR"  # where VerifiedFiles keeps its record; "" keeps none
 CACHE_SUBDIR = "omnivoice-onnx"  # the folder under $XDG_CACHE_HOME or ~/.cache
@@ -399,25 +400,24 @@ class Folder:
         """The default voices folder (voices.voices_dir: --voices and $OMNIVOICE_VOICES come first)."""
         return self.dir / VOICES_SUBDIR
 
-    def graph_path(self, graph: str, variant: str = FP32_VARIANT) -> Path:
-        """`graph`'s file for `variant`: contract.variant_path."""
+    @property
+    def manifest_path(self) -> Path:  # a download's release manifest (omnivoice_onnx.fetch)
+        return self.dir / MANIFEST_FILE
+
+    def graph_path(self, graph: str, variant: str = FP32_VARIANT) -> Path:  # contract.variant_path's rule
         return variant_path(self.dir, variant, graph)
 
-    def codec_paths(self, variant: str = FP32_VARIANT) -> dict[str, Path]:
-        """The encoder's and decoder's files `variant` loads: contract.codec_paths."""
+    def codec_paths(self, variant: str = FP32_VARIANT) -> dict[str, Path]:  # the encoder and decoder it loads
         return codec_paths(self.dir, variant)
 
     @property
-    def variants(self) -> list[str]:
-        """The variants whose transformer graph is in the folder (contract.variants_present)."""
+    def variants(self) -> list[str]:  # those whose transformer graph is in the folder
         return variants_present(self.dir)
 
-    def export_files(self) -> list[Path]:
-        """The export's own graphs, each .onnx and its sidecar (what `info --no-verify` lists)."""
+    def export_files(self) -> list[Path]:  # the export's own graphs and their sidecars (info --no-verify)
         return [self.dir / (name + suffix) for name in GRAPH_FILES.values() for suffix in ("", ".data")]
 
-    def member(self, name: str) -> Path:
-        """The file `name` (a path relative to the folder, as a report or a release lists it)."""
+    def member(self, name: str) -> Path:  # a file the report or a release manifest lists, by relative path
         return self.dir / name
 
 

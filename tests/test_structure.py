@@ -191,8 +191,10 @@ OWNERS = {"bundle", "contract"}  # bundle.Folder joins every path; contract.vari
 # `/` onto the folder (model_dir, onnx_dir, a Bundle's .dir), `/` with one of the bundle's file or
 # folder names (its constants or their literal spellings), a graph's file name from GRAPH_FILES
 # joined or suffixed, and the layout rule called directly.
-BUNDLE_FILE_NAMES = ("REPORT_FILE", "RUNTIME_CONFIG_FILE", "TOKENIZER_FILE", "MODEL_CARD_FILE", "VOICES_SUBDIR")
-BUNDLE_LITERALS = ("export-report.json", "runtime-config.json", "tokenizer.json", "README.md", "voices")
+BUNDLE_FILE_NAMES = ("REPORT_FILE", "RUNTIME_CONFIG_FILE", "TOKENIZER_FILE", "MODEL_CARD_FILE", "VOICES_SUBDIR",
+                     "MANIFEST_FILE")
+BUNDLE_LITERALS = ("export-report.json", "runtime-config.json", "tokenizer.json", "README.md", "voices",
+                   "release-manifest.json")
 BUNDLE_JOINS = {
     "a join onto the bundle folder": r"\b(model_dir|onnx_dir|bundle_dir)\b\)?\s*/",
     "a join onto a Bundle's .dir": r"\.dir\)?\s*/",
@@ -222,9 +224,10 @@ def test_the_bundle_join_patterns_see_what_they_guard() -> None:
     built = ['Path(model_dir) / VOICES_SUBDIR', 'tts.model_dir / RUNTIME_CONFIG_FILE', 'bundle.dir / name',
              'model_dir / MODEL_CARD_FILE', 'path = Path(directory) / TOKENIZER_FILE', 'onnx_dir / "tokenizer.json"',
              'self.dir / "voices"', 'folder / GRAPH_FILES["encoder"]', 'GRAPH_FILES[graph] + ".data"',
-             'variant_path(onnx_dir, variant, name)', 'variants_present(service.config.model_dir)']
+             'variant_path(onnx_dir, variant, name)', 'variants_present(service.config.model_dir)',
+             '(target / MANIFEST_FILE).read_bytes()']
     assert [line for line in built if not bundle_joins(line)] == []
     fine = ['bundle.runtime_config_path', 'self.bundle.codec_paths(self.variant)',
-            'voices_dir(tts.bundle, args.voices)', 'target / MANIFEST_FILE',
+            'voices_dir(tts.bundle, args.voices)', 'Folder(target).manifest_path', 'out / "vectors.json"',
             'options.res_dir / f"{line.id}.wav"', 'f"({file or GRAPH_FILES[graph]}.data) are damaged"']
     assert [line for line in fine if bundle_joins(line)] == []
