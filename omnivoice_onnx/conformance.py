@@ -57,7 +57,8 @@ records, and marks what is exact everywhere: COMPARE_ORDER's "bits" and "exact" 
                          file's summary) and per run its settings (ref_rms, postprocess_output,
                          pad_duration, fade_duration), `silence_removed` and `output` summaries
 
-What must match exactly and what within a tolerance: docs/runtime.md, and FOLDER_README.
+What must match exactly and what within a tolerance: docs/runtime.md, and FOLDER_README. The
+format as a port reads it (every field, the arithmetic of the numbers): docs/vectors.md.
 """
 
 from __future__ import annotations
@@ -74,12 +75,11 @@ import soundfile as sf
 
 from omnivoice_onnx import rule_vectors
 from omnivoice_onnx.api import OmniVoiceOnnx
-from omnivoice_onnx.bundle import stat_identity
-from omnivoice_onnx.cliutil import THREADS, CheckFailed, check_input_dir, check_output, parse, run_main
+from omnivoice_onnx.bundle import check_folder, stat_identity
+from omnivoice_onnx.cliutil import THREADS, CheckFailed, add_bundle_flags, check_output, parse, run_main
 from omnivoice_onnx.contract import FP32_VARIANT
 from omnivoice_onnx.core import audio, duration, scoring
 from omnivoice_onnx.core.generate import IterativeTrace, Trace, decode
-from omnivoice_onnx.core.prompt import RUNTIME_CONFIG_FILE, TOKENIZER_FILE
 from omnivoice_onnx.core.rng import TorchCpuRng
 from omnivoice_onnx.errors import UserError, say
 from omnivoice_onnx.files import Maybe, atomic_dir, read_json, sha256_file
@@ -254,7 +254,7 @@ def output_record(tts: OmniVoiceOnnx, result: Any, final: np.ndarray, ref_rms: f
     if config.postprocess_output:
         stages["silence_removed"] = _silence_removed(tts, decoded)
     if write:
-        sf.write(decoded_path, decoded[0], tts.sample_rate, subtype="PCM_16", format="FLAC")
+        write_decoded(decoded_path, decoded[0], tts.sample_rate)
     settings = {"ref_rms": ref_rms, "postprocess_output": config.postprocess_output,
                 "pad_duration": config.pad_duration, "fade_duration": config.fade_duration}
     if not decoded_path.is_file():
@@ -263,6 +263,13 @@ def output_record(tts: OmniVoiceOnnx, result: Any, final: np.ndarray, ref_rms: f
     return {**audio_summary(final), "stages": stages,
             "post_process": {"input": decoded_path.name, "input_audio": audio_summary(stored[0]),
                              **post_process_run(tts, stored, settings)}}
+
+
+def write_decoded(path: Path, samples: np.ndarray, rate: int) -> None:
+    """A decoded output as the vectors store it: 16-bit FLAC, each sample libsndfile's FLAC
+    conversion of float32 x, round-half-to-even(x * 32768) clipped to [-32768, 32767]
+    (docs/vectors.md; tests/test_runtime_formulas.py holds libsndfile to it)."""
+    sf.write(path, samples, rate, subtype="PCM_16", format="FLAC")
 
 
 def post_process_run(tts: OmniVoiceOnnx, decoded: np.ndarray, settings: dict[str, Any]) -> dict[str, Any]:
@@ -364,8 +371,8 @@ def _floats(values: np.ndarray) -> list[float]:
 def _export_hashes(tts: OmniVoiceOnnx) -> dict[str, str]:
     """The export a vector was made from: the graphs' model fingerprint, the host files' sha256."""
     return {"model_fingerprint": tts.metadata["model_fingerprint"],
-            "runtime_config_sha256": _file_sha256(tts.model_dir / RUNTIME_CONFIG_FILE),
-            "tokenizer_sha256": _file_sha256(tts.model_dir / TOKENIZER_FILE)}
+            "runtime_config_sha256": _file_sha256(tts.bundle.runtime_config_path),
+            "tokenizer_sha256": _file_sha256(tts.bundle.tokenizer_path)}
 
 
 def _file_sha256(path: Path) -> str:
@@ -383,7 +390,7 @@ def post_process_case(tts: OmniVoiceOnnx, name: str, runs: list[dict[str, Any]],
     """One POST_PROCESS_CASES entry: audio.post_process on SILENCES_WAV with each run's settings."""
     decoded = _read_float32(folder / SILENCES_WAV)
     return {"format": FORMAT, "kind": "post_process", "case": name,
-            "export": {"runtime_config_sha256": _file_sha256(tts.model_dir / RUNTIME_CONFIG_FILE)},
+            "export": {"runtime_config_sha256": _file_sha256(tts.bundle.runtime_config_path)},
             "input": {"file": SILENCES_WAV, **audio_summary(decoded[0])},
             "runs": [post_process_run(tts, decoded, run) for run in runs]}
 
@@ -542,22 +549,23 @@ def check_vectors(onnx_dir: Path, folder: Path, threads: int | None = None) -> d
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m omnivoice_onnx.conformance", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model-dir", "--onnx-dir", dest="onnx_dir", type=Path, default=Path("onnx"),
-                        help="the export folder")
+    # The reference graph (fp32) is always the one replayed: no --variant. --onnx-dir: its older spelling.
+    add_bundle_flags(parser, variant=False, voices=False, model_aliases=("--onnx-dir",), hub=False)
     mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument("--out", type=Path, help="folder to (re)write whole: references, vectors, README.md")
     mode.add_argument("--check", type=Path, help="folder of vectors to replay against this runtime")
     parser.add_argument("--threads", type=THREADS, default=None, help="onnxruntime intra-op threads (>= 1)")
     args = parse(parser, argv)
-    check_input_dir(args.onnx_dir, "--model-dir")
     if args.out is not None:
         check_output(args.out, "--out", "tree")  # before the model loads: a refusal costs nothing
-        write_vectors(args.onnx_dir, args.out, args.threads)
+        check_folder(args.model_dir)
+        write_vectors(args.model_dir, args.out, args.threads)
         return
     if not args.check.is_dir() or not any(args.check.glob("*.json")):
         raise UserError(f"--check {args.check}: no vectors (*.json) there",
                         "pass the folder `--out` wrote (tests/conformance holds the tiny checkpoint's)")
-    results = check_vectors(args.onnx_dir, args.check, args.threads)
+    check_folder(args.model_dir)
+    results = check_vectors(args.model_dir, args.check, args.threads)
     failed = sorted(name for name, problems in results.items() if problems)
     say(f"OVERALL: {'PASS' if not failed else 'FAIL'} ({len(results) - len(failed)}/{len(results)} cases conform)")
     if failed:

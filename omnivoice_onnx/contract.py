@@ -47,8 +47,8 @@ THRESHOLDS = {
     # change. Masked keys get weight exactly 0, so a graph that honours the mask changes nothing.
     "self_check_mask_probe_max_change": 1e-6,
     # The fp16 variant against the fp32 graph, per call (tests/test_fp16.py on tiny-large-act, every
-    # onnxruntime optimisation level). Measured (investigation log): relative error 2.9e-4 and argmax 1.0
-    # on tiny-large-act, 2.7e-4 and 0.9987 on tiny's captured calls; ~7x headroom.
+    # onnxruntime optimisation level). The measured error and argmax, and the headroom these
+    # thresholds leave: the investigation log.
     "fp16_argmax_min": 0.99,
     "fp16_relative_error_max": 2e-3,
 }
@@ -148,6 +148,12 @@ def variant_path(onnx_dir: Path, name: str, graph: str = "transformer") -> Path:
         return Path(onnx_dir) / file
     own = variant_dir(onnx_dir, name) / file
     return own if graph == "transformer" or own.is_file() else Path(onnx_dir) / file
+
+
+def codec_paths(onnx_dir: Path, name: str = FP32_VARIANT) -> dict[str, Path]:
+    """The encoder's and decoder's files variant `name` loads (variant_path: a variant's own where
+    it carries them, as fp16 does, else the export's)."""
+    return {graph: variant_path(onnx_dir, name, graph) for graph in ("encoder", "decoder")}
 
 
 def variants_present(onnx_dir: Path) -> list[str]:

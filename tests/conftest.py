@@ -173,14 +173,14 @@ def config(assets: Path) -> dict:
     """The runtime-config.json a port reads, loaded (and type-checked) by the runtime."""
     from omnivoice_onnx.core.prompt import load_runtime_config
 
-    return load_runtime_config(assets)
+    return load_runtime_config(assets / "runtime-config.json")
 
 
 @pytest.fixture(scope="session")
 def tokenizer(assets: Path):
     from omnivoice_onnx.core.prompt import TextTokenizer
 
-    return TextTokenizer.from_dir(assets)
+    return TextTokenizer.from_file(assets / "tokenizer.json")
 
 
 def read_report(onnx_dir: Path) -> dict:
@@ -398,7 +398,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def assert_hardware_recorded(meta: dict, results: Path) -> None:
-    """A bench results file names the hardware its figures belong to (issue 39): every ISA flag the
+    """A bench results file names the hardware its figures belong to: every ISA flag the
     kernels choose by (present or not), onnxruntime's version, the load average at the start, and the
     measured AMX check; its markdown says the same."""
     from omnivoice_onnx.hardware import ISA_FLAGS

@@ -1,4 +1,4 @@
-"""The hardware a speed figure belongs to (issue 39): ISA flags from /proc/cpuinfo, the measured
+"""The hardware a speed figure belongs to: ISA flags from /proc/cpuinfo, the measured
 AMX check, the results-file names that keep CPUs apart, and `omnivoice-onnx info`'s CPU line."""
 
 from __future__ import annotations
