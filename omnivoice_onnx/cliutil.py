@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeAlias
 
 from omnivoice_onnx.bundle import DEFAULT_MODEL_DIR, VOICES_ENV
 from omnivoice_onnx.errors import (  # noqa: F401  (re-exported: every command's edge)
@@ -39,6 +39,9 @@ from omnivoice_onnx.errors import (  # noqa: F401  (re-exported: every command's
 from omnivoice_onnx.files import check_input_dir, check_output  # noqa: F401  (re-exported, as above)
 from omnivoice_onnx.limits import MAX_SCORE_FACTOR, MAX_SPEED, MIN_SPEED, SEED_MAX, SEED_MIN
 from omnivoice_onnx.sessions import default_threads
+
+# What each subcommand's add_parser(subparsers) receives (argparse's class is generic in its stubs only).
+Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
 EXIT_CHECK_FAILED = 1  # a parity/end-to-end check ran and failed: a finding, not a crash
 EXIT_BAD_INPUT = 2  # the user's input is wrong or missing; the message says how to fix it

@@ -28,10 +28,11 @@ from omnivoice_onnx.cliutil import (
     T_SHIFT,
     TEMPERATURE,
     THREADS,
+    Subparsers,
     add_bundle_flags,
     int_range,
-    say,
 )
+from omnivoice_onnx.errors import say
 
 # Generation flags: upstream omnivoice-infer-batch's, (name, type, help). Unset ones keep the
 # export's defaults (runtime-config.json: upstream's OmniVoiceGenerationConfig defaults).
@@ -65,7 +66,7 @@ def _flag(name: str) -> list[str]:
     return [f"--{name.replace('_', '-')}", f"--{name}"] if "_" in name else [f"--{name}"]
 
 
-def add_parser(subparsers) -> argparse.ArgumentParser:
+def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
     parser = subparsers.add_parser("batch", help="synthesise a JSONL test list into a folder of WAVs (resumable)",
                                    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(*_flag("test_list"), dest="test_list", type=Path, required=True, metavar="JSONL",

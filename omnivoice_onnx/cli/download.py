@@ -28,11 +28,11 @@ import os
 import sys
 from pathlib import Path
 
-from omnivoice_onnx.cliutil import add_bundle_flags
+from omnivoice_onnx.cliutil import Subparsers, add_bundle_flags
 from omnivoice_onnx.files import check_output
 
 
-def add_parser(subparsers) -> argparse.ArgumentParser:
+def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "download",
         help="get a bundle from a Hugging Face repo or a release archive URL",

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 from omnivoice_onnx.bundle import (
     DEFAULT_MODEL_DIR,
@@ -30,7 +31,7 @@ from omnivoice_onnx.bundle import (
     metadata_props,
     verify_requested,
 )
-from omnivoice_onnx.cliutil import add_bundle_flags
+from omnivoice_onnx.cliutil import Subparsers, add_bundle_flags
 from omnivoice_onnx.contract import FP32_VARIANT
 from omnivoice_onnx.core.prompt import language_names
 from omnivoice_onnx.errors import UserError, say
@@ -40,7 +41,7 @@ from omnivoice_onnx.voices import list_voices, voices_dir
 NO_LICENSE = "not recorded (exported before licences were recorded: re-run export_omnivoice.py)"
 
 
-def add_parser(subparsers) -> argparse.ArgumentParser:
+def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
     parser = subparsers.add_parser("info", help="what a bundle holds: model, graphs, variants, languages, licence",
                                    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model_dir", nargs="?", type=Path, default=DEFAULT_MODEL_DIR, metavar="DIR",
@@ -56,7 +57,7 @@ def _size(path: Path) -> str:
     return f"{path.stat().st_size / 2**20:.1f} MiB" if path.is_file() else "MISSING"
 
 
-def _verdicts(report: dict, damaged: bool) -> str:
+def _verdicts(report: dict[str, Any], damaged: bool) -> str:
     """The verdicts the pipeline recorded; void when the files are not the ones they were made on."""
     found = [f"{section.replace('_', ' ')} {provider} {entry.get('verdict')}"  # bundle.REPORT_SCHEMA's shape
              for section in ("parity", "end_to_end") for provider, entry in (report.get(section) or {}).items()]
@@ -100,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
     say(f"licence     {meta.get('license') or card_license(bundle.dir) or NO_LICENSE}"
         f"  (terms: {bundle.card_path})")
     verify = verify_requested(args.verify)
-    problems: list[tuple[str, str]] = []  # (problem, fix)
+    problems: list[tuple[str, str | None]] = []  # (problem, fix)
     if verify:
         checked, unvouched = _checked_files(bundle)
         say("files       (checked against export-report.json)")

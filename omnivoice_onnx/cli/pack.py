@@ -17,11 +17,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from omnivoice_onnx.cliutil import add_bundle_flags
+from omnivoice_onnx.cliutil import Subparsers, add_bundle_flags
 from omnivoice_onnx.files import check_output
 
 
-def add_parser(subparsers) -> argparse.ArgumentParser:
+def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "pack",
         help="write one variant of a bundle as a release archive with its hashes",

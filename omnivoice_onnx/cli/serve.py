@@ -24,7 +24,7 @@ from collections.abc import Callable
 
 from omnivoice_onnx.audio_out import RESPONSE_FORMATS
 from omnivoice_onnx.cli.server_flags import add_model_flags, server_config
-from omnivoice_onnx.cliutil import int_range
+from omnivoice_onnx.cliutil import Subparsers, int_range
 from omnivoice_onnx.errors import UserError, log_lines
 from omnivoice_onnx.serve.browser import check_host_flag, check_origin_flag
 from omnivoice_onnx.serve.service import API_KEY_ENV, api_key_from
@@ -32,7 +32,7 @@ from omnivoice_onnx.serve.service import API_KEY_ENV, api_key_from
 INSTALL_FIX = "install the server's extra: pip install 'omnivoice-onnx[serve]'"
 
 
-def add_parser(subparsers) -> argparse.ArgumentParser:
+def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
     parser = subparsers.add_parser("serve", help="run an OpenAI-compatible speech server and a page to try voices",
                                    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_flags(parser)

@@ -38,11 +38,21 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from omnivoice_onnx import audio_out
 from omnivoice_onnx.bundle import check_folder
-from omnivoice_onnx.cliutil import DURATION, NUM_STEP, SCORE_FACTOR, SEED, SPEED, THREADS, add_bundle_flags, note
+from omnivoice_onnx.cliutil import (
+    DURATION,
+    NUM_STEP,
+    SCORE_FACTOR,
+    SEED,
+    SPEED,
+    THREADS,
+    Subparsers,
+    add_bundle_flags,
+    note,
+)
 from omnivoice_onnx.core import request
 from omnivoice_onnx.core.generate import Progress
 from omnivoice_onnx.core.prompt import instructions_note
@@ -52,10 +62,13 @@ from omnivoice_onnx.files import decode_text, read_bounded, read_limited
 from omnivoice_onnx.limits import LIMIT_ENV_PREFIX, MAX_SPEED, MIN_SPEED, limit
 from omnivoice_onnx.sessions import PROVIDERS
 
+if TYPE_CHECKING:
+    from omnivoice_onnx.api import OmniVoiceOnnx
+
 PROG = "omnivoice-onnx"
 
 
-def add_parser(subparsers) -> argparse.ArgumentParser:
+def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
     parser = subparsers.add_parser("speak", help="speak text to a file, stdout or a pipe", description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("text", nargs="?", metavar="TEXT",
@@ -160,7 +173,7 @@ def generation_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     return request.keywords(vars(args))  # the one builder, as the server's body and batch's lines use
 
 
-def voice_kwargs(args: argparse.Namespace, tts, kwargs: dict[str, Any]) -> dict[str, Any]:
+def voice_kwargs(args: argparse.Namespace, tts: OmniVoiceOnnx, kwargs: dict[str, Any]) -> dict[str, Any]:
     """`kwargs` with --voice's (a saved clone prompt or instruct) merged in; a flag that gives the
     same thing twice is refused. The voices module is imported here, when a voice is asked for."""
     if args.voice is None:
@@ -236,7 +249,8 @@ class Spoken:
         return self.samples / self.sample_rate
 
 
-def speak(tts, req: Request, sink: audio_out.AudioSink, stream: bool, reporter: Reporter | None = None) -> Spoken:
+def speak(tts: OmniVoiceOnnx, req: Request, sink: audio_out.AudioSink, stream: bool,
+          reporter: Reporter | None = None) -> Spoken:
     """Run a validated request (tts.validate, with `stream` as given there) and write it to `sink`
     (closed on success, aborted on any error): whole with generate(), or chunk by chunk with
     stream(). The one synthesis path of the command line (omnivoice-onnx speak, infer_onnx.py --text)."""

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 from omnivoice_onnx.bundle import Bundle, Folder
-from omnivoice_onnx.cliutil import DefaultsHelpFormatter, add_bundle_flags, prepare
+from omnivoice_onnx.cliutil import DefaultsHelpFormatter, Subparsers, add_bundle_flags, prepare
 from omnivoice_onnx.contract import FRAME_RATE
 from omnivoice_onnx.errors import UserError, say
 from omnivoice_onnx.voices import (
@@ -42,7 +42,7 @@ def _common(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return prepare(parser)
 
 
-def add_parser(subparsers) -> argparse.ArgumentParser:
+def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
     parser = subparsers.add_parser("voice", help="keep voices by name: add, list, show, remove, import",
                                    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     actions = parser.add_subparsers(dest="voice_command", metavar="ACTION", required=True)

@@ -19,13 +19,13 @@ from __future__ import annotations
 import argparse
 
 from omnivoice_onnx.cli.server_flags import add_model_flags, server_config
-from omnivoice_onnx.cliutil import SEED
+from omnivoice_onnx.cliutil import SEED, Subparsers
 from omnivoice_onnx.errors import UserError, log_lines
 
 INSTALL_FIX = "install the Wyoming extra: pip install 'omnivoice-onnx[wyoming]'"
 
 
-def add_parser(subparsers) -> argparse.ArgumentParser:
+def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
     from omnivoice_onnx.serve import wyoming as wyoming_server
 
     parser = subparsers.add_parser("wyoming", help="run a Wyoming server (Home Assistant's local voice protocol)",
@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"omnivoice-onnx wyoming needs {exc.name}, which is not installed", INSTALL_FIX) from None
     config = server_config(args)
     log_lines()
-    wyoming = wyoming_server.WyomingConfig(uri=args.uri, seed=args.seed, voice=args.voice,
-                                           allow_remote=args.allow_remote, zeroconf=args.zeroconf)
-    listener = wyoming_server.listen(wyoming)  # a bad --uri or a busy port is named before the models load
-    return wyoming_server.serve(load_service(config), wyoming, listener)
+    settings = wyoming_server.WyomingConfig(uri=args.uri, seed=args.seed, voice=args.voice,
+                                            allow_remote=args.allow_remote, zeroconf=args.zeroconf)
+    listener = wyoming_server.listen(settings)  # a bad --uri or a busy port is named before the models load
+    return wyoming_server.serve(load_service(config), settings, listener)

@@ -14,6 +14,7 @@ import logging
 import socket
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -353,7 +354,7 @@ def bearer_token(header: bytes) -> bytes:
     return token.strip() if scheme.lower() == b"bearer" else b""
 
 
-def api_key_from(flag: str | None, environ: dict[str, str]) -> str | None:
+def api_key_from(flag: str | None, environ: Mapping[str, str]) -> str | None:
     """The key the server requires: --api-key if given, else $OMNIVOICE_API_KEY, else None. An empty
     one is an error, not "no key": `--api-key "$KEY"` with KEY unset would otherwise start the
     server with authentication off and no word."""
