@@ -46,7 +46,7 @@ from omnivoice_onnx.contract import (
 )
 from omnivoice_onnx.core import generate as gen
 from omnivoice_onnx.core import request
-from omnivoice_onnx.core.prompt import TOKENIZER_FILE, TextTokenizer
+from omnivoice_onnx.core.prompt import TOKENIZER_FILE, TextTokenizer, VoiceClonePrompt
 from omnivoice_onnx.errors import UserError
 from omnivoice_onnx.limits import check_threads, memory_errors_as_user_errors
 from omnivoice_onnx.sessions import PROVIDERS, TRANSFORMER_ARENA, CodecSessions, finite_output, make_session, run_split
@@ -63,7 +63,7 @@ CONFIG_VS_METADATA = {"audio_mask_id": "audio_mask_id", "num_audio_codebook": "n
                       "hop_length": "hop_length", "frame_rate": "frame_rate",
                       "model_fingerprint": "model_fingerprint"}
 
-def graph_metadata(session, path: Path, graph: str) -> dict[str, Any]:
+def graph_metadata(session: Any, path: Path, graph: str) -> dict[str, Any]:
     """A session's OmniVoice metadata (ints parsed), checked to describe `graph` and its inputs
     and outputs checked against the contract table."""
     meta = dict(session.get_modelmeta().custom_metadata_map)
@@ -116,7 +116,7 @@ class OmniVoiceOnnx:
     # into pieces of about that length (sentences, merged up to it; see docs in gen.stream).
     STREAM_CHUNK_DEFAULTS: dict[str, Any] = {"audio_chunk_duration": 3.0, "audio_chunk_threshold": 3.0}
 
-    def __init__(self, model_dir: str | os.PathLike, provider: str = "cpu", threads: int | None = None,
+    def __init__(self, model_dir: str | os.PathLike[str], provider: str = "cpu", threads: int | None = None,
                  resident_codecs: bool = False, variant: str | None = None, verify: bool = True) -> None:
         if not isinstance(provider, str):
             raise UserError(f"provider must be a string, got {type(provider).__name__}",
@@ -160,7 +160,7 @@ class OmniVoiceOnnx:
                 raise UserError(f"{self.codecs.paths[name]} says {differ[0]}={codec_meta[differ[0]]} but {path} says "
                                 f"{self.metadata[differ[0]]}", RERUN_EXPORT)
         try:  # the export's own generation defaults, checked as a request's are
-            gen.GenerationConfig.from_dict(None, self.runtime_config["generation"])
+            request.GenerationConfig.from_dict(None, self.runtime_config["generation"])
         except UserError as exc:
             raise UserError(f"{self.bundle.runtime_config_path}: its generation defaults are wrong "
                             f"({exc.problem})", RERUN_EXPORT) from exc
@@ -172,7 +172,7 @@ class OmniVoiceOnnx:
                 raise UserError(f"runtime-config.json says {key}={self.runtime_config['model'][key]} but the graphs "
                                 f"say {self.metadata[meta_key]}", RERUN_EXPORT)
         decoder_path = self.codecs.paths["decoder"]
-        self.model = gen.Model(
+        self.model = request.Model(
             transformer=lambda ids, audio_mask, attention: finite_output(
                 self._verified_result(run_split(self.transformer, ids, audio_mask, attention), path),
                 "transformer", path),
@@ -192,9 +192,10 @@ class OmniVoiceOnnx:
         return result
 
     @classmethod
-    def from_dir(cls, model_dir: str | os.PathLike | None = None, provider: str = "cpu", threads: int | None = None,
-                 resident_codecs: bool = False, variant: str | None = None, verify: bool = True, *,
-                 onnx_dir: str | os.PathLike | None = None) -> OmniVoiceOnnx:
+    def from_dir(cls, model_dir: str | os.PathLike[str] | None = None, provider: str = "cpu",
+                 threads: int | None = None, resident_codecs: bool = False, variant: str | None = None,
+                 verify: bool = True, *,
+                 onnx_dir: str | os.PathLike[str] | None = None) -> OmniVoiceOnnx:
         """Load an export folder (`model_dir`, the name the CLI's --model-dir uses; `onnx_dir` is
         its older spelling, kept as an alias). provider: one of sessions.PROVIDERS ("cpu"; "cuda-fp32",
         "cuda-tf32"; "openvino-bf16", "openvino-f32": the transformer on OpenVINO, bits not fp32 MLAS's);
@@ -206,10 +207,11 @@ class OmniVoiceOnnx:
         sha256 first (omnivoice_onnx.bundle; False, or OMNIVOICE_VERIFY=0, for a bundle
         without a report; files hashed before and unchanged since are not hashed again unless
         OMNIVOICE_VERIFY=full)."""
-        if (model_dir is None) == (onnx_dir is None):
+        folder = model_dir if onnx_dir is None else onnx_dir
+        if folder is None or (model_dir is not None and onnx_dir is not None):
             raise UserError("from_dir needs the export folder once: model_dir (or its alias onnx_dir)",
                             "pass from_dir(\"onnx\")")
-        return cls(model_dir if onnx_dir is None else onnx_dir, provider, threads, resident_codecs, variant, verify)
+        return cls(folder, provider, threads, resident_codecs, variant, verify)
 
     @property
     def onnx_dir(self) -> Path:
@@ -221,11 +223,11 @@ class OmniVoiceOnnx:
         return self.model.sample_rate
 
     def generation_config(self, values: dict[str, Any] | None = None,
-                          base: dict[str, Any] | None = None) -> gen.GenerationConfig:
+                          base: dict[str, Any] | None = None) -> request.GenerationConfig:
         """upstream's defaults (from the export's runtime-config.json) overlaid with `base`, then
         `values` (checked: request.GenerationConfig.from_dict)."""
         defaults = {**self.runtime_config["generation"], **(base or {})}
-        return gen.GenerationConfig.from_dict(values, defaults)
+        return request.GenerationConfig.from_dict(values, defaults)
 
     def validate(self, text: str | list[str], *, stream: bool = False,
                  **keywords: Unpack[request.RequestKeywords]) -> request.Request:
@@ -249,7 +251,7 @@ class OmniVoiceOnnx:
             return request.validate(self.model, text, config, **fields)
 
     def create_voice_clone_prompt(self, ref_audio: Any, ref_text: str,
-                                  preprocess_prompt: bool = True) -> gen.VoiceClonePrompt:
+                                  preprocess_prompt: bool = True) -> VoiceClonePrompt:
         """A reusable reference: ref_audio a file path or (waveform [T] or [C, T], sample_rate);
         ref_text its transcript (required: no speech recogniser here)."""
         if not isinstance(preprocess_prompt, bool):

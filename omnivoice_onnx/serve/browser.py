@@ -23,10 +23,12 @@ import hashlib
 import ipaddress
 import re
 from dataclasses import dataclass
-
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from typing import TYPE_CHECKING
 
 from omnivoice_onnx.serve.door import LOG, ApiError, refuse
+
+if TYPE_CHECKING:  # starlette is the serve extra's, and the CLI imports this module for its flag checks
+    from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 # Every response: no MIME sniffing, no Referer to elsewhere, never in a frame (old browsers' header;
 # the page's CSP says frame-ancestors too).

@@ -17,7 +17,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from omnivoice_onnx import voices as voice_store
 from omnivoice_onnx.audio_out import AudioFormat
@@ -28,6 +28,9 @@ from omnivoice_onnx.limits import MAX_SPEED, MIN_SPEED, SEED_MAX, SEED_MIN
 from omnivoice_onnx.presets import OPENAI_MODEL_IDS, PRESETS, find_preset
 from omnivoice_onnx.serve.door import MAX_BODY_BYTES, MAX_INPUT_CHARS, ApiError, refuse, too_long
 from omnivoice_onnx.serve.pool import Job, WorkerPool, scrub_paths
+
+if TYPE_CHECKING:  # pydantic is the serve extra's, imported where the model is built
+    from pydantic import BaseModel
 
 LOG = logging.getLogger("omnivoice_onnx.server")
 
@@ -58,7 +61,7 @@ class VoiceEntry:
 
 # --- requests ------------------------------------------------------------------------------------
 
-def speech_request_model():
+def speech_request_model() -> type[BaseModel]:
     """The pydantic model of a POST /v1/audio/speech body (built on first use: pydantic is the
     `serve` extra's, not the runtime core's). Unknown fields are refused, as OpenAI refuses them:
     a misspelt `sped` must not silently run at speed 1. Numbers are strict: `"speed": true` or
@@ -210,8 +213,7 @@ class Service:
             kwargs: dict[str, Any] = {"voice_clone_prompt": self.references[name]}
         elif saved is not None:
             kwargs = saved.generate_kwargs()
-        elif find_preset(name) is not None:
-            preset = find_preset(name)
+        elif (preset := find_preset(name)) is not None:
             kwargs, seed = preset.generate_kwargs(), preset.seed
         else:
             hint = " (uploaded references are kept in memory only: upload it again)" \
@@ -292,7 +294,8 @@ def plan_job(service: Service, request: Any, loop: asyncio.AbstractEventLoop, st
     the runtime without model work, once (the worker runs this Request); ApiError (400) for
     anything it would refuse."""
     voice_kwargs, voice_seed = service.voice_kwargs(request.voice, request.instructions)
-    fields = dataclasses.asdict(request) if dataclasses.is_dataclass(request) else request.model_dump()
+    is_dataclass = dataclasses.is_dataclass(request) and not isinstance(request, type)
+    fields = dataclasses.asdict(request) if is_dataclass else request.model_dump()
     fields |= {name: value for name, value in service.config.request_defaults.items() if fields.get(name) is None}
     kwargs = {**keywords(fields), **voice_kwargs}  # the one builder (core.request.keywords)
     own_design = voice_kwargs.get("instruct")
@@ -371,7 +374,7 @@ def is_loopback(host: str) -> bool:
         found = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
     except (OSError, UnicodeError):
         return False  # bind() names an unresolvable host in its own line
-    return bool(found) and all(ipaddress.ip_address(info[4][0].split("%")[0]).is_loopback for info in found)
+    return bool(found) and all(ipaddress.ip_address(str(info[4][0]).split("%")[0]).is_loopback for info in found)
 
 
 def check_auth(config: ServerConfig) -> None:
