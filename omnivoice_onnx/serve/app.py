@@ -80,9 +80,9 @@ import math
 import signal
 import threading
 import urllib.parse
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from omnivoice_onnx import voices as voice_store
 from omnivoice_onnx.api import OmniVoiceOnnx
@@ -111,6 +111,10 @@ from omnivoice_onnx.serve.service import (
 )
 from omnivoice_onnx.sessions import worker_threads
 
+if TYPE_CHECKING:  # the serve extra's packages, imported where the app is built
+    from fastapi import FastAPI
+    from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
 LOG = logging.getLogger("omnivoice_onnx.server")
 LISTENING = "omnivoice-onnx serve: listening on "  # the start line's prefix, read by launch()
 
@@ -121,14 +125,14 @@ def error_response(error: ApiError) -> Any:
     return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
 
 
-def create_app(service: Service) -> Any:
+def create_app(service: Service) -> FastAPI:
     """The FastAPI application over `service` (its WorkerPool is closed when the app shuts down):
     the error handlers, the middleware, then each group of routes. A new group is one more
     add_*_routes(app, service) here."""
     from fastapi import FastAPI
 
     @contextlib.asynccontextmanager
-    async def lifespan(app: Any) -> AsyncIterator[None]:
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         yield
         await asyncio.to_thread(service.pool.close)
 
@@ -145,7 +149,7 @@ def create_app(service: Service) -> Any:
     return app
 
 
-def add_error_handlers(app: Any) -> None:
+def add_error_handlers(app: FastAPI) -> None:
     """Every error a client sees is the front door's JSON; a bug's traceback goes to the log only."""
     from fastapi import Request
     from starlette.exceptions import HTTPException
@@ -175,7 +179,7 @@ def browser_policy(config: ServerConfig) -> BrowserPolicy:
                          allowed_hosts=frozenset(config.allowed_hosts), cors_origins=frozenset(config.cors_origins))
 
 
-def add_middleware(app: Any, service: Service) -> None:
+def add_middleware(app: FastAPI, service: Service) -> None:
     """From the outside in: Measured (every request counted for /metrics), LastWord (drain
     cut-offs and cut streams end in one log line), the browser checks (browser.BrowserGuard), the
     key. Plain ASGI rather than @app.middleware: starlette's BaseHTTPMiddleware breaks a streamed
@@ -185,13 +189,13 @@ def add_middleware(app: Any, service: Service) -> None:
     class RequireKey:
         """`Authorization: Bearer <key>` on every route but OPEN_PATHS."""
 
-        def __init__(self, app: Any) -> None:
-            self.app = app
+        def __init__(self, app: ASGIApp, key: str) -> None:
+            self.app, self.key = app, key
 
-        async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
             if scope["type"] == "http" and scope["path"] not in OPEN_PATHS:
                 token = bearer_token(dict(scope["headers"]).get(b"authorization", b""))
-                if not hmac.compare_digest(token, key.encode()):
+                if not hmac.compare_digest(token, self.key.encode()):
                     await error_response(refuse("invalid_api_key"))(scope, receive, send)
                     return
             await self.app(scope, receive, send)
@@ -202,13 +206,13 @@ def add_middleware(app: Any, service: Service) -> None:
         A stream whose generation failed after its headers went out (its timeout, a worker's
         error) ends without its last chunk and one log line, not uvicorn's traceback."""
 
-        def __init__(self, app: Any) -> None:
+        def __init__(self, app: ASGIApp) -> None:
             self.app = app
 
-        async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
             started = False
 
-            async def tracked(message: dict) -> None:
+            async def tracked(message: Message) -> None:
                 nonlocal started
                 started = started or message["type"] == "http.response.start"
                 await send(message)
@@ -224,7 +228,7 @@ def add_middleware(app: Any, service: Service) -> None:
                 await error_response(refuse("shutting_down", headers={"Connection": "close"}))(scope, receive, send)
 
     if key:
-        app.add_middleware(RequireKey)
+        app.add_middleware(RequireKey, key=key)
     app.add_middleware(BrowserGuard, policy=browser_policy(service.config))
     app.add_middleware(LastWord)
 
@@ -233,25 +237,27 @@ def add_middleware(app: Any, service: Service) -> None:
     app.state.metrics = metrics
     templates: dict[Any, str] = {}
 
-    def route_of(scope: dict) -> str | None:
+    from starlette.routing import Route  # FastAPI's routes (APIRoute) and the page's alike
+
+    def route_of(scope: Scope) -> str | None:
         """The template of the route that answered (its endpoint, set by routing), None if none did."""
         if not templates:
-            templates.update({route.endpoint: route.path for route in app.routes if hasattr(route, "endpoint")})
+            templates.update({route.endpoint: route.path for route in app.routes if isinstance(route, Route)})
         return templates.get(scope.get("endpoint"))
 
     class Measured:
         """Outermost: every request counted in /metrics, 401s and 404s included."""
 
-        def __init__(self, inner: Any) -> None:
+        def __init__(self, inner: ASGIApp) -> None:
             self.app = metrics.middleware(inner, route_of)
 
-        async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
             await self.app(scope, receive, send)
 
     app.add_middleware(Measured)
 
 
-def add_info_routes(app: Any, service: Service) -> None:
+def add_info_routes(app: FastAPI, service: Service) -> None:
     """What the server has: /health, the models, voices and languages, the page."""
     from fastapi.responses import JSONResponse, Response
 
@@ -323,7 +329,7 @@ def add_info_routes(app: Any, service: Service) -> None:
         return Response(app.state.metrics.render(), media_type=METRICS_CONTENT_TYPE)
 
 
-def add_voice_routes(app: Any, service: Service) -> None:
+def add_voice_routes(app: FastAPI, service: Service) -> None:
     """One voice, and saved voices changed over HTTP (POST, PATCH, DELETE: only with
     --allow-voice-save, else the table's voices_read_only)."""
     from fastapi import Request
@@ -417,7 +423,7 @@ def add_voice_routes(app: Any, service: Service) -> None:
     app.router.add_route("/v1/audio/voices/{name}", delete_voice, methods=["DELETE"])
 
 
-def add_reference_routes(app: Any, service: Service) -> None:
+def add_reference_routes(app: FastAPI, service: Service) -> None:
     """POST /v1/audio/references: an uploaded recording becomes a voice (in memory, or saved)."""
     from fastapi import Request
     from fastapi.responses import JSONResponse
@@ -452,7 +458,7 @@ def add_reference_routes(app: Any, service: Service) -> None:
     app.router.add_route("/v1/audio/references", add_reference, methods=["POST"])  # reads its body itself
 
 
-def add_speech_routes(app: Any, service: Service) -> None:
+def add_speech_routes(app: FastAPI, service: Service) -> None:
     """POST /v1/audio/speech: OpenAI's speech route, whole clips and streams."""
     from fastapi import Request
     from fastapi.responses import Response, StreamingResponse
@@ -531,7 +537,8 @@ def web_page() -> bytes:
     """The page at / (package data: omnivoice_onnx/serve/web/index.html, in the wheel via pyproject)."""
     from importlib.resources import files
 
-    return files("omnivoice_onnx").joinpath("serve", "web", "index.html").read_bytes()
+    # one name a step: a Traversable's joinpath takes a single name before Python 3.11
+    return (files("omnivoice_onnx") / "serve" / "web" / "index.html").read_bytes()
 
 
 # Routes that answer without the API key: load balancers' probe, the page (it holds no data; its
@@ -568,7 +575,7 @@ async def read_form(request: Any) -> Any:
         raise refuse("invalid_content_type")
     body = await read_body(request, MAX_FORM_BYTES)
 
-    async def replay() -> AsyncIterator[bytes]:
+    async def replay() -> AsyncGenerator[bytes, None]:
         yield body
         yield b""
 
@@ -754,8 +761,9 @@ def serve(config: ServerConfig) -> int:
     # uvicorn prints no address for a socket it is given; this line has the real port (--port 0).
     LOG.info("%s%s", LISTENING, f"http://{f'[{host}]' if ':' in host else host}:{port}/v1")
     server.run(sockets=[listener])
-    if server.stopped_by is not None and service.pool.cut_off:
-        return 128 + server.stopped_by
+    stopped_by: int | None = server.stopped_by  # make_server's Server (a class it builds: uvicorn is imported there)
+    if stopped_by is not None and service.pool.cut_off:
+        return 128 + stopped_by
     return 0
 
 
