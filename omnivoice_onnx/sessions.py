@@ -102,7 +102,7 @@ def codec_provider(provider: str) -> str:
 
 
 @functools.cache
-def openvino_device():
+def openvino_device() -> Any:
     """onnxruntime's OpenVINO CPU device, the plugin registered and the device looked up once per
     process (check_provider and openvino_options both ask); UserError when the plugin package is
     missing or finds no CPU device."""
@@ -122,7 +122,7 @@ def openvino_device():
     return devices[0]
 
 
-def openvino_options(options, provider: str, threads: int | None) -> None:
+def openvino_options(options: Any, provider: str, threads: int | None) -> None:
     """Put the OpenVINO provider on session `options`: its CPU device, the provider's precision,
     one inference stream (a call at a time, as the CPU provider) on `threads` threads (0: its default)."""
     config = {"CPU": {"INFERENCE_PRECISION_HINT": OPENVINO_PRECISION[provider], "NUM_STREAMS": 1,
@@ -149,8 +149,9 @@ def worker_threads(workers: int, threads: int | None) -> int:
     """onnxruntime threads for each of `workers` workers (the server's, batch's): `threads` when
     given, else $OMNIVOICE_ORT_THREADS, else the cores this process may use split evenly over the
     workers (at least one each). One rule for every front end that runs several models at once."""
-    if threads is not None:
-        return check_threads(threads)
+    checked = check_threads(threads)  # None only when threads is None
+    if checked is not None:
+        return checked
     return default_threads() or max(1, cores() // workers)
 
 
@@ -164,7 +165,7 @@ def allocation_failure(exc: BaseException) -> bool:
 
 
 def make_session(path: Path, provider: str = "cpu", threads: int | None = None, arena: bool = True,
-                 profile: bool = False, fix: str = "re-run export_omnivoice.py (step 2)"):
+                 profile: bool = False, fix: str = "re-run export_omnivoice.py (step 2)") -> Any:
     """An InferenceSession for one graph; checks the requested provider really took it, with the
     options asked for (check_cuda_options).
 
@@ -222,7 +223,7 @@ def check_cuda_options(name: str, provider: str, providers: list[str], options: 
                         "provider honours use_tf32, or use --provider cuda-tf32 for the TF32 trade-off")
 
 
-def node_placement(session) -> dict[str, Any]:
+def node_placement(session: Any) -> dict[str, Any]:
     """Which execution provider ran each node of a session made with `profile=True`, from its
     profile of the runs so far (at least one); ends the profiling and removes its file.
 
@@ -244,7 +245,7 @@ def node_placement(session) -> dict[str, Any]:
                                     if args["provider"] == "CPUExecutionProvider"))}
 
 
-def finite_output(array: np.ndarray, graph: str, file: str | os.PathLike | None = None) -> np.ndarray:
+def finite_output(array: np.ndarray, graph: str, file: str | os.PathLike[str] | None = None) -> np.ndarray:
     """`array` if every value is finite; else a UserError saying the graph's weights are damaged.
 
     A graph whose sidecar was overwritten (and its sha256 re-recorded by hand) loads and runs,
@@ -259,7 +260,7 @@ def finite_output(array: np.ndarray, graph: str, file: str | os.PathLike | None 
     return array
 
 
-def run(session, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def run(session: Any, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Run a session fed by input name; outputs by name. An allocation onnxruntime could not
     make is raised as MemoryError (the inputs' shapes in its message), so every entry point
     treats it as numpy's: the request was too big (one line, exit 2; a UserError in the API)."""
@@ -307,7 +308,7 @@ class CodecSessions:
         self.loaded = loaded
         self.held = {name: self.open(name) for name in self.paths} if resident else {}
 
-    def open(self, name: str):
+    def open(self, name: str) -> Any:
         session = make_session(self.paths[name], self.provider, self.threads, arena=CODEC_ARENA)
         self.loaded(self.paths[name])
         return session
@@ -349,7 +350,7 @@ def split_feeds(input_ids: np.ndarray, audio_mask: np.ndarray,
     return groups
 
 
-def run_split(session, input_ids: np.ndarray, audio_mask: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
+def run_split(session: Any, input_ids: np.ndarray, audio_mask: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
     """The transformer with each group of equal-length rows run at its own length.
 
     generate() pads the uncond half (target frames only) to the cond length S: a large share of
@@ -359,17 +360,18 @@ def run_split(session, input_ids: np.ndarray, audio_mask: np.ndarray, attention_
     padded call when the mask is not of that block form.
     """
     groups = split_feeds(input_ids, audio_mask, attention_mask)
-    if groups is None:
+    if not groups:  # not of block form (None), or no rows at all
         return run(session, {"input_ids": input_ids, "audio_mask": audio_mask, "attention_mask": attention_mask})[
             "logits"
         ]
     rows_total, codebooks, seq = input_ids.shape
-    logits = None
+    logits: np.ndarray | None = None
     for rows, feeds in groups:
         out = run(session, feeds)["logits"]
         if logits is None:
             logits = np.zeros((rows_total, codebooks, seq, out.shape[-1]), dtype=out.dtype)
         logits[rows, :, :out.shape[2]] = out
+    assert logits is not None, "groups is not empty"
     return logits
 
 
