@@ -172,24 +172,24 @@ class FileCheck:
     entry: dict[str, Any]  # {sha256, bytes} as the report records it
     fix: str  # the step that remakes it
 
-    def check(self, verified: VerifiedFiles) -> tuple[Seen | None, str | None]:
-        """(what was seen, None) when the file is the one recorded (hashed, or vouched for by
-        `verified`'s record of an earlier hash of this very file); else (None, why not: missing,
-        or another size/sha256)."""
+    def check(self, verified: VerifiedFiles) -> Seen | str:
+        """What was seen when the file is the one recorded (hashed, or vouched for by `verified`'s
+        record of an earlier hash of this very file); else why not (missing, or another size/sha256)."""
         try:
             if not self.path.is_file():
                 raise FileNotFoundError
             seen = verified.matches(self.path, self.entry, whole=self.path.name in READ_WHOLE)
         except FileNotFoundError:  # also when it went between the test and the read
-            return None, f"{self.path} is missing"
+            return f"{self.path} is missing"
         if seen is None:
-            return None, (f"{self.path} does not match the sha256 export-report.json records for it (damaged, "
-                          "truncated, replaced or from another export)")
-        return seen, None
+            return (f"{self.path} does not match the sha256 export-report.json records for it (damaged, "
+                    "truncated, replaced or from another export)")
+        return seen
 
     def problem(self, verified: VerifiedFiles) -> str | None:
-        """Why the file is not the one recorded (None when it is): check()'s second half."""
-        return self.check(verified)[1]
+        """Why the file is not the one recorded (None when it is): check()'s failure."""
+        result = self.check(verified)
+        return result if isinstance(result, str) else None
 
 
 def file_digest(handle: Any, data: bytes | None) -> str:
@@ -282,7 +282,8 @@ class VerifiedFiles:
             return {}
         if (data["format"], data["version"]) != (VERIFIED_FORMAT, VERIFIED_VERSION):
             return {}
-        return data["files"]
+        files: dict[str, dict[str, Any]] = data["files"]  # VERIFIED_SCHEMA's shape, checked by read_json
+        return files
 
     def _note(self, key: str, entry: dict[str, Any] | None) -> None:
         """Record `entry` for `key` (None: drop it) here and in the updates save() writes."""
@@ -321,11 +322,11 @@ class VerifiedFiles:
             self._note(key, None)  # an earlier version's entry: of no use again
         return Seen(identity, data)
 
-    def _folder(self) -> Path | None:
-        """The record's folder, made 0700 if missing, when it is this user's and private; None
-        when it is not, or when it is missing and its nearest existing parent is someone else's
-        (root under `sudo` with the user's HOME)."""
-        folder = self.path.parent
+    def _folder(self, path: Path) -> Path | None:
+        """The folder of the record at `path`, made 0700 if missing, when it is this user's and
+        private; None when it is not, or when it is missing and its nearest existing parent is
+        someone else's (root under `sudo` with the user's HOME)."""
+        folder = path.parent
         if not os.path.lexists(folder):
             parent = next((p for p in folder.absolute().parents if p.exists()), None)
             if parent is None or os.stat(parent).st_uid != os.geteuid():
@@ -342,7 +343,7 @@ class VerifiedFiles:
         if self.path is None or not self.updates:
             return
         try:
-            folder = self._folder()
+            folder = self._folder(self.path)
             if folder is None:
                 return
             with FolderLock(folder, VERIFIED_FILE, "the verification record", wait_s=VERIFIED_LOCK_S):
@@ -359,7 +360,7 @@ class VerifiedFiles:
         self.updates = {}
 
 
-def check_folder(model_dir: str | os.PathLike) -> Path:
+def check_folder(model_dir: str | os.PathLike[str]) -> Path:
     """`model_dir` as a Path when it is a folder; else the one refusal of a missing bundle, everywhere."""
     if not isinstance(model_dir, (str, os.PathLike)):
         raise UserError(f"model_dir must be a path, got {type(model_dir).__name__}",
@@ -376,7 +377,7 @@ class Folder:
     the runtime touches here; the graphs' layout is contract.variant_path's rule, the toolchain's
     too. Not opened: Bundle is a Folder opened and verified; `voice list` needs only the voices."""
 
-    def __init__(self, model_dir: str | os.PathLike) -> None:
+    def __init__(self, model_dir: str | os.PathLike[str]) -> None:
         self.dir = Path(model_dir)
 
     @property
@@ -433,7 +434,7 @@ class Bundle(Folder):
         self.seen: dict[Path, Seen] = {}  # each file verify() found as recorded (empty unverified)
 
     @classmethod
-    def open(cls, model_dir: str | os.PathLike, variant: str | None = None, verify: bool = True,
+    def open(cls, model_dir: str | os.PathLike[str], variant: str | None = None, verify: bool = True,
              provider: str = "cpu") -> Bundle:
         """The folder at `model_dir` with `variant` (None: default_variant's choice for `provider`);
         with `verify`, every file the variant loads checked against the report first (UserError
@@ -463,9 +464,9 @@ class Bundle(Folder):
         verified = VerifiedFiles.in_cache()
         try:
             for check in self.file_checks(variant):
-                seen, problem = check.check(verified)
-                if problem:
-                    raise UserError(problem, check.fix)
+                seen = check.check(verified)
+                if isinstance(seen, str):  # the problem
+                    raise UserError(seen, check.fix)
                 self.seen[check.path] = seen
         finally:  # the files that passed are remembered even when a later one fails
             verified.save()
@@ -583,7 +584,9 @@ def report_variants(report: dict[str, Any] | None) -> dict[str, Any]:
 def read_report(model_dir: Path) -> dict[str, Any]:
     """export-report.json; a UserError naming why when it is missing, unreadable, not a JSON object,
     or when a section the runtime reads has another shape (REPORT_SCHEMA)."""
-    return read_json(Folder(model_dir).report_path, "export report", f"{RERUN_EXPORT}, {SKIP}", schema=REPORT_SCHEMA)
+    report: dict[str, Any] = read_json(Folder(model_dir).report_path, "export report", f"{RERUN_EXPORT}, {SKIP}",
+                                       schema=REPORT_SCHEMA)  # a JSON object of that shape, or a UserError
+    return report
 
 
 def default_variant(model_dir: Path, report: dict[str, Any] | None, provider: str = "cpu") -> str:

@@ -411,8 +411,9 @@ def _rebuild_tensor(storage: Any, offset: Any, size: Any, stride: Any, requires_
     if len(size) != len(stride) or (size and all(size) and offset + sum((n - 1) * s for n, s in zip(size, stride))
                                     >= storage.size):
         raise Refused("a tensor view outside its storage")
-    return np.lib.stride_tricks.as_strided(storage[offset:], shape=tuple(size),
-                                           strides=tuple(s * storage.itemsize for s in stride)).copy()
+    tensor: np.ndarray = np.lib.stride_tricks.as_strided(storage[offset:], shape=tuple(size),
+                                                         strides=tuple(s * storage.itemsize for s in stride)).copy()
+    return tensor
 
 
 class UpstreamUnpickler(pickle.Unpickler):
