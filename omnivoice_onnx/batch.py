@@ -42,7 +42,8 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, TextIO
 
 import numpy as np
 
@@ -63,7 +64,8 @@ from omnivoice_onnx.batch_list import (
     request_hash,
 )
 from omnivoice_onnx.core.generate import encode_reference
-from omnivoice_onnx.core.request import Request, VoiceClonePrompt, keywords
+from omnivoice_onnx.core.prompt import VoiceClonePrompt
+from omnivoice_onnx.core.request import Reference, Request, keywords
 from omnivoice_onnx.errors import UserError, say
 from omnivoice_onnx.files import (
     FolderLock,
@@ -80,7 +82,10 @@ from omnivoice_onnx.files import (
     sha256_file,
 )
 from omnivoice_onnx.sessions import worker_threads
-from omnivoice_onnx.voices import load_voice, voices_dir
+from omnivoice_onnx.voices import Voice, load_voice, voices_dir
+
+if TYPE_CHECKING:  # the batch extra's bar; without it a run has none
+    from tqdm import tqdm
 
 # --- the worker side: one loaded model, used by the in-process loop, a pool process or a Ray actor ---
 
@@ -91,7 +96,8 @@ class Synthesizer:
     def __init__(self, tts: OmniVoiceOnnx) -> None:
         self.tts = tts
         self.worker = f"{socket.gethostname()}:{os.getpid()}"
-        self._prompts: dict[tuple, VoiceClonePrompt] = {}
+        # (file, mtime, size, transcript, preprocess) -> its prompt
+        self._prompts: dict[tuple[str, int, int, str | None, bool], VoiceClonePrompt] = {}
 
     @classmethod
     def load(cls, model_dir: str, variant: str | None, threads: int | None) -> Synthesizer:
@@ -101,12 +107,13 @@ class Synthesizer:
     def cached_reference(self, task: dict[str, Any], req: Request) -> Request:
         """`req` with its prepared reference replaced by the cached prompt of the same file and
         transcript (encoded here the first time): what generate() would encode, encoded once."""
-        if task["ref_audio"] is None:
+        reference = req.references[0]
+        if task["ref_audio"] is None or not isinstance(reference, Reference):
             return req
         stat = os.stat(task["ref_audio"])
         key = (task["ref_audio"], stat.st_mtime_ns, stat.st_size, task["ref_text"], req.config.preprocess_prompt)
         if key not in self._prompts:
-            self._prompts[key] = encode_reference(self.tts.model, req.references[0])
+            self._prompts[key] = encode_reference(self.tts.model, reference)
         return dataclasses.replace(req, references=[self._prompts[key]] * len(req.references))
 
     def run(self, row: dict[str, Any]) -> dict[str, Any]:
@@ -151,7 +158,7 @@ class SynthActor:
 # --- local engines ---------------------------------------------------------------------------------
 
 _WORKER: Synthesizer | None = None
-_WORKER_ARGS: tuple[str, str, int] | None = None
+_WORKER_ARGS: tuple[str, str | None, int | None] | None = None  # (model_dir, variant, threads)
 
 
 RECORD_KEYS = {"id": str, "line": int}  # what a results.jsonl record must hold to be kept (the rewrite sorts by line)
@@ -178,7 +185,7 @@ def die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
-def _pool_init(model_dir: str, variant: str, threads: int, driver: int) -> None:
+def _pool_init(model_dir: str, variant: str | None, threads: int | None, driver: int) -> None:
     """A pool process: it dies with its driver `driver` (die_with_parent); Ctrl-C goes to the driver
     alone (it stops the pool). The model is loaded by the first task, so that a load failure
     reaches the driver as itself (an initializer's error would only break the pool)."""
@@ -191,6 +198,7 @@ def _pool_init(model_dir: str, variant: str, threads: int, driver: int) -> None:
 def _pool_run(row: dict[str, Any]) -> dict[str, Any]:
     global _WORKER
     if _WORKER is None:
+        assert _WORKER_ARGS is not None, "the pool's initializer (_pool_init) sets it"
         _WORKER = Synthesizer.load(*_WORKER_ARGS)
     return _WORKER.run(row)
 
@@ -259,14 +267,16 @@ class Plan:
 
 
 def check_lines(tts: OmniVoiceOnnx, test_list: TestList, options: Options,
-                voices: Path) -> tuple[list, dict, dict[str, Request]]:
+                voices: Path) -> tuple[list[BadLine], dict[str, Voice], dict[str, Request]]:
     """OmniVoiceOnnx.validate on every parsed line, once (no model work: references read, not
     encoded); returns the lines that fail it as BadLines, the loaded Voice of each voice line by
     id, and each good line's Request by id (what its worker runs). Lines naming the same
     reference file and transcript share one prepared Reference (its waveform held once, however
     many lines use it)."""
-    bad, voice_of, requests = [], {}, {}
-    shared: dict[tuple, list] = {}
+    bad: list[BadLine] = []
+    voice_of: dict[str, Voice] = {}
+    requests: dict[str, Request] = {}
+    shared: dict[tuple[str, str | None], list[Reference | VoiceClonePrompt | None]] = {}
     for line in test_list.lines:
         kwargs = keywords(dataclasses.asdict(line), options.generation_config)  # the one builder
         try:
@@ -357,7 +367,7 @@ class ResultsLog:
     def __init__(self, path: Path, records: dict[str, dict[str, Any]]) -> None:
         self.path = path
         self.records = dict(records)
-        self._handle = None
+        self._handle: TextIO | None = None
 
     def rewrite(self, order: Iterable[dict[str, Any]]) -> None:
         """Replace the file by `order`'s records followed by the other known ones, atomically."""
@@ -389,7 +399,8 @@ def bad_record(bad: BadLine) -> dict[str, Any]:
     return {"id": bad.id, "line": bad.number, "error": f"bad line, skipped: {bad.problem}"}
 
 
-def write_outcome(outcome: dict[str, Any], line: Line, request: str, res_dir: Path, model: dict[str, str]) -> dict:
+def write_outcome(outcome: dict[str, Any], line: Line, request: str, res_dir: Path,
+                  model: dict[str, str]) -> dict[str, Any]:
     """Write a worker's WAV (atomically) and return its record; a worker that loaded another
     model (a cluster node with another bundle) stops the run."""
     if (outcome["model_fingerprint"], outcome["variant"]) != (model["model_fingerprint"], model["variant"]):
@@ -495,7 +506,7 @@ def _run_batch(options: Options, log: Callable[[str], None], lock: FolderLock) -
     for line, _, _ in plan.todo:
         remove_stale_temporaries(options.res_dir / f"{line.id}.wav")
     tasks = [plan.tasks[line.id] for line, _, _ in plan.todo]
-    if options.ray is not None:
+    if engine is not None:  # --ray
         del tts
         outcomes = engine.run_ray(options.ray, SynthActor, {"model_dir": os.fspath(options.model_dir.absolute()),
                                                               "variant": model["variant"], "threads": threads},
@@ -537,7 +548,7 @@ def _run_batch(options: Options, log: Callable[[str], None], lock: FolderLock) -
     return summary
 
 
-def _progress_bar(total: int, wanted: bool, log: Callable[[str], None]):
+def _progress_bar(total: int, wanted: bool, log: Callable[[str], None]) -> tqdm[Any] | None:
     """A tqdm bar with ETA on stderr when it is a terminal; None otherwise (logs stay clean).
     tqdm is not a core dependency of the runtime: without it the run says so once and goes on."""
     if not wanted or not sys.stderr.isatty() or total == 0:
@@ -550,7 +561,7 @@ def _progress_bar(total: int, wanted: bool, log: Callable[[str], None]):
     return tqdm(total=total, unit="line", desc="batch", dynamic_ncols=True)
 
 
-def ray_engine():
+def ray_engine() -> ModuleType:
     """omnivoice_onnx.batch_ray, or a UserError naming the extra when Ray is not installed."""
     try:
         import ray.data  # noqa: F401  (batch_ray imports it where it runs; checked here, before any work)

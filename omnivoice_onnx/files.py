@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TextIO
 
 from omnivoice_onnx.errors import ENVIRONMENT, UserError
 
@@ -75,7 +75,7 @@ def replace_into(temp: Path, path: Path) -> None:
         raise OSError(exc.errno, exc.strerror, str(path)) from None
 
 
-def open_append(path: Path) -> Any:
+def open_append(path: Path) -> TextIO:
     """`path` opened to append text lines (O_NOFOLLOW: a symlink planted in its place is refused,
     not written through)."""
     flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
