@@ -171,9 +171,15 @@ def pack(model_dir: Path, variant: str | None, out: Path) -> dict[str, Any]:
             f"-o {out}: an archive name must end in {', '.join(ARCHIVE_MODES)}", "name it e.g. omnivoice-int8.tar"
         )
     bundle = Bundle.open(model_dir, variant)  # every file the variant loads checked against the report
+    report = bundle.report
+    if report is None:  # opened unchecked (OMNIVOICE_VERIFY=0) without a readable report
+        why = bundle.report_error.problem if bundle.report_error is not None else f"{bundle.report_path} was not read"
+        raise UserError(f"cannot pack without the export report, which lists the files to ship and their sha256: "
+                        f"{why}", "re-run export_omnivoice.py into an empty folder (OMNIVOICE_VERIFY=0 does not "
+                        "skip the report for pack)")
     expected = {check.path.relative_to(bundle.dir).as_posix(): check.entry for check in bundle.file_checks()}
     files: dict[str, dict[str, Any]] = {}
-    for name in release_files(bundle.report, bundle.variant):
+    for name in release_files(report, bundle.variant):
         path = bundle.member(name)
         if not path.is_file():
             raise UserError(

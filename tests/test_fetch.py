@@ -265,6 +265,18 @@ def test_oversized_and_unlisted_members_are_refused(tmp_path: Path) -> None:
     assert leftovers(tmp_path / "out") == []
 
 
+def test_pack_without_a_report_under_verify_off(tmp_path: Path) -> None:
+    """OMNIVOICE_VERIFY=0 opens a bundle without its report, but pack still needs it (it lists the
+    files and their hashes): the refusal says so, rather than advising the OMNIVOICE_VERIFY=0 the
+    user has already set, and no archive appears."""
+    folder = tmp_path / "bundle"
+    folder.mkdir()
+    done = command("pack", folder, "-o", tmp_path / "out.tar", env={"OMNIVOICE_VERIFY": "0"})
+    line = one_error_line(done, "cannot pack without the export report")
+    assert "export report not found" in line and "does not skip the report for pack" in line
+    assert not (tmp_path / "out.tar").exists()
+
+
 def hub_cache(bundle: Path, cache: Path, repo: str) -> None:
     """`bundle`'s files as huggingface_hub lays out a downloaded repo: blobs named by hash,
     snapshots/<commit>/ linking to them, refs/main naming the commit."""
