@@ -41,7 +41,7 @@ import urllib.request
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Literal
 
 from omnivoice_onnx.bundle import (
     DEFAULT_VARIANT_ORDER,
@@ -83,7 +83,8 @@ MAX_MEMBER_BYTES = 16 << 30
 MAX_MEMBERS = 64  # a variant has at most a dozen files
 HF_PREFIX = "hf:"  # --model-dir hf:ORG/NAME (cli.resolve_hub_model_dirs looks for it)
 HF_REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
-ARCHIVE_MODES = {".tar": "w", ".tar.gz": "w:gz", ".tgz": "w:gz"}  # pack's -o suffixes (weights barely compress)
+# pack's -o suffixes (weights barely compress)
+ARCHIVE_MODES: dict[str, Literal["w", "w:gz"]] = {".tar": "w", ".tar.gz": "w:gz", ".tgz": "w:gz"}
 SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 HTTP_TIMEOUT_S = 60.0  # per socket operation, not per download
 CHUNK = 1 << 20
@@ -133,7 +134,7 @@ def read_manifest(data: bytes, where: str, fix: str) -> dict[str, Any]:
     if len(data) > MAX_MANIFEST_BYTES:
         raise UserError(f"{where} is larger than a manifest ({len(data)} bytes)", fix)
     try:
-        manifest = parse_json(data.decode("utf-8"), where, fix)
+        manifest: dict[str, Any] = parse_json(data.decode("utf-8"), where, fix)  # an object: schema_problem says
     except UnicodeDecodeError:
         raise UserError(f"{where} is not UTF-8 text", fix) from None
     problem = schema_problem(manifest, MANIFEST_SCHEMA)
@@ -248,6 +249,14 @@ def _copy_hashed(source: IO[bytes], target: Path, limit: int) -> dict[str, Any]:
     return {"sha256": digest.hexdigest(), "bytes": size}
 
 
+def _member_bytes(archive: tarfile.TarFile, member: tarfile.TarInfo) -> IO[bytes]:
+    """A regular member's bytes (extractfile has none for anything else, refused before this)."""
+    handle = archive.extractfile(member)
+    if handle is None:
+        raise tarfile.ReadError(f"{member.name} is not a regular file")
+    return handle
+
+
 def extract(archive_path: Path, folder: Path, where: str) -> dict[str, Any]:
     """Extract the release archive at `archive_path` into the empty `folder`, checking every
     member (_safe_member) and its bytes against the manifest (the first member) as it is written;
@@ -261,7 +270,7 @@ def extract(archive_path: Path, folder: Path, where: str) -> dict[str, Any]:
                     f"{where} does not start with {MANIFEST_FILE}: not an omnivoice-onnx release archive", fix
                 )
             manifest = read_manifest(
-                archive.extractfile(first).read(MAX_MANIFEST_BYTES + 1), f"{where}'s manifest", fix
+                _member_bytes(archive, first).read(MAX_MANIFEST_BYTES + 1), f"{where}'s manifest", fix
             )
             found: dict[str, dict[str, Any]] = {}
             for count, member in enumerate(iter(archive.next, None)):
@@ -272,12 +281,12 @@ def extract(archive_path: Path, folder: Path, where: str) -> dict[str, Any]:
                 if member.size != entry["bytes"]:
                     raise UserError(f"{where}: {name} is {member.size} bytes, its manifest says {entry['bytes']}", fix)
                 found[name] = _copy_hashed(
-                    archive.extractfile(member), confined(folder, name, where, fix), entry["bytes"]
+                    _member_bytes(archive, member), confined(folder, name, where, fix), entry["bytes"]
                 )
                 if found[name] != entry:
                     raise UserError(f"{where}: {name} does not match the sha256 its manifest lists", fix)
     except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile) as exc:  # truncated or not an archive
-        raise UserError(f"{where} is not a readable archive ({exc or type(exc).__name__})", fix) from None
+        raise UserError(f"{where} is not a readable archive ({str(exc) or type(exc).__name__})", fix) from None
     missing = sorted(set(manifest["files"]) - set(found))
     if missing:
         raise UserError(f"{where} lacks {missing[0]}, which its manifest lists", fix)
@@ -386,7 +395,7 @@ def download(
         if done is not None:
             return done, False
         check_target(target)
-        if is_url:
+        if sha256 is not None:  # an archive URL (a hub repo was refused one above)
             manifest = _download_archive(source, sha256, target, variant)
         else:
             manifest = _download_hub(source, target, variant, local_files_only, revision)
@@ -541,7 +550,8 @@ def _download_hub(
     return manifest
 
 
-def resolve_model_dir(model_dir: str | os.PathLike, variant: str | None = None, local_files_only: bool = False) -> Path:
+def resolve_model_dir(model_dir: str | os.PathLike[str], variant: str | None = None,
+                      local_files_only: bool = False) -> Path:
     """`model_dir` as a folder: itself, or for `hf:ORG/NAME` the huggingface_hub snapshot of the
     variant's files (fetched unless cached; HF_HUB_OFFLINE honoured). The files are checked when
     the bundle opens, as any folder's are."""
