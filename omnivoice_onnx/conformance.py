@@ -76,13 +76,13 @@ import soundfile as sf
 from omnivoice_onnx import rule_vectors
 from omnivoice_onnx.api import OmniVoiceOnnx
 from omnivoice_onnx.bundle import check_folder, stat_identity
-from omnivoice_onnx.cliutil import THREADS, CheckFailed, add_bundle_flags, check_output, parse, run_main
+from omnivoice_onnx.cliutil import THREADS, CheckFailed, add_bundle_flags, parse, run_main
 from omnivoice_onnx.contract import FP32_VARIANT
 from omnivoice_onnx.core import audio, duration, scoring
 from omnivoice_onnx.core.generate import IterativeTrace, Trace, decode
 from omnivoice_onnx.core.rng import TorchCpuRng
 from omnivoice_onnx.errors import UserError, say
-from omnivoice_onnx.files import Maybe, atomic_dir, read_json, sha256_file
+from omnivoice_onnx.files import Maybe, atomic_dir, check_output, read_json, sha256_file
 from omnivoice_onnx.vector_format import ENVELOPE_BLOCK, FOLDER_README, FORMAT, audio_summary, short
 
 REF_WAV = "ref_voice.wav"
@@ -278,7 +278,8 @@ def post_process_run(tts: OmniVoiceOnnx, decoded: np.ndarray, settings: dict[str
     remove_silence, then the level, fades and padding that post_process with it off applies."""
     rules = tts.runtime_config["audio"]
     trim = settings["postprocess_output"]
-    removed = audio.remove_silence(decoded, tts.sample_rate, *rules["output_silence_ms"], rules) if trim else decoded
+    mid, lead, trail = rules["output_silence_ms"]
+    removed = audio.remove_silence(decoded, tts.sample_rate, mid, lead, trail, rules) if trim else decoded
     output = audio.post_process(removed, settings["ref_rms"], tts.sample_rate, rules, False,
                                 settings["pad_duration"], settings["fade_duration"])
     return {**settings, "silence_removed": audio_summary(removed[0]) if trim else None,
@@ -287,13 +288,15 @@ def post_process_run(tts: OmniVoiceOnnx, decoded: np.ndarray, settings: dict[str
 
 def _read_float32(path: Path) -> np.ndarray:
     """A 16-bit file of the folder as the port reads it: float32 [1, T], sample / 32768."""
-    return sf.read(path, dtype="float32")[0][np.newaxis]
+    samples: np.ndarray = sf.read(path, dtype="float32")[0][np.newaxis]  # soundfile has no stubs
+    return samples
 
 
 def _silence_removed(tts: OmniVoiceOnnx, decoded: np.ndarray) -> dict[str, Any]:
     """The summary of `decoded` [1, T] after the output's silence removal (post_process's first stage)."""
     rules = tts.runtime_config["audio"]
-    return audio_summary(audio.remove_silence(decoded, tts.sample_rate, *rules["output_silence_ms"], rules)[0])
+    mid, lead, trail = rules["output_silence_ms"]
+    return audio_summary(audio.remove_silence(decoded, tts.sample_rate, mid, lead, trail, rules)[0])
 
 
 def run_case(tts: OmniVoiceOnnx, name: str, case: dict[str, Any], folder: Path, write: bool = False
@@ -308,6 +311,7 @@ def run_case(tts: OmniVoiceOnnx, name: str, case: dict[str, Any], folder: Path, 
     trace = Trace()
     audios = tts.generate(**kwargs, seed=case["seed"], trace=trace)
     task = trace.task
+    assert task is not None, "generate() fills the trace it is given"
     record = {
         "format": FORMAT,
         "kind": "generate",
@@ -383,7 +387,7 @@ def _file_sha256(path: Path) -> str:
 
 @functools.lru_cache(maxsize=16)
 def _sha256_of_version(path: str, *identity: int) -> str:
-    return sha256_file(path)
+    return sha256_file(Path(path))
 
 
 def post_process_case(tts: OmniVoiceOnnx, name: str, runs: list[dict[str, Any]], folder: Path) -> dict[str, Any]:
@@ -444,7 +448,7 @@ def compare_records(expected: dict[str, Any], actual: dict[str, Any], tolerance:
     problems = []
     if expected.get("format") != FORMAT:
         return [f"format {expected.get('format')!r}, this replay reads {FORMAT!r}"]
-    order = {"post_process": POST_PROCESS_ORDER, "scoring": SCORING_ORDER}.get(expected.get("kind"), COMPARE_ORDER)
+    order = {"post_process": POST_PROCESS_ORDER, "scoring": SCORING_ORDER}.get(expected.get("kind", ""), COMPARE_ORDER)
     for path, kind in order:
         theirs = dict(_values(expected, path.split(".")))
         ours = dict(_values(actual, path.split(".")))
