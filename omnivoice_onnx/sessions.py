@@ -47,6 +47,7 @@ import numpy as np
 
 from omnivoice_onnx.contract import GRAPH_FILES
 from omnivoice_onnx.errors import UserError
+from omnivoice_onnx.hardware import cpu_name
 from omnivoice_onnx.limits import check_threads
 
 # onnxruntime's Linux wheels carry Microsoft's 1DS telemetry: at import (when its environment is
@@ -117,8 +118,9 @@ def openvino_device() -> Any:
     if not any(device.ep_name == name for device in ort.get_ep_devices()):
         ort.register_execution_provider_library("openvino", openvino.get_library_path())
     devices = [d for d in ort.get_ep_devices() if d.ep_name == name and d.ep_metadata.get("ov_device") == "CPU"]
-    if not devices:
-        raise UserError("onnxruntime's OpenVINO provider found no CPU device", OPENVINO_INSTALL_HINT)
+    if not devices:  # the plugin installed, but it offers no device for this CPU (seen on an AMD EPYC)
+        raise UserError(f"onnxruntime's OpenVINO provider offers no CPU device on this machine ({cpu_name()})",
+                        "use --provider cpu")
     return devices[0]
 
 

@@ -271,6 +271,9 @@ class VoiceShelf:
     def listing(self) -> SavedVoices:
         """The folder's voice files as they are now (one directory read)."""
         files = sorted(self.folder.glob(f"*{VOICE_SUFFIX}")) if self.folder.is_dir() else []
+        with self._lock:  # a removed voice's parse is forgotten
+            for gone in set(self._parsed) - set(files):
+                del self._parsed[gone]
         return SavedVoices(self, {path.name[: -len(VOICE_SUFFIX)]: path for path in files
                                   if not path.name.startswith(".")})
 

@@ -312,7 +312,7 @@ def test_a_server_request_lists_the_voices_folder_once_and_parses_only_its_voice
     listing = shelf.listing
     service = SimpleNamespace(shelf=SimpleNamespace(listing=lambda: listings.append(1) or listing()), references={},
                               fingerprint=FINGERPRINT, scrub=str)
-    service.voice_names = lambda saved=None: [voice.name for voice in (saved.files if saved else [])]
+    service.voice_names = lambda saved=None: list(saved.files) if saved else []
 
     def ask(name: str) -> dict:
         return Service.voice_kwargs(service, name, None)[0]
@@ -329,6 +329,10 @@ def test_a_server_request_lists_the_voices_folder_once_and_parses_only_its_voice
     assert parsed.count("broken.json") == 1
     with pytest.raises(UserError, match="broken.json"):
         shelf.listing().voices()  # the voice list names a damaged file
+    remove_voice(tmp_path, "bob")
+    with pytest.raises(ApiError, match="unknown voice 'bob'"):
+        ask("bob")
+    assert tmp_path / "bob.json" not in shelf._parsed  # a removed voice's parse is forgotten
     save_voice(tmp_path, "carol", Voice("carol", None, "male", "sha256:another", Path()))
     with pytest.raises(ApiError) as refused:
         ask("carol")
