@@ -156,7 +156,8 @@ OUTLIERS = {
 # tests/test_checkpoints.py (full-random's by an opt-in test: it builds in minutes). Change them only with
 # BUILDER_VERSION, and regenerate tests/conformance (its vectors name tiny's).
 FINGERPRINTS = {"tiny": "sha256:44c538325a5b8633", "tiny-large-act": "sha256:31babf718d3d2f77",
-                "full-random": "sha256:5fa67c4b46c00e4d", "tiny-outliers": "sha256:8bc614ee5deb9039"}
+                "full-random": "sha256:5fa67c4b46c00e4d", "tiny-outliers": "sha256:8bc614ee5deb9039",
+                "full-random-outliers": "sha256:b297874ef79d1156"}
 
 # Each of these is its base (same dims, so the same per-name draws and codec scales) plus LARGE_ACTIVATIONS or OUTLIERS.
 BASE_OF = {"tiny-large-act": "tiny", "tiny-outliers": "tiny", "full-random-outliers": "full-random"}
