@@ -8,8 +8,8 @@ A checkpoint is a directory in exactly the layout `OmniVoice.from_pretrained` re
 `--model` takes `tiny`, `full-random`, `tiny-large-act`, `tiny-outliers` or `full-random-outliers`
 (built by omnivoice_export.builder on first use into the git-ignored checkpoints/, rebuilt when the
 builder changes; tiny-large-act is tiny with a trained model's large residual activations, the fp16
-check; the -outliers ones carry a trained model's activation outliers, the int8 check), the path of a real k2-fsa/OmniVoice
-checkout, or a Hugging Face repo id such as `k2-fsa/OmniVoice` (what upstream's from_pretrained
+check; the -outliers ones carry a trained model's activation outliers, the int8 check), the path of
+a real k2-fsa/OmniVoice checkout, or a Hugging Face repo id such as `k2-fsa/OmniVoice` (what upstream's from_pretrained
 takes): its snapshot in the local Hugging Face cache is used without any network access when it
 is there; otherwise it is downloaded with `snapshot_download`, unless HF_HUB_OFFLINE is set. Every
 artefact records the model's fingerprint, a hash of the files' contents, so tensors of different
