@@ -128,7 +128,7 @@ RECIPES: dict[str, Recipe] = {recipe.name: recipe for recipe in (
     Recipe("int8", "rowwise", 8, True, "fp16", fusions=("attention", "rotary", "rms_norm"), fold_norms=True,
            spikes_fp32=True,
            summary="int8-pertensor's graph with the norms' outlier channels folded into the weights (SmoothQuant, "
-                   "exact in fp32), a scale per row of each activation (MatMulInteger), and fp32 for the "
+                   "exact in fp32), a scale per row of each activation (MatMulIntegerToFloat), and fp32 for the "
                    "MatMuls whose input spikes on the capture's calls: holds where a trained model's outlier "
                    "channels and massive rows break per-tensor scales"),
     Recipe("int8-rows", "rowwise", 8, True, "fp16", fusions=("attention", "rotary", "rms_norm"),
@@ -375,8 +375,8 @@ def guard_output(model: onnx.ModelProto) -> None:
 
 def quantized_node_counts(model: onnx.ModelProto) -> dict[str, int]:
     """How many nodes of each quantized op type the variant holds (for the report)."""
-    kinds = ("MatMulInteger", "DynamicQuantizeLinear", "MatMulNBits", "MatMul", "Gather", "Softmax", "IsNaN", "Cast",
-             "Attention", "RotaryEmbedding")
+    kinds = ("MatMulInteger", "MatMulIntegerToFloat", "DynamicQuantizeLinear", "MatMulNBits", "MatMul", "Gather",
+             "Softmax", "IsNaN", "Cast", "Attention", "RotaryEmbedding")
     counts = {kind: 0 for kind in kinds}
     for node in model.graph.node:
         if node.op_type in counts:

@@ -108,7 +108,7 @@ def test_heads_and_embeddings_stay_fp32_where_the_recipe_says(variants):
         half_gathers = [n for n in model.graph.node if n.op_type == "Gather" and n.input[0] in half_tables]
         assert len(half_gathers) == (len(embeddings) if recipe.embeddings == "fp16" else 0), name
         counts = quantize.quantized_node_counts(model)
-        quantized = counts.get("MatMulInteger", 0) + counts.get("MatMulNBits", 0)
+        quantized = sum(counts.get(kind, 0) for kind in ("MatMulInteger", "MatMulIntegerToFloat", "MatMulNBits"))
         # every MatMul with a weight but the heads (2 layers x 7 + heads on tiny); fp16 is float, not integer
         expected = 0 if recipe.bits >= 16 else 2 * 7 + (0 if recipe.keep_heads_fp32 else 1)
         assert quantized == expected, (name, counts)
@@ -118,14 +118,15 @@ def test_heads_and_embeddings_stay_fp32_where_the_recipe_says(variants):
 @pytest.mark.parametrize("name", ["int8", "int8-pertensor"])
 def test_int8_holds_its_three_rewrites(pipeline, variants, name: str):
     """`int8` and `int8-pertensor` as step 5 builds them: per layer one Attention, two
-    RotaryEmbeddings (q, k), seven MatMulIntegers (q, k, v, o, gate, up, down: no input spikes on
+    RotaryEmbeddings (q, k), seven integer MatMuls (q, k, v, o, gate, up, down: no input spikes on
     random weights, so int8 keeps none fp32) and four RMSNorm kernels (input, post-attention, q, k;
     plus the final norm), and no layout copies around attention (no Expand; the one Transpose lays
     out the logits)."""
     model = onnx.load(str(variants / name / TRANSFORMER), load_external_data=False)
     ops = [node.op_type for node in model.graph.node]
     layers = json.loads((pipeline.model / "config.json").read_text())["llm_config"]["num_hidden_layers"]
-    assert (ops.count("Attention"), ops.count("RotaryEmbedding"), ops.count("MatMulInteger"),
+    integer = ops.count("MatMulInteger") + ops.count("MatMulIntegerToFloat")
+    assert (ops.count("Attention"), ops.count("RotaryEmbedding"), integer,
             ops.count("SimplifiedLayerNormalization"), ops.count("Pow"), ops.count("Softmax"), ops.count("Neg"),
             ops.count("Transpose"), ops.count("Expand")) == (layers, 2 * layers, 7 * layers, 4 * layers + 1,
                                                              0, 0, 0, 1, 0)
