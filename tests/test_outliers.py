@@ -54,7 +54,7 @@ def outliers(tmp_path_factory) -> Pipeline:
 def test_the_proxy_carries_the_documented_outliers(outliers: Pipeline) -> None:
     """On a captured clone call: massive residual values (hundreds to thousands) in the massive
     channels at the delimiter positions and nowhere else, a spike at that layer's down_proj input
-    there, and outlier channels ~100x the median in the normed input of every linear layer."""
+    there, and outlier channels ~100x the others in the normed input of every linear layer."""
     model = load_omnivoice(outliers.model)
     seen: dict[str, torch.Tensor] = {}
     layer = model.llm.layers[SPEC.massive_layer]
@@ -81,7 +81,8 @@ def test_the_proxy_carries_the_documented_outliers(outliers: Pipeline) -> None:
     assert massive[triggers].min() > 300 and massive[triggers].max() < 5000
     assert massive[~triggers].max() < 30
     down = seen["down"][0].abs().numpy()
-    assert down[triggers].max() > 100 * np.median(down.max(axis=1))
+    assert down[triggers].max() > 1000 * np.median(down)  # against the median value
+    assert down[triggers].max() > 20 * np.median(down.max(axis=1))  # against the median row's peak
     normed = seen["normed"][0].abs().numpy()
     ordinary = [c for c in range(normed.shape[1]) if c not in SPEC.outlier_channels]
     ratio = np.median(normed[:, list(SPEC.outlier_channels)]) / np.median(normed[:, ordinary])
