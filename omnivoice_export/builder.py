@@ -148,7 +148,7 @@ OUTLIERS = {
                               massive_channels=(21, 50), massive_weights=(5.0, -3.5), outlier_channels=(11, 36),
                               outlier_gain=70.0, heads_outlier_gain=120.0, compensation=1.0),
     "full-random-outliers": Outliers(massive_layer=1, trigger_channel=97, trigger_value=0.06, units=(5, 1500),
-                                     unit_weight=10.0, massive_channels=(339, 801), massive_weights=(5.0, -3.5),
+                                     unit_weight=80.0, massive_channels=(339, 801), massive_weights=(5.0, -3.5),
                                      outlier_channels=(64, 290, 512, 777), outlier_gain=70.0,
                                      heads_outlier_gain=120.0, compensation=1.0),
 }
@@ -157,7 +157,7 @@ OUTLIERS = {
 # BUILDER_VERSION, and regenerate tests/conformance (its vectors name tiny's).
 FINGERPRINTS = {"tiny": "sha256:44c538325a5b8633", "tiny-large-act": "sha256:31babf718d3d2f77",
                 "full-random": "sha256:5fa67c4b46c00e4d", "tiny-outliers": "sha256:8bc614ee5deb9039",
-                "full-random-outliers": "sha256:b297874ef79d1156"}
+                "full-random-outliers": "sha256:f0962600f722c621"}
 
 # Each of these is its base (same dims, so the same per-name draws and codec scales) plus LARGE_ACTIVATIONS or OUTLIERS.
 BASE_OF = {"tiny-large-act": "tiny", "tiny-outliers": "tiny", "full-random-outliers": "full-random"}
