@@ -75,8 +75,11 @@ def fold_norm_scales(model: onnx.ModelProto, exclude: list[str]) -> int:
         if node.op_type != "SimplifiedLayerNormalization" or node.input[1] not in inits:
             continue
         users = readers.get(node.output[0], [])
-        if (not users or any(user.name not in quantized for user in users)
-                or any(len(readers[user.input[1]]) != 1 for user in users)):
+        if (
+            not users
+            or any(user.name not in quantized for user in users)
+            or any(len(readers[user.input[1]]) != 1 for user in users)
+        ):
             continue
         if len(readers[node.input[1]]) != 1:  # the exporter shares equal constants (equal norm weights)
             private = numpy_helper.from_array(numpy_helper.to_array(inits[node.input[1]]), f"{node.name}_weight")

@@ -103,7 +103,8 @@ def test_fp32_is_faithful_on_the_proxy(outliers: Pipeline, tmp_path: Path) -> No
 
 def test_the_fold_is_exact_in_fp32(outliers: Pipeline, tmp_path: Path) -> None:
     """int8's SmoothQuant fold (powers of two) leaves the fp32 graph's logits the same bits on
-    every 8th captured call, while it moves the outlier channels' scale out of every norm it folds."""
+    every 8th captured call, while it moves the outlier channels' scale out of every norm it folds
+    (the four that only quantized MatMuls read; the final norm feeds the fp32 audio heads)."""
     recipe = quantize.RECIPES["int8"]
     source = outliers.onnx / quantize.TRANSFORMER_FILE
     export = read_report(outliers.onnx)
@@ -112,14 +113,17 @@ def test_the_fold_is_exact_in_fp32(outliers: Pipeline, tmp_path: Path) -> None:
     folded = quantize.prepared_graph(source, quantize.RECIPES["int8-pertensor"], exclude)
     assert recipe.fold_norms and rowwise.fold_norm_scales(folded, exclude) == 2 * 2  # two norms per layer
     gains = [
-        [
-            numpy_helper.to_array(init)
-            for init in model.graph.initializer
-            if init.name in {n.input[1] for n in model.graph.node if n.op_type == "SimplifiedLayerNormalization"}
-        ]
+        {
+            node.name: numpy_helper.to_array(inits[node.input[1]])
+            for node in model.graph.node
+            if node.op_type == "SimplifiedLayerNormalization"
+        }
         for model in (plain, folded)
+        for inits in [{init.name: init for init in model.graph.initializer}]
     ]
-    assert max(float(np.abs(g).max()) for g in gains[0]) > 50 > max(float(np.abs(g).max()) for g in gains[1])
+    spread = lambda gain: float(np.abs(gain).max() / np.median(np.abs(gain)))  # noqa: E731
+    changed = [name for name in gains[0] if not np.array_equal(gains[0][name], gains[1][name])]
+    assert len(changed) == 4 and all(spread(gains[0][n]) >= 50 and spread(gains[1][n]) <= 10 for n in changed)
     for name, model in (("plain", plain), ("folded", folded)):
         save_with_sidecar(model, tmp_path / name / quantize.TRANSFORMER_FILE)
     assert_same_bits_on_captured_calls(

@@ -37,7 +37,7 @@ def variants(pipeline, tmp_path_factory) -> Path:
 
 
 # One quantized variant per way of building one (dynamic int8 with fp16 tables, quantized heads,
-# MatMulNBits, fp16 with its own codec graphs); the variants left out differ only in numbers passed
+# MatMulNBits, fp16 with its own codec graphs, per-row int8); the variants left out differ only in numbers passed
 # to the same quantizer, in the graph they quantize (int8-pertensor: int8-unfused's quantization of a
 # rewritten graph) or in how the embedding tables are stored (checked op by op in the tests above),
 # and still build, load and keep the contract. The fused recipes' rewrites are tested in test_fusion (RoPE
@@ -47,7 +47,7 @@ def variants(pipeline, tmp_path_factory) -> Path:
 # The fp32 variants are judged, not measured: their logits are the faithful graph's bits on every
 # captured call (test_unmasked_fp32_is_bit_identical_through_run_split, test_fusion) and
 # infer_onnx.py --variant fp32-fused passes in every mode.
-MEASURED = ("int8-unfused", "int8-plain", "int4-b32", "fp16")
+MEASURED = ("int8-unfused", "int8-plain", "int4-b32", "fp16", "int8")
 
 
 @pytest.fixture(scope="module")
