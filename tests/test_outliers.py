@@ -125,6 +125,7 @@ def test_the_fold_is_exact_in_fp32(outliers: Pipeline, tmp_path: Path) -> None:
     changed = [name for name in gains[0] if not np.array_equal(gains[0][name], gains[1][name])]
     assert len(changed) == 4 and all(spread(gains[0][n]) >= 50 and spread(gains[1][n]) <= 10 for n in changed)
     for name, model in (("plain", plain), ("folded", folded)):
+        (tmp_path / name).mkdir()
         save_with_sidecar(model, tmp_path / name / quantize.TRANSFORMER_FILE)
     assert_same_bits_on_captured_calls(
         outliers.capture,
