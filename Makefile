@@ -7,6 +7,7 @@
 #   make demo MODEL=full-random   the same at the real dims (minutes; ~10 GB RAM)
 #   make test                 the whole pytest suite on two workers (tiny checkpoint, CPU; minutes)
 #   make test-fast            the quick subset: skips tests marked slow (pytest.ini), i.e. all that need steps 0-2
+#   make test-container       the container test alone (podman, runc and container/make_base.sh's base image)
 #   make bench                PyTorch vs ONNX Runtime benchmark of the demo's export (README: Performance)
 #   make quality MODEL=PATH   quantized variants of the transformer and their quality table (steps 5-6)
 #   make venv-gpu             .venv for an NVIDIA machine (requirements-gpu.txt)
@@ -34,7 +35,7 @@ STEP := scripts/demo_step.sh $(DEMO_LOG)
 # file, or another PROVIDER, re-runs them).
 DEMO_DONE := $(CAPTURE)/.demo-$(PROVIDER).done
 
-.PHONY: demo test test-fast venv venv-gpu bench quality clean gpu-check FORCE
+.PHONY: demo test test-fast test-container venv venv-gpu bench quality clean gpu-check FORCE
 # A step that fails must not leave a target that looks up to date: make deletes a target its
 # failed recipe changed, so the next `make demo` re-runs the step instead of going on with it.
 .DELETE_ON_ERROR:
@@ -68,10 +69,13 @@ venv-gpu: requirements-gpu.txt
 TEST_WORKERS ?= 2
 XDIST := -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 test: $(STAMP)
-	$(PY) -m pytest -q $(XDIST) tests
+	$(PY) -m pytest -q $(XDIST) -m "not container" tests
+
+test-container: $(STAMP)
+	$(PY) -m pytest -q -m container tests/test_container.py
 
 test-fast: $(STAMP)
-	$(PY) -m pytest -q $(XDIST) -m "not slow" tests
+	$(PY) -m pytest -q $(XDIST) -m "not slow and not container" tests
 
 # The model marker changes only when MODEL does, so switching models re-runs every step.
 $(MODEL_MARK): FORCE

@@ -15,8 +15,8 @@ speak` waits before its first step, which imports its command-line modules too).
 before the rounds hashes every file once with no record (a damaged file is one line, before any
 worker) and leaves the user's own record alone. The modes alternate over --repeats rounds, each
 mode first in every other round, so drift and the page cache hit both alike; the priming load
-warms the page cache, so the figures are warm-cache figures (from disk the hash costs more: the
-investigation log, Run 32). Medians with min..max go to bench/results/<date>-<host>-<cpu>-load.json
+warms the page cache, so the figures are warm-cache figures (from disk the hash costs more:
+docs/performance.md). Medians with min..max go to bench/results/<date>-<host>-<cpu>-load.json
 and .md with the CPU, its ISA flags and the load average: the hash is I/O and SHA-256, so the
 figures carry over to another machine only as far as its disk and its SHA instructions do.
 

@@ -330,7 +330,8 @@ def main(argv: list[str] | None = None) -> None:
 
     from omnivoice_export.measure import hardware_record, results_stem
     from omnivoice_export.serving import launch
-    from omnivoice_onnx import server_service, sessions
+    from omnivoice_onnx import sessions
+    from omnivoice_onnx.serve import service as server_service
 
     cores = sessions.cores()
     if args.engines:

@@ -39,8 +39,8 @@ def spectrogram_png(path: Path, reference: np.ndarray, candidate: np.ndarray, ti
     """PyTorch | ONNX | difference log spectrograms, side by side.
 
     A bare Figure rendered by the Agg canvas (no pyplot state to close) with fixed margins:
-    matplotlib's constrained layout took 40 % of each figure's time (0.5 s vs 0.3 s), in a step
-    that draws one per item and mode."""
+    matplotlib's constrained layout costs a large share of each figure's time, in a step that
+    draws one per item and mode."""
     from matplotlib.figure import Figure
 
     length = min(reference.size, candidate.size)

@@ -38,18 +38,18 @@ s * s as its scale. Measured, the logits are the same bits as the unmasked graph
 captured call (head_dim 16: s = 0.5; tests/test_fusion.py) and on calls at the real dims (head_dim
 128, S = 227, 278, 452 and 920, two threads; the bench checks its three shapes each run), so the fp32
 verdicts hold exactly as for fp32-unmasked. Before Attention, com.microsoft.MultiHeadAttention
-held the same bits; on two threads Attention runs the int8 graph 5 % faster and fp32-fused 1.5 %
-(investigation log, Run 31).
+held the same bits; Attention runs both the int8 and the fp32-fused graph faster (docs/variants.md,
+"int8: fused for speed").
 
 Not fused in fp32, measured (investigation log): RMSNorm -> ORT's
 SimplifiedLayerNormalization. Its kernel does not follow upstream's pow / mean / rsqrt / multiply
 order: logits moved by up to 1.2e-5 against the faithful graph at the real dims, a 1-ULP near-tie
 flipped its argmax on tiny (auto step 17: argmax 0.999399, so not the fp32 verdict), and no speed
 gain showed in fp32. In int8, where that difference is far below the recipe's own
-error, it gains 1.02-1.03x per call, so the int8 recipe uses it. RoPE as RotaryEmbedding likewise
-(4.8e-7 from the exported nodes' rotation). com.microsoft.GroupQueryAttention is causal on CPU:
-not this model's attention. Removed, measured (Run 31): merging q/k/v and gate/up into one int8
-GEMM + Split (1.05x per call on Zen 4 in Run 28) cost 7-12 % per call on the Intel Xeon with AMX,
+error, it gains a few per cent per call, so the int8 recipe uses it. RoPE as RotaryEmbedding
+likewise (it rounds differently from the exported nodes' rotation). com.microsoft.GroupQueryAttention is causal on CPU:
+not this model's attention. Removed, measured (docs/variants.md): merging q/k/v and gate/up into
+one int8 GEMM + Split gained a little on Zen 4 but cost per call on the Intel Xeon with AMX,
 where the GEMM is fast and the Split's copy is not; onnxruntime shares one activation
 quantization between the separate projections anyway (DynamicQuantizeLinear + MatMulIntegerToFloat).
 """

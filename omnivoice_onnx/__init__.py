@@ -23,9 +23,10 @@ holds the package to no import circle, at most 8 floors, no module over 600 line
                  paths, variants, the report, hashes against it, metadata), api (OmniVoiceOnnx),
                  voices (saved voices), audio_out (the one audio writer), conformance (port traces)
     front ends   cli/ (the `omnivoice-onnx` command; cliutil: argument types, exit codes,
-                 one-line errors, shared with the toolchain), server (OpenAI-style HTTP;
-                 server_service: its requests and state; server_pool: its workers),
-                 batch (batch_list: the JSONL list; batch_ray: the Ray engine)
+                 one-line errors, shared with the toolchain), serve/ (the network servers: door,
+                 the front door's limits and error table; app, OpenAI-style HTTP, with
+                 connection and browser; wyoming; service: their requests and state; pool:
+                 the workers), batch (batch_list: the JSONL list; batch_ray: the Ray engine)
 """
 
 from omnivoice_onnx.api import OmniVoiceOnnx

@@ -46,7 +46,7 @@ from omnivoice_onnx.contract import (
 )
 from omnivoice_onnx.core import generate as gen
 from omnivoice_onnx.core import request
-from omnivoice_onnx.core.prompt import RUNTIME_CONFIG_FILE, TextTokenizer
+from omnivoice_onnx.core.prompt import RUNTIME_CONFIG_FILE, TOKENIZER_FILE, TextTokenizer
 from omnivoice_onnx.errors import UserError
 from omnivoice_onnx.limits import check_threads, memory_errors_as_user_errors
 from omnivoice_onnx.sessions import PROVIDERS, TRANSFORMER_ARENA, CodecSessions, finite_output, make_session, run_split
@@ -126,14 +126,16 @@ class OmniVoiceOnnx:
         self.variant = self.bundle.variant
         path = self.bundle.transformer_path()
         self.runtime_config = self.bundle.runtime_config
-        self.tokenizer = TextTokenizer.from_dir(self.model_dir)
+        self.tokenizer = TextTokenizer.from_dir(self.model_dir, self.bundle.asset(TOKENIZER_FILE))
         fix = variant_fix(self.variant)
         self.transformer = make_session(path, provider, threads, arena=TRANSFORMER_ARENA, fix=fix)
+        self.bundle.check_loaded(path)  # the session holds the bytes that were hashed
         self.metadata = graph_metadata(self.transformer, path, "transformer")
         if self.metadata.get("variant", FP32_VARIANT) != self.variant:
             raise UserError(f"{path} is variant {self.metadata.get('variant', FP32_VARIANT)!r}, not "
                             f"{self.variant!r}", f"run quantize_omnivoice.py --variants {self.variant}")
-        self.codecs = CodecSessions(self.model_dir, provider, threads, resident_codecs, self.variant)
+        self.codecs = CodecSessions(self.model_dir, provider, threads, resident_codecs, self.variant,
+                                    self.bundle.check_loaded)
         for name in ("encoder", "decoder"):
             # Opened once here (then released unless resident) so a foreign graph fails now, not
             # after the whole transformer loop.
@@ -169,7 +171,8 @@ class OmniVoiceOnnx:
         decoder_path = self.codecs.paths["decoder"]
         self.model = gen.Model(
             transformer=lambda ids, audio_mask, attention: finite_output(
-                run_split(self.transformer, ids, audio_mask, attention), "transformer", path),
+                self._verified_result(run_split(self.transformer, ids, audio_mask, attention), path),
+                "transformer", path),
             encode=lambda wav: self.codecs.run("encoder", {"input_values": wav})["audio_codes"],
             decode=lambda codes: finite_output(self.codecs.run("decoder", {"audio_codes": codes})["audio_values"],
                                                "decoder", decoder_path),
@@ -177,6 +180,13 @@ class OmniVoiceOnnx:
             sample_rate=self.metadata["sample_rate"], hop_length=self.metadata["hop_length"],
             frame_rate=self.metadata["frame_rate"], num_codebooks=self.metadata["num_codebooks"],
             mask_id=self.metadata["audio_mask_id"])
+
+    def _verified_result(self, result: np.ndarray, graph: Path) -> np.ndarray:
+        """`result` of a call of `graph`'s session, once its files are seen unchanged since their hash:
+        onnxruntime maps a graph's external data file, so a write into it while a session holds it
+        would reach the weights; such a call is refused, never returned (Bundle.check_loaded)."""
+        self.bundle.check_loaded(graph)
+        return result
 
     @classmethod
     def from_dir(cls, model_dir: str | os.PathLike | None = None, provider: str = "cpu", threads: int | None = None,
@@ -217,21 +227,23 @@ class OmniVoiceOnnx:
     def validate(self, text: str | list[str], language: Any = None, ref_text: Any = None, ref_audio: Any = None,
                  voice_clone_prompt: Any = None, instruct: Any = None, duration: Any = None, speed: Any = None,
                  generation_config: dict[str, Any] | None = None, seed: int | None = None,
-                 stream: bool = False) -> request.Request:
+                 strict_instructions: bool = False, stream: bool = False) -> request.Request:
         """The request generate() (or, with `stream`, stream()) runs, checked whole (types, values,
         the limits of omnivoice_onnx.limits) without model work: the reference is loaded and
         prepared, not encoded; a seed of None is drawn now (Request.seed). Pass the Request to
         generate()/stream(): it is not checked again. A UserError names the first problem; a
         server answers 400 with it, a batch refuses the line before any generation.
         stream: stream()'s chunking defaults (STREAM_CHUNK_DEFAULTS) under generation_config, and
-        one text."""
+        one text. An instruct in prose has the vocabulary's words applied and the rest ignored
+        (Request.instruct_readings says which); strict_instructions refuses it instead."""
         if stream and not isinstance(text, str):
             raise UserError("stream() speaks one text (a str)", "call generate() for a batch of texts")
         config = self.generation_config(generation_config, base=self.STREAM_CHUNK_DEFAULTS if stream else None)
         with memory_errors_as_user_errors():
             return request.validate(self.model, text, config, language=language, ref_text=ref_text,
                                     ref_audio=ref_audio, voice_clone_prompt=voice_clone_prompt, instruct=instruct,
-                                    duration_s=duration, speed=speed, seed=seed)
+                                    duration_s=duration, speed=speed, seed=seed,
+                                    strict_instructions=strict_instructions)
 
     def create_voice_clone_prompt(self, ref_audio: Any, ref_text: str,
                                   preprocess_prompt: bool = True) -> gen.VoiceClonePrompt:
@@ -246,7 +258,7 @@ class OmniVoiceOnnx:
                  ref_audio: Any = None, voice_clone_prompt: Any = None, instruct: Any = None, duration: Any = None,
                  speed: Any = None, generation_config: dict[str, Any] | None = None, seed: int | None = None,
                  trace: gen.Trace | None = None, progress: Callable[[gen.Progress], None] | None = None,
-                 cancel: threading.Event | None = None) -> list[np.ndarray]:
+                 cancel: threading.Event | None = None, strict_instructions: bool | None = None) -> list[np.ndarray]:
         """Speech for `text` (a string or a list: a batch): one float32 [T] array per text.
 
         `text` may be a Request from validate() instead, which runs as it is (no keyword then);
@@ -261,7 +273,8 @@ class OmniVoiceOnnx:
         """
         req = self._request(text, dict(language=language, ref_text=ref_text, ref_audio=ref_audio,
                                        voice_clone_prompt=voice_clone_prompt, instruct=instruct, duration=duration,
-                                       speed=speed, generation_config=generation_config, seed=seed), stream=False)
+                                       speed=speed, generation_config=generation_config, seed=seed,
+                                       strict_instructions=strict_instructions), stream=False)
         check_trace(trace)
         with memory_errors_as_user_errors():
             return gen.generate(self.model, req, trace, gen.Monitor(progress=progress, cancel=cancel))
@@ -269,7 +282,8 @@ class OmniVoiceOnnx:
     def stream(self, text: str | request.Request, *, language: Any = None, ref_text: Any = None,
                ref_audio: Any = None, voice_clone_prompt: Any = None, instruct: Any = None, duration: Any = None,
                speed: Any = None, generation_config: dict[str, Any] | None = None, seed: int | None = None,
-               progress: Callable[[gen.Progress], None] | None = None, cancel: threading.Event | None = None,
+               strict_instructions: bool | None = None, progress: Callable[[gen.Progress], None] | None = None,
+               cancel: threading.Event | None = None,
                trace: gen.Trace | None = None) -> Iterator[gen.AudioChunk]:
         """Speech for one `text`, yielded as AudioChunks as each chunk of upstream's chunking is decoded.
 
@@ -282,7 +296,8 @@ class OmniVoiceOnnx:
         """
         req = self._request(text, dict(language=language, ref_text=ref_text, ref_audio=ref_audio,
                                        voice_clone_prompt=voice_clone_prompt, instruct=instruct, duration=duration,
-                                       speed=speed, generation_config=generation_config, seed=seed), stream=True)
+                                       speed=speed, generation_config=generation_config, seed=seed,
+                                       strict_instructions=strict_instructions), stream=True)
         check_trace(trace)
         with memory_errors_as_user_errors():
             yield from gen.stream(self.model, req, trace, gen.Monitor(progress=progress, cancel=cancel))

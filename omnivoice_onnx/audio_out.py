@@ -1,4 +1,5 @@
-"""The one audio writer: 16-bit PCM WAV (default), FLAC or raw s16le, to a file, a device, a pipe or stdout.
+"""The one audio writer: 16-bit PCM WAV (default), FLAC, raw s16le, MP3 or Ogg Opus, to a file, a device,
+a pipe or stdout.
 
     sink = open_output("hello.wav", None, 24000)      # format from the extension; checked now
     with sink:                                         # an exception inside: nothing is left behind
@@ -11,9 +12,12 @@ this module, so a format, a sample conversion or a destination rule is decided o
 
 Formats: "wav" (RIFF, PCM 16-bit mono, 44-byte header: what sox, aplay, browsers and every
 audio library read; float32 WAV made sox complain and doubled the size), "flac" (16-bit, lossless,
-smaller) and "pcm" (raw signed 16-bit little-endian mono, no header: `aplay -r 24000 -f S16_LE`,
-OpenAI's `response_format=pcm`). The format comes from `fmt` or else the extension (.wav, .flac,
-.pcm/.raw); any other extension is a UserError when the output is opened, before any model work.
+smaller), "pcm" (raw signed 16-bit little-endian mono, no header: `aplay -r 24000 -f S16_LE`,
+OpenAI's `response_format=pcm`), "mp3" (64 kbit/s constant bit rate MPEG frames, OpenAI's default
+format) and "opus" (Ogg Opus); the last two are libsndfile's encoders, through StreamEncoder, so
+the CLI, the server and a stream write the same bytes for the same samples. The format comes from
+`fmt` or else the extension (.wav, .flac, .pcm/.raw, .mp3, .opus/.ogg); any other extension is a
+UserError when the output is opened, before any model work.
 stdout, and a device or pipe without an extension, default to WAV.
 
 Destinations (open_output):
@@ -36,7 +40,7 @@ carries the size 0xFFFFFFFF in its RIFF and data headers ("until the end of the 
 and ffmpeg write to a pipe), unless the output is seekable (stdout redirected to a file), where
 the header is patched at close. With `stream` False, a streamed output is written at close, in
 one piece, with exact sizes. FLAC to a non-seekable output is always written at close (its
-encoder seeks back to finish its header); stream WAV or raw PCM instead.
+encoder seeks back to finish its header); stream WAV, raw PCM, MP3 or Opus instead.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ import os
 import stat
 import struct
 import sys
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -63,8 +68,9 @@ from omnivoice_onnx.files import (
     replace_into,
 )
 
-FORMATS = ("wav", "flac", "pcm")
-EXTENSIONS = {".wav": "wav", ".flac": "flac", ".pcm": "pcm", ".raw": "pcm"}
+FORMATS = ("wav", "flac", "pcm", "mp3", "opus")  # every format the CLI writes and the server answers
+EXTENSIONS = {".wav": "wav", ".flac": "flac", ".pcm": "pcm", ".raw": "pcm", ".mp3": "mp3", ".opus": "opus",
+              ".ogg": "opus"}
 STDOUT = "-"
 PCM16_SCALE = 32767  # full scale of a 16-bit sample; -1.0 -> -32767, so the scale is symmetric
 WAV_HEADER_BYTES = 44
@@ -92,7 +98,8 @@ def wav_header(sample_rate: int, frames: int | None) -> bytes:
 
 
 def encode_audio(samples: np.ndarray, sample_rate: int, fmt: str) -> bytes:
-    """A whole clip (float32 [n]) as the bytes of a .wav, .flac or raw .pcm file."""
+    """A whole clip (float32 [n]) as the bytes of a `fmt` file (FORMATS): the same bytes from the
+    CLI, the server and batch for the same samples."""
     return _encode_pcm16(to_pcm16(samples), sample_rate, check_format(fmt))
 
 
@@ -102,6 +109,9 @@ def _encode_pcm16(pcm: np.ndarray, sample_rate: int, fmt: str) -> bytes:
         return data
     if fmt == "wav":
         return wav_header(sample_rate, pcm.size) + data
+    if fmt in ENCODED:  # one encoder for whole clips and streams: a clip is a stream of one chunk
+        encoder = StreamEncoder(fmt, sample_rate)
+        return encoder.start() + encoder.write_pcm16(pcm) + encoder.finish()
     import soundfile
 
     buffer = io.BytesIO()
@@ -110,8 +120,13 @@ def _encode_pcm16(pcm: np.ndarray, sample_rate: int, fmt: str) -> bytes:
 
 
 def check_format(fmt: str) -> str:
+    """`fmt` if this machine writes it; UserError otherwise (mp3 and opus need a libsndfile built
+    with LAME and libopus, as the soundfile wheels' is)."""
     if fmt not in FORMATS:
         raise UserError(f"unknown audio format {fmt!r}", f"choose one of {', '.join(FORMATS)}")
+    if fmt in ENCODED and fmt not in available_response_formats():
+        raise UserError(f"this machine's libsndfile cannot write {fmt}",
+                        "install soundfile's wheel (its libsndfile has MP3 and Opus), or write wav or flac")
     return fmt
 
 
@@ -151,6 +166,7 @@ class AudioSink:
         # Buffer until close: a non-streamed pipe (exact WAV sizes), or FLAC where seeking is impossible.
         self._buffer: list[np.ndarray] | None = [] if (not self._seekable and (not stream or fmt == "flac")) else None
         self._flac = None
+        self._encoder: StreamEncoder | None = None  # mp3, opus: appended frames, written as they come
         self._header_at: int | None = None
         self._closed = False
 
@@ -169,6 +185,12 @@ class AudioSink:
                     self._flac = soundfile.SoundFile(self._handle, "w", self.sample_rate, 1, format="FLAC",
                                                      subtype="PCM_16")
                 self._flac.write(pcm)
+                return
+            if self.fmt in ENCODED:
+                if self._encoder is None:
+                    self._encoder = StreamEncoder(self.fmt, self.sample_rate)
+                self._put(self._encoder.write_pcm16(pcm))
+                self._handle.flush()
                 return
             if self.fmt == "wav" and self._header_at is None:
                 self._header_at = self._handle.tell() if self._seekable else 0
@@ -202,6 +224,10 @@ class AudioSink:
             if self._buffer is not None:
                 data = np.concatenate(self._buffer) if self._buffer else np.zeros(0, np.int16)
                 self._put(_encode_pcm16(data, self.sample_rate, self.fmt))
+            elif self.fmt in ENCODED:
+                if self._encoder is None:  # nothing written: the encoder's empty stream
+                    self.write(np.zeros(0, np.float32))
+                self._put(self._encoder.finish())
             elif self.fmt == "flac":
                 if self._flac is None:  # nothing written: an empty but valid FLAC file
                     self.write(np.zeros(0, np.float32))
@@ -234,6 +260,8 @@ class AudioSink:
         with contextlib.suppress(OSError, ValueError):
             if self._flac is not None:
                 self._flac.close()
+            if self._encoder is not None:
+                self._encoder.close()
             if self._owned:
                 self._handle.close()
         if self._temp is not None:
@@ -314,10 +342,10 @@ def open_output(dest: str | os.PathLike | None, fmt: str | None, sample_rate: in
 
 
 # --- the server's response formats (OpenAI's response_format) ------------------------------------
-# wav, pcm and flac are this module's writers; mp3 and opus are libsndfile's, where it has them.
-# Whole clips: encode_clip. Streams (stream_format "audio"/"sse"): StreamEncoder, for the formats
-# whose chunks concatenate to a stream decoders read back. FLAC and MP3 do not: libsndfile rewrites
-# their headers when it closes the file (FLAC's sample count, LAME's Info frame).
+# wav, pcm and flac are this module's writers; mp3 and opus are libsndfile's (LAME, libopus), where
+# it has them. Every one but FLAC streams (stream_format "audio"/"sse", and speak --stream):
+# StreamEncoder's chunks concatenate to one file decoders read. FLAC does not: libsndfile seeks
+# back to write its sample count when it closes the file.
 
 @dataclass(frozen=True)
 class AudioFormat:
@@ -333,11 +361,19 @@ RESPONSE_FORMATS = {
     "wav": AudioFormat("audio/wav", "WAV", "PCM_16", True),
     "pcm": AudioFormat("audio/pcm", None, None, True),  # s16le, mono, at the model's rate (24 kHz)
     "flac": AudioFormat("audio/flac", "FLAC", "PCM_16", False),
-    "mp3": AudioFormat("audio/mpeg", "MP3", "MPEG_LAYER_III", False),
+    "mp3": AudioFormat("audio/mpeg", "MP3", "MPEG_LAYER_III", True),  # bare MPEG frames, no Info frame
     "opus": AudioFormat("audio/ogg", "OGG", "OPUS", True),  # Ogg Opus, as OpenAI's opus
 }
+ENCODED = ("mp3", "opus")  # written by libsndfile's encoders, through StreamEncoder
 # OpenAI also offers aac; libsndfile has no AAC encoder, so it is refused like a format this
 # machine's libsndfile lacks.
+# MP3: constant bit rate, so a decoder that sizes a stream from its bytes (libsndfile's reader,
+# a browser's seek bar) gets its length right without the Info frame a stream cannot carry;
+# libsndfile's compression level 0.6 is LAME's 64 kbit/s at 24 kHz mono (libsndfile's default is
+# a variable ~16 kbit/s).
+MP3_BITRATE_MODE = "CONSTANT"
+MP3_COMPRESSION_LEVEL = 0.6
+MP3_PIECE = 4800  # samples per encoder call: the frames of one (<= 4 KB) always fit the pipe
 
 
 def available_response_formats() -> dict[str, AudioFormat]:
@@ -350,16 +386,8 @@ def available_response_formats() -> dict[str, AudioFormat]:
 
 
 def encode_clip(samples: np.ndarray, fmt: str, sample_rate: int) -> bytes:
-    """A whole clip as the bytes of a `fmt` file (a RESPONSE_FORMATS name): wav/flac/pcm by
-    encode_audio, mp3/opus from the same 16-bit samples by libsndfile."""
-    if fmt in FORMATS:
-        return encode_audio(samples, sample_rate, fmt)
-    import soundfile
-
-    spec = RESPONSE_FORMATS[fmt]
-    buffer = io.BytesIO()  # int16 in: libsndfile's own float conversion scales by 32768, audio_out's by 32767
-    soundfile.write(buffer, to_pcm16(samples), sample_rate, format=spec.sf_format, subtype=spec.sf_subtype)
-    return buffer.getvalue()
+    """A whole clip as the bytes of a `fmt` file (a RESPONSE_FORMATS name): encode_audio's bytes."""
+    return encode_audio(samples, sample_rate, fmt)
 
 
 class _AppendOnly(io.RawIOBase):
@@ -403,34 +431,96 @@ class _AppendOnly(io.RawIOBase):
         return data
 
 
+class _PipeSink:
+    """libsndfile's MP3 encoder writing into an OS pipe whose other end we read. libsndfile treats
+    any file object it can seek (a virtual one included) as a file: LAME then starts with an empty
+    Info frame and rewrites it at close, which a stream already sent cannot take. Into a pipe it
+    writes plain MPEG frames front to back, a stream by construction."""
+
+    def __init__(self) -> None:
+        self.read_fd, self.write_fd = os.pipe()
+        os.set_blocking(self.read_fd, False)
+
+    def take(self) -> bytes:
+        parts = []
+        while True:
+            try:
+                part = os.read(self.read_fd, 1 << 16)
+            except BlockingIOError:
+                break
+            if not part:
+                break
+            parts.append(part)
+        return b"".join(parts)
+
+
+def _close_encoder(file: Any, pipe: _PipeSink | None) -> None:
+    """Close the libsndfile encoder, then its pipe (in that order: a pipe descriptor closed first
+    could be reused by another file before the encoder's last write)."""
+    with contextlib.suppress(Exception):
+        if file is not None and not file.closed:
+            file.close()
+    if pipe is not None:
+        for fd in (pipe.write_fd, pipe.read_fd):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
 class StreamEncoder:
-    """Audio chunks -> the bytes of one continuous `fmt` stream, as they become available."""
+    """Audio chunks -> the bytes of one continuous `fmt` stream, as they become available: the
+    first MP3 frames come out with the first chunk. A whole clip is one write (encode_audio)."""
 
     def __init__(self, fmt: str, sample_rate: int) -> None:
         self.spec, self.sample_rate = RESPONSE_FORMATS[fmt], sample_rate
         if not self.spec.streams:
             raise ValueError(f"{fmt} does not stream")
-        self._sink: _AppendOnly | None = None
+        self._sink: _AppendOnly | _PipeSink | None = None
         self._file = None
+        self._piece: int | None = None
         if self.spec.sf_format not in (None, "WAV"):
             import soundfile
 
-            self._sink = _AppendOnly()
-            self._file = soundfile.SoundFile(self._sink, "w", samplerate=sample_rate, channels=1,
-                                             format=self.spec.sf_format, subtype=self.spec.sf_subtype)
+            if fmt == "mp3":
+                self._sink, self._piece = _PipeSink(), MP3_PIECE
+                self._file = soundfile.SoundFile(self._sink.write_fd, "w", samplerate=sample_rate, channels=1,
+                                                 format=self.spec.sf_format, subtype=self.spec.sf_subtype,
+                                                 closefd=False, bitrate_mode=MP3_BITRATE_MODE,
+                                                 compression_level=MP3_COMPRESSION_LEVEL)
+            else:
+                self._sink = _AppendOnly()
+                self._file = soundfile.SoundFile(self._sink, "w", samplerate=sample_rate, channels=1,
+                                                 format=self.spec.sf_format, subtype=self.spec.sf_subtype)
+        # An encoder dropped unfinished (a client gone) still releases libsndfile and the pipe.
+        self._finalizer = weakref.finalize(self, _close_encoder, self._file,
+                                           self._sink if isinstance(self._sink, _PipeSink) else None)
 
     def start(self) -> bytes:
         """What goes out before the first chunk."""
         return wav_header(self.sample_rate, None) if self.spec.sf_format == "WAV" else b""
 
     def write(self, samples: np.ndarray) -> bytes:
+        """The bytes that float32 `samples` add to the stream (to_pcm16 first)."""
+        return self.write_pcm16(to_pcm16(samples))
+
+    def write_pcm16(self, pcm: np.ndarray) -> bytes:
         if self._file is None:
-            return to_pcm16(samples).tobytes()
-        self._file.write(to_pcm16(samples))
-        return self._sink.take()
+            return pcm.astype("<i2").tobytes()
+        step = self._piece or max(pcm.size, 1)
+        out = []
+        for start in range(0, pcm.size, step):
+            self._file.write(pcm[start:start + step])
+            out.append(self._sink.take())
+        return b"".join(out)
 
     def finish(self) -> bytes:
+        """The stream's last bytes (the encoder's buffered frames); the encoder is closed."""
         if self._file is None:
             return b""
         self._file.close()
-        return self._sink.take()
+        data = self._sink.take()
+        self.close()
+        return data
+
+    def close(self) -> None:
+        """Release the encoder without finishing the stream (idempotent)."""
+        self._finalizer()

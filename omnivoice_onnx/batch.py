@@ -64,17 +64,19 @@ from omnivoice_onnx.batch_list import (
 )
 from omnivoice_onnx.core.generate import encode_reference
 from omnivoice_onnx.core.request import Request, VoiceClonePrompt, keywords
-from omnivoice_onnx.errors import UserError
+from omnivoice_onnx.errors import UserError, say
 from omnivoice_onnx.files import (
     FolderLock,
     atomic_path,
     check_output,
     decode_text,
+    make_folder,
     open_append,
     parse_json,
     read_bounded,
     remove_stale_temporaries,
     resolved_folder,
+    schema_problem,
     sha256_file,
 )
 from omnivoice_onnx.sessions import worker_threads
@@ -152,6 +154,7 @@ _WORKER: Synthesizer | None = None
 _WORKER_ARGS: tuple[str, str, int] | None = None
 
 
+RECORD_KEYS = {"id": str, "line": int}  # what a results.jsonl record must hold to be kept (the rewrite sorts by line)
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 PARENT_POLL_S = 1.0  # elsewhere: how often a worker looks whether its driver is still there
 
@@ -299,8 +302,7 @@ def read_results(path: Path) -> dict[str, dict[str, Any]]:
             record = parse_json(row, "", "")
         except UserError:
             continue
-        if (isinstance(record, dict) and isinstance(record.get("id"), str)
-                and type(record.get("line")) is int):  # what the rewrite sorts by
+        if schema_problem(record, RECORD_KEYS) is None:
             records[record["id"]] = record
     return records
 
@@ -434,7 +436,7 @@ class Summary:
 
 
 def run_batch(
-    options: Options, log: Callable[[str], None] = lambda message: print(message, file=sys.stderr)
+    options: Options, log: Callable[[str], None] = lambda message: say(message, file=sys.stderr)
 ) -> Summary:
     """Check the list, then synthesise every line not already done into options.res_dir.
 
@@ -484,7 +486,7 @@ def _run_batch(options: Options, log: Callable[[str], None], lock: FolderLock) -
                 and line.id in plan.hashes]
         return sorted(good + [bad_record(b) for b in plan.bad], key=lambda r: r["line"])
 
-    options.res_dir.mkdir(parents=True, exist_ok=True)  # only now: a refused list leaves no folder behind
+    make_folder(options.res_dir, "--res-dir", RES_DIR_FIX)  # only now: a refused list leaves no folder behind
     if not lock.held:
         lock.acquire()
         if os.path.lexists(results.path):  # another run made the folder and finished in between

@@ -23,8 +23,17 @@ from typing import Any
 import soundfile as sf
 
 from omnivoice_onnx.core import duration as dur
+from omnivoice_onnx.core.request import check_path
 from omnivoice_onnx.errors import UserError
-from omnivoice_onnx.files import MAX_JSON_DEPTH, decode_text, parse_json, read_bounded, sha256_file
+from omnivoice_onnx.files import (
+    MAX_JSON_DEPTH,
+    Maybe,
+    decode_text,
+    parse_json,
+    read_bounded,
+    schema_problem,
+    sha256_file,
+)
 from omnivoice_onnx.limits import check_seed
 from omnivoice_onnx.voices import is_voice_path
 
@@ -122,18 +131,26 @@ def check_id(value: Any) -> str:
     return value
 
 
-def _optional(obj: dict[str, Any], key: str, kinds: tuple[type, ...], what: str) -> Any:
-    value = obj.get(key)
-    if value is not None and (isinstance(value, bool) or not isinstance(value, kinds)):
-        raise ValueError(f"{key} must be {what}, got {value!r}")
-    return value
+# The JSON type of each field parse_line reads (files.schema_problem's notation; the id and the
+# seed have their own checks, check_id and generate()'s check_seed).
+LINE_SCHEMA = {"text": str, "ref_audio": Maybe(str), "ref_text": Maybe(str), "instruct": Maybe(str),
+               "language_id": Maybe(str), "voice": Maybe(str), "duration": Maybe(float), "speed": Maybe(float)}
 
 
 def _positive(obj: dict[str, Any], key: str) -> float | None:
-    value = _optional(obj, key, (int, float), "a number")
+    value = obj.get(key)
     if value is not None and not (math.isfinite(value) and value > 0):
         raise ValueError(f"{key} must be a finite number > 0, got {value!r}")
     return None if value is None else float(value)
+
+
+def _path_field(obj: dict[str, Any], key: str) -> str | None:
+    """A path-valued field, through the one check every front end's paths pass (request.check_path)."""
+    value = obj.get(key)
+    try:
+        return None if value is None else check_path(value, key)
+    except UserError as exc:
+        raise ValueError(exc.problem) from None
 
 
 def parse_line(obj: Any, number: int, base: Path, default_language: str | None) -> Line:
@@ -142,14 +159,15 @@ def parse_line(obj: Any, number: int, base: Path, default_language: str | None) 
     if not isinstance(obj, dict):
         raise ValueError(f"a line must be a JSON object, got {type(obj).__name__}")
     line_id = check_id(obj.get("id"))
-    text = obj.get("text")
-    if not isinstance(text, str) or not text.strip():
+    problem = schema_problem(obj, LINE_SCHEMA)
+    if problem:
+        raise ValueError(problem)
+    text = obj["text"]
+    if not text.strip():
         raise ValueError("text must be a non-empty string")
-    ref_audio = _optional(obj, "ref_audio", (str,), "a path string")
-    ref_text = _optional(obj, "ref_text", (str,), "a string")
-    instruct = _optional(obj, "instruct", (str,), "a string")
-    language = _optional(obj, "language_id", (str,), "a language id string") or default_language
-    voice = _optional(obj, "voice", (str,), "a voice name or file")
+    ref_audio, voice = _path_field(obj, "ref_audio"), _path_field(obj, "voice")
+    ref_text, instruct = obj.get("ref_text"), obj.get("instruct")
+    language = obj.get("language_id") or default_language
     if voice is not None and is_voice_path(voice):
         voice = str((base / voice).absolute())  # a voice file, like ref_audio, is relative to the list
     seed = obj.get("seed")

@@ -17,7 +17,10 @@ the export's own files `re-run export_omnivoice.py`, a variant's `run quantize_o
 --variants NAME`. Cost: one read of every file loaded (at the real dims 1.55 GB for int8: 4.5 s
 of a 6.2 s load with a page cache holding part of it, 1.6 s warm). A file found as recorded is
 remembered by its stat identity in the user's cache (VerifiedFiles), so the next load of the same
-unchanged files hashes nothing; a server pays it once either way. A bundle without a report
+unchanged files hashes nothing; a server pays it once either way. What is verified is what runs:
+tokenizer.json and runtime-config.json are parsed from the bytes that were hashed, and each graph's
+files must keep the identity they were hashed under once onnxruntime has loaded them and after
+every call (check_loaded: onnxruntime maps a sidecar, it does not copy it). A bundle without a report
 (assembled by hand, a port's test folder) is refused unless the check is skipped (verify=False, or
 OMNIVOICE_VERIFY=0); the graphs' metadata and runtime-config.json's values are checked either
 way (api.py, prompt.load_runtime_config).
@@ -30,6 +33,7 @@ sidecar): no onnxruntime session, no `onnx` package. Licence: each graph's metad
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import os
 import re
@@ -45,11 +49,14 @@ from omnivoice_onnx.files import (
     FILE_ENTRY_SCHEMA,
     Each,
     FolderLock,
+    Maybe,
     atomic_path,
     confined,
+    folder_status,
+    make_folder,
     read_json,
     schema_problem,
-    sha256_file,
+    sha256_stream,
 )
 from omnivoice_onnx.graphmeta import read_metadata_props
 
@@ -62,6 +69,7 @@ VERIFIED_FILE = "verified-files.json"
 VERIFIED_FORMAT, VERIFIED_VERSION = "omnivoice-onnx verified files", 1
 VERIFIED_MAX = 256  # files remembered (a variant loads 8); the least recently hashed go first
 VERIFIED_LOCK_S = 2.0  # another process saving the record holds its lock for milliseconds
+VERIFIED_SCHEMA = {"format": str, "version": int, "files": Each({"stat": [int], "sha256": str})}
 VERIFIED_MAX_BYTES = 2 << 20  # 256 entries of 4,096-character paths are ~1.1 MB; a larger record is not ours
 # A file whose inode changed (ctime) less than this before its hash began is hashed but not
 # remembered: file times tick coarsely (a kernel tick), so a write in the same tick as that ctime
@@ -70,11 +78,19 @@ VERIFIED_MAX_BYTES = 2 << 20  # 256 entries of 4,096-character paths are ~1.1 MB
 # file server whose clock runs more than this behind defeats it (docs/package.md names the limits).
 RACY_NS = 2_000_000_000
 RERUN_EXPORT = "re-run export_omnivoice.py into an empty folder"
+# What a user without a bundle is told: both ways to get one without the export toolchain.
+GET_BUNDLE = ("pass a bundle folder (--model-dir), or get one: omnivoice-onnx download ORG/NAME --dir DIR (a "
+              "Hugging Face repo; or --model-dir hf:ORG/NAME), or omnivoice-onnx download URL --sha256 HEX --dir DIR "
+              "(a release archive); docs/download.md")
 SKIP = f"or load it unchecked with verify=False / {VERIFY_ENV}=0"
 # What the runtime reads of the report: the files of each graph, the runtime assets, the variants.
 REPORT_FILES_SCHEMA = {"graphs": Each({"files": Each(FILE_ENTRY_SCHEMA)}),
                        "runtime_assets": Each(FILE_ENTRY_SCHEMA)}
 VARIANT_SCHEMA = {"dir": str, "files": Each(FILE_ENTRY_SCHEMA)}
+# What the runtime reads of the report's other sections (info's verdicts, the variants listed),
+# checked when it is read: a section of another shape is one line, never an AttributeError.
+REPORT_SCHEMA = {"parity": Maybe(Each({"verdict": Maybe(str)})), "end_to_end": Maybe(Each({"verdict": Maybe(str)})),
+                 "variants": Maybe(Each(dict))}
 VARIANT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # a folder name inside the export, never a path
 # The transformer graph used when no variant is named: the first of these that the export holds.
 # fp32-fused passes the fp32 verdicts (parity argmax 1.000000, tokens 100 %, its logits the same
@@ -121,6 +137,22 @@ def card_license(model_dir: Path) -> str | None:
     return found.group(1).strip() if found else None
 
 
+# The files read whole into memory when verified, and parsed from those very bytes (tokenizer.json
+# is ~11 MB at the real dims, runtime-config.json ~100 KB): nothing can swap them between the hash
+# and the parse. The graphs (GBs) are hashed from the opened file and loaded by onnxruntime by
+# path; Bundle.check_loaded then proves the path still leads to the file that was hashed.
+READ_WHOLE = (TOKENIZER_FILE, RUNTIME_CONFIG_FILE)
+MAX_ASSET_BYTES = 256 << 20  # a READ_WHOLE file larger than this is not one an export writes
+
+
+@dataclass(frozen=True)
+class Seen:
+    """A file found as its report entry lists it, as it was when hashed (or vouched for)."""
+
+    identity: list[int]  # stat_identity of the opened file, taken before its bytes were read
+    data: bytes | None  # its bytes, for a READ_WHOLE file; None for a graph
+
+
 @dataclass(frozen=True)
 class FileCheck:
     """One file a variant loads, against its report entry."""
@@ -129,19 +161,30 @@ class FileCheck:
     entry: dict[str, Any]  # {sha256, bytes} as the report records it
     fix: str  # the step that remakes it
 
-    def problem(self, verified: VerifiedFiles) -> str | None:
-        """Why the file is not the one recorded (None when it is): missing, or another size/sha256
-        (hashed, or vouched for by `verified`'s record of an earlier hash of this very file)."""
+    def check(self, verified: VerifiedFiles) -> tuple[Seen | None, str | None]:
+        """(what was seen, None) when the file is the one recorded (hashed, or vouched for by
+        `verified`'s record of an earlier hash of this very file); else (None, why not: missing,
+        or another size/sha256)."""
         try:
             if not self.path.is_file():
                 raise FileNotFoundError
-            found = verified.matches(self.path, self.entry)
+            seen = verified.matches(self.path, self.entry, whole=self.path.name in READ_WHOLE)
         except FileNotFoundError:  # also when it went between the test and the read
-            return f"{self.path} is missing"
-        if not found:
-            return (f"{self.path} does not match the sha256 export-report.json records for it (damaged, truncated, "
-                    "replaced or from another export)")
-        return None
+            return None, f"{self.path} is missing"
+        if seen is None:
+            return None, (f"{self.path} does not match the sha256 export-report.json records for it (damaged, "
+                          "truncated, replaced or from another export)")
+        return seen, None
+
+    def problem(self, verified: VerifiedFiles) -> str | None:
+        """Why the file is not the one recorded (None when it is): check()'s second half."""
+        return self.check(verified)[1]
+
+
+def file_digest(handle: Any, data: bytes | None) -> str:
+    """The sha256 of a file being verified: of `data` when it was read whole, else of the rest of
+    the open `handle` (the file object whose identity was taken: one open, one read)."""
+    return hashlib.sha256(data).hexdigest() if data is not None else sha256_stream(handle)
 
 
 def verify_mode() -> str:
@@ -220,16 +263,15 @@ class VerifiedFiles:
     def _read(self) -> dict[str, dict[str, Any]]:
         """The record's entries; {} unless it is this user's own, private, well-formed record."""
         try:
-            if self.path is None or not (_private(os.stat(self.path.parent)) and _private(os.lstat(self.path))):
+            if self.path is None or not (_private(folder_status(self.path.parent)) and _private(os.lstat(self.path))):
                 return {}
             data = read_json(self.path, "verified-files record", f"delete it (or set {CACHE_ENV}=)",
-                             limit=VERIFIED_MAX_BYTES)
-        except (OSError, UserError):  # none yet, unreadable or damaged: every file is hashed
+                             limit=VERIFIED_MAX_BYTES, schema=VERIFIED_SCHEMA)
+        except (OSError, UserError):  # none yet, unreadable, damaged or of another shape: every file is hashed
             return {}
-        if not (isinstance(data, dict) and data.get("format") == VERIFIED_FORMAT
-                and data.get("version") == VERIFIED_VERSION and isinstance(data.get("files"), dict)):
+        if (data["format"], data["version"]) != (VERIFIED_FORMAT, VERIFIED_VERSION):
             return {}
-        return {name: entry for name, entry in data["files"].items() if isinstance(entry, dict)}
+        return data["files"]
 
     def _note(self, key: str, entry: dict[str, Any] | None) -> None:
         """Record `entry` for `key` (None: drop it) here and in the updates save() writes."""
@@ -237,39 +279,50 @@ class VerifiedFiles:
         self.updates.pop(key, None)
         self.updates[key] = entry
 
-    def matches(self, path: Path, entry: dict[str, Any]) -> bool:
-        """Whether `path` is the file `entry` ({sha256, bytes}) lists: its size, then the record,
-        then its sha256. A match is remembered unless the file changed while it was read or within
-        RACY_NS before; otherwise what the record said of the path is dropped."""
+    def matches(self, path: Path, entry: dict[str, Any], whole: bool = False) -> Seen | None:
+        """What `path` was, when it is the file `entry` ({sha256, bytes}) lists (its size, then the
+        record, then its sha256); None when it is not. One open: the identity is the opened file's
+        (fstat) and the hash is of what that file object reads; with `whole`, the file is read
+        into memory once and `Seen.data` holds the bytes that were hashed (or vouched for), for
+        the caller to parse. A match is remembered unless the file changed while it was read or
+        within RACY_NS before; otherwise what the record said of the path is dropped."""
         key = os.path.realpath(path)
         with open(path, "rb") as handle:  # opened, not only stat'ed: NFS revalidates on open
             before = os.fstat(handle.fileno())
-        identity = stat_identity(before)
-        if before.st_size == entry["bytes"] and self.reuse and \
-                self.entries.get(key) == {"stat": identity, "sha256": entry["sha256"]}:
-            return True
-        started = time.time_ns()
-        if before.st_size != entry["bytes"] or sha256_file(path) != entry["sha256"]:
-            if key in self.entries:
-                self._note(key, None)
-            return False
+            identity = stat_identity(before)
+            if before.st_size != entry["bytes"] or (whole and before.st_size > MAX_ASSET_BYTES):
+                if key in self.entries:
+                    self._note(key, None)
+                return None
+            data = handle.read(MAX_ASSET_BYTES + 1) if whole else None
+            if data is not None and stat_identity(os.fstat(handle.fileno())) != identity:
+                return None  # written to while it was read: not the file the record (or a hash) vouches for
+            if self.reuse and self.entries.get(key) == {"stat": identity, "sha256": entry["sha256"]}:
+                return Seen(identity, data)
+            started = time.time_ns()
+            if file_digest(handle, data) != entry["sha256"]:
+                if key in self.entries:
+                    self._note(key, None)
+                return None
         if stat_identity(os.stat(path)) == identity and before.st_ctime_ns < started - RACY_NS:
             self._note(key, {"stat": identity, "sha256": entry["sha256"]})
         elif key in self.entries:
             self._note(key, None)  # an earlier version's entry: of no use again
-        return True
+        return Seen(identity, data)
 
     def _folder(self) -> Path | None:
         """The record's folder, made 0700 if missing, when it is this user's and private; None
         when it is not, or when it is missing and its nearest existing parent is someone else's
         (root under `sudo` with the user's HOME)."""
         folder = self.path.parent
-        if not folder.exists():
+        if not os.path.lexists(folder):
             parent = next((p for p in folder.absolute().parents if p.exists()), None)
             if parent is None or os.stat(parent).st_uid != os.geteuid():
                 return None
-            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-        return folder if _private(os.stat(folder)) else None  # checked after the mkdir: it may be another's
+        # Made and checked without following a link (a planted one, even to a private folder of this
+        # user's, is refused: UserError, caught by save); checked after the mkdir: it may be another's.
+        status = make_folder(folder, "the verification record's folder", f"remove it (or set {CACHE_ENV}=)", 0o700)
+        return folder if _private(status) else None
 
     def save(self) -> None:
         """Write this process's updates into the record as it is now, under the folder's lock
@@ -304,6 +357,7 @@ class Bundle:
         self.variant = variant  # the transformer variant loaded (named, or default_variant's choice)
         self.report = report  # export-report.json, read once (None: none readable, opened with verify=False)
         self.report_error = report_error  # why report is None: missing, unreadable, not an object
+        self.seen: dict[Path, Seen] = {}  # each file verify() found as recorded (empty unverified)
 
     @classmethod
     def open(cls, model_dir: str | os.PathLike, variant: str | None = None, verify: bool = True,
@@ -320,7 +374,7 @@ class Bundle:
                             f"pass one of {', '.join(variants_present(model_dir)) or 'fp32'}, or None")
         verify = verify_requested(verify)
         if not model_dir.is_dir():
-            raise UserError(f"export folder not found: {model_dir}", "pass the folder export_omnivoice.py wrote")
+            raise UserError(f"export folder not found: {model_dir}", GET_BUNDLE)
         try:
             report, report_error = read_report(model_dir), None
         except UserError as exc:
@@ -340,11 +394,37 @@ class Bundle:
         verified = VerifiedFiles.in_cache()
         try:
             for check in self.file_checks(variant):
-                problem = check.problem(verified)
+                seen, problem = check.check(verified)
                 if problem:
                     raise UserError(problem, check.fix)
+                self.seen[check.path] = seen
         finally:  # the files that passed are remembered even when a later one fails
             verified.save()
+
+    def asset(self, name: str) -> bytes | None:
+        """The verified bytes of the READ_WHOLE file `name` (None when the bundle was not verified:
+        the reader then reads the file itself)."""
+        seen = self.seen.get(self.dir / name)
+        return None if seen is None else seen.data
+
+    def check_loaded(self, graph: Path) -> None:
+        """After onnxruntime made a session of `graph`: every verified file it loads (the .onnx and
+        its external data, `<name>.data`, beside it) still has the identity it had when it was
+        hashed; else a UserError naming it. A file swapped (renamed over) or written to after its
+        hash and before or while onnxruntime read it shows a new inode or ctime here, so the bytes
+        the session holds are the ones that were hashed. No-op for an unverified bundle."""
+        graph = Path(graph)
+        for path, seen in self.seen.items():
+            if path.parent != graph.parent or not path.name.startswith(graph.name):
+                continue
+            try:
+                now = stat_identity(os.stat(path))
+            except OSError:
+                now = None
+            if now != seen.identity:
+                raise UserError(f"{path} changed after it was verified, while it was being loaded (replaced or "
+                                "written to)", "load it again once nothing is writing the export folder; "
+                                f"{RERUN_EXPORT} if it was damaged")
 
     @property
     def variants(self) -> list[str]:
@@ -367,8 +447,12 @@ class Bundle:
     @functools.cached_property
     def metadata(self) -> dict[str, str]:
         """The export's own transformer graph's metadata (fingerprint, licence, source, constants),
-        read without a session; a UserError when the folder holds no export."""
+        read without a session; a UserError when the folder holds no export. A folder holding one
+        variant only (a release of it: omnivoice_onnx.fetch) answers from that variant's graph,
+        whose metadata is the export's plus `variant` and `recipe` (quantize_omnivoice.py)."""
         path = self.path("transformer", FP32_VARIANT)
+        if not path.is_file() and self.variant != FP32_VARIANT and self.path("transformer").is_file():
+            path = self.path("transformer")
         if not path.is_file():
             raise UserError(f"{self.dir} holds no OmniVoice export ({path.name} not found)",
                             "pass the folder export_omnivoice.py wrote (--model-dir)")
@@ -383,8 +467,9 @@ class Bundle:
 
     @functools.cached_property
     def runtime_config(self) -> dict[str, Any]:
-        """runtime-config.json, checked (prompt.load_runtime_config)."""
-        return load_runtime_config(self.dir)
+        """runtime-config.json, checked (prompt.load_runtime_config), parsed from the bytes that
+        were verified when the bundle was."""
+        return load_runtime_config(self.dir, self.asset(RUNTIME_CONFIG_FILE))
 
     def file_checks(self, variant: str | None = None) -> list[FileCheck]:
         """Every file `variant` (default: the bundle's) loads, with its report entry: the codec
@@ -427,28 +512,25 @@ class Bundle:
 
 
 def report_variants(report: dict[str, Any] | None) -> dict[str, Any]:
-    """An export report's `variants` section; empty without a report or when it is not an object."""
-    listed = (report or {}).get("variants")
-    return listed if isinstance(listed, dict) else {}
+    """An export report's `variants` section (read_report checked its type); empty without one."""
+    return (report or {}).get("variants") or {}
 
 
 def read_report(model_dir: Path) -> dict[str, Any]:
-    """export-report.json; a UserError naming why when it is missing, unreadable or not a JSON object."""
-    path = Path(model_dir) / REPORT_FILE
-    report = read_json(path, "export report", f"{RERUN_EXPORT}, {SKIP}")
-    if not isinstance(report, dict):
-        raise UserError(f"export report {path} is not a JSON object", f"{RERUN_EXPORT}, {SKIP}")
-    return report
+    """export-report.json; a UserError naming why when it is missing, unreadable, not a JSON object,
+    or when a section the runtime reads has another shape (REPORT_SCHEMA)."""
+    return read_json(Path(model_dir) / REPORT_FILE, "export report", f"{RERUN_EXPORT}, {SKIP}", schema=REPORT_SCHEMA)
 
 
 def default_variant(model_dir: Path, report: dict[str, Any] | None, provider: str = "cpu") -> str:
     """The variant loaded from `model_dir` when none is named: the first of DEFAULT_VARIANT_ORDER
     whose graph is in the folder AND that the export report lists (a re-export writes a new report
     without variants, so a folder left from the previous export is never taken), on the CPU
-    provider only (the fused kernel was measured on CPU); else "fp32"."""
+    provider only (the fused kernel was measured on CPU); else "fp32" when its graph is there;
+    else the first listed variant present (a folder holding one variant: a release of it)."""
     listed = report_variants(report)
     if provider != "cpu" or not listed:
         return FP32_VARIANT  # no readable report: the faithful graph, whose own checks then speak
     present = variants_present(model_dir)
-    return next((name for name in DEFAULT_VARIANT_ORDER
-                 if name in present and (name == FP32_VARIANT or name in listed)), FP32_VARIANT)
+    usable = [name for name in present if name == FP32_VARIANT or name in listed]
+    return next((name for name in DEFAULT_VARIANT_ORDER if name in usable), usable[0] if usable else FP32_VARIANT)

@@ -30,6 +30,8 @@ from omnivoice_onnx.errors import (  # noqa: F401  (re-exported: every command's
     environment_error,
     environment_message,
     os_error_in_chain,
+    printable,
+    say,
 )
 from omnivoice_onnx.files import check_input_dir, check_output  # noqa: F401  (re-exported, as above)
 from omnivoice_onnx.limits import MAX_SCORE_FACTOR, MAX_SPEED, MIN_SPEED, SEED_MAX, SEED_MIN
@@ -113,6 +115,16 @@ TEMPERATURE = float_range(0.0)  # 0: greedy; (0, MIN_TEMPERATURE) is refused by 
 CHUNK_SECONDS = float_range(0.0, low_open=True)  # audio_chunk_duration, audio_chunk_threshold
 
 
+class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """argparse's "(default: X)" after a flag's help, only where there is a default to show: a
+    flag that is off or unset (False, None) says nothing rather than "(default: None)"."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default in (None, False) or action.default is argparse.SUPPRESS:
+            return action.help
+        return super()._get_help_string(action)
+
+
 def prepare(parser: argparse.ArgumentParser, epilog: str = EXIT_CODES_HELP) -> argparse.ArgumentParser:
     """Add --debug and the exit codes (in the --help epilog) to a parser (a script's, or one
     subcommand's). A bad argument becomes a UserError like any other: one line naming the flag and
@@ -150,7 +162,7 @@ def parse_subset(text: str, flag: str, choices: tuple[str, ...]) -> list[str]:
 
 def note(message: str, level: str = "note") -> None:
     """A one-line diagnostic on stderr that does not stop the run (`note: ...`, `warning: ...`)."""
-    print(f"{level}: {message}", file=sys.stderr, flush=True)
+    say(f"{level}: {message}", file=sys.stderr)
 
 
 class Terminated(KeyboardInterrupt):
@@ -216,19 +228,19 @@ def run_main(main: Callable[[list[str] | None], None], argv: list[str] | None = 
         with sigterm_raises() as sigterm:
             main(argv)
         if sigterm.received:  # swallowed where it was raised (see sigterm_raises): the run completed
-            print(f"{lead}terminated (SIGTERM): too late to stop the run, which completed; its artefacts are "
-                  "complete", file=sys.stderr)
+            say(f"{lead}terminated (SIGTERM): too late to stop the run, which completed; its artefacts are "
+                "complete", file=sys.stderr)
             sys.exit(EXIT_TERMINATED)
     except (UserError, CheckFailed) as exc:
         if debug:
             raise
         label, code = ("FAILED", EXIT_CHECK_FAILED) if isinstance(exc, CheckFailed) else ("error", EXIT_BAD_INPUT)
-        print(f"{lead}{label}: {exc}", file=sys.stderr)
+        say(f"{lead}{label}: {exc}", file=sys.stderr)
         sys.exit(code)
     except KeyboardInterrupt as exc:
         terminated = isinstance(exc, Terminated)
-        print(f"{lead}{'terminated (SIGTERM)' if terminated else 'interrupted'}: nothing half-written was kept; "
-              "earlier artefacts are intact", file=sys.stderr)
+        say(f"{lead}{'terminated (SIGTERM)' if terminated else 'interrupted'}: nothing half-written was kept; "
+            "earlier artefacts are intact", file=sys.stderr)
         sys.exit(EXIT_TERMINATED if terminated else EXIT_INTERRUPTED)
     except BrokenPipeError:
         if debug:
@@ -240,12 +252,12 @@ def run_main(main: Callable[[list[str] | None], None], argv: list[str] | None = 
         # transformer batch that does not fit): the process itself is still usable to say so.
         if debug:
             raise
-        print(f"{lead}error: out of memory; ask for less at once (shorter text or duration, fewer items), or "
-              "free memory", file=sys.stderr)
+        say(f"{lead}error: out of memory; ask for less at once (shorter text or duration, fewer items), or "
+            "free memory", file=sys.stderr)
         sys.exit(EXIT_BAD_INPUT)
     except Exception as exc:  # only the machine's errors are expected here; anything else is a bug: re-raised
         found = environment_error(exc)
         if found is None or debug:
             raise
-        print(f"{lead}error: {environment_message(found)}", file=sys.stderr)
+        say(f"{lead}error: {environment_message(found)}", file=sys.stderr)
         sys.exit(EXIT_BAD_INPUT)

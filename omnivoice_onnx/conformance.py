@@ -57,7 +57,8 @@ records, and marks what is exact everywhere: COMPARE_ORDER's "bits" and "exact" 
                          file's summary) and per run its settings (ref_rms, postprocess_output,
                          pad_duration, fade_duration), `silence_removed` and `output` summaries
 
-What must match exactly and what within a tolerance: docs/runtime.md, and FOLDER_README.
+What must match exactly and what within a tolerance: docs/runtime.md, and FOLDER_README. The
+format as a port reads it (every field, the arithmetic of the numbers): docs/vectors.md.
 """
 
 from __future__ import annotations
@@ -81,8 +82,8 @@ from omnivoice_onnx.core import audio, duration, scoring
 from omnivoice_onnx.core.generate import IterativeTrace, Trace, decode
 from omnivoice_onnx.core.prompt import RUNTIME_CONFIG_FILE, TOKENIZER_FILE
 from omnivoice_onnx.core.rng import TorchCpuRng
-from omnivoice_onnx.errors import UserError
-from omnivoice_onnx.files import atomic_dir, sha256_file
+from omnivoice_onnx.errors import UserError, say
+from omnivoice_onnx.files import Maybe, atomic_dir, read_json, sha256_file
 from omnivoice_onnx.vector_format import ENVELOPE_BLOCK, FOLDER_README, FORMAT, audio_summary, short
 
 REF_WAV = "ref_voice.wav"
@@ -254,7 +255,7 @@ def output_record(tts: OmniVoiceOnnx, result: Any, final: np.ndarray, ref_rms: f
     if config.postprocess_output:
         stages["silence_removed"] = _silence_removed(tts, decoded)
     if write:
-        sf.write(decoded_path, decoded[0], tts.sample_rate, subtype="PCM_16", format="FLAC")
+        write_decoded(decoded_path, decoded[0], tts.sample_rate)
     settings = {"ref_rms": ref_rms, "postprocess_output": config.postprocess_output,
                 "pad_duration": config.pad_duration, "fade_duration": config.fade_duration}
     if not decoded_path.is_file():
@@ -263,6 +264,13 @@ def output_record(tts: OmniVoiceOnnx, result: Any, final: np.ndarray, ref_rms: f
     return {**audio_summary(final), "stages": stages,
             "post_process": {"input": decoded_path.name, "input_audio": audio_summary(stored[0]),
                              **post_process_run(tts, stored, settings)}}
+
+
+def write_decoded(path: Path, samples: np.ndarray, rate: int) -> None:
+    """A decoded output as the vectors store it: 16-bit FLAC, each sample libsndfile's FLAC
+    conversion of float32 x, round-half-to-even(x * 32768) clipped to [-32768, 32767]
+    (docs/vectors.md; tests/test_runtime_formulas.py holds libsndfile to it)."""
+    sf.write(path, samples, rate, subtype="PCM_16", format="FLAC")
 
 
 def post_process_run(tts: OmniVoiceOnnx, decoded: np.ndarray, settings: dict[str, Any]) -> dict[str, Any]:
@@ -490,15 +498,14 @@ def write_vectors(onnx_dir: Path, out: Path, threads: int | None = None) -> list
             path = folder / f"{name}.json"
             path.write_text(json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n", encoding="utf-8")
             names += [decoded_file(name, i) for i in range(len(record["outputs"]))] + [path.name]
-            print(f"{out / path.name}  {path.stat().st_size / 1024:.0f} kB  {len(record['iterations'])} run(s), "
-                  f"target_lens {record['task']['target_lens']}", flush=True)
+            say(f"{out / path.name}  {path.stat().st_size / 1024:.0f} kB  {len(record['iterations'])} run(s), "
+                f"target_lens {record['task']['target_lens']}")
         for name, runs in POST_PROCESS_CASES.items():
             path = folder / f"{name}.json"
             record = post_process_case(tts, name, runs, folder)
             path.write_text(json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n", encoding="utf-8")
             names.append(path.name)
-            print(f"{out / path.name}  {path.stat().st_size / 1024:.0f} kB  {len(runs)} post_process run(s)",
-                  flush=True)
+            say(f"{out / path.name}  {path.stat().st_size / 1024:.0f} kB  {len(runs)} post_process run(s)")
         path = folder / f"{SCORING_CASE}.json"
         record = scoring_record(tts)
         path.write_text(json.dumps(record, separators=(",", ":")) + "\n", encoding="utf-8")
@@ -508,7 +515,7 @@ def write_vectors(onnx_dir: Path, out: Path, threads: int | None = None) -> list
                   "export": _export_hashes(tts)}
         path.write_text(json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n", encoding="utf-8")
         names.append(path.name)
-        print(f"{out / path.name}  {path.stat().st_size / 1024:.0f} kB  {len(record['rules'])} rule inputs", flush=True)
+        say(f"{out / path.name}  {path.stat().st_size / 1024:.0f} kB  {len(record['rules'])} rule inputs")
         (folder / README).write_text(FOLDER_README, encoding="utf-8")
         names.append(README)
     return [out / name for name in names]
@@ -519,7 +526,8 @@ def check_vectors(onnx_dir: Path, folder: Path, threads: int | None = None) -> d
     tts = OmniVoiceOnnx.from_dir(onnx_dir, threads=threads, variant=FP32_VARIANT)
     results = {}
     for path in sorted(folder.glob("*.json")):
-        stored = json.loads(path.read_text(encoding="utf-8"))
+        stored = read_json(path, "conformance vector", "write the vectors again (omnivoice_onnx.conformance --out)",
+                           schema={"case": Maybe(str)})
         name = stored.get("case", path.stem)
         if name in CASES:
             record, _ = run_case(tts, name, CASES[name], folder)
@@ -529,13 +537,13 @@ def check_vectors(onnx_dir: Path, folder: Path, threads: int | None = None) -> d
             record = scoring_record(tts, stored)
         elif name == rule_vectors.CASE:
             results[name] = rule_vectors.check_rules(stored, tts.runtime_config, tts.tokenizer, tts.sample_rate)
-            print(f"[{name}] {'OK' if not results[name] else 'FAIL: ' + results[name][0]}", flush=True)
+            say(f"[{name}] {'OK' if not results[name] else 'FAIL: ' + results[name][0]}")
             continue
         else:
             results[name] = [f"{path.name}: case {name!r} is not one of this runtime's cases"]
             continue
         results[name] = compare_records(stored, record)
-        print(f"[{name}] {'OK' if not results[name] else 'FAIL: ' + results[name][0]}", flush=True)
+        say(f"[{name}] {'OK' if not results[name] else 'FAIL: ' + results[name][0]}")
     return results
 
 
@@ -559,7 +567,7 @@ def main(argv: list[str] | None = None) -> None:
                         "pass the folder `--out` wrote (tests/conformance holds the tiny checkpoint's)")
     results = check_vectors(args.onnx_dir, args.check, args.threads)
     failed = sorted(name for name, problems in results.items() if problems)
-    print(f"OVERALL: {'PASS' if not failed else 'FAIL'} ({len(results) - len(failed)}/{len(results)} cases conform)")
+    say(f"OVERALL: {'PASS' if not failed else 'FAIL'} ({len(results) - len(failed)}/{len(results)} cases conform)")
     if failed:
         raise CheckFailed(f"{len(failed)} case(s) differ: {', '.join(failed)}")
 

@@ -9,12 +9,61 @@ Ground floor: imports nothing of the package.
 from __future__ import annotations
 
 import errno
+import logging
+import re
+import sys
+from typing import TextIO
+
+# What must never reach a terminal or a log raw: C0 controls (ESC starts the sequences that retitle,
+# recolour or clear a terminal; CR and NL fake or split lines; NUL), DEL and C1 (8-bit CSI), the
+# bidi embeddings, overrides and isolates that reorder what is shown, the Unicode line and
+# paragraph separators, and lone surrogates (from bytes that are not UTF-8: printing one raises).
+UNSAFE_CHARACTERS = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069"
+                               "\u2028\u2029\ud800-\udfff]")
+
+
+def _escape(match: re.Match) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def printable(text: object) -> str:
+    """`text` as one safe line: every UNSAFE_CHARACTERS character written as its Python escape
+    (`\\x1b`, `\\u202e`), the rest kept, non-ASCII letters included. The one escape every line
+    the runtime prints or logs goes through (UserError's message, cliutil.say, OneLineFormatter):
+    names, paths and texts come from files and requests, and a voice file named with an escape
+    sequence would otherwise retitle or clear the user's terminal."""
+    return UNSAFE_CHARACTERS.sub(_escape, str(text))
+
+
+def say(text: object = "", file: TextIO | None = None) -> None:
+    """Print `text` as one printable() line (stdout by default), flushed: how every command line of
+    the runtime reaches the terminal."""
+    print(printable(text), file=file or sys.stdout, flush=True)
+
+
+class OneLineFormatter(logging.Formatter):
+    """A log formatter whose every record's message is printable(): a request's text, a voice name
+    or a path in a log line cannot split it or drive the terminal that tails the log."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 (logging's name)
+        return printable(super().formatMessage(record))
+
+
+def log_lines(level: int = logging.INFO) -> None:
+    """The root logger on stderr, one OneLineFormatter line per record: the servers' log."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(OneLineFormatter("%(levelname)s:     %(message)s"))
+    logging.basicConfig(level=level, handlers=[handler])
 
 
 class UserError(Exception):
-    """An expected problem with the user's input; printed as one line, exit code 2."""
+    """An expected problem with the user's input; printed as one line, exit code 2. The problem and
+    the fix are made printable() here, once, so every surface that shows one (a CLI line, an HTTP
+    error, a Wyoming error, a log line, a batch record) shows the same safe text."""
 
     def __init__(self, problem: str, fix: str | None = None) -> None:
+        problem, fix = printable(problem), None if fix is None else printable(fix)
         super().__init__(f"{problem}; {fix}" if fix else problem)
         self.problem, self.fix = problem, fix
 
@@ -57,6 +106,8 @@ def environment_message(error: OSError) -> str:
         return f"{where} is on a read-only file system; write to another location"
     return (f"permission denied: {where}; give this user access to it (chmod/chown), or run as its owner "
             "(the previous complete artefacts are intact)")
+
+
 def check_unicode(text: str, where: str, fix: str) -> str:
     """`text` if UTF-8 can carry it; else one line naming `where`. A str holds a lone surrogate
     when it came from bytes that are not UTF-8 (argv, decoded with surrogateescape) or from a JSON

@@ -206,6 +206,38 @@ def resolved_folder(path: Path, what: str, fix: str, within: Path | None = None)
     return resolved
 
 
+_FOLDER_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+
+
+def folder_status(path: Path) -> os.stat_result:
+    """The status of the folder `path` itself, never a link's target: opened O_NOFOLLOW|O_DIRECTORY,
+    then fstat'ed (one object, not a name looked up twice); a link or file there is ELOOP/ENOTDIR."""
+    fd = os.open(path, _FOLDER_FLAGS)
+    try:
+        return os.fstat(fd)
+    finally:
+        os.close(fd)
+
+
+def make_folder(path: Path, what: str, fix: str, mode: int = 0o777) -> os.stat_result:
+    """The status of the folder `path`, made if missing (parents too: they may be the user's links):
+    a folder the runtime makes for itself (voices, res-dir, cache) is used only if `path` itself is
+    one (folder_status), so a link planted there, before or after the mkdir, is a UserError, never
+    followed. Callers that accept a user's link resolve it first (resolved_folder)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path, mode)
+    try:
+        return folder_status(path)
+    except OSError as exc:
+        if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
+            raise
+        kind = ("a symbolic link, not a folder (a folder made for the runtime is never followed through a link)"
+                if os.path.islink(path) else "not a folder")
+        raise UserError(f"{what} {path} is {kind}", fix) from None
+
+
 def confined(folder: Path, name: str, what: str, fix: str) -> Path:
     """`folder / name` for a relative `name` read from a file (a report's file list), checked
     BEFORE anything opens it: an absolute name or one with a `..` part (`../../x.data`) would name a
@@ -289,13 +321,17 @@ def umask_mode(*paths: Path) -> None:
         os.chmod(path, 0o666 & ~mask)
 
 
-def sha256_file(path: Path, chunk: int = 16 << 20) -> str:
-    """Hex sha256 of a file, read in chunks (graphs and checkpoints are GBs)."""
+def sha256_stream(handle: Any, chunk: int = 16 << 20) -> str:
+    """Hex sha256 of the rest of an open binary file, read in chunks (graphs and checkpoints are GBs)."""
     digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(chunk):
-            digest.update(block)
+    while block := handle.read(chunk):
+        digest.update(block)
     return digest.hexdigest()
+
+
+def sha256_file(path: Path, chunk: int = 16 << 20) -> str:
+    with open(path, "rb") as handle:
+        return sha256_stream(handle, chunk)
 
 
 def file_entry(path: Path) -> dict[str, Any]:
@@ -399,11 +435,18 @@ def parse_json(text: str, where: str, fix: str, max_depth: int = MAX_JSON_DEPTH)
         raise UserError(f"{where} is not valid JSON ({str(exc)[:200]})", fix) from None
 
 
-def read_json(path: Path, what: str, fix: str, limit: int = MAX_JSON_BYTES) -> Any:
-    """A JSON file of at most `limit` bytes and MAX_JSON_DEPTH levels, strictly UTF-8; anything else
-    is a UserError naming the file and how to regenerate it."""
-    path = existing_file(path, what, fix)
-    return parse_json(decode_text(read_bounded(path, limit, what, fix), f"{what} {path}", fix), f"{what} {path}", fix)
+def read_json(path: Path, what: str, fix: str, limit: int = MAX_JSON_BYTES, data: bytes | None = None,
+              schema: Any = None) -> Any:
+    """A JSON file of at most `limit` bytes and MAX_JSON_DEPTH levels, strictly UTF-8, meeting
+    `schema` (checked(); None: any JSON), else a UserError naming the file and how to regenerate it.
+    `data`: its bytes as the caller read (and verified) them, parsed instead of reading `path`."""
+    if data is None:
+        path = existing_file(path, what, fix)
+        data = read_bounded(path, limit, what, fix)
+    elif len(data) > limit:
+        raise UserError(f"{what} {path} is larger than {limit:,} bytes", fix)
+    value = parse_json(decode_text(data, f"{what} {path}", fix), f"{what} {path}", fix)
+    return checked(value, schema, f"{what} {path}", fix)
 
 
 @dataclass(frozen=True)
@@ -411,6 +454,11 @@ class Each:
     """Schema of a JSON object whose keys are data (graph names, file names): every value is `schema`."""
 
     schema: Any
+
+
+@dataclass(frozen=True)
+class Maybe:
+    schema: Any  # the schema of an optional field: absent, null, or meeting `schema`
 
 
 _KINDS = {type(None): "null", bool: "a boolean", int: "an integer", float: "a number", str: "a string",
@@ -433,18 +481,23 @@ def schema_problem(value: Any, schema: Any, where: str = "") -> str | None:
     (`graphs.decoder.files["higgs_decoder.onnx"].bytes is missing`), or None.
 
     A schema is a type or a tuple of types (None: null is allowed); a dict {key: schema}, an
-    object holding at least those keys; Each(schema), an object of any keys; [schema], a list.
+    object holding at least those keys (a Maybe key may be absent); Each(schema), an object of any
+    keys; [schema], a list; Maybe(schema), null or `schema`.
     An integer is a number; a boolean is neither. Keys beyond the schema are allowed: readers use
     only what it names, and every reader of an artefact goes through its schema, so a hand-edited
     or truncated file is refused in one line rather than met as a KeyError deep in a stage.
     """
     name = where or "the top level"
+    if isinstance(schema, Maybe):
+        return None if value is None else schema_problem(value, schema.schema, where)
     if isinstance(schema, (dict, Each)):
         if not isinstance(value, dict):
             return f"{name} is {_json_kind(value)}, expected an object"
         pairs = schema.items() if isinstance(schema, dict) else ((key, schema.schema) for key in value)
         for key, sub in pairs:
             if key not in value:
+                if isinstance(sub, Maybe):
+                    continue
                 return f"{_at(where, key)} is missing"
             problem = schema_problem(value[key], sub, _at(where, key))
             if problem:
@@ -463,6 +516,15 @@ def schema_problem(value: Any, schema: Any, where: str = "") -> str | None:
     if type(value) not in accepted:  # exact types: JSON gives no subclasses, and a bool is not an int here
         return f"{name} is {_json_kind(value)}, expected {' or '.join(_KINDS[t] for t in types)}"
     return None
+
+
+def checked(value: Any, schema: Any, where: str, fix: str) -> Any:
+    """`value` (parsed JSON) if it meets `schema` (schema_problem; None: anything), else the one-line
+    UserError `<where> is malformed: <the first departure>` every JSON reader's fields pass."""
+    problem = None if schema is None else schema_problem(value, schema)
+    if problem:
+        raise UserError(f"{where} is malformed: {problem}", fix)
+    return value
 
 
 def read_artefact(path: Path, what: str, fix: str, version: int, schema: dict[str, Any],

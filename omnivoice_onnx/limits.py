@@ -45,7 +45,11 @@ LIMITS = ("MAX_TEXT_CHARS", "MAX_TEXTS", "MAX_DURATION_S", "MAX_NUM_STEP", "MAX_
 # --- ranges (what the arithmetic can carry, not resources) ---
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1  # what torch.manual_seed accepts
 MIN_REF_SECONDS = 0.5  # a reference shorter than this after silence removal is not a voice to clone
-MIN_SPEED, MAX_SPEED = 0.05, 20.0  # speed divides the length estimate; beyond these it means nothing
+# speed divides the length estimate (upstream sets no bounds). One range for the CLI, the Python
+# API, HTTP and Wyoming: OpenAI's documented 0.25-4.0, the one its clients already send and
+# validate, so a value is accepted by every front end or by none. Past 4x a word gets fewer frames
+# than it has sounds; below 0.25x the estimate is stretched past anything the model was trained on.
+MIN_SPEED, MAX_SPEED = 0.25, 4.0
 # Gumbel temperatures: scores / T in float32. Below this (but above 0, which is greedy) the noise
 # can no longer change a choice, and at ~1e-45 float32(T) is 0 and every score becomes -inf.
 MIN_TEMPERATURE = 1e-6

@@ -6,8 +6,11 @@ voice from a description (an instruct) and the seed. A preset is therefore a voi
 instruct AND a fixed seed: the same instruct with another seed is another speaker, so the seed is
 what makes `alloy` the same voice on every request (and a request's own `seed` still wins).
 
-Resolution, in the servers (omnivoice_onnx.server, omnivoice_onnx.wyoming_server): a saved voice
+Resolution, in the servers (omnivoice_onnx.serve.app, omnivoice_onnx.serve.wyoming): a saved voice
 of the same name first (save one called `alloy` to replace the preset), else the preset below.
+Names are matched without regard to case (`Alloy` is `alloy`): clients capitalise them in menus.
+The voices are the current `openai` SDK's thirteen (marin and cedar the newest); each has a
+design no other preset uses.
 The instructs use only upstream's English instruct vocabulary (runtime-config.json's
 instruct.valid_en; tests/test_presets.py resolves each one as generate() does).
 With random weights (the tiny and full-random checkpoints) every preset speaks noise: the
@@ -47,4 +50,11 @@ PRESETS: dict[str, Preset] = {preset.name: preset for preset in (
     Preset("sage", "female, middle-aged, low pitch, british accent", 1009),
     Preset("shimmer", "female, young adult, moderate pitch, australian accent", 1010),
     Preset("verse", "male, young adult, high pitch, american accent", 1011),
+    Preset("marin", "female, middle-aged, low pitch, american accent", 1012),
+    Preset("cedar", "male, middle-aged, low pitch, american accent", 1013),
 )}
+
+
+def find_preset(name: str) -> Preset | None:
+    """The preset called `name`, whatever its case (None: no preset of that name)."""
+    return PRESETS.get(name.casefold()) if isinstance(name, str) else None

@@ -2,7 +2,7 @@
 
 A generate vector exercises these rules only where its texts happen to reach them; this vector
 pins each one with inputs on which a competing reading gives another result (tests/test_rule_vectors.py
-shows it, reading by reading). Two readings named in issue 35 cannot change any result with
+shows it, reading by reading). Two of the readings cannot change any result with
 OmniVoice's data and tokenizer ("……" against the last code point; the fallback's special tokens):
 their cases pin the rule, the test proves the equivalence. It needs no graph run: a port checks it
 by calling its own text, prompt and audio functions on `input` and comparing with `expected`:
@@ -24,7 +24,9 @@ The rules and the upstream functions (omnivoice 0.2.1) they come from:
                        of L < n samples it runs back over n - L zeros of the silence before it
                        (the chunk gets the ramp's last L gains, not a ramp of its own)
     instruct_conflict  models/omnivoice.py _resolve_instruct: the one-item-per-category check runs
-                       after the EN<->ZH mapping, so "male, 男" conflicts as 'male' vs 'male'
+                       after the EN<->ZH mapping, so "male, 男" conflicts as 'male' vs 'male';
+                       every item of a conflicting category is named (three give three), and
+                       each conflicting category, in mutually_exclusive's order
     tokenizer_fallback models/omnivoice.py _tokenize_with_nonverbal_tags: when no segment gives
                        an id (only the empty text), the whole text is tokenized once with
                        special tokens (add_special_tokens=True)
@@ -81,6 +83,11 @@ RULE_CASES: dict[str, list[dict[str, Any]]] = {
         {"instruct": "女, male", "text": "Hello."},
         {"instruct": "female, 青年", "text": "你好。"},
         {"instruct": "low pitch, 低音调, 四川话", "text": "Hello."},  # the dialect forces Chinese
+        # three items of one category: all three are named, not a pair
+        {"instruct": "male, female, 男", "text": "Hello."},
+        # two categories in conflict: both named, in mutually_exclusive's order (gender before age)
+        {"instruct": "elderly, 女, child, male", "text": "Hello."},
+        {"instruct": "四川话, british accent", "text": "Hello."},  # a dialect and an accent: the mix error
     ],
     "tokenizer_fallback": [
         {"text": ""},  # no segment gives an id: the fallback's case

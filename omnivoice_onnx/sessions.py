@@ -8,10 +8,10 @@ Providers:
     openvino-bf16  the transformer on the OpenVINO execution provider (PyPI onnxruntime-ep-openvino,
                a plugin for this onnxruntime: `pip install "omnivoice-onnx[openvino]"`) computing
                in bfloat16 (AMX-BF16 / AVX512-BF16 where the CPU has them): like cuda-tf32, a speed
-               trade-off that changes bits, never parity (log Run 30P: 3.5x the faithful fp32 graph's
-               CPU time per call on an AMX Xeon, argmax 0.958 vs fp32, where int8 is 2.96x and 0.852)
-    openvino-f32   the same provider in float32: other bits than MLAS (max |d| 1.7e-4), and measured
-               no faster than the default fp32-fused graph (1.02x): kept to measure, not to use
+               trade-off that changes bits, never parity (its speed and agreement with fp32 on an
+               AMX Xeon: docs/performance.md, "OpenVINO bf16")
+    openvino-f32   the same provider in float32: other bits than MLAS, and no faster than the default
+               fp32-fused graph (docs/performance.md): kept to measure, not to use
 The OpenVINO providers run the transformer only; the codec graphs stay on the CPU provider in
 fp32 (codec_provider). They run the faithful fp32 graph: the default variant is chosen for the CPU
 provider only (bundle.default_variant), and the fused graphs were measured there.
@@ -38,6 +38,7 @@ import json
 import os
 import tempfile
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,12 +47,13 @@ import numpy as np
 
 from omnivoice_onnx.contract import FP32_VARIANT, GRAPH_FILES, variant_path
 from omnivoice_onnx.errors import UserError
+from omnivoice_onnx.hardware import cpu_name
 from omnivoice_onnx.limits import check_threads
 
 # onnxruntime's Linux wheels carry Microsoft's 1DS telemetry: at import (when its environment is
 # made) it writes a device id and an event database under ~/.cache/Microsoft/DeveloperTools, and
 # with a read-only HOME prints a warning line before any of ours. ORT_DISABLE_TELEMETRY=1, read at
-# that import, stops both (measured with 1.32, log Run 30S); set here, where the runtime first
+# that import, stops both (onnxruntime 1.32); set here, where the runtime first
 # comes before any onnxruntime import of its own (every module reaches this one first). A user
 # who sets the variable keeps their value; a host that imported onnxruntime earlier still gets
 # the events off for the sessions made here (disable_telemetry_events in make_session).
@@ -116,8 +118,9 @@ def openvino_device():
     if not any(device.ep_name == name for device in ort.get_ep_devices()):
         ort.register_execution_provider_library("openvino", openvino.get_library_path())
     devices = [d for d in ort.get_ep_devices() if d.ep_name == name and d.ep_metadata.get("ov_device") == "CPU"]
-    if not devices:
-        raise UserError("onnxruntime's OpenVINO provider found no CPU device", OPENVINO_INSTALL_HINT)
+    if not devices:  # the plugin installed, but it offers no device for this CPU (seen on an AMD EPYC)
+        raise UserError(f"onnxruntime's OpenVINO provider offers no CPU device on this machine ({cpu_name()})",
+                        "use --provider cpu")
     return devices[0]
 
 
@@ -287,26 +290,34 @@ class CodecSessions:
     for each call and released when it returns.
 
     generate() encodes the reference once, before its 2 x num_step transformer calls, and decodes
-    once at the end; a resident encoder would keep its ~650 MB of weights (full-random) through
-    every step. Opened per call, ORT maps the weights when the call starts and unmaps them when
-    the session goes, so the process holds one codec graph's weights only while it runs (measured:
-    what keeps the ONNX path's peak RSS under PyTorch's). The price is a session load per call
-    (measured too); a server making many requests wants them resident.
+    once at the end; a resident encoder would keep its weights (hundreds of MB at the real dims)
+    through every step. Opened per call, ORT maps the weights when the call starts and unmaps them when
+    the session goes, so the process holds one codec graph's weights only while it runs (what
+    keeps the ONNX path's peak RSS under PyTorch's: docs/performance.md). The price is a session
+    load per call; a server making many requests wants them resident.
     """
 
     def __init__(self, onnx_dir: Path, provider: str, threads: int | None, resident: bool,
-                 variant: str = FP32_VARIANT) -> None:
+                 variant: str = FP32_VARIANT, loaded: Callable[[Path], None] = lambda path: None) -> None:
         # A variant's own codec graphs where it carries them (fp16), else the export's.
         self.paths = {name: variant_path(onnx_dir, variant, name) for name in ("encoder", "decoder")}
         self.provider, self.threads = codec_provider(provider), threads
+        # Called with a graph's path after each session of it is made and after each call
+        # (bundle.Bundle.check_loaded: its files are still the ones verified; a session opened per
+        # call reads them again, and onnxruntime maps the external data file it reads).
+        self.loaded = loaded
         self.held = {name: self.open(name) for name in self.paths} if resident else {}
 
     def open(self, name: str):
-        return make_session(self.paths[name], self.provider, self.threads, arena=CODEC_ARENA)
+        session = make_session(self.paths[name], self.provider, self.threads, arena=CODEC_ARENA)
+        self.loaded(self.paths[name])
+        return session
 
     def run(self, name: str, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         session = self.held.get(name) or self.open(name)
-        return run(session, feeds)
+        outputs = run(session, feeds)
+        self.loaded(self.paths[name])  # a mapped weights file written to during the call shows here
+        return outputs
 
 
 def prefix_lengths(attention_mask: np.ndarray) -> list[int] | None:
@@ -342,8 +353,8 @@ def split_feeds(input_ids: np.ndarray, audio_mask: np.ndarray,
 def run_split(session, input_ids: np.ndarray, audio_mask: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
     """The transformer with each group of equal-length rows run at its own length.
 
-    generate() pads the uncond half (target frames only) to the cond length S: ~40% of its rows
-    are padding. With the bidirectional block mask, queries in [0, L) attend only to keys in
+    generate() pads the uncond half (target frames only) to the cond length S: a large share of
+    its rows is padding. With the bidirectional block mask, queries in [0, L) attend only to keys in
     [0, L), so cutting a row to L changes nothing the rows [0, L) compute, mathematically; the
     rows beyond L are never read by generate() and are returned as zeros. Falls back to one
     padded call when the mask is not of that block form.
@@ -363,9 +374,8 @@ def run_split(session, input_ids: np.ndarray, audio_mask: np.ndarray, attention_
     return logits
 
 
-# Arena per graph (investigation log). The codec graphs' activations grow with the audio
-# length (the encoder's Conv im2col buffers take ~0.9 GB at 11 s) and each runs once per
-# generate(): without an arena that memory is returned after the call, for +13 % on an encoder
-# call and +2 % on a decoder call (under 1 % of a generate()). The transformer is called
-# 2 x num_step times at fixed shapes; without its arena each call is 15 % slower.
+# Arena per graph (the figures: the investigation log). The codec graphs' activations grow with
+# the audio length (the encoder's Conv im2col buffers most) and each runs once per generate():
+# without an arena that memory is returned after the call, for a small cost on that one call. The
+# transformer is called 2 x num_step times at fixed shapes; without its arena every call is slower.
 TRANSFORMER_ARENA, CODEC_ARENA = True, False

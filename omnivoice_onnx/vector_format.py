@@ -50,8 +50,8 @@ the export's `runtime-config.json` (check `export.runtime_config_sha256`). The c
 ## Files
 
 - `<case>.json`: one `generate()` call each: `request` (its arguments; `seed` is a decimal string,
-  exact for seeds >= 2**53 and negative seeds), then what each stage produced. The format is the
-  docstring of `omnivoice_onnx/conformance.py`.
+  exact for seeds >= 2**53 and negative seeds), then what each stage produced. The format (every
+  field, the arithmetic of the numbers, the envelope tolerance, the FLAC rounding): docs/vectors.md.
 - `<case>.decoded<i>.flac`: output i's decoded audio (the decoder's output, chunks cross-faded),
   16-bit: the input of that output's `post_process` record.
 - `scoring-recipe.json` (`"kind": "scoring"`): the scoring recipe on stored float32 logit rows
@@ -79,7 +79,7 @@ from it in the same call (`outputs[*].stages.*` and the output summary itself): 
 convolution kernels and their summation order differ between CPUs and with the intra-op thread
 count (onnxruntime 1.30-1.32: up to 7 threads one result, 8 or more another), so those compare
 `samples` exactly and `envelope_min`/`envelope_max` (per 480 samples, **stored rounded to 6
-decimals**) within 1e-4. Post-processing is still checked exactly: each output's `post_process`
+decimals**: round yours the same way) within 1e-4. Post-processing is still checked exactly: each output's `post_process`
 record is post-processing of its `.flac` file, which every machine reads identically.
 The encoder's `ref_audio_tokens` are exact too: RVQ argmin is robust to the encoder's last bits
 on CPUs (across devices, CPU against CUDA, it can flip: compare on a CPU).
@@ -123,14 +123,14 @@ Load the export whose graphs carry `export.model_fingerprint`, call generate wit
 | speed-duration-clone | speed, a fixed duration (the speed list), guidance 0 |
 | chunked-auto | chunked long text without a reference (chunk 0 becomes the voice) |
 | chunked-clone | a short and a chunked item with a reference |
-| clone-quiet-44k-stereo | 44.1 kHz stereo reference: channel mean, resampling, RMS boost, reference silence trimming (edge and inner), output rescale by ref_rms/0.1; a sequential float32 sum gets its ref_rms wrong |
+| clone-quiet-44k-stereo | 44.1 kHz stereo reference: channel mean, resampling, RMS boost, reference silence trimming (edge and inner), output rescale by ref_rms/0.1; a sequential float32 sum gets its ref_rms wrong (and every clone case's) |
 | clone-16k | 16 kHz reference (resampling up); seed 2**53 + 1 |
 | nonverbal-tags | [laughter], [sigh], [question-en] tokenized alone; seed 2**64 - 1 |
 | chunked-abbreviations | abbreviations, closing marks and merged short sentences in chunked text |
 | design-accent-dialect | an accent (English items), a dialect (Chinese items), a dialect forcing Chinese for English text; seed -7 |
 | greedy-positions | position_temperature 0: cells chosen by the top-k of the penalised confidences alone |
-| scoring-recipe | the scoring recipe on stored logits: log_softmax of cond and uncond rows, the guided log-probs, tokens and confidences, bit for bit; a float32 log_softmax (sequential or pairwise sum) fails it |
-| ambiguous-rules | chunk merging, end punctuation, a cross-fade over a short chunk, the instruct conflict check, the tokenizer fallback: inputs and results, no generate() call |
+| scoring-recipe | the scoring recipe on stored logits: log_softmax of cond and uncond rows, the guided log-probs, tokens and confidences, bit for bit; a float32 log_softmax (sequential or pairwise sum), or a float64 one with a sequential sum, fails it |
+| ambiguous-rules | chunk merging, end punctuation, a cross-fade over a short chunk, the instruct conflict check and its message, the tokenizer fallback: inputs and results, no generate() call |
 | post-process-silences | output silence trimming (long inner and edge silences), peak normalisation, rescale by ref_rms/0.1, fades, padding |
 
 For a post_process vector: read `input`'s file as float32, run post-processing with each run's

@@ -28,12 +28,14 @@ Writes are atomic (temp + rename): an interrupted `voice add` leaves the old voi
 from __future__ import annotations
 
 import collections
+import contextlib
 import io
 import json
 import os
 import pickle
 import re
 import zipfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,8 +44,17 @@ import numpy as np
 
 from omnivoice_onnx.contract import AUDIO_VOCAB_SIZE, FRAME_RATE, NUM_CODEBOOKS
 from omnivoice_onnx.core.prompt import VoiceClonePrompt
+from omnivoice_onnx.core.request import check_path
 from omnivoice_onnx.errors import UserError, check_unicode
-from omnivoice_onnx.files import FolderLock, atomic_path, read_json, resolved_folder
+from omnivoice_onnx.files import (
+    FolderLock,
+    Maybe,
+    atomic_path,
+    checked,
+    make_folder,
+    read_json,
+    resolved_folder,
+)
 from omnivoice_onnx.limits import limit, too_large
 
 VOICES_ENV = "OMNIVOICE_VOICES"
@@ -62,6 +73,10 @@ MAX_UPSTREAM_BYTES = 64 << 20
 MAX_VOICE_BYTES = 16 << 20
 NAME_PATTERN = re.compile(r"[^\W_][\w-]{0,63}")  # letters/digits first, then letters, digits, _ and -
 REPLACE_FIX = "pass --force to replace it, or choose another name"
+# The JSON type of each field a voice file's reader uses (files.schema_problem's notation; the
+# values are checked after: the version, a non-empty fingerprint, the tokens' shape and range).
+VOICE_SCHEMA = {"format_version": int, "model_fingerprint": str, "instruct": Maybe(str), "ref_text": Maybe(str),
+                "ref_rms": Maybe(float), "ref_audio_tokens": Maybe([[int]])}
 ADD_FIX = "re-create it with `omnivoice-onnx voice add NAME --ref-audio F --ref-text T` for this model"
 
 
@@ -95,6 +110,20 @@ def check_name(name: str) -> str:
 def voice_path(voices: Path, name: str) -> Path:
     """The file of the saved voice `name` (checked to be a plain name)."""
     return Path(voices) / f"{check_name(name)}{VOICE_SUFFIX}"
+
+
+def find_saved(voices: Path, name: str) -> Path | None:
+    """The file of the saved voice called `name`, whatever its case (`Alice` finds alice.json; the
+    exact spelling first, so of two files differing only in case each stays reachable); None when
+    there is none. Voice names travel through menus and speech assistants that capitalise them."""
+    exact = voice_path(voices, name)
+    if exact.is_file():
+        return exact
+    wanted = name.casefold() + VOICE_SUFFIX
+    folder = Path(voices)
+    found = sorted(path for path in folder.glob(f"*{VOICE_SUFFIX}") if path.name.casefold() == wanted
+                   and path.is_file()) if folder.is_dir() else []
+    return found[0] if found else None
 
 
 def is_voice_path(spec: str) -> bool:
@@ -166,13 +195,14 @@ def _read_json_voice(path: Path) -> Voice:
     data = read_json(path, "voice file", ADD_FIX, MAX_VOICE_BYTES)
     if not isinstance(data, dict) or data.get("format") != VOICE_FORMAT:
         raise UserError(f"{path} is not an omnivoice-onnx voice file (no \"format\": \"{VOICE_FORMAT}\")", ADD_FIX)
-    if type(data.get("format_version")) is not int or data["format_version"] != VOICE_FORMAT_VERSION:  # true is not 1
+    checked(data, VOICE_SCHEMA, f"voice file {path}", ADD_FIX)
+    if data["format_version"] != VOICE_FORMAT_VERSION:
         raise UserError(f"voice file {path} has format_version {data.get('format_version')!r}; this runtime reads "
                         f"{VOICE_FORMAT_VERSION}", ADD_FIX)
-    fingerprint, instruct = data.get("model_fingerprint"), data.get("instruct")
-    if not isinstance(fingerprint, str) or not fingerprint:
+    fingerprint, instruct = data["model_fingerprint"], data.get("instruct")
+    if not fingerprint:
         raise UserError(f"voice file {path} has no model_fingerprint", ADD_FIX)
-    if instruct is not None and (not isinstance(instruct, str) or not instruct.strip()):
+    if instruct is not None and not instruct.strip():
         raise UserError(f"voice file {path}: instruct must be a non-empty string or null", ADD_FIX)
     if instruct is not None:
         check_unicode(instruct, f"voice file {path}: instruct", ADD_FIX)
@@ -190,12 +220,12 @@ def read_voice(spec: str, voices: Path) -> Voice:
     (<voices>/<name>.json), or a file's path (an omnivoice-onnx .json voice, or an upstream
     VoiceClonePrompt.save .pt). For `voice show`, which must open another model's voice too."""
     if not is_voice_path(spec):
-        path = voice_path(voices, spec)
-        if not path.is_file():
+        path = find_saved(voices, spec)
+        if path is None:
             raise UserError(f"no voice named {spec!r} in {voices}",
                             "see `omnivoice-onnx voice list`, or make it with `omnivoice-onnx voice add`")
         return _read_json_voice(path)
-    path = Path(spec)
+    path = Path(check_path(spec, "voice"))
     if not path.is_file():
         raise UserError(f"voice file {path} not found", "pass an existing .json or .pt voice file, or a saved "
                         "voice's name (`omnivoice-onnx voice list`)")
@@ -245,13 +275,60 @@ def save_voice(voices: Path, name: str, voice: Voice, replace: bool = True) -> P
         raise UserError(f"voice {name!r} has no model fingerprint, or neither a reference nor an instruct",
                         "give it the bundle's model_fingerprint and a prompt or an instruct")
     text = json.dumps(voice.to_json(), ensure_ascii=False, separators=(",", ":")) + "\n"
-    Path(voices).mkdir(parents=True, exist_ok=True)
-    with FolderLock(voices, path.name, f"voice {name!r}"):
-        if not replace and os.path.lexists(path):
-            raise UserError(f"voice {name!r} already exists ({path})", REPLACE_FIX)
+    make_folder(voices, "the voices folder", "pass --voices FOLDER (a real folder, or a path to create one at)")
+    with FolderLock(voices, _lock_name(name), f"voice {name!r}"):
+        existing = find_saved(voices, name)  # Alice replaces (or is refused by) alice: one voice, one name
+        if not replace and (os.path.lexists(path) or existing is not None):
+            raise UserError(f"voice {name!r} already exists ({existing or path})", REPLACE_FIX)
         with atomic_path(path) as tmp:
             tmp.write_text(text, encoding="utf-8")
+        if existing is not None and existing != path:
+            existing.unlink(missing_ok=True)
     return path
+
+
+def _lock_name(name: str) -> str:
+    """The lock of a voice name, one for all its spellings (Alice and alice are one voice)."""
+    return name.casefold() + VOICE_SUFFIX
+
+
+def remove_voice(voices: Path, name: str) -> Path:
+    """Delete the saved voice `name` (whatever its case) -> the file removed; UserError when there
+    is none."""
+    check_name(name)
+    with FolderLock(voices, _lock_name(name), f"voice {name!r}") if Path(voices).is_dir() else _no_lock():
+        path = find_saved(voices, name)
+        if path is None:
+            raise UserError(f"no voice named {name!r} in {voices}", "see `omnivoice-onnx voice list`")
+        path.unlink()
+    return path
+
+
+def rename_voice(voices: Path, name: str, new_name: str) -> Path:
+    """Give the saved voice `name` the name `new_name` -> its new file. Refused when there is no
+    voice `name`, or another voice already has `new_name` (a change of case alone is allowed)."""
+    check_name(new_name)
+    check_name(name)
+    locks = sorted({_lock_name(name), _lock_name(new_name)})  # always taken in one order: no deadlock
+    with contextlib.ExitStack() as held:
+        if Path(voices).is_dir():
+            for lock in locks:
+                held.enter_context(FolderLock(voices, lock, f"voice {lock[: -len(VOICE_SUFFIX)]!r}"))
+        source = find_saved(voices, name)
+        if source is None:
+            raise UserError(f"no voice named {name!r} in {voices}", "see `omnivoice-onnx voice list`")
+        taken = find_saved(voices, new_name)
+        if taken is not None and taken != source:
+            raise UserError(f"voice {new_name!r} already exists ({taken})", "remove it first, or choose another name")
+        target = voice_path(voices, new_name)
+        os.replace(source, target)
+    return target
+
+
+@contextlib.contextmanager
+def _no_lock() -> Iterator[None]:
+    """No folder, no voice to lock (the caller then finds none)."""
+    yield
 
 
 # --- upstream .pt files, without torch ---------------------------------------------------------

@@ -398,7 +398,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def assert_hardware_recorded(meta: dict, results: Path) -> None:
-    """A bench results file names the hardware its figures belong to (issue 39): every ISA flag the
+    """A bench results file names the hardware its figures belong to: every ISA flag the
     kernels choose by (present or not), onnxruntime's version, the load average at the start, and the
     measured AMX check; its markdown says the same."""
     from omnivoice_onnx.hardware import ISA_FLAGS

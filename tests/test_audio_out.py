@@ -64,8 +64,8 @@ def test_wav_bytes_are_encode_audio_and_raw_is_headerless(tmp_path: Path) -> Non
 
 
 @pytest.mark.parametrize("dest,fmt,message", [
-    ("x.mp3", None, "extension '.mp3'"), ("noext", None, "no extension"), ("x.wav", "flac", "extension of wav"),
-    ("x.wav", "ogg", "unknown audio format 'ogg'")])
+    ("x.aac", None, "extension '.aac'"), ("noext", None, "no extension"), ("x.wav", "flac", "extension of wav"),
+    ("x.wav", "ogg", "unknown audio format 'ogg'"), ("x.mp3", "opus", "extension of mp3")])
 def test_unknown_or_contradicted_format_refused(dest: str, fmt, message: str, tmp_path: Path) -> None:
     with pytest.raises(UserError, match=message):
         audio_out.check_destination(tmp_path / dest, fmt)
@@ -138,7 +138,8 @@ STDOUT_WRITER = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("fmt,mode", [("", "stream"), ("", "whole"), ("pcm", "stream"), ("flac", "stream")])
+@pytest.mark.parametrize("fmt,mode", [("", "stream"), ("", "whole"), ("pcm", "stream"), ("flac", "stream"),
+                                      ("mp3", "stream"), ("mp3", "whole"), ("opus", "stream")])
 def test_stdout_pipe(fmt: str, mode: str) -> None:
     done = subprocess.run([sys.executable, "-c", STDOUT_WRITER, fmt, mode], cwd=REPO, capture_output=True)
     assert done.returncode == 0, done.stderr.decode()
@@ -148,6 +149,9 @@ def test_stdout_pipe(fmt: str, mode: str) -> None:
         assert data[4:8] == data[40:44] == b"\xff\xff\xff\xff" and data[44:] == expected[44:]
         samples, rate = soundfile.read(io.BytesIO(data), dtype="int16")  # readers take it as "until the end"
         assert rate == RATE and np.array_equal(samples, to_pcm16(SIGNAL))
+    elif fmt == "opus":  # each Ogg stream has a random serial number: the same audio, not the same bytes
+        assert np.array_equal(soundfile.read(io.BytesIO(data), dtype="int16")[0],
+                              soundfile.read(io.BytesIO(expected), dtype="int16")[0])
     else:
         assert data == expected
 
@@ -156,3 +160,26 @@ def test_terminal_stdout_refused(monkeypatch) -> None:
     monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
     with pytest.raises(UserError, match="refusing to write audio to a terminal"):
         audio_out.check_destination("-", None)
+
+
+@pytest.mark.parametrize("fmt", ["mp3", "opus"])
+def test_encoded_formats_stream_and_equal_the_whole_clip(fmt: str, tmp_path: Path) -> None:
+    """MP3 and Opus come out chunk by chunk (bytes after the first chunk), the chunks concatenate
+    to the whole clip's bytes whatever the split, a file written through open_output holds the
+    same bytes, and a decoder reads the whole length back."""
+    signal = np.tile(SIGNAL, 3)
+    encoder = audio_out.StreamEncoder(fmt, RATE)
+    first = encoder.start() + encoder.write(signal[:RATE])
+    rest = encoder.write(signal[RATE:RATE + 777]) + encoder.write(signal[RATE + 777:]) + encoder.finish()
+    whole = encode_audio(signal, RATE, fmt)
+    with open_output(tmp_path / f"a.{fmt}", None, RATE) as sink:
+        sink.write(signal[:5000])
+        sink.write(signal[5000:])
+    written = (tmp_path / f"a.{fmt}").read_bytes()
+    assert len(first) > 0
+    if fmt == "mp3":  # bare MPEG-2 layer III frames (sync 0xFFF, 24 kHz): no Info frame to rewrite
+        assert first + rest == whole == encode_audio(signal, RATE, fmt) == written
+        assert whole[:2] == b"\xff\xf3" and b"Info" not in whole[:1000] and b"Xing" not in whole[:1000]
+    decoded = [soundfile.read(io.BytesIO(data), dtype="int16") for data in (first + rest, whole, written)]
+    assert all(rate == RATE and np.array_equal(samples, decoded[0][0]) for samples, rate in decoded)
+    assert signal.size <= decoded[0][0].size <= signal.size + 2 * 1152  # plus the codec's delay

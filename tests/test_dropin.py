@@ -12,6 +12,7 @@ import io
 import json
 import os
 import shutil
+import time
 from pathlib import Path
 
 import numpy as np
@@ -76,10 +77,11 @@ def test_openai_defaults_give_the_presets_audio(srv: Server, tts: OmniVoiceOnnx)
 def test_voices_list_saved_voices_before_presets(srv: Server, tts: OmniVoiceOnnx) -> None:
     status, _, body = srv.request("GET", "/v1/audio/voices", key=None)
     listed = json.loads(body)
-    assert status == 200 and set(PRESETS) | {"auto", "design"} <= set(listed["voices"])
+    ids = [voice["id"] for voice in listed["voices"]]
+    assert status == 200 and set(PRESETS) | {"auto", "design"} <= set(ids)
     kinds = {item["id"]: item["kind"] for item in listed["data"]}
     assert kinds[SAVED_PRESET_NAME] == "design" and kinds["alloy"] == "preset"
-    assert listed["voices"].count(SAVED_PRESET_NAME) == 1
+    assert ids.count(SAVED_PRESET_NAME) == 1
     # the saved "nova" speaks (its instruct, the request's seed), and instructions still design a voice
     for voice, instructions, instruct, seed in ((SAVED_PRESET_NAME, None, "male, low pitch", 5),
                                                 ("alloy", "male, elderly", "male, elderly", PRESETS["alloy"].seed)):
@@ -125,9 +127,20 @@ def test_uploaded_reference_clones_and_saves(srv: Server, tts: OmniVoiceOnnx, vo
     assert status == 400 and error["code"] == "invalid_reference" and "/tmp" not in error["message"], body
 
 
+def wait_until(page, expression: str, timeout_s: float) -> None:
+    """Poll `expression` in the page until it is truthy (bounded). page.evaluate, not
+    wait_for_function: the latter compiles its predicate with eval, which the page's
+    Content-Security-Policy rightly forbids."""
+    deadline = time.monotonic() + timeout_s
+    while not page.evaluate(expression):
+        assert time.monotonic() < deadline, f"{expression} still false after {timeout_s:g} s"
+        time.sleep(0.1)
+
+
 def test_page_speaks_in_chromium(srv: Server, tmp_path: Path) -> None:
-    """The page at /, in a real headless Chromium: type text, press Speak; the audio streams in,
-    plays (Web Audio buffers end), and the seed and RTF are shown."""
+    """The page at /, in a real headless Chromium, under its own Content-Security-Policy: type
+    text, press Speak; the audio streams in, plays (Web Audio buffers end), and the seed and RTF
+    are shown."""
     if not CHROMIUM.is_file():
         pytest.skip(f"{CHROMIUM} is missing (apt-get install chromium; .ci/run does)")
     sync_api = pytest.importorskip("playwright.sync_api")
@@ -136,19 +149,27 @@ def test_page_speaks_in_chromium(srv: Server, tmp_path: Path) -> None:
                                              args=["--autoplay-policy=no-user-gesture-required", "--no-sandbox"])
         try:
             page = browser.new_page(viewport={"width": 900, "height": 860})
+            responses: list[tuple[str, int]] = []
+            page.on("response", lambda response: responses.append((response.url, response.status)))
             page.goto(f"http://127.0.0.1:{srv.port}/", timeout=REQUEST_S * 1000)
-            page.wait_for_function("document.querySelectorAll('#voice option').length > 12",
-                                   timeout=REQUEST_S * 1000)
+            wait_until(page, "document.querySelectorAll('#voice option').length > 12", REQUEST_S)
             page.fill("#text", "Hello from the page.")
             page.fill("#steps", str(STEPS))
             page.click("#speak")
-            page.wait_for_function("window.omnivoice.done || window.omnivoice.error", timeout=REQUEST_S * 1000)
+            wait_until(page, "window.omnivoice.done || window.omnivoice.error", REQUEST_S)
             state = page.evaluate("window.omnivoice")
             assert state["error"] is None and state["bytes"] > 0 and state["seed"] == str(PRESETS["alloy"].seed)
-            page.wait_for_function("window.omnivoice.played > 0", timeout=REQUEST_S * 1000)
+            wait_until(page, "window.omnivoice.played > 0", REQUEST_S)
             status = page.inner_text("#status")
             assert f"seed {PRESETS['alloy'].seed}" in status and "RTF" in status, status
+            assert page.input_value("#seed") == str(PRESETS["alloy"].seed)  # the seed, where it is reused
+            assert page.is_visible("#player")
+            assert not [url for url, code in responses if code >= 400], responses  # the favicon included
             page.screenshot(path=str(tmp_path / "page.png"))
+            page.fill("#steps", "0")  # refused: the clip of the request before must not stay on show
+            page.click("#speak")
+            wait_until(page, "window.omnivoice.error", REQUEST_S)
+            assert not page.is_visible("#player") and "num_step" in page.inner_text("#status")
         finally:
             browser.close()
     assert (tmp_path / "page.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

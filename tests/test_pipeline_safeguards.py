@@ -323,7 +323,7 @@ def test_bench_refuses_an_export_of_another_model(pipeline: Pipeline, tmp_path: 
 def test_bench_fails_on_other_tokens_names_the_cpu_and_times_each_variant(pipeline: Pipeline,
                                                                          perturbed_transformer: Path,
                                                                          tmp_path: Path) -> None:
-    """One bench run (one round, 8 steps, one call shape, 1 s codec calls, a short GEMM ceiling) for
+    """One bench run (one round, 4 steps, one call shape, 1 s codec calls, a short GEMM ceiling) for
     two properties, since each run costs most of a minute:
     - the fp32 graph installed is the perturbed one (argmax kept, confidences changed), so its
       generate() gives other tokens: the bench still writes its figures, with the CPU and GEMM

@@ -5,9 +5,11 @@ preset is a distinct (instruct, seed) pair. Fast: the runtime config alone, no m
 from __future__ import annotations
 
 from omnivoice_onnx.core.prompt import resolve_instruct
-from omnivoice_onnx.presets import OPENAI_MODEL_IDS, PRESETS
+from omnivoice_onnx.presets import OPENAI_MODEL_IDS, PRESETS, find_preset
 
-OPENAI_VOICES = ("alloy", "ash", "ballad", "coral", "echo", "fable", "nova", "onyx", "sage", "shimmer", "verse")
+# The voices of the `openai` package's speech API (its type hints), in presets.py's order.
+OPENAI_VOICES = ("alloy", "ash", "ballad", "coral", "echo", "fable", "nova", "onyx", "sage", "shimmer", "verse",
+                 "marin", "cedar")
 
 
 def test_every_openai_voice_has_a_valid_preset(config) -> None:
@@ -18,6 +20,19 @@ def test_every_openai_voice_has_a_valid_preset(config) -> None:
         assert resolve_instruct(preset.instruct, False, config["instruct"]) == preset.instruct, name
     assert len({preset.instruct for preset in PRESETS.values()}) == len(PRESETS)
     assert len({preset.seed for preset in PRESETS.values()}) == len(PRESETS)
+
+
+def test_the_installed_openai_sdk_names_no_voice_without_a_preset() -> None:
+    """Every voice the installed `openai` package's speech API lists is a preset, in any case."""
+    import typing
+
+    from openai.resources.audio.speech import Speech
+
+    hint = typing.get_type_hints(Speech.create)["voice"]
+    names = {arg for part in typing.get_args(hint) for arg in typing.get_args(part) if isinstance(arg, str)}
+    assert names and names <= set(PRESETS), names - set(PRESETS)
+    assert find_preset("Alloy") is find_preset("ALLOY") is PRESETS["alloy"]
+    assert find_preset("nobody") is None
 
 
 def test_the_docs_table_is_the_presets() -> None:
@@ -35,8 +50,8 @@ def test_voice_catalogue_hides_presets_under_saved_names_and_unreachable_saved_v
     (which resolves first) is not listed. Wyoming's list: saved, presets, then "auto" once."""
     from types import SimpleNamespace
 
-    from omnivoice_onnx.server_service import BUILTIN_VOICES, Service
-    from omnivoice_onnx.wyoming_server import description, voice_entries
+    from omnivoice_onnx.serve.service import BUILTIN_VOICES, Service
+    from omnivoice_onnx.serve.wyoming import AUTO_DESCRIPTION, description, voice_entries
 
     saved = [SimpleNamespace(name="alloy", prompt=None, instruct="male, elderly"),
              SimpleNamespace(name="auto", prompt=object(), instruct=None),
@@ -50,6 +65,5 @@ def test_voice_catalogue_hides_presets_under_saved_names_and_unreachable_saved_v
     assert all(entry.kind == "preset" and entry.seed == PRESETS[entry.name].seed for entry in catalogue[4:])
     entries = voice_entries(service)
     assert [entry.name for entry in entries] == ["alloy", "mine", *presets, "auto"]
-    assert [description(entry) for entry in entries[:2]] == ["saved voice: male, elderly",
-                                                             "saved voice: a cloned reference"]
-    assert description(entries[-1]) == BUILTIN_VOICES["auto"]
+    assert [description(entry) for entry in entries[:2]] == ["alloy: male, elderly", "mine: cloned voice"]
+    assert description(entries[-1]) == f"auto: {AUTO_DESCRIPTION}"

@@ -18,8 +18,8 @@ import pytest
 from omnivoice_onnx import OmniVoiceOnnx, UserError, cli, cliutil, limits, sessions
 from omnivoice_onnx.batch import Options, run_batch
 from omnivoice_onnx.core import request
-from omnivoice_onnx.server import load_service
-from omnivoice_onnx.server_service import ServerConfig, build_job, speech_request_model
+from omnivoice_onnx.serve.app import load_service
+from omnivoice_onnx.serve.service import ServerConfig, build_job, speech_request_model
 
 FEW_STEPS = {"num_step": 2}  # the count, not the speech, is under test
 

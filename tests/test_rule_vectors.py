@@ -195,6 +195,37 @@ def test_instruct_conflict_before_mapping_reading_fails(record: dict, config: di
     assert wrong[0] == {"error": expected[0]["error"].replace("'male' vs 'male'", "'male' vs '男'")}
 
 
+def instruct_conflict_named_otherwise(case: dict[str, Any], instruct_data: dict[str, Any], runtime_outcome: dict,
+                                      first_pair: bool) -> dict[str, Any]:
+    """Readings of which items the conflict message names: only the first two of a category
+    (`first_pair`), or the categories in the order their first item appears in the instruct."""
+    error = runtime_outcome.get("error", "")
+    prefix = "Conflicting instruct items within the same category: "
+    if not error.startswith(prefix):
+        return runtime_outcome
+    groups, suffix = error[len(prefix):].split(". Each category", 1)
+    parts = [group.split(" vs ") for group in groups.split("; ")]
+    if first_pair:
+        parts = [group[:2] for group in parts]
+    else:
+        items = [item.strip().lower() for item in re.split(instruct_data["split_pattern"], case["instruct"].strip())]
+        first_seen = {item: i for i, item in reversed(list(enumerate(items)))}
+        mapped = {**instruct_data["en_to_zh"], **instruct_data["zh_to_en"]}
+        parts.sort(key=lambda group: min(first_seen.get(g.strip("'"), first_seen.get(mapped.get(g.strip("'")), 99))
+                                         for g in group))
+    return {"error": prefix + "; ".join(" vs ".join(group) for group in parts) + ". Each category" + suffix}
+
+
+@pytest.mark.parametrize("first_pair", [True, False], ids=["first-pair", "instruct-order"])
+def test_instruct_conflict_naming_readings_fail(record: dict, config: dict, first_pair: bool) -> None:
+    """All items of a conflicting category are named (three give three), and the categories in
+    mutually_exclusive's order: a port naming a pair, or ordering by the instruct, fails the vector."""
+    expected = expected_of(record, "instruct_conflict")
+    wrong = [instruct_conflict_named_otherwise(case, config["instruct"], outcome, first_pair)
+             for case, outcome in zip(RULE_CASES["instruct_conflict"], expected)]
+    assert wrong != expected
+
+
 def fallback_without_special_tokens(tokenizer: TextTokenizer, value: str, pattern: str) -> list[int]:
     """Reading: the whole-text fallback tokenizes like the segments, without special tokens."""
     cuts = sorted({0, len(value)} | {edge for match in re.finditer(pattern, value) for edge in match.span()})

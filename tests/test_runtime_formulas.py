@@ -10,6 +10,7 @@ these statements gets the runtime's values.
 from __future__ import annotations
 
 import inspect
+import json
 import math
 import random
 import re
@@ -19,9 +20,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from omnivoice_onnx.core import audio, duration, generate, prompt, text
+from omnivoice_onnx import conformance
+from omnivoice_onnx.core import audio, duration, generate, prompt, scoring, text
+from omnivoice_onnx.errors import UserError
 
 REPO = Path(__file__).resolve().parent.parent
+VECTORS = REPO / "tests" / "conformance"
 SR = 24000
 F32 = np.float32
 
@@ -171,48 +175,85 @@ def test_absent_language_and_instruct_are_the_literal_none(config, tokenizer):
     assert config["prompt"]["no_value"] == "None"
 
 
+CONFLICT = "Conflicting instruct items within the same category: "
+CONFLICT_END = ". Each category (gender, age, pitch, style, accent, dialect) allows at most one item."
+MIX = ("Cannot mix Chinese dialect and English accent in a single instruct. Dialects are for Chinese speech, "
+       "accents for English speech.")
+
+
 def doc_instruct(instruct: str, target_text: str, data: dict) -> str:
+    """docs/runtime.md's Instruct rule, errors 2 and 3 included (their texts as the page gives them)."""
     items = [item.strip().lower() for item in re.split(data["split_pattern"], instruct.strip()) if item]
     dialect = any(item.endswith(data["dialect_suffix"]) for item in items)
     accent = any(data["accent_mark"] in item for item in items)
+    if dialect and accent:
+        raise UserError(MIX)
     chinese = True if dialect else False if accent else bool(re.search(data["zh_pattern"], target_text))
     mapping = data["en_to_zh"] if chinese else data["zh_to_en"]
     items = [mapping.get(item, item) for item in items]
+    conflicts = [hits for category in data["mutually_exclusive"]
+                 if len(hits := [i for i in items if i in category]) > 1]
+    if conflicts:
+        raise UserError(CONFLICT + "; ".join(" vs ".join(f"'{i}'" for i in group) for group in conflicts)
+                               + CONFLICT_END)
     joiner = data["joiners"]["zh" if any(re.search(data["zh_pattern"], item) for item in items) else "en"]
     return joiner.join(items)
+
+
+def outcome(call) -> str:
+    try:
+        return call()
+    except UserError as error:
+        return f"error: {error}"
 
 
 def test_instruct_parsing_is_the_documented_rule(config):
     data = config["instruct"]
     for instruct in ["female, low pitch", "Male，British Accent", "男，河南话", "male, 四川话", " female ,, elderly ",
-                     "女，青年", "whisper, female", "female, american accent"]:
+                     "女，青年", "whisper, female", "female, american accent", "male, female, 男",
+                     "elderly, 女, child, male", "四川话, british accent", "male, male"]:
         for target in ("Hello there.", "你好。"):
-            assert prompt.resolve_instruct(instruct, prompt.instruct_use_zh(target, data), data) == \
-                doc_instruct(instruct, target, data), (instruct, target)
+            assert outcome(lambda: prompt.resolve_instruct(instruct, prompt.instruct_use_zh(target, data), data)) == \
+                outcome(lambda: doc_instruct(instruct, target, data)), (instruct, target)
+
+
+def test_instruct_messages_are_the_documented_texts(config):
+    """The texts docs/runtime.md gives for errors 2 and 3 are on the page verbatim."""
+    page = " ".join((REPO / "docs" / "runtime.md").read_text(encoding="utf-8").split())
+    assert MIX in page and CONFLICT.strip() in page and CONFLICT_END.lstrip(". ") in page
 
 
 # ---- Reference preparation: numpy's pairwise sum ------------------------------------------------
 
-def doc_pairwise(a: np.ndarray) -> np.float32:
-    """numpy's pairwise float32 summation as docs/runtime.md states it."""
+def doc_pairwise(a: np.ndarray, kind: type = F32) -> np.floating:
+    """numpy's pairwise summation as docs/runtime.md states it, each addition rounded to `kind`
+    (float32 for ref_rms, float64 for log_softmax's sum)."""
     n = a.size
     if n < 8:
-        total = F32(0)
+        total = kind(0)
         for value in a:
-            total = F32(total + value)
+            total = kind(total + value)
         return total
     if n <= 128:
-        r = [F32(v) for v in a[:8]]
+        r = [kind(v) for v in a[:8]]
         i = 8
         while i < n - n % 8:
-            r = [F32(r[j] + a[i + j]) for j in range(8)]
+            r = [kind(r[j] + a[i + j]) for j in range(8)]
             i += 8
-        total = F32(F32(F32(r[0] + r[1]) + F32(r[2] + r[3])) + F32(F32(r[4] + r[5]) + F32(r[6] + r[7])))
+        total = kind(kind(kind(r[0] + r[1]) + kind(r[2] + r[3])) + kind(kind(r[4] + r[5]) + kind(r[6] + r[7])))
         for value in a[i:]:
-            total = F32(total + value)
+            total = kind(total + value)
         return total
     half = n // 2 - (n // 2) % 8
-    return F32(doc_pairwise(a[:half]) + doc_pairwise(a[half:]))
+    return kind(doc_pairwise(a[:half], kind) + doc_pairwise(a[half:], kind))
+
+
+def sequential_sum(a: np.ndarray, kind: type = F32) -> np.floating:
+    """The competing reading: the elements added one after another from 0."""
+    total = kind(0)
+    for value in a:
+        total = kind(total + value)
+    return total
 
 
 def test_reference_rms_is_the_documented_pairwise_sum():
@@ -223,11 +264,52 @@ def test_reference_rms_is_the_documented_pairwise_sum():
         squares = (wav * wav).ravel()
         expected = float(np.sqrt(F32(doc_pairwise(squares) / F32(n))))
         assert audio.reference_rms(wav) == expected, n
-        sequential = F32(0)
-        for value in squares:
-            sequential = F32(sequential + value)
-        sequential_differs += float(np.sqrt(F32(sequential / F32(n)))) != expected
+        sequential_differs += float(np.sqrt(F32(sequential_sum(squares) / F32(n)))) != expected
     assert sequential_differs > 0  # the order is part of the formula
+
+
+def test_a_sequential_rms_fails_every_clone_vector(config):
+    """docs/porting.md: every clone vector's `references[*].ref_rms` is the documented pairwise sum
+    of its `loaded` reference, and a sequential float32 sum gets another ref_rms for each of the
+    three reference files, so it fails all six clone vectors at that field, not only the quiet one."""
+    vectors = [json.loads(path.read_text(encoding="utf-8")) for path in sorted(VECTORS.glob("*.json"))]
+    clones = [vector for vector in vectors if vector.get("kind") == "generate" and vector["references"]]
+    assert len(clones) == 6
+    for vector in clones:
+        for ref in vector["references"]:
+            loaded = audio.load_reference(str(VECTORS / ref["file"]), SR, config["audio"])
+            assert conformance.audio_summary(loaded[0]) == ref["loaded"]
+            squares = (loaded * loaded).ravel()
+            assert float(np.sqrt(F32(doc_pairwise(squares) / F32(squares.size)))) == ref["ref_rms"], vector["case"]
+            assert float(np.sqrt(F32(sequential_sum(squares) / F32(squares.size)))) != ref["ref_rms"], vector["case"]
+
+
+# ---- Scoring: log_softmax's double sum runs in numpy's pairwise order ---------------------------
+
+def doc_log_softmax(x: np.ndarray, total) -> np.ndarray:
+    """docs/runtime.md's one-step recipe for one row: s = x - max(x) in float32, the exponentials
+    in float64 summed by `total`, the log rounded once to float32, subtracted in float32."""
+    shifted = x - x.max()
+    return shifted - F32(math.log(total(np.exp(shifted.astype(np.float64)), np.float64)))
+
+
+def test_log_softmax_sums_in_pairwise_order_and_a_sequential_double_sum_fails_the_vector():
+    """Every row of the scoring-recipe vector is the documented recipe with the pairwise double
+    sum (and the runtime's, on the rows stacked as the loop stacks them); a sequential double sum
+    gets another float32 for a row whose maximum dominates (log-sum-exp far below 1)."""
+    stored = json.loads((VECTORS / "scoring-recipe.json").read_text(encoding="utf-8"))
+    rows = [(np.array(row[f"{side}_logits"], F32), np.array(row[f"{side}_log_softmax"], F32))
+            for row in stored["rows"] for side in ("cond", "uncond")]
+    stacked = scoring.log_softmax(np.stack([logits for logits, _ in rows])[np.newaxis])[0]
+    failing = []
+    for i, (logits, expected) in enumerate(rows):
+        assert np.array_equal(doc_log_softmax(logits, doc_pairwise), expected), i
+        assert np.array_equal(stacked[i], expected), i
+        if not np.array_equal(doc_log_softmax(logits, sequential_sum), expected):
+            failing.append(i)
+            shifted = (logits - logits.max()).astype(np.float64)
+            assert math.log(np.exp(shifted).sum()) < 1e-3  # the maximum dominates the row
+    assert failing  # the order is part of the recipe: the vector rejects a sequential sum
 
 
 # ---- Silence removal ----------------------------------------------------------------------------
@@ -239,7 +321,7 @@ class DocSegment:
         self.samples, self.rate = samples, rate
 
     def length_ms(self) -> int:
-        return round(1000 * len(self.samples) / self.rate)
+        return round(1000 * (len(self.samples) / self.rate))
 
     def frame(self, ms: int) -> int:
         return int(ms * (self.rate / 1000.0))
@@ -304,6 +386,26 @@ def doc_remove_silence(x: np.ndarray, rate: int, mid: int, lead: int, trail: int
     seg = DocSegment(seg.samples[::-1].copy(), rate)
     seg = seg.slice(max(0, leading(seg) - trail), seg.length_ms())
     return (seg.samples[::-1].astype(F32) / F32(32768.0))[np.newaxis]
+
+
+@pytest.mark.parametrize("rate", [24000, 16000, 48000])
+def test_segment_length_divides_before_it_multiplies(rate):
+    """A segment's length is round(1000 * (frames / rate)): the division first, in doubles, then
+    Python's round (half to even). Multiplying first differs where frames / rate is a decimal
+    that ends in 5 one digit after the ms (12036 frames at 24 kHz: 501.49999999999994 -> 501
+    against 501.5 -> 502), as pydub's own AudioSegment says."""
+    from pydub import AudioSegment
+
+    from omnivoice_onnx.core._silence import Int16Segment
+
+    lengths = range(1, 4 * rate)
+    differs = [n for n in lengths if round(1000 * (n / rate)) != round(1000 * n / rate)]
+    assert differs
+    for n in differs[:12] + [1, rate // 3, rate + 7]:
+        samples = np.zeros(n, np.int16)
+        pydub_len = len(AudioSegment(samples.tobytes(), frame_rate=rate, sample_width=2, channels=1))
+        assert len(Int16Segment(samples, rate)) == DocSegment(samples, rate).length_ms() == pydub_len, n
+    assert round(1000 * (12036 / 24000)) == 501 and round(1000 * 12036 / 24000) == 502
 
 
 def silences(seed: int, rate: int) -> np.ndarray:
@@ -380,6 +482,41 @@ def test_cross_fade_is_the_documented_join(config):
         assert np.array_equal(audio.cross_fade_chunks(chunks, SR, rules), merged)
 
 
+# ---- The vectors' decoded FLAC files ------------------------------------------------------------
+
+def test_decoded_flac_rounds_half_to_even(tmp_path):
+    """docs/vectors.md: a decoded output is stored as round-half-to-even(x * 32768), clipped to the
+    int16 range, and read back as int16 / 32768 (conformance.write_decoded, libsndfile's FLAC)."""
+    import soundfile as sf
+
+    halves = (np.arange(-40, 40) + 0.5) / 32768
+    rng = np.random.RandomState(5)
+    x = np.concatenate([halves, rng.uniform(-1.1, 1.1, 20000), [1.0, -1.0, 32767.5 / 32768, -32768.5 / 32768]])
+    x = x.astype(F32)
+    conformance.write_decoded(tmp_path / "x.flac", x, SR)
+    stored = sf.read(tmp_path / "x.flac", dtype="int16")[0]
+    assert np.array_equal(stored, np.clip(np.rint(x * F32(32768)), -32768, 32767).astype(np.int16))
+    assert not np.array_equal(stored, np.clip(np.floor(x * F32(32768) + F32(0.5)), -32768, 32767))  # not half up
+    assert np.array_equal(sf.read(tmp_path / "x.flac", dtype="float32")[0], stored.astype(F32) / F32(32768))
+
+
+# ---- The module map names what exists ------------------------------------------------------------
+
+def test_module_map_names_functions_that_exist():
+    """Every `module.name` of docs/runtime.md's module map is a name in omnivoice_onnx/core/."""
+    import importlib
+
+    page = (REPO / "docs" / "runtime.md").read_text(encoding="utf-8")
+    table = page[page.index("## Module map"):page.index("## What must match exactly")]
+    runtime_cells = [line.split("|")[2] for line in table.splitlines() if line.startswith("| ") and "---" not in line]
+    names = [name for cell in runtime_cells[1:] for name in re.findall(r"`([a-z_]+\.[A-Za-z_/]+)`", cell)]
+    assert len(names) >= 20
+    for name in names:
+        module, attrs = name.split(".", 1)
+        for attr in attrs.split("/"):  # `audio.load_reference/prepare_reference`: two names of one module
+            assert hasattr(importlib.import_module(f"omnivoice_onnx.core.{module}"), attr), name
+
+
 # ---- What the metadata's codebook_weights means ---------------------------------------------------
 
 def test_codebook_weights_are_read_by_nothing_at_inference():
@@ -392,3 +529,25 @@ def test_codebook_weights_are_read_by_nothing_at_inference():
                  "_predict_tokens_with_scoring", "_decode_and_post_process", "create_voice_clone_prompt")
     assert not any("codebook_weights" in inspect.getsource(getattr(OmniVoice, name)) for name in inference)
     assert "audio_codebook_weights" in inspect.getsource(OmniVoice.forward)  # the training loss
+
+
+# ---- Request validation: the order and the messages ---------------------------------------------
+
+def test_request_messages_are_the_documented_ones(config, tokenizer):
+    """Each row of docs/runtime.md's request/message table, run through request.validate (with
+    the bundle's data and tokenizer; validation runs no network, so the model has none), gives
+    exactly the row's message."""
+    from omnivoice_onnx.core import request
+
+    page = (REPO / "docs" / "runtime.md").read_text(encoding="utf-8")
+    rows = re.findall(r"^\| `(text=.*)` \| `(.*)` \|$", page, flags=re.MULTILINE)
+    assert len(rows) >= 20
+    m = config["model"]
+    model = request.Model(None, None, None, tokenizer, config, m["sample_rate"], m["hop_length"], m["frame_rate"],
+                          m["num_audio_codebook"], m["audio_mask_id"])
+    for call, message in rows:
+        kwargs = eval(f"dict({call})", {"__builtins__": {}, "dict": dict, "math": math})  # the page's own text
+        with pytest.raises(UserError) as error:
+            settings = request.GenerationConfig.from_dict(kwargs.pop("generation_config", None), config["generation"])
+            request.validate(model, kwargs.pop("text"), settings, duration_s=kwargs.pop("duration", None), **kwargs)
+        assert str(error.value) == message, call

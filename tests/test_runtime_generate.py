@@ -419,7 +419,7 @@ def one_line_user_error(call) -> str:
     ({"text": "   "}, "empty"),
     ({"text": []}, "non-empty"),
     ({"text": "Hi.", "language": "Klingon"}, "unknown language"),
-    ({"text": "Hi.", "instruct": "purple voice"}, "Unsupported instruct"),
+    ({"text": "Hi.", "instruct": "purple voice", "strict_instructions": True}, "voice-design vocabulary"),
     ({"text": "Hi.", "instruct": "male, female"}, "Conflicting"),
     ({"text": "Hi.", "generation_config": {"num_steps": 8}}, "unknown generation_config field"),
     ({"text": "Hi.", "generation_config": {"num_step": 0}}, "num_step 0 is out of range [1,"),

@@ -123,7 +123,7 @@ def test_wheel_and_pip_install_dot_need_no_torch(pipeline, runtime_python: Path,
         metadata = archive.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
     assert all(n.startswith(("omnivoice_onnx/", "omnivoice_onnx-")) for n in names), names
     assert "omnivoice_onnx/cli/speak.py" in names and "omnivoice_onnx/audio_out.py" in names
-    assert "omnivoice_onnx/web/index.html" in names  # serve's page at / is package data
+    assert "omnivoice_onnx/serve/web/index.html" in names  # serve's page at / is package data
     # The description is the runtime user's page, as Markdown (the body after METADATA's headers).
     headers, description = metadata.split("\n\n", 1)
     assert "Description-Content-Type: text/markdown" in headers.splitlines()

@@ -593,7 +593,7 @@ def test_loaders_reject_missing_and_damaged_files(assets, tmp_path):
     (tmp_path / "runtime-config.json").write_text("{not json")
     _expect_user_error(lambda: prompt.load_runtime_config(tmp_path), "not valid JSON")
     (tmp_path / "runtime-config.json").write_text("[1, 2]")
-    _expect_user_error(lambda: prompt.load_runtime_config(tmp_path), "not a JSON object")
+    _expect_user_error(lambda: prompt.load_runtime_config(tmp_path), "the top level is a list, expected an object")
     good = json.loads((assets / "runtime-config.json").read_text(encoding="utf-8"))
     damages = [("instruct", None, None), ("languages", "name_to_id", "oops"), ("model", "audio_mask_id", "oops"),
                ("instruct", "zh_pattern", "[unclosed"), ("prompt", "nonverbal_pattern", "(bad"),

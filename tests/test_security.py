@@ -25,11 +25,13 @@ import numpy as np
 import pytest
 from conftest import REPO, single_stderr_line
 
-from omnivoice_onnx import audio_out, batch, batch_list, files, limits, server, server_service, voices
+from omnivoice_onnx import audio_out, batch, batch_list, files, limits, voices
 from omnivoice_onnx.bundle import Bundle, read_report
 from omnivoice_onnx.contract import FP32_VARIANT, FRAME_RATE, GRAPH_FILES, NUM_CODEBOOKS, REPORT_FILE
 from omnivoice_onnx.core import audio, prompt, request
 from omnivoice_onnx.errors import UserError
+from omnivoice_onnx.serve import connection, door
+from omnivoice_onnx.serve import service as server_service
 
 START_S = 60  # a refused start is one line within this, long before any model could load
 
@@ -337,10 +339,10 @@ def test_true_is_not_a_version_or_a_number(tmp_path: Path) -> None:
     path = tmp_path / "v.json"
     voice = voices.Voice("v", None, "low pitch", "fp", Path()).to_json()
     path.write_text(json.dumps({**voice, "format_version": True}))
-    with pytest.raises(UserError, match="format_version True"):
+    with pytest.raises(UserError, match="format_version is a boolean, expected an integer"):
         voices.read_voice(str(path), tmp_path)
     pytest.importorskip("pydantic")
-    model = server.speech_request_model()
+    model = server_service.speech_request_model()
     base = {"model": "omnivoice", "input": "Hi.", "voice": "auto"}
     for field in ("speed", "seed", "num_step", "guidance_scale", "duration"):
         with pytest.raises(ValueError, match=field):
@@ -494,29 +496,29 @@ def test_reference_that_is_not_a_file_is_named_as_what_it_is(kind: str, words: s
 # --- 8. the server's connections bounded, every refusal in OpenAI's JSON shape ----------------------
 
 async def echo_length(scope: dict, receive, send) -> None:
-    """An app that reads the body as the speech route does (server.read_body) and says its length."""
+    """An app that reads the body as the speech route does (connection.read_body) and says its length."""
     from starlette.requests import Request
     from starlette.responses import JSONResponse
 
     try:
-        body = await server.read_body(Request(scope, receive), 1024)
+        body = await connection.read_body(Request(scope, receive), 1024)
         response = JSONResponse({"bytes": len(body)})
-    except server.ApiError as error:
+    except door.ApiError as error:
         response = JSONResponse(error.body(), error.status, error.headers)
     await response(scope, receive, send)
 
 
 @pytest.fixture
 def bounded_server(monkeypatch):
-    """uvicorn with server.http_protocol() on a free loopback port, in a thread; short limits."""
+    """uvicorn with connection.http_protocol() on a free loopback port, in a thread; short limits."""
     uvicorn = pytest.importorskip("uvicorn")
-    monkeypatch.setattr(server, "HEADER_TIMEOUT_S", 1.0)
-    monkeypatch.setattr(server, "BODY_TIMEOUT_S", 1.0)
-    monkeypatch.setattr(server, "MAX_CONNECTIONS", 3)
-    listener = server.bind("127.0.0.1", 0)
-    running = uvicorn.Server(uvicorn.Config(echo_length, lifespan="off", http=server.http_protocol(),
+    monkeypatch.setattr(door, "HEADER_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(door, "BODY_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(door, "MAX_CONNECTIONS", 3)
+    listener = server_service.bind("127.0.0.1", 0)
+    running = uvicorn.Server(uvicorn.Config(echo_length, lifespan="off", http=connection.http_protocol(),
                                             log_level="critical",
-                                            h11_max_incomplete_event_size=server.MAX_HEADER_BYTES))
+                                            h11_max_incomplete_event_size=door.MAX_HEADER_BYTES))
     thread = threading.Thread(target=running.run, kwargs={"sockets": [listener]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + START_S
@@ -558,7 +560,7 @@ def test_slow_idle_and_malformed_connections_end_with_a_json_error(pieces: list[
 
 
 def test_connections_over_the_limit_refused_with_a_json_503(bounded_server: int) -> None:
-    held = [socket.create_connection(("127.0.0.1", bounded_server), timeout=5) for _ in range(server.MAX_CONNECTIONS)]
+    held = [socket.create_connection(("127.0.0.1", bounded_server), timeout=5) for _ in range(door.MAX_CONNECTIONS)]
     try:
         time.sleep(0.2)
         status, body, _ = reply(bounded_server, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")

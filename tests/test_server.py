@@ -29,8 +29,10 @@ openai = pytest.importorskip("openai")
 pytest.importorskip("fastapi")
 
 from omnivoice_export.serving import Launched, launch  # noqa: E402
-from omnivoice_onnx import OmniVoiceOnnx, audio_out, server_service  # noqa: E402
+from omnivoice_onnx import OmniVoiceOnnx, audio_out  # noqa: E402
 from omnivoice_onnx.presets import PRESETS  # noqa: E402
+from omnivoice_onnx.serve import door  # noqa: E402
+from omnivoice_onnx.serve import service as server_service  # noqa: E402
 from omnivoice_onnx.voices import Voice, load_voice, save_voice  # noqa: E402
 
 pytestmark = pytest.mark.slow  # the session pipeline's tiny export
@@ -122,7 +124,10 @@ def test_routes(srv):
     models = client.models.list()
     assert [m.id for m in models.data][0] == "omnivoice"
     status, _, body = srv.request("GET", "/v1/audio/voices")
-    assert status == 200 and json.loads(body)["voices"] == ["auto", "design", "clone", "narrator", *PRESETS]
+    listed = json.loads(body)
+    assert status == 200 and [item["id"] for item in listed["data"]] == ["auto", "design", "clone", "narrator",
+                                                                       *PRESETS]
+    assert listed["voices"] == [{"id": item["id"], "name": item["name"]} for item in listed["data"]]
     health = srv.health()
     assert health["status"] == "ok" and health["workers"] == 1 and health["queue_size"] == 2
     status, _, body = srv.request("GET", "/v1/nothing")
@@ -207,7 +212,7 @@ def test_bad_requests(srv, voices, tmp_path):
         ({"voice": "../etc/passwd"}, "voice", "not a voice name"),
         ({"voice": {"id": "nobody"}}, "voice", "unknown voice"),
         ({"voice": "design"}, "instructions", "needs `instructions`"),
-        ({"input": "x" * (server_service.MAX_INPUT_CHARS + 1)}, "input", "longer than"),
+        ({"input": "x" * (door.MAX_INPUT_CHARS + 1)}, "input", "longer than"),
         ({"input": ""}, "input", "at least 1"),
         ({"speed": 4.5}, "speed", "less than or equal to 4"),
         ({"response_format": "aac"}, "response_format", "not available"),
@@ -254,7 +259,7 @@ def test_auth_and_body_limit(srv):
     for scheme in ("bearer", "BEARER"):  # RFC 7235: the scheme name is case-insensitive
         assert srv.request("GET", "/v1/models", key=None, headers={"Authorization": f"{scheme} {KEY}"})[0] == 200
     big = json.dumps({"model": "omnivoice", "voice": "auto",
-                      "input": "x" * (server_service.MAX_BODY_BYTES + 1)}).encode()
+                      "input": "x" * (door.MAX_BODY_BYTES + 1)}).encode()
     status, _, body = srv.request("POST", "/v1/audio/speech", big, headers={"Content-Type": "application/json"})
     assert status == 413 and error_of(body)["code"] == "body_too_large"
     # The same without Content-Length (chunked upload): refused while it is read, not after.

@@ -51,12 +51,15 @@ def test_version_and_help() -> None:
     for flag in ("--text-file", "--out", "--raw", "--stream", "--language", "--instruct", "--ref-audio", "--ref_audio",
                  "--ref-text", "--ref_text", "--voice", "--voices", "--speed", "--duration", "--num-step",
                  "--guidance-scale", "--seed", "--variant", "--threads", "--provider", "--model-dir", "--quiet",
-                 "exit codes"):
+                 "--strict-instructions", ".mp3", "exit codes"):
         assert flag in text, flag
+    assert "docs/serving.md" in command("serve", "--help").stdout.decode()  # the reference, not module names
+    assert "docs/drop-in.md" in command("wyoming", "--help").stdout.decode()
 
 
 @pytest.mark.parametrize("args,stdin,fragment", [
-    (["Hi.", "--out", "x.mp3"], b"", "extension '.mp3'"),
+    (["Hi.", "--out", "x.aac"], b"", "extension '.aac'"),
+    (["Hi.", "--speed", "5", "--out", "x.wav"], b"", "--speed: 5 is out of range: a finite number in [0.25, 4.0]"),
     (["Hi.", "--raw", "--out", "x.wav"], b"", "--raw writes to stdout"),
     (["--out", "x.wav"], b"  \n", "the text to speak is empty"),
     (["Hi.", "--text-file", "t.txt", "--out", "x.wav"], b"", "both TEXT and --text-file"),

@@ -37,15 +37,15 @@ def cache(tmp_path: Path, monkeypatch) -> Path:
 
 @pytest.fixture
 def hashed(monkeypatch) -> list[Path]:
-    """The files bundle hashes, in order (sha256_file wrapped)."""
+    """The files bundle hashes, in order (file_digest wrapped)."""
     seen: list[Path] = []
-    real = bundle_module.sha256_file
+    real = bundle_module.file_digest
 
-    def counting(path, *args):
-        seen.append(Path(path))
-        return real(path, *args)
+    def counting(handle, data):
+        seen.append(Path(handle.name))
+        return real(handle, data)
 
-    monkeypatch.setattr(bundle_module, "sha256_file", counting)
+    monkeypatch.setattr(bundle_module, "file_digest", counting)
     return seen
 
 
@@ -149,16 +149,16 @@ def test_files_changed_moments_ago_or_while_hashed_are_not_remembered(pipeline, 
     # With the racy window closed, the tokenizer is remembered; the config, written to while it is
     # hashed (a byte appended: visible whatever the clock's tick), is not.
     monkeypatch.setattr(bundle_module, "RACY_NS", 0)
-    counting = bundle_module.sha256_file
+    counting = bundle_module.file_digest
 
-    def appending(path, *args):
-        digest = counting(path, *args)
-        if Path(path) == config:
-            with open(config, "ab") as handle:
-                handle.write(b" ")
+    def appending(handle, data):
+        digest = counting(handle, data)
+        if Path(handle.name) == config:
+            with open(config, "ab") as appended:
+                appended.write(b" ")
         return digest
 
-    monkeypatch.setattr(bundle_module, "sha256_file", appending)
+    monkeypatch.setattr(bundle_module, "file_digest", appending)
     os.utime(config)  # a new ctime: hashed again below
     Bundle.open(onnx_dir)
     kept = record(cache)
@@ -225,15 +225,15 @@ def test_full_and_info_hash_every_file_and_a_mismatch_they_find_drops_the_entry(
     # A failing disk: the bytes change under an unchanged stat identity. Only a full hash sees it,
     # and the record must not vouch for the file afterwards.
     tokenizer = settled / "tokenizer.json"
-    counting = bundle_module.sha256_file
-    monkeypatch.setattr(bundle_module, "sha256_file",
-                        lambda path, *args: "f" * 64 if Path(path) == tokenizer else counting(path, *args))
+    counting = bundle_module.file_digest
+    monkeypatch.setattr(bundle_module, "file_digest",
+                        lambda handle, data: "f" * 64 if Path(handle.name) == tokenizer else counting(handle, data))
     monkeypatch.setenv(VERIFY_ENV, "full")
     hashed.clear()
     with pytest.raises(UserError, match="tokenizer.json does not match the sha256"):
         Bundle.open(settled)
     assert os.path.realpath(tokenizer) not in record(cache)
-    monkeypatch.setattr(bundle_module, "sha256_file", counting)
+    monkeypatch.setattr(bundle_module, "file_digest", counting)
     monkeypatch.delenv(VERIFY_ENV)
     hashed.clear()
     Bundle.open(settled)

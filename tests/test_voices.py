@@ -28,9 +28,12 @@ from omnivoice_onnx.voices import (
     VOICES_ENV,
     Voice,
     check_name,
+    find_saved,
     list_voices,
     load_upstream_voice,
     load_voice,
+    remove_voice,
+    rename_voice,
     save_voice,
     voices_dir,
 )
@@ -84,6 +87,28 @@ def test_voice_round_trip_and_another_models_voice_refused(tmp_path: Path) -> No
     assert FINGERPRINT in str(caught.value) and other in str(caught.value) and "voice add" in str(caught.value)
     with pytest.raises(UserError, match="no voice named 'bob'"):
         load_voice("bob", tmp_path, FINGERPRINT)
+
+
+def test_names_are_found_whatever_their_case_and_renamed_or_removed(tmp_path: Path) -> None:
+    """A saved voice is one name in any case: found as Alice, replaced (not doubled) by a save as
+    ALICE, refused by a save without replace; renamed (a taken name refused) and removed by any case."""
+    save_voice(tmp_path, "alice", Voice("alice", None, "female", FINGERPRINT, Path()))
+    assert load_voice("Alice", tmp_path, FINGERPRINT).instruct == "female"
+    assert find_saved(tmp_path, "ALICE") == tmp_path / "alice.json" and find_saved(tmp_path, "bob") is None
+    with pytest.raises(UserError, match="already exists"):
+        save_voice(tmp_path, "Alice", Voice("Alice", None, "male", FINGERPRINT, Path()), replace=False)
+    save_voice(tmp_path, "Alice", Voice("Alice", None, "male", FINGERPRINT, Path()))
+    assert [(v.name, v.instruct) for v in list_voices(tmp_path)] == [("Alice", "male")]
+    save_voice(tmp_path, "bob", Voice("bob", None, "female", FINGERPRINT, Path()))
+    with pytest.raises(UserError, match="'Bob' already exists"):
+        rename_voice(tmp_path, "alice", "Bob")
+    assert rename_voice(tmp_path, "alice", "carol") == tmp_path / "carol.json"
+    assert rename_voice(tmp_path, "CAROL", "Carol") == tmp_path / "Carol.json"  # a change of case alone
+    assert remove_voice(tmp_path, "BOB") == tmp_path / "bob.json"
+    assert [v.name for v in list_voices(tmp_path)] == ["Carol"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["Carol.json"]  # no lock or temporary left
+    with pytest.raises(UserError, match="no voice named 'bob'"):
+        remove_voice(tmp_path, "bob")
 
 
 def test_damaged_voice_file_is_one_error(tmp_path: Path) -> None:
@@ -256,3 +281,10 @@ def test_info_verifies_as_loading_does(pipeline: Pipeline, tmp_path: Path) -> No
     assert done.returncode == 2 and "export report not found" in single_stderr_line(done), done
     done = _cli("info", str(onnx), "--no-verify")
     assert done.returncode == 0 and "not checked" in done.stdout and "MISSING" in done.stdout, done
+
+
+def test_voice_help_shows_only_real_defaults() -> None:
+    """`voice add --help` names the defaults there are, never "(default: None)" or "(default: False)"."""
+    done = _cli("voice", "add", "--help")
+    assert done.returncode == 0 and "(default: onnx)" in done.stdout
+    assert "(default: None)" not in done.stdout and "(default: False)" not in done.stdout

@@ -26,9 +26,11 @@ from wyoming.info import Describe, Info  # noqa: E402
 from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop, SynthesizeStopped, SynthesizeVoice  # noqa: E402
 
 from omnivoice_export.serving import launch  # noqa: E402
-from omnivoice_onnx import OmniVoiceOnnx, server_service  # noqa: E402
+from omnivoice_onnx import OmniVoiceOnnx  # noqa: E402
 from omnivoice_onnx.audio_out import to_pcm16  # noqa: E402
+from omnivoice_onnx.core.prompt import advertised_languages  # noqa: E402
 from omnivoice_onnx.presets import PRESETS  # noqa: E402
+from omnivoice_onnx.serve import door  # noqa: E402
 
 pytestmark = pytest.mark.slow  # the session pipeline's tiny export
 
@@ -94,7 +96,7 @@ def test_describe_lists_voices_and_languages(port, tts) -> None:
     names = [voice.name for voice in program.voices]
     assert set(PRESETS) <= set(names) and "auto" in names and "design" not in names
     assert program.supports_synthesize_streaming
-    languages = tts.runtime_config["languages"]["ids"]
+    languages = advertised_languages(tts.runtime_config["languages"])
     assert all(voice.languages == languages for voice in program.voices)
     alloy = program.voices[names.index("alloy")]
     assert PRESETS["alloy"].instruct in alloy.description
@@ -106,6 +108,8 @@ def test_synthesize_streams_the_runtimes_audio(port, tts) -> None:
     expected = list(tts.stream(TEXT, seed=SEED, **PRESETS["alloy"].generate_kwargs()))
     assert len(events) == len(expected) + 2 and len(expected) > 1  # chunks are sent as they are decoded
     assert audio_of(events, tts.sample_rate) == pcm_of(tts, TEXT, "alloy")
+    capitalised = exchange(port, Synthesize(TEXT, voice=SynthesizeVoice(name="Alloy")))  # a name in any case
+    assert audio_of(capitalised, tts.sample_rate) == audio_of(events, tts.sample_rate)
 
 
 def test_streaming_synthesis_speaks_each_sentence(port, tts) -> None:
@@ -125,7 +129,7 @@ def test_refusals_are_error_events(port) -> None:
     (unknown,) = exchange(port, Synthesize("Hello.", voice=SynthesizeVoice(name="nobody")))
     error = Error.from_event(unknown)
     assert error.code == "invalid_voice" and "unknown voice 'nobody'" in error.text and "alloy" in error.text
-    (long,) = exchange(port, Synthesize("x" * (server_service.MAX_INPUT_CHARS + 1)))
+    (long,) = exchange(port, Synthesize("x" * (door.MAX_INPUT_CHARS + 1)))
     assert Error.from_event(long).code == "string_above_max_length"
     (empty,) = exchange(port, Synthesize("   "))
     assert Error.is_type(empty.type) and "empty" in Error.from_event(empty).text

@@ -4,10 +4,12 @@
     echo "Hello." | omnivoice-onnx speak --raw | aplay -r 24000 -f S16_LE -c 1
     omnivoice-onnx serve                                     # OpenAI-compatible server + a page at /
     omnivoice-onnx wyoming                                   # Home Assistant's Wyoming protocol
+    omnivoice-onnx download ORG/NAME --dir onnx              # a bundle from Hugging Face (or an archive URL)
     omnivoice-onnx COMMAND --help                            # every command's flags
 
 `speak` prints a one-line summary with its seed on stderr (--quiet: nothing); the same --seed
-repeats it. The bundle folder is ./onnx unless --model-dir says otherwise.
+repeats it. The bundle folder is ./onnx unless --model-dir says otherwise; --model-dir hf:ORG/NAME
+reads a Hugging Face repo's bundle through its cache (fetched the first time; HF_HUB_OFFLINE=1: cache only).
 """
 
 # How commands register (for developers, kept out of --help): each is a module
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 from types import ModuleType
 
 from omnivoice_onnx.cliutil import (
@@ -33,7 +36,7 @@ from omnivoice_onnx.cliutil import (
 from omnivoice_onnx.version import __version__
 
 PROG = "omnivoice-onnx"
-SUBCOMMANDS = ("speak", "voice", "info", "serve", "wyoming", "batch")
+SUBCOMMANDS = ("speak", "voice", "info", "serve", "wyoming", "batch", "download", "pack")
 EXIT_CODES = (f"exit codes: 0 success, {EXIT_BAD_INPUT} bad or missing input (one line on stderr names the fix), "
               f"{EXIT_INTERRUPTED} interrupted (Ctrl-C), {EXIT_TERMINATED} terminated (SIGTERM), {EXIT_BROKEN_PIPE} "
               "output pipe closed; --debug shows the traceback of an error")
@@ -65,6 +68,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def resolve_hub_model_dirs(args: argparse.Namespace) -> None:
+    """Replace a --model-dir (or info's DIR) of the form hf:ORG/NAME by the huggingface_hub
+    snapshot of the variant the command names (omnivoice_onnx.fetch.resolve_model_dir): every
+    command then opens a folder, checked as any folder is."""
+    for name in ("model_dir", "model_dir_flag"):
+        value = getattr(args, name, None)
+        if value is not None and os.fspath(value).startswith("hf:"):
+            from omnivoice_onnx.fetch import resolve_model_dir
+
+            setattr(args, name, resolve_model_dir(value, getattr(args, "variant", None)))
+
+
 def main(argv: list[str] | None = None) -> int:
     """The `omnivoice-onnx` console script: parse, run the command, map errors to one line + exit code
     (omnivoice_onnx.cliutil.run_main). Returns the command's exit code."""
@@ -73,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     def run(argv: list[str] | None) -> None:
         nonlocal code
         args = build_parser().parse_args(argv)
+        resolve_hub_model_dirs(args)
         code = args.run(args) or 0
 
     run_main(run, argv, prog=PROG)

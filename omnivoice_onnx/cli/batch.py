@@ -29,6 +29,7 @@ from omnivoice_onnx.cliutil import (
     TEMPERATURE,
     THREADS,
     int_range,
+    say,
 )
 
 # Generation flags: upstream omnivoice-infer-batch's, (name, type, help). Unset ones keep the
@@ -110,6 +111,6 @@ def run(args: argparse.Namespace) -> int:
                       default_language=args.lang_id, workers=args.workers,
                       threads=args.threads, skip_bad=args.skip_bad, ray=args.ray)
     summary = run_batch(options)
-    print(summary.text(), flush=True)
+    say(summary.text())
     return EXIT_CHECK_FAILED if summary.failed else 0
 

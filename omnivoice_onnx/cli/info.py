@@ -33,7 +33,7 @@ from omnivoice_onnx.bundle import (
 )
 from omnivoice_onnx.contract import FP32_VARIANT, GRAPH_FILES
 from omnivoice_onnx.core.prompt import language_names
-from omnivoice_onnx.errors import UserError
+from omnivoice_onnx.errors import UserError, say
 from omnivoice_onnx.hardware import isa_line
 from omnivoice_onnx.voices import list_voices, voices_dir
 
@@ -61,9 +61,8 @@ def _size(path: Path) -> str:
 
 def _verdicts(report: dict, damaged: bool) -> str:
     """The verdicts the pipeline recorded; void when the files are not the ones they were made on."""
-    found = [f"{section.replace('_', ' ')} {provider} {entry.get('verdict')}"
-             for section in ("parity", "end_to_end") for provider, entry in (report.get(section) or {}).items()
-             if isinstance(entry, dict)]
+    found = [f"{section.replace('_', ' ')} {provider} {entry.get('verdict')}"  # bundle.REPORT_SCHEMA's shape
+             for section in ("parity", "end_to_end") for provider, entry in (report.get(section) or {}).items()]
     if not found:
         return "none recorded (run parity_check.py and infer_onnx.py)"
     return "; ".join(found) + (" - NOT for these files: they differ from those checked (above)" if damaged else "")
@@ -95,51 +94,51 @@ def run(args: argparse.Namespace) -> int:
     languages = config["languages"]
     if args.languages:
         for lang_id, names in language_names(languages).items():
-            print(f"{lang_id:<8} {', '.join(names)}")
+            say(f"{lang_id:<8} {', '.join(names)}")
         return 0
 
-    print(f"bundle      {model_dir}")
-    print(f"model       fingerprint {meta['model_fingerprint']}")
-    print(f"source      {meta.get('source', 'not recorded')}")
-    print(f"licence     {meta.get('license') or card_license(model_dir) or NO_LICENSE}"
-          f"  (terms: {model_dir / MODEL_CARD_FILE})")
+    say(f"bundle      {model_dir}")
+    say(f"model       fingerprint {meta['model_fingerprint']}")
+    say(f"source      {meta.get('source', 'not recorded')}")
+    say(f"licence     {meta.get('license') or card_license(model_dir) or NO_LICENSE}"
+        f"  (terms: {model_dir / MODEL_CARD_FILE})")
     verify = verify_requested(args.verify)
     problems: list[tuple[str, str]] = []  # (problem, fix)
     if verify:
         checked, unvouched = _checked_files(bundle)
-        print("files       (checked against export-report.json)")
+        say("files       (checked against export-report.json)")
         for check, problem in checked:
             verdict = "OK" if problem is None else ("MISSING" if not check.path.is_file() else "DAMAGED")
-            print(f"  {check.path.relative_to(model_dir)}  {_size(check.path)}  sha256 "
-                  f"{check.entry['sha256'].removeprefix('sha256:')[:12]}  {verdict}")
+            say(f"  {check.path.relative_to(model_dir)}  {_size(check.path)}  sha256 "
+                f"{check.entry['sha256'].removeprefix('sha256:')[:12]}  {verdict}")
             if problem is not None:
                 problems.append((problem, check.fix))
         for variant, exc in unvouched.items():
-            print(f"  {variant}: not checked: {exc.problem}")
+            say(f"  {variant}: not checked: {exc.problem}")
         if bundle.variant in unvouched:  # what loading would refuse
             problems.insert(0, (unvouched[bundle.variant].problem, unvouched[bundle.variant].fix))
     else:
-        print("files       (not checked: --no-verify)")
+        say("files       (not checked: --no-verify)")
         for name in GRAPH_FILES.values():
             for path in (model_dir / name, model_dir / (name + ".data")):
-                print(f"  {path.name}  {_size(path)}")
+                say(f"  {path.name}  {_size(path)}")
     default = bundle.variant
-    print(f"variants    {', '.join(v + (' (default)' if v == default else '') for v in bundle.variants)}")
+    say(f"variants    {', '.join(v + (' (default)' if v == default else '') for v in bundle.variants)}")
     for variant in (v for v in bundle.variants if v != FP32_VARIANT):
         label = metadata_props(bundle.path("transformer", variant)).get("variant", "?")
-        print(f"  {variant}: metadata variant {label}")
-    print(f"verdicts    {_verdicts(bundle.report or {}, bool(problems))}")
-    print(f"languages   {len(languages['ids'])} (list them: omnivoice-onnx info --languages; --language takes a "
-          "name or an id)")
+        say(f"  {variant}: metadata variant {label}")
+    say(f"verdicts    {_verdicts(bundle.report or {}, bool(problems))}")
+    say(f"languages   {len(languages['ids'])} (list them: omnivoice-onnx info --languages; --language takes a "
+        "name or an id)")
     instruct = config["instruct"]
-    print(f"instruct    {', '.join(instruct['valid_en'])} (and {len(instruct['valid_zh'])} Chinese items)")
+    say(f"instruct    {', '.join(instruct['valid_en'])} (and {len(instruct['valid_zh'])} Chinese items)")
     voices = voices_dir(model_dir, args.voices)
     try:
         found = [voice.name for voice in list_voices(voices)]
-        print(f"voices      {len(found)} in {voices}" + (f": {', '.join(found)}" if found else ""))
+        say(f"voices      {len(found)} in {voices}" + (f": {', '.join(found)}" if found else ""))
     except UserError as exc:  # a damaged voice file: named, and the rest of info still shown
-        print(f"voices      unreadable: {exc}")
-    print(f"cpu         {isa_line()}")
+        say(f"voices      unreadable: {exc}")
+    say(f"cpu         {isa_line()}")
     if problems:
         more = f" (+{len(problems) - 1} more file(s), listed above)" if len(problems) > 1 else ""
         raise UserError(problems[0][0] + more, problems[0][1])

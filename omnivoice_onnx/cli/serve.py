@@ -7,7 +7,11 @@
 
 Binds 127.0.0.1 unless --host says otherwise; another host needs a key (--api-key or
 $OMNIVOICE_API_KEY; an empty one is an error) or, to serve it open on purpose, --no-auth.
-Routes, formats, errors, streaming and how it stops: omnivoice_onnx.server.
+Browsers: requests from another page's origin are refused (--cors-origin allows one), and a
+keyless loopback server answers only loopback Host names (--allowed-host adds one); see
+docs/serving.md.
+Routes, formats, errors, streaming, metrics and how it stops: docs/serving.md; OpenAI clients,
+Open WebUI and the page at /: docs/drop-in.md.
 SIGTERM or Ctrl-C drains the requests in flight and exits 0; 143 (130) only if --drain-timeout
 cut some off.
 """
@@ -15,14 +19,15 @@ cut some off.
 from __future__ import annotations
 
 import argparse
-import logging
 import os
+from collections.abc import Callable
 
 from omnivoice_onnx.audio_out import RESPONSE_FORMATS
 from omnivoice_onnx.cli.server_flags import add_model_flags, server_config
-from omnivoice_onnx.cliutil import float_range, int_range
-from omnivoice_onnx.errors import UserError
-from omnivoice_onnx.server_service import API_KEY_ENV, DEFAULT_DRAIN_S, api_key_from
+from omnivoice_onnx.cliutil import int_range
+from omnivoice_onnx.errors import UserError, log_lines
+from omnivoice_onnx.serve.browser import check_host_flag, check_origin_flag
+from omnivoice_onnx.serve.service import API_KEY_ENV, api_key_from
 
 INSTALL_FIX = "install the server's extra: pip install 'omnivoice-onnx[serve]'"
 
@@ -38,20 +43,46 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                              "allowed on a loopback --host only; empty: an error)")
     parser.add_argument("--no-auth", "--no_auth", dest="no_auth", action="store_true",
                         help="serve a non-loopback --host without a key, on purpose (logged as a warning)")
-    parser.add_argument("--drain-timeout", "--drain_timeout", dest="drain_timeout", type=float_range(0.0, 86_400.0),
-                        default=DEFAULT_DRAIN_S,
-                        help=f"on SIGTERM, seconds in-flight requests may take to finish (default: "
-                             f"{DEFAULT_DRAIN_S:g})")
     parser.add_argument("--default-format", "--default_format", dest="default_format", choices=tuple(RESPONSE_FORMATS),
                         default=None, help="response_format when a request names none (default: mp3 as OpenAI, where "
                                            "libsndfile writes it; else wav)")
     parser.add_argument("--model-alias", "--model_alias", dest="model_aliases", action="append", default=[],
-                        metavar="ID", help="another `model` id that names the served variant (repeatable; tts-1, "
-                                           "tts-1-hd and gpt-4o-mini-tts always do)")
+                        metavar="ID", type=model_alias,
+                        help="another `model` id that names the served variant (repeatable; tts-1, tts-1-hd and "
+                             "gpt-4o-mini-tts always do)")
     parser.add_argument("--allow-voice-save", "--allow_voice_save", dest="allow_voice_save", action="store_true",
                         help="let POST /v1/audio/references?save_as=NAME (and the page) save a voice into the voices "
                              "folder (default: off; uploaded references are then kept in memory only)")
+    parser.add_argument("--cors-origin", "--cors_origin", dest="cors_origins", action="append", default=[],
+                        metavar="ORIGIN", type=flag_type(check_origin_flag),
+                        help="a web page origin (scheme://host[:port]) whose requests are answered, with a CORS "
+                             "preflight (repeatable; default: none: only the server's own page at / may send "
+                             "requests from a browser)")
+    parser.add_argument("--allowed-host", "--allowed_host", dest="allowed_hosts", action="append", default=[],
+                        metavar="NAME", type=flag_type(check_host_flag),
+                        help="a Host name the server answers besides loopback ones (repeatable; default: a server "
+                             "without a key on loopback answers only localhost, 127.0.0.1 and [::1], refusing "
+                             "DNS-rebinding pages; naming one turns the check on for any server)")
     return parser
+
+
+def model_alias(value: str) -> str:
+    """A --model-alias id: printable, no spaces, not empty (it is listed in /v1/models and matched
+    against a request's `model` exactly)."""
+    if not value or not value.isprintable() or any(char.isspace() for char in value):
+        raise argparse.ArgumentTypeError(f"{value!r} is not a model id (printable, no spaces, not "
+                                         "empty), e.g. --model-alias my-tts")
+    return value
+
+
+def flag_type(check: Callable[[str], str]) -> Callable[[str], str]:
+    """An argparse type of a ValueError-raising check (the check's message is the error line)."""
+    def parse(value: str) -> str:
+        try:
+            return check(value)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    return parse
 
 
 def run(args: argparse.Namespace) -> int:
@@ -59,12 +90,13 @@ def run(args: argparse.Namespace) -> int:
         import fastapi  # noqa: F401  (the extra's packages, named now rather than at the first request)
         import uvicorn  # noqa: F401
 
-        from omnivoice_onnx import server
+        from omnivoice_onnx.serve import app as server
     except ModuleNotFoundError as exc:
         raise UserError(f"omnivoice-onnx serve needs {exc.name}, which is not installed", INSTALL_FIX) from None
     config = server_config(
         args, host=args.host, port=args.port, api_key=api_key_from(args.api_key, os.environ),
-        no_auth=args.no_auth, drain_s=args.drain_timeout, default_format=args.default_format,
-        model_aliases=tuple(args.model_aliases), allow_voice_save=args.allow_voice_save)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(message)s")
+        no_auth=args.no_auth, default_format=args.default_format, model_aliases=tuple(args.model_aliases),
+        allow_voice_save=args.allow_voice_save, cors_origins=tuple(args.cors_origins),
+        allowed_hosts=tuple(args.allowed_hosts))
+    log_lines()
     return server.serve(config)

@@ -9,10 +9,16 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from omnivoice_onnx.bundle import DEFAULT_MODEL_DIR
-from omnivoice_onnx.cliutil import THREADS, float_range, int_range
+from omnivoice_onnx.bundle import DEFAULT_MODEL_DIR, GET_BUNDLE
+from omnivoice_onnx.cliutil import NUM_STEP, SCORE_FACTOR, THREADS, float_range, int_range
 from omnivoice_onnx.errors import UserError
-from omnivoice_onnx.server_service import DEFAULT_QUEUE, DEFAULT_TIMEOUT_S, ServerConfig
+from omnivoice_onnx.serve.service import (
+    DEFAULT_DRAIN_S,
+    DEFAULT_QUEUE,
+    DEFAULT_TIMEOUT_S,
+    REQUEST_DEFAULT_FIELDS,
+    ServerConfig,
+)
 
 
 def add_model_flags(parser: argparse.ArgumentParser) -> None:
@@ -21,7 +27,17 @@ def add_model_flags(parser: argparse.ArgumentParser) -> None:
                         help=f"the export folder (default: {DEFAULT_MODEL_DIR})")
     parser.add_argument("--voices", type=Path, default=None,
                         help="the saved voices folder (default: $OMNIVOICE_VOICES, else <model-dir>/voices)")
-    parser.add_argument("--variant", default=None, help="transformer variant to serve (default: the runtime's choice)")
+    parser.add_argument("--variant", default=None,
+                        help="transformer variant to serve, e.g. int8 (default: the runtime's choice)")
+    parser.add_argument("--num-step", "--num_step", dest="num_step", type=NUM_STEP, default=None,
+                        help="unmasking steps of a request that sets none (default: the bundle's, upstream's 32; "
+                             "fewer is faster: docs/performance.md)")
+    parser.add_argument("--guidance-scale", "--guidance_scale", dest="guidance_scale", type=SCORE_FACTOR,
+                        default=None, help="classifier-free guidance of a request that sets none (default: the "
+                                           "bundle's, upstream's 2.0)")
+    parser.add_argument("--language", default=None,
+                        help="language of a request that names none: a name, id or tag (default: none, the model's "
+                             "language-agnostic mode)")
     parser.add_argument("--workers", type=int_range(1, 64), default=1,
                         help="inference workers, each with its own model sessions (default: 1)")
     parser.add_argument("--threads", type=THREADS, default=None,
@@ -30,11 +46,17 @@ def add_model_flags(parser: argparse.ArgumentParser) -> None:
                         help=f"requests that may wait for a worker; more are refused (default: {DEFAULT_QUEUE})")
     parser.add_argument("--timeout", type=float_range(1.0, 86_400.0), default=DEFAULT_TIMEOUT_S,
                         help=f"seconds a request may take, queue wait included (default: {DEFAULT_TIMEOUT_S:g})")
+    parser.add_argument("--drain-timeout", "--drain_timeout", dest="drain_timeout", type=float_range(0.0, 86_400.0),
+                        default=DEFAULT_DRAIN_S,
+                        help=f"on SIGTERM, seconds in-flight requests may take to finish; the rest end with an error "
+                             f"(default: {DEFAULT_DRAIN_S:g})")
 
 
 def server_config(args: argparse.Namespace, **more: Any) -> ServerConfig:
     """The ServerConfig of add_model_flags' flags (and `more` fields); the model folder checked."""
     if not args.model_dir.is_dir():
-        raise UserError(f"--model-dir {args.model_dir} is not a folder", "pass the export folder (onnx/)")
+        raise UserError(f"--model-dir {args.model_dir} is not a folder", GET_BUNDLE)
+    defaults = {name: getattr(args, name) for name in REQUEST_DEFAULT_FIELDS if getattr(args, name) is not None}
     return ServerConfig(model_dir=args.model_dir, voices_dir=args.voices, workers=args.workers, threads=args.threads,
-                        queue_size=args.queue, timeout_s=args.timeout, variant=args.variant, **more)
+                        queue_size=args.queue, timeout_s=args.timeout, drain_s=args.drain_timeout, variant=args.variant,
+                        request_defaults=defaults, **more)

@@ -1,7 +1,8 @@
-"""Speak text with an OmniVoice ONNX export: to a WAV/FLAC file, to stdout, or as raw PCM to a player.
+"""Speak text with an OmniVoice ONNX export: to a WAV/FLAC/MP3/Opus file, to stdout, or as raw PCM to a player.
 
     omnivoice-onnx speak "Hello there." --out hello.wav               # 16-bit PCM WAV, 24 kHz mono
     echo "Hello." | omnivoice-onnx speak --out hello.flac             # text from stdin
+    omnivoice-onnx speak "Hello." --seed 7 --out hello.mp3             # the server's mp3 bytes for this seed
     omnivoice-onnx speak --text-file story.txt --raw --stream | aplay -r 24000 -f S16_LE -c 1
     omnivoice-onnx speak "Hi." --out - > hi.wav                       # WAV to stdout
     omnivoice-onnx speak "Hi." --ref-audio me.wav --ref-text "What I say in me.wav." --out clone.wav
@@ -9,7 +10,8 @@
 
 Text: the TEXT argument; `-`, or no TEXT with stdin a pipe, reads stdin; --text-file FILE reads a
 UTF-8 file. Output: --out FILE (format from the extension: .wav 16-bit PCM, .flac, .pcm/.raw raw
-s16le), --out - (WAV to stdout), --raw (raw s16le to stdout, as piper's --output-raw); without
+s16le, .mp3, .opus/.ogg: every format the server answers, in the same bytes for the same samples),
+--out - (WAV to stdout), --raw (raw s16le to stdout, as piper's --output-raw); without
 --out, stdout when it is a pipe. Regular files are written atomically (a Ctrl-C leaves the old
 file or none); devices, pipes and stdout are written in place; a symlink's target is written.
 
@@ -20,7 +22,9 @@ the same chunking and --seed; its level is fixed from the first chunk when there
 (see OmniVoiceOnnx.stream). Without --stream, the output is upstream generate()'s for the seed.
 
 Modes: voice cloning (--ref-audio + --ref-text, or --voice NAME|FILE saved with `omnivoice-onnx
-voice add`), voice design (--instruct), or neither (a voice the model chooses). A one-line summary
+voice add`), voice design (--instruct), or neither (a voice the model chooses). An --instruct in
+prose ("a deep, calm male voice") has its vocabulary words applied and the rest ignored, both
+named in a note on stderr; --strict-instructions refuses it instead. A one-line summary
 (audio length, RTF, seed, destination) goes to stderr, a terminal or a log alike; a progress line
 (chunk, step, ETA) only when stderr is a terminal; --quiet silences both. stdout carries audio only.
 No --seed draws one, and the summary prints it so the run can be repeated. --out into a folder
@@ -37,12 +41,13 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from omnivoice_onnx import audio_out
-from omnivoice_onnx.bundle import DEFAULT_MODEL_DIR
-from omnivoice_onnx.cliutil import DURATION, NUM_STEP, SCORE_FACTOR, SEED, SPEED, THREADS
+from omnivoice_onnx.bundle import DEFAULT_MODEL_DIR, GET_BUNDLE
+from omnivoice_onnx.cliutil import DURATION, NUM_STEP, SCORE_FACTOR, SEED, SPEED, THREADS, note
 from omnivoice_onnx.core import request
 from omnivoice_onnx.core.generate import Progress
+from omnivoice_onnx.core.prompt import instructions_note
 from omnivoice_onnx.core.request import Request
-from omnivoice_onnx.errors import UserError
+from omnivoice_onnx.errors import UserError, printable
 from omnivoice_onnx.files import decode_text, read_bounded, read_limited
 from omnivoice_onnx.limits import LIMIT_ENV_PREFIX, MAX_SPEED, MIN_SPEED, limit
 from omnivoice_onnx.sessions import PROVIDERS
@@ -59,8 +64,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         help="read the text from a UTF-8 file instead")
     out = parser.add_argument_group("output")
     out.add_argument("--out", "-o", "--output-file", "--output_file", dest="out", metavar="FILE",
-                     help="where the audio goes: a .wav (16-bit PCM), .flac or .pcm/.raw (s16le) file, or '-' for "
-                          "WAV on stdout (default: stdout when it is a pipe)")
+                     help="where the audio goes: a .wav (16-bit PCM), .flac, .pcm/.raw (s16le), .mp3 or .opus file, "
+                          "or '-' for WAV on stdout (default: stdout when it is a pipe)")
     out.add_argument("--raw", "--output-raw", "--output_raw", dest="raw", action="store_true",
                      help="raw 16-bit little-endian mono PCM on stdout (no header; 24 kHz: aplay -r 24000 -f S16_LE)")
     out.add_argument("--stream", action="store_true",
@@ -70,7 +75,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     gen.add_argument("--language", default=None,
                      help="language name (English), id (en) or tag (en-US, pt_BR); default: none, as upstream "
                           "(the model infers it)")
-    gen.add_argument("--instruct", default=None, help="voice design, e.g. 'female, low pitch, british accent'")
+    gen.add_argument("--instruct", default=None,
+                     help="voice design, e.g. 'female, low pitch, british accent' (prose: its vocabulary words are "
+                          "applied, the rest ignored and named on stderr)")
+    gen.add_argument("--strict-instructions", "--strict_instructions", dest="strict_instructions",
+                     action="store_true", help="refuse an --instruct with words outside the vocabulary")
     gen.add_argument("--ref-audio", "--ref_audio", dest="ref_audio", type=Path, metavar="WAV",
                      help="voice cloning: a reference recording (3-10 s of clear speech; any rate, mono or stereo)")
     gen.add_argument("--ref-text", "--ref_text", dest="ref_text", metavar="TEXT",
@@ -140,7 +149,8 @@ def output_spec(args: argparse.Namespace) -> tuple[str, str | None]:
         dest, fmt = audio_out.STDOUT, "pcm"
     elif args.out is None:
         if sys.stdout.isatty():
-            raise UserError("no output given", "pass --out FILE (.wav, .flac, .pcm), or pipe stdout (--out - or --raw)")
+            raise UserError("no output given", "pass --out FILE (.wav, .flac, .pcm, .mp3, .opus), or pipe stdout "
+                            "(--out - or --raw)")
         dest, fmt = audio_out.STDOUT, None
     else:
         dest, fmt = args.out, None
@@ -215,8 +225,9 @@ class Reporter:
         now = time.monotonic()
         generation, load = now - self.generation_start, self.generation_start - self.start
         rtf = f"RTF {generation / seconds:.2f}" if seconds > 0 else "no RTF: no audio"
-        self.err.write(("\r\x1b[K" if self.drawn else "") + f"{PROG}: {seconds:.2f} s of audio in {generation:.2f} s "
-                       f"({rtf}; model loaded in {load:.2f} s), seed {seed} -> {dest}\n")
+        self.err.write(("\r\x1b[K" if self.drawn else "") + printable(  # the line's own text: one safe line
+            f"{PROG}: {seconds:.2f} s of audio in {generation:.2f} s ({rtf}; model loaded in {load:.2f} s), seed "
+            f"{seed} -> {dest}") + "\n")
         self.err.flush()
 
 
@@ -260,12 +271,15 @@ def run(args: argparse.Namespace) -> int:
     kwargs = generation_kwargs(args)
     check_provider(args.provider)
     if not args.model_dir.is_dir():
-        raise UserError(f"model folder {args.model_dir} not found", "pass --model-dir DIR, the export folder holding "
-                        "the .onnx graphs, tokenizer.json and runtime-config.json")
+        raise UserError(f"model folder {args.model_dir} not found", GET_BUNDLE)
     reporter = Reporter.for_stderr(args.quiet)
     tts = OmniVoiceOnnx.from_dir(args.model_dir, provider=args.provider, threads=args.threads, variant=args.variant)
     kwargs = voice_kwargs(args, tts, kwargs)
     req = tts.validate(text, **kwargs, stream=args.stream)  # the one check; the seed drawn there if None
+    if not args.quiet:
+        for reading in req.instruct_readings[:1]:
+            if reading.ignored:
+                note(instructions_note(reading))
     sink = audio_out.open_output(dest, fmt, tts.sample_rate, stream=args.stream, what="--out")
     spoken = speak(tts, req, sink, args.stream, reporter)
     reporter.summary(spoken.seconds, spoken.seed, "stdout" if dest == audio_out.STDOUT else str(dest))

@@ -20,16 +20,18 @@ import sys
 from pathlib import Path
 
 from omnivoice_onnx.bundle import DEFAULT_MODEL_DIR, Bundle
-from omnivoice_onnx.cliutil import prepare
+from omnivoice_onnx.cliutil import DefaultsHelpFormatter, prepare
 from omnivoice_onnx.contract import FRAME_RATE
-from omnivoice_onnx.errors import UserError
+from omnivoice_onnx.errors import UserError, say
 from omnivoice_onnx.voices import (
     REPLACE_FIX,
     VOICES_ENV,
     Voice,
+    find_saved,
     list_voices,
     load_upstream_voice,
     read_voice,
+    remove_voice,
     save_voice,
     voice_path,
     voices_dir,
@@ -48,7 +50,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser = subparsers.add_parser("voice", help="keep voices by name: add, list, show, remove, import",
                                    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     actions = parser.add_subparsers(dest="voice_command", metavar="ACTION", required=True)
-    fmt = argparse.ArgumentDefaultsHelpFormatter
+    fmt = DefaultsHelpFormatter
 
     add = _common(actions.add_parser("add", help="encode a reference (or keep an instruct) as a named voice",
                                      formatter_class=fmt))
@@ -75,8 +77,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 def _target(args: argparse.Namespace, voices: Path) -> Path:
     """The file a new voice `args.name` goes to; refused now, before any work, if it exists without --force."""
     path = voice_path(voices, args.name)
-    if path.exists() and not args.force:
-        raise UserError(f"voice {args.name!r} already exists ({path})", REPLACE_FIX)
+    existing = find_saved(voices, args.name)  # names are matched whatever their case
+    if existing is not None and not args.force:
+        raise UserError(f"voice {args.name!r} already exists ({existing})", REPLACE_FIX)
     return path
 
 
@@ -131,31 +134,28 @@ def run(args: argparse.Namespace) -> int:
         else:
             voice = _add(args, voices)
         path = save_voice(voices, args.name, voice, replace=args.force)  # checked again under the name's lock
-        print(f"saved voice {args.name!r}: {describe(voice, FRAME_RATE)} -> {path}")
+        say(f"saved voice {args.name!r}: {describe(voice, FRAME_RATE)} -> {path}")
     elif args.voice_command == "list":
         found = list_voices(voices)
         if not found:
-            print(f"no voices in {voices} (add one with `omnivoice-onnx voice add NAME --ref-audio F --ref-text T`)",
-                  file=sys.stderr)
+            say(f"no voices in {voices} (add one with `omnivoice-onnx voice add NAME --ref-audio F --ref-text T`)",
+                file=sys.stderr)
         width = max((len(v.name) for v in found), default=0)
         for voice in found:
-            print(f"{voice.name:<{width}}  {describe(voice, FRAME_RATE)}  model {voice.model_fingerprint}")
+            say(f"{voice.name:<{width}}  {describe(voice, FRAME_RATE)}  model {voice.model_fingerprint}")
     elif args.voice_command == "show":
         voice = read_voice(args.name, voices)
-        print(f"name               {voice.name}")
-        print(f"file               {voice.path}")
-        print(f"model fingerprint  {voice.model_fingerprint or 'unknown (an upstream .pt carries none)'}")
+        say(f"name               {voice.name}")
+        say(f"file               {voice.path}")
+        say(f"model fingerprint  {voice.model_fingerprint or 'unknown (an upstream .pt carries none)'}")
         if voice.prompt is not None:
             tokens = voice.prompt.ref_audio_tokens
-            print(f"reference tokens   {list(tokens.shape)} ({tokens.shape[-1] / FRAME_RATE:.2f} s)")
-            print(f"reference text     {voice.prompt.ref_text}")
-            print(f"reference RMS      {voice.prompt.ref_rms:.6g}")
+            say(f"reference tokens   {list(tokens.shape)} ({tokens.shape[-1] / FRAME_RATE:.2f} s)")
+            say(f"reference text     {voice.prompt.ref_text}")
+            say(f"reference RMS      {voice.prompt.ref_rms:.6g}")
         if voice.instruct is not None:
-            print(f"instruct           {voice.instruct}")
+            say(f"instruct           {voice.instruct}")
     elif args.voice_command == "remove":
-        path = voice_path(voices, args.name)
-        if not path.is_file():
-            raise UserError(f"no voice named {args.name!r} in {voices}", "see `omnivoice-onnx voice list`")
-        path.unlink()
-        print(f"removed voice {args.name!r} ({path})")
+        path = remove_voice(voices, args.name)
+        say(f"removed voice {args.name!r} ({path})")
     return 0

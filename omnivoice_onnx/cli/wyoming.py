@@ -4,26 +4,29 @@
     omnivoice-onnx wyoming --model-dir onnx --uri tcp://127.0.0.1:10200
 
 Then in Home Assistant: Settings > Devices & services > Add integration > "Wyoming Protocol",
-host and port of this machine (bind --uri tcp://0.0.0.0:10200 for another machine to reach it;
-the protocol has no key: keep it on a trusted network). Voices: the saved ones, the OpenAI-named
-presets and auto. The protocol carries no seed: each request's is logged; --seed fixes it.
-Events, limits and errors: omnivoice_onnx.wyoming_server. SIGTERM or Ctrl-C stops it (exit 0).
+host and port of this machine, or --zeroconf and Home Assistant finds it. The protocol has no
+key: a --uri other machines can reach (e.g. tcp://0.0.0.0:10200, for Home Assistant on another
+machine or in a container) needs --allow-remote, and is then for a trusted network only.
+For a reply faster than real time on a CPU: --variant int8 --num-step 8 or 16 (docs/drop-in.md).
+Voices: the saved ones, the OpenAI-named presets and auto. The protocol carries no seed: each
+request's is logged; --seed fixes it.
+Events, limits and errors: docs/drop-in.md ("Home Assistant: the Wyoming protocol"). SIGTERM or
+Ctrl-C drains it (exit 0; 143/130 if --drain-timeout cut a request off).
 """
 
 from __future__ import annotations
 
 import argparse
-import logging
 
 from omnivoice_onnx.cli.server_flags import add_model_flags, server_config
 from omnivoice_onnx.cliutil import SEED
-from omnivoice_onnx.errors import UserError
+from omnivoice_onnx.errors import UserError, log_lines
 
 INSTALL_FIX = "install the Wyoming extra: pip install 'omnivoice-onnx[wyoming]'"
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
-    from omnivoice_onnx import wyoming_server
+    from omnivoice_onnx.serve import wyoming as wyoming_server
 
     parser = subparsers.add_parser("wyoming", help="run a Wyoming server (Home Assistant's local voice protocol)",
                                    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -34,6 +37,13 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         help=f"the voice of a request that names none (default: {wyoming_server.DEFAULT_VOICE})")
     parser.add_argument("--seed", type=SEED, default=None,
                         help="every request's seed (default: a preset's own, else a fresh one per request, logged)")
+    parser.add_argument("--allow-remote", "--allow_remote", dest="allow_remote", action="store_true",
+                        help="listen on a --uri other machines can reach (default: refused; the protocol has no key, "
+                             "so anyone who can reach the port can use it)")
+    parser.add_argument("--zeroconf", nargs="?", const=wyoming_server.ZEROCONF_NAME, default=None, metavar="NAME",
+                        help=f"announce the server over mDNS (_wyoming._tcp) for Home Assistant to discover, as NAME "
+                             f"(default name: {wyoming_server.ZEROCONF_NAME}); needs the zeroconf package (the "
+                             "wyoming extra)")
     return parser
 
 
@@ -41,11 +51,16 @@ def run(args: argparse.Namespace) -> int:
     try:
         import wyoming  # noqa: F401  (the extra's package, named now rather than at the first client)
 
-        from omnivoice_onnx import server, wyoming_server
+        if args.zeroconf:
+            import zeroconf  # noqa: F401
+
+        from omnivoice_onnx.serve import wyoming as wyoming_server
+        from omnivoice_onnx.serve.app import load_service
     except ModuleNotFoundError as exc:
         raise UserError(f"omnivoice-onnx wyoming needs {exc.name}, which is not installed", INSTALL_FIX) from None
     config = server_config(args)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(message)s")
-    wyoming = wyoming_server.WyomingConfig(uri=args.uri, seed=args.seed, voice=args.voice)
+    log_lines()
+    wyoming = wyoming_server.WyomingConfig(uri=args.uri, seed=args.seed, voice=args.voice,
+                                           allow_remote=args.allow_remote, zeroconf=args.zeroconf)
     listener = wyoming_server.listen(wyoming)  # a bad --uri or a busy port is named before the models load
-    return wyoming_server.serve(server.load_service(config), wyoming, listener)
+    return wyoming_server.serve(load_service(config), wyoming, listener)

@@ -12,7 +12,8 @@ the result is bit-identical to upstream's):
   (0.99999 -> 32767, -0.00002 -> 0); back: `int16 / 32768.0` in float32. The output of
   remove_silence therefore always lies on the int16 grid.
 - pydub addresses audio in whole milliseconds. A segment's length is
-  `round(1000 * frames / rate)` ms (Python's round: half to even); a position of `ms` is frame
+  `round(1000 * (frames / rate))` ms (the division first, then Python's round: half to even);
+  a position of `ms` is frame
   `int(ms * (rate / 1000.0))` (float64, truncated).
 - Slicing `seg[a:b]` first clamps a and b to the length in ms. When the clamped end maps past the
   last real frame (the length was rounded up), pydub appends zero frames to make up the count,

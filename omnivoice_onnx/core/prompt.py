@@ -45,6 +45,7 @@ from typing import Any
 import numpy as np
 from tokenizers import Tokenizer
 
+from omnivoice_onnx.core.iso639 import ISO_639_3_TO_1
 from omnivoice_onnx.core.text import combine_text
 from omnivoice_onnx.errors import UserError
 from omnivoice_onnx.files import read_json
@@ -76,8 +77,13 @@ REGEX_EXPECTED = "a regular expression without nested repeats, repeated alternat
 BCP47_TAG = re.compile(r"([A-Za-z]{2,3})(?:[-_][A-Za-z0-9]{1,8})*")
 # Primary subtags people still send whose model id is another code: deprecated ISO 639-1 codes
 # (iw, in, ji, jw) and the usual code for Tagalog (the model knows it as Filipino, fil), Mandarin
-# (cmn, zh's main member) and Norwegian Bokmal's 639-2 code.
-LANGUAGE_ALIASES = {"iw": "he", "in": "id", "ji": "yi", "jw": "jv", "tl": "fil", "cmn": "zh", "nob": "nb"}
+# (cmn, zh's main member) and Norwegian Bokmal's 639-2 code; and the two-letter codes of Arabic and
+# Odia, whose model ids are the ISO 639-3 individual languages (Standard Arabic arb, Odia ory).
+TWO_LETTER_ALIASES = {"ar": "arb", "or": "ory"}
+LANGUAGE_ALIASES = {"iw": "he", "in": "id", "ji": "yi", "jw": "jv", "tl": "fil", "cmn": "zh", "nob": "nb",
+                    **TWO_LETTER_ALIASES}
+# Model ids with no two-letter code that BCP-47 tags (and so Home Assistant) still name: Cantonese.
+NAMED_THREE_LETTER = ("yue",)
 
 LANGUAGE_FIX = ("pass a language name (English, Chinese, ...), id (en, zh, ...) or tag (en-US, pt_BR), or None "
                 "for language-agnostic mode")
@@ -222,20 +228,18 @@ CONFIG_SCHEMA: dict[str, dict[str, tuple[Callable[[Any], bool], str]]] = {
 }
 
 
-def load_runtime_config(directory: Path) -> dict[str, Any]:
+def load_runtime_config(directory: Path, data: bytes | None = None) -> dict[str, Any]:
     """The export's runtime-config.json (written by omnivoice_export.runtime_assets); UserError
     naming the file when it is missing, not JSON, of another version, or when a section or key
-    the runtime reads is missing or of the wrong type (CONFIG_SCHEMA)."""
+    the runtime reads is missing or of the wrong type (CONFIG_SCHEMA). `data`: the file's bytes
+    as the bundle verified them (parsed instead of reading the file again)."""
     path = Path(directory) / RUNTIME_CONFIG_FILE
-    config = read_json(path, "runtime config", RERUN_EXPORT)  # bounded in size and depth
-    if not isinstance(config, dict):
-        raise UserError(f"runtime config {path} is not a JSON object", RERUN_EXPORT)
-    if type(config.get("version")) is not int or config["version"] != RUNTIME_CONFIG_VERSION:
+    config = read_json(path, "runtime config", RERUN_EXPORT, data=data,  # bounded in size and depth
+                       schema={"version": int, **{section: dict for section in CONFIG_SCHEMA}})
+    if config["version"] != RUNTIME_CONFIG_VERSION:
         raise UserError(f"runtime config {path} is version {config.get('version')!r}; this runtime reads version "
                         f"{RUNTIME_CONFIG_VERSION} (the host tables and audio constants as data)", RERUN_EXPORT)
     for section, keys in CONFIG_SCHEMA.items():
-        if not isinstance(config.get(section), dict):
-            raise UserError(f"runtime config {path} lacks the section {section!r}", RERUN_EXPORT)
         for key, (check, expected) in keys.items():
             if not check(config[section].get(key)):
                 raise UserError(f"runtime config {path}: {section}.{key} is missing or not {expected}", RERUN_EXPORT)
@@ -287,14 +291,15 @@ class TextTokenizer:
         self.backend = backend
 
     @classmethod
-    def from_dir(cls, directory: Path) -> TextTokenizer:
+    def from_dir(cls, directory: Path, data: bytes | None = None) -> TextTokenizer:
         """Load the export's tokenizer.json; UserError when it is missing, unreadable, or lacks one
-        of the prompt's control tokens (a plain Qwen tokenizer, say)."""
+        of the prompt's control tokens (a plain Qwen tokenizer, say). `data`: the file's bytes as
+        the bundle verified them (built from those instead of reading the file again)."""
         path = Path(directory) / TOKENIZER_FILE
-        if not path.is_file():
+        if data is None and not path.is_file():
             raise UserError(f"text tokenizer not found: {path}", RERUN_EXPORT)
         try:
-            backend = Tokenizer.from_file(str(path))
+            backend = Tokenizer.from_file(str(path)) if data is None else Tokenizer.from_buffer(data)
         except Exception as exc:  # the Rust library raises a bare Exception for any parse error
             raise UserError(f"text tokenizer {path} cannot be loaded ({str(exc).splitlines()[0][:200]})",
                             RERUN_EXPORT) from exc
@@ -325,12 +330,24 @@ class TextTokenizer:
         return parts if parts else self.encode(text)
 
 
+def advertised_languages(languages: dict[str, Any]) -> list[str]:
+    """The model's languages as the BCP-47 codes Home Assistant can name, sorted: its two-letter ids,
+    TWO_LETTER_ALIASES whose id it has, and NAMED_THREE_LETTER. What the Wyoming server lists
+    (all 646 ids, mostly ISO 639-3, bury English in a picker); resolve_language takes each of
+    these, and every other id as well."""
+    ids = set(languages["ids"])
+    found = {lang for lang in ids if len(lang) == 2}
+    found |= {code for code, lang in TWO_LETTER_ALIASES.items() if lang in ids}
+    return sorted(found | (ids & set(NAMED_THREE_LETTER)))
+
+
 def resolve_language(language: str | None, languages: dict[str, Any]) -> str | None:
     """The language id for a name or id (_resolve_language); None for None or "None".
 
     An id must match exactly ("en"); a name matches case-insensitively ("english"); a BCP-47 or
-    locale tag ("en-US", "pt_BR", "zh-Hant-TW", "EN") gives its primary language subtag,
-    lower-cased and with LANGUAGE_ALIASES applied, when that is an id (the model's ids are
+    locale tag ("en-US", "pt_BR", "zh-Hant-TW", "EN", "eng") gives its primary language subtag,
+    lower-cased, a three-letter code of a two-letter language made two-letter (iso639), and with
+    LANGUAGE_ALIASES applied, when that is an id (the model's ids are
     ISO 639 codes without region or script: "pt-BR" and "pt-PT" are both "pt"). Upstream
     logs a warning for anything else and goes language-agnostic; here it is a UserError, so a
     typo never silently changes the output (None is the explicit language-agnostic choice).
@@ -346,6 +363,8 @@ def resolve_language(language: str | None, languages: dict[str, Any]) -> str | N
     tag = BCP47_TAG.fullmatch(language)
     if tag:
         primary = tag.group(1).lower()
+        if primary not in languages["ids"]:  # "eng" -> "en" (the model's own three-letter ids stay)
+            primary = ISO_639_3_TO_1.get(primary, primary)
         primary = LANGUAGE_ALIASES.get(primary, primary)
         if primary in languages["ids"]:
             return primary
@@ -425,6 +444,144 @@ def resolve_instruct(instruct: str | None, use_zh: bool, instruct_data: dict[str
 
     has_chinese = any(re.search(instruct_data["zh_pattern"], item) for item in normalised)
     return instruct_data["joiners"]["zh" if has_chinese else "en"].join(normalised)
+
+
+# Everyday words for items of upstream's English instruct vocabulary, matched as whole words in
+# prose directions ("a deep voice", "an old woman", "whispering"). This runtime's own table:
+# upstream reads only its items. Only unambiguous words: a bare "british" or "low" is left alone
+# (an accent is matched as "british accent"), so a direction is never read as more than it says.
+PROSE_WORDS = {
+    **dict.fromkeys(("woman", "women", "lady", "girl", "feminine"), "female"),
+    **dict.fromkeys(("man", "men", "gentleman", "boy", "masculine"), "male"),
+    **dict.fromkeys(("old", "senior", "elder"), "elderly"),
+    "middle aged": "middle-aged", "young": "young adult",
+    **dict.fromkeys(("teen", "teenage", "adolescent"), "teenager"),
+    **dict.fromkeys(("kid", "little kid"), "child"),
+    **dict.fromkeys(("deep", "low pitched", "low-pitched"), "low pitch"),
+    **dict.fromkeys(("very deep", "very low pitched", "very low-pitched"), "very low pitch"),
+    **dict.fromkeys(("high pitched", "high-pitched"), "high pitch"),
+    **dict.fromkeys(("very high pitched", "very high-pitched"), "very high pitch"),
+    **dict.fromkeys(("whispering", "whispered", "whispers", "whispery"), "whisper"),
+}
+STRICT_FIX = "or let the request apply the words it knows and ignore the rest (drop strict_instructions)"
+
+
+@dataclass(frozen=True)
+class InstructReading:
+    """What a request's instruct became: the instruct the model is given and, for a prose
+    direction, which of its words were applied and which ignored (reported to the caller: a
+    response header, a log line, a note on stderr)."""
+
+    instruct: str | None  # normalised (resolve_instruct), None when nothing applied
+    applied: tuple[str, ...]  # vocabulary items taken from the text, in its order
+    ignored: tuple[str, ...]  # the rest of the text, piece by piece (with a suggestion where one is close)
+
+
+def _category(item: str, instruct_data: dict[str, Any]) -> int | None:
+    return next((i for i, group in enumerate(instruct_data["mutually_exclusive"]) if item in group), None)
+
+
+def _phrase_pattern(phrase: str) -> str:
+    """A phrase as whole words (an English one: `male` is not found in `female`); a Chinese one anywhere."""
+    if phrase.isascii():
+        return r"(?<![\w-])" + re.escape(phrase) + r"(?![\w-])"
+    return re.escape(phrase)
+
+
+def _unknown_items(instruct: str, instruct_data: dict[str, Any]) -> list[tuple[str, str | None]]:
+    """The comma-separated items of `instruct` outside the vocabulary, each with the closest item
+    (difflib, upstream's cutoff) or None."""
+    valid = set(instruct_data["valid"])
+    unknown = []
+    for raw in (item for item in re.split(instruct_data["split_pattern"], instruct.strip()) if item):
+        item = raw.strip().lower()
+        if item not in valid:
+            close = difflib.get_close_matches(item, valid, n=1, cutoff=instruct_data["suggestion_cutoff"])
+            unknown.append((raw.strip(), close[0] if close else None))
+    return unknown
+
+
+def vocabulary_error(instruct: str, use_zh: bool, instruct_data: dict[str, Any]) -> UserError:
+    """The refusal of an instruct with items outside the vocabulary (strict_instructions): the input
+    named once, each unknown item with its closest item, and the vocabulary in the request's
+    language (Chinese items for a Chinese text, English items otherwise)."""
+    unknown = _unknown_items(instruct, instruct_data)
+    hints = [f"did you mean {close!r} for {raw!r}?" for raw, close in unknown if close]
+    vocabulary, joiner = ((instruct_data["valid_zh"], instruct_data["joiners"]["zh"]) if use_zh
+                          else (instruct_data["valid_en"], instruct_data["joiners"]["en"]))
+    problem = (f"instruct {instruct.strip()!r} is not OmniVoice's voice-design vocabulary"
+               + (f" ({'; '.join(hints)})" if hints else ""))
+    example = "'男，河南话'" if use_zh else "'male, indian accent'"
+    return UserError(problem, f"write comma-separated items from: {joiner.join(sorted(vocabulary))} "
+                              f"(e.g. {example}), {STRICT_FIX}")
+
+
+def read_instruct(instruct: str | None, use_zh: bool, instruct_data: dict[str, Any],
+                  strict: bool = False) -> InstructReading:
+    """A request's instruct read as the model takes it.
+
+    An instruct of vocabulary items ("female, low pitch") resolves as upstream's (resolve_instruct:
+    its refusals of conflicting items stand). Anything else is a prose direction ("Speak in a
+    cheerful tone", OpenAI's `instructions`): with `strict` it is refused (vocabulary_error); else
+    the vocabulary's items and PROSE_WORDS found in it as whole words are applied (the first of a
+    category wins; an accent after a dialect, or the reverse, is ignored as resolve_instruct would
+    refuse the pair) and the rest is ignored, both reported. OmniVoice has no free-form style
+    control, so the words it cannot read are dropped rather than failing a client that sends them.
+    """
+    if instruct is None or not instruct.strip():
+        return InstructReading(None, (), ())
+    if not _unknown_items(instruct, instruct_data):
+        resolved = resolve_instruct(instruct, use_zh, instruct_data)
+        return InstructReading(resolved, tuple(re.split(instruct_data["split_pattern"], resolved)), ())
+    if strict:
+        raise vocabulary_error(instruct, use_zh, instruct_data)
+    lowered = instruct.lower()
+    phrases = {**{item: item for item in instruct_data["valid"]},
+               **{word: item for word, item in PROSE_WORDS.items() if item in instruct_data["valid"]}}
+    taken = np.zeros(len(lowered), dtype=bool)
+    found: list[tuple[int, int, str]] = []
+    for phrase in sorted(phrases, key=len, reverse=True):  # "very low pitch" before "low pitch"
+        for match in re.finditer(_phrase_pattern(phrase), lowered):
+            if not taken[match.start():match.end()].any():
+                taken[match.start():match.end()] = True
+                found.append((match.start(), match.end(), phrases[phrase]))
+    applied: list[str] = []
+    ignored: list[str] = []
+    categories: dict[int, str] = {}
+    for start, end, item in sorted(found):
+        category = _category(item, instruct_data)
+        is_dialect, is_accent = item.endswith(instruct_data["dialect_suffix"]), instruct_data["accent_mark"] in item
+        clash = categories.get(category) if category is not None else None
+        if clash is None and (is_dialect or is_accent):
+            clash = next((other for other in applied if (is_dialect and instruct_data["accent_mark"] in other)
+                          or (is_accent and other.endswith(instruct_data["dialect_suffix"]))), None)
+        if clash is not None:
+            ignored.append(f"{instruct[start:end]} (conflicts with {clash})")
+            continue
+        if category is not None:
+            categories[category] = item
+        applied.append(item)
+    pieces = re.split(r"[,，.。;；:!?！？\n]+", "".join(" " if hit else char for char, hit in zip(instruct, taken)))
+    ignored = [_with_suggestion(" ".join(piece.split()), instruct_data) for piece in pieces
+               if any(c.isalnum() for c in piece)] + ignored
+    if not applied:
+        return InstructReading(None, (), tuple(ignored))
+    resolved = resolve_instruct(instruct_data["joiners"]["en"].join(applied), use_zh, instruct_data)
+    return InstructReading(resolved, tuple(re.split(instruct_data["split_pattern"], resolved)), tuple(ignored))
+
+
+def instructions_note(reading: InstructReading) -> str:
+    """One line saying what of a prose instruct was applied and what ignored: the CLI's note, the
+    server's log line (its response headers carry the two lists)."""
+    applied = ", ".join(reading.applied) if reading.applied else "nothing"
+    return f"instructions: applied {applied}; ignored {'; '.join(reading.ignored) or 'nothing'}"
+
+
+def _with_suggestion(piece: str, instruct_data: dict[str, Any]) -> str:
+    """An ignored piece, with the vocabulary item it may be a typo of ("mal" -> male)."""
+    close = difflib.get_close_matches(piece.lower(), instruct_data["valid"], n=1,
+                                      cutoff=instruct_data["suggestion_cutoff"])
+    return f"{piece} (did you mean {close[0]!r}?)" if close else piece
 
 
 def prompt_text_ids(tokenizer: TextTokenizer, text: str, ref_text: str | None, has_reference: bool,

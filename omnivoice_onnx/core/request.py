@@ -181,6 +181,7 @@ class Request:
     texts: list[str]
     langs: list[str | None]  # resolved language ids
     instructs: list[str | None]  # normalised instructs
+    instruct_readings: list[prompt.InstructReading]  # per text: what of its instruct was applied, what ignored
     references: list[Reference | VoiceClonePrompt | None]  # the same object where texts share one
     target_lens: list[int]  # frames per text (before chunking)
     speed: list[float] | None  # per text, as upstream's speed_list
@@ -193,7 +194,8 @@ class Request:
 
 # The request's own fields, named as OmniVoiceOnnx.validate() names them (speak's flags, the
 # server's JSON body and batch's lines use these names too).
-REQUEST_FIELDS = ("language", "instruct", "ref_audio", "ref_text", "voice_clone_prompt", "speed", "duration", "seed")
+REQUEST_FIELDS = ("language", "instruct", "ref_audio", "ref_text", "voice_clone_prompt", "speed", "duration", "seed",
+                  "strict_instructions")
 
 
 def keywords(fields: Mapping[str, Any], generation_config: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -262,9 +264,26 @@ def _optional_number(low: float, high_limit: str | None, high: float | None = No
     return check
 
 
+def check_path(value: Any, label: str) -> str:
+    """`value` (a str or os.PathLike) as a path string, or a UserError: the one check of every
+    path-valued field a front end takes (CLI flags, batch lines, HTTP fields, a voice's file). A
+    NUL cannot be in a path (the OS APIs take C strings: Python raises ValueError, a traceback, at
+    the first stat or open); argv cannot hold one, a JSON string can (`\\u0000`)."""
+    if not isinstance(value, (str, os.PathLike)):
+        raise UserError(f"{label} must be a file path (a string), got {type(value).__name__}",
+                        f"pass {label} as a path")
+    path = os.fspath(value)
+    if not isinstance(path, str):  # a bytes path-like
+        raise UserError(f"{label} must be a path string, got {type(path).__name__}", f"pass {label} as a str path")
+    if "\0" in path:
+        raise UserError(f"{label} {path[:200]!r} holds a NUL character at position {path.index(chr(0))}: not a path",
+                        f"pass {label} as the file's path")
+    return path
+
+
 def _ref_audio(value: Any, label: str) -> Any:
     if isinstance(value, (str, os.PathLike)):
-        return value
+        return check_path(value, label)
     if isinstance(value, tuple) and len(value) == 2:
         return value
     raise UserError(f"{label} must be a file path or a (waveform, sample_rate) tuple, got {type(value).__name__}",
@@ -329,17 +348,23 @@ def reference_frames(reference: Reference | VoiceClonePrompt | None) -> int | No
 
 def validate(model: Model, texts: Any, config: GenerationConfig, language: Any = None, ref_text: Any = None,
              ref_audio: Any = None, voice_clone_prompt: Any = None, instruct: Any = None, duration_s: Any = None,
-             speed: Any = None, seed: Any = None) -> Request:
-    """The request checked whole (types, values, sizes) and resolved, without model work."""
+             speed: Any = None, seed: Any = None, strict_instructions: Any = False) -> Request:
+    """The request checked whole (types, values, sizes) and resolved, without model work.
+    strict_instructions: refuse an instruct with words outside the vocabulary instead of applying
+    the words it knows (prompt.read_instruct)."""
     text_list = _texts(texts)
     batch = len(text_list)
     seed = fresh_seed() if seed is None else check_seed(seed)  # drawn or checked here, once
     data = model.runtime_config
     langs = [prompt.resolve_language(lang, data["languages"])
              for lang in _per_item(language, batch, "language", _optional_str)]
-    instructs = [prompt.resolve_instruct(item, prompt.instruct_use_zh(text_list[i], data["instruct"]),
-                                         data["instruct"]) if item is not None else None
-                 for i, item in enumerate(_per_item(instruct, batch, "instruct", _optional_str))]
+    if not isinstance(strict_instructions, (bool, np.bool_)) and strict_instructions is not None:
+        raise UserError(f"strict_instructions must be true or false, got {strict_instructions!r:.60}",
+                        "pass True or False")
+    readings = [prompt.read_instruct(item, prompt.instruct_use_zh(text_list[i], data["instruct"]), data["instruct"],
+                                     strict=bool(strict_instructions))
+                for i, item in enumerate(_per_item(instruct, batch, "instruct", _optional_str))]
+    instructs = [reading.instruct for reading in readings]
     durations = _per_item(duration_s, batch, "duration", _optional_number(0, "MAX_DURATION_S"))
     speeds = _per_item(speed, batch, "speed", _optional_number(MIN_SPEED, None, MAX_SPEED))
 
@@ -376,7 +401,7 @@ def validate(model: Model, texts: Any, config: GenerationConfig, language: Any =
             raise too_large(f"text {i} would be {frames / model.frame_rate:.0f} s of audio (speed "
                             f"{speeds[i] if speed is not None else 1.0:g})", "MAX_DURATION_S")
     calls = _check_calls(model, config, text_list, langs, instructs, ref_texts, ref_frames, target_lens, speed_list)
-    return Request(texts=text_list, langs=langs, instructs=instructs, references=references,
+    return Request(texts=text_list, langs=langs, instructs=instructs, instruct_readings=readings, references=references,
                    target_lens=target_lens, speed=speed_list, config=config, seed=seed, calls=calls)
 
 

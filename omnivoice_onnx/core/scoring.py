@@ -15,16 +15,15 @@ every argmax / max / masked fill, and the random draws (omnivoice_onnx.core.rng)
 
 NOT exact, by design: the transcendentals. torch computes float32 `log` with MKL's vector log and
 `log_softmax` with its vectorised exp and a SIMD-width-dependent summation order; neither is
-correctly rounded, and log_softmax's result even depends on the CPU (torch's AVX2 and AVX512
-kernels disagree on 1.7 % of elements, its no-SIMD kernel on 33 %). There is no single torch
+correctly rounded, and log_softmax's result even depends on the CPU (torch's AVX2, AVX512 and
+no-SIMD kernels disagree with each other). There is no single torch
 value to match. Here they are computed in float64 and rounded once to float32 (correctly rounded
 in practice), a recipe any language reproduces with its double-precision exp/log:
     log32(x)        = float32(log(float64(x)))
     log_softmax(x)  = s - float32(log(sum(exp(float64(s))))),  s = x - max(x)  (s and the final
                       subtraction in float32, the operation order of torch's kernel)
-Measured against torch 2.13 (tests/test_runtime_scoring.py): log_softmax equal on 93 % of
-elements of the tiny model's real logits (97 % on N(0, 10) logits), max 6.3 ULPs of the row's
-log-sum-exp; guided confidences within 14 ULPs; Gumbel noise equal on ~86 %, max 1 ULP. Such
+Against torch, these values agree within a few ULPs (tests/test_runtime_scoring.py bounds them;
+the figures: docs/runtime.md, "What must match exactly"). Such
 differences change a decision only where two candidates are within ULPs of each other (an argmax
 near-tie, the k-th/(k+1)-th cell of the top-k): every token and every chosen cell of the tests'
 recorded steps is equal.
@@ -58,7 +57,8 @@ def log_softmax(x: np.ndarray) -> np.ndarray:
     log-sum-exp evaluated in float64 and rounded to float32 (see the module docstring)."""
     shifted = x - x.max(axis=-1, keepdims=True)
     # dtype=float64 widens each element exactly before the float64 exp, as astype would, without
-    # a float64 copy of the whole array (2.3x faster on [1, 8, 278, 1025]).
+    # a float64 copy of the whole array. The sum runs in numpy's pairwise order, which is part of
+    # the recipe (docs/runtime.md: a sequential double sum changes some rows' last bit).
     log_sum_exp = np.log(np.exp(shifted, dtype=np.float64).sum(axis=-1, keepdims=True)).astype(F32)
     shifted -= log_sum_exp
     return shifted

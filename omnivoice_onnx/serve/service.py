@@ -1,4 +1,4 @@
-"""What a request is to the speech server (omnivoice_onnx.server): OpenAI's request body (its
+"""What a request is to the speech server (omnivoice_onnx.serve.app): OpenAI's request body (its
 pydantic model, its 400s), the server's configuration and loaded state (Service: the pool, the
 voices, uploaded references, the formats), and the Job a synthesis becomes (plan_job: every check,
 the runtime's one validation included, before the request takes a place in the queue).
@@ -23,18 +23,16 @@ from omnivoice_onnx.audio_out import AudioFormat
 from omnivoice_onnx.core.prompt import VoiceClonePrompt, language_names
 from omnivoice_onnx.core.request import keywords
 from omnivoice_onnx.errors import UserError
-from omnivoice_onnx.limits import SEED_MAX, SEED_MIN
-from omnivoice_onnx.presets import OPENAI_MODEL_IDS, PRESETS
-from omnivoice_onnx.server_pool import ApiError, Job, WorkerPool, scrub_paths
+from omnivoice_onnx.limits import MAX_SPEED, MIN_SPEED, SEED_MAX, SEED_MIN
+from omnivoice_onnx.presets import OPENAI_MODEL_IDS, PRESETS, find_preset
+from omnivoice_onnx.serve.door import MAX_BODY_BYTES, MAX_INPUT_CHARS, ApiError, refuse, too_long
+from omnivoice_onnx.serve.pool import Job, WorkerPool, scrub_paths
 
 LOG = logging.getLogger("omnivoice_onnx.server")
 
 MODEL_ID = "omnivoice"  # the `model` a request names; a variant is also reachable as "omnivoice-<variant>"
 API_KEY_ENV = "OMNIVOICE_API_KEY"  # --api-key's environment spelling (keeps the key out of `ps`)
-MAX_INPUT_CHARS = 4096  # OpenAI's documented limit for `input`
 MAX_INSTRUCTIONS_CHARS = 4096
-SPEED_MIN, SPEED_MAX = 0.25, 4.0  # OpenAI's documented range for `speed`
-MAX_BODY_BYTES = 64 * 1024  # 4096 chars of input are < 16 KiB even as \u escapes; leaves room
 DEFAULT_QUEUE = 16  # waiting requests beyond the ones running; more get 429
 DEFAULT_TIMEOUT_S = 300.0  # per request, queue wait included
 DEFAULT_DRAIN_S = 60.0  # SIGTERM: how long requests in flight may take to finish
@@ -42,9 +40,6 @@ BUILTIN_VOICES = {
     "auto": "upstream's auto mode: a voice the model picks; with `instructions`, voice design",
     "design": "voice design from `instructions` (required), e.g. \"female, low pitch, british accent\"",
 }
-# POST /v1/audio/references: a reference recording as the request body (any format libsndfile
-# reads). A 60 s reference (limits.MAX_REF_SECONDS) at 48 kHz stereo 16-bit is 11.5 MB.
-MAX_REFERENCE_BYTES = 16 << 20
 REFERENCE_PREFIX = "ref-"  # the voice id of an uploaded reference: "ref-" + the first hex of its sha256
 REFERENCES_KEPT = 32  # uploaded references held in memory (the least recently used goes first)
 
@@ -80,7 +75,7 @@ def speech_request_model():
         voice: str | VoiceId
         instructions: str | None = Field(None, max_length=MAX_INSTRUCTIONS_CHARS)
         response_format: str | None = None
-        speed: float | None = Field(None, ge=SPEED_MIN, le=SPEED_MAX, allow_inf_nan=False, strict=True)
+        speed: float | None = Field(None, ge=MIN_SPEED, le=MAX_SPEED, allow_inf_nan=False, strict=True)  # limits
         stream_format: Literal["audio", "sse"] | None = None
         # Extensions (not OpenAI's): the runtime's generate() arguments. Types and signs here; their
         # upper limits are the runtime's (omnivoice_onnx.core.request, raisable by environment), checked by
@@ -90,22 +85,34 @@ def speech_request_model():
         num_step: int | None = Field(None, ge=1, strict=True)
         guidance_scale: float | None = Field(None, allow_inf_nan=False, strict=True)
         duration: float | None = Field(None, gt=0.0, allow_inf_nan=False, strict=True)
+        strict_instructions: bool | None = Field(None, strict=True)  # refuse prose instructions (else applied/ignored)
 
     return SpeechRequest
 
 
+# pydantic's type errors, as the front door's `invalid_type` (the words Wyoming's checks use too)
+PYDANTIC_TYPES = {"string_type": "a string", "int_type": "an integer", "float_type": "a number",
+                  "bool_type": "true or false", "model_type": "an object", "dict_type": "an object"}
+UNION_TAGS = {"str", "VoiceId"}  # pydantic's loc names the member of `str | VoiceId` that failed
+
+
 def validation_error(exc: Any) -> ApiError:
-    """pydantic's first complaint as one 400 naming the field."""
+    """pydantic's first complaint as the front door's refusal naming the field."""
     first = exc.errors()[0]
-    param = ".".join(str(part) for part in first["loc"]) or None
+    loc = [str(part) for part in first["loc"]]
+    param = ".".join(part for part in loc if part not in UNION_TAGS) or None
     if first["type"] == "extra_forbidden":
-        return ApiError(400, f"unknown field {param!r}", param, "unknown_parameter")
+        return refuse("unknown_parameter", param, field=param)
     if first["type"] == "missing":
-        return ApiError(400, f"missing required field {param!r}", param, "missing_required_parameter")
+        return refuse("missing_required_parameter", param, detail=f"missing required field {param!r}")
     if first["type"] == "string_too_long" and param == "input":
-        return ApiError(400, f"input is longer than {MAX_INPUT_CHARS} characters; split the text into several "
-                        "requests", param, "string_above_max_length")
-    return ApiError(400, f"{param}: {first['msg']}", param, "invalid_value")
+        return too_long("input")
+    if first["type"] in PYDANTIC_TYPES:
+        if param is None:
+            return refuse("invalid_type", field="the request body", expected="a JSON object")
+        expected = "a string or an object {\"id\": ...}" if param == "voice" else PYDANTIC_TYPES[first["type"]]
+        return refuse("invalid_type", param, field=param, expected=expected)
+    return refuse("invalid_value", param, detail=f"{param}: {first['msg']}")
 
 
 @dataclass
@@ -128,6 +135,11 @@ class ServerConfig:
     max_body_bytes: int = MAX_BODY_BYTES
     model_aliases: tuple[str, ...] = ()  # more model ids that name the served variant (--model-alias)
     allow_voice_save: bool = False  # POST /v1/audio/references may save a named voice (--allow-voice-save)
+    allowed_hosts: tuple[str, ...] = ()  # Host names answered besides loopback ones (--allowed-host; browser.py)
+    cors_origins: tuple[str, ...] = ()  # page origins besides the server's own (--cors-origin; browser.py)
+    # What a request that leaves these fields out gets (--num-step, --guidance-scale, --language):
+    # a field the request sets wins. Checked once at load by the runtime's request check.
+    request_defaults: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -160,46 +172,45 @@ class Service:
             return voice_store.list_voices(self.voices)
         except UserError as exc:
             LOG.error("voices folder: %s", exc)
-            raise ApiError(500, "the voices folder holds a damaged voice file (the server log names it)",
-                           kind="server_error", code="voices_unreadable") from exc
+            raise refuse("voices_unreadable") from exc
 
     def voice_kwargs(self, voice: Any, instructions: str | None) -> tuple[dict[str, Any], int | None]:
-        """generate() keywords for the request's voice and instructions (a name, never a path), and
+        """generate() keywords for the request's voice (a name, never a path; plan_job lays the
+        request's instructions over them; `instructions` here only decides the design mode), and
         the seed the voice brings (a preset's; None: the request's or a fresh one). A name resolves
-        to a built-in mode, an uploaded reference (ref-...), a saved voice, else an OpenAI preset."""
+        to a built-in mode, an uploaded reference (ref-...), a saved voice, else an OpenAI preset;
+        modes, saved voices and presets whatever the name's case ("Alloy" is alloy)."""
         name = voice if isinstance(voice, str) else voice.id
-        if name in BUILTIN_VOICES:
+        if name.casefold() in BUILTIN_VOICES:
+            name = name.casefold()
             if name == "design" and not instructions:
-                raise ApiError(400, "voice 'design' needs `instructions` describing the voice, e.g. "
-                               "\"female, low pitch\"", "instructions", "missing_required_parameter")
-            return ({"instruct": instructions} if instructions else {}), None
+                raise refuse("missing_required_parameter", "instructions",
+                             detail="voice 'design' needs `instructions` describing the voice, e.g. "
+                                    "\"female, low pitch\"")
+            return {}, None  # a mode designs from the request's instructions alone
         try:
             voice_store.check_name(name)
         except UserError:
-            raise ApiError(400, f"voice {name!r} is not a voice name (names are names, not paths); voices: "
-                           f"{', '.join(self.voice_names())}", "voice", "invalid_voice") from None
+            raise refuse("invalid_voice", "voice", detail=f"voice {name!r} is not a voice name (names are names, not "
+                         f"paths); voices: {', '.join(self.voice_names())}") from None
         seed = None
         if name in self.references:
             self.references.move_to_end(name)
             kwargs: dict[str, Any] = {"voice_clone_prompt": self.references[name]}
-        elif name in self.saved_names():
+        elif voice_store.find_saved(self.voices, name) is not None:
             try:
                 kwargs = voice_store.resolve(name, self.voices, self.fingerprint)
             except UserError as exc:
-                raise ApiError(400, self.scrub(str(exc)), "voice", "invalid_voice") from exc
-        elif name in PRESETS:
-            kwargs, seed = PRESETS[name].generate_kwargs(), PRESETS[name].seed
+                raise refuse("invalid_voice", "voice", detail=self.scrub(str(exc))) from exc
+        elif find_preset(name) is not None:
+            preset = find_preset(name)
+            kwargs, seed = preset.generate_kwargs(), preset.seed
         else:
             hint = " (uploaded references are kept in memory only: upload it again)" \
                 if name.startswith(REFERENCE_PREFIX) else ""
-            raise ApiError(400, f"unknown voice {name!r}{hint}; voices: {', '.join(self.voice_names())}", "voice",
-                           "invalid_voice")
-        if instructions:
-            kwargs["instruct"] = instructions  # the request's description wins over a saved or preset design
+            raise refuse("invalid_voice", "voice",
+                         detail=f"unknown voice {name!r}{hint}; voices: {', '.join(self.voice_names())}")
         return kwargs, seed
-
-    def saved_names(self) -> list[str]:
-        return [voice.name for voice in self.saved_voices()]
 
     def voice_catalogue(self) -> list[VoiceEntry]:
         """What `voice` may name (uploaded references aside), in the order every list shows it: the
@@ -207,11 +218,11 @@ class Service:
         (the one place that rule is written; voice_kwargs resolves a name in the same order, so a
         saved voice called "auto" or "design" cannot be reached and is not listed). The voices
         folder is read once."""
-        saved = [voice for voice in self.saved_voices() if voice.name not in BUILTIN_VOICES]
+        saved = [voice for voice in self.saved_voices() if voice.name.casefold() not in BUILTIN_VOICES]
         entries = [VoiceEntry(name, "builtin", text) for name, text in BUILTIN_VOICES.items()]
         entries += [VoiceEntry(voice.name, "clone" if voice.prompt is not None else "design", voice.instruct)
                     for voice in saved]
-        hidden = {voice.name for voice in saved}
+        hidden = {voice.name.casefold() for voice in saved}
         return entries + [VoiceEntry(name, "preset", preset.instruct, preset.seed)
                           for name, preset in PRESETS.items() if name not in hidden]
 
@@ -235,7 +246,7 @@ class Service:
                 return self.pool.models[0].create_voice_clone_prompt(str(path), ref_text)
             except UserError as exc:
                 message = scrub_paths(str(exc), {"the uploaded reference": path, **self.pool.folders})
-                raise ApiError(400, message, None, "invalid_reference") from exc
+                raise refuse("invalid_reference", detail=message) from exc
 
     def add_reference(self, prompt: VoiceClonePrompt, digest: str) -> str:
         """Keep an uploaded reference for later requests (REFERENCES_KEPT at most) -> its voice id."""
@@ -245,6 +256,9 @@ class Service:
         while len(self.references) > REFERENCES_KEPT:
             self.references.popitem(last=False)
         return name
+
+
+REQUEST_DEFAULT_FIELDS = ("num_step", "guidance_scale", "language")  # ServerConfig.request_defaults' keys
 
 
 @dataclass
@@ -270,13 +284,23 @@ def plan_job(service: Service, request: Any, loop: asyncio.AbstractEventLoop, st
     anything it would refuse."""
     voice_kwargs, voice_seed = service.voice_kwargs(request.voice, request.instructions)
     fields = dataclasses.asdict(request) if dataclasses.is_dataclass(request) else request.model_dump()
+    fields |= {name: value for name, value in service.config.request_defaults.items() if fields.get(name) is None}
     kwargs = {**keywords(fields), **voice_kwargs}  # the one builder (core.request.keywords)
+    own_design = voice_kwargs.get("instruct")
+    if request.instructions:
+        kwargs["instruct"] = request.instructions  # the request's description wins over a saved or preset design
     if kwargs["seed"] is None:
         kwargs["seed"] = voice_seed
+    tts = service.pool.models[0]
     try:  # no model work: a 400 before the queue
-        req = service.pool.models[0].validate(request.input, **kwargs, stream=stream)
+        req = tts.validate(request.input, **kwargs, stream=stream)
+        if request.instructions and own_design and req.instruct_readings[0].instruct is None:
+            # Prose with no word OmniVoice reads ("speak cheerfully") keeps the voice's own design
+            # (alloy stays alloy); the reading still reports every word as ignored.
+            kept = tts.validate(request.input, **{**kwargs, "instruct": own_design}, stream=stream)
+            req = dataclasses.replace(kept, instruct_readings=req.instruct_readings)
     except UserError as exc:
-        raise ApiError(400, service.scrub(str(exc))) from exc
+        raise refuse("invalid_value", detail=service.scrub(str(exc))) from exc
     return Job(request=req, stream=stream, loop=loop)
 
 
@@ -284,17 +308,17 @@ def build_job(service: Service, request: Any, loop: asyncio.AbstractEventLoop) -
     """The validated work of one request and its response_format; ApiError (400) for anything
     the runtime would refuse, found before the request takes a place in the queue."""
     if request.model not in service.model_ids():
-        raise ApiError(404, f"model {request.model!r} does not exist; this server has {', '.join(service.model_ids())}",
-                       "model", "model_not_found")
+        raise refuse("model_not_found", "model", detail=f"model {request.model!r} does not exist; this server has "
+                     f"{', '.join(service.model_ids())}")
     fmt = request.response_format or service.default_format
     if fmt not in service.formats:
-        raise ApiError(400, f"response_format {fmt!r} is not available here; choose one of "
-                       f"{', '.join(service.formats)}", "response_format", "unsupported_format")
+        raise refuse("unsupported_format", "response_format", detail=f"response_format {fmt!r} is not available "
+                     f"here; choose one of {', '.join(service.formats)}")
     if request.stream_format and not service.formats[fmt].streams:
         streamable = [name for name, spec in service.formats.items() if spec.streams]
-        raise ApiError(400, f"response_format {fmt!r} cannot be streamed; with stream_format use one of "
-                       f"{', '.join(streamable)}, or drop stream_format to get the whole {fmt} file",
-                       "response_format", "unsupported_format")
+        raise refuse("unsupported_format", "response_format", detail=f"response_format {fmt!r} cannot be streamed; "
+                     f"with stream_format use one of {', '.join(streamable)}, or drop stream_format to get the whole "
+                     f"{fmt} file")
     return plan_job(service, request, loop, stream=request.stream_format is not None), fmt
 
 

@@ -1,8 +1,8 @@
 """The server's worker pool: a bounded queue in front of N worker threads, each with its own
-loaded OmniVoiceOnnx (own sessions), and the Job a request hands it. The app (omnivoice_onnx.server)
+loaded OmniVoiceOnnx (own sessions), and the Job a request hands it. The app (omnivoice_onnx.serve.app)
 loads the models and submits jobs; a worker runs generate() or stream() with the job's `cancel`
 Event, so a client that leaves or a request past its timeout is cancelled between unmasking steps.
-Errors reach the client in OpenAI's shape (ApiError); a bug's traceback goes to the log only.
+Errors reach the client as the front door's refusals (door.refuse); a bug's traceback goes to the log only.
 """
 
 from __future__ import annotations
@@ -14,30 +14,19 @@ import math
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from omnivoice_onnx.errors import Cancelled, UserError
+from omnivoice_onnx.serve.door import ApiError, refuse
 
 if TYPE_CHECKING:  # annotations only: the app hands the pool the models it loaded and the requests it checked
     from omnivoice_onnx.api import OmniVoiceOnnx
     from omnivoice_onnx.core.request import Request
 
 LOG = logging.getLogger("omnivoice_onnx.server")
-
-
-class ApiError(Exception):
-    """An error a client sees, in OpenAI's shape."""
-
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 kind: str = "invalid_request_error", headers: dict[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
-        self.headers = headers or {}
-
-    def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
 
 
 @dataclass
@@ -67,14 +56,6 @@ def scrub_paths(message: str, folders: dict[str, Path]) -> str:
     return message
 
 
-class QueueFull(Exception):
-    """No room in the queue (429)."""
-
-
-class Draining(Exception):
-    """The server is stopping (503)."""
-
-
 class WorkerPool:
     """N worker threads, each with its own OmniVoiceOnnx, fed from one bounded queue."""
 
@@ -89,6 +70,8 @@ class WorkerPool:
         # Outcomes since start, in /health: what an operator (and the tests) can see of cancellation.
         self.counts = {"completed": 0, "cancelled": 0, "timed_out": 0, "failed": 0}
         self.mean_seconds = 1.0  # running mean of a request's worker time, for Retry-After
+        # Called from the worker with (seconds of work, samples made) of each completed request: /metrics.
+        self.on_synthesis: Callable[[float, int], None] | None = None
         self._lock = threading.Lock()
         self._threads = [threading.Thread(target=self._work, args=(model,), name=f"omnivoice-worker-{i}", daemon=True)
                          for i, model in enumerate(models)]
@@ -105,12 +88,16 @@ class WorkerPool:
         return max(1, math.ceil(self.mean_seconds * ahead / self.workers))
 
     def submit(self, job: Job) -> None:
+        """Queue `job`; the table's `shutting_down` (503) once draining, `queue_full` (429) when
+        there is no room, each with its Retry-After."""
         if self.draining:
-            raise Draining()
+            raise refuse("shutting_down", headers={"Retry-After": "5"})
         try:
             self.queue.put_nowait(job)
         except queue.Full:
-            raise QueueFull() from None
+            retry = self.retry_after()
+            raise refuse("queue_full", running=self.workers, queued=self.queue_size, retry=retry,
+                         headers={"Retry-After": str(retry)}) from None
 
     def close(self) -> None:
         """Stop the workers after the jobs already queued (the drain has let them finish)."""
@@ -123,48 +110,62 @@ class WorkerPool:
     def _work(self, tts: OmniVoiceOnnx) -> None:
         while (job := self.queue.get()) is not None:
             if job.cancel.is_set():  # its client left (or it timed out, or the drain ran out) while it waited
-                self._cancelled(job)
+                job.emit(*self._cancelled(job))
                 continue
             with self._lock:
                 self.running += 1
             started = time.monotonic()
+            final: list[tuple[str, Any]] = []
             try:
-                self._run(tts, job)
+                final = self._run(tts, job)
             finally:
                 with self._lock:
                     self.running -= 1
                     self.mean_seconds = 0.8 * self.mean_seconds + 0.2 * (time.monotonic() - started)
+                for event in final:  # after `running` drops: a client holding its answer sees the worker free
+                    job.emit(*event)
+
+    def _synthesized(self, seconds: float, samples: int) -> None:
+        if self.on_synthesis is not None:
+            self.on_synthesis(seconds, samples)
 
     def _count(self, outcome: str) -> None:
         with self._lock:
             self.counts[outcome] += 1
 
-    def _cancelled(self, job: Job) -> None:
+    def _cancelled(self, job: Job) -> tuple[str, Any]:
         if self.draining and not job.timed_out:
             with self._lock:
                 self.cut_off += 1
         self._count("timed_out" if job.timed_out else "cancelled")
-        job.emit("timeout" if job.timed_out else "cancelled")
+        return ("timeout" if job.timed_out else "cancelled"), None
 
-    def _run(self, tts: OmniVoiceOnnx, job: Job) -> None:
+    def _run(self, tts: OmniVoiceOnnx, job: Job) -> list[tuple[str, Any]]:
+        """Run the job, emitting its chunks as they come -> its final events (the whole clip and
+        "done", or its failure), which _work emits once the worker counts as free."""
+        started, samples = time.monotonic(), 0
         try:
             if job.stream:
                 for chunk in tts.stream(job.request, cancel=job.cancel):
+                    samples += chunk.samples.size
                     job.emit("chunk", chunk.samples)
+                self._synthesized(time.monotonic() - started, samples)
+                final: list[tuple[str, Any]] = []
             else:
-                job.emit("audio", tts.generate(job.request, cancel=job.cancel)[0])
+                audio = tts.generate(job.request, cancel=job.cancel)[0]
+                self._synthesized(time.monotonic() - started, audio.size)
+                final = [("audio", audio)]
             self._count("completed")
-            job.emit("done")
+            return [*final, ("done", None)]
         except Cancelled:
-            self._cancelled(job)
+            return [self._cancelled(job)]
         except UserError as exc:
             self._count("failed")
-            job.emit("error", ApiError(400, scrub_paths(str(exc), self.folders)))
+            return [("error", refuse("invalid_value", detail=scrub_paths(str(exc), self.folders)))]
         except Exception:  # a bug or the machine (memory): logged with its traceback; the client gets one line
             self._count("failed")
             LOG.exception("request failed")
-            job.emit("error", ApiError(500, "the server failed to make this audio (its log has the details)",
-                                       kind="server_error", code="internal_error"))
+            return [("error", refuse("internal_error"))]
 
 
 def time_out(job: Job) -> None:
@@ -175,10 +176,11 @@ def time_out(job: Job) -> None:
     job.events.put_nowait(("timeout", None))
 
 
-def job_failure(job: Job, kind: str, payload: Any) -> ApiError:
+def job_failure(job: Job, kind: str, payload: Any, draining: bool = False) -> ApiError:
+    """The refusal a job that ended without its audio gets: its error, the timeout, or (cancelled)
+    `shutting_down` when the drain cut it off, else `cancelled` (its client left: only logs see it)."""
     if kind == "error":
         return payload
     if kind == "timeout":
-        return ApiError(504, "the request took longer than the server's timeout", code="timeout", kind="server_error")
-    # 499 (nginx's "client closed request"): only the access log sees it, the client has gone.
-    return ApiError(499, "request cancelled", code="cancelled")
+        return refuse("timeout")
+    return refuse("shutting_down" if draining else "cancelled")

@@ -1,0 +1,85 @@
+"""omnivoice-onnx download: get a bundle without the export toolchain, verified before it is used.
+
+    omnivoice-onnx download ORG/NAME --dir models/omnivoice --variant int8      # a Hugging Face repo
+    omnivoice-onnx download https://host/omnivoice-int8.tar --sha256 HEX --dir models/omnivoice
+    omnivoice-onnx speak "Hello." --model-dir models/omnivoice --out hello.wav
+
+A Hugging Face repo is read through huggingface_hub (its cache, $HF_HUB_CACHE; $HF_TOKEN for a
+private repo): only the files the variant loads (derived from the repo's export report), the
+report and the model card. HF_HUB_OFFLINE=1 or --local-files-only reads the cache alone.
+`--model-dir hf:ORG/NAME` on any command reads the same files straight from that cache.
+
+A release archive (omnivoice-onnx pack) needs the sha256 its publisher gives. It is fetched beside
+--dir as a hidden .part file; an interrupted fetch is resumed by running the same command again
+(an HTTP Range request; a server that ignores ranges restarts it).
+
+Either way every file is checked against the bundle's export report (and an archive's manifest)
+in a hidden folder beside --dir, which is renamed onto --dir only when all of it is right: a
+failed or interrupted download leaves --dir as it was. A second download of the same source
+into the same --dir finds it in place (each file checked) and fetches nothing. An earlier
+download in --dir is replaced whole; a --dir holding anything else (saved voices) is refused.
+Licence: the bundle's README.md (its model card) states the terms it inherits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from omnivoice_onnx.files import check_output
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "download",
+        help="get a bundle from a Hugging Face repo or a release archive URL",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "source", metavar="SOURCE", help="a Hugging Face repo id (ORG/NAME), or the http(s) URL of a release archive"
+    )
+    parser.add_argument(
+        "--dir",
+        dest="target",
+        type=Path,
+        required=True,
+        metavar="DIR",
+        help="the folder to put the bundle in (created, or replaced when an earlier download)",
+    )
+    parser.add_argument(
+        "--variant",
+        default=None,
+        help="the transformer variant to get, e.g. int8 (default: the runtime's choice among those "
+        "the bundle lists; an archive holds one)",
+    )
+    parser.add_argument("--sha256", default=None, metavar="HEX", help="the archive's sha256 (required with a URL)")
+    parser.add_argument("--revision", default=None, help="a Hugging Face branch, tag or commit (default: main)")
+    parser.add_argument(
+        "--local-files-only",
+        "--local_files_only",
+        dest="local_files_only",
+        action="store_true",
+        help="read the Hugging Face cache only, never the network (as HF_HUB_OFFLINE=1)",
+    )
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    from omnivoice_onnx import fetch
+
+    check_output(args.target, "--dir", "tree")
+    manifest, fetched = fetch.download(
+        args.source, args.target, args.variant, args.sha256, args.local_files_only, args.revision
+    )
+    size = sum(entry["bytes"] for entry in manifest["files"].values())
+    what = "downloaded and verified" if fetched else "already there, verified (nothing fetched)"
+    print(
+        f"{what}: variant {manifest['variant']} of model {manifest['model_fingerprint'][:23]}, "
+        f"{len(manifest['files'])} files, {size / 2**20:.1f} MiB in {args.target}",
+        file=sys.stderr,
+    )
+    print(os.fspath(args.target))
+    return 0

@@ -1,0 +1,789 @@
+"""An OpenAI-compatible speech server over the torch-free runtime (`omnivoice-onnx serve`).
+
+    pip install 'omnivoice-onnx[serve]'
+    omnivoice-onnx serve --model-dir onnx --port 8000          # 127.0.0.1 unless --host says otherwise
+
+    from openai import OpenAI
+    client = OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="unused")
+    client.audio.speech.create(model="omnivoice", voice="auto", input="Hello.").write_to_file("hello.wav")
+
+Routes (OpenAI's shapes, so the official client and the tools built on it work unchanged):
+    POST /v1/audio/speech   model, input, voice, instructions, response_format, speed, stream_format,
+                            and the extensions language, seed, num_step, guidance_scale, duration,
+                            strict_instructions; applied/ignored prose instructions in X-Instructions-*
+    POST /v1/audio/speech/clone  multipart: input, ref_audio (a file), ref_text and the speech fields
+    GET  /v1/audio/voices   the built-in modes, the saved voices (omnivoice_onnx.voices) and the
+                            OpenAI-named presets no saved voice replaces (omnivoice_onnx.presets):
+                            `voices` [{"id", "name"}] as Open WebUI reads it, `data` in full
+    GET  /v1/audio/voices/{name}  one of them (names in any case)
+    POST /v1/audio/voices   multipart: name, ref_audio + ref_text or instruct -> a saved voice;
+    PATCH, DELETE /v1/audio/voices/{name}  rename ({"name"}) or delete one: all three only with
+                            --allow-voice-save (else 403)
+    GET  /v1/models         the bundle's model id, the transformer variants in the folder, and the
+                            ids that name the served variant (tts-1, tts-1-hd, gpt-4o-mini-tts, --model-alias)
+    GET  /v1/models/{id}    one of them, as OpenAI's; GET /v1/audio/models: the served ones, as Open
+                            WebUI reads them ({"models": [{"id"}]})
+    GET  /v1/audio/languages  the model's language ids and names (extension)
+    POST /v1/audio/references  a reference recording as the body, ?ref_text=its words -> a voice id
+                            for later requests ("ref-...", in memory); &save_as=NAME saves it as a
+                            voice, only with --allow-voice-save (else 403)
+    GET  /                  a page to try voices (omnivoice_onnx/serve/web/index.html; no key needed)
+    GET  /health            liveness and queue depth (no key needed: for load balancers)
+    GET  /metrics           Prometheus' text format (omnivoice_onnx.serve.metrics)
+
+OpenAI clients work with OpenAI's defaults: `model="tts-1"` and `voice="alloy"` (a preset: a
+voice-design instruct and a fixed seed, so the same request gives the same bytes); see
+docs/drop-in.md.
+
+What a request gets:
+- Without stream_format: the whole clip from OmniVoiceOnnx.generate(), with upstream's global
+  post-processing, in one response. A `seed` gives generate()'s audio with that seed, to the
+  format's precision (16-bit PCM for wav/pcm/flac). The seed used is returned in `X-Seed`, so a
+  request without one can be repeated. OpenAI streams every response; this server streams only
+  when asked, because a text-chunk stream cannot equal the post-processed clip (see
+  OmniVoiceOnnx.stream) and a caller that sends a seed expects generate()'s audio.
+- stream_format "audio": chunked transfer of audio bytes as OmniVoiceOnnx.stream() decodes each
+  text chunk (mp3 frames, pcm, wav with an open-ended header as OpenAI sends it, or Ogg Opus);
+  without response_format that is mp3, as OpenAI streams. "sse": OpenAI's
+  `speech.audio.delta` events (base64 of the same bytes) then one `speech.audio.done`. FLAC is
+  offered whole only: libsndfile rewrites its header (the sample count) when it closes the file.
+  MP3 is written without LAME's Info frame (audio_out.StreamEncoder), streamed or whole.
+- Errors in OpenAI's shape {"error": {"message", "type", "param", "code"}}, every one from the
+  front door's table (door.ERRORS, which Wyoming answers from too): 400 bad field, 401 wrong key,
+  403 a foreign Host or page origin (browser.py) or voices changed without --allow-voice-save,
+  404 unknown route, model or voice, 408 too slow, 409 a voice name taken, 413 body too large,
+  429 queue full and 503 shutting down (both with Retry-After), 504 past the request timeout. No
+  traceback or server path reaches a client: it goes to the server's log.
+
+Concurrency: a bounded queue in front of N worker threads, each with its own OmniVoiceOnnx (own
+sessions, threads = cores // N, so N x threads = cores). A client that disconnects has its queued
+work dropped and its running work cancelled between unmasking steps (the `cancel` Event of
+generate()/stream()); a request past --timeout is cancelled the same way. Requests are never
+batched together (measured: investigation log); memory is each worker's model plus one request each.
+
+SIGTERM (or Ctrl-C) stops accepting connections, lets the requests in flight finish (up to
+--drain-timeout), and exits 0: for a server, a drained stop is the successful end of its work.
+Only when the drain timeout cut requests off does it exit 143 (130 for Ctrl-C), the CLI's code for
+"terminated with work undone".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import hashlib
+import hmac
+import json
+import logging
+import math
+import signal
+import threading
+import urllib.parse
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from omnivoice_onnx import voices as voice_store
+from omnivoice_onnx.api import OmniVoiceOnnx
+from omnivoice_onnx.audio_out import StreamEncoder, available_response_formats, encode_clip
+from omnivoice_onnx.contract import variants_present
+from omnivoice_onnx.core.prompt import InstructReading, instructions_note, resolve_instruct
+from omnivoice_onnx.core.request import keywords
+from omnivoice_onnx.errors import UserError
+from omnivoice_onnx.serve import door
+from omnivoice_onnx.serve.browser import BrowserGuard, BrowserPolicy, page_csp
+from omnivoice_onnx.serve.connection import http_protocol, read_body, wait_disconnect
+from omnivoice_onnx.serve.door import ApiError, refuse
+from omnivoice_onnx.serve.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from omnivoice_onnx.serve.metrics import Metrics
+from omnivoice_onnx.serve.pool import Job, WorkerPool, job_failure, time_out
+from omnivoice_onnx.serve.service import (
+    MODEL_ID,
+    ServerConfig,
+    Service,
+    bearer_token,
+    bind,
+    build_job,
+    check_auth,
+    is_loopback,
+    speech_request_model,
+    validation_error,
+)
+from omnivoice_onnx.sessions import worker_threads
+
+LOG = logging.getLogger("omnivoice_onnx.server")
+LISTENING = "omnivoice-onnx serve: listening on "  # the start line's prefix, read by launch()
+
+
+def error_response(error: ApiError) -> Any:
+    from fastapi.responses import JSONResponse
+
+    return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+
+
+def create_app(service: Service) -> Any:
+    """The FastAPI application over `service` (its WorkerPool is closed when the app shuts down):
+    the error handlers, the middleware, then each group of routes. A new group is one more
+    add_*_routes(app, service) here."""
+    from fastapi import FastAPI
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Any) -> AsyncIterator[None]:
+        yield
+        await asyncio.to_thread(service.pool.close)
+
+    # No generated schema or docs pages (GET /openapi.json is a JSON 404 like any unknown route):
+    # the routes are OpenAI's, documented in the README, and the speech route reads its body itself.
+    app = FastAPI(title="omnivoice-onnx", description=__doc__, lifespan=lifespan, docs_url=None, redoc_url=None,
+                  openapi_url=None)
+    add_error_handlers(app)
+    add_middleware(app, service)
+    add_info_routes(app, service)
+    add_voice_routes(app, service)
+    add_reference_routes(app, service)
+    add_speech_routes(app, service)
+    return app
+
+
+def add_error_handlers(app: Any) -> None:
+    """Every error a client sees is the front door's JSON; a bug's traceback goes to the log only."""
+    from fastapi import Request
+    from starlette.exceptions import HTTPException
+
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, exc: ApiError) -> Any:
+        return error_response(exc)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> Any:
+        if exc.status_code == 404:
+            return error_response(refuse("not_found", detail=f"{request.method} {request.url.path}"))
+        if exc.status_code == 405:
+            return error_response(refuse("method_not_allowed", detail=str(exc.detail)))
+        return error_response(ApiError(exc.status_code, str(exc.detail)))
+
+    @app.exception_handler(Exception)
+    async def server_error(request: Request, exc: Exception) -> Any:
+        LOG.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+        return error_response(refuse("internal_error"))
+
+
+def browser_policy(config: ServerConfig) -> BrowserPolicy:
+    """A keyless loopback server checks Host (a page rebinding a name to 127.0.0.1 has no key to
+    show); any server does once --allowed-host names one."""
+    return BrowserPolicy(check_host=bool(config.allowed_hosts) or (config.api_key is None and is_loopback(config.host)),
+                         allowed_hosts=frozenset(config.allowed_hosts), cors_origins=frozenset(config.cors_origins))
+
+
+def add_middleware(app: Any, service: Service) -> None:
+    """From the outside in: Measured (every request counted for /metrics), LastWord (drain
+    cut-offs and cut streams end in one log line), the browser checks (browser.BrowserGuard), the
+    key. Plain ASGI rather than @app.middleware: starlette's BaseHTTPMiddleware breaks a streamed
+    response whose client leaves ("No response returned")."""
+    key = service.config.api_key
+
+    class RequireKey:
+        """`Authorization: Bearer <key>` on every route but OPEN_PATHS."""
+
+        def __init__(self, app: Any) -> None:
+            self.app = app
+
+        async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+            if scope["type"] == "http" and scope["path"] not in OPEN_PATHS:
+                token = bearer_token(dict(scope["headers"]).get(b"authorization", b""))
+                if not hmac.compare_digest(token, key.encode()):
+                    await error_response(refuse("invalid_api_key"))(scope, receive, send)
+                    return
+            await self.app(scope, receive, send)
+
+    class LastWord:
+        """Outermost: a request that SIGTERM's --drain-timeout cancels before its response started
+        gets a JSON 503 (uvicorn would send a plain-text 500); one that had started is cut short.
+        A stream whose generation failed after its headers went out (its timeout, a worker's
+        error) ends without its last chunk and one log line, not uvicorn's traceback."""
+
+        def __init__(self, app: Any) -> None:
+            self.app = app
+
+        async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+            started = False
+
+            async def tracked(message: dict) -> None:
+                nonlocal started
+                started = started or message["type"] == "http.response.start"
+                await send(message)
+
+            try:
+                await self.app(scope, receive, tracked)
+            except StreamFailed as exc:
+                LOG.warning("%s %s: stream cut short: %s", scope["method"], scope["path"], exc)
+            except asyncio.CancelledError:
+                if scope["type"] != "http" or started:
+                    raise
+                LOG.warning("drain timeout: %s %s cut off before its response", scope["method"], scope["path"])
+                await error_response(refuse("shutting_down", headers={"Connection": "close"}))(scope, receive, send)
+
+    if key:
+        app.add_middleware(RequireKey)
+    app.add_middleware(BrowserGuard, policy=browser_policy(service.config))
+    app.add_middleware(LastWord)
+
+    metrics = Metrics(service.pool.queue.qsize, lambda: service.pool.running, service.sample_rate)
+    service.pool.on_synthesis = metrics.synthesis
+    app.state.metrics = metrics
+    templates: dict[Any, str] = {}
+
+    def route_of(scope: dict) -> str | None:
+        """The template of the route that answered (its endpoint, set by routing), None if none did."""
+        if not templates:
+            templates.update({route.endpoint: route.path for route in app.routes if hasattr(route, "endpoint")})
+        return templates.get(scope.get("endpoint"))
+
+    class Measured:
+        """Outermost: every request counted in /metrics, 401s and 404s included."""
+
+        def __init__(self, inner: Any) -> None:
+            self.app = metrics.middleware(inner, route_of)
+
+        async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+            await self.app(scope, receive, send)
+
+    app.add_middleware(Measured)
+
+
+def add_info_routes(app: Any, service: Service) -> None:
+    """What the server has: /health, the models, voices and languages, the page."""
+    from fastapi.responses import JSONResponse, Response
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        pool = service.pool
+        body = {"status": "draining" if pool.draining else "ok", "workers": pool.workers, "running": pool.running,
+                "queued": pool.queue.qsize(), "queue_size": pool.queue_size, **pool.counts}
+        return JSONResponse(body, status_code=503 if pool.draining else 200)
+
+    def model_list() -> list[dict[str, Any]]:
+        present = variants_present(service.config.model_dir)
+        data = [{"id": MODEL_ID, "object": "model", "created": service.created, "owned_by": "omnivoice-onnx",
+                 "variant": service.variant, "served": True}]
+        data += [{"id": f"{MODEL_ID}-{name}", "object": "model", "created": service.created,
+                  "owned_by": "omnivoice-onnx", "variant": name, "served": name == service.variant}
+                 for name in present]
+        data += [{"id": alias, "object": "model", "created": service.created, "owned_by": "omnivoice-onnx",
+                  "variant": service.variant, "served": True} for alias in service.model_ids()[2:]]
+        return data
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": model_list()}
+
+    @app.get("/v1/models/{model_id}")
+    async def model(model_id: str) -> dict[str, Any]:
+        """One model, as OpenAI's GET /v1/models/{model}; 404 in its shape for an unknown id."""
+        for item in model_list():
+            if item["id"] == model_id:
+                return item
+        raise refuse("model_not_found", "model", detail=f"model {model_id!r} does not exist; this server has "
+                     f"{', '.join(service.model_ids())}")
+
+    @app.get("/v1/audio/models")
+    async def speech_models() -> dict[str, Any]:
+        """The speech models, as Open WebUI reads them (`models`: [{"id"}]) and as OpenAI lists models."""
+        data = [item for item in model_list() if item["served"]]
+        return {"object": "list", "models": [{"id": item["id"]} for item in data], "data": data}
+
+    @app.get("/v1/audio/voices")
+    async def list_voices() -> dict[str, Any]:
+        """`voices`: [{"id", "name"}], the shape Open WebUI parses; `data`: every voice in full."""
+        data = [voice_item(entry) for entry in service.voice_catalogue()]
+        return {"object": "list", "voices": [{"id": item["id"], "name": item["name"]} for item in data], "data": data}
+
+    @app.get("/v1/audio/languages")
+    async def list_languages() -> dict[str, Any]:
+        """The `language` values the model knows (ids; names and tags like en-US resolve too)."""
+        return {"object": "list", "data": service.languages()}
+
+    html = web_page()
+    csp = page_csp(html)
+
+    @app.get("/")
+    async def page() -> Response:
+        """The page to try voices (omnivoice_onnx/serve/web/index.html: plain HTML + JS, nothing
+        fetched from elsewhere), with its Content-Security-Policy."""
+        return Response(html, media_type="text/html; charset=utf-8", headers={"Content-Security-Policy": csp})
+
+    @app.get("/favicon.ico")
+    async def favicon() -> Response:
+        """No icon: an empty answer, so a browser's automatic request is neither a 404 nor a 401."""
+        return Response(status_code=204)
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        """Prometheus' text format (omnivoice_onnx.serve.metrics lists the series)."""
+        return Response(app.state.metrics.render(), media_type=METRICS_CONTENT_TYPE)
+
+
+def add_voice_routes(app: Any, service: Service) -> None:
+    """One voice, and saved voices changed over HTTP (POST, PATCH, DELETE: only with
+    --allow-voice-save, else the table's voices_read_only)."""
+    from fastapi import Request
+    from fastapi.responses import JSONResponse
+
+    def saved_entry(name: str) -> dict[str, Any]:
+        """The saved voice `name` (any case) as GET /v1/audio/voices lists it; 404 if there is none."""
+        for entry in service.voice_catalogue():
+            if entry.kind in ("clone", "design") and entry.name.casefold() == name.casefold():
+                return voice_item(entry)
+        raise refuse("voice_not_found", "voice", detail=f"no saved voice {name!r}")
+
+    @app.get("/v1/audio/voices/{name}")
+    async def get_voice(name: str) -> dict[str, Any]:
+        """One voice: a saved one, a preset or a mode (any case)."""
+        for entry in service.voice_catalogue():
+            if entry.name.casefold() == name.casefold():
+                return voice_item(entry)
+        raise refuse("voice_not_found", "voice", detail=f"no voice {name!r}; voices: "
+                     f"{', '.join(service.voice_names())}")
+
+    def require_save(param: str | None = None) -> None:
+        if not service.config.allow_voice_save:
+            raise refuse("voices_read_only", param)
+
+    def checked_name(name: Any, param: str) -> str:
+        try:
+            return voice_store.check_name(name)
+        except UserError as exc:
+            raise refuse("invalid_voice", param, detail=str(exc)) from None
+
+    def must_exist(name: str) -> None:
+        if voice_store.find_saved(service.voices, name) is None:
+            raise refuse("voice_not_found", "voice", detail=f"no saved voice {name!r}")
+
+    async def create_voice(request: Request) -> JSONResponse:
+        """Multipart: name, and ref_audio (a file) + ref_text, and/or instruct (voice design in the
+        vocabulary). 201 with the voice; 409 if the name is taken (any case)."""
+        require_save("name")
+        form = await read_form(request)
+        name = checked_name(form_text(form, "name", required=True), "name")
+        instruct = form_text(form, "instruct")
+        upload = form.get("ref_audio")
+        if upload is None and instruct is None:
+            raise refuse("missing_required_parameter", "ref_audio",
+                         detail="a voice needs ref_audio (a recording) + ref_text, or an instruct")
+        if voice_store.find_saved(service.voices, name) is not None:
+            raise refuse("voice_exists", "name", detail=f"voice {name!r} already exists; rename or delete it first")
+        if instruct is not None:
+            try:
+                resolve_instruct(instruct, False, service.pool.models[0].runtime_config["instruct"])
+            except UserError as exc:
+                raise refuse("invalid_instruct", "instruct", detail=str(exc)) from None
+        prompt = None
+        if upload is not None:
+            data, ref_text = await form_upload(form)
+            prompt = await asyncio.to_thread(service.encode_reference, data, ref_text)
+        voice = voice_store.Voice(name, prompt, instruct.strip() if instruct else None, service.fingerprint, Path())
+        try:
+            await asyncio.to_thread(voice_store.save_voice, service.voices, name, voice, False)
+        except UserError as exc:  # a concurrent create of the same name won the lock
+            raise refuse("voice_exists", "name", detail=service.scrub(str(exc))) from None
+        LOG.info("saved voice %s (POST /v1/audio/voices)", name)
+        return JSONResponse(saved_entry(name), status_code=201)
+
+    async def rename_voice(request: Request) -> JSONResponse:
+        """JSON {"name": NEW}: the saved voice renamed (a change of case alone included)."""
+        require_save("name")
+        old = request.path_params["name"]
+        body = door.json_object(await read_body(request, service.config.max_body_bytes), "the request body")
+        new = checked_name(door.typed(body, "name", str, required=True), "name")
+        must_exist(old)
+        try:
+            await asyncio.to_thread(voice_store.rename_voice, service.voices, old, new)
+        except UserError as exc:
+            raise refuse("voice_exists", "name", detail=service.scrub(str(exc))) from None
+        LOG.info("renamed voice %s to %s (PATCH /v1/audio/voices)", old, new)
+        return JSONResponse(saved_entry(new))
+
+    async def delete_voice(request: Request) -> JSONResponse:
+        require_save()
+        name = request.path_params["name"]
+        must_exist(name)
+        path = await asyncio.to_thread(voice_store.remove_voice, service.voices, name)
+        LOG.info("deleted voice %s (DELETE /v1/audio/voices)", path.stem)
+        return JSONResponse({"id": path.stem, "object": "voice.deleted", "deleted": True})
+
+    # Plain Starlette routes: each reads its own body or form (size limits first).
+    app.router.add_route("/v1/audio/voices", create_voice, methods=["POST"])
+    app.router.add_route("/v1/audio/voices/{name}", rename_voice, methods=["PATCH"])
+    app.router.add_route("/v1/audio/voices/{name}", delete_voice, methods=["DELETE"])
+
+
+def add_reference_routes(app: Any, service: Service) -> None:
+    """POST /v1/audio/references: an uploaded recording becomes a voice (in memory, or saved)."""
+    from fastapi import Request
+    from fastapi.responses import JSONResponse
+
+    async def add_reference(request: Request) -> JSONResponse:
+        """Body: a reference recording (any format libsndfile reads); query: ref_text (its words),
+        and save_as=NAME to keep it as a saved voice (only with --allow-voice-save). Answers the
+        voice id to name in speech requests: NAME when saved, else an in-memory "ref-..." id."""
+        ref_text, save_as = request.query_params.get("ref_text"), request.query_params.get("save_as")
+        if not ref_text or not ref_text.strip():
+            raise refuse("missing_required_parameter", "ref_text",
+                         detail="ref_text (the words spoken in the reference) is required")
+        if save_as is not None and not service.config.allow_voice_save:
+            raise refuse("voice_save_disabled", "save_as")
+        if save_as is not None:
+            try:
+                voice_store.check_name(save_as)
+            except UserError as exc:
+                raise refuse("invalid_voice", "save_as", detail=str(exc)) from None
+        body = await read_body(request, door.MAX_REFERENCE_BYTES)
+        if not body:
+            raise refuse("empty_body")
+        digest = hashlib.sha256(body + b"\0" + ref_text.encode()).hexdigest()
+        prompt = await asyncio.to_thread(service.encode_reference, body, ref_text)
+        if save_as is None:
+            return JSONResponse({"id": service.add_reference(prompt, digest), "saved": False})
+        voice = voice_store.Voice(save_as, prompt, None, service.fingerprint, Path())
+        await asyncio.to_thread(voice_store.save_voice, service.voices, save_as, voice)
+        LOG.info("saved voice %s (POST /v1/audio/references)", save_as)
+        return JSONResponse({"id": save_as, "saved": True})
+
+    app.router.add_route("/v1/audio/references", add_reference, methods=["POST"])  # reads its body itself
+
+
+def add_speech_routes(app: Any, service: Service) -> None:
+    """POST /v1/audio/speech: OpenAI's speech route, whole clips and streams."""
+    from fastapi import Request
+    from fastapi.responses import Response, StreamingResponse
+    from pydantic import ValidationError
+
+    SpeechRequest = speech_request_model()
+
+    async def speech(request: Request) -> Any:
+        body = await read_body(request, service.config.max_body_bytes)
+        try:
+            parsed = SpeechRequest.model_validate_json(body)
+        except ValidationError as exc:
+            if any(error["type"] == "json_invalid" for error in exc.errors()):
+                raise refuse("invalid_json") from None
+            raise validation_error(exc) from None
+        return await run_speech(request, parsed)
+
+    async def speech_clone(request: Request) -> Any:
+        """One call: clone the uploaded ref_audio (with ref_text) and speak `input` in that voice.
+        Multipart: input, ref_audio (a file), ref_text, and the speech fields (response_format,
+        speed, seed, stream_format, language, instructions, num_step, guidance_scale, duration,
+        model). The fields are checked before the reference is encoded."""
+        form = await read_form(request)
+        if form.get("voice") is not None:
+            raise refuse("unknown_parameter", "voice", field="voice (a clone request's voice is its ref_audio)")
+        fields: dict[str, Any] = {"model": MODEL_ID, "voice": "auto"}
+        for name, value in form.multi_items():
+            if name not in ("ref_audio", "ref_text"):
+                fields[name] = form_value(name, value)
+        try:
+            parsed = SpeechRequest.model_validate(fields)
+        except ValidationError as exc:
+            raise validation_error(exc) from None
+        data, ref_text = await form_upload(form)
+        prompt = await asyncio.to_thread(service.encode_reference, data, ref_text)
+        voice = service.add_reference(prompt, hashlib.sha256(data + b"\0" + ref_text.encode()).hexdigest())
+        return await run_speech(request, parsed.model_copy(update={"voice": voice}))
+
+    async def run_speech(request: Request, parsed: Any) -> Any:
+        """A checked speech request queued, run and answered (whole, streamed or as SSE)."""
+        loop = asyncio.get_running_loop()
+        job, fmt = build_job(service, parsed, loop)
+        service.pool.submit(job)  # queue_full / shutting_down: the table's, with Retry-After
+        timer = loop.call_at(loop.time() + service.config.timeout_s, time_out, job)
+        headers = {"X-Seed": str(job.request.seed), **instruction_headers(job.request.instruct_readings[0])}
+        try:
+            first = await _first_event(job, request)
+        except BaseException:
+            timer.cancel()
+            job.cancel.set()
+            raise
+        kind, payload = first
+        if kind in ("error", "timeout", "cancelled", "gone"):
+            timer.cancel()
+            raise job_failure(job, kind, payload, service.pool.draining)
+        if not job.stream:
+            timer.cancel()
+            # an mp3 of minutes: not on the event loop
+            data = await asyncio.to_thread(encode_clip, payload, fmt, service.sample_rate)
+            return Response(data, media_type=service.formats[fmt].media_type, headers=headers)
+        chunks = _stream_bytes(job, first, StreamEncoder(fmt, service.sample_rate), timer)
+        if parsed.stream_format == "sse":
+            tts = service.pool.models[0]
+            input_tokens = len(tts.tokenizer.encode(job.request.texts[0], add_special_tokens=False))
+            return StreamingResponse(_sse(chunks, job, input_tokens, tts.model.hop_length),
+                                     media_type="text/event-stream", headers=headers)
+        return StreamingResponse(chunks, media_type=service.formats[fmt].media_type, headers=headers)
+
+    # A plain Starlette route: the handler reads and validates the body itself (size limit first,
+    # then OpenAI-shaped 400s), so FastAPI's parameter injection has nothing to do here.
+    app.router.add_route("/v1/audio/speech", speech, methods=["POST"])
+    app.router.add_route("/v1/audio/speech/clone", speech_clone, methods=["POST"])  # reads its form itself
+
+
+def web_page() -> bytes:
+    """The page at / (package data: omnivoice_onnx/serve/web/index.html, in the wheel via pyproject)."""
+    from importlib.resources import files
+
+    return files("omnivoice_onnx").joinpath("serve", "web", "index.html").read_bytes()
+
+
+# Routes that answer without the API key: load balancers' probe, the page (it holds no data; its
+# own requests send the key typed into it) and the icon a browser asks for by itself.
+OPEN_PATHS = ("/health", "/", "/favicon.ico")
+# A multipart body: one reference recording (MAX_REFERENCE_BYTES) and a few short fields.
+MAX_FORM_BYTES = door.MAX_REFERENCE_BYTES + 64 * 1024
+MAX_FORM_FIELD_BYTES = 64 * 1024
+# Form fields arrive as text: these are converted to the number or boolean the JSON body carries.
+FORM_NUMBERS = {"speed": float, "guidance_scale": float, "duration": float, "seed": int, "num_step": int}
+
+
+def instruction_headers(reading: InstructReading) -> dict[str, str]:
+    """X-Instructions-Applied / -Ignored for a request with instructions: the vocabulary items
+    applied and the pieces ignored (UTF-8, percent-encoded: a header is Latin-1), and the log
+    line when something was ignored."""
+    if not reading.applied and not reading.ignored:
+        return {}
+    if reading.ignored:
+        LOG.info("%s", instructions_note(reading))
+    safe = " ,;:'()?!-"
+    return {"X-Instructions-Applied": urllib.parse.quote(", ".join(reading.applied), safe=safe),
+            "X-Instructions-Ignored": urllib.parse.quote("; ".join(reading.ignored), safe=safe)}
+
+
+async def read_form(request: Any) -> Any:
+    """A multipart/form-data body (or a url-encoded one, which has no file: what a client sends for
+    a form of text fields alone), MAX_FORM_BYTES at most, read as read_body reads (413, 408) and
+    parsed by starlette's parsers (python-multipart); 400 for another content type or a broken body."""
+    from starlette.formparsers import FormParser, MultiPartException, MultiPartParser
+
+    kind = request.headers.get("content-type", "")
+    if not kind.startswith(("multipart/form-data", "application/x-www-form-urlencoded")):
+        raise refuse("invalid_content_type")
+    body = await read_body(request, MAX_FORM_BYTES)
+
+    async def replay() -> AsyncIterator[bytes]:
+        yield body
+        yield b""
+
+    try:
+        if kind.startswith("application/x-www-form-urlencoded"):
+            return await FormParser(request.headers, replay()).parse()
+        return await MultiPartParser(request.headers, replay(), max_files=1, max_fields=32,
+                                     max_part_size=MAX_FORM_FIELD_BYTES).parse()
+    except MultiPartException as exc:
+        raise refuse("invalid_multipart", detail=exc.message) from None
+
+
+def form_text(form: Any, name: str, required: bool = False) -> str | None:
+    """A text field of a form (None when absent); 400 for a file in its place or a missing required one."""
+    value = form.get(name)
+    if value is None or (isinstance(value, str) and not value.strip()):
+        if required:
+            raise refuse("missing_required_parameter", name, detail=f"missing required field {name!r}")
+        return None
+    if not isinstance(value, str):
+        raise refuse("invalid_type", name, field=name, expected="a text field, not a file")
+    return value
+
+
+def form_value(name: str, value: Any) -> Any:
+    """A speech field from a form, as the JSON body would carry it (numbers and booleans converted)."""
+    if not isinstance(value, str):
+        raise refuse("invalid_type", name, field=name, expected="a text field, not a file")
+    try:
+        if name in FORM_NUMBERS:
+            return FORM_NUMBERS[name](value)
+    except ValueError:
+        raise refuse("invalid_type", name, field=name, expected=door.TYPE_NAMES[FORM_NUMBERS[name]]) from None
+    if name == "strict_instructions":
+        if value.lower() not in ("true", "false", "1", "0"):
+            raise refuse("invalid_type", name, field=name, expected="true or false")
+        return value.lower() in ("true", "1")
+    return value
+
+
+async def form_upload(form: Any) -> tuple[bytes, str]:
+    """The form's ref_audio file's bytes and its ref_text; 400 naming what is missing."""
+    upload = form.get("ref_audio")
+    if upload is None or isinstance(upload, str):
+        raise refuse("missing_required_parameter", "ref_audio", detail="ref_audio must be the reference recording, "
+                     "sent as a file (curl -F 'ref_audio=@ref.wav')")
+    ref_text = form_text(form, "ref_text")
+    if ref_text is None:
+        raise refuse("missing_required_parameter", "ref_text", detail="ref_text (the words spoken in ref_audio) is "
+                     "required")
+    data = await upload.read()
+    if not data:
+        raise refuse("invalid_reference", "ref_audio", detail="ref_audio is an empty file")
+    return data, ref_text
+
+
+def voice_item(entry: Any) -> dict[str, Any]:
+    """A voice as the voice routes show it: id and name (Open WebUI's), kind, its description or
+    instruct, a preset's seed."""
+    item: dict[str, Any] = {"id": entry.name, "name": entry.name, "kind": entry.kind}
+    if entry.kind == "builtin":
+        item["description"] = entry.text
+    else:
+        item["instruct"] = entry.text
+    if entry.kind == "preset":
+        item["seed"] = entry.seed
+    return item
+
+
+async def _first_event(job: Job, request: Any) -> tuple[str, Any]:
+    """The job's first event; if the client goes away first, the job is cancelled (dropped from the
+    queue, or stopped between steps) and this returns ("gone", None)."""
+    getter = asyncio.ensure_future(job.events.get())
+    watcher = asyncio.ensure_future(wait_disconnect(request))
+    try:
+        await asyncio.wait({getter, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    if not getter.done():
+        getter.cancel()
+        job.cancel.set()
+        return "gone", None
+    return getter.result()
+
+
+class StreamFailed(Exception):
+    """A streamed response's generation failed after its headers went out: the connection is
+    closed without the final chunk, so the client sees an incomplete response, not a short clip."""
+
+
+async def _stream_bytes(job: Job, first: tuple[str, Any], encoder: StreamEncoder,
+                        timer: asyncio.TimerHandle) -> AsyncIterator[bytes]:
+    """The encoded bytes of a streamed job; on disconnect (the response task is cancelled) or any
+    exit before the end, the job is cancelled in `finally`."""
+    try:
+        yield encoder.start()
+        event = first
+        while True:
+            kind, payload = event
+            if kind == "chunk":
+                job.samples_out += payload.size
+                data = encoder.write(payload)
+                if data:
+                    yield data
+            elif kind == "done":
+                data = encoder.finish()
+                if data:
+                    yield data
+                job.finished = True
+                return
+            else:
+                raise StreamFailed(job_failure(job, kind, payload).message)
+            event = await job.events.get()
+    finally:
+        timer.cancel()
+        if not job.finished:
+            job.cancel.set()
+
+
+async def _sse(chunks: AsyncIterator[bytes], job: Job, input_tokens: int, hop_length: int) -> AsyncIterator[bytes]:
+    """OpenAI's speech SSE events around the audio bytes; a failure after the start is an `error`
+    event. The done event's usage counts the input's text tokens and the audio frames made (the
+    model's output tokens: one per codebook column, 25 per second)."""
+    try:
+        async for data in chunks:
+            if data:
+                event = {"type": "speech.audio.delta", "audio": base64.b64encode(data).decode("ascii")}
+                yield f"data: {json.dumps(event)}\n\n".encode()
+    except StreamFailed as exc:
+        error = {"type": "error", "error": {"message": str(exc), "type": "server_error", "param": None, "code": None}}
+        yield f"data: {json.dumps(error)}\n\n".encode()
+        return
+    frames = job.samples_out // hop_length
+    done = {"type": "speech.audio.done",
+            "usage": {"input_tokens": input_tokens, "output_tokens": frames, "total_tokens": input_tokens + frames}}
+    yield f"data: {json.dumps(done)}\n\n".encode()
+
+
+# --- running it ----------------------------------------------------------------------------------
+
+def load_service(config: ServerConfig) -> Service:
+    """Load one OmniVoiceOnnx per worker and check the voices folder, before the port opens."""
+    threads = worker_threads(config.workers, config.threads)
+    # The first load checks the bundle's files against its report (OmniVoiceOnnx's verify); the
+    # other workers load the same files just checked, so they skip the re-hash (~3.7 GB at full size).
+    models = [OmniVoiceOnnx.from_dir(config.model_dir, threads=threads, resident_codecs=True, variant=config.variant,
+                                     verify=i == 0)
+              for i in range(config.workers)]
+    formats = available_response_formats()
+    default = config.default_format or ("mp3" if "mp3" in formats else "wav")
+    if default not in formats:
+        raise UserError(f"--default-format {default} is not available here", f"choose one of {', '.join(formats)}")
+    voices = voice_store.voices_dir(config.model_dir, config.voices_dir)
+    voice_store.list_voices(voices)  # a damaged voice file is named now, not at the first request
+    first = models[0]
+    try:  # the defaults pass the one request check now, not at the first request
+        first.validate("A default.", **keywords(config.request_defaults))
+    except UserError as exc:
+        raise UserError(f"--num-step/--guidance-scale/--language: {exc.problem}", exc.fix) from None
+    folders = {"<voices>": voices, "<model>": Path(config.model_dir)}
+    return Service(config=config, pool=WorkerPool(models, config.queue_size, folders), voices=voices, formats=formats,
+                   default_format=default, fingerprint=first.metadata["model_fingerprint"], variant=first.variant,
+                   sample_rate=first.sample_rate)
+
+
+def serve(config: ServerConfig) -> int:
+    """Run the server until SIGTERM/SIGINT; the exit code (0 drained, 143/130 requests cut off)."""
+    import uvicorn
+
+    check_auth(config)
+    listener = bind(config.host, config.port)  # a busy port is named before the models load
+    service = load_service(config)
+    server = make_server(uvicorn.Config(create_app(service), host=config.host, port=config.port, log_level="info",
+                                        timeout_graceful_shutdown=math.ceil(config.drain_s), lifespan="on",
+                                        http=http_protocol(), timeout_keep_alive=math.ceil(door.KEEP_ALIVE_S),
+                                        h11_max_incomplete_event_size=door.MAX_HEADER_BYTES),
+                         service.pool)
+    host, port = listener.getsockname()[:2]
+    LOG.info("omnivoice-onnx serve: %d worker(s) x %d thread(s), queue %d, default format %s, voices %s",
+             service.pool.workers, worker_threads(config.workers, config.threads), config.queue_size,
+             service.default_format, service.voices)
+    # uvicorn prints no address for a socket it is given; this line has the real port (--port 0).
+    LOG.info("%s%s", LISTENING, f"http://{f'[{host}]' if ':' in host else host}:{port}/v1")
+    server.run(sockets=[listener])
+    if server.stopped_by is not None and service.pool.cut_off:
+        return 128 + server.stopped_by
+    return 0
+
+
+def make_server(config: Any, pool: WorkerPool) -> Any:
+    """uvicorn's Server with the signal handling this server documents: uvicorn re-raises a caught
+    SIGTERM after its shutdown, so the process would die by the signal even after a clean drain.
+    Here the first SIGTERM/SIGINT marks the pool draining (new requests: 503) and starts uvicorn's
+    graceful shutdown; `stopped_by` records the signal."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        stopped_by: int | None = None
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            if threading.current_thread() is not threading.main_thread():
+                yield
+                return
+            previous = {sig: signal.signal(sig, self.stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+            try:
+                yield
+            finally:
+                for sig, handler in previous.items():
+                    signal.signal(sig, handler)
+
+        def stop(self, sig: int, frame: Any) -> None:
+            self.stopped_by = sig
+            pool.draining = True
+            self.handle_exit(sig, frame)
+
+    return Server(config)

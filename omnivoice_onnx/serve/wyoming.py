@@ -1,0 +1,549 @@
+"""A Wyoming server over the torch-free runtime (`omnivoice-onnx wyoming`), for Home Assistant.
+
+    pip install 'omnivoice-onnx[wyoming]'
+    omnivoice-onnx wyoming --model-dir onnx --uri tcp://127.0.0.1:10200
+
+Home Assistant's local voice pipeline speaks Wyoming (https://github.com/OHF-Voice/wyoming), not
+HTTP: add this server as its "Wyoming Protocol" integration (host, port). Events (the `wyoming`
+package's own classes):
+- Describe -> Info: one TtsProgram "omnivoice-onnx" whose voices are the saved voices, the OpenAI-
+  named presets (omnivoice_onnx.presets) and "auto", each described by its name and a few words,
+  with the languages Home Assistant can name (the model's two-letter ids, ar, or, yue: about 130 of
+  its 646); a request's language may be any name, id or tag the runtime resolves (eng, en-US).
+- Synthesize(text, voice) -> AudioStart, AudioChunk... (16-bit mono PCM at 24 kHz, sent as
+  OmniVoiceOnnx.stream() decodes each sentence-sized chunk), AudioStop.
+- SynthesizeStart, SynthesizeChunk..., SynthesizeStop (streamed text, wyoming >= 1.7): each
+  completed sentence is spoken as soon as it arrives, inside one AudioStart..AudioStop, then
+  SynthesizeStopped. A Synthesize sent alongside (clients do, for older servers) is ignored.
+- A refused request -> Error(text, code): the front door's (omnivoice_onnx.serve.door) message
+  and code, the same an HTTP client gets for the same request.
+
+What comes off the network is read by this module, not the `wyoming` package's reader, so that
+nothing a peer sends ends in a traceback or holds the server: the header line is at most
+door.MAX_HEADER_BYTES and must be a JSON object with a "type"; data_length and payload_length are
+byte counts whose sum is at most door.MAX_BODY_BYTES (declared, so a 256 MB payload is refused
+before it is read); an event must arrive whole within door.HEADER_TIMEOUT_S (its header) and
+door.body_timeout (the rest) of its first byte; a connection with no event in flight is closed
+after door.IDLE_TIMEOUT_S; at most door.MAX_CONNECTIONS are open. A peer not speaking the
+protocol gets one Error event and the connection is closed; a well-framed event with a bad field
+(text that is not a string, a voice that is not an object) gets an Error and the connection goes
+on. Streamed text is held only up to door.MAX_INPUT_CHARS without a sentence end, and scanned for
+sentence ends once per character.
+
+Requests then go through the HTTP server's machinery (service.plan_job): the same voice
+resolution, limits, the runtime's one validation, queue and timeout. The
+protocol carries no seed: each request gets the preset's seed for a preset voice, else a fresh
+one, and the log line names it; --seed N fixes it for every request (then the audio equals
+stream(text, seed=N) of the voice, bit for bit as 16-bit PCM). A streamed request keeps the seed
+of its first sentence for the rest. With random weights (test bundles) every voice speaks noise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import logging
+import re
+import signal
+import socket
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlparse
+
+from omnivoice_onnx.audio_out import to_pcm16
+from omnivoice_onnx.core.prompt import advertised_languages
+from omnivoice_onnx.errors import UserError
+from omnivoice_onnx.serve import door
+from omnivoice_onnx.serve import service as server_service
+from omnivoice_onnx.serve.door import ApiError, refuse
+from omnivoice_onnx.serve.pool import Job, job_failure, time_out
+from omnivoice_onnx.version import __version__
+
+LOG = logging.getLogger("omnivoice_onnx.wyoming")
+
+DEFAULT_URI = "tcp://127.0.0.1:10200"  # wyoming-piper's port is 10200 too; one of them per machine
+DEFAULT_VOICE = "alloy"  # the voice of a request that names none
+LISTENING = "omnivoice-onnx wyoming: listening on "  # the start line's prefix (serving.launch reads it)
+SAMPLE_WIDTH = 2  # bytes per sample: 16-bit PCM, what Home Assistant plays
+# Home Assistant labels a voice by its description: the name, then a few words ("alloy: female,
+# young adult, moderate pitch, american accent" fits; a long saved instruct is cut at a comma).
+MAX_DESCRIPTION_CHARS = 64
+AUTO_DESCRIPTION = "a voice the model picks"
+ATTRIBUTION = ("k2-fsa OmniVoice", "https://github.com/k2-fsa/OmniVoice")
+LINGER_S = 1.0  # how long a refused peer's remaining bytes are read and dropped before the close
+# mDNS discovery as wyoming-piper does it (the wyoming package's zeroconf module): Home Assistant
+# browses this type and offers each server it finds under its name.
+ZEROCONF_TYPE = "_wyoming._tcp.local."
+ZEROCONF_NAME = "omnivoice-onnx"  # --zeroconf without a name
+MDNS_GROUP = "224.0.0.251"  # a UDP socket "connected" here names the interface mDNS leaves by (sends nothing)
+# A sentence is complete once its end mark (and any closing quote or bracket) is followed by
+# whitespace: "Dr. Smith" may still split early, which costs a pause, never words.
+END_MARKS = ".!?;:\u3002\uff01\uff1f\uff1b"
+CLOSERS = "\"')]\u201d\u2019\u300d"
+SENTENCE_END = re.compile(f"[{re.escape(END_MARKS)}][{re.escape(CLOSERS)}]*\\s")
+
+
+@dataclass
+class WyomingConfig:
+    """What `omnivoice-onnx wyoming` was asked for, beyond the HTTP server's loading options."""
+
+    uri: str = DEFAULT_URI
+    seed: int | None = None  # every request's seed (None: the preset's, else a fresh one, logged)
+    voice: str = DEFAULT_VOICE
+    allow_remote: bool = False  # --allow-remote: listen where other machines reach it (the protocol has no key)
+    zeroconf: str | None = None  # the service name announced over mDNS (None: not announced)
+
+
+def parse_uri(uri: str) -> tuple[str, int]:
+    """(host, port) of a tcp://HOST:PORT uri; UserError naming the fix otherwise."""
+    parsed = urlparse(uri)
+    try:
+        port = parsed.port
+    except ValueError:
+        port = None
+    if parsed.scheme != "tcp" or not parsed.hostname or port is None:
+        raise UserError(f"--uri {uri} is not tcp://HOST:PORT", "pass e.g. --uri tcp://127.0.0.1:10200 (0: any port)")
+    return parsed.hostname, port
+
+
+def voice_entries(service: server_service.Service) -> list[server_service.VoiceEntry]:
+    """The voices a client may pick: saved, presets, then auto ("design" needs a description,
+    which the protocol cannot send)."""
+    catalogue = service.voice_catalogue()
+    return ([entry for entry in catalogue if entry.kind != "builtin"]
+            + [entry for entry in catalogue if entry.kind == "builtin" and entry.name == "auto"])
+
+
+def voice_names(service: server_service.Service) -> list[str]:
+    return [entry.name for entry in voice_entries(service)]
+
+
+def description(entry: server_service.VoiceEntry) -> str:
+    """A voice's label in Home Assistant's picker, which shows the description (else the name):
+    the name first, then what the voice is, cut at a comma to MAX_DESCRIPTION_CHARS."""
+    what = {"builtin": AUTO_DESCRIPTION, "clone": "cloned voice"}.get(entry.kind) or entry.text or "designed voice"
+    line = f"{entry.name}: {what}"
+    while len(line) > MAX_DESCRIPTION_CHARS and ", " in line:
+        line = line.rsplit(", ", 1)[0]
+    return line if len(line) <= MAX_DESCRIPTION_CHARS else line[:MAX_DESCRIPTION_CHARS - 1] + "\u2026"
+
+
+def describe(service: server_service.Service) -> Any:
+    """The Info event's content: one TTS program and its voices, each with the languages Home
+    Assistant can name (prompt.advertised_languages; a request may still name any of the model's)."""
+    from wyoming.info import Attribution, Info, TtsProgram, TtsVoice
+
+    attribution = Attribution(*ATTRIBUTION)
+    languages = advertised_languages(service.pool.models[0].runtime_config["languages"])
+    voices = [TtsVoice(name=entry.name, attribution=attribution, installed=True, description=description(entry),
+                       version=None, languages=languages) for entry in voice_entries(service)]
+    program = TtsProgram(name="omnivoice-onnx", attribution=attribution, installed=True, version=__version__,
+                         description="OmniVoice text to speech (ONNX, no torch)", voices=voices,
+                         supports_synthesize_streaming=True)
+    return Info(tts=[program])
+
+
+# --- reading events off the network --------------------------------------------------------------
+
+@dataclass
+class Incoming:
+    """One event as read off the network: its type, its data (the header's merged with the data
+    bytes', as the protocol says) and its payload."""
+
+    type: str
+    data: dict[str, Any]
+    payload: bytes
+
+
+class Unframed(Exception):
+    """The peer is not speaking the protocol (or not in time): it gets `error`, then the
+    connection is closed (what follows cannot be told apart from the rest of a bad event)."""
+
+    def __init__(self, error: ApiError) -> None:
+        super().__init__(error.message)
+        self.error = error
+
+
+class Idle(Exception):
+    """No event began within door.IDLE_TIMEOUT_S: the connection is closed, as HTTP closes an
+    idle keep-alive connection."""
+
+
+def byte_count(header: dict[str, Any], name: str) -> int:
+    value = header.get(name)
+    if value is None:
+        return 0
+    if not door.is_kind(value, int) or value < 0:
+        raise Unframed(refuse("invalid_event", detail=f"its {name} {value!r} is not a byte count"))
+    return value
+
+
+async def read_event(reader: asyncio.StreamReader) -> Incoming | None:
+    """The next event, None when the peer closed the connection (between events or inside one);
+    Unframed for what is not an event, Idle when none begins in time. Sizes are checked on the
+    header, before anything they announce is read."""
+    try:
+        first = await asyncio.wait_for(reader.read(1), door.IDLE_TIMEOUT_S)
+    except asyncio.TimeoutError:
+        raise Idle() from None
+    if not first:
+        return None
+    try:
+        line = first + await asyncio.wait_for(reader.readline(), door.HEADER_TIMEOUT_S)
+    except asyncio.TimeoutError:
+        raise Unframed(refuse("header_timeout", seconds=door.HEADER_TIMEOUT_S)) from None
+    except ValueError:  # the StreamReader's limit: no newline within MAX_HEADER_BYTES
+        raise Unframed(refuse("invalid_event", detail=f"its header line is longer than {door.MAX_HEADER_BYTES} "
+                                                      "bytes")) from None
+    if not line.endswith(b"\n"):
+        return None  # the peer closed inside a header
+    try:
+        header = door.json_object(line, "event header")
+    except ApiError as exc:
+        raise Unframed(exc) from None
+    kind = header.get("type")
+    if not isinstance(kind, str) or not kind:
+        raise Unframed(refuse("invalid_event", detail='its header has no "type" string'))
+    data_length, payload_length = byte_count(header, "data_length"), byte_count(header, "payload_length")
+    if data_length + payload_length > door.MAX_BODY_BYTES:
+        raise Unframed(refuse("body_too_large", limit=door.MAX_BODY_BYTES))
+    data = header.get("data") or {}
+    if not isinstance(data, dict):
+        raise Unframed(refuse("invalid_type", field="the header's data", expected="an object"))
+    seconds = door.body_timeout(data_length + payload_length)
+    try:
+        rest = await asyncio.wait_for(reader.readexactly(data_length + payload_length), seconds)
+    except asyncio.TimeoutError:
+        raise Unframed(refuse("body_timeout", seconds=seconds)) from None
+    except asyncio.IncompleteReadError:
+        return None  # the peer closed inside the event
+    if data_length:
+        try:
+            data = {**data, **door.json_object(rest[:data_length], "event data")}
+        except ApiError as exc:
+            raise Unframed(exc) from None
+    return Incoming(kind, data, rest[data_length:])
+
+
+def voice_of(data: dict[str, Any]) -> tuple[str | None, str | None]:
+    """(name, language) of an event's `voice` object (each None when absent)."""
+    voice = door.typed(data, "voice", dict) or {}
+    return door.typed(voice, "name", str), door.typed(voice, "language", str)
+
+
+def resume_at(text: str) -> int:
+    """Where a sentence end that the next chunk completes could begin: before the trailing run
+    of end marks and closers (the only part of `text` a new chunk can change a match in)."""
+    at = len(text)
+    while at > 0 and text[at - 1] in END_MARKS + CLOSERS:
+        at -= 1
+    return at
+
+
+@dataclass
+class Stream:
+    """A streamed synthesis between SynthesizeStart and SynthesizeStop."""
+
+    voice: tuple[str | None, str | None]
+    seed: int | None
+    text: str = ""  # received, not yet spoken
+    scanned: int = 0  # text[:scanned] holds no sentence end (scanned once)
+    started: bool = False  # its AudioStart was sent
+
+
+class Session:
+    """One client connection: its events in, audio and errors out."""
+
+    def __init__(self, service: server_service.Service, config: WyomingConfig, reader: asyncio.StreamReader,
+                 writer: asyncio.StreamWriter) -> None:
+        self.service, self.config, self.reader, self.writer = service, config, reader, writer
+        self.peer = writer.get_extra_info("peername")
+        self.stream: Stream | None = None
+        self.jobs: list[Job] = []  # running, cancelled if the connection or the server ends
+        self.busy = False  # an event is being answered (the drain lets it finish)
+        self.draining = False
+
+    async def write(self, event: Any) -> None:
+        from wyoming.event import async_write_event
+
+        await async_write_event(event.event(), self.writer)
+
+    async def refuse(self, error: ApiError) -> None:
+        """The Error event of a refusal, and its log line (never a traceback)."""
+        from wyoming.error import Error
+
+        LOG.info("wyoming %s: refused (%s): %s", self.peer, error.code, error.message)
+        await self.write(Error(text=error.message, code=error.code))
+
+    async def run(self) -> None:
+        try:
+            while not self.draining:
+                try:
+                    event = await read_event(self.reader)
+                except Unframed as exc:
+                    await self.refuse(exc.error)
+                    await self.linger()
+                    break
+                except Idle:  # a stream left open is told why its AudioStop never comes
+                    if self.stream is not None:
+                        await self.refuse(refuse("idle_timeout", seconds=door.IDLE_TIMEOUT_S))
+                    break
+                if event is None:
+                    break
+                self.busy = True
+                try:
+                    await self.handle(event)
+                finally:
+                    self.busy = False
+            if self.draining:
+                await self.last_word()
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass  # the client went away: its work is cancelled below
+        except Exception:  # a bug: logged with its traceback; the client gets one line, the server goes on
+            LOG.exception("wyoming request failed")
+            with contextlib.suppress(ConnectionError):
+                await self.refuse(refuse("internal_error"))
+        finally:
+            for job in self.jobs:
+                job.cancel.set()
+            self.writer.close()
+
+    async def linger(self) -> None:
+        """Before closing on a peer whose bytes are still coming: say we are done writing, then
+        read and drop what it sends for a moment (bounded), so that the close does not reset the
+        connection and destroy the Error event just sent."""
+        if self.writer.can_write_eof():
+            self.writer.write_eof()
+        deadline = asyncio.get_running_loop().time() + LINGER_S
+        with contextlib.suppress(asyncio.TimeoutError, ConnectionError):
+            while await asyncio.wait_for(self.reader.read(door.MAX_BODY_BYTES),
+                                         max(0.0, deadline - asyncio.get_running_loop().time())):
+                pass
+
+    async def last_word(self) -> None:
+        """The drain's end for this connection: a stream still open gets `shutting_down` (its
+        client would otherwise wait for an AudioStop that never comes); an idle one is just closed."""
+        if self.stream is not None:
+            self.stream = None
+            await self.refuse(refuse("shutting_down"))
+
+    async def handle(self, event: Incoming) -> None:
+        from wyoming.tts import SynthesizeStopped
+
+        try:
+            if event.type == "describe":
+                await self.write(describe(self.service))
+            elif event.type == "synthesize-start":
+                self.stream = Stream(voice_of(event.data), self.config.seed)
+            elif event.type == "synthesize-chunk" and self.stream is not None:
+                await self.hear(door.typed(event.data, "text", str, required=True))
+            elif event.type == "synthesize-stop" and self.stream is not None:
+                await self.speak_sentences(final=True)
+                await self.finish_stream()
+                self.stream = None
+                await self.write(SynthesizeStopped())
+            elif event.type == "synthesize" and self.stream is None:  # else: sent for old servers, ignored
+                text = door.text_field(event.data, "text")
+                await self.speak(text, voice_of(event.data), self.config.seed, start=True, stop=True)
+        except ApiError as exc:
+            self.stream = None  # a refused stream ends here: its later chunks are ignored
+            await self.refuse(exc)
+
+    async def hear(self, chunk: str) -> None:
+        """A streamed chunk: held until its sentence ends (at most door.MAX_INPUT_CHARS held)."""
+        self.stream.text += chunk
+        await self.speak_sentences(final=False)
+        if len(self.stream.text) > door.MAX_INPUT_CHARS:
+            raise door.too_long("streamed text without a sentence end",
+                                fix="end a sentence (. ! ? and a space) before that")
+
+    async def speak_sentences(self, final: bool) -> None:
+        """Speak the streamed text's completed sentences (all of it when `final`); the text is
+        scanned from where the last scan left off."""
+        stream = self.stream
+        ends = [match.end() for match in SENTENCE_END.finditer(stream.text, stream.scanned)]
+        cut = len(stream.text) if final else (ends[-1] if ends else 0)
+        ready, stream.text = stream.text[:cut], stream.text[cut:]
+        stream.scanned = resume_at(stream.text)
+        if ready.strip():
+            stream.seed = await self.speak(ready.strip(), stream.voice, stream.seed, start=not stream.started,
+                                           stop=False)
+            stream.started = True
+
+    async def finish_stream(self) -> None:
+        """AudioStop for a stream that sent audio (an AudioStart and AudioStop when it sent none)."""
+        from wyoming.audio import AudioStart, AudioStop
+
+        if not self.stream.started:
+            await self.write(AudioStart(rate=self.service.sample_rate, width=SAMPLE_WIDTH, channels=1))
+        await self.write(AudioStop())
+
+    async def speak(self, text: str, voice: tuple[str | None, str | None], seed: int | None, start: bool,
+                    stop: bool) -> int:
+        """Synthesize `text` and send its audio as it is decoded -> the seed used. ApiError (no
+        audio sent) for what the HTTP server answers 4xx/5xx."""
+        from wyoming.audio import AudioChunk, AudioStart, AudioStop
+
+        name, language = voice
+        language = language if name is None else None
+        name = name or self.config.voice
+        if len(text) > door.MAX_INPUT_CHARS:
+            raise door.too_long("text")
+        loop = asyncio.get_running_loop()
+        speech = server_service.Speech(input=text, voice=name, language=language, seed=seed)
+        job = server_service.plan_job(self.service, speech, loop, stream=True)
+        self.service.pool.submit(job)
+        LOG.info("synthesize: %d characters, voice %s, seed %d", len(text), name, job.request.seed)
+        self.jobs.append(job)
+        timer = loop.call_at(loop.time() + self.service.config.timeout_s, time_out, job)
+        rate = self.service.sample_rate
+        try:
+            if start:
+                await self.write(AudioStart(rate=rate, width=SAMPLE_WIDTH, channels=1))
+            while True:
+                kind, payload = await job.events.get()
+                if kind == "chunk":
+                    await self.write(AudioChunk(rate=rate, width=SAMPLE_WIDTH, channels=1,
+                                                audio=to_pcm16(payload).tobytes()))
+                elif kind == "done":
+                    break
+                else:
+                    raise job_failure(job, kind, payload, self.service.pool.draining)
+            if stop:
+                await self.write(AudioStop())
+        finally:
+            timer.cancel()
+            job.cancel.set()  # a no-op once done; stops the worker if this ended early
+            self.jobs.remove(job)
+        return job.request.seed
+
+
+# --- the server ----------------------------------------------------------------------------------
+
+def announced_address(host: str) -> str:
+    """The address to announce for a server bound to `host`: itself, or for a wildcard bind the
+    address of the interface multicast leaves by (as the wyoming package finds it)."""
+    if host not in ("0.0.0.0", "::", ""):
+        return host
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect((MDNS_GROUP, 1))
+        return probe.getsockname()[0]
+
+
+async def announce(name: str, host: str, port: int) -> Any:
+    """Register `name` as a _wyoming._tcp service at host:port over mDNS -> (the AsyncZeroconf,
+    its service info) to unregister at stop; a UserError when it cannot be announced."""
+    from zeroconf import Error as ZeroconfError
+    from zeroconf import IPVersion
+    from zeroconf.asyncio import AsyncServiceInfo, AsyncZeroconf
+
+    try:
+        address = announced_address(host)
+        family = socket.AF_INET6 if ":" in address else socket.AF_INET
+        info = AsyncServiceInfo(ZEROCONF_TYPE, f"{name}.{ZEROCONF_TYPE}", port=port,
+                                addresses=[socket.inet_pton(family, address)],
+                                properties={"version": __version__})
+        zeroconf = AsyncZeroconf(ip_version=IPVersion.V6Only if family == socket.AF_INET6 else IPVersion.V4Only)
+        await zeroconf.async_register_service(info)
+    except (OSError, ValueError, ZeroconfError) as exc:  # no multicast route; a name mDNS cannot carry
+        raise UserError(f"--zeroconf: cannot announce {name!r} over mDNS ({exc})",
+                        "check the network allows multicast, or leave out --zeroconf") from None
+    if ipaddress.ip_address(address).is_loopback:
+        LOG.warning("--zeroconf announces %s, a loopback address other machines cannot reach; bind --uri to this "
+                    "machine's address for Home Assistant to find it", address)
+    LOG.info("zeroconf: announced %s at %s:%d", info.name, address, port)
+    return zeroconf, info
+
+
+async def serve_async(service: server_service.Service, config: WyomingConfig, listener: socket.socket) -> int:
+    """Accept connections on `listener` until SIGTERM/SIGINT, then drain -> the signal (0: none)."""
+    sessions: dict[Session, asyncio.Task] = {}
+
+    async def connected(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        session = Session(service, config, reader, writer)
+        if len(sessions) >= door.MAX_CONNECTIONS:
+            with contextlib.suppress(ConnectionError):
+                await session.refuse(refuse("too_many_connections", limit=door.MAX_CONNECTIONS))
+            writer.close()
+            return
+        sessions[session] = asyncio.current_task()
+        try:
+            await session.run()
+        finally:
+            sessions.pop(session, None)
+
+    stopped_by: list[int] = []
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, lambda sig=sig: (stopped_by.append(sig), stop.set()))
+    listening = await asyncio.start_server(connected, sock=listener, limit=door.MAX_HEADER_BYTES)
+    bound_host, bound_port = listener.getsockname()[:2]
+    LOG.info("omnivoice-onnx wyoming: %d voice(s), %d language(s); seed %s", len(voice_names(service)),
+             len(service.languages()), "per request" if config.seed is None else config.seed)
+    LOG.info("%s%s", LISTENING, f"tcp://{f'[{bound_host}]' if ':' in bound_host else bound_host}:{bound_port}")
+    announced = await announce(config.zeroconf, bound_host, bound_port) if config.zeroconf else None
+    async with listening:
+        await stop.wait()
+        if announced is not None:  # gone from Home Assistant's list before the port closes
+            await announced[0].async_unregister_service(announced[1])
+            await announced[0].async_close()
+        listening.close()
+        await drain(service, sessions)
+    return stopped_by[0] if stopped_by else 0
+
+
+async def drain(service: server_service.Service, sessions: dict[Session, asyncio.Task]) -> None:
+    """SIGTERM: no new requests (the pool refuses them: shutting_down); every connection ends with
+    a final event. Idle ones are closed (a stream still open gets its Error); one being answered
+    finishes (its AudioStop) within the drain timeout, else its job is cancelled and it gets
+    `shutting_down`. What still hangs after that (a client that reads nothing) is cancelled."""
+    service.pool.draining = True
+    LOG.info("stopping: draining %d connection(s) (up to %g s)", len(sessions), service.config.drain_s)
+    for session in list(sessions):
+        session.draining = True
+        if not session.busy:
+            with contextlib.suppress(ConnectionError):
+                await session.last_word()
+            session.writer.close()  # its read ends; run() returns
+    tasks = set(sessions.values())
+    if tasks:
+        _, late = await asyncio.wait(tasks, timeout=service.config.drain_s)
+        if late:
+            LOG.warning("drain timeout: cancelling %d request(s)", len(late))
+            for session in list(sessions):
+                for job in session.jobs:
+                    job.cancel.set()
+            _, late = await asyncio.wait(late, timeout=door.HEADER_TIMEOUT_S)
+        for task in late:
+            task.cancel()
+        await asyncio.gather(*late, return_exceptions=True)
+
+
+def listen(config: WyomingConfig) -> socket.socket:
+    """The listening socket of --uri: a bad URI, a busy port or an address other machines reach
+    without --allow-remote is named before any model loads (the protocol has no key: anyone who
+    can reach the port can use it, as `serve --no-auth`)."""
+    host, port = parse_uri(config.uri)
+    if not server_service.is_loopback(host):
+        if not config.allow_remote:
+            raise UserError(f"refusing to serve Wyoming on {host}: the protocol has no key, so anyone who can reach "
+                            "it could use it", "bind --uri tcp://127.0.0.1:PORT, or pass --allow-remote to serve a "
+                            "trusted network on purpose")
+        LOG.warning("--allow-remote: serving Wyoming on %s WITHOUT AUTHENTICATION (the protocol has none); anyone "
+                    "who can reach this address can use it", host)
+    return server_service.bind(host, port)
+
+
+def serve(service: server_service.Service, config: WyomingConfig, listener: socket.socket) -> int:
+    """Run the Wyoming server on `listener` with the loaded `service` (service.load_service) until
+    SIGTERM/SIGINT -> 0 when the drain let every request finish, else 128 + the signal (as `serve`)."""
+    try:
+        if config.voice not in voice_names(service):
+            raise UserError(f"--voice {config.voice} is not one of this server's voices",
+                            f"choose one of {', '.join(voice_names(service))}")
+        stopped_by = asyncio.run(serve_async(service, config, listener))
+    finally:
+        service.pool.close()
+    return 128 + stopped_by if stopped_by and service.pool.cut_off else 0

@@ -1,0 +1,308 @@
+"""`omnivoice-onnx pack` and `download` (omnivoice_onnx.fetch): a release archive of the tiny export,
+served by a real HTTP server on loopback (interrupted and resumed, restarted, a wrong hash, a
+truncated archive, members that reach outside the folder), and the real huggingface_hub reading a
+repo laid out in its own cache format, offline. Each ends with the same speech for a seed as the
+original bundle, or with one line and nothing left behind."""
+
+from __future__ import annotations
+
+import hashlib
+import http.server
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import REPO, Pipeline
+
+from omnivoice_onnx import fetch
+from omnivoice_onnx.errors import UserError
+
+SPEAK = ("speak", "Hello there.", "--seed", "7", "--num-step", "2", "--quiet")
+
+
+def command(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "omnivoice_onnx", *map(str, args)],
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
+        timeout=300,
+    )
+
+
+def one_error_line(done: subprocess.CompletedProcess, fragment: str) -> str:
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1, done.stderr
+    assert lines[0].startswith("omnivoice-onnx: error: ") and fragment in lines[0], lines[0]
+    return lines[0]
+
+
+def spoken(model_dir: str | Path, out: Path, env: dict[str, str] | None = None) -> bytes:
+    done = command(*SPEAK, "--model-dir", model_dir, "--out", out, env=env)
+    assert done.returncode == 0, done.stderr
+    return out.read_bytes()
+
+
+class Archives(http.server.BaseHTTPRequestHandler):
+    """Serves `files` ({path: bytes}) with HTTP Range support; `cut` paths send only their first
+    half on the first request (the whole length announced), `no_range` paths ignore Range."""
+
+    files: dict[str, bytes] = {}
+    cut: set[str] = set()
+    no_range: set[str] = set()
+    seen: list[tuple[str, str | None]] = []  # (path, Range header) of every request
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        data = self.files.get(self.path)
+        rng = self.headers.get("Range")
+        self.seen.append((self.path, rng))
+        if data is None:
+            self.send_error(404)
+            return
+        start = int(rng.removeprefix("bytes=").rstrip("-")) if rng and self.path not in self.no_range else None
+        if start is not None and start >= len(data):
+            self.send_error(416)
+            return
+        body = data[start or 0 :]
+        self.send_response(206 if start is not None else 200)
+        if start is not None:
+            self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.path in self.cut:
+            self.cut.discard(self.path)
+            self.wfile.write(body[: len(body) // 2])
+            self.wfile.flush()
+            self.close_connection = True
+            return
+        self.wfile.write(body)
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[str]:
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Archives)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join(10)
+
+
+@pytest.fixture(scope="module")
+def release(pipeline: Pipeline, tmp_path_factory) -> Path:
+    """The tiny export's default variant packed by the command."""
+    out = tmp_path_factory.mktemp("release") / "omnivoice.tar"
+    done = command("pack", pipeline.onnx, "-o", out)
+    assert done.returncode == 0, done.stderr
+    return out
+
+
+@pytest.fixture(scope="module")
+def original(pipeline: Pipeline, tmp_path_factory) -> bytes:
+    return spoken(pipeline.onnx, tmp_path_factory.mktemp("original") / "a.wav")
+
+
+def leftovers(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir())
+
+
+def crafted(members: list[tuple[tarfile.TarInfo, bytes]], manifest_files: dict[str, dict]) -> bytes:
+    """A tar whose first member is a well-formed manifest listing `manifest_files`, then `members`."""
+    buffer = io.BytesIO()
+    head = json.dumps(
+        {
+            "format": fetch.MANIFEST_FORMAT,
+            "version": fetch.MANIFEST_VERSION,
+            "variant": "fp32",
+            "model_fingerprint": "sha256:0",
+            "files": manifest_files,
+        }
+    ).encode()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        info = tarfile.TarInfo(fetch.MANIFEST_FILE)
+        info.size = len(head)
+        archive.addfile(info, io.BytesIO(head))
+        for info, data in members:
+            archive.addfile(info, io.BytesIO(data) if info.isfile() else None)
+    return buffer.getvalue()
+
+
+@pytest.mark.slow
+def test_pack_is_the_variant_with_its_hashes(pipeline: Pipeline, release: Path, tmp_path: Path) -> None:
+    """The archive is the manifest, then exactly the files the variant loads, the report and the
+    card, each as hashed; packing again gives the same bytes."""
+    report = json.loads((pipeline.onnx / "export-report.json").read_text())
+    with tarfile.open(release) as archive:
+        names = archive.getnames()
+        manifest = json.loads(archive.extractfile(fetch.MANIFEST_FILE).read())
+        assert names == [fetch.MANIFEST_FILE, *fetch.release_files(report, "fp32")]
+        for name in names[1:]:
+            data = archive.extractfile(name).read()
+            assert manifest["files"][name] == {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+    assert "omnivoice_transformer.onnx.data" in names and "README.md" in names and "tokenizer.json" in names
+    again = tmp_path / "again.tar"
+    assert command("pack", pipeline.onnx, "-o", again).returncode == 0
+    assert again.read_bytes() == release.read_bytes()
+    one_error_line(command("pack", pipeline.onnx, "--variant", "int8", "-o", tmp_path / "x.tar"), "int8")
+    assert leftovers(tmp_path) == ["again.tar"]
+
+
+@pytest.mark.slow
+def test_download_interrupted_resumed_then_found_in_place(
+    release: Path, server: str, original: bytes, tmp_path: Path
+) -> None:
+    """The first fetch is cut halfway: one line, the folder untouched, the part kept; the same
+    command resumes it with a Range request, verifies it and speaks the same bytes; a third run
+    fetches nothing."""
+    data = release.read_bytes()
+    Archives.files["/cut.tar"] = data
+    Archives.cut.add("/cut.tar")
+    digest = hashlib.sha256(data).hexdigest()
+    target = tmp_path / "model"
+    args = ("download", f"{server}/cut.tar", "--sha256", digest, "--dir", target)
+    one_error_line(command(*args), "interrupted after")
+    assert not target.exists() and [p for p in leftovers(tmp_path) if p.endswith(".part")]
+    Archives.seen.clear()
+    done = command(*args)
+    assert done.returncode == 0, done.stderr
+    assert Archives.seen == [("/cut.tar", f"bytes={len(data) // 2}-")]
+    assert leftovers(tmp_path) == ["model"]
+    assert spoken(target, tmp_path / "b.wav") == original
+    Archives.seen.clear()
+    done = command(*args)
+    assert done.returncode == 0 and "nothing fetched" in done.stderr and Archives.seen == []
+
+
+@pytest.mark.slow
+def test_a_server_ignoring_ranges_restarts_cleanly(release: Path, server: str, tmp_path: Path) -> None:
+    data = release.read_bytes()
+    Archives.files["/plain.tar"] = data
+    Archives.no_range.add("/plain.tar")
+    target = tmp_path / "model"
+    part = tmp_path / f".model.{hashlib.sha256(data).hexdigest()[:16]}.part"
+    part.write_bytes(b"junk from an earlier try")
+    done = command("download", f"{server}/plain.tar", "--sha256", hashlib.sha256(data).hexdigest(), "--dir", target)
+    assert done.returncode == 0, done.stderr
+    assert leftovers(tmp_path) == ["model"]
+
+
+@pytest.mark.slow
+def test_refusals_leave_nothing(release: Path, server: str, tmp_path: Path) -> None:
+    """A wrong sha256, a truncated archive (with its own hash: what a bad upload gives) and an
+    archive whose members reach outside the folder: one line each, nothing written."""
+    data = release.read_bytes()
+    Archives.files["/ok.tar"] = data
+    Archives.files["/short.tar"] = data[: len(data) - 20_000]
+    evil = b"pwned"
+    entry = {"sha256": hashlib.sha256(evil).hexdigest(), "bytes": len(evil)}
+    link = tarfile.TarInfo("link")
+    link.type, link.linkname = tarfile.SYMTYPE, "/etc/passwd"
+    device = tarfile.TarInfo("dev")
+    device.type = tarfile.CHRTYPE
+    cases = {
+        "/traversal.tar": ("../evil.txt", "a path outside the folder"),
+        "/absolute.tar": ("/tmp/evil.txt", "a path outside the folder"),
+        "/link.tar": (link, "a link"),
+        "/device.tar": (device, "a device"),
+    }
+    for path, (member, _) in cases.items():
+        if isinstance(member, str):
+            info = tarfile.TarInfo(member)
+            info.size = len(evil)
+            member = info
+        Archives.files[path] = crafted([(member, evil)], {member.name: entry})
+    target = tmp_path / "sub" / "model"
+    wrong = "0" * 64
+    one_error_line(
+        command("download", f"{server}/ok.tar", "--sha256", wrong, "--dir", target), f"not the {wrong} given"
+    )
+    short = Archives.files["/short.tar"]
+    one_error_line(
+        command("download", f"{server}/short.tar", "--sha256", hashlib.sha256(short).hexdigest(), "--dir", target),
+        "short.tar",
+    )
+    for path, (_, fragment) in cases.items():
+        body = Archives.files[path]
+        one_error_line(
+            command("download", f"{server}{path}", "--sha256", hashlib.sha256(body).hexdigest(), "--dir", target),
+            fragment,
+        )
+    assert leftovers(tmp_path / "sub") == [] and leftovers(tmp_path) == ["sub"]
+    assert not (tmp_path / "evil.txt").exists() and not Path("/tmp/evil.txt").exists()
+    one_error_line(command("download", f"{server}/ok.tar", "--dir", target), "needs its sha256")
+
+
+def test_oversized_and_unlisted_members_are_refused(tmp_path: Path) -> None:
+    """A member whose header claims more than any file of this model is refused from its header
+    (tarfile writes the header alone when given no data), and so is one the manifest does not list."""
+    big = tarfile.TarInfo("big.bin")
+    big.size = fetch.MAX_MEMBER_BYTES + 1
+    archive = tmp_path / "a.tar"
+    archive.write_bytes(crafted([], {}))
+    with tarfile.open(archive, "a") as tar:
+        tar.addfile(big)
+    (tmp_path / "out").mkdir()
+    with pytest.raises(UserError, match="larger than any file"):
+        fetch.extract(archive, tmp_path / "out", "a.tar")
+    archive.write_bytes(crafted([(tarfile.TarInfo("extra.txt"), b"")], {}))
+    with pytest.raises(UserError, match="does not list"):
+        fetch.extract(archive, tmp_path / "out", "a.tar")
+    assert leftovers(tmp_path / "out") == []
+
+
+def hub_cache(bundle: Path, cache: Path, repo: str) -> None:
+    """`bundle`'s files as huggingface_hub lays out a downloaded repo: blobs named by hash,
+    snapshots/<commit>/ linking to them, refs/main naming the commit."""
+    root = cache / f"models--{repo.replace('/', '--')}"
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    for path in sorted(p for p in bundle.rglob("*") if p.is_file()):
+        blob = root / "blobs" / hashlib.sha256(path.read_bytes()).hexdigest()
+        blob.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, blob)
+        link = root / "snapshots" / commit / path.relative_to(bundle)
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(os.path.relpath(blob, link.parent))
+    (root / "refs").mkdir()
+    (root / "refs" / "main").write_text(commit)
+
+
+@pytest.mark.slow
+def test_hugging_face_repo_offline(release: Path, original: bytes, tmp_path: Path) -> None:
+    """The real huggingface_hub, HF_HUB_OFFLINE=1, a repo in its cache format: `download` copies
+    and verifies the variant's files and speaks the same bytes; `--model-dir hf:ORG/NAME` reads the
+    cache itself; a repo not in the cache is one line."""
+    unpacked = tmp_path / "unpacked"
+    with tarfile.open(release) as archive:
+        archive.extractall(unpacked, filter="data")
+    (unpacked / fetch.MANIFEST_FILE).unlink()  # a repo holds the bundle's files, nothing of the archive's
+    cache = tmp_path / "hub"
+    hub_cache(unpacked, cache, "someone/omnivoice-tiny")
+    env = {"HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(cache), "HF_HOME": str(tmp_path / "hf-home")}
+    target = tmp_path / "model"
+    done = command("download", "someone/omnivoice-tiny", "--dir", target, env=env)
+    assert done.returncode == 0, done.stderr
+    assert spoken(target, tmp_path / "b.wav") == original
+    assert spoken("hf:someone/omnivoice-tiny", tmp_path / "c.wav", env=env) == original
+    done = command("download", "someone/omnivoice-tiny", "--dir", target, env=env)
+    assert done.returncode == 0 and "nothing fetched" in done.stderr
+    one_error_line(command("download", "someone/other", "--dir", tmp_path / "x", env=env), "not in the Hugging Face")
+    one_error_line(
+        command("download", "someone/omnivoice-tiny", "--dir", tmp_path / "x", "--variant", "int8", env=env),
+        "no variant 'int8'",
+    )
+    assert not (tmp_path / "x").exists()

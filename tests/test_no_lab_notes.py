@@ -1,0 +1,40 @@
+"""No lab notes in source: run numbers and issue numbers belong in the investigation log, not in
+the code, the tests or the pages a user reads (the house rule; a figure's provenance is the log's).
+
+A note like "measured in Run <n>" ages the moment the next run changes the figure, and a reader of
+the code cannot follow it without the log open; the log keeps the history, the source keeps the
+fact (or cites the doc section that holds it).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+LAB_NOTE = re.compile(r"\b(Run|issue) [0-9]+")
+LOG = REPO / "docs" / "omnivoice_onnx_investigation.md"
+
+
+def sources() -> list[Path]:
+    """Every Python file of the packages, scripts, bench and tests, the top-level scripts, and
+    the README and docs pages except the investigation log."""
+    python = [
+        path
+        for folder in ("omnivoice_onnx", "omnivoice_export", "scripts", "bench", "tests")
+        for path in sorted((REPO / folder).rglob("*.py"))
+    ]
+    pages = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+    return python + sorted(REPO.glob("*.py")) + [page for page in pages if page != LOG]
+
+
+def test_no_run_or_issue_numbers_outside_the_log() -> None:
+    files = sources()
+    assert len(files) > 100 and any(path.parent.name == "tests" for path in files)
+    hits = [
+        f"{path.relative_to(REPO)}:{number}: {line.strip()[:100]}"
+        for path in files
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1)
+        if LAB_NOTE.search(line)
+    ]
+    assert hits == [], "\n".join(hits)
