@@ -132,7 +132,7 @@ def synthesize(args) -> None:
         check_reference_audio(args.ref_audio)
     language = LANGUAGE if args.language is None else args.language
     # The runtime checks these in generate(); checked here too, before minutes of graph loading.
-    config = load_runtime_config(args.onnx_dir)
+    config = load_runtime_config(args.onnx_dir / "runtime-config.json")
     resolve_language(language, config["languages"])
     resolve_instruct(args.instruct, instruct_use_zh(args.text, config["instruct"]), config["instruct"])
     export = report.load_report(args.onnx_dir)

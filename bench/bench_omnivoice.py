@@ -72,7 +72,7 @@ from omnivoice_export.cli import NUM_STEP, CheckFailed, float_range, int_range, 
 from omnivoice_export.files import atomic_path, write_json_atomic  # noqa: E402
 from omnivoice_export.measure import cpu_description, hardware_lines, hardware_record, rate, results_stem  # noqa: E402
 from omnivoice_export.report import DEFAULT_ONNX_DIR  # noqa: E402
-from omnivoice_onnx.contract import GRAPH_NAMES, SAMPLE_RATE, variant_path  # noqa: E402
+from omnivoice_onnx.contract import GRAPH_NAMES, SAMPLE_RATE, codec_paths, variant_path  # noqa: E402
 from omnivoice_onnx.errors import UserError  # noqa: E402
 from omnivoice_onnx.sessions import THREADS_ENV, default_threads  # noqa: E402
 
@@ -389,7 +389,8 @@ def onnx_calls_worker(args) -> dict[str, Any]:
         result["transformer"][label] = entry
 
     if fp32:
-        codec = CodecSessions(args.onnx_dir, "cpu", None, resident=True)  # a call's time, not a session load
+        # resident: a call's time, not a session load
+        codec = CodecSessions(codec_paths(args.onnx_dir), "cpu", None, resident=True)
         for seconds in args.codec_durations:
             audio, codes = codec_audio(seconds), np.load(args.scratch / f"codes-{seconds}s.npy")
             result["encoder"][f"{seconds}s"] = timed(lambda: codec.run("encoder", {"input_values": audio}), args.calls)

@@ -218,8 +218,8 @@ def main(argv: list[str] | None = None) -> None:
     if not (args.capture_dir / REF_WAV).is_file():
         raise UserError(f"{args.capture_dir / REF_WAV} not found", "run make_reference.py (step 0) first")
     fingerprint = check_export(args, [])
-    load_runtime_config(args.onnx_dir)  # the runtime's own files: an older export lacks them
-    TextTokenizer.from_dir(args.onnx_dir)
+    load_runtime_config(args.onnx_dir / "runtime-config.json")  # the runtime's own files: an older export lacks them
+    TextTokenizer.from_file(args.onnx_dir / "tokenizer.json")
     request = clone_request(args.capture_dir, E2E_TEXT, args.num_step).to_dict()
     load_start = os.getloadavg()
     hardware = hardware_record()

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from omnivoice_export.report import read_graph_metadata
-from omnivoice_onnx.contract import CONTRACTS, FP32_VARIANT, GRAPH_FILES
+from omnivoice_onnx.contract import CONTRACTS, FP32_VARIANT, GRAPH_FILES, codec_paths
 from omnivoice_onnx.sessions import (
     TRANSFORMER_ARENA,
     CodecConfig,
@@ -77,7 +77,7 @@ class OrtGraphs:
         where it carries them, as fp16 does, else onnx_dir's)."""
         path = Path(onnx_dir) / GRAPH_FILES["transformer"] if transformer is None else Path(transformer)
         transformer = make_session(path, provider, threads, arena=TRANSFORMER_ARENA)
-        return cls(transformer, CodecSessions(onnx_dir, provider, threads, resident_codec, variant))
+        return cls(transformer, CodecSessions(codec_paths(onnx_dir, variant), provider, threads, resident_codec))
 
     def codec_config(self) -> CodecConfig:
         """From the encoder's metadata (read from the graph file: no session, no weights)."""

@@ -19,7 +19,7 @@ is refused at load time, as is a missing file.
 A transformer variant made by quantize_omnivoice.py (step 5) is loaded by name,
 `from_dir("onnx", variant="int8")`: onnx/int8/omnivoice_transformer.onnx with the export's fp32
 codec graphs, or the variant's own where it carries them (`variant="fp16"`: float16 encoder and
-decoder too; omnivoice_onnx.contract.variant_path). Its metadata must name the variant and the
+decoder too; omnivoice_onnx.bundle.Folder). Its metadata must name the variant and the
 codecs' model. Without a name the runtime takes bundle.default_variant(): fp32-fused when step 5 made
 it for this export (the faithful graph's logits, bit for bit on every CPU call measured, and
 faster), else the faithful fp32 graph, which stays the reference every verdict is made on.
@@ -31,7 +31,7 @@ import os
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -46,10 +46,13 @@ from omnivoice_onnx.contract import (
 )
 from omnivoice_onnx.core import generate as gen
 from omnivoice_onnx.core import request
-from omnivoice_onnx.core.prompt import RUNTIME_CONFIG_FILE, TOKENIZER_FILE, TextTokenizer
+from omnivoice_onnx.core.prompt import TOKENIZER_FILE, TextTokenizer
 from omnivoice_onnx.errors import UserError
 from omnivoice_onnx.limits import check_threads, memory_errors_as_user_errors
 from omnivoice_onnx.sessions import PROVIDERS, TRANSFORMER_ARENA, CodecSessions, finite_output, make_session, run_split
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack  # typing's own from Python 3.11
 
 # Graph metadata (omnivoice_export.exporting.graph_metadata) the runtime reads, as ints.
 INT_METADATA = ("sample_rate", "hop_length", "frame_rate", "num_codebooks", "audio_vocab_size", "audio_mask_id")
@@ -126,7 +129,7 @@ class OmniVoiceOnnx:
         self.variant = self.bundle.variant
         path = self.bundle.transformer_path()
         self.runtime_config = self.bundle.runtime_config
-        self.tokenizer = TextTokenizer.from_dir(self.model_dir, self.bundle.asset(TOKENIZER_FILE))
+        self.tokenizer = TextTokenizer.from_file(self.bundle.tokenizer_path, self.bundle.asset(TOKENIZER_FILE))
         fix = variant_fix(self.variant)
         self.transformer = make_session(path, provider, threads, arena=TRANSFORMER_ARENA, fix=fix)
         self.bundle.check_loaded(path)  # the session holds the bytes that were hashed
@@ -134,7 +137,7 @@ class OmniVoiceOnnx:
         if self.metadata.get("variant", FP32_VARIANT) != self.variant:
             raise UserError(f"{path} is variant {self.metadata.get('variant', FP32_VARIANT)!r}, not "
                             f"{self.variant!r}", f"run quantize_omnivoice.py --variants {self.variant}")
-        self.codecs = CodecSessions(self.model_dir, provider, threads, resident_codecs, self.variant,
+        self.codecs = CodecSessions(self.bundle.codec_paths(self.variant), provider, threads, resident_codecs,
                                     self.bundle.check_loaded)
         for name in ("encoder", "decoder"):
             # Opened once here (then released unless resident) so a foreign graph fails now, not
@@ -159,7 +162,7 @@ class OmniVoiceOnnx:
         try:  # the export's own generation defaults, checked as a request's are
             gen.GenerationConfig.from_dict(None, self.runtime_config["generation"])
         except UserError as exc:
-            raise UserError(f"{self.model_dir / RUNTIME_CONFIG_FILE}: its generation defaults are wrong "
+            raise UserError(f"{self.bundle.runtime_config_path}: its generation defaults are wrong "
                             f"({exc.problem})", RERUN_EXPORT) from exc
         if self.runtime_config["graphs"] != contract_table():
             raise UserError("runtime-config.json's graphs section is not this runtime's I/O contract "
@@ -224,10 +227,8 @@ class OmniVoiceOnnx:
         defaults = {**self.runtime_config["generation"], **(base or {})}
         return gen.GenerationConfig.from_dict(values, defaults)
 
-    def validate(self, text: str | list[str], language: Any = None, ref_text: Any = None, ref_audio: Any = None,
-                 voice_clone_prompt: Any = None, instruct: Any = None, duration: Any = None, speed: Any = None,
-                 generation_config: dict[str, Any] | None = None, seed: int | None = None,
-                 strict_instructions: bool = False, stream: bool = False) -> request.Request:
+    def validate(self, text: str | list[str], *, stream: bool = False,
+                 **keywords: Unpack[request.RequestKeywords]) -> request.Request:
         """The request generate() (or, with `stream`, stream()) runs, checked whole (types, values,
         the limits of omnivoice_onnx.limits) without model work: the reference is loaded and
         prepared, not encoded; a seed of None is drawn now (Request.seed). Pass the Request to
@@ -235,15 +236,17 @@ class OmniVoiceOnnx:
         server answers 400 with it, a batch refuses the line before any generation.
         stream: stream()'s chunking defaults (STREAM_CHUNK_DEFAULTS) under generation_config, and
         one text. An instruct in prose has the vocabulary's words applied and the rest ignored
-        (Request.instruct_readings says which); strict_instructions refuses it instead."""
+        (Request.instruct_readings says which); strict_instructions refuses it instead. The
+        keywords (request.RequestKeywords) are generate()'s."""
+        request.check_keywords(keywords, "validate")
         if stream and not isinstance(text, str):
             raise UserError("stream() speaks one text (a str)", "call generate() for a batch of texts")
-        config = self.generation_config(generation_config, base=self.STREAM_CHUNK_DEFAULTS if stream else None)
+        config = self.generation_config(keywords.get("generation_config"),
+                                        base=self.STREAM_CHUNK_DEFAULTS if stream else None)
+        fields = {name: keywords.get(name) for name in request.REQUEST_FIELDS}
+        fields["duration_s"] = fields.pop("duration")
         with memory_errors_as_user_errors():
-            return request.validate(self.model, text, config, language=language, ref_text=ref_text,
-                                    ref_audio=ref_audio, voice_clone_prompt=voice_clone_prompt, instruct=instruct,
-                                    duration_s=duration, speed=speed, seed=seed,
-                                    strict_instructions=strict_instructions)
+            return request.validate(self.model, text, config, **fields)
 
     def create_voice_clone_prompt(self, ref_audio: Any, ref_text: str,
                                   preprocess_prompt: bool = True) -> gen.VoiceClonePrompt:
@@ -254,11 +257,9 @@ class OmniVoiceOnnx:
         with memory_errors_as_user_errors():
             return gen.create_voice_clone_prompt(self.model, ref_audio, ref_text, preprocess_prompt)
 
-    def generate(self, text: str | list[str] | request.Request, language: Any = None, ref_text: Any = None,
-                 ref_audio: Any = None, voice_clone_prompt: Any = None, instruct: Any = None, duration: Any = None,
-                 speed: Any = None, generation_config: dict[str, Any] | None = None, seed: int | None = None,
-                 trace: gen.Trace | None = None, progress: Callable[[gen.Progress], None] | None = None,
-                 cancel: threading.Event | None = None, strict_instructions: bool | None = None) -> list[np.ndarray]:
+    def generate(self, text: str | list[str] | request.Request, *, trace: gen.Trace | None = None,
+                 progress: Callable[[gen.Progress], None] | None = None, cancel: threading.Event | None = None,
+                 **keywords: Unpack[request.RequestKeywords]) -> list[np.ndarray]:
         """Speech for `text` (a string or a list: a batch): one float32 [T] array per text.
 
         `text` may be a Request from validate() instead, which runs as it is (no keyword then);
@@ -271,20 +272,14 @@ class OmniVoiceOnnx:
         in `trace.seed` when a Trace is passed). progress: called with a Progress after every
         unmasking step; cancel: when set, the call raises Cancelled before its next step.
         """
-        req = self._request(text, dict(language=language, ref_text=ref_text, ref_audio=ref_audio,
-                                       voice_clone_prompt=voice_clone_prompt, instruct=instruct, duration=duration,
-                                       speed=speed, generation_config=generation_config, seed=seed,
-                                       strict_instructions=strict_instructions), stream=False)
+        req = self._request(text, keywords, stream=False, where="generate")
         check_trace(trace)
         with memory_errors_as_user_errors():
             return gen.generate(self.model, req, trace, gen.Monitor(progress=progress, cancel=cancel))
 
-    def stream(self, text: str | request.Request, *, language: Any = None, ref_text: Any = None,
-               ref_audio: Any = None, voice_clone_prompt: Any = None, instruct: Any = None, duration: Any = None,
-               speed: Any = None, generation_config: dict[str, Any] | None = None, seed: int | None = None,
-               strict_instructions: bool | None = None, progress: Callable[[gen.Progress], None] | None = None,
-               cancel: threading.Event | None = None,
-               trace: gen.Trace | None = None) -> Iterator[gen.AudioChunk]:
+    def stream(self, text: str | request.Request, *, trace: gen.Trace | None = None,
+               progress: Callable[[gen.Progress], None] | None = None, cancel: threading.Event | None = None,
+               **keywords: Unpack[request.RequestKeywords]) -> Iterator[gen.AudioChunk]:
         """Speech for one `text`, yielded as AudioChunks as each chunk of upstream's chunking is decoded.
 
         The chunking is STREAM_CHUNK_DEFAULTS overlaid with `generation_config`: sentence-sized
@@ -294,17 +289,15 @@ class OmniVoiceOnnx:
         sample for sample and what differs. Arguments as generate() (one text, not a batch); a
         Request from validate(..., stream=True) runs as it is.
         """
-        req = self._request(text, dict(language=language, ref_text=ref_text, ref_audio=ref_audio,
-                                       voice_clone_prompt=voice_clone_prompt, instruct=instruct, duration=duration,
-                                       speed=speed, generation_config=generation_config, seed=seed,
-                                       strict_instructions=strict_instructions), stream=True)
+        req = self._request(text, keywords, stream=True, where="stream")
         check_trace(trace)
         with memory_errors_as_user_errors():
             yield from gen.stream(self.model, req, trace, gen.Monitor(progress=progress, cancel=cancel))
 
-    def _request(self, text: Any, keywords: dict[str, Any], stream: bool) -> request.Request:
+    def _request(self, text: Any, keywords: request.RequestKeywords, stream: bool, where: str) -> request.Request:
         """`text` when it is a validated Request (then no keyword may be given: they would be
         ignored), else validate(text, **keywords): one validation per call either way."""
+        request.check_keywords(keywords, where)
         if not isinstance(text, request.Request):
             return self.validate(text, **keywords, stream=stream)
         given = sorted(name for name, value in keywords.items() if value is not None)

@@ -321,7 +321,7 @@ def make_plan(tts: OmniVoiceOnnx, test_list: TestList, options: Options, records
               log: Callable[[str], None]) -> Plan:
     """Check every line, hash it, and split the good ones into done and to do (longest first).
     Bad lines are logged one per line; unless options.skip_bad, they stop the run here (UserError)."""
-    voices = voices_dir(options.model_dir, options.voices)
+    voices = voices_dir(tts.bundle, options.voices)
     bad_model, voice_of, requests = check_lines(tts, test_list, options, voices)
     bad = sorted(test_list.bad + bad_model, key=lambda b: b.number)
     for item in bad:

@@ -42,7 +42,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from omnivoice_onnx.contract import FP32_VARIANT, GRAPH_FILES, REPORT_FILE, variant_dir, variant_path, variants_present
+from omnivoice_onnx.contract import (
+    FP32_VARIANT,
+    GRAPH_FILES,
+    REPORT_FILE,
+    codec_paths,
+    variant_dir,
+    variant_path,
+    variants_present,
+)
 from omnivoice_onnx.core.prompt import RUNTIME_CONFIG_FILE, TOKENIZER_FILE, load_runtime_config
 from omnivoice_onnx.errors import UserError
 from omnivoice_onnx.files import (
@@ -62,6 +70,9 @@ from omnivoice_onnx.graphmeta import read_metadata_props
 
 DEFAULT_MODEL_DIR = Path("onnx")  # where the commands look when no --model-dir is given
 MODEL_CARD_FILE = "README.md"
+VOICES_SUBDIR = "voices"  # the default voices folder: inside the bundle, so a copied bundle keeps its voices
+VOICES_ENV = "OMNIVOICE_VOICES"  # the voices folder when no --voices is given (voices.voices_dir)
+MANIFEST_FILE = "release-manifest.json"  # a release archive's first member, kept in a downloaded folder
 VERIFY_ENV = "OMNIVOICE_VERIFY"  # "0": skip the sha256 check (verify=False for every open); "full": no record
 CACHE_ENV = "OMNIVOICE_CACHE_DIR"  # where VerifiedFiles keeps its record; "" keeps none
 CACHE_SUBDIR = "omnivoice-onnx"  # the folder under $XDG_CACHE_HOME or ~/.cache
@@ -129,7 +140,7 @@ def metadata_props(path: Path) -> dict[str, str]:
 def card_license(model_dir: Path) -> str | None:
     """The `license:` of the bundle's model card YAML header, if the card is there."""
     try:
-        text = (Path(model_dir) / MODEL_CARD_FILE).read_text(encoding="utf-8")
+        text = Folder(model_dir).card_path.read_text(encoding="utf-8")
     except OSError:
         return None
     header = re.match(r"---\n(.*?)\n---\n", text, re.S)
@@ -348,12 +359,74 @@ class VerifiedFiles:
         self.updates = {}
 
 
-class Bundle:
+def check_folder(model_dir: str | os.PathLike) -> Path:
+    """`model_dir` as a Path when it is a folder; else the one refusal of a missing bundle, everywhere."""
+    if not isinstance(model_dir, (str, os.PathLike)):
+        raise UserError(f"model_dir must be a path, got {type(model_dir).__name__}",
+                        "pass the folder export_omnivoice.py wrote")
+    path = Path(model_dir)
+    if not path.is_dir():
+        raise UserError(f"export folder not found: {path}", GET_BUNDLE)
+    return path
+
+
+class Folder:
+    """Where each file of a bundle folder lives: the one place the runtime joins a path inside a
+    bundle (tests/test_structure.py holds every other module to it), so a reader finds every file
+    the runtime touches here; the graphs' layout is contract.variant_path's rule, the toolchain's
+    too. Not opened: Bundle is a Folder opened and verified; `voice list` needs only the voices."""
+
+    def __init__(self, model_dir: str | os.PathLike) -> None:
+        self.dir = Path(model_dir)
+
+    @property
+    def report_path(self) -> Path:
+        return self.dir / REPORT_FILE
+
+    @property
+    def card_path(self) -> Path:  # the model card: its YAML header repeats the licence
+        return self.dir / MODEL_CARD_FILE
+
+    @property
+    def runtime_config_path(self) -> Path:
+        return self.dir / RUNTIME_CONFIG_FILE
+
+    @property
+    def tokenizer_path(self) -> Path:
+        return self.dir / TOKENIZER_FILE
+
+    @property
+    def voices_path(self) -> Path:
+        """The default voices folder (voices.voices_dir: --voices and $OMNIVOICE_VOICES come first)."""
+        return self.dir / VOICES_SUBDIR
+
+    @property
+    def manifest_path(self) -> Path:  # a download's release manifest (omnivoice_onnx.fetch)
+        return self.dir / MANIFEST_FILE
+
+    def graph_path(self, graph: str, variant: str = FP32_VARIANT) -> Path:  # contract.variant_path's rule
+        return variant_path(self.dir, variant, graph)
+
+    def codec_paths(self, variant: str = FP32_VARIANT) -> dict[str, Path]:  # the encoder and decoder it loads
+        return codec_paths(self.dir, variant)
+
+    @property
+    def variants(self) -> list[str]:  # those whose transformer graph is in the folder
+        return variants_present(self.dir)
+
+    def export_files(self) -> list[Path]:  # the export's own graphs and their sidecars (info --no-verify)
+        return [self.dir / (name + suffix) for name in GRAPH_FILES.values() for suffix in ("", ".data")]
+
+    def member(self, name: str) -> Path:  # a file the report or a release manifest lists, by relative path
+        return self.dir / name
+
+
+class Bundle(Folder):
     """An export folder, opened: build it with `Bundle.open`."""
 
     def __init__(self, model_dir: Path, variant: str, report: dict[str, Any] | None,
                  report_error: UserError | None = None) -> None:
-        self.dir = model_dir
+        super().__init__(model_dir)
         self.variant = variant  # the transformer variant loaded (named, or default_variant's choice)
         self.report = report  # export-report.json, read once (None: none readable, opened with verify=False)
         self.report_error = report_error  # why report is None: missing, unreadable, not an object
@@ -365,16 +438,12 @@ class Bundle:
         """The folder at `model_dir` with `variant` (None: default_variant's choice for `provider`);
         with `verify`, every file the variant loads checked against the report first (UserError
         naming the first that differs, and the step that remakes it)."""
-        if not isinstance(model_dir, (str, os.PathLike)):
-            raise UserError(f"model_dir must be a path, got {type(model_dir).__name__}",
-                            "pass the folder export_omnivoice.py wrote")
-        model_dir = Path(model_dir)
         if variant is not None and not (isinstance(variant, str) and VARIANT_NAME.fullmatch(variant)):
+            present = variants_present(Path(model_dir)) if isinstance(model_dir, (str, os.PathLike)) else []
             raise UserError(f"variant must be a variant's name (a folder of the export), got {variant!r:.60}",
-                            f"pass one of {', '.join(variants_present(model_dir)) or 'fp32'}, or None")
+                            f"pass one of {', '.join(present) or 'fp32'}, or None")
         verify = verify_requested(verify)
-        if not model_dir.is_dir():
-            raise UserError(f"export folder not found: {model_dir}", GET_BUNDLE)
+        model_dir = check_folder(model_dir)
         try:
             report, report_error = read_report(model_dir), None
         except UserError as exc:
@@ -404,7 +473,7 @@ class Bundle:
     def asset(self, name: str) -> bytes | None:
         """The verified bytes of the READ_WHOLE file `name` (None when the bundle was not verified:
         the reader then reads the file itself)."""
-        seen = self.seen.get(self.dir / name)
+        seen = self.seen.get(self.member(name))
         return None if seen is None else seen.data
 
     def check_loaded(self, graph: Path) -> None:
@@ -426,14 +495,9 @@ class Bundle:
                                 "written to)", "load it again once nothing is writing the export folder; "
                                 f"{RERUN_EXPORT} if it was damaged")
 
-    @property
-    def variants(self) -> list[str]:
-        """The variants whose transformer graph is in the folder (contract.variants_present)."""
-        return variants_present(self.dir)
-
     def path(self, graph: str, variant: str | None = None) -> Path:
         """`graph`'s file for `variant` (default: the bundle's): contract.variant_path."""
-        return variant_path(self.dir, variant or self.variant, graph)
+        return self.graph_path(graph, variant or self.variant)
 
     def transformer_path(self) -> Path:
         """The bundle variant's transformer graph; a variant not in the folder is a UserError
@@ -469,13 +533,13 @@ class Bundle:
     def runtime_config(self) -> dict[str, Any]:
         """runtime-config.json, checked (prompt.load_runtime_config), parsed from the bytes that
         were verified when the bundle was."""
-        return load_runtime_config(self.dir, self.asset(RUNTIME_CONFIG_FILE))
+        return load_runtime_config(self.runtime_config_path, self.asset(RUNTIME_CONFIG_FILE))
 
     def file_checks(self, variant: str | None = None) -> list[FileCheck]:
         """Every file `variant` (default: the bundle's) loads, with its report entry: the codec
         graphs, the runtime assets, and the export's transformer or the variant's own files."""
         variant = variant or self.variant
-        path = self.dir / REPORT_FILE
+        path = self.report_path
         if self.report is None:
             raise self.report_error or UserError(f"export report not read: {path}", f"{RERUN_EXPORT}, {SKIP}")
         problem = schema_problem(self.report, REPORT_FILES_SCHEMA)
@@ -491,7 +555,7 @@ class Bundle:
         for name in (TOKENIZER_FILE, RUNTIME_CONFIG_FILE):
             if name not in self.report["runtime_assets"]:
                 raise UserError(f"export report {path} lists no {name}", RERUN_EXPORT)
-            checks.append(FileCheck(self.dir / name, self.report["runtime_assets"][name], RERUN_EXPORT))
+            checks.append(FileCheck(self.member(name), self.report["runtime_assets"][name], RERUN_EXPORT))
         if variant != FP32_VARIANT:
             fix = variant_fix(variant)
             entry = self.listed_variants().get(variant)
@@ -519,7 +583,7 @@ def report_variants(report: dict[str, Any] | None) -> dict[str, Any]:
 def read_report(model_dir: Path) -> dict[str, Any]:
     """export-report.json; a UserError naming why when it is missing, unreadable, not a JSON object,
     or when a section the runtime reads has another shape (REPORT_SCHEMA)."""
-    return read_json(Path(model_dir) / REPORT_FILE, "export report", f"{RERUN_EXPORT}, {SKIP}", schema=REPORT_SCHEMA)
+    return read_json(Folder(model_dir).report_path, "export report", f"{RERUN_EXPORT}, {SKIP}", schema=REPORT_SCHEMA)
 
 
 def default_variant(model_dir: Path, report: dict[str, Any] | None, provider: str = "cpu") -> str:

@@ -20,8 +20,10 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import NoReturn
+from pathlib import Path
+from typing import Any, NoReturn
 
+from omnivoice_onnx.bundle import DEFAULT_MODEL_DIR, VOICES_ENV
 from omnivoice_onnx.errors import (  # noqa: F401  (re-exported: every command's edge)
     DISK_FULL,
     ENVIRONMENT,
@@ -46,6 +48,27 @@ EXIT_TERMINATED = 128 + signal.SIGTERM  # 143
 # stdout's reader went away (`parity_check.py | head -1`): quietly, with the code of a process
 # that SIGPIPE ended, as `yes | head -1` does; artefacts from before the run are intact.
 EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE  # 141
+
+
+def add_bundle_flags(parser: Any, model_dir: bool = True, variant: bool = True, voices: bool = True,
+                     model_dest: str = "model_dir", model_default: Path | None = DEFAULT_MODEL_DIR,
+                     model_aliases: tuple[str, ...] = (), hub: bool = True) -> None:
+    """--model-dir (and upstream's --model_dir), --variant and --voices, declared here once for
+    every command: each adds those it uses (to a parser or an argument group). `model_dest` and
+    `model_default`: for `info`, whose positional DIR the flag overrides; `model_aliases`: a
+    script's older spelling of --model-dir; `hub`: hf:ORG/NAME is read (cli.resolve_hub_model_dirs)."""
+    if model_dir:
+        hub_help = ", or hf:ORG/NAME for a Hugging Face repo's" if hub else ""
+        parser.add_argument("--model-dir", "--model_dir", *model_aliases, dest=model_dest, type=Path,
+                            default=model_default, metavar="DIR",
+                            help=f"the bundle (export folder){hub_help} (default: {model_default or 'DIR'})")
+    if variant:
+        parser.add_argument("--variant", default=None,
+                            help="transformer variant (fp32, fp32-fused, int8, ...; default: fp32-fused when the "
+                                 "bundle has it, else fp32; `omnivoice-onnx info` lists them)")
+    if voices:
+        parser.add_argument("--voices", type=Path, default=None, metavar="DIR",
+                            help=f"the saved voices folder (default: ${VOICES_ENV}, else <model-dir>/voices)")
 
 
 class CheckFailed(Exception):

@@ -75,12 +75,11 @@ import soundfile as sf
 
 from omnivoice_onnx import rule_vectors
 from omnivoice_onnx.api import OmniVoiceOnnx
-from omnivoice_onnx.bundle import stat_identity
-from omnivoice_onnx.cliutil import THREADS, CheckFailed, check_input_dir, check_output, parse, run_main
+from omnivoice_onnx.bundle import check_folder, stat_identity
+from omnivoice_onnx.cliutil import THREADS, CheckFailed, add_bundle_flags, check_output, parse, run_main
 from omnivoice_onnx.contract import FP32_VARIANT
 from omnivoice_onnx.core import audio, duration, scoring
 from omnivoice_onnx.core.generate import IterativeTrace, Trace, decode
-from omnivoice_onnx.core.prompt import RUNTIME_CONFIG_FILE, TOKENIZER_FILE
 from omnivoice_onnx.core.rng import TorchCpuRng
 from omnivoice_onnx.errors import UserError, say
 from omnivoice_onnx.files import Maybe, atomic_dir, read_json, sha256_file
@@ -372,8 +371,8 @@ def _floats(values: np.ndarray) -> list[float]:
 def _export_hashes(tts: OmniVoiceOnnx) -> dict[str, str]:
     """The export a vector was made from: the graphs' model fingerprint, the host files' sha256."""
     return {"model_fingerprint": tts.metadata["model_fingerprint"],
-            "runtime_config_sha256": _file_sha256(tts.model_dir / RUNTIME_CONFIG_FILE),
-            "tokenizer_sha256": _file_sha256(tts.model_dir / TOKENIZER_FILE)}
+            "runtime_config_sha256": _file_sha256(tts.bundle.runtime_config_path),
+            "tokenizer_sha256": _file_sha256(tts.bundle.tokenizer_path)}
 
 
 def _file_sha256(path: Path) -> str:
@@ -391,7 +390,7 @@ def post_process_case(tts: OmniVoiceOnnx, name: str, runs: list[dict[str, Any]],
     """One POST_PROCESS_CASES entry: audio.post_process on SILENCES_WAV with each run's settings."""
     decoded = _read_float32(folder / SILENCES_WAV)
     return {"format": FORMAT, "kind": "post_process", "case": name,
-            "export": {"runtime_config_sha256": _file_sha256(tts.model_dir / RUNTIME_CONFIG_FILE)},
+            "export": {"runtime_config_sha256": _file_sha256(tts.bundle.runtime_config_path)},
             "input": {"file": SILENCES_WAV, **audio_summary(decoded[0])},
             "runs": [post_process_run(tts, decoded, run) for run in runs]}
 
@@ -550,22 +549,23 @@ def check_vectors(onnx_dir: Path, folder: Path, threads: int | None = None) -> d
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m omnivoice_onnx.conformance", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model-dir", "--onnx-dir", dest="onnx_dir", type=Path, default=Path("onnx"),
-                        help="the export folder")
+    # The reference graph (fp32) is always the one replayed: no --variant. --onnx-dir: its older spelling.
+    add_bundle_flags(parser, variant=False, voices=False, model_aliases=("--onnx-dir",), hub=False)
     mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument("--out", type=Path, help="folder to (re)write whole: references, vectors, README.md")
     mode.add_argument("--check", type=Path, help="folder of vectors to replay against this runtime")
     parser.add_argument("--threads", type=THREADS, default=None, help="onnxruntime intra-op threads (>= 1)")
     args = parse(parser, argv)
-    check_input_dir(args.onnx_dir, "--model-dir")
     if args.out is not None:
         check_output(args.out, "--out", "tree")  # before the model loads: a refusal costs nothing
-        write_vectors(args.onnx_dir, args.out, args.threads)
+        check_folder(args.model_dir)
+        write_vectors(args.model_dir, args.out, args.threads)
         return
     if not args.check.is_dir() or not any(args.check.glob("*.json")):
         raise UserError(f"--check {args.check}: no vectors (*.json) there",
                         "pass the folder `--out` wrote (tests/conformance holds the tiny checkpoint's)")
-    results = check_vectors(args.onnx_dir, args.check, args.threads)
+    check_folder(args.model_dir)
+    results = check_vectors(args.model_dir, args.check, args.threads)
     failed = sorted(name for name, problems in results.items() if problems)
     say(f"OVERALL: {'PASS' if not failed else 'FAIL'} ({len(results) - len(failed)}/{len(results)} cases conform)")
     if failed:

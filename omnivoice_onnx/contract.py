@@ -150,6 +150,12 @@ def variant_path(onnx_dir: Path, name: str, graph: str = "transformer") -> Path:
     return own if graph == "transformer" or own.is_file() else Path(onnx_dir) / file
 
 
+def codec_paths(onnx_dir: Path, name: str = FP32_VARIANT) -> dict[str, Path]:
+    """The encoder's and decoder's files variant `name` loads (variant_path: a variant's own where
+    it carries them, as fp16 does, else the export's)."""
+    return {graph: variant_path(onnx_dir, name, graph) for graph in ("encoder", "decoder")}
+
+
 def variants_present(onnx_dir: Path) -> list[str]:
     """The variants whose transformer graph is in `onnx_dir`, sorted (FP32_VARIANT when the
     export's own is there)."""

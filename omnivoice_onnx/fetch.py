@@ -45,9 +45,11 @@ from typing import IO, Any
 
 from omnivoice_onnx.bundle import (
     DEFAULT_VARIANT_ORDER,
+    MANIFEST_FILE,
     MODEL_CARD_FILE,
     VARIANT_NAME,
     Bundle,
+    Folder,
     VerifiedFiles,
     read_report,
     report_variants,
@@ -66,7 +68,6 @@ from omnivoice_onnx.files import (
     sha256_file,
 )
 
-MANIFEST_FILE = "release-manifest.json"  # an archive's first member, and kept in a downloaded folder
 MANIFEST_FORMAT, MANIFEST_VERSION = "omnivoice-onnx release", 1
 MANIFEST_SCHEMA = {
     "format": str,
@@ -173,7 +174,7 @@ def pack(model_dir: Path, variant: str | None, out: Path) -> dict[str, Any]:
     expected = {check.path.relative_to(bundle.dir).as_posix(): check.entry for check in bundle.file_checks()}
     files: dict[str, dict[str, Any]] = {}
     for name in release_files(bundle.report, bundle.variant):
-        path = bundle.dir / name
+        path = bundle.member(name)
         if not path.is_file():
             raise UserError(
                 f"{path} is missing (the bundle's {'model card' if name == MODEL_CARD_FILE else name})",
@@ -185,11 +186,12 @@ def pack(model_dir: Path, variant: str | None, out: Path) -> dict[str, Any]:
         head = _manifest_bytes(manifest)
         archive.addfile(_member(MANIFEST_FILE, len(head)), _Hashing(io.BytesIO(head)))
         for name, entry in files.items():
-            with open(bundle.dir / name, "rb") as handle:
+            with open(bundle.member(name), "rb") as handle:
                 reader = _Hashing(handle)
                 archive.addfile(_member(name, entry["bytes"]), reader)
             if reader.digest.hexdigest() != entry["sha256"]:
-                raise UserError(f"{bundle.dir / name} changed while it was packed", "pack again when nothing writes it")
+                raise UserError(f"{bundle.member(name)} changed while it was packed",
+                                "pack again when nothing writes it")
     return manifest
 
 
@@ -295,8 +297,9 @@ def installed(target: Path, source: dict[str, str], variant: str | None) -> dict
     """The manifest of the download already in `target` when it came from `source`, is of
     `variant` (None: any) and every file is still as listed (VerifiedFiles: hashed again only
     when changed since last checked); else None."""
+    where = Folder(target).manifest_path
     try:
-        manifest = read_manifest((target / MANIFEST_FILE).read_bytes(), str(target / MANIFEST_FILE), "")
+        manifest = read_manifest(where.read_bytes(), str(where), "")
     except (OSError, UserError):
         return None
     if manifest.get("source") != source or variant not in (None, manifest["variant"]):
@@ -304,7 +307,7 @@ def installed(target: Path, source: dict[str, str], variant: str | None) -> dict
     verified = VerifiedFiles.in_cache()
     try:
         for name, entry in manifest["files"].items():
-            path = confined(target, name, str(target / MANIFEST_FILE), "")
+            path = confined(target, name, str(where), "")
             if not (path.is_file() and verified.matches(path, entry)):
                 return None
     except (OSError, UserError):
@@ -324,8 +327,9 @@ def check_target(target: Path) -> None:
     present = {p.relative_to(target).as_posix() for p in target.rglob("*") if not p.is_dir()}
     if not present:
         return
+    where = Folder(target).manifest_path
     try:
-        manifest = read_manifest((target / MANIFEST_FILE).read_bytes(), str(target / MANIFEST_FILE), "")
+        manifest = read_manifest(where.read_bytes(), str(where), "")
     except (OSError, UserError):
         raise UserError(
             f"--dir {target} is not empty and holds no earlier download", "pass a new or empty folder"
@@ -412,7 +416,7 @@ def _download_archive(url: str, sha256: str, target: Path, variant: str | None) 
                 "get the archive from its publisher again",
             )
         result = {**manifest, "source": {"url_sha256": sha256}}
-        (tmp / MANIFEST_FILE).write_bytes(_manifest_bytes(result))
+        Folder(tmp).manifest_path.write_bytes(_manifest_bytes(result))
     part.unlink(missing_ok=True)
     return result
 
@@ -507,7 +511,7 @@ def hub_snapshot(
         folder = Path(
             snapshot_download(repo, revision=revision, allow_patterns=names, local_files_only=local_files_only)
         )
-    missing = [name for name in names if not (folder / name).is_file()]
+    missing = [name for name in names if not Folder(folder).member(name).is_file()]
     if missing:
         raise UserError(
             f"Hugging Face repo {repo} lacks {missing[0]} (variant {variant})",
@@ -523,11 +527,11 @@ def _download_hub(
     with atomic_dir(target) as tmp:  # renamed onto target (an earlier download replaced whole) only if all passes
         found = {}
         for name in release_files(read_report(snapshot), variant):
-            with open(snapshot / name, "rb") as handle:
-                found[name] = _copy_hashed(handle, tmp / name, MAX_MEMBER_BYTES)
+            with open(Folder(snapshot).member(name), "rb") as handle:
+                found[name] = _copy_hashed(handle, Folder(tmp).member(name), MAX_MEMBER_BYTES)
         fingerprint = check_folder(tmp, variant, found, f"Hugging Face repo {repo}")
         manifest = _manifest(variant, fingerprint, found, {"hf_repo": repo, "revision": revision or "main"})
-        (tmp / MANIFEST_FILE).write_bytes(_manifest_bytes(manifest))
+        Folder(tmp).manifest_path.write_bytes(_manifest_bytes(manifest))
     return manifest
 
 

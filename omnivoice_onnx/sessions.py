@@ -45,7 +45,7 @@ from typing import Any
 
 import numpy as np
 
-from omnivoice_onnx.contract import FP32_VARIANT, GRAPH_FILES, variant_path
+from omnivoice_onnx.contract import GRAPH_FILES
 from omnivoice_onnx.errors import UserError
 from omnivoice_onnx.hardware import cpu_name
 from omnivoice_onnx.limits import check_threads
@@ -297,10 +297,11 @@ class CodecSessions:
     load per call; a server making many requests wants them resident.
     """
 
-    def __init__(self, onnx_dir: Path, provider: str, threads: int | None, resident: bool,
-                 variant: str = FP32_VARIANT, loaded: Callable[[Path], None] = lambda path: None) -> None:
-        # A variant's own codec graphs where it carries them (fp16), else the export's.
-        self.paths = {name: variant_path(onnx_dir, variant, name) for name in ("encoder", "decoder")}
+    def __init__(self, paths: dict[str, Path], provider: str, threads: int | None, resident: bool,
+                 loaded: Callable[[Path], None] = lambda path: None) -> None:
+        # {"encoder": path, "decoder": path}: the variant's own codec graphs where it carries them
+        # (fp16), else the export's (contract.codec_paths; a Bundle's codec_paths).
+        self.paths = dict(paths)
         self.provider, self.threads = codec_provider(provider), threads
         # Called with a graph's path after each session of it is made and after each call
         # (bundle.Bundle.check_loaded: its files are still the ones verified; a session opened per

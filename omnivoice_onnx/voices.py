@@ -1,6 +1,6 @@
 """Saved voices: a cloning reference (or a voice-design instruct) kept as a small file, by name.
 
-    voices = voices_dir(Path("onnx"))                       # --voices > $OMNIVOICE_VOICES > onnx/voices
+    voices = voices_dir(tts.bundle)                         # --voices > $OMNIVOICE_VOICES > onnx/voices
     prompt = tts.create_voice_clone_prompt("ref.wav", "The reference's words.")
     save_voice(voices, "alice", Voice("alice", prompt, None, tts.metadata["model_fingerprint"], Path()))
     voice = load_voice("alice", voices, tts.metadata["model_fingerprint"])
@@ -34,6 +34,7 @@ import json
 import os
 import pickle
 import re
+import threading
 import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -42,6 +43,7 @@ from typing import Any
 
 import numpy as np
 
+from omnivoice_onnx.bundle import VOICES_ENV, Folder, stat_identity
 from omnivoice_onnx.contract import AUDIO_VOCAB_SIZE, FRAME_RATE, NUM_CODEBOOKS
 from omnivoice_onnx.core.prompt import VoiceClonePrompt
 from omnivoice_onnx.core.request import check_path
@@ -57,8 +59,6 @@ from omnivoice_onnx.files import (
 )
 from omnivoice_onnx.limits import limit, too_large
 
-VOICES_ENV = "OMNIVOICE_VOICES"
-VOICES_SUBDIR = "voices"  # the default voices folder, inside the bundle
 VOICE_SUFFIX = ".json"
 UPSTREAM_SUFFIX = ".pt"
 VOICE_FORMAT = "omnivoice-onnx voice"  # the file's "format" field: what it is, for a reader that finds it alone
@@ -80,9 +80,9 @@ VOICE_SCHEMA = {"format_version": int, "model_fingerprint": str, "instruct": May
 ADD_FIX = "re-create it with `omnivoice-onnx voice add NAME --ref-audio F --ref-text T` for this model"
 
 
-def voices_dir(model_dir: Path, override: Path | None = None) -> Path:
+def voices_dir(bundle: Folder, override: Path | None = None) -> Path:
     """Where voices live: `override` (--voices) if given, else $OMNIVOICE_VOICES if set and not
-    empty, else <model_dir>/voices (beside the graphs, so a copied bundle keeps its voices).
+    empty, else the bundle's own (Folder.voices_path: <model-dir>/voices, beside the graphs).
 
     Resolved once (files.resolved_folder): a path that is not a folder is one line, and the
     default must stay inside the bundle: a bundle's voices/ that is a symlink elsewhere (a bundle
@@ -93,7 +93,7 @@ def voices_dir(model_dir: Path, override: Path | None = None) -> Path:
     env = os.environ.get(VOICES_ENV)
     if env:
         return resolved_folder(Path(env), f"${VOICES_ENV}", "set it to a folder (or a path to create one at)")
-    return resolved_folder(Path(model_dir) / VOICES_SUBDIR, "the bundle's voices folder", fix, within=model_dir)
+    return resolved_folder(bundle.voices_path, "the bundle's voices folder", fix, within=bundle.dir)
 
 
 def check_name(name: str) -> str:
@@ -237,10 +237,11 @@ def read_voice(spec: str, voices: Path) -> Voice:
     return _read_json_voice(path)
 
 
-def load_voice(spec: str, voices: Path, model_fingerprint: str) -> Voice:
-    """The voice `spec` names (read_voice), for the model `model_fingerprint`: a .json voice of
-    another model is refused, naming both. An upstream .pt carries no fingerprint and is taken as is."""
-    voice = read_voice(spec, voices)
+def for_model(voice: Voice, model_fingerprint: str) -> Voice:
+    """`voice` when it may speak with the model `model_fingerprint`: a .json voice of another
+    model is refused, naming both. An upstream .pt carries no fingerprint and is taken as is. The
+    one check between a voice and a request: speak and batch (load_voice) and the server
+    (VoiceShelf) all pass through it, then take voice.generate_kwargs()."""
     if voice.model_fingerprint and voice.model_fingerprint != model_fingerprint:
         raise UserError(f"voice {voice.name!r} ({voice.path}) was made for model {voice.model_fingerprint}, but "
                         f"this bundle is model {model_fingerprint}: its tokens are another model's codes",
@@ -248,11 +249,74 @@ def load_voice(spec: str, voices: Path, model_fingerprint: str) -> Voice:
     return voice
 
 
-def resolve(spec: str, voices: Path, model_fingerprint: str) -> dict[str, Any]:
-    """The generate()/validate() keywords of saved voice `spec` (a name in `voices`, or a voice
-    file's path) for the model `model_fingerprint`: the one way a voice becomes a request, for
-    speak, the server and batch alike (load_voice's refusals included)."""
-    return load_voice(spec, voices, model_fingerprint).generate_kwargs()
+def load_voice(spec: str, voices: Path, model_fingerprint: str) -> Voice:
+    """The voice `spec` names (read_voice: a saved voice's name, or a voice file's path), checked
+    for the model `model_fingerprint` (for_model); its generate_kwargs() are what a request takes."""
+    return for_model(read_voice(spec, voices), model_fingerprint)
+
+
+class VoiceShelf:
+    """The saved voices of one folder for a long-lived reader (the server): each request lists the
+    folder once (listing()) and looks its voice up in that listing; a file is parsed once per stat
+    identity (bundle.stat_identity: inode, size, mtime, ctime), so an unchanged voice is not read
+    again, and a voice added, replaced (save_voice renames a new file into place: a new inode) or
+    removed is seen by the next request. A damaged file is remembered as its refusal, and named
+    only by what reads it (the voice list; a request naming it), never by a request for another."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = Path(folder)
+        self._parsed: dict[Path, tuple[list[int], Voice | UserError]] = {}
+        self._lock = threading.Lock()  # requests are planned on the event loop and in worker threads
+
+    def listing(self) -> SavedVoices:
+        """The folder's voice files as they are now (one directory read)."""
+        files = sorted(self.folder.glob(f"*{VOICE_SUFFIX}")) if self.folder.is_dir() else []
+        with self._lock:  # a removed voice's parse is forgotten
+            for gone in set(self._parsed) - set(files):
+                del self._parsed[gone]
+        return SavedVoices(self, {path.name[: -len(VOICE_SUFFIX)]: path for path in files
+                                  if not path.name.startswith(".")})
+
+    def read(self, path: Path) -> Voice:
+        """The voice file at `path`, parsed unless this very file (by identity) was parsed before."""
+        try:
+            identity = stat_identity(os.stat(path))
+        except OSError:
+            return _read_json_voice(path)  # gone since the listing: the reader names it
+        with self._lock:
+            cached = self._parsed.get(path)
+        if cached is None or cached[0] != identity:
+            try:
+                result: Voice | UserError = _read_json_voice(path)
+            except UserError as exc:
+                result = exc
+            with self._lock:
+                self._parsed[path] = (identity, result)
+        else:
+            result = cached[1]
+        if isinstance(result, UserError):
+            raise UserError(result.problem, result.fix)
+        return result
+
+
+@dataclass(frozen=True)
+class SavedVoices:
+    """One listing of a VoiceShelf's folder: what one request sees."""
+
+    shelf: VoiceShelf
+    files: dict[str, Path]  # voice name (the file's, as spelled) -> its file
+
+    def find(self, name: str) -> Voice | None:
+        """The saved voice called `name`, whatever its case, as find_saved matches it (the exact
+        spelling first, then the first case-folded match by file name); None when there is none."""
+        check_name(name)
+        wanted = name.casefold()
+        path = self.files.get(name) or next((p for n, p in self.files.items() if n.casefold() == wanted), None)
+        return None if path is None else self.shelf.read(path)
+
+    def voices(self) -> list[Voice]:
+        """Every saved voice, by name (list_voices: a damaged file is a UserError naming it)."""
+        return [self.shelf.read(path) for path in self.files.values()]
 
 
 def list_voices(voices: Path) -> list[Voice]:

@@ -173,14 +173,14 @@ def config(assets: Path) -> dict:
     """The runtime-config.json a port reads, loaded (and type-checked) by the runtime."""
     from omnivoice_onnx.core.prompt import load_runtime_config
 
-    return load_runtime_config(assets)
+    return load_runtime_config(assets / "runtime-config.json")
 
 
 @pytest.fixture(scope="session")
 def tokenizer(assets: Path):
     from omnivoice_onnx.core.prompt import TextTokenizer
 
-    return TextTokenizer.from_dir(assets)
+    return TextTokenizer.from_file(assets / "tokenizer.json")
 
 
 def read_report(onnx_dir: Path) -> dict:

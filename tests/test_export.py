@@ -172,8 +172,8 @@ def test_report(export: tuple[str, Path], pipeline: Pipeline) -> None:
     assert set(data["runtime_assets"]) == {TOKENIZER_FILE, RUNTIME_CONFIG_FILE}
     for file, info in data["runtime_assets"].items():
         assert (info["bytes"], info["sha256"]) == ((onnx_dir / file).stat().st_size, sha256_file(onnx_dir / file))
-    assert load_runtime_config(onnx_dir)["model"]["audio_mask_id"] == 1024
-    assert TextTokenizer.from_dir(onnx_dir).encode("<|text_start|>hi<|text_end|>")[0] == 151674
+    assert load_runtime_config(onnx_dir / "runtime-config.json")["model"]["audio_mask_id"] == 1024
+    assert TextTokenizer.from_file(onnx_dir / "tokenizer.json").encode("<|text_start|>hi<|text_end|>")[0] == 151674
 
 
 def _strings(value, where: str = ""):

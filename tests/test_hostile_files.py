@@ -123,7 +123,7 @@ def test_runtime_config_sections_of_another_type_are_one_line(tmp_path: Path, as
     for section, value in [("version", "3"), ("languages", []), ("model", None), ("audio", 1.5)]:
         (tmp_path / "runtime-config.json").write_text(json.dumps({**good, section: value}))
         with pytest.raises(UserError, match=rf"is malformed: {section} is .*, expected"):
-            load_runtime_config(tmp_path)
+            load_runtime_config(tmp_path / "runtime-config.json")
 
 
 @pytest.mark.parametrize(

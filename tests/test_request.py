@@ -73,6 +73,30 @@ def test_keywords_with_a_request_refused(tts) -> None:
         tts.generate(req, seed=2)
 
 
+def test_the_request_keywords_are_written_once() -> None:
+    """validate(), generate() and stream() take request.RequestKeywords as **keywords (one
+    definition, in upstream generate()'s order); keywords() builds exactly those names."""
+    import inspect
+
+    assert request.REQUEST_KEYWORDS == ("language", "ref_text", "ref_audio", "voice_clone_prompt", "instruct",
+                                        "duration", "speed", "generation_config", "seed", "strict_instructions")
+    for method in (OmniVoiceOnnx.validate, OmniVoiceOnnx.generate, OmniVoiceOnnx.stream):
+        variadic = [p for p in inspect.signature(method).parameters.values() if p.kind is p.VAR_KEYWORD]
+        assert len(variadic) == 1 and "RequestKeywords" in str(variadic[0].annotation), method.__name__
+        assert not set(inspect.signature(method).parameters) & set(request.REQUEST_KEYWORDS), method.__name__
+    assert tuple(request.keywords({})) == (*request.REQUEST_FIELDS, "generation_config")
+    assert set(request.keywords({})) == set(request.REQUEST_KEYWORDS)
+
+
+@pytest.mark.slow
+def test_a_keyword_that_is_not_a_requests_is_a_type_error(tts) -> None:
+    """As a signature that wrote the keywords out: a misspelt one is Python's TypeError, never ignored."""
+    for call in (lambda: tts.validate("Hello.", langauge="English"), lambda: tts.generate("Hello.", sed=1),
+                 lambda: next(tts.stream("Hello.", instructs="female"))):
+        with pytest.raises(TypeError, match="got an unexpected keyword argument"):
+            call()
+
+
 @pytest.mark.slow
 def test_speak_validates_once(pipeline, validations, tmp_path: Path) -> None:
     for extra in ([], ["--stream"]):

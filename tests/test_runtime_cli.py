@@ -28,7 +28,14 @@ from omnivoice_export.generation import DEFAULT_SEED, LANGUAGE
 from omnivoice_onnx import OmniVoiceOnnx, UserError
 from omnivoice_onnx.audio_out import to_pcm16
 from omnivoice_onnx.bundle import Bundle
-from omnivoice_onnx.contract import FP32_VARIANT, GRAPH_FILES, variant_dir, variant_path, variants_present
+from omnivoice_onnx.contract import (
+    FP32_VARIANT,
+    GRAPH_FILES,
+    codec_paths,
+    variant_dir,
+    variant_path,
+    variants_present,
+)
 
 BLOCKED = ("torch", "torchaudio", "transformers", "omnivoice", "pydub")
 # Runs infer_onnx.py as `python infer_onnx.py ARGS` would, with BLOCKED unimportable; prints which
@@ -78,7 +85,7 @@ def test_a_variant_uses_its_own_codec_graphs_where_it_carries_them(tmp_path: Pat
             == variant_path(tmp_path, FP32_VARIANT, graph)
             == tmp_path / GRAPH_FILES[graph]
         )
-    assert CodecSessions(tmp_path, "cpu", 1, resident=False, variant="fp16").paths == {
+    assert CodecSessions(codec_paths(tmp_path, "fp16"), "cpu", 1, resident=False).paths == {
         graph: tmp_path / "fp16" / GRAPH_FILES[graph] for graph in ("encoder", "decoder")}
 
 

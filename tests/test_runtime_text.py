@@ -587,13 +587,14 @@ def _expect_user_error(call, *fragments: str) -> None:
 
 
 def test_loaders_reject_missing_and_damaged_files(assets, tmp_path):
-    _expect_user_error(lambda: prompt.load_runtime_config(tmp_path), "runtime-config.json")
-    _expect_user_error(lambda: prompt.TextTokenizer.from_dir(tmp_path), "tokenizer.json")
+    _expect_user_error(lambda: prompt.load_runtime_config(tmp_path / "runtime-config.json"), "runtime-config.json")
+    _expect_user_error(lambda: prompt.TextTokenizer.from_file(tmp_path / "tokenizer.json"), "tokenizer.json")
 
     (tmp_path / "runtime-config.json").write_text("{not json")
-    _expect_user_error(lambda: prompt.load_runtime_config(tmp_path), "not valid JSON")
+    _expect_user_error(lambda: prompt.load_runtime_config(tmp_path / "runtime-config.json"), "not valid JSON")
     (tmp_path / "runtime-config.json").write_text("[1, 2]")
-    _expect_user_error(lambda: prompt.load_runtime_config(tmp_path), "the top level is a list, expected an object")
+    _expect_user_error(lambda: prompt.load_runtime_config(tmp_path / "runtime-config.json"),
+                       "the top level is a list, expected an object")
     good = json.loads((assets / "runtime-config.json").read_text(encoding="utf-8"))
     damages = [("instruct", None, None), ("languages", "name_to_id", "oops"), ("model", "audio_mask_id", "oops"),
                ("instruct", "zh_pattern", "[unclosed"), ("prompt", "nonverbal_pattern", "(bad"),
@@ -610,14 +611,14 @@ def test_loaders_reject_missing_and_damaged_files(assets, tmp_path):
         else:
             damaged[section][key] = value
         (tmp_path / "runtime-config.json").write_text(json.dumps(damaged))
-        _expect_user_error(lambda: prompt.load_runtime_config(tmp_path), section)
+        _expect_user_error(lambda: prompt.load_runtime_config(tmp_path / "runtime-config.json"), section)
 
     (tmp_path / "tokenizer.json").write_text("{\"version\": ")
-    _expect_user_error(lambda: prompt.TextTokenizer.from_dir(tmp_path), "cannot be loaded")
+    _expect_user_error(lambda: prompt.TextTokenizer.from_file(tmp_path / "tokenizer.json"), "cannot be loaded")
     plain = json.loads((assets / "tokenizer.json").read_text(encoding="utf-8"))
     plain["added_tokens"] = [t for t in plain["added_tokens"] if t["content"] != "<|denoise|>"]
     (tmp_path / "tokenizer.json").write_text(json.dumps(plain))
-    _expect_user_error(lambda: prompt.TextTokenizer.from_dir(tmp_path), "<|denoise|>")
+    _expect_user_error(lambda: prompt.TextTokenizer.from_file(tmp_path / "tokenizer.json"), "<|denoise|>")
 
 
 @pytest.mark.slow
@@ -638,7 +639,7 @@ def test_qwen2_tokenizer_class_checkpoint(tiny_model, tmp_path):
     assert (written["model"]["ignore_merges"], original["model"]["ignore_merges"]) == (False, True)
 
     reference = AutoTokenizer.from_pretrained(str(checkpoint))
-    ours = prompt.TextTokenizer.from_dir(tmp_path / "out")
+    ours = prompt.TextTokenizer.from_file(tmp_path / "out" / "tokenizer.json")
     for sample in TEXTS + RANDOM_TEXTS + _style_strings():
         assert ours.encode(sample) == reference(sample).input_ids, sample
 

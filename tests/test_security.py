@@ -26,7 +26,7 @@ import pytest
 from conftest import REPO, single_stderr_line
 
 from omnivoice_onnx import audio_out, batch, batch_list, files, limits, voices
-from omnivoice_onnx.bundle import Bundle, read_report
+from omnivoice_onnx.bundle import Bundle, Folder, read_report
 from omnivoice_onnx.contract import FP32_VARIANT, FRAME_RATE, GRAPH_FILES, NUM_CODEBOOKS, REPORT_FILE
 from omnivoice_onnx.core import audio, prompt, request
 from omnivoice_onnx.errors import UserError
@@ -206,15 +206,15 @@ def test_voices_folder_resolved_once_and_kept_inside_the_bundle(tmp_path: Path, 
     bundle, elsewhere = tmp_path / "bundle", tmp_path / "elsewhere"
     bundle.mkdir()
     elsewhere.mkdir()
-    (bundle / voices.VOICES_SUBDIR).symlink_to(elsewhere)
+    Folder(bundle).voices_path.symlink_to(elsewhere)
     with pytest.raises(UserError, match="leads outside"):
-        voices.voices_dir(bundle)
+        voices.voices_dir(Folder(bundle))
     (tmp_path / "file").write_text("")
     with pytest.raises(UserError, match="is not a folder"):
-        voices.voices_dir(bundle, tmp_path / "file")
+        voices.voices_dir(Folder(bundle), tmp_path / "file")
     link = tmp_path / "named"
     link.symlink_to(elsewhere)
-    assert voices.voices_dir(bundle, link) == elsewhere.resolve()  # a folder the user names is theirs
+    assert voices.voices_dir(Folder(bundle), link) == elsewhere.resolve()  # a folder the user names is theirs
 
 
 # --- 3. every input bounded before it is read whole ------------------------------------------------
@@ -247,7 +247,7 @@ def deep_json_readers(tmp_path: Path, assets: Path, text: str = DEEP) -> dict[st
     for name in ("runtime-config.json", REPORT_FILE, "alice.json"):
         (bundle / name).write_text(text)
     return {"voice file": lambda: voices.read_voice(str(bundle / "alice.json"), bundle),
-            "runtime-config.json": lambda: prompt.load_runtime_config(bundle),
+            "runtime-config.json": lambda: prompt.load_runtime_config(bundle / "runtime-config.json"),
             "export-report.json": lambda: expected_files(bundle, FP32_VARIANT)}
 
 
@@ -288,7 +288,7 @@ def test_backtracking_regex_in_the_bundle_refused_at_load(pattern: str, tmp_path
     config["prompt"]["nonverbal_pattern"] = pattern
     (tmp_path / "runtime-config.json").write_text(json.dumps(config), encoding="utf-8")
     with pytest.raises(UserError, match="without nested repeats"):
-        prompt.load_runtime_config(tmp_path)
+        prompt.load_runtime_config(tmp_path / "runtime-config.json")
 
 
 # --- 4. text decoded strictly ----------------------------------------------------------------------

@@ -65,7 +65,7 @@ def test_version_and_help() -> None:
     (["Hi.", "--text-file", "t.txt", "--out", "x.wav"], b"", "both TEXT and --text-file"),
     (["Hi.", "--ref-audio", "r.wav", "--out", "x.wav"], b"", "needs both --ref-audio and --ref-text"),
     (["Hi.", "--num-step", "0", "--out", "x.wav"], b"", "--num_step: 0 is out of range"),
-    (["Hi.", "--out", "x.wav"], b"", "model folder missing-model not found"),
+    (["Hi.", "--out", "x.wav"], b"", "export folder not found: missing-model"),
     (["Hi.", "--out", "no/such/x.wav"], b"", "the folder no/such does not exist; create it first (mkdir -p no/such)"),
 ])
 def test_refused_before_any_work(args: list[str], stdin: bytes, fragment: str, tmp_path: Path) -> None:

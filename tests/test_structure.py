@@ -15,6 +15,7 @@ rearranged; that test keeps it from growing meanwhile.
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Callable
 from functools import cache
 from pathlib import Path
@@ -181,3 +182,52 @@ def test_the_graph_is_read_right() -> None:
     assert f"{PACKAGE}.api" in reader_imports(f"{PACKAGE}.serve.pool")  # which a reader follows
     assert f"{PACKAGE}.cli.speak" in reader_imports(REGISTRY) - imports(REGISTRY)[0]  # the registry
     assert "numpy" in imports(f"{PACKAGE}.core.rng")[1]
+
+
+# --- the bundle owns its folder --------------------------------------------------------------------
+
+OWNERS = {"bundle", "contract"}  # bundle.Folder joins every path; contract.variant_path is the graphs' layout rule
+# A path built inside a bundle folder, as the runtime wrote them before bundle.Folder held them all:
+# `/` onto the folder (model_dir, onnx_dir, a Bundle's .dir), `/` with one of the bundle's file or
+# folder names (its constants or their literal spellings), a graph's file name from GRAPH_FILES
+# joined or suffixed, and the layout rule called directly.
+BUNDLE_FILE_NAMES = ("REPORT_FILE", "RUNTIME_CONFIG_FILE", "TOKENIZER_FILE", "MODEL_CARD_FILE", "VOICES_SUBDIR",
+                     "MANIFEST_FILE")
+BUNDLE_LITERALS = ("export-report.json", "runtime-config.json", "tokenizer.json", "README.md", "voices",
+                   "release-manifest.json")
+BUNDLE_JOINS = {
+    "a join onto the bundle folder": r"\b(model_dir|onnx_dir|bundle_dir)\b\)?\s*/",
+    "a join onto a Bundle's .dir": r"\.dir\)?\s*/",
+    "a join with a bundle file's name": rf"/\s*({'|'.join(BUNDLE_FILE_NAMES)})\b",
+    "a join with a bundle file's literal name": rf"/\s*[\"']({'|'.join(map(re.escape, BUNDLE_LITERALS))})[\"']",
+    "a graph's file name joined or suffixed": r"/\s*\(?GRAPH_FILES\[|GRAPH_FILES\[[^\]]*\]\s*\+",
+    "the layout rule called outside the bundle": r"(?<![.\w])(variant_path|variant_dir|variants_present|codec_paths)\(",
+}
+
+
+def bundle_joins(text: str) -> list[str]:
+    """`text`'s lines that build a path inside a bundle folder (BUNDLE_JOINS), each with the rule it breaks."""
+    return [f"{number}: {why}: {line.strip()}" for number, line in enumerate(text.splitlines(), 1)
+            for why, pattern in BUNDLE_JOINS.items() if re.search(pattern, line)]
+
+
+def test_no_module_but_the_bundle_joins_a_path_inside_the_bundle_folder() -> None:
+    """Every path inside a bundle comes from bundle.Folder (a Bundle, or Folder(dir) where none is opened)."""
+    found = {short(name): joins for name, path in MODULES.items() if short(name) not in OWNERS
+             and (joins := bundle_joins(path.read_text(encoding="utf-8")))}
+    assert not found, f"paths joined inside the bundle folder outside bundle.Folder: {found}"
+
+
+def test_the_bundle_join_patterns_see_what_they_guard() -> None:
+    """The guard itself: each way a path into the bundle was built finds its pattern; a path the
+    bundle hands out, or a join in a folder that is not the bundle, finds none."""
+    built = ['Path(model_dir) / VOICES_SUBDIR', 'tts.model_dir / RUNTIME_CONFIG_FILE', 'bundle.dir / name',
+             'model_dir / MODEL_CARD_FILE', 'path = Path(directory) / TOKENIZER_FILE', 'onnx_dir / "tokenizer.json"',
+             'self.dir / "voices"', 'folder / GRAPH_FILES["encoder"]', 'GRAPH_FILES[graph] + ".data"',
+             'variant_path(onnx_dir, variant, name)', 'variants_present(service.config.model_dir)',
+             '(target / MANIFEST_FILE).read_bytes()']
+    assert [line for line in built if not bundle_joins(line)] == []
+    fine = ['bundle.runtime_config_path', 'self.bundle.codec_paths(self.variant)',
+            'voices_dir(tts.bundle, args.voices)', 'Folder(target).manifest_path', 'out / "vectors.json"',
+            'options.res_dir / f"{line.id}.wav"', 'f"({file or GRAPH_FILES[graph]}.data) are damaged"']
+    assert [line for line in fine if bundle_joins(line)] == []

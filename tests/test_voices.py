@@ -23,6 +23,7 @@ import torch
 from conftest import REPO, Pipeline, import_blocker, single_stderr_line
 
 from omnivoice_onnx import UserError, VoiceClonePrompt
+from omnivoice_onnx.bundle import Folder
 from omnivoice_onnx.hardware import isa_line
 from omnivoice_onnx.voices import (
     VOICES_ENV,
@@ -61,10 +62,10 @@ def test_names_are_names(name: str) -> None:
 def test_voices_dir_precedence(tmp_path: Path, monkeypatch) -> None:
     """--voices > $OMNIVOICE_VOICES > <bundle>/voices."""
     monkeypatch.delenv(VOICES_ENV, raising=False)
-    assert voices_dir(tmp_path / "onnx") == tmp_path / "onnx" / "voices"
+    assert voices_dir(Folder(tmp_path / "onnx")) == tmp_path / "onnx" / "voices"
     monkeypatch.setenv(VOICES_ENV, str(tmp_path / "env"))
-    assert voices_dir(tmp_path / "onnx") == tmp_path / "env"
-    assert voices_dir(tmp_path / "onnx", tmp_path / "flag") == tmp_path / "flag"
+    assert voices_dir(Folder(tmp_path / "onnx")) == tmp_path / "env"
+    assert voices_dir(Folder(tmp_path / "onnx"), tmp_path / "flag") == tmp_path / "flag"
 
 
 def test_voice_round_trip_and_another_models_voice_refused(tmp_path: Path) -> None:
@@ -288,3 +289,51 @@ def test_voice_help_shows_only_real_defaults() -> None:
     done = _cli("voice", "add", "--help")
     assert done.returncode == 0 and "(default: onnx)" in done.stdout
     assert "(default: None)" not in done.stdout and "(default: False)" not in done.stdout
+
+
+def test_a_server_request_lists_the_voices_folder_once_and_parses_only_its_voice(tmp_path: Path,
+                                                                                    monkeypatch) -> None:
+    """Service.voice_kwargs through VoiceShelf: one listing per request, the named voice parsed once
+    per version of its file (a replaced voice is read again), a damaged voice of another name is
+    no obstacle, and another model's voice is refused as load_voice refuses it."""
+    from types import SimpleNamespace
+
+    from omnivoice_onnx import voices as store
+    from omnivoice_onnx.serve.door import ApiError
+    from omnivoice_onnx.serve.service import Service
+
+    save_voice(tmp_path, "alice", Voice("alice", None, "female", FINGERPRINT, Path()))
+    save_voice(tmp_path, "bob", Voice("bob", _prompt(), None, FINGERPRINT, Path()))
+    (tmp_path / "broken.json").write_text("{", encoding="utf-8")
+    parsed, listings = [], []
+    read = store._read_json_voice
+    monkeypatch.setattr(store, "_read_json_voice", lambda path: parsed.append(path.name) or read(path))
+    shelf = store.VoiceShelf(tmp_path)
+    listing = shelf.listing
+    service = SimpleNamespace(shelf=SimpleNamespace(listing=lambda: listings.append(1) or listing()), references={},
+                              fingerprint=FINGERPRINT, scrub=str)
+    service.voice_names = lambda saved=None: list(saved.files) if saved else []
+
+    def ask(name: str) -> dict:
+        return Service.voice_kwargs(service, name, None)[0]
+
+    assert ask("ALICE") == {"instruct": "female"} and ask("alice") == {"instruct": "female"}
+    assert parsed == ["alice.json"] and len(listings) == 2
+    save_voice(tmp_path, "alice", Voice("alice", None, "female, low pitch", FINGERPRINT, Path()))
+    assert ask("Alice") == {"instruct": "female, low pitch"} and parsed == ["alice.json"] * 2
+    assert set(ask("bob")) == {"voice_clone_prompt"} and parsed[-1] == "bob.json"
+    with pytest.raises(ApiError):
+        ask("broken")  # named: its refusal, remembered (not parsed again while unchanged)
+    with pytest.raises(ApiError):
+        ask("broken")
+    assert parsed.count("broken.json") == 1
+    with pytest.raises(UserError, match="broken.json"):
+        shelf.listing().voices()  # the voice list names a damaged file
+    remove_voice(tmp_path, "bob")
+    with pytest.raises(ApiError, match="unknown voice 'bob'"):
+        ask("bob")
+    assert tmp_path / "bob.json" not in shelf._parsed  # a removed voice's parse is forgotten
+    save_voice(tmp_path, "carol", Voice("carol", None, "male", "sha256:another", Path()))
+    with pytest.raises(ApiError) as refused:
+        ask("carol")
+    assert "was made for model sha256:another" in refused.value.message

@@ -28,6 +28,7 @@ from omnivoice_onnx.cliutil import (
     T_SHIFT,
     TEMPERATURE,
     THREADS,
+    add_bundle_flags,
     int_range,
     say,
 )
@@ -71,12 +72,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         help="the test list (upstream's format; relative ref_audio paths are against its folder)")
     parser.add_argument(*_flag("res_dir"), dest="res_dir", type=Path, required=True, metavar="DIR",
                         help="output folder: <id>.wav and results.jsonl (created if absent)")
-    parser.add_argument(*_flag("model_dir"), dest="model_dir", type=Path, default=Path("onnx"), metavar="DIR",
-                        help="the export folder (default: onnx)")
-    parser.add_argument("--variant", help="transformer variant (default: the runtime's choice, see `info`)")
-    parser.add_argument("--voices", type=Path, metavar="DIR",
-                        help="folder of saved voices for `voice` fields (default: $OMNIVOICE_VOICES, else "
-                             "<model-dir>/voices)")
+    add_bundle_flags(parser)
     parser.add_argument(*_flag("lang_id"), dest="lang_id", metavar="LANG",
                         help="language for lines without language_id (a line's own language_id wins)")
     parser.add_argument("--workers", type=int_range(1), default=1, metavar="N",

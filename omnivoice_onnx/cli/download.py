@@ -28,6 +28,7 @@ import os
 import sys
 from pathlib import Path
 
+from omnivoice_onnx.cliutil import add_bundle_flags
 from omnivoice_onnx.files import check_output
 
 
@@ -49,12 +50,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         metavar="DIR",
         help="the folder to put the bundle in (created, or replaced when an earlier download)",
     )
-    parser.add_argument(
-        "--variant",
-        default=None,
-        help="the transformer variant to get, e.g. int8 (default: the runtime's choice among those "
-        "the bundle lists; an archive holds one)",
-    )
+    add_bundle_flags(parser, model_dir=False, voices=False)
     parser.add_argument("--sha256", default=None, metavar="HEX", help="the archive's sha256 (required with a URL)")
     parser.add_argument("--revision", default=None, help="a Hugging Face branch, tag or commit (default: main)")
     parser.add_argument(

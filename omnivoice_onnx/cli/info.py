@@ -23,7 +23,6 @@ from pathlib import Path
 
 from omnivoice_onnx.bundle import (
     DEFAULT_MODEL_DIR,
-    MODEL_CARD_FILE,
     Bundle,
     FileCheck,
     VerifiedFiles,
@@ -31,7 +30,8 @@ from omnivoice_onnx.bundle import (
     metadata_props,
     verify_requested,
 )
-from omnivoice_onnx.contract import FP32_VARIANT, GRAPH_FILES
+from omnivoice_onnx.cliutil import add_bundle_flags
+from omnivoice_onnx.contract import FP32_VARIANT
 from omnivoice_onnx.core.prompt import language_names
 from omnivoice_onnx.errors import UserError, say
 from omnivoice_onnx.hardware import isa_line
@@ -45,11 +45,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                                    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model_dir", nargs="?", type=Path, default=DEFAULT_MODEL_DIR, metavar="DIR",
                         help="the export folder (default: onnx)")
-    parser.add_argument("--model-dir", "--model_dir", dest="model_dir_flag", type=Path,
-                        help="the same, as a flag (as in speak)")
+    add_bundle_flags(parser, variant=False, model_dest="model_dir_flag", model_default=None)
     parser.add_argument("--languages", action="store_true", help="list every language id and its names, then stop")
-    parser.add_argument("--voices", type=Path, default=None, help="the voices folder (default: $OMNIVOICE_VOICES, "
-                                                                   "else <DIR>/voices)")
     parser.add_argument("--no-verify", "--no_verify", dest="verify", action="store_false",
                         help="do not check the files against export-report.json (a bundle without a report)")
     return parser
@@ -100,8 +97,8 @@ def run(args: argparse.Namespace) -> int:
     say(f"bundle      {model_dir}")
     say(f"model       fingerprint {meta['model_fingerprint']}")
     say(f"source      {meta.get('source', 'not recorded')}")
-    say(f"licence     {meta.get('license') or card_license(model_dir) or NO_LICENSE}"
-        f"  (terms: {model_dir / MODEL_CARD_FILE})")
+    say(f"licence     {meta.get('license') or card_license(bundle.dir) or NO_LICENSE}"
+        f"  (terms: {bundle.card_path})")
     verify = verify_requested(args.verify)
     problems: list[tuple[str, str]] = []  # (problem, fix)
     if verify:
@@ -119,9 +116,8 @@ def run(args: argparse.Namespace) -> int:
             problems.insert(0, (unvouched[bundle.variant].problem, unvouched[bundle.variant].fix))
     else:
         say("files       (not checked: --no-verify)")
-        for name in GRAPH_FILES.values():
-            for path in (model_dir / name, model_dir / (name + ".data")):
-                say(f"  {path.name}  {_size(path)}")
+        for path in bundle.export_files():
+            say(f"  {path.name}  {_size(path)}")
     default = bundle.variant
     say(f"variants    {', '.join(v + (' (default)' if v == default else '') for v in bundle.variants)}")
     for variant in (v for v in bundle.variants if v != FP32_VARIANT):
@@ -132,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
         "name or an id)")
     instruct = config["instruct"]
     say(f"instruct    {', '.join(instruct['valid_en'])} (and {len(instruct['valid_zh'])} Chinese items)")
-    voices = voices_dir(model_dir, args.voices)
+    voices = voices_dir(bundle, args.voices)
     try:
         found = [voice.name for voice in list_voices(voices)]
         say(f"voices      {len(found)} in {voices}" + (f": {', '.join(found)}" if found else ""))

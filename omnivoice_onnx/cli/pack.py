@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from omnivoice_onnx.cliutil import add_bundle_flags
 from omnivoice_onnx.files import check_output
 
 
@@ -28,9 +29,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("model_dir", type=Path, metavar="DIR", help="the bundle (export folder) to pack")
-    parser.add_argument(
-        "--variant", default=None, help="the transformer variant to pack (default: the runtime's choice for DIR)"
-    )
+    add_bundle_flags(parser, model_dir=False, voices=False)
     parser.add_argument(
         "-o",
         "--out",

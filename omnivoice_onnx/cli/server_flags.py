@@ -6,12 +6,10 @@ that neither command imports the other, nor the HTTP server to read its defaults
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import Any
 
-from omnivoice_onnx.bundle import DEFAULT_MODEL_DIR, GET_BUNDLE
-from omnivoice_onnx.cliutil import NUM_STEP, SCORE_FACTOR, THREADS, float_range, int_range
-from omnivoice_onnx.errors import UserError
+from omnivoice_onnx.bundle import check_folder
+from omnivoice_onnx.cliutil import NUM_STEP, SCORE_FACTOR, THREADS, add_bundle_flags, float_range, int_range
 from omnivoice_onnx.serve.service import (
     DEFAULT_DRAIN_S,
     DEFAULT_QUEUE,
@@ -23,12 +21,7 @@ from omnivoice_onnx.serve.service import (
 
 def add_model_flags(parser: argparse.ArgumentParser) -> None:
     """The flags of what a server loads and how it queues work: `serve`'s and `wyoming`'s."""
-    parser.add_argument("--model-dir", "--model_dir", dest="model_dir", type=Path, default=DEFAULT_MODEL_DIR,
-                        help=f"the export folder (default: {DEFAULT_MODEL_DIR})")
-    parser.add_argument("--voices", type=Path, default=None,
-                        help="the saved voices folder (default: $OMNIVOICE_VOICES, else <model-dir>/voices)")
-    parser.add_argument("--variant", default=None,
-                        help="transformer variant to serve, e.g. int8 (default: the runtime's choice)")
+    add_bundle_flags(parser)
     parser.add_argument("--num-step", "--num_step", dest="num_step", type=NUM_STEP, default=None,
                         help="unmasking steps of a request that sets none (default: the bundle's, upstream's 32; "
                              "fewer is faster: docs/performance.md)")
@@ -54,8 +47,7 @@ def add_model_flags(parser: argparse.ArgumentParser) -> None:
 
 def server_config(args: argparse.Namespace, **more: Any) -> ServerConfig:
     """The ServerConfig of add_model_flags' flags (and `more` fields); the model folder checked."""
-    if not args.model_dir.is_dir():
-        raise UserError(f"--model-dir {args.model_dir} is not a folder", GET_BUNDLE)
+    check_folder(args.model_dir)
     defaults = {name: getattr(args, name) for name in REQUEST_DEFAULT_FIELDS if getattr(args, name) is not None}
     return ServerConfig(model_dir=args.model_dir, voices_dir=args.voices, workers=args.workers, threads=args.threads,
                         queue_size=args.queue, timeout_s=args.timeout, drain_s=args.drain_timeout, variant=args.variant,

@@ -41,8 +41,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from omnivoice_onnx import audio_out
-from omnivoice_onnx.bundle import DEFAULT_MODEL_DIR, GET_BUNDLE
-from omnivoice_onnx.cliutil import DURATION, NUM_STEP, SCORE_FACTOR, SEED, SPEED, THREADS, note
+from omnivoice_onnx.bundle import check_folder
+from omnivoice_onnx.cliutil import DURATION, NUM_STEP, SCORE_FACTOR, SEED, SPEED, THREADS, add_bundle_flags, note
 from omnivoice_onnx.core import request
 from omnivoice_onnx.core.generate import Progress
 from omnivoice_onnx.core.prompt import instructions_note
@@ -86,8 +86,6 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                      help="voice cloning: the words spoken in --ref-audio (required with it: no speech recogniser)")
     gen.add_argument("--voice", metavar="NAME|FILE",
                      help="a saved voice: a name in the voices folder or a voice file's path (omnivoice-onnx voice)")
-    gen.add_argument("--voices", type=Path, metavar="DIR",
-                     help="the voices folder (default: $OMNIVOICE_VOICES, else <model-dir>/voices)")
     gen.add_argument(
         "--speed", type=SPEED, default=None, help=f"speaking rate factor (1.0 normal, {MIN_SPEED:g}-{MAX_SPEED:g})"
     )
@@ -102,13 +100,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                      help="random seed, as torch.manual_seed before upstream's generate() (default: a fresh one, "
                           "printed in the summary)")
     run = parser.add_argument_group("model and runtime")
-    run.add_argument("--model-dir", "--model_dir", dest="model_dir", type=Path, default=DEFAULT_MODEL_DIR,
-                     help="the export folder (graphs, tokenizer.json, runtime-config.json); default: ./onnx")
-    run.add_argument(
-        "--variant",
-        default=None,
-        help="transformer variant (fp32, fp32-fused, int8, ...); default: fp32-fused when present, else fp32",
-    )
+    add_bundle_flags(run)
     run.add_argument("--threads", type=THREADS, default=None,
                      help="onnxruntime intra-op threads (default: $OMNIVOICE_ORT_THREADS, else one per core)")
     run.add_argument("--provider", default="cpu", choices=PROVIDERS, help="onnxruntime provider")
@@ -181,8 +173,8 @@ def voice_kwargs(args: argparse.Namespace, tts, kwargs: dict[str, Any]) -> dict[
         raise UserError("this omnivoice-onnx has no saved voices (omnivoice_onnx.voices)",
                         "use --ref-audio and --ref-text, or install a version with `omnivoice-onnx voice`") from exc
 
-    folder = voices.voices_dir(args.model_dir, args.voices)
-    given = voices.resolve(args.voice, folder, tts.metadata["model_fingerprint"])
+    folder = voices.voices_dir(tts.bundle, args.voices)
+    given = voices.load_voice(args.voice, folder, tts.metadata["model_fingerprint"]).generate_kwargs()
     clash = [key for key in given if kwargs.get(key) is not None]
     if clash:
         raise UserError(f"--voice {args.voice} already sets {', '.join(clash)}", f"drop --{clash[0]}")
@@ -270,8 +262,7 @@ def run(args: argparse.Namespace) -> int:
     dest, fmt = output_spec(args)
     kwargs = generation_kwargs(args)
     check_provider(args.provider)
-    if not args.model_dir.is_dir():
-        raise UserError(f"model folder {args.model_dir} not found", GET_BUNDLE)
+    check_folder(args.model_dir)
     reporter = Reporter.for_stderr(args.quiet)
     tts = OmniVoiceOnnx.from_dir(args.model_dir, provider=args.provider, threads=args.threads, variant=args.variant)
     kwargs = voice_kwargs(args, tts, kwargs)

@@ -19,13 +19,12 @@ import argparse
 import sys
 from pathlib import Path
 
-from omnivoice_onnx.bundle import DEFAULT_MODEL_DIR, Bundle
-from omnivoice_onnx.cliutil import DefaultsHelpFormatter, prepare
+from omnivoice_onnx.bundle import Bundle, Folder
+from omnivoice_onnx.cliutil import DefaultsHelpFormatter, add_bundle_flags, prepare
 from omnivoice_onnx.contract import FRAME_RATE
 from omnivoice_onnx.errors import UserError, say
 from omnivoice_onnx.voices import (
     REPLACE_FIX,
-    VOICES_ENV,
     Voice,
     find_saved,
     list_voices,
@@ -39,10 +38,7 @@ from omnivoice_onnx.voices import (
 
 
 def _common(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    parser.add_argument("--model-dir", "--model_dir", dest="model_dir", type=Path, default=DEFAULT_MODEL_DIR,
-                        help="the export folder (the bundle)")
-    parser.add_argument("--voices", type=Path, default=None,
-                        help=f"the voices folder (default: ${VOICES_ENV}, else <model-dir>/voices)")
+    add_bundle_flags(parser, variant=False)
     return prepare(parser)
 
 
@@ -122,7 +118,7 @@ def describe(voice: Voice, frame_rate: int) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    voices = voices_dir(args.model_dir, args.voices)
+    voices = voices_dir(Folder(args.model_dir), args.voices)
 
     if args.voice_command in ("add", "import"):
         if args.voice_command == "import":

@@ -228,13 +228,12 @@ CONFIG_SCHEMA: dict[str, dict[str, tuple[Callable[[Any], bool], str]]] = {
 }
 
 
-def load_runtime_config(directory: Path, data: bytes | None = None) -> dict[str, Any]:
-    """The export's runtime-config.json (written by omnivoice_export.runtime_assets); UserError
+def load_runtime_config(path: Path, data: bytes | None = None) -> dict[str, Any]:
+    """The export's runtime-config.json at `path` (bundle.Folder.runtime_config_path); UserError
     naming the file when it is missing, not JSON, of another version, or when a section or key
     the runtime reads is missing or of the wrong type (CONFIG_SCHEMA). `data`: the file's bytes
     as the bundle verified them (parsed instead of reading the file again)."""
-    path = Path(directory) / RUNTIME_CONFIG_FILE
-    config = read_json(path, "runtime config", RERUN_EXPORT, data=data,  # bounded in size and depth
+    config = read_json(Path(path), "runtime config", RERUN_EXPORT, data=data,  # bounded in size and depth
                        schema={"version": int, **{section: dict for section in CONFIG_SCHEMA}})
     if config["version"] != RUNTIME_CONFIG_VERSION:
         raise UserError(f"runtime config {path} is version {config.get('version')!r}; this runtime reads version "
@@ -291,11 +290,11 @@ class TextTokenizer:
         self.backend = backend
 
     @classmethod
-    def from_dir(cls, directory: Path, data: bytes | None = None) -> TextTokenizer:
-        """Load the export's tokenizer.json; UserError when it is missing, unreadable, or lacks one
-        of the prompt's control tokens (a plain Qwen tokenizer, say). `data`: the file's bytes as
-        the bundle verified them (built from those instead of reading the file again)."""
-        path = Path(directory) / TOKENIZER_FILE
+    def from_file(cls, path: Path, data: bytes | None = None) -> TextTokenizer:
+        """Load the export's tokenizer.json at `path` (bundle.Folder.tokenizer_path); UserError when it
+        is missing, unreadable, or lacks one of the prompt's control tokens (a plain Qwen tokenizer,
+        say). `data`: the file's bytes as the bundle verified them (built from those, not re-read)."""
+        path = Path(path)
         if data is None and not path.is_file():
             raise UserError(f"text tokenizer not found: {path}", RERUN_EXPORT)
         try:

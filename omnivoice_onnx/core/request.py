@@ -34,7 +34,7 @@ import os
 import unicodedata
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 
@@ -192,10 +192,33 @@ class Request:
 
 # --- the one builder: a front end's fields -> validate()'s keywords ---------------------------------
 
-# The request's own fields, named as OmniVoiceOnnx.validate() names them (speak's flags, the
-# server's JSON body and batch's lines use these names too).
-REQUEST_FIELDS = ("language", "instruct", "ref_audio", "ref_text", "voice_clone_prompt", "speed", "duration", "seed",
-                  "strict_instructions")
+class RequestKeywords(TypedDict, total=False):
+    """The request's keywords of OmniVoiceOnnx.validate(), generate() and stream(), written once
+    (each takes them as **keywords) in upstream generate()'s order; speak's flags, the server's
+    JSON body and batch's lines use these names too. A list gives one value per text."""
+
+    language: str | list[str | None] | None  # a name, an id or a tag (prompt.resolve_language)
+    ref_text: str | list[str | None] | None  # the reference's transcript
+    ref_audio: str | os.PathLike[str] | tuple[np.ndarray, int] | list[Any] | None  # a file, or (waveform, rate)
+    voice_clone_prompt: VoiceClonePrompt | list[VoiceClonePrompt | None] | None
+    instruct: str | list[str | None] | None  # voice design, e.g. "female, low pitch"
+    duration: float | list[float | None] | None  # seconds of speech
+    speed: float | list[float | None] | None  # rate factor
+    generation_config: dict[str, Any] | None  # OmniVoiceGenerationConfig fields
+    seed: int | None  # as torch.manual_seed(seed); None draws one
+    strict_instructions: bool | None  # refuse an instruct with words outside the vocabulary
+
+
+REQUEST_KEYWORDS = tuple(RequestKeywords.__annotations__)
+# The request's own fields: every keyword but the generation config, which keywords() gathers.
+REQUEST_FIELDS = tuple(name for name in REQUEST_KEYWORDS if name != "generation_config")
+
+
+def check_keywords(given: Mapping[str, Any], where: str) -> None:
+    """A TypeError for a keyword that is not a request's, as a signature that wrote them out gave."""
+    unknown = [name for name in given if name not in REQUEST_KEYWORDS]
+    if unknown:
+        raise TypeError(f"{where}() got an unexpected keyword argument {unknown[0]!r}")
 
 
 def keywords(fields: Mapping[str, Any], generation_config: Mapping[str, Any] | None = None) -> dict[str, Any]:

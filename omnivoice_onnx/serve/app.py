@@ -87,7 +87,6 @@ from typing import Any
 from omnivoice_onnx import voices as voice_store
 from omnivoice_onnx.api import OmniVoiceOnnx
 from omnivoice_onnx.audio_out import StreamEncoder, available_response_formats, encode_clip
-from omnivoice_onnx.contract import variants_present
 from omnivoice_onnx.core.prompt import InstructReading, instructions_note, resolve_instruct
 from omnivoice_onnx.core.request import keywords
 from omnivoice_onnx.errors import UserError
@@ -264,7 +263,7 @@ def add_info_routes(app: Any, service: Service) -> None:
         return JSONResponse(body, status_code=503 if pool.draining else 200)
 
     def model_list() -> list[dict[str, Any]]:
-        present = variants_present(service.config.model_dir)
+        present = service.pool.models[0].bundle.variants
         data = [{"id": MODEL_ID, "object": "model", "created": service.created, "owned_by": "omnivoice-onnx",
                  "variant": service.variant, "served": True}]
         data += [{"id": f"{MODEL_ID}-{name}", "object": "model", "created": service.created,
@@ -722,17 +721,18 @@ def load_service(config: ServerConfig) -> Service:
     default = config.default_format or ("mp3" if "mp3" in formats else "wav")
     if default not in formats:
         raise UserError(f"--default-format {default} is not available here", f"choose one of {', '.join(formats)}")
-    voices = voice_store.voices_dir(config.model_dir, config.voices_dir)
-    voice_store.list_voices(voices)  # a damaged voice file is named now, not at the first request
     first = models[0]
+    voices = voice_store.voices_dir(first.bundle, config.voices_dir)
+    shelf = voice_store.VoiceShelf(voices)
+    shelf.listing().voices()  # a damaged voice file is named now, not at the first request
     try:  # the defaults pass the one request check now, not at the first request
         first.validate("A default.", **keywords(config.request_defaults))
     except UserError as exc:
         raise UserError(f"--num-step/--guidance-scale/--language: {exc.problem}", exc.fix) from None
     folders = {"<voices>": voices, "<model>": Path(config.model_dir)}
-    return Service(config=config, pool=WorkerPool(models, config.queue_size, folders), voices=voices, formats=formats,
-                   default_format=default, fingerprint=first.metadata["model_fingerprint"], variant=first.variant,
-                   sample_rate=first.sample_rate)
+    return Service(config=config, pool=WorkerPool(models, config.queue_size, folders), voices=voices, shelf=shelf,
+                   formats=formats, default_format=default, fingerprint=first.metadata["model_fingerprint"],
+                   variant=first.variant, sample_rate=first.sample_rate)
 
 
 def serve(config: ServerConfig) -> int:

@@ -149,6 +149,7 @@ class Service:
     config: ServerConfig
     pool: WorkerPool
     voices: Path
+    shelf: voice_store.VoiceShelf  # the saved voices in `voices`, each file parsed once per version
     formats: dict[str, AudioFormat]
     default_format: str
     fingerprint: str
@@ -167,9 +168,10 @@ class Service:
         return list(dict.fromkeys([MODEL_ID, f"{MODEL_ID}-{self.variant}", *OPENAI_MODEL_IDS,
                                    *self.config.model_aliases]))
 
-    def saved_voices(self) -> list[Any]:
+    def saved_voices(self, listing: voice_store.SavedVoices | None = None) -> list[Any]:
+        """The saved voices of `listing` (None: the folder as it is now); 500 when one is damaged."""
         try:
-            return voice_store.list_voices(self.voices)
+            return (listing or self.shelf.listing()).voices()
         except UserError as exc:
             LOG.error("voices folder: %s", exc)
             raise refuse("voices_unreadable") from exc
@@ -179,7 +181,8 @@ class Service:
         request's instructions over them; `instructions` here only decides the design mode), and
         the seed the voice brings (a preset's; None: the request's or a fresh one). A name resolves
         to a built-in mode, an uploaded reference (ref-...), a saved voice, else an OpenAI preset;
-        modes, saved voices and presets whatever the name's case ("Alloy" is alloy)."""
+        modes, saved voices and presets whatever the name's case ("Alloy" is alloy). The voices
+        folder is listed once, and only the voice named is parsed (unless parsed before, unchanged)."""
         name = voice if isinstance(voice, str) else voice.id
         if name.casefold() in BUILTIN_VOICES:
             name = name.casefold()
@@ -188,20 +191,24 @@ class Service:
                              detail="voice 'design' needs `instructions` describing the voice, e.g. "
                                     "\"female, low pitch\"")
             return {}, None  # a mode designs from the request's instructions alone
+        listing = self.shelf.listing()  # this request's one read of the voices folder
         try:
             voice_store.check_name(name)
         except UserError:
             raise refuse("invalid_voice", "voice", detail=f"voice {name!r} is not a voice name (names are names, not "
-                         f"paths); voices: {', '.join(self.voice_names())}") from None
+                         f"paths); voices: {', '.join(self.voice_names(listing))}") from None
         seed = None
+        try:
+            saved = None if name in self.references else listing.find(name)
+            if saved is not None:
+                saved = voice_store.for_model(saved, self.fingerprint)
+        except UserError as exc:
+            raise refuse("invalid_voice", "voice", detail=self.scrub(str(exc))) from exc
         if name in self.references:
             self.references.move_to_end(name)
             kwargs: dict[str, Any] = {"voice_clone_prompt": self.references[name]}
-        elif voice_store.find_saved(self.voices, name) is not None:
-            try:
-                kwargs = voice_store.resolve(name, self.voices, self.fingerprint)
-            except UserError as exc:
-                raise refuse("invalid_voice", "voice", detail=self.scrub(str(exc))) from exc
+        elif saved is not None:
+            kwargs = saved.generate_kwargs()
         elif find_preset(name) is not None:
             preset = find_preset(name)
             kwargs, seed = preset.generate_kwargs(), preset.seed
@@ -209,16 +216,17 @@ class Service:
             hint = " (uploaded references are kept in memory only: upload it again)" \
                 if name.startswith(REFERENCE_PREFIX) else ""
             raise refuse("invalid_voice", "voice",
-                         detail=f"unknown voice {name!r}{hint}; voices: {', '.join(self.voice_names())}")
+                         detail=f"unknown voice {name!r}{hint}; voices: {', '.join(self.voice_names(listing))}")
         return kwargs, seed
 
-    def voice_catalogue(self) -> list[VoiceEntry]:
+    def voice_catalogue(self, listing: voice_store.SavedVoices | None = None) -> list[VoiceEntry]:
         """What `voice` may name (uploaded references aside), in the order every list shows it: the
         built-in modes, the saved voices, then the presets no saved voice of the same name hides
         (the one place that rule is written; voice_kwargs resolves a name in the same order, so a
         saved voice called "auto" or "design" cannot be reached and is not listed). The voices
-        folder is read once."""
-        saved = [voice for voice in self.saved_voices() if voice.name.casefold() not in BUILTIN_VOICES]
+        folder is read once (or `listing` is this request's read of it)."""
+        found = self.saved_voices() if listing is None else self.saved_voices(listing)
+        saved = [voice for voice in found if voice.name.casefold() not in BUILTIN_VOICES]
         entries = [VoiceEntry(name, "builtin", text) for name, text in BUILTIN_VOICES.items()]
         entries += [VoiceEntry(voice.name, "clone" if voice.prompt is not None else "design", voice.instruct)
                     for voice in saved]
@@ -226,9 +234,9 @@ class Service:
         return entries + [VoiceEntry(name, "preset", preset.instruct, preset.seed)
                           for name, preset in PRESETS.items() if name not in hidden]
 
-    def voice_names(self) -> list[str]:
+    def voice_names(self, listing: voice_store.SavedVoices | None = None) -> list[str]:
         """The names of voice_catalogue(), in its order."""
-        return [entry.name for entry in self.voice_catalogue()]
+        return [entry.name for entry in self.voice_catalogue(listing)]
 
     def languages(self) -> list[dict[str, Any]]:
         """The model's languages: [{"id", "names"}] in runtime-config.json's order."""
