@@ -36,6 +36,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model-dir", "--onnx-dir", dest="onnx_dir", type=Path, default=report.DEFAULT_ONNX_DIR,
                         help="step 2's export; variants are written into subdirectories of it (default: onnx/)")
+    parser.add_argument("--capture-dir", type=Path, default=None,
+                        help="the capture whose calls calibrate int8 (which MatMuls stay fp32); default: the one "
+                             "the export was made from, as its report records")
     parser.add_argument("--variants", default=",".join(quantize.DEFAULT_VARIANTS),
                         help="comma-separated recipes to build (default: all of them)")
     return parse(parser, argv)
@@ -44,7 +47,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     names = parse_subset(args.variants, "--variants", tuple(quantize.RECIPES))
-    entries = quantize.quantize_variants(args.onnx_dir, names)
+    entries = quantize.quantize_variants(args.onnx_dir, names, capture_dir=args.capture_dir)
     print()
     print(f"{'variant':<15}{'MB':>9}{'of fp32':>9}{'seconds':>9}{'peak MB':>9}  quantized nodes")
     for name, entry in entries.items():

@@ -10,6 +10,11 @@ checkpoints.REQUIRED_FILES).
 `tiny-large-act`  tiny with a trained LLM's large activations (LARGE_ACTIVATIONS): a few residual
               channels in the hundreds at every position, weighted down by every residual RMSNorm;
               the check that an fp16 graph survives them (random weights never have them).
+`tiny-outliers`, `full-random-outliers`  tiny / full-random with the activation outliers the
+              literature documents for trained Qwen-family LLMs (OUTLIERS): massive residual
+              channels at the first position and the delimiter tokens, written by an early
+              layer's MLP (its down_proj input spikes there), and outlier channels in the normed
+              input of every linear layer; the check of an int8 recipe (docs/variants.md cites each).
 
 The library's default init makes degenerate models (zero codebooks: every code identical; a DAC
 decoder whose output is almost constant; std-0.02 audio heads whose argmax is a near-tie
@@ -108,15 +113,56 @@ class LargeActivations:
 
 LARGE_ACTIVATIONS = {"tiny-large-act": LargeActivations(channels=(3, 17, 42), values=(900.0, -600.0, 350.0),
                                                         norm_weight=1e-3)}
+
+
+@dataclass(frozen=True)
+class Outliers:
+    """Activation outliers shaped into the weights (no hook: upstream's classes load and run them).
+
+    Massive activations (Sun et al. 2024): the delimiter tokens' embeddings carry `trigger_value`
+    on `trigger_channel` (every other text and audio embedding has 0 there, and no layer before
+    the MLP of `massive_layer` writes it), so that MLP's `units` fire only at those positions:
+    their gate and up rows read the trigger channel alone with weight `unit_weight` (silu(a)*a,
+    a spike at the down_proj input) and their down_proj columns write `massive_weights` into
+    `massive_channels` of the residual, which every later layer carries.
+    Outlier channels (LLM.int8(), SmoothQuant): every residual RMSNorm weighs `outlier_channels`
+    by `outlier_gain`, and the linear layers that read a norm's output divide those input rows by
+    outlier_gain ** `compensation` (1: the fp32 function is the base model's; below 1 those
+    channels also carry more of each output, as trained outlier features do)."""
+
+    massive_layer: int
+    trigger_channel: int
+    trigger_value: float
+    units: tuple[int, ...]  # MLP intermediate units of massive_layer
+    unit_weight: float
+    massive_channels: tuple[int, ...]
+    massive_weights: tuple[float, ...]  # each massive channel's down_proj weight from every unit
+    outlier_channels: tuple[int, ...]
+    outlier_gain: float
+    heads_outlier_gain: float  # the final norm's (the audio heads' input)
+    compensation: float
+
+
+OUTLIERS = {
+    "tiny-outliers": Outliers(massive_layer=0, trigger_channel=7, trigger_value=0.3, units=(5, 77), unit_weight=10.0,
+                              massive_channels=(21, 50), massive_weights=(5.0, -3.5), outlier_channels=(11, 36),
+                              outlier_gain=70.0, heads_outlier_gain=120.0, compensation=1.0),
+    "full-random-outliers": Outliers(massive_layer=1, trigger_channel=97, trigger_value=0.06, units=(5, 1500),
+                                     unit_weight=80.0, massive_channels=(339, 801), massive_weights=(5.0, -3.5),
+                                     outlier_channels=(64, 290, 512, 777), outlier_gain=70.0,
+                                     heads_outlier_gain=120.0, compensation=1.0),
+}
 # checkpoints.model_fingerprint of each build with seed 0: the same on every CPU (weights_recipe), asserted by
 # tests/test_checkpoints.py (full-random's by an opt-in test: it builds in minutes). Change them only with
 # BUILDER_VERSION, and regenerate tests/conformance (its vectors name tiny's).
 FINGERPRINTS = {"tiny": "sha256:44c538325a5b8633", "tiny-large-act": "sha256:31babf718d3d2f77",
-                "full-random": "sha256:5fa67c4b46c00e4d"}
+                "full-random": "sha256:5fa67c4b46c00e4d", "tiny-outliers": "sha256:8bc614ee5deb9039",
+                "full-random-outliers": "sha256:f0962600f722c621"}
 
-# tiny-large-act is tiny (same dims, so the same per-name draws and codec scales) plus LARGE_ACTIVATIONS.
-BASE_OF = {"tiny-large-act": "tiny"}
-DIMS["tiny-large-act"] = DIMS[BASE_OF["tiny-large-act"]]
+# Each of these is its base (same dims, so the same per-name draws and codec scales) plus LARGE_ACTIVATIONS or OUTLIERS.
+BASE_OF = {"tiny-large-act": "tiny", "tiny-outliers": "tiny", "full-random-outliers": "full-random"}
+for _name, _base in BASE_OF.items():
+    DIMS[_name] = DIMS[_base]
 
 
 def omnivoice_config(dims: Dims, vocab_size: int):
@@ -236,6 +282,57 @@ def add_large_activations(omnivoice, spec: LargeActivations, norm_scales: list[f
             norm.weight[ordinary] *= scale
 
 
+def trigger_token_ids() -> list[int]:
+    """The delimiter-like tokens that carry the massive activations: OmniVoice's control tokens,
+    one of which is always a request's first position (<|denoise|> or <|lang_start|>)."""
+    from omnivoice_export.qwen_tokenizer import OMNIVOICE_SPECIAL_TOKENS, QWEN_VOCAB_SIZE
+
+    return list(range(QWEN_VOCAB_SIZE - len(OMNIVOICE_SPECIAL_TOKENS), QWEN_VOCAB_SIZE))
+
+
+def add_outliers(omnivoice, spec: Outliers) -> None:
+    """Shape spec's outliers into the drawn weights (Outliers says how). Assignments and
+    elementwise float32 arithmetic on the drawn values only: portable."""
+    import torch
+
+    llm = omnivoice.llm
+    t = spec.trigger_channel
+    layer = llm.layers[spec.massive_layer]
+    units = list(spec.units)
+    with torch.no_grad():
+        llm.embed_tokens.weight[:, t] = 0.0
+        llm.embed_tokens.weight[trigger_token_ids(), t] = spec.trigger_value
+        omnivoice.audio_embeddings.weight[:, t] = 0.0
+        for earlier in llm.layers[:spec.massive_layer]:
+            earlier.self_attn.o_proj.weight[t, :] = 0.0
+            earlier.mlp.down_proj.weight[t, :] = 0.0
+        layer.self_attn.o_proj.weight[t, :] = 0.0
+        for proj in (layer.mlp.gate_proj, layer.mlp.up_proj):
+            proj.weight[units, :] = 0.0
+            proj.weight[units, t] = spec.unit_weight
+        layer.mlp.down_proj.weight[:, units] = 0.0
+        for channel, weight in zip(spec.massive_channels, spec.massive_weights, strict=True):
+            layer.mlp.down_proj.weight[channel, units] = weight
+        outliers = list(spec.outlier_channels)
+        pairs = norm_readers(omnivoice)
+        gains = [spec.outlier_gain] * (len(pairs) - 1) + [spec.heads_outlier_gain]
+        for (norm, readers), gain in zip(pairs, gains, strict=True):
+            norm.weight[outliers] *= gain
+            for linear in readers:
+                linear.weight[:, outliers] /= gain ** spec.compensation
+
+
+def norm_readers(omnivoice) -> list[tuple[object, list]]:
+    """(residual RMSNorm, the linear layers that read its output) in forward order."""
+    llm = omnivoice.llm
+    pairs = []
+    for layer in llm.layers:
+        attention, mlp = layer.self_attn, layer.mlp
+        pairs.append((layer.input_layernorm, [attention.q_proj, attention.k_proj, attention.v_proj]))
+        pairs.append((layer.post_attention_layernorm, [mlp.gate_proj, mlp.up_proj]))
+    return pairs + [(llm.norm, [omnivoice.audio_heads])]
+
+
 def residual_norms(llm) -> list:
     """The RMSNorms that read the residual stream, in forward order (two per layer, then the last)."""
     norms = [norm for layer in llm.layers for norm in (layer.input_layernorm, layer.post_attention_layernorm)]
@@ -294,6 +391,8 @@ def build_checkpoint(name: str, out_dir: Path, seed: int = 0) -> Path:
     model, higgs = make_modules(name, seed)
     if name in LARGE_ACTIVATIONS:
         add_large_activations(model, LARGE_ACTIVATIONS[name], load_scales("residual_norms")[name])
+    if name in OUTLIERS:
+        add_outliers(model, OUTLIERS[name])
     with atomic_dir(out_dir) as tmp:
         tokenizer_provenance = save_qwen_tokenizer(tmp)
         model.config.omnivoice_export = {"checkpoint": name, "seed": seed, "builder_version": BUILDER_VERSION,

@@ -5,16 +5,17 @@ A checkpoint is a directory in exactly the layout `OmniVoice.from_pretrained` re
     config.json  model.safetensors  tokenizer.json  tokenizer_config.json
     audio_tokenizer/{config.json, model.safetensors, preprocessor_config.json}
 
-`--model` takes `tiny`, `full-random` or `tiny-large-act` (built by omnivoice_export.builder on
-first use into the git-ignored checkpoints/, rebuilt when the builder changes; tiny-large-act is
-tiny with a trained model's large residual activations, the fp16 check), the path of a real k2-fsa/OmniVoice
-checkout, or a Hugging Face repo id such as `k2-fsa/OmniVoice` (what upstream's from_pretrained
+`--model` takes `tiny`, `full-random`, `tiny-large-act`, `tiny-outliers` or `full-random-outliers`
+(built by omnivoice_export.builder on first use into the git-ignored checkpoints/, rebuilt when the
+builder changes; tiny-large-act is tiny with a trained model's large residual activations, the fp16
+check; the -outliers ones carry a trained model's activation outliers, the int8 check), the path of
+a real k2-fsa/OmniVoice checkout, or a Hugging Face repo id such as `k2-fsa/OmniVoice` (what upstream's from_pretrained
 takes): its snapshot in the local Hugging Face cache is used without any network access when it
 is there; otherwise it is downloaded with `snapshot_download`, unless HF_HUB_OFFLINE is set. Every
 artefact records the model's fingerprint, a hash of the files' contents, so tensors of different
 models are never compared silently and one model reached by two spellings is one model.
 
-CLI (build one by hand): python -m omnivoice_export.checkpoints {tiny,full-random,tiny-large-act} [--out DIR] [--seed N]
+CLI (build one by hand): python -m omnivoice_export.checkpoints NAME [--out DIR] [--seed N]  (NAME: one of the above)
 """
 
 from __future__ import annotations
@@ -176,8 +177,8 @@ def hub_snapshot(repo_id: str) -> Path:
 def add_model_arg(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model", default=None,
-        help=f"tiny | full-random | PATH of a checkpoint | Hugging Face repo id, e.g. k2-fsa/OmniVoice (default: "
-             f"${MODEL_ENV}, else {DEFAULT_MODEL_PATH}); tiny and full-random are built on first use into "
+        help=f"{' | '.join(BUILT_NAMES)} | PATH of a checkpoint | Hugging Face repo id, e.g. k2-fsa/OmniVoice "
+             f"(default: ${MODEL_ENV}, else {DEFAULT_MODEL_PATH}); the named ones are built on first use into "
              "checkpoints/; a repo id is read from the local Hugging Face cache, downloaded only when absent")
 
 

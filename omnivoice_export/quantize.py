@@ -38,8 +38,9 @@ Why the recipes are what they are (the quality table measures each):
   from the island's first input to its last output. Its codec graphs are float16 too, with the
   ops CODEC_KEEP_OPS names float32. The GPU / mobile format: an x86 CPU without native float16
   arithmetic runs it no faster than fp32 (0.97x at the real dims; slower on tiny).
-- `int8` is quantize_dynamic on fp32-fused's graph (same calls, same output guard as
-  fp32-unmasked), with two more rewrites before quantizing (omnivoice_export.fusion;
+- `int8-pertensor` (the `int8` until the outlier proxy showed it breaking) is quantize_dynamic on
+  fp32-fused's graph (same calls, same output guard as fp32-unmasked), with two more rewrites
+  before quantizing (omnivoice_export.fusion;
   investigation log): each RoPE as com.microsoft.RotaryEmbedding, so that Attention reads q, k
   and v without a layout change, and each RMSNorm as onnxruntime's SimplifiedLayerNormalization
   (each its own float order: not for the fp32 recipes). onnxruntime quantizes the activation that
@@ -47,6 +48,13 @@ Why the recipes are what they are (the quality table measures each):
   stay Attention in fp32: at the real dims they are 38 % of int8's kernel time on two threads, the
   bound on what int8 projections can gain. `int8-unfused` is the same quantization of the
   faithful graph (valid for any mask), kept to measure what the rewrites gain.
+- `int8` is int8-pertensor's graph quantized by omnivoice_export.rowwise instead: each norm's
+  outlier channels folded into the MatMuls that read it (SmoothQuant's migration, powers of two:
+  the fp32 graph's bits unchanged), one scale per row of every activation (a massive row no longer
+  sets the scale of the others), and fp32 for the MatMuls whose input spikes on the capture's calls
+  (the down_proj that writes the massive activations). Per-tensor scales are what a trained
+  model's outliers break (docs/variants.md: the outlier proxy, tiny-outliers); `int8-rows` is the
+  per-row scales alone, kept to measure what the fold and the fp32 spikes add.
 - `MatMulNBits` keeps weights block-wise (block along K, one scale and zero point per block);
   `accuracy_level` 0 dequantizes to fp32 and runs an fp32 GEMM, 4 quantizes activations to int8
   per block and runs an int8 GEMM (faster; the kind of error that flipped argmaxes on Qwen3-0.6B,
@@ -67,7 +75,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from omnivoice_export import fp16, fusion, report
+from omnivoice_export import fp16, fusion, report, rowwise
 from omnivoice_export.cli import check_output
 from omnivoice_export.files import file_entry, matches_entry, sha256_file, temporary_dir, umask_mode
 from omnivoice_export.measure import PeakRss
@@ -83,7 +91,9 @@ class Recipe:
     """How one variant is made from the fp32 transformer."""
 
     name: str
-    method: str  # "dynamic" (quantize_dynamic, MatMulInteger) | "nbits" (MatMulNBits) | "unmasked" (fp32) | "fp16"
+    # "dynamic" (quantize_dynamic, MatMulInteger) | "rowwise" (omnivoice_export.rowwise: per-row activation scales)
+    # | "nbits" (MatMulNBits) | "unmasked" (fp32) | "fp16"
+    method: str
     bits: int
     keep_heads_fp32: bool
     # "fp32" | "fp16" (store_embeddings_fp16; the fp16 method's own Gathers) | "int8-row"
@@ -94,6 +104,8 @@ class Recipe:
     fusions: tuple[str, ...] = ()  # unmasked, dynamic: omnivoice_export.fusion passes applied after drop_mask_work
     keep_fp32: tuple[str, ...] = ()  # fp16: the float32 islands of the transformer (fp16.TRANSFORMER_KEEP groups)
     codecs: tuple[str, ...] = ()  # codec graphs the variant converts and carries itself (else the export's fp32 ones)
+    fold_norms: bool = False  # dynamic, rowwise: rowwise.fold_norm_scales before quantizing (SmoothQuant's migration)
+    spikes_fp32: bool = False  # rowwise: the MatMuls whose input spikes on the capture's calls stay fp32
     summary: str = ""
 
     def as_dict(self) -> dict[str, Any]:
@@ -113,7 +125,15 @@ RECIPES: dict[str, Recipe] = {recipe.name: recipe for recipe in (
            summary="float16 weights and compute, float32 I/O; float32 islands for RMSNorm (square, mean, rsqrt), "
                    "RoPE angles, softmax and the audio heads; its own float16 codec graphs (GPU / mobile format: "
                    "no faster than fp32 on x86 CPUs without native float16)"),
-    Recipe("int8", "dynamic", 8, True, "fp16", fusions=("attention", "rotary", "rms_norm"),
+    Recipe("int8", "rowwise", 8, True, "fp16", fusions=("attention", "rotary", "rms_norm"), fold_norms=True,
+           spikes_fp32=True,
+           summary="int8-pertensor's graph with the norms' outlier channels folded into the weights (SmoothQuant, "
+                   "exact in fp32), a scale per row of each activation (MatMulIntegerToFloat), and fp32 for the "
+                   "MatMuls whose input spikes on the capture's calls: holds where a trained model's outlier "
+                   "channels and massive rows break per-tensor scales"),
+    Recipe("int8-rows", "rowwise", 8, True, "fp16", fusions=("attention", "rotary", "rms_norm"),
+           summary="int8 without the fold and the fp32 spikes: per-row activation scales alone (what the others add)"),
+    Recipe("int8-pertensor", "dynamic", 8, True, "fp16", fusions=("attention", "rotary", "rms_norm"),
            summary="quantize_dynamic on fp32-fused's graph: int8 per-channel weights, uint8 per-tensor activations; "
                    "attention one ONNX Attention (fp32) on RotaryEmbedding's q and k, RMSNorm onnxruntime's kernel; "
                    "audio heads fp32, embedding tables fp16; for run_split's calls (NaN logits for a row whose "
@@ -188,16 +208,24 @@ def quantize_dynamic_variant(source: Path, staging: Path, recipe: Recipe, exclud
     return model
 
 
-def unmasked_source(source: Path, staging: Path, recipe: Recipe) -> Path:
-    """The fp32 graph without the mask work and with `recipe.fusions` applied, saved with its own
-    sidecar under `staging`: the input of a fused int8 recipe (quantize_dynamic then quantizes the
-    projections' MatMuls; the fused Attention nodes stay fp32, as in fp32-fused)."""
+def prepared_graph(source: Path, recipe: Recipe, exclude: list[str]) -> onnx.ModelProto:
+    """The fp32 graph without the mask work, with `recipe.fusions` applied and, for a recipe that
+    folds, the norms' channel scales moved into the MatMuls that will be quantized (not `exclude`)."""
     model = onnx.load(str(source))
     drop_mask_work(model)
     fusion.apply_fusions(model, recipe.fusions)
+    if recipe.fold_norms:
+        rowwise.fold_norm_scales(model, exclude)
+    return model
+
+
+def unmasked_source(source: Path, staging: Path, recipe: Recipe, exclude: list[str]) -> Path:
+    """prepared_graph saved with its own sidecar under `staging`: the input of a fused int8 recipe
+    (quantize_dynamic then quantizes the projections' MatMuls; the fused Attention nodes stay fp32,
+    as in fp32-fused)."""
     path = staging / "unmasked" / TRANSFORMER_FILE
     path.parent.mkdir()
-    save_with_sidecar(model, path)
+    save_with_sidecar(prepared_graph(source, recipe, exclude), path)
     return path
 
 
@@ -347,8 +375,8 @@ def guard_output(model: onnx.ModelProto) -> None:
 
 def quantized_node_counts(model: onnx.ModelProto) -> dict[str, int]:
     """How many nodes of each quantized op type the variant holds (for the report)."""
-    kinds = ("MatMulInteger", "DynamicQuantizeLinear", "MatMulNBits", "MatMul", "Gather", "Softmax", "IsNaN", "Cast",
-             "Attention", "RotaryEmbedding")
+    kinds = ("MatMulInteger", "MatMulIntegerToFloat", "DynamicQuantizeLinear", "MatMulNBits", "MatMul", "Gather",
+             "Softmax", "IsNaN", "Cast", "Attention", "RotaryEmbedding")
     counts = {kind: 0 for kind in kinds}
     for node in model.graph.node:
         if node.op_type in counts:
@@ -356,7 +384,8 @@ def quantized_node_counts(model: onnx.ModelProto) -> dict[str, int]:
     return {kind: count for kind, count in counts.items() if count}
 
 
-def build_variant(onnx_dir: Path, recipe: Recipe, fp32_metadata: dict[str, str]) -> dict[str, Any]:
+def build_variant(onnx_dir: Path, recipe: Recipe, fp32_metadata: dict[str, str],
+                  capture_dir: Path | None = None) -> dict[str, Any]:
     """Write `onnx/<recipe.name>/` from the fp32 transformer (and codec graphs, for a recipe with
     `codecs`); return its report entry.
 
@@ -364,6 +393,8 @@ def build_variant(onnx_dir: Path, recipe: Recipe, fp32_metadata: dict[str, str])
     into the variant directory (old .onnx removed first, then the new sidecars, then the new .onnx),
     so an interruption leaves a variant complete (old or new) or absent, never mixed. `seconds`
     is the whole build, install and hashing included: the time the user waits for the variant.
+
+    `capture_dir` (a recipe with spikes_fp32): the capture whose calls calibrate it, of the export's model.
 
     Runs building into one onnx/ at once build in their own staging directories; installing,
     hashing the installed files and merging the entry into the report happen under the report's
@@ -377,11 +408,21 @@ def build_variant(onnx_dir: Path, recipe: Recipe, fp32_metadata: dict[str, str])
     heads, embeddings = weight_nodes(onnx.load(str(source), load_external_data=False), heads_width)
     exclude = (heads if recipe.keep_heads_fp32 else []) + (embeddings if recipe.embeddings != "dynamic" else [])
     kept: dict[str, list[str]] = {}
+    spikes: dict[str, float] = {}
+    spike_peak = None
     with temporary_dir(variant_dir(onnx_dir, recipe.name)) as staging:
         with PeakRss() as peak:
             if recipe.method == "dynamic":
-                graph = unmasked_source(source, staging, recipe) if recipe.fusions else source
+                graph = unmasked_source(source, staging, recipe, exclude) if recipe.fusions else source
                 model = quantize_dynamic_variant(graph, staging, recipe, exclude)
+            elif recipe.method == "rowwise":
+                model = prepared_graph(source, recipe, exclude)
+                if recipe.spikes_fp32:
+                    ratios = rowwise.spike_ratios(model, exclude, calibration_calls(capture_dir, fp32_metadata),
+                                                  staging)
+                    spikes = {name: round(ratio, 1) for name, ratio in ratios.items() if ratio > rowwise.SPIKE_RATIO}
+                    spike_peak = round(max(ratios.values()), 1)
+                rowwise.quantize_rowwise(model, exclude + list(spikes))
             elif recipe.method == "unmasked":
                 model = onnx.load(str(source))
                 drop_mask_work(model)
@@ -414,8 +455,37 @@ def build_variant(onnx_dir: Path, recipe: Recipe, fp32_metadata: dict[str, str])
                      "peak_rss_mb": round(peak.peak_mb, 1)}
             if recipe.method == "fp16":
                 entry["fp32_nodes"] = kept
+            if recipe.spikes_fp32:
+                entry["spikes"] = {"threshold": rowwise.SPIKE_RATIO, "largest_ratio": spike_peak, "fp32": spikes}
             report.merge_section(onnx_dir, ("variants", recipe.name), entry)
     return entry
+
+
+# Captured calls per mode that calibrate a spikes_fp32 recipe: evenly spaced over its steps.
+CALIBRATION_STEPS = 4
+
+
+def calibration_calls(capture_dir: Path | None, metadata: dict[str, str]) -> list[dict[str, np.ndarray]]:
+    """Feeds of the transformer calls generate() makes (run_split's groups) at CALIBRATION_STEPS
+    captured steps of each mode; the capture must be of the export's model."""
+    from omnivoice_export import capture
+    from omnivoice_onnx.sessions import split_feeds
+
+    fix = "pass --capture-dir of the capture the export was made from (step 1)"
+    if capture_dir is None:
+        raise UserError("this recipe is calibrated on captured calls, and no capture was given", fix)
+    manifest = capture.load_manifest(capture_dir, verify_hashes=False)
+    if manifest["model"]["fingerprint"] != metadata["model_fingerprint"]:
+        raise UserError(f"the capture {capture_dir} is of model {manifest['model']['fingerprint']}, the export of "
+                        f"{metadata['model_fingerprint']}", fix)
+    calls = []
+    for mode in manifest["modes"]:
+        steps = capture.mode_steps(manifest, mode)
+        for step in steps[::max(1, -(-len(steps) // CALIBRATION_STEPS))]:
+            data = capture.load_step(capture_dir, mode, step)
+            groups = split_feeds(data["input_ids"], data["audio_mask"], data["attention_mask"])
+            calls += [feeds for _rows, feeds in groups or []]
+    return calls
 
 
 def set_variant_metadata(model: onnx.ModelProto, metadata: dict[str, str], recipe: Recipe, source: Path) -> None:
@@ -496,9 +566,11 @@ def check_variant_outputs(onnx_dir: Path, names: list[str]) -> None:
     check_output(Path(onnx_dir), "--model-dir", "dir")
 
 
-def quantize_variants(onnx_dir: Path, names: list[str], log=print) -> dict[str, dict[str, Any]]:
+def quantize_variants(onnx_dir: Path, names: list[str], log=print,
+                      capture_dir: Path | None = None) -> dict[str, dict[str, Any]]:
     """Build each named variant from the verified fp32 export; merge each entry into the report
-    as soon as it is written (an interrupted run keeps the entries of the finished variants)."""
+    as soon as it is written (an interrupted run keeps the entries of the finished variants).
+    `capture_dir` calibrates the spikes_fp32 recipes (default: the capture the export was made from)."""
     export = report.load_report(onnx_dir)
     report.verify_graphs(onnx_dir, export, ["transformer"])
     check_variant_outputs(onnx_dir, names)
@@ -507,7 +579,7 @@ def quantize_variants(onnx_dir: Path, names: list[str], log=print) -> dict[str, 
     for index, name in enumerate(names, 1):
         recipe = RECIPES[name]
         log(f"[quantize] {index}/{len(names)} {name}: {recipe.summary} ...")
-        entry = build_variant(onnx_dir, recipe, metadata)
+        entry = build_variant(onnx_dir, recipe, metadata, capture_dir or Path(export["capture"]["dir"]))
         entries[name] = entry
         log(f"[quantize] {name}: {entry['bytes'] / 2**20:.1f} MB ({entry['size_ratio']:.1%} of fp32) in "
             f"{entry['seconds']:.1f} s, peak RSS {entry['peak_rss_mb']:.0f} MB; nodes {entry['node_counts']}")

@@ -187,22 +187,24 @@ print(json.dumps({"capability": torch.backends.cpu.get_cpu_capability(),
 
 @pytest.mark.slow
 def test_builds_need_no_cpu_dispatched_kernel(tmp_path: Path) -> None:
-    """tiny and tiny-large-act built with every dispatch this machine has switched off (torch's
-    scalar code, SSE4 oneDNN/MKL, no numpy SIMD, one thread) have the recorded fingerprints: the
-    recipe's bits come from integer draws and IEEE elementwise arithmetic alone."""
-    done = subprocess.run([sys.executable, "-c", _BUILD_AND_REPORT, str(tmp_path), "tiny", "tiny-large-act"],
+    """tiny, tiny-large-act and tiny-outliers built with every dispatch this machine has switched off
+    (torch's scalar code, SSE4 oneDNN/MKL, no numpy SIMD, one thread) have the recorded fingerprints:
+    the recipe's bits come from integer draws and IEEE elementwise arithmetic alone."""
+    names = ("tiny", "tiny-large-act", "tiny-outliers")
+    done = subprocess.run([sys.executable, "-c", _BUILD_AND_REPORT, str(tmp_path), *names],
                           env={**os.environ, **NO_DISPATCH_ENV}, capture_output=True, text=True, timeout=600,
                           cwd=Path(__file__).resolve().parent.parent)
     assert done.returncode == 0, done.stderr[-2000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])
     assert report["capability"] == "DEFAULT" and not report["numpy_simd"], report  # the switches took effect
-    assert report["tiny"] == FINGERPRINTS["tiny"] and report["tiny-large-act"] == FINGERPRINTS["tiny-large-act"]
+    assert {name: report[name] for name in names} == {name: FINGERPRINTS[name] for name in names}
 
 
 @pytest.mark.skipif(not os.environ.get("OMNIVOICE_TEST_FULL_RANDOM"),
                     reason="builds full-random (minutes, ~6 GB): set OMNIVOICE_TEST_FULL_RANDOM=1")
-def test_full_random_has_the_recorded_fingerprint(tmp_path: Path) -> None:
-    assert model_fingerprint(build_checkpoint("full-random", tmp_path / "full-random")) == FINGERPRINTS["full-random"]
+@pytest.mark.parametrize("name", ["full-random", "full-random-outliers"])
+def test_full_random_has_the_recorded_fingerprint(tmp_path: Path, name: str) -> None:
+    assert model_fingerprint(build_checkpoint(name, tmp_path / name)) == FINGERPRINTS[name]
 
 
 def test_recorded_scales_still_calibrate() -> None:

@@ -37,16 +37,17 @@ def variants(pipeline, tmp_path_factory) -> Path:
 
 
 # One quantized variant per way of building one (dynamic int8 with fp16 tables, quantized heads,
-# MatMulNBits, fp16 with its own codec graphs); the variants left out differ only in numbers passed
-# to the same quantizer, in the graph they quantize (int8: int8-unfused's quantization of a
+# MatMulNBits, fp16 with its own codec graphs, per-row int8); the variants left out differ only in numbers passed
+# to the same quantizer, in the graph they quantize (int8-pertensor: int8-unfused's quantization of a
 # rewritten graph) or in how the embedding tables are stored (checked op by op in the tests above),
-# and still build, load and keep the contract. int8's rewrites are tested in test_fusion (RoPE and
-# RMSNorm kernels compute the same function) and below (its ops), its generate() by infer_onnx --variant int8;
+# and still build, load and keep the contract. The fused recipes' rewrites are tested in test_fusion (RoPE
+# and RMSNorm kernels compute the same function) and below (their ops), int8's generate() by infer_onnx
+# --variant int8, int8's accuracy against int8-pertensor on the outlier proxy in test_outliers;
 # int8-unfused, not int8, is measured beside int8-plain so that the heads are their one difference.
 # The fp32 variants are judged, not measured: their logits are the faithful graph's bits on every
 # captured call (test_unmasked_fp32_is_bit_identical_through_run_split, test_fusion) and
 # infer_onnx.py --variant fp32-fused passes in every mode.
-MEASURED = ("int8-unfused", "int8-plain", "int4-b32", "fp16")
+MEASURED = ("int8-unfused", "int8-plain", "int4-b32", "fp16", "int8")
 
 
 @pytest.fixture(scope="module")
@@ -107,40 +108,44 @@ def test_heads_and_embeddings_stay_fp32_where_the_recipe_says(variants):
         half_gathers = [n for n in model.graph.node if n.op_type == "Gather" and n.input[0] in half_tables]
         assert len(half_gathers) == (len(embeddings) if recipe.embeddings == "fp16" else 0), name
         counts = quantize.quantized_node_counts(model)
-        quantized = counts.get("MatMulInteger", 0) + counts.get("MatMulNBits", 0)
+        quantized = sum(counts.get(kind, 0) for kind in ("MatMulInteger", "MatMulIntegerToFloat", "MatMulNBits"))
         # every MatMul with a weight but the heads (2 layers x 7 + heads on tiny); fp16 is float, not integer
         expected = 0 if recipe.bits >= 16 else 2 * 7 + (0 if recipe.keep_heads_fp32 else 1)
         assert quantized == expected, (name, counts)
 
 
 @pytest.mark.slow
-def test_int8_holds_its_three_rewrites(pipeline, variants):
-    """`int8` as step 5 builds it: per layer one Attention, two RotaryEmbeddings (q, k), seven
-    MatMulIntegers (q, k, v, o, gate, up, down) and four RMSNorm kernels (input, post-attention, q,
-    k; plus the final norm), and no layout copies around attention (no Expand; the one Transpose
-    lays out the logits)."""
-    model = onnx.load(str(variants / "int8" / TRANSFORMER), load_external_data=False)
+@pytest.mark.parametrize("name", ["int8", "int8-pertensor"])
+def test_int8_holds_its_three_rewrites(pipeline, variants, name: str):
+    """`int8` and `int8-pertensor` as step 5 builds them: per layer one Attention, two
+    RotaryEmbeddings (q, k), seven integer MatMuls (q, k, v, o, gate, up, down: no input spikes on
+    random weights, so int8 keeps none fp32) and four RMSNorm kernels (input, post-attention, q, k;
+    plus the final norm), and no layout copies around attention (no Expand; the one Transpose lays
+    out the logits)."""
+    model = onnx.load(str(variants / name / TRANSFORMER), load_external_data=False)
     ops = [node.op_type for node in model.graph.node]
     layers = json.loads((pipeline.model / "config.json").read_text())["llm_config"]["num_hidden_layers"]
-    assert (ops.count("Attention"), ops.count("RotaryEmbedding"), ops.count("MatMulInteger"),
+    integer = ops.count("MatMulInteger") + ops.count("MatMulIntegerToFloat")
+    assert (ops.count("Attention"), ops.count("RotaryEmbedding"), integer,
             ops.count("SimplifiedLayerNormalization"), ops.count("Pow"), ops.count("Softmax"), ops.count("Neg"),
             ops.count("Transpose"), ops.count("Expand")) == (layers, 2 * layers, 7 * layers, 4 * layers + 1,
                                                              0, 0, 0, 1, 0)
-    assert quantize.RECIPES["int8"].fusions == ("attention", "rotary", "rms_norm")
+    assert quantize.RECIPES[name].fusions == ("attention", "rotary", "rms_norm")
 
 
 @pytest.mark.slow
-def test_int8_keeps_int8_unfused_accuracy(pipeline, variants):
+def test_int8_pertensor_keeps_int8_unfused_accuracy(pipeline, variants):
     """The rewrites change float order only (attention kernel, RMSNorm kernel; the merge keeps the
-    bits): on every 8th captured step of each mode int8's logits stay at int8-unfused's distance
-    from the export's and agree with them on argmax (measured on tiny: mean 0.9931 for both)."""
+    bits): on every 8th captured step of each mode int8-pertensor's logits stay at int8-unfused's
+    distance from the export's and agree with them on argmax (measured on tiny: mean 0.9931 for both)."""
+    fused = "int8-pertensor"
     sessions = {name: make_session(path) for name, path in (("fp32", variants / TRANSFORMER),
-                ("int8", variants / "int8" / TRANSFORMER), ("int8-unfused", variants / "int8-unfused" / TRANSFORMER))}
+                (fused, variants / fused / TRANSFORMER), ("int8-unfused", variants / "int8-unfused" / TRANSFORMER))}
     for mode, step, feeds in captured_calls(pipeline.capture, every=8):
         logits = {name: run_split(session, *feeds) for name, session in sessions.items()}
-        error = {name: float(np.max(np.abs(logits[name] - logits["fp32"]))) for name in ("int8", "int8-unfused")}
-        assert error["int8"] <= 1.5 * error["int8-unfused"], (mode, step, error)
-        agree = np.mean(logits["int8"].argmax(-1) == logits["int8-unfused"].argmax(-1))
+        error = {name: float(np.max(np.abs(logits[name] - logits["fp32"]))) for name in (fused, "int8-unfused")}
+        assert error[fused] <= 1.5 * error["int8-unfused"], (mode, step, error)
+        agree = np.mean(logits[fused].argmax(-1) == logits["int8-unfused"].argmax(-1))
         assert agree >= 0.99, (mode, step, agree)
 
 
