@@ -188,8 +188,7 @@ class FileCheck:
 
     def problem(self, verified: VerifiedFiles) -> str | None:
         """Why the file is not the one recorded (None when it is): check()'s failure."""
-        result = self.check(verified)
-        return result if isinstance(result, str) else None
+        return None if isinstance(result := self.check(verified), Seen) else result
 
 
 def file_digest(handle: Any, data: bytes | None) -> str:
@@ -584,9 +583,7 @@ def report_variants(report: dict[str, Any] | None) -> dict[str, Any]:
 def read_report(model_dir: Path) -> dict[str, Any]:
     """export-report.json; a UserError naming why when it is missing, unreadable, not a JSON object,
     or when a section the runtime reads has another shape (REPORT_SCHEMA)."""
-    report: dict[str, Any] = read_json(Folder(model_dir).report_path, "export report", f"{RERUN_EXPORT}, {SKIP}",
-                                       schema=REPORT_SCHEMA)  # a JSON object of that shape, or a UserError
-    return report
+    return read_json(Folder(model_dir).report_path, "export report", f"{RERUN_EXPORT}, {SKIP}", schema=REPORT_SCHEMA)
 
 
 def default_variant(model_dir: Path, report: dict[str, Any] | None, provider: str = "cpu") -> str:
