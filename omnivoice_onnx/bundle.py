@@ -40,7 +40,7 @@ import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from omnivoice_onnx.contract import (
     FP32_VARIANT,
@@ -281,8 +281,7 @@ class VerifiedFiles:
             return {}
         if (data["format"], data["version"]) != (VERIFIED_FORMAT, VERIFIED_VERSION):
             return {}
-        files: dict[str, dict[str, Any]] = data["files"]  # VERIFIED_SCHEMA's shape, checked by read_json
-        return files
+        return cast("dict[str, dict[str, Any]]", data["files"])  # VERIFIED_SCHEMA's shape, checked by read_json
 
     def _note(self, key: str, entry: dict[str, Any] | None) -> None:
         """Record `entry` for `key` (None: drop it) here and in the updates save() writes."""
@@ -583,7 +582,8 @@ def report_variants(report: dict[str, Any] | None) -> dict[str, Any]:
 def read_report(model_dir: Path) -> dict[str, Any]:
     """export-report.json; a UserError naming why when it is missing, unreadable, not a JSON object,
     or when a section the runtime reads has another shape (REPORT_SCHEMA)."""
-    return read_json(Folder(model_dir).report_path, "export report", f"{RERUN_EXPORT}, {SKIP}", schema=REPORT_SCHEMA)
+    path = Folder(model_dir).report_path  # read_json refuses anything but an object of REPORT_SCHEMA's shape
+    return cast("dict[str, Any]", read_json(path, "export report", f"{RERUN_EXPORT}, {SKIP}", schema=REPORT_SCHEMA))
 
 
 def default_variant(model_dir: Path, report: dict[str, Any] | None, provider: str = "cpu") -> str:

@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, TextIO, overload
+from typing import IO, Any, TextIO
 
 from omnivoice_onnx.errors import ENVIRONMENT, UserError
 
@@ -435,12 +435,6 @@ def parse_json(text: str, where: str, fix: str, max_depth: int = MAX_JSON_DEPTH)
         raise UserError(f"{where} is not valid JSON ({str(exc)[:200]})", fix) from None
 
 
-@overload
-def read_json(path: Path, what: str, fix: str, limit: int = MAX_JSON_BYTES, data: bytes | None = None, *,
-              schema: dict[str, Any]) -> dict[str, Any]: ...  # an object schema: an object, or a UserError
-@overload
-def read_json(path: Path, what: str, fix: str, limit: int = MAX_JSON_BYTES, data: bytes | None = None,
-              schema: Any = None) -> Any: ...
 def read_json(path: Path, what: str, fix: str, limit: int = MAX_JSON_BYTES, data: bytes | None = None,
               schema: Any = None) -> Any:
     """A JSON file of at most `limit` bytes and MAX_JSON_DEPTH levels, strictly UTF-8, meeting
