@@ -60,7 +60,8 @@ from omnivoice_onnx import OmniVoiceOnnx, audio_out
 from omnivoice_onnx.bundle import Bundle
 from omnivoice_onnx.cli.speak import speak
 from omnivoice_onnx.contract import FP32_VARIANT
-from omnivoice_onnx.core.prompt import instruct_use_zh, load_runtime_config, resolve_instruct, resolve_language
+from omnivoice_onnx.core.instruct import instruct_use_zh, resolve_instruct
+from omnivoice_onnx.core.prompt import load_runtime_config, resolve_language
 from omnivoice_onnx.errors import UserError
 from omnivoice_onnx.sessions import PROVIDERS, check_provider
 

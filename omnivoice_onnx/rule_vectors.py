@@ -42,7 +42,8 @@ from typing import Any
 import numpy as np
 
 from omnivoice_onnx.core import audio, text
-from omnivoice_onnx.core.prompt import TextTokenizer, instruct_use_zh, resolve_instruct
+from omnivoice_onnx.core.instruct import instruct_use_zh, resolve_instruct
+from omnivoice_onnx.core.prompt import TextTokenizer
 from omnivoice_onnx.errors import UserError
 from omnivoice_onnx.vector_format import FORMAT, audio_summary, short
 

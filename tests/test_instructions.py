@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from omnivoice_onnx.core.prompt import read_instruct, resolve_instruct
+from omnivoice_onnx.core.instruct import read_instruct, resolve_instruct
 from omnivoice_onnx.errors import UserError
 
 OPENAI_EXAMPLE = "Speak in a cheerful and positive tone."

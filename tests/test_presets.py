@@ -4,7 +4,7 @@ preset is a distinct (instruct, seed) pair. Fast: the runtime config alone, no m
 
 from __future__ import annotations
 
-from omnivoice_onnx.core.prompt import resolve_instruct
+from omnivoice_onnx.core.instruct import resolve_instruct
 from omnivoice_onnx.presets import OPENAI_MODEL_IDS, PRESETS, find_preset
 
 # The voices of the `openai` package's speech API (its type hints), in presets.py's order.

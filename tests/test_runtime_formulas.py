@@ -22,6 +22,7 @@ import pytest
 
 from omnivoice_onnx import conformance
 from omnivoice_onnx.core import audio, duration, generate, prompt, scoring, text
+from omnivoice_onnx.core.instruct import instruct_use_zh, resolve_instruct
 from omnivoice_onnx.errors import UserError
 
 REPO = Path(__file__).resolve().parent.parent
@@ -213,7 +214,7 @@ def test_instruct_parsing_is_the_documented_rule(config):
                      "女，青年", "whisper, female", "female, american accent", "male, female, 男",
                      "elderly, 女, child, male", "四川话, british accent", "male, male"]:
         for target in ("Hello there.", "你好。"):
-            assert outcome(lambda: prompt.resolve_instruct(instruct, prompt.instruct_use_zh(target, data), data)) == \
+            assert outcome(lambda: resolve_instruct(instruct, instruct_use_zh(target, data), data)) == \
                 outcome(lambda: doc_instruct(instruct, target, data)), (instruct, target)
 
 

@@ -27,6 +27,7 @@ from omnivoice.utils.lang_map import LANG_IDS, LANG_NAME_TO_ID, lang_display_nam
 from omnivoice_export.checkpoints import model_fingerprint
 from omnivoice_export.runtime_assets import write_runtime_assets
 from omnivoice_onnx.core import duration, prompt, text
+from omnivoice_onnx.core.instruct import instruct_use_zh, resolve_instruct
 from omnivoice_onnx.errors import UserError
 
 REPO = Path(__file__).resolve().parent.parent
@@ -375,7 +376,7 @@ def test_resolve_instruct(config):
                 errors += 1
                 message = str(exc)
                 with pytest.raises(UserError) as info:
-                    prompt.resolve_instruct(instruct, use_zh, data)
+                    resolve_instruct(instruct, use_zh, data)
                 if message.startswith("Unsupported instruct items"):
                     head, tail = message.split("\n\nValid English items: ", 1)
                     assert info.value.problem == one_line(head)
@@ -384,14 +385,14 @@ def test_resolve_instruct(config):
                     assert str(info.value) == message and info.value.fix is None
                 assert "\n" not in info.value.problem and "\n" not in (info.value.fix or "")
                 continue
-            assert prompt.resolve_instruct(instruct, use_zh, data) == expected, (instruct, use_zh)
+            assert resolve_instruct(instruct, use_zh, data) == expected, (instruct, use_zh)
     assert errors > 300  # the combinations exercise every error path, not only the happy one
 
 
 def test_instruct_use_zh(config):
     for sample in TEXTS + RANDOM_TEXTS + [None]:
         expected = bool(sample and voice_design._ZH_RE.search(sample))
-        assert prompt.instruct_use_zh(sample, config["instruct"]) == expected
+        assert instruct_use_zh(sample, config["instruct"]) == expected
 
 
 # ----------------------------------------------------------------------------------------------
@@ -471,7 +472,7 @@ def test_batch_inputs_match_generate_first_forward(torch_model, tokenizer, confi
     model, data = config["model"], config["instruct"]
     per_item = lambda value: value if isinstance(value, list) else [value] * batch  # noqa: E731
     langs = [prompt.resolve_language(lang, config["languages"]) for lang in per_item(case["language"])]
-    instructs = [prompt.resolve_instruct(instruct, prompt.instruct_use_zh(t, data), data)
+    instructs = [resolve_instruct(instruct, instruct_use_zh(t, data), data)
                  for instruct, t in zip(per_item(case["instruct"]), texts)]
     target_lens, _ = duration.target_lengths(texts, [r for r, _ in refs], [f for _, f in refs], case["speed"],
                                              case["duration"], FRAME_RATE, config["duration"])

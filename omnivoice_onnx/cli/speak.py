@@ -55,7 +55,7 @@ from omnivoice_onnx.cliutil import (
 )
 from omnivoice_onnx.core import request
 from omnivoice_onnx.core.generate import Progress
-from omnivoice_onnx.core.prompt import instructions_note
+from omnivoice_onnx.core.instruct import instructions_note
 from omnivoice_onnx.core.request import Request
 from omnivoice_onnx.errors import UserError, printable
 from omnivoice_onnx.files import decode_text, read_bounded, read_limited

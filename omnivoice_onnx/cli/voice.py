@@ -89,7 +89,7 @@ def _add(args: argparse.Namespace, voices: Path) -> Voice:
                         else "pass the recording with --ref-audio")
     _target(args, voices)
     if args.ref_audio is None:  # a designed voice: no graph needs to run, only the instruct checked
-        from omnivoice_onnx.core.prompt import resolve_instruct
+        from omnivoice_onnx.core.instruct import resolve_instruct
 
         bundle = Bundle.open(args.model_dir, verify=False)  # its metadata and config only: no graph loads
         resolve_instruct(args.instruct, False, bundle.runtime_config["instruct"])
@@ -98,7 +98,7 @@ def _add(args: argparse.Namespace, voices: Path) -> Voice:
 
     tts = OmniVoiceOnnx.from_dir(args.model_dir)
     if args.instruct is not None:
-        from omnivoice_onnx.core.prompt import resolve_instruct
+        from omnivoice_onnx.core.instruct import resolve_instruct
 
         resolve_instruct(args.instruct, False, tts.runtime_config["instruct"])
     prompt = tts.create_voice_clone_prompt(args.ref_audio, args.ref_text)

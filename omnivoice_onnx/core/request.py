@@ -39,6 +39,7 @@ from typing import Any, TypedDict, TypeVar
 import numpy as np
 
 from omnivoice_onnx.core import audio, duration, plan, prompt, schedule, text
+from omnivoice_onnx.core.instruct import InstructReading, instruct_use_zh, read_instruct
 from omnivoice_onnx.core.prompt import TextTokenizer, VoiceClonePrompt
 from omnivoice_onnx.core.rng import fresh_seed
 from omnivoice_onnx.errors import UserError, check_unicode
@@ -184,7 +185,7 @@ class Request:
     texts: list[str]
     langs: list[str | None]  # resolved language ids
     instructs: list[str | None]  # normalised instructs
-    instruct_readings: list[prompt.InstructReading]  # per text: what of its instruct was applied, what ignored
+    instruct_readings: list[InstructReading]  # per text: what of its instruct was applied, what ignored
     references: list[Reference | VoiceClonePrompt | None]  # the same object where texts share one
     target_lens: list[int]  # frames per text (before chunking)
     speed: list[float] | None  # per text, as upstream's speed_list
@@ -382,7 +383,7 @@ def validate(model: Model, texts: Any, config: GenerationConfig, language: Any =
              speed: Any = None, seed: Any = None, strict_instructions: Any = False) -> Request:
     """The request checked whole (types, values, sizes) and resolved, without model work.
     strict_instructions: refuse an instruct with words outside the vocabulary instead of applying
-    the words it knows (prompt.read_instruct)."""
+    the words it knows (instruct.read_instruct)."""
     text_list = _texts(texts)
     batch = len(text_list)
     seed = fresh_seed() if seed is None else check_seed(seed)  # drawn or checked here, once
@@ -392,7 +393,7 @@ def validate(model: Model, texts: Any, config: GenerationConfig, language: Any =
     if not isinstance(strict_instructions, (bool, np.bool_)) and strict_instructions is not None:
         raise UserError(f"strict_instructions must be true or false, got {strict_instructions!r:.60}",
                         "pass True or False")
-    readings = [prompt.read_instruct(item, prompt.instruct_use_zh(text_list[i], data["instruct"]), data["instruct"],
+    readings = [read_instruct(item, instruct_use_zh(text_list[i], data["instruct"]), data["instruct"],
                                      strict=bool(strict_instructions))
                 for i, item in enumerate(_per_item(instruct, batch, "instruct", _optional_str))]
     instructs = [reading.instruct for reading in readings]

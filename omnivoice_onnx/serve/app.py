@@ -70,33 +70,29 @@ Only when the drain timeout cut requests off does it exit 143 (130 for Ctrl-C), 
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import hashlib
 import hmac
-import json
 import logging
 import math
-import signal
-import threading
-import urllib.parse
-from collections.abc import AsyncGenerator, AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from omnivoice_onnx import voices as voice_store
 from omnivoice_onnx.api import OmniVoiceOnnx
 from omnivoice_onnx.audio_out import StreamEncoder, available_response_formats, encode_clip
-from omnivoice_onnx.core.prompt import InstructReading, instructions_note, resolve_instruct
+from omnivoice_onnx.core.instruct import resolve_instruct
 from omnivoice_onnx.core.request import keywords
 from omnivoice_onnx.errors import UserError
 from omnivoice_onnx.serve import door
 from omnivoice_onnx.serve.browser import BrowserGuard, BrowserPolicy, page_csp
-from omnivoice_onnx.serve.connection import http_protocol, read_body, wait_disconnect
+from omnivoice_onnx.serve.connection import http_protocol, make_server, read_body
 from omnivoice_onnx.serve.door import ApiError, refuse
+from omnivoice_onnx.serve.forms import form_text, form_upload, form_value, instruction_headers, read_form, voice_item
 from omnivoice_onnx.serve.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from omnivoice_onnx.serve.metrics import Metrics
-from omnivoice_onnx.serve.pool import Job, WorkerPool, job_failure, time_out
+from omnivoice_onnx.serve.pool import WorkerPool, job_failure, time_out
 from omnivoice_onnx.serve.service import (
     MODEL_ID,
     ServerConfig,
@@ -109,6 +105,7 @@ from omnivoice_onnx.serve.service import (
     speech_request_model,
     validation_error,
 )
+from omnivoice_onnx.serve.streaming import StreamFailed, first_event, sse_events, stream_bytes
 from omnivoice_onnx.sessions import worker_threads
 
 if TYPE_CHECKING:  # the serve extra's packages, imported where the app is built
@@ -505,7 +502,7 @@ def add_speech_routes(app: FastAPI, service: Service) -> None:
         timer = loop.call_at(loop.time() + service.config.timeout_s, time_out, job)
         headers = {"X-Seed": str(job.request.seed), **instruction_headers(job.request.instruct_readings[0])}
         try:
-            first = await _first_event(job, request)
+            first = await first_event(job, request)
         except BaseException:
             timer.cancel()
             job.cancel.set()
@@ -519,11 +516,11 @@ def add_speech_routes(app: FastAPI, service: Service) -> None:
             # an mp3 of minutes: not on the event loop
             data = await asyncio.to_thread(encode_clip, payload, fmt, service.sample_rate)
             return Response(data, media_type=service.formats[fmt].media_type, headers=headers)
-        chunks = _stream_bytes(job, first, StreamEncoder(fmt, service.sample_rate), timer)
+        chunks = stream_bytes(job, first, StreamEncoder(fmt, service.sample_rate), timer)
         if parsed.stream_format == "sse":
             tts = service.pool.models[0]
             input_tokens = len(tts.tokenizer.encode(job.request.texts[0], add_special_tokens=False))
-            return StreamingResponse(_sse(chunks, job, input_tokens, tts.model.hop_length),
+            return StreamingResponse(sse_events(chunks, job, input_tokens, tts.model.hop_length),
                                      media_type="text/event-stream", headers=headers)
         return StreamingResponse(chunks, media_type=service.formats[fmt].media_type, headers=headers)
 
@@ -544,176 +541,6 @@ def web_page() -> bytes:
 # Routes that answer without the API key: load balancers' probe, the page (it holds no data; its
 # own requests send the key typed into it) and the icon a browser asks for by itself.
 OPEN_PATHS = ("/health", "/", "/favicon.ico")
-# A multipart body: one reference recording (MAX_REFERENCE_BYTES) and a few short fields.
-MAX_FORM_BYTES = door.MAX_REFERENCE_BYTES + 64 * 1024
-MAX_FORM_FIELD_BYTES = 64 * 1024
-# Form fields arrive as text: these are converted to the number or boolean the JSON body carries.
-FORM_NUMBERS = {"speed": float, "guidance_scale": float, "duration": float, "seed": int, "num_step": int}
-
-
-def instruction_headers(reading: InstructReading) -> dict[str, str]:
-    """X-Instructions-Applied / -Ignored for a request with instructions: the vocabulary items
-    applied and the pieces ignored (UTF-8, percent-encoded: a header is Latin-1), and the log
-    line when something was ignored."""
-    if not reading.applied and not reading.ignored:
-        return {}
-    if reading.ignored:
-        LOG.info("%s", instructions_note(reading))
-    safe = " ,;:'()?!-"
-    return {"X-Instructions-Applied": urllib.parse.quote(", ".join(reading.applied), safe=safe),
-            "X-Instructions-Ignored": urllib.parse.quote("; ".join(reading.ignored), safe=safe)}
-
-
-async def read_form(request: Any) -> Any:
-    """A multipart/form-data body (or a url-encoded one, which has no file: what a client sends for
-    a form of text fields alone), MAX_FORM_BYTES at most, read as read_body reads (413, 408) and
-    parsed by starlette's parsers (python-multipart); 400 for another content type or a broken body."""
-    from starlette.formparsers import FormParser, MultiPartException, MultiPartParser
-
-    kind = request.headers.get("content-type", "")
-    if not kind.startswith(("multipart/form-data", "application/x-www-form-urlencoded")):
-        raise refuse("invalid_content_type")
-    body = await read_body(request, MAX_FORM_BYTES)
-
-    async def replay() -> AsyncGenerator[bytes, None]:
-        yield body
-        yield b""
-
-    try:
-        if kind.startswith("application/x-www-form-urlencoded"):
-            return await FormParser(request.headers, replay()).parse()
-        return await MultiPartParser(request.headers, replay(), max_files=1, max_fields=32,
-                                     max_part_size=MAX_FORM_FIELD_BYTES).parse()
-    except MultiPartException as exc:
-        raise refuse("invalid_multipart", detail=exc.message) from None
-
-
-def form_text(form: Any, name: str, required: bool = False) -> str | None:
-    """A text field of a form (None when absent); 400 for a file in its place or a missing required one."""
-    value = form.get(name)
-    if value is None or (isinstance(value, str) and not value.strip()):
-        if required:
-            raise refuse("missing_required_parameter", name, detail=f"missing required field {name!r}")
-        return None
-    if not isinstance(value, str):
-        raise refuse("invalid_type", name, field=name, expected="a text field, not a file")
-    return value
-
-
-def form_value(name: str, value: Any) -> Any:
-    """A speech field from a form, as the JSON body would carry it (numbers and booleans converted)."""
-    if not isinstance(value, str):
-        raise refuse("invalid_type", name, field=name, expected="a text field, not a file")
-    try:
-        if name in FORM_NUMBERS:
-            return FORM_NUMBERS[name](value)
-    except ValueError:
-        raise refuse("invalid_type", name, field=name, expected=door.TYPE_NAMES[FORM_NUMBERS[name]]) from None
-    if name == "strict_instructions":
-        if value.lower() not in ("true", "false", "1", "0"):
-            raise refuse("invalid_type", name, field=name, expected="true or false")
-        return value.lower() in ("true", "1")
-    return value
-
-
-async def form_upload(form: Any) -> tuple[bytes, str]:
-    """The form's ref_audio file's bytes and its ref_text; 400 naming what is missing."""
-    upload = form.get("ref_audio")
-    if upload is None or isinstance(upload, str):
-        raise refuse("missing_required_parameter", "ref_audio", detail="ref_audio must be the reference recording, "
-                     "sent as a file (curl -F 'ref_audio=@ref.wav')")
-    ref_text = form_text(form, "ref_text")
-    if ref_text is None:
-        raise refuse("missing_required_parameter", "ref_text", detail="ref_text (the words spoken in ref_audio) is "
-                     "required")
-    data = await upload.read()
-    if not data:
-        raise refuse("invalid_reference", "ref_audio", detail="ref_audio is an empty file")
-    return data, ref_text
-
-
-def voice_item(entry: Any) -> dict[str, Any]:
-    """A voice as the voice routes show it: id and name (Open WebUI's), kind, its description or
-    instruct, a preset's seed."""
-    item: dict[str, Any] = {"id": entry.name, "name": entry.name, "kind": entry.kind}
-    if entry.kind == "builtin":
-        item["description"] = entry.text
-    else:
-        item["instruct"] = entry.text
-    if entry.kind == "preset":
-        item["seed"] = entry.seed
-    return item
-
-
-async def _first_event(job: Job, request: Any) -> tuple[str, Any]:
-    """The job's first event; if the client goes away first, the job is cancelled (dropped from the
-    queue, or stopped between steps) and this returns ("gone", None)."""
-    getter = asyncio.ensure_future(job.events.get())
-    watcher = asyncio.ensure_future(wait_disconnect(request))
-    try:
-        await asyncio.wait({getter, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watcher.cancel()
-    if not getter.done():
-        getter.cancel()
-        job.cancel.set()
-        return "gone", None
-    return getter.result()
-
-
-class StreamFailed(Exception):
-    """A streamed response's generation failed after its headers went out: the connection is
-    closed without the final chunk, so the client sees an incomplete response, not a short clip."""
-
-
-async def _stream_bytes(job: Job, first: tuple[str, Any], encoder: StreamEncoder,
-                        timer: asyncio.TimerHandle) -> AsyncIterator[bytes]:
-    """The encoded bytes of a streamed job; on disconnect (the response task is cancelled) or any
-    exit before the end, the job is cancelled in `finally`."""
-    try:
-        yield encoder.start()
-        event = first
-        while True:
-            kind, payload = event
-            if kind == "chunk":
-                job.samples_out += payload.size
-                data = encoder.write(payload)
-                if data:
-                    yield data
-            elif kind == "done":
-                data = encoder.finish()
-                if data:
-                    yield data
-                job.finished = True
-                return
-            else:
-                raise StreamFailed(job_failure(job, kind, payload).message)
-            event = await job.events.get()
-    finally:
-        timer.cancel()
-        if not job.finished:
-            job.cancel.set()
-
-
-async def _sse(chunks: AsyncIterator[bytes], job: Job, input_tokens: int, hop_length: int) -> AsyncIterator[bytes]:
-    """OpenAI's speech SSE events around the audio bytes; a failure after the start is an `error`
-    event. The done event's usage counts the input's text tokens and the audio frames made (the
-    model's output tokens: one per codebook column, 25 per second)."""
-    try:
-        async for data in chunks:
-            if data:
-                event = {"type": "speech.audio.delta", "audio": base64.b64encode(data).decode("ascii")}
-                yield f"data: {json.dumps(event)}\n\n".encode()
-    except StreamFailed as exc:
-        error = {"type": "error", "error": {"message": str(exc), "type": "server_error", "param": None, "code": None}}
-        yield f"data: {json.dumps(error)}\n\n".encode()
-        return
-    frames = job.samples_out // hop_length
-    done = {"type": "speech.audio.done",
-            "usage": {"input_tokens": input_tokens, "output_tokens": frames, "total_tokens": input_tokens + frames}}
-    yield f"data: {json.dumps(done)}\n\n".encode()
-
-
 # --- running it ----------------------------------------------------------------------------------
 
 def load_service(config: ServerConfig) -> Service:
@@ -753,7 +580,7 @@ def serve(config: ServerConfig) -> int:
                                         timeout_graceful_shutdown=math.ceil(config.drain_s), lifespan="on",
                                         http=http_protocol(), timeout_keep_alive=math.ceil(door.KEEP_ALIVE_S),
                                         h11_max_incomplete_event_size=door.MAX_HEADER_BYTES),
-                         service.pool)
+                         on_stop=lambda: setattr(service.pool, "draining", True))
     host, port = listener.getsockname()[:2]
     LOG.info("omnivoice-onnx serve: %d worker(s) x %d thread(s), queue %d, default format %s, voices %s",
              service.pool.workers, worker_threads(config.workers, config.threads), config.queue_size,
@@ -765,33 +592,3 @@ def serve(config: ServerConfig) -> int:
     if stopped_by is not None and service.pool.cut_off:
         return 128 + stopped_by
     return 0
-
-
-def make_server(config: Any, pool: WorkerPool) -> Any:
-    """uvicorn's Server with the signal handling this server documents: uvicorn re-raises a caught
-    SIGTERM after its shutdown, so the process would die by the signal even after a clean drain.
-    Here the first SIGTERM/SIGINT marks the pool draining (new requests: 503) and starts uvicorn's
-    graceful shutdown; `stopped_by` records the signal."""
-    import uvicorn
-
-    class Server(uvicorn.Server):
-        stopped_by: int | None = None
-
-        @contextlib.contextmanager
-        def capture_signals(self) -> Iterator[None]:
-            if threading.current_thread() is not threading.main_thread():
-                yield
-                return
-            previous = {sig: signal.signal(sig, self.stop) for sig in (signal.SIGINT, signal.SIGTERM)}
-            try:
-                yield
-            finally:
-                for sig, handler in previous.items():
-                    signal.signal(sig, handler)
-
-        def stop(self, sig: int, frame: Any) -> None:
-            self.stopped_by = sig
-            pool.draining = True
-            self.handle_exit(sig, frame)
-
-    return Server(config)

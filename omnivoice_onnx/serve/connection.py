@@ -6,7 +6,11 @@ a body uses (size and time limits). The app (routes) stands on this; nothing her
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import signal
+import threading
+from collections.abc import Callable, Iterator
 from http import HTTPStatus
 from typing import Any
 
@@ -105,3 +109,33 @@ async def wait_disconnect(request: Any) -> None:
     """Returns when the client goes away (after the body was read, receive() waits for that)."""
     while (await request.receive())["type"] != "http.disconnect":
         pass
+
+
+def make_server(config: Any, on_stop: Callable[[], None]) -> Any:
+    """uvicorn's Server with the signal handling this server documents: uvicorn re-raises a caught
+    SIGTERM after its shutdown, so the process would die by the signal even after a clean drain.
+    Here the first SIGTERM/SIGINT calls `on_stop` (the server marks its pool draining: new requests
+    get 503) and starts uvicorn's graceful shutdown; `stopped_by` records the signal."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        stopped_by: int | None = None
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            if threading.current_thread() is not threading.main_thread():
+                yield
+                return
+            previous = {sig: signal.signal(sig, self.stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+            try:
+                yield
+            finally:
+                for sig, handler in previous.items():
+                    signal.signal(sig, handler)
+
+        def stop(self, sig: int, frame: Any) -> None:
+            self.stopped_by = sig
+            on_stop()
+            self.handle_exit(sig, frame)
+
+    return Server(config)

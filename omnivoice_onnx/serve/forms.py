@@ -1,0 +1,124 @@
+"""Form bodies and the small pieces the speech, clone and voice routes share: a multipart or
+url-encoded body read within its limit, its fields as the JSON body would carry them, a voice as
+the voice routes list it, and the headers that report how prose instructions were read."""
+
+from __future__ import annotations
+
+import logging
+import urllib.parse
+from collections.abc import AsyncGenerator
+from typing import Any
+
+from omnivoice_onnx.core.instruct import InstructReading, instructions_note
+from omnivoice_onnx.serve import door
+from omnivoice_onnx.serve.connection import read_body
+from omnivoice_onnx.serve.door import refuse
+
+LOG = logging.getLogger("omnivoice_onnx.server")
+
+# A multipart body: one reference recording (MAX_REFERENCE_BYTES) and a few short fields.
+MAX_FORM_BYTES = door.MAX_REFERENCE_BYTES + 64 * 1024
+MAX_FORM_FIELD_BYTES = 64 * 1024
+# Form fields arrive as text: these are converted to the number or boolean the JSON body carries.
+FORM_NUMBERS = {"speed": float, "guidance_scale": float, "duration": float, "seed": int, "num_step": int}
+
+
+def instruction_headers(reading: InstructReading) -> dict[str, str]:
+    """X-Instructions-Applied / -Ignored for a request with instructions: the vocabulary items
+    applied and the pieces ignored (UTF-8, percent-encoded: a header is Latin-1), and the log
+    line when something was ignored."""
+    if not reading.applied and not reading.ignored:
+        return {}
+    if reading.ignored:
+        LOG.info("%s", instructions_note(reading))
+    safe = " ,;:'()?!-"
+    return {
+        "X-Instructions-Applied": urllib.parse.quote(", ".join(reading.applied), safe=safe),
+        "X-Instructions-Ignored": urllib.parse.quote("; ".join(reading.ignored), safe=safe),
+    }
+
+
+async def read_form(request: Any) -> Any:
+    """A multipart/form-data body (or a url-encoded one, which has no file: what a client sends for
+    a form of text fields alone), MAX_FORM_BYTES at most, read as read_body reads (413, 408) and
+    parsed by starlette's parsers (python-multipart); 400 for another content type or a broken body."""
+    from starlette.formparsers import FormParser, MultiPartException, MultiPartParser
+
+    kind = request.headers.get("content-type", "")
+    if not kind.startswith(("multipart/form-data", "application/x-www-form-urlencoded")):
+        raise refuse("invalid_content_type")
+    body = await read_body(request, MAX_FORM_BYTES)
+
+    async def replay() -> AsyncGenerator[bytes, None]:
+        yield body
+        yield b""
+
+    try:
+        if kind.startswith("application/x-www-form-urlencoded"):
+            return await FormParser(request.headers, replay()).parse()
+        return await MultiPartParser(
+            request.headers, replay(), max_files=1, max_fields=32, max_part_size=MAX_FORM_FIELD_BYTES
+        ).parse()
+    except MultiPartException as exc:
+        raise refuse("invalid_multipart", detail=exc.message) from None
+
+
+def form_text(form: Any, name: str, required: bool = False) -> str | None:
+    """A text field of a form (None when absent); 400 for a file in its place or a missing required one."""
+    value = form.get(name)
+    if value is None or (isinstance(value, str) and not value.strip()):
+        if required:
+            raise refuse("missing_required_parameter", name, detail=f"missing required field {name!r}")
+        return None
+    if not isinstance(value, str):
+        raise refuse("invalid_type", name, field=name, expected="a text field, not a file")
+    return value
+
+
+def form_value(name: str, value: Any) -> Any:
+    """A speech field from a form, as the JSON body would carry it (numbers and booleans converted)."""
+    if not isinstance(value, str):
+        raise refuse("invalid_type", name, field=name, expected="a text field, not a file")
+    try:
+        if name in FORM_NUMBERS:
+            return FORM_NUMBERS[name](value)
+    except ValueError:
+        raise refuse("invalid_type", name, field=name, expected=door.TYPE_NAMES[FORM_NUMBERS[name]]) from None
+    if name == "strict_instructions":
+        if value.lower() not in ("true", "false", "1", "0"):
+            raise refuse("invalid_type", name, field=name, expected="true or false")
+        return value.lower() in ("true", "1")
+    return value
+
+
+async def form_upload(form: Any) -> tuple[bytes, str]:
+    """The form's ref_audio file's bytes and its ref_text; 400 naming what is missing."""
+    upload = form.get("ref_audio")
+    if upload is None or isinstance(upload, str):
+        raise refuse(
+            "missing_required_parameter",
+            "ref_audio",
+            detail="ref_audio must be the reference recording, sent as a file (curl -F 'ref_audio=@ref.wav')",
+        )
+    ref_text = form_text(form, "ref_text")
+    if ref_text is None:
+        raise refuse(
+            "missing_required_parameter", "ref_text", detail="ref_text (the words spoken in ref_audio) is required"
+        )
+    data = await upload.read()
+    if not data:
+        raise refuse("invalid_reference", "ref_audio", detail="ref_audio is an empty file")
+    return data, ref_text
+
+
+def voice_item(entry: Any) -> dict[str, Any]:
+    """A voice as the voice routes show it: id and name (Open WebUI's), kind, its description or
+    instruct, a preset's seed."""
+    item: dict[str, Any] = {"id": entry.name, "name": entry.name, "kind": entry.kind}
+    if entry.kind == "builtin":
+        item["description"] = entry.text
+    else:
+        item["instruct"] = entry.text
+    if entry.kind == "preset":
+        item["seed"] = entry.seed
+    return item
