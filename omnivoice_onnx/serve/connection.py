@@ -1,6 +1,7 @@
 """HTTP connections at the front door: uvicorn's h11 protocol held to door's limits (header time,
 connection count, malformed requests answered in JSON) and the body reader every route that takes
-a body uses (size and time limits). The app (routes) stands on this; nothing here knows a route.
+a body uses (size and time limits), and uvicorn's Server with the signal handling that lets SIGTERM
+drain. The app (routes) stands on this; nothing here knows a route.
 """
 
 from __future__ import annotations
