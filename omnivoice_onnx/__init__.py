@@ -10,7 +10,8 @@ never imports torch, transformers, omnivoice, pydub or the toolchain (omnivoice_
     for chunk in tts.stream("First sentence. Second one.", seed=1):   # audio as each chunk is ready
         print(chunk.index, chunk.count, chunk.samples.shape)   # float32 samples at chunk.sample_rate
 
-The command line: `omnivoice-onnx speak "Hello." --out hello.wav` (omnivoice_onnx.cli).
+The command line: `omnivoice-onnx speak "Hello." --out hello.wav` (omnivoice_onnx.__main__; one
+module per command in cli/).
 
 Modules, by floor (a module imports only from floors below its own; tests/test_structure.py
 holds the package to no import circle, at most 8 floors, no module over 600 lines):

@@ -60,7 +60,7 @@ def add_bundle_flags(parser: Any, model_dir: bool = True, variant: bool = True, 
     """--model-dir (and upstream's --model_dir), --variant and --voices, declared here once for
     every command: each adds those it uses (to a parser or an argument group). `model_dest` and
     `model_default`: for `info`, whose positional DIR the flag overrides; `model_aliases`: a
-    script's older spelling of --model-dir; `hub`: hf:ORG/NAME is read (cli.resolve_hub_model_dirs)."""
+    script's older spelling of --model-dir; `hub`: hf:ORG/NAME is read (__main__.resolve_hub_model_dirs)."""
     if model_dir:
         hub_help = ", or hf:ORG/NAME for a Hugging Face repo's" if hub else ""
         parser.add_argument("--model-dir", "--model_dir", *model_aliases, dest=model_dest, type=Path,

@@ -81,7 +81,7 @@ MAX_MANIFEST_BYTES = 1 << 20  # a manifest lists a dozen files
 # member claiming more is not a file of this model (a tar header can claim any size).
 MAX_MEMBER_BYTES = 16 << 30
 MAX_MEMBERS = 64  # a variant has at most a dozen files
-HF_PREFIX = "hf:"  # --model-dir hf:ORG/NAME (cli.resolve_hub_model_dirs looks for it)
+HF_PREFIX = "hf:"  # --model-dir hf:ORG/NAME (__main__.resolve_hub_model_dirs looks for it)
 HF_REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
 # pack's -o suffixes (weights barely compress)
 ARCHIVE_MODES: dict[str, Literal["w", "w:gz"]] = {".tar": "w", ".tar.gz": "w:gz", ".tgz": "w:gz"}

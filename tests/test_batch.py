@@ -254,7 +254,7 @@ BAD_NUMBERS = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]
 def test_bad_lines_refused_then_skipped(pipeline, corpus, tmp_path, capsys):
     """Every bad line is named with its number before anything runs (exit 2, no res-dir made);
     --skip-bad runs the rest and records why each bad line was skipped."""
-    from omnivoice_onnx.cli import main
+    from omnivoice_onnx.__main__ import main
 
     shutil.copyfile(corpus / "ref.wav", tmp_path / "ref.wav")
     lines = write_list(tmp_path / "lines.jsonl", BAD_ROWS)
@@ -383,7 +383,7 @@ def test_ray_worker_killed_mid_run(ray_local, corpus, pipeline, tmp_path):
 
 def test_ray_missing_is_one_line(corpus, pipeline, tmp_path, monkeypatch, capsys):
     """--ray without Ray installed: one line naming the extra, before any model work or file."""
-    from omnivoice_onnx.cli import main
+    from omnivoice_onnx.__main__ import main
 
     monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` now fails as if it were not installed
     monkeypatch.setitem(sys.modules, "ray.data", None)

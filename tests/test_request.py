@@ -15,7 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from omnivoice_onnx import OmniVoiceOnnx, UserError, cli, cliutil, limits, sessions
+from omnivoice_onnx import OmniVoiceOnnx, UserError, cliutil, limits, sessions
+from omnivoice_onnx import __main__ as program
 from omnivoice_onnx.batch import Options, run_batch
 from omnivoice_onnx.core import request
 from omnivoice_onnx.serve.app import load_service
@@ -101,7 +102,7 @@ def test_a_keyword_that_is_not_a_requests_is_a_type_error(tts) -> None:
 def test_speak_validates_once(pipeline, validations, tmp_path: Path) -> None:
     for extra in ([], ["--stream"]):
         before = validations[0]
-        code = cli.main(["speak", "Hello there.", "--model-dir", str(pipeline.onnx), "--num-step", "2",
+        code = program.main(["speak", "Hello there.", "--model-dir", str(pipeline.onnx), "--num-step", "2",
                          "--seed", "5", "--out", str(tmp_path / "hello.wav"), "--quiet", *extra])
         assert code == 0 and validations[0] == before + 1, (extra, validations[0] - before)
 

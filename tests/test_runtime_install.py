@@ -96,7 +96,7 @@ def check_installed(python: Path, export: Path, work: Path) -> None:
     assert (info.samplerate, info.channels, info.subtype, info.format) == (24000, 1, "PCM_16", "WAV")
     blocked = import_blocker(FORBIDDEN) + textwrap.dedent(f"""
         sys.argv = ["omnivoice-onnx", *{speak!r}]
-        from omnivoice_onnx.cli import main
+        from omnivoice_onnx.__main__ import main
         code = main()
         print("imported:", sorted(m for m in sys.modules if m.split(".")[0] in {FORBIDDEN!r}))
         sys.exit(code)

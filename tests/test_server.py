@@ -369,7 +369,7 @@ def test_timeout_then_sigterm_drains_and_exits_0(pipeline, voices, tmp_path):
 
 def test_without_the_extra_one_line(monkeypatch, capsys, tmp_path):
     """`omnivoice-onnx serve` where fastapi is not installed: one line naming the extra, exit 2."""
-    from omnivoice_onnx.cli import main
+    from omnivoice_onnx.__main__ import main
 
     monkeypatch.setitem(sys.modules, "fastapi", None)  # import fastapi -> ModuleNotFoundError
     with pytest.raises(SystemExit) as stopped:

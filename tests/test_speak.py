@@ -1,4 +1,4 @@
-"""`omnivoice-onnx speak` and the command's frame (omnivoice_onnx.cli): input, output, flags, exit codes.
+"""`omnivoice-onnx speak` and the command's frame (omnivoice_onnx.__main__): input, output, flags, exit codes.
 
 Fast tests check what happens before a model is loaded (they pass a model folder that does not
 exist: a refusal about the output or the text proves it came first); slow ones speak with the tiny
@@ -20,7 +20,8 @@ import pytest
 import soundfile
 from conftest import REPO, Pipeline
 
-from omnivoice_onnx import OmniVoiceOnnx, Progress, __version__, cli
+from omnivoice_onnx import OmniVoiceOnnx, Progress, __version__
+from omnivoice_onnx import __main__ as program
 from omnivoice_onnx.audio_out import to_pcm16
 from omnivoice_onnx.cli import speak
 from omnivoice_onnx.cliutil import run_main
@@ -145,8 +146,8 @@ def test_error_mapping(raised: BaseException, code: int, fragment: str | None, c
 
 
 def test_missing_subcommand_modules_are_skipped(monkeypatch) -> None:
-    monkeypatch.setattr(cli, "SUBCOMMANDS", ("speak", "not-written-yet"))
-    assert list(cli.subcommand_modules()) == ["speak"]
+    monkeypatch.setattr(program, "SUBCOMMANDS", ("speak", "not-written-yet"))
+    assert list(program.subcommand_modules()) == ["speak"]
 
 
 # --- speaking with the tiny export ---------------------------------------------------------------

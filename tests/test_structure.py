@@ -28,7 +28,8 @@ MAX_FLOORS = 8
 # import of `api` puts the server two floors higher. Lower it as the layers are rearranged; the
 # goal is MAX_FLOORS.
 READER_MAX_FLOORS = 12
-REGISTRY = f"{PACKAGE}.cli"  # its SUBCOMMANDS tuple names modules it loads with importlib
+REGISTRY = f"{PACKAGE}.__main__"  # its SUBCOMMANDS tuple names the cli/ modules it loads with importlib
+COMMANDS = f"{PACKAGE}.cli"
 MAX_LINES = 600
 # The ground floor: what every other module may use; each imports nothing of the package but these.
 GROUND = {"errors", "limits", "files", "contract", "graphmeta", "version"}
@@ -88,13 +89,13 @@ def imports(name: str, annotations: bool = False) -> tuple[set[str], set[str]]:
 
 
 def registry(name: str) -> set[str]:
-    """The modules `name` loads by name: the CLI's SUBCOMMANDS (`cli.<command>`) that exist."""
+    """The modules `name` loads by name: the program's SUBCOMMANDS (`cli.<command>`) that exist."""
     if name != REGISTRY:
         return set()
     tree = ast.parse(MODULES[name].read_text(encoding="utf-8"))
     commands = next(node.value for node in ast.walk(tree) if isinstance(node, ast.Assign)
                     and any(getattr(target, "id", None) == "SUBCOMMANDS" for target in node.targets))
-    return {f"{REGISTRY}.{item.value}" for item in commands.elts} & set(MODULES)
+    return {f"{COMMANDS}.{item.value}" for item in commands.elts} & set(MODULES)
 
 
 def reader_imports(name: str) -> set[str]:

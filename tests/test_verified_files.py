@@ -214,7 +214,7 @@ def test_a_damaged_planted_or_foreign_record_costs_a_hash_never_an_error(
 @pytest.mark.slow
 def test_full_and_info_hash_every_file_and_a_mismatch_they_find_drops_the_entry(
         settled: Path, cache: Path, hashed: list[Path], monkeypatch, capsys) -> None:
-    from omnivoice_onnx.cli import main as cli_main
+    from omnivoice_onnx.__main__ import main as cli_main
 
     Bundle.open(settled)
     loaded = list(hashed)

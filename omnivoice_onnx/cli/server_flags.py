@@ -1,5 +1,5 @@
 """The flags `serve` and `wyoming` share: what a server loads and how it queues work, and the
-ServerConfig they give. A module of its own (not a command: cli.SUBCOMMANDS does not list it) so
+ServerConfig they give. A module of its own (not a command: __main__.SUBCOMMANDS does not list it) so
 that neither command imports the other, nor the HTTP server to read its defaults.
 """
 
