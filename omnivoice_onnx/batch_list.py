@@ -23,8 +23,7 @@ from typing import Any
 import soundfile as sf
 
 from omnivoice_onnx.core import duration as dur
-from omnivoice_onnx.core.request import check_path
-from omnivoice_onnx.errors import UserError
+from omnivoice_onnx.errors import UserError, check_path
 from omnivoice_onnx.files import (
     MAX_JSON_DEPTH,
     Maybe,
@@ -145,7 +144,7 @@ def _positive(obj: dict[str, Any], key: str) -> float | None:
 
 
 def _path_field(obj: dict[str, Any], key: str) -> str | None:
-    """A path-valued field, through the one check every front end's paths pass (request.check_path)."""
+    """A path-valued field, through the one check every front end's paths pass (errors.check_path)."""
     value = obj.get(key)
     try:
         return None if value is None else check_path(value, key)

@@ -2,7 +2,9 @@
 the machine's errors (a full disk, a denied permission) that are told as one line too.
 
 Defined in the runtime so that the runtime raises it without importing the toolchain; the
-toolchain's scripts (omnivoice_export.cli.run_main) catch the same class and exit 2.
+toolchain's scripts (omnivoice_export.cli.run_main) catch the same class and exit 2. Here too
+the two checks every raw value a front end takes passes before anything else touches it
+(check_unicode for text, check_path for a path), so each refusal reads the same everywhere.
 Ground floor: imports nothing of the package.
 """
 
@@ -10,9 +12,10 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 import re
 import sys
-from typing import TextIO
+from typing import Any, TextIO
 
 # What must never reach a terminal or a log raw: C0 controls (ESC starts the sequences that retitle,
 # recolour or clear a terminal; CR and NL fake or split lines; NUL), DEL and C1 (8-bit CSI), the
@@ -118,3 +121,20 @@ def check_unicode(text: str, where: str, fix: str) -> str:
         raise UserError(f"{where} is not valid text: it holds {text[exc.start]!r} at character {exc.start} (a byte "
                         "that is not UTF-8, or a lone surrogate \\u escape)", fix) from None
     return text
+
+
+def check_path(value: Any, label: str) -> str:
+    """`value` (a str or os.PathLike) as a path string, or a UserError: the one check of every
+    path-valued field a front end takes (CLI flags, batch lines, HTTP fields, a voice's file). A
+    NUL cannot be in a path (the OS APIs take C strings: Python raises ValueError, a traceback, at
+    the first stat or open); argv cannot hold one, a JSON string can (`\\u0000`)."""
+    if not isinstance(value, (str, os.PathLike)):
+        raise UserError(f"{label} must be a file path (a string), got {type(value).__name__}",
+                        f"pass {label} as a path")
+    path = os.fspath(value)
+    if not isinstance(path, str):  # a bytes path-like
+        raise UserError(f"{label} must be a path string, got {type(path).__name__}", f"pass {label} as a str path")
+    if "\0" in path:
+        raise UserError(f"{label} {path[:200]!r} holds a NUL character at position {path.index(chr(0))}: not a path",
+                        f"pass {label} as the file's path")
+    return path

@@ -42,7 +42,7 @@ from omnivoice_onnx.core import audio, duration, plan, prompt, schedule, text
 from omnivoice_onnx.core.instruct import InstructReading, instruct_use_zh, read_instruct
 from omnivoice_onnx.core.prompt import TextTokenizer, VoiceClonePrompt
 from omnivoice_onnx.core.rng import fresh_seed
-from omnivoice_onnx.errors import UserError, check_unicode
+from omnivoice_onnx.errors import UserError, check_path, check_unicode
 from omnivoice_onnx.limits import (
     MAX_SCORE_FACTOR,
     MAX_SPEED,
@@ -294,23 +294,6 @@ def _optional_number(low: float, high_limit: str | None,
             raise too_large(f"{label}={value!r} s", high_limit)
         return checked_number(value, label, low, limit(high_limit) if high_limit else high, low_open=True)
     return check
-
-
-def check_path(value: Any, label: str) -> str:
-    """`value` (a str or os.PathLike) as a path string, or a UserError: the one check of every
-    path-valued field a front end takes (CLI flags, batch lines, HTTP fields, a voice's file). A
-    NUL cannot be in a path (the OS APIs take C strings: Python raises ValueError, a traceback, at
-    the first stat or open); argv cannot hold one, a JSON string can (`\\u0000`)."""
-    if not isinstance(value, (str, os.PathLike)):
-        raise UserError(f"{label} must be a file path (a string), got {type(value).__name__}",
-                        f"pass {label} as a path")
-    path = os.fspath(value)
-    if not isinstance(path, str):  # a bytes path-like
-        raise UserError(f"{label} must be a path string, got {type(path).__name__}", f"pass {label} as a str path")
-    if "\0" in path:
-        raise UserError(f"{label} {path[:200]!r} holds a NUL character at position {path.index(chr(0))}: not a path",
-                        f"pass {label} as the file's path")
-    return path
 
 
 def _ref_audio(value: Any, label: str) -> Any:
