@@ -18,8 +18,9 @@ holds the package to no import circle, at most 8 floors, no module over 600 line
     ground       errors (UserError, the machine's errors), limits (every request limit and
                  range), files (atomic writes, sha256, output checks), contract (the graphs' I/O
                  contract), graphmeta (metadata_props without onnx), version
-    core/        the host loop a porter reads: rng, schedule, scoring, text, duration, prompt,
-                 plan, audio, request (the one validation), generate (see core/__init__.py)
+    core/        the host loop a porter reads: shapes (a request's data), rng, schedule, scoring,
+                 text, duration, prompt, plan, audio, request (the one validation), generate
+                 (see core/__init__.py)
     model        sessions (onnxruntime, providers, split execution), bundle (the export folder:
                  paths, variants, the report, hashes against it, metadata), api (OmniVoiceOnnx),
                  voices (saved voices), audio_out (the one audio writer), conformance (port traces)
@@ -31,9 +32,8 @@ holds the package to no import circle, at most 8 floors, no module over 600 line
 """
 
 from omnivoice_onnx.api import OmniVoiceOnnx
-from omnivoice_onnx.core.generate import AudioChunk, Progress, Trace
-from omnivoice_onnx.core.prompt import VoiceClonePrompt
-from omnivoice_onnx.core.request import GenerationConfig, Request
+from omnivoice_onnx.core.generate import Trace
+from omnivoice_onnx.core.shapes import AudioChunk, GenerationConfig, Progress, Request, VoiceClonePrompt
 from omnivoice_onnx.errors import Cancelled, UserError
 from omnivoice_onnx.version import __version__
 

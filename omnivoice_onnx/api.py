@@ -46,7 +46,17 @@ from omnivoice_onnx.contract import (
 )
 from omnivoice_onnx.core import generate as gen
 from omnivoice_onnx.core import request
-from omnivoice_onnx.core.prompt import TOKENIZER_FILE, TextTokenizer, VoiceClonePrompt
+from omnivoice_onnx.core.prompt import TOKENIZER_FILE, TextTokenizer
+from omnivoice_onnx.core.shapes import (
+    REQUEST_FIELDS,
+    AudioChunk,
+    GenerationConfig,
+    Model,
+    Progress,
+    Request,
+    RequestKeywords,
+    VoiceClonePrompt,
+)
 from omnivoice_onnx.errors import UserError
 from omnivoice_onnx.limits import check_threads, memory_errors_as_user_errors
 from omnivoice_onnx.sessions import PROVIDERS, TRANSFORMER_ARENA, CodecSessions, finite_output, make_session, run_split
@@ -160,7 +170,7 @@ class OmniVoiceOnnx:
                 raise UserError(f"{self.codecs.paths[name]} says {differ[0]}={codec_meta[differ[0]]} but {path} says "
                                 f"{self.metadata[differ[0]]}", RERUN_EXPORT)
         try:  # the export's own generation defaults, checked as a request's are
-            request.GenerationConfig.from_dict(None, self.runtime_config["generation"])
+            request.generation_config(None, self.runtime_config["generation"])
         except UserError as exc:
             raise UserError(f"{self.bundle.runtime_config_path}: its generation defaults are wrong "
                             f"({exc.problem})", RERUN_EXPORT) from exc
@@ -172,7 +182,7 @@ class OmniVoiceOnnx:
                 raise UserError(f"runtime-config.json says {key}={self.runtime_config['model'][key]} but the graphs "
                                 f"say {self.metadata[meta_key]}", RERUN_EXPORT)
         decoder_path = self.codecs.paths["decoder"]
-        self.model = request.Model(
+        self.model = Model(
             transformer=lambda ids, audio_mask, attention: finite_output(
                 self._verified_result(run_split(self.transformer, ids, audio_mask, attention), path),
                 "transformer", path),
@@ -223,14 +233,14 @@ class OmniVoiceOnnx:
         return self.model.sample_rate
 
     def generation_config(self, values: dict[str, Any] | None = None,
-                          base: dict[str, Any] | None = None) -> request.GenerationConfig:
+                          base: dict[str, Any] | None = None) -> GenerationConfig:
         """upstream's defaults (from the export's runtime-config.json) overlaid with `base`, then
-        `values` (checked: request.GenerationConfig.from_dict)."""
+        `values` (checked: request.generation_config)."""
         defaults = {**self.runtime_config["generation"], **(base or {})}
-        return request.GenerationConfig.from_dict(values, defaults)
+        return request.generation_config(values, defaults)
 
     def validate(self, text: str | list[str], *, stream: bool = False,
-                 **keywords: Unpack[request.RequestKeywords]) -> request.Request:
+                 **keywords: Unpack[RequestKeywords]) -> Request:
         """The request generate() (or, with `stream`, stream()) runs, checked whole (types, values,
         the limits of omnivoice_onnx.limits) without model work: the reference is loaded and
         prepared, not encoded; a seed of None is drawn now (Request.seed). Pass the Request to
@@ -239,13 +249,13 @@ class OmniVoiceOnnx:
         stream: stream()'s chunking defaults (STREAM_CHUNK_DEFAULTS) under generation_config, and
         one text. An instruct in prose has the vocabulary's words applied and the rest ignored
         (Request.instruct_readings says which); strict_instructions refuses it instead. The
-        keywords (request.RequestKeywords) are generate()'s."""
+        keywords (shapes.RequestKeywords) are generate()'s."""
         request.check_keywords(keywords, "validate")
         if stream and not isinstance(text, str):
             raise UserError("stream() speaks one text (a str)", "call generate() for a batch of texts")
         config = self.generation_config(keywords.get("generation_config"),
                                         base=self.STREAM_CHUNK_DEFAULTS if stream else None)
-        fields = {name: keywords.get(name) for name in request.REQUEST_FIELDS}
+        fields = {name: keywords.get(name) for name in REQUEST_FIELDS}
         fields["duration_s"] = fields.pop("duration")
         with memory_errors_as_user_errors():
             return request.validate(self.model, text, config, **fields)
@@ -253,15 +263,18 @@ class OmniVoiceOnnx:
     def create_voice_clone_prompt(self, ref_audio: Any, ref_text: str,
                                   preprocess_prompt: bool = True) -> VoiceClonePrompt:
         """A reusable reference: ref_audio a file path or (waveform [T] or [C, T], sample_rate);
-        ref_text its transcript (required: no speech recogniser here)."""
+        ref_text its transcript (required: upstream transcribes a reference without one with
+        Whisper; there is no speech recogniser here). Loaded and prepared as a request's reference
+        is (request.load_reference), then encoded (generate.encode_reference)."""
         if not isinstance(preprocess_prompt, bool):
             raise UserError(f"preprocess_prompt must be True or False, got {preprocess_prompt!r:.40}", "pass a bool")
         with memory_errors_as_user_errors():
-            return gen.create_voice_clone_prompt(self.model, ref_audio, ref_text, preprocess_prompt)
+            reference = request.load_reference(self.model, ref_audio, ref_text, preprocess_prompt)
+            return gen.encode_reference(self.model, reference)
 
-    def generate(self, text: str | list[str] | request.Request, *, trace: gen.Trace | None = None,
-                 progress: Callable[[gen.Progress], None] | None = None, cancel: threading.Event | None = None,
-                 **keywords: Unpack[request.RequestKeywords]) -> list[np.ndarray]:
+    def generate(self, text: str | list[str] | Request, *, trace: gen.Trace | None = None,
+                 progress: Callable[[Progress], None] | None = None, cancel: threading.Event | None = None,
+                 **keywords: Unpack[RequestKeywords]) -> list[np.ndarray]:
         """Speech for `text` (a string or a list: a batch): one float32 [T] array per text.
 
         `text` may be a Request from validate() instead, which runs as it is (no keyword then);
@@ -279,9 +292,9 @@ class OmniVoiceOnnx:
         with memory_errors_as_user_errors():
             return gen.generate(self.model, req, trace, gen.Monitor(progress=progress, cancel=cancel))
 
-    def stream(self, text: str | request.Request, *, trace: gen.Trace | None = None,
-               progress: Callable[[gen.Progress], None] | None = None, cancel: threading.Event | None = None,
-               **keywords: Unpack[request.RequestKeywords]) -> Iterator[gen.AudioChunk]:
+    def stream(self, text: str | Request, *, trace: gen.Trace | None = None,
+               progress: Callable[[Progress], None] | None = None, cancel: threading.Event | None = None,
+               **keywords: Unpack[RequestKeywords]) -> Iterator[AudioChunk]:
         """Speech for one `text`, yielded as AudioChunks as each chunk of upstream's chunking is decoded.
 
         The chunking is STREAM_CHUNK_DEFAULTS overlaid with `generation_config`: sentence-sized
@@ -296,11 +309,11 @@ class OmniVoiceOnnx:
         with memory_errors_as_user_errors():
             yield from gen.stream(self.model, req, trace, gen.Monitor(progress=progress, cancel=cancel))
 
-    def _request(self, text: Any, keywords: request.RequestKeywords, stream: bool, where: str) -> request.Request:
+    def _request(self, text: Any, keywords: RequestKeywords, stream: bool, where: str) -> Request:
         """`text` when it is a validated Request (then no keyword may be given: they would be
         ignored), else validate(text, **keywords): one validation per call either way."""
         request.check_keywords(keywords, where)
-        if not isinstance(text, request.Request):
+        if not isinstance(text, Request):
             return self.validate(text, **keywords, stream=stream)
         given = sorted(name for name, value in keywords.items() if value is not None)
         if given:

@@ -64,8 +64,8 @@ from omnivoice_onnx.batch_list import (
     request_hash,
 )
 from omnivoice_onnx.core.generate import encode_reference
-from omnivoice_onnx.core.prompt import VoiceClonePrompt
-from omnivoice_onnx.core.request import Reference, Request, keywords
+from omnivoice_onnx.core.request import keywords
+from omnivoice_onnx.core.shapes import Reference, Request, VoiceClonePrompt
 from omnivoice_onnx.errors import UserError, say
 from omnivoice_onnx.files import (
     FolderLock,

@@ -45,7 +45,7 @@ import numpy as np
 
 from omnivoice_onnx.bundle import VOICES_ENV, Folder, stat_identity
 from omnivoice_onnx.contract import AUDIO_VOCAB_SIZE, FRAME_RATE, NUM_CODEBOOKS
-from omnivoice_onnx.core.prompt import VoiceClonePrompt
+from omnivoice_onnx.core.shapes import VoiceClonePrompt
 from omnivoice_onnx.errors import UserError, check_path, check_unicode
 from omnivoice_onnx.files import (
     FolderLock,

@@ -18,7 +18,7 @@ import pytest
 from omnivoice_onnx import OmniVoiceOnnx, UserError, cliutil, limits, sessions
 from omnivoice_onnx import __main__ as program
 from omnivoice_onnx.batch import Options, run_batch
-from omnivoice_onnx.core import request
+from omnivoice_onnx.core import request, shapes
 from omnivoice_onnx.serve.app import load_service
 from omnivoice_onnx.serve.service import ServerConfig, build_job, speech_request_model
 
@@ -75,18 +75,18 @@ def test_keywords_with_a_request_refused(tts) -> None:
 
 
 def test_the_request_keywords_are_written_once() -> None:
-    """validate(), generate() and stream() take request.RequestKeywords as **keywords (one
+    """validate(), generate() and stream() take shapes.RequestKeywords as **keywords (one
     definition, in upstream generate()'s order); keywords() builds exactly those names."""
     import inspect
 
-    assert request.REQUEST_KEYWORDS == ("language", "ref_text", "ref_audio", "voice_clone_prompt", "instruct",
+    assert shapes.REQUEST_KEYWORDS == ("language", "ref_text", "ref_audio", "voice_clone_prompt", "instruct",
                                         "duration", "speed", "generation_config", "seed", "strict_instructions")
     for method in (OmniVoiceOnnx.validate, OmniVoiceOnnx.generate, OmniVoiceOnnx.stream):
         variadic = [p for p in inspect.signature(method).parameters.values() if p.kind is p.VAR_KEYWORD]
         assert len(variadic) == 1 and "RequestKeywords" in str(variadic[0].annotation), method.__name__
-        assert not set(inspect.signature(method).parameters) & set(request.REQUEST_KEYWORDS), method.__name__
-    assert tuple(request.keywords({})) == (*request.REQUEST_FIELDS, "generation_config")
-    assert set(request.keywords({})) == set(request.REQUEST_KEYWORDS)
+        assert not set(inspect.signature(method).parameters) & set(shapes.REQUEST_KEYWORDS), method.__name__
+    assert tuple(request.keywords({})) == (*shapes.REQUEST_FIELDS, "generation_config")
+    assert set(request.keywords({})) == set(shapes.REQUEST_KEYWORDS)
 
 
 @pytest.mark.slow

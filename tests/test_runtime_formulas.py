@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from omnivoice_onnx import conformance
-from omnivoice_onnx.core import audio, duration, generate, prompt, scoring, text
+from omnivoice_onnx.core import audio, duration, generate, prompt, request, scoring, shapes, text
 from omnivoice_onnx.core.instruct import instruct_use_zh, resolve_instruct
 from omnivoice_onnx.errors import UserError
 
@@ -156,11 +156,12 @@ def test_add_punctuation_is_the_documented_rule_and_only_for_ref_text(config, to
         assert text.add_punctuation(sample, rules) == expected
 
     # the reference transcript gets it (create_voice_clone_prompt), the target text never does
-    model = generate.Model(transformer=None, encode=lambda wav: np.zeros((1, 8, wav.shape[-1] // 960), np.int64),
+    model = shapes.Model(transformer=None, encode=lambda wav: np.zeros((1, 8, wav.shape[-1] // 960), np.int64),
                            decode=None, tokenizer=tokenizer, runtime_config=config, sample_rate=SR, hop_length=960,
                            frame_rate=25, num_codebooks=8, mask_id=1024)
     speech = (0.3 * np.sin(np.arange(SR) * 0.05)).astype(np.float32)
-    assert generate.create_voice_clone_prompt(model, (speech, SR), "no stop here").ref_text == "no stop here."
+    reference = request.load_reference(model, (speech, SR), "no stop here", preprocess_prompt=True)
+    assert generate.encode_reference(model, reference).ref_text == "no stop here."
     ids, _ = prompt.build_item_inputs(tokenizer, "target without stop", 3, None, None, "en", None, False, 8, 1024,
                                       config)
     assert tokenizer.backend.decode(ids[0, 0, :-3].tolist(), skip_special_tokens=False).endswith(
@@ -538,17 +539,15 @@ def test_request_messages_are_the_documented_ones(config, tokenizer):
     """Each row of docs/runtime.md's request/message table, run through request.validate (with
     the bundle's data and tokenizer; validation runs no network, so the model has none), gives
     exactly the row's message."""
-    from omnivoice_onnx.core import request
-
     page = (REPO / "docs" / "runtime.md").read_text(encoding="utf-8")
     rows = re.findall(r"^\| `(text=.*)` \| `(.*)` \|$", page, flags=re.MULTILINE)
     assert len(rows) >= 20
     m = config["model"]
-    model = request.Model(None, None, None, tokenizer, config, m["sample_rate"], m["hop_length"], m["frame_rate"],
+    model = shapes.Model(None, None, None, tokenizer, config, m["sample_rate"], m["hop_length"], m["frame_rate"],
                           m["num_audio_codebook"], m["audio_mask_id"])
     for call, message in rows:
         kwargs = eval(f"dict({call})", {"__builtins__": {}, "dict": dict, "math": math})  # the page's own text
         with pytest.raises(UserError) as error:
-            settings = request.GenerationConfig.from_dict(kwargs.pop("generation_config", None), config["generation"])
+            settings = request.generation_config(kwargs.pop("generation_config", None), config["generation"])
             request.validate(model, kwargs.pop("text"), settings, duration_s=kwargs.pop("duration", None), **kwargs)
         assert str(error.value) == message, call

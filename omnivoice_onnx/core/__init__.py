@@ -1,6 +1,7 @@
 """The host loop of upstream `OmniVoice.generate()` (omnivoice 0.2.1), torch-free: what a porter
 reads, in this order.
 
+    shapes    the data shapes of a request (Model, GenerationConfig, Request, VoiceClonePrompt, ...)
     rng       torch's CPU generator (manual_seed + rand) in numpy, bit for bit
     schedule  the unmasking schedule (time steps, cells per step)
     scoring   one unmasking step: guided log-probs, Gumbel draws, penalty, top-k cells
@@ -10,9 +11,9 @@ reads, in this order.
     plan      which texts are chunked, and the chunk batches
     audio     reference loading and preparation, post-processing, chunk cross-fade
               (_resample: torchaudio's sinc resampler; _silence: pydub's silence search)
-    request   the request's types and its one validation (limits: omnivoice_onnx.limits)
+    request   the request's one validation (limits: omnivoice_onnx.limits)
     generate  generate() and its steps: preprocessing, the unmasking loop, chunking, decoding
 
 Nothing here loads an onnxruntime session or touches a file it was not handed: the three
-networks come in through `request.Model` (omnivoice_onnx.api builds it from the ONNX graphs).
+networks come in through `shapes.Model` (omnivoice_onnx.api builds it from the ONNX graphs).
 """

@@ -4,14 +4,15 @@ unmasking loop, long-text chunking, decoding and post-processing.
 Reproduces, from `omnivoice/models/omnivoice.py` (omnivoice 0.2.1), one function each:
     OmniVoice.generate                  generate
     OmniVoice._preprocess_all           request.validate (once per request), then task_of
-    OmniVoice.create_voice_clone_prompt create_voice_clone_prompt (ref_text required: no ASR here)
+    OmniVoice.create_voice_clone_prompt request.load_reference, then encode_reference (ref_text
+                                        required: no ASR here; OmniVoiceOnnx.create_voice_clone_prompt)
     GenerationTask.get_indices          plan.split_short_long
     OmniVoice._generate_iterative       generate_iterative
     OmniVoice._generate_chunked         generate_chunked
     OmniVoice._decode_and_post_process  decode_and_post_process
-    OmniVoiceGenerationConfig.from_dict request.GenerationConfig.from_dict (an unknown field is an error)
+    OmniVoiceGenerationConfig.from_dict request.generation_config (an unknown field is an error)
 
-The three networks come in through `Model` (omnivoice_onnx.api builds it from the ONNX graphs).
+The three networks come in through `Model` (shapes.py; omnivoice_onnx.api builds it from the ONNX graphs).
 Everything random is one `TorchCpuRng`, shared in upstream's order by the whole call: the short
 items' batch first, then the long items' chunk batches, and within a batch, per step, per item
 (see scoring.unmask_step). Nothing else draws: reference encoding, decoding and post-processing
@@ -40,34 +41,20 @@ from typing import Any
 
 import numpy as np
 
-from omnivoice_onnx.core import audio, plan, prompt, request
-from omnivoice_onnx.core.prompt import VoiceClonePrompt
-from omnivoice_onnx.core.request import GenerationConfig, Model, Reference
+from omnivoice_onnx.core import audio, plan, prompt
 from omnivoice_onnx.core.rng import TorchCpuRng
 from omnivoice_onnx.core.schedule import unmask_schedule
 from omnivoice_onnx.core.scoring import unmask_step
+from omnivoice_onnx.core.shapes import (
+    AudioChunk,
+    GenerationConfig,
+    Model,
+    Progress,
+    Reference,
+    Request,
+    VoiceClonePrompt,
+)
 from omnivoice_onnx.errors import Cancelled, UserError
-
-
-@dataclass(frozen=True)
-class AudioChunk:
-    """One piece of a stream (OmniVoiceOnnx.stream): audio as soon as a chunk of the text is decoded."""
-
-    samples: np.ndarray  # float32 [n] at sample_rate
-    sample_rate: int
-    index: int  # chunk index, 0-based
-    count: int  # number of chunks of this text
-
-
-@dataclass(frozen=True)
-class Progress:
-    """Where a generation is: step `step` of `steps` within chunk `chunk` of `chunks` (all 1-based).
-    A text that is not chunked is one chunk."""
-
-    chunk: int
-    chunks: int
-    step: int
-    steps: int
 
 
 @dataclass
@@ -145,15 +132,6 @@ class Trace:
     results: list[np.ndarray | list[np.ndarray]] = field(default_factory=list)  # per item tokens (or chunks)
 
 
-def create_voice_clone_prompt(model: Model, ref_audio: Any, ref_text: str | None,
-                              preprocess_prompt: bool = True) -> VoiceClonePrompt:
-    """Load, prepare and encode a reference (create_voice_clone_prompt with ref_text given).
-
-    Upstream transcribes a reference without ref_text with Whisper; this runtime has no ASR.
-    """
-    return encode_reference(model, request.load_reference(model, ref_audio, ref_text, preprocess_prompt))
-
-
 def encode_reference(model: Model, reference: Reference) -> VoiceClonePrompt:
     """The prompt of a prepared reference: its codes from the encoder graph."""
     tokens = model.encode(reference.wav[np.newaxis])[0]
@@ -161,7 +139,7 @@ def encode_reference(model: Model, reference: Reference) -> VoiceClonePrompt:
                             ref_rms=reference.ref_rms)
 
 
-def task_of(model: Model, req: request.Request) -> Task:
+def task_of(model: Model, req: Request) -> Task:
     """The Task of a validated request: its prepared references encoded, each distinct one once."""
     encoded: dict[int, VoiceClonePrompt] = {}
     prompts = []
@@ -292,7 +270,7 @@ def decode_and_post_process(model: Model, tokens: np.ndarray | list[np.ndarray],
     return samples
 
 
-def generate(model: Model, req: request.Request, trace: Trace | None = None,
+def generate(model: Model, req: Request, trace: Trace | None = None,
              monitor: Monitor | None = None) -> list[np.ndarray]:
     """upstream generate() after its config handling, for a validated request (request.validate:
     upstream's _preprocess_all checks, done once): its references encoded, then the unmasking
@@ -318,7 +296,7 @@ def generate(model: Model, req: request.Request, trace: Trace | None = None,
 
 
 
-def stream(model: Model, req: request.Request, trace: Trace | None = None,
+def stream(model: Model, req: Request, trace: Trace | None = None,
            monitor: Monitor | None = None) -> Iterator[AudioChunk]:
     """generate() for a validated request of one text, yielding each chunk's audio as soon as it
     is decoded.

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import difflib
 import re
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from omnivoice_onnx.core.shapes import InstructReading
 from omnivoice_onnx.errors import UserError
 
 
@@ -125,17 +125,6 @@ PROSE_WORDS = {
     **dict.fromkeys(("whispering", "whispered", "whispers", "whispery"), "whisper"),
 }
 STRICT_FIX = "or let the request apply the words it knows and ignore the rest (drop strict_instructions)"
-
-
-@dataclass(frozen=True)
-class InstructReading:
-    """What a request's instruct became: the instruct the model is given and, for a prose
-    direction, which of its words were applied and which ignored (reported to the caller: a
-    response header, a log line, a note on stderr)."""
-
-    instruct: str | None  # normalised (resolve_instruct), None when nothing applied
-    applied: tuple[str, ...]  # vocabulary items taken from the text, in its order
-    ignored: tuple[str, ...]  # the rest of the text, piece by piece (with a suggestion where one is close)
 
 
 def _category(item: str, instruct_data: dict[str, Any]) -> int | None:

@@ -38,13 +38,13 @@ import math
 import re
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from tokenizers import Tokenizer
 
+from omnivoice_onnx.core import shapes
 from omnivoice_onnx.core.iso639 import ISO_639_3_TO_1
 from omnivoice_onnx.core.text import combine_text
 from omnivoice_onnx.errors import UserError
@@ -91,15 +91,6 @@ LANGUAGE_FIX = ("pass a language name (English, Chinese, ...), id (en, zh, ...) 
 
 def _number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-@dataclass
-class VoiceClonePrompt:
-    """A reusable cloning reference (upstream VoiceClonePrompt): what a cloning prompt is built from."""
-
-    ref_audio_tokens: np.ndarray  # [C, T] int64 codes of the prepared reference
-    ref_text: str  # its transcript (punctuated when preprocess_prompt)
-    ref_rms: float  # RMS of the reference before the level boost
 
 
 def _str_list(value: Any) -> bool:
@@ -372,7 +363,7 @@ def resolve_language(language: str | None, languages: dict[str, Any]) -> str | N
     raise UserError(f"unknown language {language!r}", LANGUAGE_FIX)
 
 
-def prompt_text_ids(tokenizer: TextTokenizer, text: str, ref_text: str | None, has_reference: bool,
+def prompt_text_ids(tokenizer: shapes.Tokenizer, text: str, ref_text: str | None, has_reference: bool,
                     lang: str | None, instruct: str | None, denoise: bool, config: dict[str, Any]
                     ) -> tuple[np.ndarray, np.ndarray]:
     """(style ids, text ids) int64 of one item's prompt: everything before its audio positions
@@ -389,7 +380,7 @@ def prompt_text_ids(tokenizer: TextTokenizer, text: str, ref_text: str | None, h
     return style_ids, text_ids
 
 
-def build_item_inputs(tokenizer: TextTokenizer, text: str, num_target_tokens: int, ref_text: str | None,
+def build_item_inputs(tokenizer: shapes.Tokenizer, text: str, num_target_tokens: int, ref_text: str | None,
                       ref_audio_tokens: np.ndarray | None, lang: str | None, instruct: str | None, denoise: bool,
                       num_codebooks: int, mask_id: int, config: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
     """One item's prompt (_prepare_inference_inputs):

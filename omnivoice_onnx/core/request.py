@@ -1,4 +1,6 @@
-"""One validation of a generation request, before any model work.
+"""One validation of a generation request, before any model work. The shapes it builds (Request,
+GenerationConfig, Reference) are core/shapes.py's, below this module, so whoever holds them
+need not import their checks.
 
 Every entry point builds its request here, once: OmniVoiceOnnx.validate() returns the `Request`
 that generate() and stream() run (given keywords instead, they call it themselves); the CLI, the
@@ -33,15 +35,22 @@ import math
 import os
 import unicodedata
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any, TypedDict, TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 
 from omnivoice_onnx.core import audio, duration, plan, prompt, schedule, text
-from omnivoice_onnx.core.instruct import InstructReading, instruct_use_zh, read_instruct
-from omnivoice_onnx.core.prompt import TextTokenizer, VoiceClonePrompt
+from omnivoice_onnx.core.instruct import instruct_use_zh, read_instruct
 from omnivoice_onnx.core.rng import fresh_seed
+from omnivoice_onnx.core.shapes import (
+    REQUEST_FIELDS,
+    REQUEST_KEYWORDS,
+    GenerationConfig,
+    Model,
+    Reference,
+    Request,
+    VoiceClonePrompt,
+)
 from omnivoice_onnx.errors import UserError, check_path, check_unicode
 from omnivoice_onnx.limits import (
     MAX_SCORE_FACTOR,
@@ -56,75 +65,40 @@ from omnivoice_onnx.limits import (
     too_large,
 )
 
-# --- the request's types ----------------------------------------------------------------------
+# --- the generation config, checked -------------------------------------------------------------
 
-@dataclass
-class Model:
-    """What the host side needs from an export: the three networks and their constants."""
+def generation_config(values: Mapping[str, Any] | GenerationConfig | None,
+                      defaults: dict[str, Any]) -> GenerationConfig:
+    """A GenerationConfig: `defaults` overlaid with `values`; UserError for an unknown field or a
+    bad value (upstream's OmniVoiceGenerationConfig.from_dict, checked).
 
-    transformer: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]  # ids, audio_mask, attention -> logits
-    encode: Callable[[np.ndarray], np.ndarray]  # input_values [1,1,960*Tc] f32 -> audio_codes [1,C,Tc] int64
-    decode: Callable[[np.ndarray], np.ndarray]  # audio_codes [1,C,T] int64 -> audio_values [1,1,960*T] f32
-    tokenizer: TextTokenizer
-    runtime_config: dict[str, Any]  # runtime-config.json: languages, instruct data, defaults
-    sample_rate: int
-    hop_length: int
-    frame_rate: int
-    num_codebooks: int
-    mask_id: int
+    Upstream's from_dict silently drops unknown keys; here a misspelt field is an error, so it
+    never quietly runs with the default.
+    """
+    names = [f.name for f in dataclasses.fields(GenerationConfig)]
+    if isinstance(values, GenerationConfig):
+        values = dataclasses.asdict(values)
+    if values is not None and not isinstance(values, Mapping):
+        raise UserError(f"generation_config must be a dict of field -> value, got {type(values).__name__} "
+                        f"{values!r:.60}", "pass e.g. generation_config={'num_step': 16}")
+    values = dict(values or {})
+    unknown = sorted(map(str, set(values) - set(names)))
+    if unknown:
+        raise UserError(f"unknown generation_config field(s) {', '.join(unknown)}",
+                        f"use OmniVoiceGenerationConfig's fields: {', '.join(names)}")
+    missing = [name for name in names if name not in defaults]
+    if missing:
+        raise UserError(f"the export's runtime-config.json lacks generation default(s) {', '.join(missing)}",
+                        "re-run export_omnivoice.py")
+    merged = {name: values.get(name, defaults[name]) for name in names}
+    for f in dataclasses.fields(GenerationConfig):
+        # a string under `from __future__ import annotations`, the class itself without it
+        kind = f.type if isinstance(f.type, str) else f.type.__name__
+        merged[f.name] = _checked_field(f.name, kind, merged[f.name])
+    config = GenerationConfig(**merged)
+    _check_schedule(config.num_step, config.t_shift)
+    return config
 
-
-
-@dataclass(frozen=True)
-class GenerationConfig:
-    """OmniVoiceGenerationConfig's fields (defaults come from the export's runtime-config.json,
-    which records upstream's dataclass defaults)."""
-
-    num_step: int  # unmasking steps (model calls)
-    guidance_scale: float  # classifier-free guidance; 0 uses the cond logits alone
-    t_shift: float  # time-step shift: small values unmask few cells early
-    layer_penalty_factor: float  # codebook c's scores lose c * this: earlier codebooks first
-    position_temperature: float  # Gumbel temperature of the cell choice (0: greedy)
-    class_temperature: float  # Gumbel temperature of the token choice (0: argmax)
-    denoise: bool  # put <|denoise|> in a cloning prompt
-    preprocess_prompt: bool  # silence-trim the reference, end its text with punctuation
-    postprocess_output: bool  # shorten long pauses of the output
-    audio_chunk_duration: float  # seconds per chunk of a long text
-    audio_chunk_threshold: float  # texts estimated longer than this (seconds) are chunked
-    pad_duration: float  # silence added at each end of the output (seconds)
-    fade_duration: float  # fade-in/out at the output's ends (seconds)
-
-    @classmethod
-    def from_dict(cls, values: Mapping[str, Any] | GenerationConfig | None,
-                  defaults: dict[str, Any]) -> GenerationConfig:
-        """`defaults` overlaid with `values`; UserError for an unknown field or a bad value.
-
-        Upstream's from_dict silently drops unknown keys; here a misspelt field is an error, so it
-        never quietly runs with the default.
-        """
-        names = [f.name for f in dataclasses.fields(cls)]
-        if isinstance(values, GenerationConfig):
-            values = dataclasses.asdict(values)
-        if values is not None and not isinstance(values, Mapping):
-            raise UserError(f"generation_config must be a dict of field -> value, got {type(values).__name__} "
-                            f"{values!r:.60}", "pass e.g. generation_config={'num_step': 16}")
-        values = dict(values or {})
-        unknown = sorted(map(str, set(values) - set(names)))
-        if unknown:
-            raise UserError(f"unknown generation_config field(s) {', '.join(unknown)}",
-                            f"use OmniVoiceGenerationConfig's fields: {', '.join(names)}")
-        missing = [name for name in names if name not in defaults]
-        if missing:
-            raise UserError(f"the export's runtime-config.json lacks generation default(s) {', '.join(missing)}",
-                            "re-run export_omnivoice.py")
-        merged = {name: values.get(name, defaults[name]) for name in names}
-        for f in dataclasses.fields(cls):
-            # a string under `from __future__ import annotations`, the class itself without it
-            kind = f.type if isinstance(f.type, str) else f.type.__name__
-            merged[f.name] = _checked_field(f.name, kind, merged[f.name])
-        config = cls(**merged)
-        _check_schedule(config.num_step, config.t_shift)
-        return config
 
 
 def _checked_field(name: str, kind: str, value: Any) -> Any:
@@ -168,55 +142,7 @@ def _check_schedule(num_step: int, t_shift: float) -> None:
                         "that is not finite in float32", "use a t_shift between 0.01 and 100 (upstream's default 0.1)")
 
 
-@dataclass(frozen=True)
-class Reference:
-    """A reference loaded and prepared for the encoder, not yet encoded."""
-
-    wav: np.ndarray  # float32 [1, T'], T' a positive multiple of hop_length
-    ref_text: str  # its transcript, punctuated when preprocess_prompt
-    ref_rms: float  # RMS before the level boost
-    frames: int  # T' / hop_length: the codes the encoder will give
-
-
-@dataclass(frozen=True)
-class Request:
-    """A validated request: what generate() runs, per text."""
-
-    texts: list[str]
-    langs: list[str | None]  # resolved language ids
-    instructs: list[str | None]  # normalised instructs
-    instruct_readings: list[InstructReading]  # per text: what of its instruct was applied, what ignored
-    references: list[Reference | VoiceClonePrompt | None]  # the same object where texts share one
-    target_lens: list[int]  # frames per text (before chunking)
-    speed: list[float] | None  # per text, as upstream's speed_list
-    config: GenerationConfig
-    seed: int  # as given (checked), or drawn for seed=None: torch.manual_seed(seed) before upstream's generate()
-    calls: list[tuple[int, int]]  # (rows, sequence length) of each transformer batch, in order
-
-
 # --- the one builder: a front end's fields -> validate()'s keywords ---------------------------------
-
-class RequestKeywords(TypedDict, total=False):
-    """The request's keywords of OmniVoiceOnnx.validate(), generate() and stream(), written once
-    (each takes them as **keywords) in upstream generate()'s order; speak's flags, the server's
-    JSON body and batch's lines use these names too. A list gives one value per text."""
-
-    language: str | list[str | None] | None  # a name, an id or a tag (prompt.resolve_language)
-    ref_text: str | list[str | None] | None  # the reference's transcript
-    ref_audio: str | os.PathLike[str] | tuple[np.ndarray, int] | list[Any] | None  # a file, or (waveform, rate)
-    voice_clone_prompt: VoiceClonePrompt | list[VoiceClonePrompt | None] | None
-    instruct: str | list[str | None] | None  # voice design, e.g. "female, low pitch"
-    duration: float | list[float | None] | None  # seconds of speech
-    speed: float | list[float | None] | None  # rate factor
-    generation_config: dict[str, Any] | None  # OmniVoiceGenerationConfig fields
-    seed: int | None  # as torch.manual_seed(seed); None draws one
-    strict_instructions: bool | None  # refuse an instruct with words outside the vocabulary
-
-
-REQUEST_KEYWORDS = tuple(RequestKeywords.__annotations__)
-# The request's own fields: every keyword but the generation config, which keywords() gathers.
-REQUEST_FIELDS = tuple(name for name in REQUEST_KEYWORDS if name != "generation_config")
-
 
 def check_keywords(given: Mapping[str, Any], where: str) -> None:
     """A TypeError for a keyword that is not a request's, as a signature that wrote them out gave."""

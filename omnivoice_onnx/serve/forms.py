@@ -9,7 +9,8 @@ import urllib.parse
 from collections.abc import AsyncGenerator
 from typing import Any
 
-from omnivoice_onnx.core.instruct import InstructReading, instructions_note
+from omnivoice_onnx.core.instruct import instructions_note
+from omnivoice_onnx.core.shapes import InstructReading
 from omnivoice_onnx.serve import door
 from omnivoice_onnx.serve.connection import read_body
 from omnivoice_onnx.serve.door import refuse

@@ -1,8 +1,10 @@
 """The server's worker pool: a bounded queue in front of N worker threads, each with its own
-loaded OmniVoiceOnnx (own sessions), and the Job a request hands it. The app (omnivoice_onnx.serve.app)
-loads the models and submits jobs; a worker runs generate() or stream() with the job's `cancel`
-Event, so a client that leaves or a request past its timeout is cancelled between unmasking steps.
-Errors reach the client as the front door's refusals (door.refuse); a bug's traceback goes to the log only.
+loaded model (an OmniVoiceOnnx, own sessions), and the Job a request hands it. The pool knows a
+model only as a Speaker, the two calls a worker makes; the app that loads the models knows more.
+The app (omnivoice_onnx.serve.app) loads the models and submits jobs; a worker runs generate()
+or stream() with the job's `cancel` Event, so a client that leaves or a request past its timeout
+is cancelled between unmasking steps. Errors reach the client as the front door's refusals
+(door.refuse); a bug's traceback goes to the log only.
 """
 
 from __future__ import annotations
@@ -14,19 +16,30 @@ import math
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Generic, Protocol, TypeVar
 
+import numpy as np
+
+from omnivoice_onnx.core.shapes import AudioChunk, Request
 from omnivoice_onnx.errors import Cancelled, UserError
 from omnivoice_onnx.serve.door import ApiError, refuse
 
-if TYPE_CHECKING:  # annotations only: the app hands the pool the models it loaded and the requests it checked
-    from omnivoice_onnx.api import OmniVoiceOnnx
-    from omnivoice_onnx.core.request import Request
-
 LOG = logging.getLogger("omnivoice_onnx.server")
+
+
+class Speaker(Protocol):
+    """What a worker asks of its model (OmniVoiceOnnx is one): a validated request's audio, whole
+    or chunk by chunk, stopped between unmasking steps once `cancel` is set."""
+
+    def generate(self, text: Request, *, cancel: threading.Event | None = None) -> list[np.ndarray]: ...
+
+    def stream(self, text: Request, *, cancel: threading.Event | None = None) -> Iterator[AudioChunk]: ...
+
+
+SpeakerT = TypeVar("SpeakerT", bound=Speaker)
 
 
 @dataclass
@@ -57,10 +70,11 @@ def scrub_paths(message: str, folders: dict[str, Path]) -> str:
     return message
 
 
-class WorkerPool:
-    """N worker threads, each with its own OmniVoiceOnnx, fed from one bounded queue."""
+class WorkerPool(Generic[SpeakerT]):
+    """N worker threads, each with its own model, fed from one bounded queue. Generic in the
+    model's type: the pool calls only Speaker's methods; its owner reads `models` as what it loaded."""
 
-    def __init__(self, models: list[OmniVoiceOnnx], queue_size: int, folders: dict[str, Path]) -> None:
+    def __init__(self, models: list[SpeakerT], queue_size: int, folders: dict[str, Path]) -> None:
         self.models = models
         self.folders = folders  # label -> folder, kept out of what clients see (scrub_paths)
         self.queue: queue.Queue[Job | None] = queue.Queue(maxsize=queue_size)
@@ -108,7 +122,7 @@ class WorkerPool:
         for thread in self._threads:
             thread.join()
 
-    def _work(self, tts: OmniVoiceOnnx) -> None:
+    def _work(self, tts: SpeakerT) -> None:
         while (job := self.queue.get()) is not None:
             if job.cancel.is_set():  # its client left (or it timed out, or the drain ran out) while it waited
                 job.emit(*self._cancelled(job))
@@ -141,7 +155,7 @@ class WorkerPool:
         self._count("timed_out" if job.timed_out else "cancelled")
         return ("timeout" if job.timed_out else "cancelled"), None
 
-    def _run(self, tts: OmniVoiceOnnx, job: Job) -> list[tuple[str, Any]]:
+    def _run(self, tts: SpeakerT, job: Job) -> list[tuple[str, Any]]:
         """Run the job, emitting its chunks as they come -> its final events (the whole clip and
         "done", or its failure), which _work emits once the worker counts as free."""
         started, samples = time.monotonic(), 0

@@ -17,20 +17,47 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from omnivoice_onnx import voices as voice_store
 from omnivoice_onnx.audio_out import AudioFormat
-from omnivoice_onnx.core.prompt import VoiceClonePrompt, language_names
+from omnivoice_onnx.bundle import Folder
+from omnivoice_onnx.core.prompt import language_names
 from omnivoice_onnx.core.request import keywords
+from omnivoice_onnx.core.shapes import Model, Request, RequestKeywords, Tokenizer, VoiceClonePrompt
 from omnivoice_onnx.errors import UserError
 from omnivoice_onnx.limits import MAX_SPEED, MIN_SPEED, SEED_MAX, SEED_MIN
 from omnivoice_onnx.presets import OPENAI_MODEL_IDS, PRESETS, find_preset
 from omnivoice_onnx.serve.door import MAX_BODY_BYTES, MAX_INPUT_CHARS, ApiError, refuse, too_long
-from omnivoice_onnx.serve.pool import Job, WorkerPool, scrub_paths
+from omnivoice_onnx.serve.pool import Job, Speaker, WorkerPool, scrub_paths
 
 if TYPE_CHECKING:  # pydantic is the serve extra's, imported where the model is built
     from pydantic import BaseModel
+    from typing_extensions import Unpack  # typing's own from Python 3.11
+
+
+class ServedModel(Speaker, Protocol):
+    """A loaded model as the server's front ends use it (OmniVoiceOnnx is one): besides the
+    worker's two calls, a request's one validation before it queues, a reference's encoding, and
+    what the answers describe (languages, instruct items, variants, token counts)."""
+
+    @property
+    def runtime_config(self) -> dict[str, Any]: ...  # the export's runtime-config.json
+
+    @property
+    def bundle(self) -> Folder: ...  # the export folder it was loaded from
+
+    @property
+    def tokenizer(self) -> Tokenizer: ...
+
+    @property
+    def model(self) -> Model: ...
+
+    def validate(self, text: str | list[str], *, stream: bool = False,
+                 **keywords: Unpack[RequestKeywords]) -> Request: ...
+
+    def create_voice_clone_prompt(self, ref_audio: Any, ref_text: str,
+                                  preprocess_prompt: bool = True) -> VoiceClonePrompt: ...
 
 LOG = logging.getLogger("omnivoice_onnx.server")
 
@@ -151,7 +178,7 @@ class Service:
     """The loaded state the routes use."""
 
     config: ServerConfig
-    pool: WorkerPool
+    pool: WorkerPool[ServedModel]
     voices: Path
     shelf: voice_store.VoiceShelf  # the saved voices in `voices`, each file parsed once per version
     formats: dict[str, AudioFormat]
