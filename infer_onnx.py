@@ -61,8 +61,9 @@ from omnivoice_onnx.bundle import Bundle
 from omnivoice_onnx.cli.speak import speak
 from omnivoice_onnx.contract import FP32_VARIANT
 from omnivoice_onnx.core.instruct import instruct_use_zh, resolve_instruct
-from omnivoice_onnx.core.prompt import load_runtime_config, resolve_language
+from omnivoice_onnx.core.prompt import resolve_language
 from omnivoice_onnx.errors import UserError
+from omnivoice_onnx.runtime_config import load_runtime_config
 from omnivoice_onnx.sessions import PROVIDERS, check_provider
 
 # What compare mode imports beyond the runtime (requirements.txt); synthesis (--text) needs none of them.

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Load time of the torch-free runtime: `OmniVoiceOnnx.from_dir` per transformer variant, in a fresh
 process per run, with every file it loads hashed against the export report and with those files
-vouched for by the verification record (omnivoice_onnx.bundle.VerifiedFiles).
+vouched for by the verification record (omnivoice_onnx.verified.VerifiedFiles).
 
     hashed    OMNIVOICE_CACHE_DIR empty: no record, every file sha256-hashed (a first load, or
               OMNIVOICE_VERIFY=full)
@@ -122,8 +122,9 @@ def main(argv: list[str] | None = None) -> None:
 
     from omnivoice_export.files import atomic_path, write_json_atomic
     from omnivoice_export.measure import cpu_description, hardware_record, results_stem
-    from omnivoice_onnx.bundle import CACHE_ENV, RACY_NS, VERIFIED_FILE, Bundle, VerifiedFiles
+    from omnivoice_onnx.bundle import Bundle
     from omnivoice_onnx.errors import UserError
+    from omnivoice_onnx.verified import CACHE_ENV, RACY_NS, VERIFIED_FILE, VerifiedFiles
 
     args = parse_args(argv)
     onnx_dir = args.onnx_dir.resolve()
@@ -137,7 +138,7 @@ def main(argv: list[str] | None = None) -> None:
         files[variant] = [check.path for check in Bundle.open(onnx_dir, variant).file_checks()]
     newest = max(path.stat().st_ctime_ns for paths in files.values() for path in paths)
     wait = (newest + RACY_NS - time.time_ns()) / 1e9
-    if wait > 0:  # a file written moments ago would not be recorded (bundle.RACY_NS)
+    if wait > 0:  # a file written moments ago would not be recorded (verified.RACY_NS)
         print(f"waiting {wait:.1f} s: the export's files changed within the last {RACY_NS / 1e9:.0f} s", flush=True)
         time.sleep(wait + 0.1)
     with tempfile.TemporaryDirectory(prefix="omnivoice-bench-load-") as scratch:

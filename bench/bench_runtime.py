@@ -209,8 +209,9 @@ def main(argv: list[str] | None = None) -> None:
     from omnivoice_export.cli import CheckFailed
     from omnivoice_export.files import atomic_path, write_json_atomic
     from omnivoice_export.measure import cpu_description, hardware_record, results_stem
-    from omnivoice_onnx.core.prompt import TextTokenizer, load_runtime_config
+    from omnivoice_onnx.core.prompt import TextTokenizer
     from omnivoice_onnx.errors import UserError
+    from omnivoice_onnx.runtime_config import load_runtime_config
 
     args = parse_args(argv)
     # Workers run in the repository (cwd=REPO): they get absolute paths.

@@ -24,9 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from omnivoice_export.builder import BUILD_STAMP
-from omnivoice_onnx.bundle import MODEL_CARD_FILE
+from omnivoice_onnx.bundle import MODEL_CARD_FILE, RUNTIME_CONFIG_FILE, TOKENIZER_FILE
 from omnivoice_onnx.contract import CONTRACTS, GRAPH_FILES, variants_present
-from omnivoice_onnx.core.prompt import RUNTIME_CONFIG_FILE, TOKENIZER_FILE
 from omnivoice_onnx.files import atomic_path
 
 BASE_MODEL = "k2-fsa/OmniVoice"

@@ -54,8 +54,9 @@ from typing import Any
 
 from omnivoice_export.cli import check_output, parse, run_main
 from omnivoice_export.files import atomic_path, file_entry
+from omnivoice_onnx.bundle import RUNTIME_CONFIG_FILE, TOKENIZER_FILE
 from omnivoice_onnx.contract import HOP_LENGTH, SAMPLE_RATE, contract_table
-from omnivoice_onnx.core.prompt import RUNTIME_CONFIG_FILE, RUNTIME_CONFIG_VERSION, TOKENIZER_FILE
+from omnivoice_onnx.runtime_config import RUNTIME_CONFIG_VERSION
 
 # Numbers and strings upstream (omnivoice 0.2.1) writes inline in function bodies, so they cannot be
 # imported; each is written into runtime-config.json from here and nowhere else.

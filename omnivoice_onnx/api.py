@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from omnivoice_onnx.bundle import RERUN_EXPORT, Bundle, variant_fix
+from omnivoice_onnx.bundle import RERUN_EXPORT, TOKENIZER_FILE, Bundle, variant_fix
 from omnivoice_onnx.contract import (
     AUDIO_VOCAB_SIZE,
     FP32_VARIANT,
@@ -46,7 +46,7 @@ from omnivoice_onnx.contract import (
 )
 from omnivoice_onnx.core import generate as gen
 from omnivoice_onnx.core import request
-from omnivoice_onnx.core.prompt import TOKENIZER_FILE, TextTokenizer
+from omnivoice_onnx.core.prompt import TextTokenizer
 from omnivoice_onnx.core.shapes import (
     REQUEST_FIELDS,
     AudioChunk,

@@ -24,7 +24,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, NoReturn, TypeAlias
 
-from omnivoice_onnx.bundle import DEFAULT_MODEL_DIR, VOICES_ENV
+from omnivoice_onnx.bundle import DEFAULT_MODEL_DIR
 from omnivoice_onnx.errors import (  # noqa: F401  (re-exported: every command's edge)
     DISK_FULL,
     ENVIRONMENT,
@@ -39,6 +39,7 @@ from omnivoice_onnx.errors import (  # noqa: F401  (re-exported: every command's
 from omnivoice_onnx.files import check_input_dir, check_output  # noqa: F401  (re-exported, as above)
 from omnivoice_onnx.limits import MAX_SCORE_FACTOR, MAX_SPEED, MIN_SPEED, SEED_MAX, SEED_MIN
 from omnivoice_onnx.sessions import default_threads
+from omnivoice_onnx.voices import VOICES_ENV
 
 # What each subcommand's add_parser(subparsers) receives (argparse's class is generic in its stubs only).
 Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"

@@ -75,7 +75,7 @@ import soundfile as sf
 
 from omnivoice_onnx import rule_vectors
 from omnivoice_onnx.api import OmniVoiceOnnx
-from omnivoice_onnx.bundle import check_folder, stat_identity
+from omnivoice_onnx.bundle import check_folder
 from omnivoice_onnx.cliutil import THREADS, CheckFailed, add_bundle_flags, parse, run_main
 from omnivoice_onnx.contract import FP32_VARIANT
 from omnivoice_onnx.core import audio, duration, scoring
@@ -84,6 +84,7 @@ from omnivoice_onnx.core.rng import TorchCpuRng
 from omnivoice_onnx.errors import UserError, say
 from omnivoice_onnx.files import Maybe, atomic_dir, check_output, read_json, sha256_file
 from omnivoice_onnx.vector_format import ENVELOPE_BLOCK, FOLDER_README, FORMAT, audio_summary, short
+from omnivoice_onnx.verified import stat_identity
 
 REF_WAV = "ref_voice.wav"
 REF_QUIET = "ref_quiet_44k_stereo.wav"
@@ -380,7 +381,7 @@ def _export_hashes(tts: OmniVoiceOnnx) -> dict[str, str]:
 
 
 def _file_sha256(path: Path) -> str:
-    """sha256_file, computed once per version of the file (bundle.stat_identity, the verification
+    """sha256_file, computed once per version of the file (verified.stat_identity, the verification
     record's key): every case of a vector set records the same export, and the tokenizer is megabytes."""
     return _sha256_of_version(str(path), *stat_identity(path.stat()))
 

@@ -50,7 +50,6 @@ from omnivoice_onnx.bundle import (
     VARIANT_NAME,
     Bundle,
     Folder,
-    VerifiedFiles,
     read_report,
     report_variants,
 )
@@ -67,6 +66,7 @@ from omnivoice_onnx.files import (
     schema_problem,
     sha256_file,
 )
+from omnivoice_onnx.verified import VerifiedFiles
 
 MANIFEST_FORMAT, MANIFEST_VERSION = "omnivoice-onnx release", 1
 MANIFEST_SCHEMA = {

@@ -39,11 +39,10 @@ import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
-from omnivoice_onnx.bundle import VOICES_ENV, Folder, stat_identity
 from omnivoice_onnx.contract import AUDIO_VOCAB_SIZE, FRAME_RATE, NUM_CODEBOOKS
 from omnivoice_onnx.core.shapes import VoiceClonePrompt
 from omnivoice_onnx.errors import UserError, check_path, check_unicode
@@ -57,7 +56,9 @@ from omnivoice_onnx.files import (
     resolved_folder,
 )
 from omnivoice_onnx.limits import limit, too_large
+from omnivoice_onnx.verified import stat_identity
 
+VOICES_ENV = "OMNIVOICE_VOICES"  # the voices folder when no --voices is given (voices_dir)
 VOICE_SUFFIX = ".json"
 UPSTREAM_SUFFIX = ".pt"
 VOICE_FORMAT = "omnivoice-onnx voice"  # the file's "format" field: what it is, for a reader that finds it alone
@@ -79,7 +80,19 @@ VOICE_SCHEMA = {"format_version": int, "model_fingerprint": str, "instruct": May
 ADD_FIX = "re-create it with `omnivoice-onnx voice add NAME --ref-audio F --ref-text T` for this model"
 
 
-def voices_dir(bundle: Folder, override: Path | None = None) -> Path:
+class BundleFolder(Protocol):
+    """What the voices store asks of a bundle folder (bundle.Folder is one, opened or not): where
+    it is, and where its own voices folder lies. The store needs nothing of a bundle's opening or
+    verification."""
+
+    @property
+    def dir(self) -> Path: ...
+
+    @property
+    def voices_path(self) -> Path: ...
+
+
+def voices_dir(bundle: BundleFolder, override: Path | None = None) -> Path:
     """Where voices live: `override` (--voices) if given, else $OMNIVOICE_VOICES if set and not
     empty, else the bundle's own (Folder.voices_path: <model-dir>/voices, beside the graphs).
 
@@ -257,7 +270,7 @@ def load_voice(spec: str, voices: Path, model_fingerprint: str) -> Voice:
 class VoiceShelf:
     """The saved voices of one folder for a long-lived reader (the server): each request lists the
     folder once (listing()) and looks its voice up in that listing; a file is parsed once per stat
-    identity (bundle.stat_identity: inode, size, mtime, ctime), so an unchanged voice is not read
+    identity (verified.stat_identity: inode, size, mtime, ctime), so an unchanged voice is not read
     again, and a voice added, replaced (save_voice renames a new file into place: a new inode) or
     removed is seen by the next request. A damaged file is remembered as its refusal, and named
     only by what reads it (the voice list; a request naming it), never by a request for another."""

@@ -38,7 +38,7 @@ import torch
 from filelock import FileLock
 
 REPO = Path(__file__).resolve().parent.parent
-# Tests never read or write the user's cache (omnivoice_onnx.bundle.VerifiedFiles' record): every
+# Tests never read or write the user's cache (omnivoice_onnx.verified.VerifiedFiles' record): every
 # test process, and every process it starts, uses its own, removed at exit.
 os.environ["OMNIVOICE_CACHE_DIR"] = tempfile.mkdtemp(prefix="omnivoice-test-cache-")
 atexit.register(shutil.rmtree, os.environ["OMNIVOICE_CACHE_DIR"], True)
@@ -171,7 +171,7 @@ def assets(tiny_model: Path, tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def config(assets: Path) -> dict:
     """The runtime-config.json a port reads, loaded (and type-checked) by the runtime."""
-    from omnivoice_onnx.core.prompt import load_runtime_config
+    from omnivoice_onnx.runtime_config import load_runtime_config
 
     return load_runtime_config(assets / "runtime-config.json")
 

@@ -21,9 +21,10 @@ import export_omnivoice
 from omnivoice_export import capture, exporting
 from omnivoice_export.checkpoints import model_fingerprint
 from omnivoice_export.files import sha256_file
-from omnivoice_onnx.bundle import MODEL_CARD_FILE, card_license
+from omnivoice_onnx.bundle import MODEL_CARD_FILE, RUNTIME_CONFIG_FILE, TOKENIZER_FILE, card_license
 from omnivoice_onnx.contract import CONTRACTS, GRAPH_FILES, GRAPH_NAMES, THRESHOLDS, ort_signature, signature_problems
-from omnivoice_onnx.core.prompt import RUNTIME_CONFIG_FILE, TOKENIZER_FILE, TextTokenizer, load_runtime_config
+from omnivoice_onnx.core.prompt import TextTokenizer
+from omnivoice_onnx.runtime_config import load_runtime_config
 from omnivoice_onnx.sessions import make_session
 
 TRANSFORMER_INPUTS = CONTRACTS["transformer"].input_names

@@ -22,11 +22,11 @@ import pytest
 from conftest import REPO, Pipeline
 
 from omnivoice_onnx.batch_list import read_test_list
-from omnivoice_onnx.bundle import CACHE_ENV, VERIFIED_FILE, VERIFY_ENV, VerifiedFiles
 from omnivoice_onnx.contract import GRAPH_FILES, REPORT_FILE
-from omnivoice_onnx.core.prompt import load_runtime_config
 from omnivoice_onnx.errors import OneLineFormatter, UserError, check_path, printable
 from omnivoice_onnx.files import make_folder
+from omnivoice_onnx.runtime_config import load_runtime_config
+from omnivoice_onnx.verified import CACHE_ENV, VERIFIED_FILE, VERIFY_ENV, VerifiedFiles
 from omnivoice_onnx.voices import Voice, list_voices, save_voice
 
 FINGERPRINT = "sha256:0123456789abcdef"

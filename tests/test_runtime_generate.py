@@ -25,9 +25,9 @@ import torch
 from omnivoice.models.omnivoice import OmniVoiceGenerationConfig
 
 from omnivoice_onnx import OmniVoiceOnnx, Trace, UserError, conformance, rule_vectors
+from omnivoice_onnx.bundle import RUNTIME_CONFIG_FILE, TOKENIZER_FILE
 from omnivoice_onnx.cliutil import Terminated, run_main
 from omnivoice_onnx.contract import GRAPH_FILES
-from omnivoice_onnx.core.prompt import RUNTIME_CONFIG_FILE, TOKENIZER_FILE
 
 WAV_TOLERANCE = 1e-4
 CONFORMANCE_DIR = Path(__file__).resolve().parent / "conformance"

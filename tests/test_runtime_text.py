@@ -26,9 +26,11 @@ from omnivoice.utils.lang_map import LANG_IDS, LANG_NAME_TO_ID, lang_display_nam
 
 from omnivoice_export.checkpoints import model_fingerprint
 from omnivoice_export.runtime_assets import write_runtime_assets
+from omnivoice_onnx import bundle
 from omnivoice_onnx.core import duration, prompt, text
 from omnivoice_onnx.core.instruct import instruct_use_zh, resolve_instruct
 from omnivoice_onnx.errors import UserError
+from omnivoice_onnx.runtime_config import load_runtime_config
 
 REPO = Path(__file__).resolve().parent.parent
 FRAME_RATE = 25
@@ -555,7 +557,7 @@ def test_write_runtime_assets_entries(tiny_model, assets, config, tmp_path):
     import hashlib
 
     entries = write_runtime_assets(tiny_model, tmp_path)
-    assert sorted(entries) == sorted([prompt.TOKENIZER_FILE, prompt.RUNTIME_CONFIG_FILE])
+    assert sorted(entries) == sorted([bundle.TOKENIZER_FILE, bundle.RUNTIME_CONFIG_FILE])
     for name, entry in entries.items():
         data = (tmp_path / name).read_bytes()
         assert entry == {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
@@ -588,13 +590,13 @@ def _expect_user_error(call, *fragments: str) -> None:
 
 
 def test_loaders_reject_missing_and_damaged_files(assets, tmp_path):
-    _expect_user_error(lambda: prompt.load_runtime_config(tmp_path / "runtime-config.json"), "runtime-config.json")
+    _expect_user_error(lambda: load_runtime_config(tmp_path / "runtime-config.json"), "runtime-config.json")
     _expect_user_error(lambda: prompt.TextTokenizer.from_file(tmp_path / "tokenizer.json"), "tokenizer.json")
 
     (tmp_path / "runtime-config.json").write_text("{not json")
-    _expect_user_error(lambda: prompt.load_runtime_config(tmp_path / "runtime-config.json"), "not valid JSON")
+    _expect_user_error(lambda: load_runtime_config(tmp_path / "runtime-config.json"), "not valid JSON")
     (tmp_path / "runtime-config.json").write_text("[1, 2]")
-    _expect_user_error(lambda: prompt.load_runtime_config(tmp_path / "runtime-config.json"),
+    _expect_user_error(lambda: load_runtime_config(tmp_path / "runtime-config.json"),
                        "the top level is a list, expected an object")
     good = json.loads((assets / "runtime-config.json").read_text(encoding="utf-8"))
     damages = [("instruct", None, None), ("languages", "name_to_id", "oops"), ("model", "audio_mask_id", "oops"),
@@ -612,7 +614,7 @@ def test_loaders_reject_missing_and_damaged_files(assets, tmp_path):
         else:
             damaged[section][key] = value
         (tmp_path / "runtime-config.json").write_text(json.dumps(damaged))
-        _expect_user_error(lambda: prompt.load_runtime_config(tmp_path / "runtime-config.json"), section)
+        _expect_user_error(lambda: load_runtime_config(tmp_path / "runtime-config.json"), section)
 
     (tmp_path / "tokenizer.json").write_text("{\"version\": ")
     _expect_user_error(lambda: prompt.TextTokenizer.from_file(tmp_path / "tokenizer.json"), "cannot be loaded")

@@ -25,10 +25,10 @@ import numpy as np
 import pytest
 from conftest import REPO, single_stderr_line
 
-from omnivoice_onnx import audio_out, batch, batch_list, files, limits, voices
+from omnivoice_onnx import audio_out, batch, batch_list, files, limits, runtime_config, voices
 from omnivoice_onnx.bundle import Bundle, Folder, read_report
 from omnivoice_onnx.contract import FP32_VARIANT, FRAME_RATE, GRAPH_FILES, NUM_CODEBOOKS, REPORT_FILE
-from omnivoice_onnx.core import audio, prompt, request
+from omnivoice_onnx.core import audio, request
 from omnivoice_onnx.errors import UserError
 from omnivoice_onnx.serve import connection, door
 from omnivoice_onnx.serve import service as server_service
@@ -247,7 +247,7 @@ def deep_json_readers(tmp_path: Path, assets: Path, text: str = DEEP) -> dict[st
     for name in ("runtime-config.json", REPORT_FILE, "alice.json"):
         (bundle / name).write_text(text)
     return {"voice file": lambda: voices.read_voice(str(bundle / "alice.json"), bundle),
-            "runtime-config.json": lambda: prompt.load_runtime_config(bundle / "runtime-config.json"),
+            "runtime-config.json": lambda: runtime_config.load_runtime_config(bundle / "runtime-config.json"),
             "export-report.json": lambda: expected_files(bundle, FP32_VARIANT)}
 
 
@@ -288,7 +288,7 @@ def test_backtracking_regex_in_the_bundle_refused_at_load(pattern: str, tmp_path
     config["prompt"]["nonverbal_pattern"] = pattern
     (tmp_path / "runtime-config.json").write_text(json.dumps(config), encoding="utf-8")
     with pytest.raises(UserError, match="without nested repeats"):
-        prompt.load_runtime_config(tmp_path / "runtime-config.json")
+        runtime_config.load_runtime_config(tmp_path / "runtime-config.json")
 
 
 # --- 4. text decoded strictly ----------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The verification record (omnivoice_onnx.bundle.VerifiedFiles): a bundle loaded twice is hashed
+"""The verification record (omnivoice_onnx.verified.VerifiedFiles): a bundle loaded twice is hashed
 once, and what the record trusts cannot hide a changed file.
 
 The record keys each file on its stat identity with ctime, which a user cannot set back: the
@@ -19,10 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from omnivoice_onnx import bundle as bundle_module
-from omnivoice_onnx.bundle import CACHE_ENV, RACY_NS, VERIFIED_FILE, VERIFY_ENV, Bundle, cache_dir
+from omnivoice_onnx import verified as verified_module
+from omnivoice_onnx.bundle import Bundle
 from omnivoice_onnx.contract import REPORT_FILE
 from omnivoice_onnx.errors import UserError
+from omnivoice_onnx.verified import CACHE_ENV, RACY_NS, VERIFIED_FILE, VERIFY_ENV, cache_dir
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -39,13 +40,13 @@ def cache(tmp_path: Path, monkeypatch) -> Path:
 def hashed(monkeypatch) -> list[Path]:
     """The files bundle hashes, in order (file_digest wrapped)."""
     seen: list[Path] = []
-    real = bundle_module.file_digest
+    real = verified_module.file_digest
 
     def counting(handle, data):
         seen.append(Path(handle.name))
         return real(handle, data)
 
-    monkeypatch.setattr(bundle_module, "file_digest", counting)
+    monkeypatch.setattr(verified_module, "file_digest", counting)
     return seen
 
 
@@ -59,9 +60,10 @@ def settled_copy(source: Path, target: Path) -> Path:
 
 @pytest.fixture
 def clock_ahead(monkeypatch) -> None:
-    """The bundle module's clock RACY_NS + 1 s ahead: files copied a moment ago count as settled
+    """The verification record's clock RACY_NS + 1 s ahead: files copied a moment ago count as settled
     (the tests that change files need no wait; the racy window itself is tested on a stopped clock)."""
-    monkeypatch.setattr(bundle_module, "time", types.SimpleNamespace(time_ns=lambda: time.time_ns() + RACY_NS + 10**9))
+    ahead = types.SimpleNamespace(time_ns=lambda: time.time_ns() + RACY_NS + 10**9)
+    monkeypatch.setattr(verified_module, "time", ahead)
 
 
 @pytest.fixture(scope="module")
@@ -140,16 +142,16 @@ def test_files_changed_moments_ago_or_while_hashed_are_not_remembered(pipeline, 
     tokenizer.touch()
     # A window of 50 ms on a clock stopped 20 ms after the touch, however long the load takes: the
     # copy is outside the window, the touched tokenizer inside.
-    monkeypatch.setattr(bundle_module, "RACY_NS", 50_000_000)
+    monkeypatch.setattr(verified_module, "RACY_NS", 50_000_000)
     frozen = tokenizer.stat().st_ctime_ns + 20_000_000
-    monkeypatch.setattr(bundle_module, "time", types.SimpleNamespace(time_ns=lambda: frozen))
+    monkeypatch.setattr(verified_module, "time", types.SimpleNamespace(time_ns=lambda: frozen))
     Bundle.open(onnx_dir)
     assert sorted(record(cache)) == real(p for p in hashed if p != tokenizer)
-    monkeypatch.setattr(bundle_module, "time", time)
+    monkeypatch.setattr(verified_module, "time", time)
     # With the racy window closed, the tokenizer is remembered; the config, written to while it is
     # hashed (a byte appended: visible whatever the clock's tick), is not.
-    monkeypatch.setattr(bundle_module, "RACY_NS", 0)
-    counting = bundle_module.file_digest
+    monkeypatch.setattr(verified_module, "RACY_NS", 0)
+    counting = verified_module.file_digest
 
     def appending(handle, data):
         digest = counting(handle, data)
@@ -158,7 +160,7 @@ def test_files_changed_moments_ago_or_while_hashed_are_not_remembered(pipeline, 
                 appended.write(b" ")
         return digest
 
-    monkeypatch.setattr(bundle_module, "file_digest", appending)
+    monkeypatch.setattr(verified_module, "file_digest", appending)
     os.utime(config)  # a new ctime: hashed again below
     Bundle.open(onnx_dir)
     kept = record(cache)
@@ -225,15 +227,15 @@ def test_full_and_info_hash_every_file_and_a_mismatch_they_find_drops_the_entry(
     # A failing disk: the bytes change under an unchanged stat identity. Only a full hash sees it,
     # and the record must not vouch for the file afterwards.
     tokenizer = settled / "tokenizer.json"
-    counting = bundle_module.file_digest
-    monkeypatch.setattr(bundle_module, "file_digest",
+    counting = verified_module.file_digest
+    monkeypatch.setattr(verified_module, "file_digest",
                         lambda handle, data: "f" * 64 if Path(handle.name) == tokenizer else counting(handle, data))
     monkeypatch.setenv(VERIFY_ENV, "full")
     hashed.clear()
     with pytest.raises(UserError, match="tokenizer.json does not match the sha256"):
         Bundle.open(settled)
     assert os.path.realpath(tokenizer) not in record(cache)
-    monkeypatch.setattr(bundle_module, "file_digest", counting)
+    monkeypatch.setattr(verified_module, "file_digest", counting)
     monkeypatch.delenv(VERIFY_ENV)
     hashed.clear()
     Bundle.open(settled)
@@ -243,7 +245,7 @@ def test_full_and_info_hash_every_file_and_a_mismatch_they_find_drops_the_entry(
 @pytest.mark.slow
 def test_the_record_keeps_the_most_recently_hashed(settled: Path, cache: Path, hashed: list[Path],
                                                    monkeypatch) -> None:
-    monkeypatch.setattr(bundle_module, "VERIFIED_MAX", 3)
+    monkeypatch.setattr(verified_module, "VERIFIED_MAX", 3)
     Bundle.open(settled)
     assert sorted(record(cache)) == real(hashed[-3:])
 

@@ -26,7 +26,6 @@ from omnivoice_onnx.bundle import (
     DEFAULT_MODEL_DIR,
     Bundle,
     FileCheck,
-    VerifiedFiles,
     card_license,
     metadata_props,
     verify_requested,
@@ -36,6 +35,7 @@ from omnivoice_onnx.contract import FP32_VARIANT
 from omnivoice_onnx.core.prompt import language_names
 from omnivoice_onnx.errors import UserError, say
 from omnivoice_onnx.hardware import isa_line
+from omnivoice_onnx.verified import VerifiedFiles
 from omnivoice_onnx.voices import list_voices, voices_dir
 
 NO_LICENSE = "not recorded (exported before licences were recorded: re-run export_omnivoice.py)"
