@@ -15,17 +15,20 @@ module per command in cli/).
 
 Modules, by floor (a module imports only from floors below its own; tests/test_structure.py
 holds the package to no import circle, at most 8 floors, no module over 600 lines):
-    ground       errors (UserError, the machine's errors), limits (every request limit and
-                 range), files (atomic writes, sha256, output checks), contract (the graphs' I/O
-                 contract), graphmeta (metadata_props without onnx), version
+    ground       errors (UserError, the machine's errors, the text and path checks), limits
+                 (every request limit and range), files (atomic writes, sha256, output checks),
+                 contract (the graphs' I/O contract), graphmeta (metadata_props without onnx), version
     core/        the host loop a porter reads: shapes (a request's data), rng, schedule, scoring,
                  text, duration, prompt, plan, audio, request (the one validation), generate
                  (see core/__init__.py)
     model        sessions (onnxruntime, providers, split execution), bundle (the export folder:
-                 paths, variants, the report, hashes against it, metadata), api (OmniVoiceOnnx),
-                 voices (saved voices), audio_out (the one audio writer), conformance (port traces)
-    front ends   cli/ (the `omnivoice-onnx` command; cliutil: argument types, exit codes,
-                 one-line errors, shared with the toolchain), serve/ (the network servers: door,
+                 paths, variants, the report, hashes against it, metadata; runtime_config: its
+                 runtime-config.json's schema and loader; verified: the record of files already
+                 hashed), api (OmniVoiceOnnx), voices (saved voices), audio_out (the one audio
+                 writer), conformance (port traces)
+    front ends   __main__ (the `omnivoice-onnx` program and its command registry), cli/ (one
+                 module per command; cliutil: argument types, exit codes, one-line errors, shared
+                 with the toolchain), serve/ (the network servers: door,
                  the front door's limits and error table; app, OpenAI-style HTTP, with
                  connection and browser; wyoming; service: their requests and state; pool:
                  the workers), batch (batch_list: the JSONL list; batch_ray: the Ray engine)
