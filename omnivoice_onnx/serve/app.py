@@ -95,7 +95,6 @@ from omnivoice_onnx.serve.metrics import Metrics
 from omnivoice_onnx.serve.pool import WorkerPool, job_failure, time_out
 from omnivoice_onnx.serve.service import (
     MODEL_ID,
-    ServedModel,
     ServerConfig,
     Service,
     bearer_token,
@@ -565,8 +564,7 @@ def load_service(config: ServerConfig) -> Service:
     except UserError as exc:
         raise UserError(f"--num-step/--guidance-scale/--language: {exc.problem}", exc.fix) from None
     folders = {"<voices>": voices, "<model>": Path(config.model_dir)}
-    served: list[ServedModel] = list(models)  # the pool and the routes see them as the server uses them
-    return Service(config=config, pool=WorkerPool(served, config.queue_size, folders), voices=voices, shelf=shelf,
+    return Service(config=config, pool=WorkerPool(list(models), config.queue_size, folders), voices=voices, shelf=shelf,
                    formats=formats, default_format=default, fingerprint=first.metadata["model_fingerprint"],
                    variant=first.variant, sample_rate=first.sample_rate)
 
