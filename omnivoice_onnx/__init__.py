@@ -21,12 +21,15 @@ holds the package to no import circle, at most 8 floors, no module over 600 line
                  plan, audio, request (the one validation), generate (see core/__init__.py)
     model        sessions (onnxruntime, providers, split execution), bundle (the export folder:
                  paths, variants, the report, hashes against it, metadata), api (OmniVoiceOnnx),
-                 voices (saved voices), audio_out (the one audio writer), conformance (port traces)
-    front ends   cli/ (the `omnivoice-onnx` command; cliutil: argument types, exit codes,
-                 one-line errors, shared with the toolchain), serve/ (the network servers: door,
-                 the front door's limits and error table; app, OpenAI-style HTTP, with
-                 connection and browser; wyoming; service: their requests and state; pool:
-                 the workers), batch (batch_list: the JSONL list; batch_ray: the Ray engine)
+                 voices (saved voices), audio_out (the one audio writer)
+    vectors/     the conformance vectors a port replays: format, cases, record (write and
+                 replay), compare, rules (see vectors/__init__.py)
+    front ends   cli/ (the `omnivoice-onnx` command; flags and exits: argument types, exit codes,
+                 one-line errors, shared with the toolchain; vectors: the vectors' command),
+                 serve/ (the network servers: door, the front door's limits and error table; app,
+                 OpenAI-style HTTP, with connection and browser; wyoming; service: their requests
+                 and state; pool: the workers), batch/ (run, the driver; lines, the JSONL list;
+                 pool and ray_engine, its engines)
 """
 
 from omnivoice_onnx.api import OmniVoiceOnnx

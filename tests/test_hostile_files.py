@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 from conftest import REPO, Pipeline
 
-from omnivoice_onnx.batch_list import read_test_list
+from omnivoice_onnx.batch.lines import read_test_list
 from omnivoice_onnx.bundle import CACHE_ENV, VERIFIED_FILE, VERIFY_ENV, VerifiedFiles
 from omnivoice_onnx.contract import GRAPH_FILES, REPORT_FILE
 from omnivoice_onnx.core.prompt import load_runtime_config

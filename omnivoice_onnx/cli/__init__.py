@@ -25,7 +25,7 @@ import importlib
 import os
 from types import ModuleType
 
-from omnivoice_onnx.cliutil import (
+from omnivoice_onnx.cli.exits import (
     EXIT_BAD_INPUT,
     EXIT_BROKEN_PIPE,
     EXIT_INTERRUPTED,
@@ -82,7 +82,7 @@ def resolve_hub_model_dirs(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """The `omnivoice-onnx` console script: parse, run the command, map errors to one line + exit code
-    (omnivoice_onnx.cliutil.run_main). Returns the command's exit code."""
+    (omnivoice_onnx.cli.exits.run_main). Returns the command's exit code."""
     code = 0
 
     def run(argv: list[str] | None) -> None:
