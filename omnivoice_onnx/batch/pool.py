@@ -48,10 +48,12 @@ def die_with_parent(parent: int) -> None:
         if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
             raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
     else:
+
         def watch() -> None:
             while os.getppid() == parent:
                 time.sleep(PARENT_POLL_S)
             os._exit(1)
+
         threading.Thread(target=watch, name="parent-watch", daemon=True).start()
     if os.getppid() != parent:
         os._exit(1)
@@ -76,23 +78,26 @@ def _pool_run(row: dict[str, Any]) -> dict[str, Any]:
     return _WORKER.run(row)
 
 
-def run_pool(load: Loader, load_args: tuple[Any, ...], workers: int,
-             tasks: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+def run_pool(
+    load: Loader, load_args: tuple[Any, ...], workers: int, tasks: list[dict[str, Any]]
+) -> Iterator[dict[str, Any]]:
     """The tasks on `workers` spawned processes, each running them on its own `load(*load_args)`;
     outcomes as they finish. Stopping early (Ctrl-C, SIGTERM, an error here) terminates the
     processes: they write nothing, so a line in progress is simply redone by the next run."""
     context = multiprocessing.get_context("spawn")  # no fork of a process holding onnxruntime threads
-    pool = concurrent.futures.ProcessPoolExecutor(workers, mp_context=context, initializer=_pool_init,
-                                                  initargs=(load, load_args, os.getpid()))
+    pool = concurrent.futures.ProcessPoolExecutor(
+        workers, mp_context=context, initializer=_pool_init, initargs=(load, load_args, os.getpid())
+    )
     try:
         futures = [pool.submit(_pool_run, task) for task in tasks]
         for future in concurrent.futures.as_completed(futures):
             try:
                 yield future.result()
             except concurrent.futures.process.BrokenProcessPool:
-                raise UserError("a worker process died (killed, or out of memory); the lines finished so far are "
-                                "saved", "re-run the same command to continue, with fewer --workers if memory "
-                                "is short") from None
+                raise UserError(
+                    "a worker process died (killed, or out of memory); the lines finished so far are saved",
+                    "re-run the same command to continue, with fewer --workers if memory is short",
+                ) from None
     finally:
         # Python < 3.14 has no public terminate_workers(): without this, interpreter exit would
         # wait for every worker to finish its current line (minutes at full size).
