@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Benchmark `omnivoice-onnx batch` (omnivoice_onnx.batch) on its three engines, same list, same cores.
+"""Benchmark `omnivoice-onnx batch` (omnivoice_onnx.batch.run) on its three engines, same list, same cores.
 
 A list of --lines lines (default 50) mixing the three modes in turn — auto (language given), voice
 design (an instruct), voice cloning (step 0's reference, shared by every clone line, so it is
@@ -119,7 +119,7 @@ def write_list(folder: Path, count: int, ref_wav: Path, ref_text: str) -> Path:
 
 
 def run_engine(name: str, workers: int, threads: int, ray: bool, args, lines: Path, out: Path) -> dict[str, Any]:
-    from omnivoice_onnx.batch import Options, run_batch
+    from omnivoice_onnx.batch.run import Options, run_batch
 
     options = Options(test_list=lines, res_dir=out, model_dir=args.onnx_dir, workers=workers, threads=threads,
                       generation_config={"num_step": args.num_step}, ray="local" if ray else None, progress=False)

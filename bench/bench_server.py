@@ -48,7 +48,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from omnivoice_onnx.cliutil import int_range, parse, run_main  # noqa: E402
+from omnivoice_onnx.cli.exits import parse, run_main  # noqa: E402
+from omnivoice_onnx.cli.flags import int_range  # noqa: E402
 from omnivoice_onnx.contract import SAMPLE_RATE  # noqa: E402
 from omnivoice_onnx.errors import UserError  # noqa: E402
 

@@ -25,13 +25,16 @@ holds the package to no import circle, at most 8 floors, no module over 600 line
                  paths, variants, the report, hashes against it, metadata; runtime_config: its
                  runtime-config.json's schema and loader; verified: the record of files already
                  hashed), api (OmniVoiceOnnx), voices (saved voices), audio_out (the one audio
-                 writer), conformance (port traces)
+                 writer)
+    vectors/     the conformance vectors a port replays: format, cases, record (write and
+                 replay), compare, rules (see vectors/__init__.py)
     front ends   __main__ (the `omnivoice-onnx` program and its command registry), cli/ (one
-                 module per command; cliutil: argument types, exit codes, one-line errors, shared
-                 with the toolchain), serve/ (the network servers: door,
-                 the front door's limits and error table; app, OpenAI-style HTTP, with
-                 connection and browser; wyoming; service: their requests and state; pool:
-                 the workers), batch (batch_list: the JSONL list; batch_ray: the Ray engine)
+                 module per command; flags and exits: argument types, exit codes, one-line errors,
+                 shared with the toolchain; vectors: the vectors' command), serve/ (the network
+                 servers: door, the front door's limits and error table; app, OpenAI-style HTTP,
+                 with connection and browser; wyoming; service: their requests and state; pool:
+                 the workers), batch/ (run, the driver; lines, the JSONL list; pool and
+                 ray_engine, its engines)
 """
 
 from omnivoice_onnx.api import OmniVoiceOnnx

@@ -28,7 +28,7 @@ import os
 import sys
 from types import ModuleType
 
-from omnivoice_onnx.cliutil import (
+from omnivoice_onnx.cli.exits import (
     EXIT_BAD_INPUT,
     EXIT_BROKEN_PIPE,
     EXIT_INTERRUPTED,
@@ -86,7 +86,7 @@ def resolve_hub_model_dirs(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """The `omnivoice-onnx` console script: parse, run the command, map errors to one line + exit code
-    (omnivoice_onnx.cliutil.run_main). Returns the command's exit code."""
+    (omnivoice_onnx.cli.exits.run_main). Returns the command's exit code."""
     code = 0
 
     def run(argv: list[str] | None) -> None:

@@ -33,7 +33,7 @@ def _escape(match: re.Match[str]) -> str:
 def printable(text: object) -> str:
     """`text` as one safe line: every UNSAFE_CHARACTERS character written as its Python escape
     (`\\x1b`, `\\u202e`), the rest kept, non-ASCII letters included. The one escape every line
-    the runtime prints or logs goes through (UserError's message, cliutil.say, OneLineFormatter):
+    the runtime prints or logs goes through (UserError's message, say, OneLineFormatter):
     names, paths and texts come from files and requests, and a voice file named with an escape
     sequence would otherwise retitle or clear the user's terminal."""
     return UNSAFE_CHARACTERS.sub(_escape, str(text))

@@ -1,4 +1,4 @@
-"""omnivoice-onnx batch (omnivoice_onnx.batch, batch_ray) on the session's tiny export.
+"""omnivoice-onnx batch (omnivoice_onnx.batch: its driver, the pool and the Ray engine) on the session's tiny export.
 
 One reference run (in-process) is made once per file; every other engine and every resume is
 compared with it byte for byte, and it is compared with OmniVoiceOnnx.generate itself. Ray is
@@ -24,8 +24,8 @@ import pytest
 
 from omnivoice_onnx import OmniVoiceOnnx
 from omnivoice_onnx.audio_out import encode_audio
-from omnivoice_onnx.batch import Options, make_plan, ray_rows, read_results, run_batch
-from omnivoice_onnx.batch_list import RESULT_FIELDS, RESULTS_FILE, read_test_list, seed_for_id
+from omnivoice_onnx.batch.lines import RESULT_FIELDS, RESULTS_FILE, read_test_list, seed_for_id
+from omnivoice_onnx.batch.run import Options, make_plan, ray_rows, read_results, run_batch
 from omnivoice_onnx.voices import Voice, save_voice
 
 pytestmark = pytest.mark.slow
@@ -340,7 +340,7 @@ def test_full_res_dir_stops_cleanly_and_resumes(corpus, pipeline, reference_run,
 
 @pytest.fixture(scope="module")
 def ray_local():
-    """A local Ray with 2 CPUs, shut down after this file's Ray tests; batch_ray reuses it."""
+    """A local Ray with 2 CPUs, shut down after this file's Ray tests; batch.ray_engine reuses it."""
     ray = pytest.importorskip("ray")
     import omnivoice_onnx
 

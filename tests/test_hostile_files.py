@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 from conftest import REPO, Pipeline
 
-from omnivoice_onnx.batch_list import read_test_list
+from omnivoice_onnx.batch.lines import read_test_list
 from omnivoice_onnx.contract import GRAPH_FILES, REPORT_FILE
 from omnivoice_onnx.errors import OneLineFormatter, UserError, check_path, printable
 from omnivoice_onnx.files import make_folder

@@ -15,9 +15,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from omnivoice_onnx import OmniVoiceOnnx, UserError, cliutil, limits, sessions
+from omnivoice_onnx import OmniVoiceOnnx, UserError, limits, sessions
 from omnivoice_onnx import __main__ as program
-from omnivoice_onnx.batch import Options, run_batch
+from omnivoice_onnx.batch.run import Options, run_batch
+from omnivoice_onnx.cli import flags
 from omnivoice_onnx.core import request, shapes
 from omnivoice_onnx.serve.app import load_service
 from omnivoice_onnx.serve.service import ServerConfig, build_job, speech_request_model
@@ -161,15 +162,15 @@ def test_worker_threads_one_rule(monkeypatch) -> None:
 
 
 @pytest.mark.parametrize(("flag", "text", "ok"), [
-    (cliutil.T_SHIFT, "0", False),  # batch took 0, which validate refuses
-    (cliutil.T_SHIFT, "0.1", True),
-    (cliutil.SCORE_FACTOR, str(limits.MAX_SCORE_FACTOR), True),  # speak stopped at 100
-    (cliutil.SCORE_FACTOR, str(-limits.MAX_SCORE_FACTOR), True),
-    (cliutil.SCORE_FACTOR, str(limits.MAX_SCORE_FACTOR * 1.01), False),
-    (cliutil.SPEED, str(limits.MIN_SPEED), True),
-    (cliutil.SPEED, str(limits.MAX_SPEED * 1.01), False),
-    (cliutil.DURATION, "0", False),
-    (cliutil.CHUNK_SECONDS, "0", False),
+    (flags.T_SHIFT, "0", False),  # batch took 0, which validate refuses
+    (flags.T_SHIFT, "0.1", True),
+    (flags.SCORE_FACTOR, str(limits.MAX_SCORE_FACTOR), True),  # speak stopped at 100
+    (flags.SCORE_FACTOR, str(-limits.MAX_SCORE_FACTOR), True),
+    (flags.SCORE_FACTOR, str(limits.MAX_SCORE_FACTOR * 1.01), False),
+    (flags.SPEED, str(limits.MIN_SPEED), True),
+    (flags.SPEED, str(limits.MAX_SPEED * 1.01), False),
+    (flags.DURATION, "0", False),
+    (flags.CHUNK_SECONDS, "0", False),
 ])
 def test_flag_ranges_are_the_apis(flag, text: str, ok: bool) -> None:
     if ok:

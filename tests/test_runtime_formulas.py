@@ -20,10 +20,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from omnivoice_onnx import conformance
 from omnivoice_onnx.core import audio, duration, generate, prompt, request, scoring, shapes, text
 from omnivoice_onnx.core.instruct import instruct_use_zh, resolve_instruct
 from omnivoice_onnx.errors import UserError
+from omnivoice_onnx.vectors.format import audio_summary
+from omnivoice_onnx.vectors.record import write_decoded
 
 REPO = Path(__file__).resolve().parent.parent
 VECTORS = REPO / "tests" / "conformance"
@@ -280,7 +281,7 @@ def test_a_sequential_rms_fails_every_clone_vector(config):
     for vector in clones:
         for ref in vector["references"]:
             loaded = audio.load_reference(str(VECTORS / ref["file"]), SR, config["audio"])
-            assert conformance.audio_summary(loaded[0]) == ref["loaded"]
+            assert audio_summary(loaded[0]) == ref["loaded"]
             squares = (loaded * loaded).ravel()
             assert float(np.sqrt(F32(doc_pairwise(squares) / F32(squares.size)))) == ref["ref_rms"], vector["case"]
             assert float(np.sqrt(F32(sequential_sum(squares) / F32(squares.size)))) != ref["ref_rms"], vector["case"]
@@ -488,14 +489,14 @@ def test_cross_fade_is_the_documented_join(config):
 
 def test_decoded_flac_rounds_half_to_even(tmp_path):
     """docs/vectors.md: a decoded output is stored as round-half-to-even(x * 32768), clipped to the
-    int16 range, and read back as int16 / 32768 (conformance.write_decoded, libsndfile's FLAC)."""
+    int16 range, and read back as int16 / 32768 (write_decoded, libsndfile's FLAC)."""
     import soundfile as sf
 
     halves = (np.arange(-40, 40) + 0.5) / 32768
     rng = np.random.RandomState(5)
     x = np.concatenate([halves, rng.uniform(-1.1, 1.1, 20000), [1.0, -1.0, 32767.5 / 32768, -32768.5 / 32768]])
     x = x.astype(F32)
-    conformance.write_decoded(tmp_path / "x.flac", x, SR)
+    write_decoded(tmp_path / "x.flac", x, SR)
     stored = sf.read(tmp_path / "x.flac", dtype="int16")[0]
     assert np.array_equal(stored, np.clip(np.rint(x * F32(32768)), -32768, 32767).astype(np.int16))
     assert not np.array_equal(stored, np.clip(np.floor(x * F32(32768) + F32(0.5)), -32768, 32767))  # not half up

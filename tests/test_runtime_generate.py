@@ -24,14 +24,20 @@ import soundfile as sf
 import torch
 from omnivoice.models.omnivoice import OmniVoiceGenerationConfig
 
-from omnivoice_onnx import OmniVoiceOnnx, Trace, UserError, conformance, rule_vectors
+from omnivoice_onnx import OmniVoiceOnnx, Trace, UserError
 from omnivoice_onnx.bundle import RUNTIME_CONFIG_FILE, TOKENIZER_FILE
-from omnivoice_onnx.cliutil import Terminated, run_main
+from omnivoice_onnx.cli import vectors as vectors_cli
+from omnivoice_onnx.cli.exits import Terminated, run_main
 from omnivoice_onnx.contract import GRAPH_FILES
+from omnivoice_onnx.vectors import cases
+from omnivoice_onnx.vectors.compare import compare_records
+from omnivoice_onnx.vectors.format import COMMAND, FOLDER_README, audio_summary
+from omnivoice_onnx.vectors.record import post_process_case, run_case, scoring_record
+from omnivoice_onnx.vectors.rules import RULES_CASE
 
 WAV_TOLERANCE = 1e-4
 CONFORMANCE_DIR = Path(__file__).resolve().parent / "conformance"
-REGENERATE = "python -m omnivoice_onnx.conformance --onnx-dir <tiny export> --out tests/conformance"
+REGENERATE = f"{COMMAND} --onnx-dir <tiny export> --out tests/conformance"
 # The folder's budget: ~2 MB of JSON and references, and each output's decoded audio as 16-bit FLAC
 # (~3.3 MB: tiny's random weights speak noise, which FLAC barely compresses, ~1.7 bytes a sample).
 SIZE_LIMIT = 6_000_000
@@ -209,28 +215,28 @@ def test_runtime_runs_with_the_toolchain_unimportable(export_dir, reference):
 
 def test_conformance_vectors_are_committed_and_small():
     names = sorted(p.stem for p in CONFORMANCE_DIR.glob("*.json"))
-    assert names == sorted([*conformance.CASES, *conformance.POST_PROCESS_CASES, rule_vectors.CASE,
-                            conformance.SCORING_CASE]), \
+    assert names == sorted([*cases.CASES, *cases.POST_PROCESS_CASES, RULES_CASE,
+                            cases.SCORING_CASE]), \
         f"vectors and cases differ; regenerate: {REGENERATE}"
-    assert (CONFORMANCE_DIR / conformance.README).read_text(encoding="utf-8") == conformance.FOLDER_README
+    assert (CONFORMANCE_DIR / cases.README).read_text(encoding="utf-8") == FOLDER_README
     decoded = sorted(p.name for p in CONFORMANCE_DIR.glob("*.flac"))
-    assert decoded == sorted(conformance.decoded_file(name, i) for name in conformance.CASES
+    assert decoded == sorted(cases.decoded_file(name, i) for name in cases.CASES
                              for i in range(len(json.loads((CONFORMANCE_DIR / f"{name}.json").read_text())["outputs"])))
     sizes = {p.name: p.stat().st_size for p in CONFORMANCE_DIR.iterdir()}
     assert max(sizes.values()) < 600_000 and sum(sizes.values()) < SIZE_LIMIT, sizes
 
 
-@pytest.mark.parametrize("name", list(conformance.CASES))
+@pytest.mark.parametrize("name", list(cases.CASES))
 def test_conformance_vector_replays_and_equals_upstream(torch_model, tts, name):
-    """Replay a committed vector as a port would (conformance.compare_records: everything but the
+    """Replay a committed vector as a port would (compare_records: everything but the
     audio exactly, the audio's envelopes within WAV_TOLERANCE); and upstream torch, given the same
     request, makes the same tokens."""
     stored = json.loads((CONFORMANCE_DIR / f"{name}.json").read_text(encoding="utf-8"))
     assert stored["export"]["model_fingerprint"] == tts.metadata["model_fingerprint"], \
         f"the vectors were made from another checkpoint; regenerate: {REGENERATE}"
-    case = conformance.CASES[name]
-    record, _ = conformance.run_case(tts, name, case, CONFORMANCE_DIR)
-    assert conformance.compare_records(stored, record, WAV_TOLERANCE) == []
+    case = cases.CASES[name]
+    record, _ = run_case(tts, name, case, CONFORMANCE_DIR)
+    assert compare_records(stored, record, WAV_TOLERANCE) == []
 
     kwargs = {key: value for key, value in case.items() if key not in ("seed", "generation_config")}
     if "ref_audio" in kwargs:
@@ -250,23 +256,23 @@ def test_conformance_vector_replays_and_equals_upstream(torch_model, tts, name):
         config = OmniVoiceGenerationConfig(postprocess_output=post["postprocess_output"],
                                            pad_duration=post["pad_duration"], fade_duration=post["fade_duration"])
         theirs = torch_model._post_process_audio(decoded.copy(), ref_rms=post["ref_rms"], gen_config=config)
-        assert conformance.audio_summary(theirs[0]) == post["output"]
+        assert audio_summary(theirs[0]) == post["output"]
 
 
-@pytest.mark.parametrize("name", list(conformance.POST_PROCESS_CASES))
+@pytest.mark.parametrize("name", list(cases.POST_PROCESS_CASES))
 def test_post_process_vector_replays_and_equals_upstream(torch_model, tts, name):
     """The post_process vectors: the runtime replays them, and upstream _post_process_audio on the
     same input gives the stored outputs bit for bit (no resampling is involved)."""
     stored = json.loads((CONFORMANCE_DIR / f"{name}.json").read_text(encoding="utf-8"))
-    record = conformance.post_process_case(tts, name, conformance.POST_PROCESS_CASES[name], CONFORMANCE_DIR)
-    assert conformance.compare_records(stored, record, WAV_TOLERANCE) == []
+    record = post_process_case(tts, name, cases.POST_PROCESS_CASES[name], CONFORMANCE_DIR)
+    assert compare_records(stored, record, WAV_TOLERANCE) == []
     decoded = sf.read(CONFORMANCE_DIR / stored["input"]["file"], dtype="float32")[0][np.newaxis]
     trimmed = 0
     for run in stored["runs"]:
         config = OmniVoiceGenerationConfig(postprocess_output=run["postprocess_output"],
                                            pad_duration=run["pad_duration"], fade_duration=run["fade_duration"])
         theirs = torch_model._post_process_audio(decoded.copy(), ref_rms=run["ref_rms"], gen_config=config)
-        assert conformance.audio_summary(theirs[0]) == run["output"]
+        assert audio_summary(theirs[0]) == run["output"]
         trimmed += run["postprocess_output"] and run["silence_removed"]["samples"] < stored["input"]["samples"]
     assert trimmed  # long inner and edge silences were removed
 
@@ -292,8 +298,8 @@ def sequential_rms(wav: np.ndarray) -> float:
 
 
 @pytest.mark.parametrize("target, wrong, case, first_difference", [
-    ("omnivoice_onnx.core.scoring.log_softmax", sequential_f32_log_softmax, conformance.SCORING_CASE, "log_softmax"),
-    ("omnivoice_onnx.core.scoring.log_softmax", pairwise_f32_log_softmax, conformance.SCORING_CASE, "log_softmax"),
+    ("omnivoice_onnx.core.scoring.log_softmax", sequential_f32_log_softmax, cases.SCORING_CASE, "log_softmax"),
+    ("omnivoice_onnx.core.scoring.log_softmax", pairwise_f32_log_softmax, cases.SCORING_CASE, "log_softmax"),
     ("omnivoice_onnx.core.audio.reference_rms", sequential_rms, "clone-quiet-44k-stereo", "ref_rms"),
 ], ids=["sequential-f32-log-softmax", "pairwise-f32-log-softmax", "sequential-rms"])
 def test_a_wrong_float_recipe_fails_its_vector(tts, monkeypatch, target, wrong, case, first_difference):
@@ -301,11 +307,11 @@ def test_a_wrong_float_recipe_fails_its_vector(tts, monkeypatch, target, wrong, 
     swapped into the runtime, the vector made to tell them apart no longer replays."""
     stored = json.loads((CONFORMANCE_DIR / f"{case}.json").read_text(encoding="utf-8"))
     monkeypatch.setattr(target, wrong)
-    if case == conformance.SCORING_CASE:
-        record = conformance.scoring_record(tts, stored)
+    if case == cases.SCORING_CASE:
+        record = scoring_record(tts, stored)
     else:
-        record, _ = conformance.run_case(tts, case, conformance.CASES[case], CONFORMANCE_DIR)
-    problems = conformance.compare_records(stored, record, WAV_TOLERANCE)
+        record, _ = run_case(tts, case, cases.CASES[case], CONFORMANCE_DIR)
+    problems = compare_records(stored, record, WAV_TOLERANCE)
     assert problems and first_difference in problems[0], problems[:3]
 
 
@@ -313,8 +319,8 @@ def test_scoring_vector_replays_and_equals_upstream(torch_model, tts):
     """The scoring vector replays here bit for bit, and upstream's _predict_tokens_with_scoring
     (greedy) picks the same token per row; its log-probs are torch's float32 kernels, so they are
     compared by the token and within ULPs, not bit for bit (docs/runtime.md: tolerances)."""
-    stored = json.loads((CONFORMANCE_DIR / f"{conformance.SCORING_CASE}.json").read_text(encoding="utf-8"))
-    assert conformance.compare_records(stored, conformance.scoring_record(tts, stored)) == []
+    stored = json.loads((CONFORMANCE_DIR / f"{cases.SCORING_CASE}.json").read_text(encoding="utf-8"))
+    assert compare_records(stored, scoring_record(tts, stored)) == []
     for row in stored["rows"]:
         cond = torch.tensor(row["cond_logits"]).reshape(1, 1, 1, -1)
         uncond = torch.tensor(row["uncond_logits"]).reshape(1, 1, 1, -1)
@@ -327,18 +333,18 @@ def _greedy_config(stored: dict) -> OmniVoiceGenerationConfig:
     return OmniVoiceGenerationConfig(guidance_scale=stored["guidance_scale"], class_temperature=0.0)
 
 
-def test_conformance_cli_check_replays_the_committed_vectors(export_dir, tmp_path):
+def test_vectors_cli_check_replays_the_committed_vectors(export_dir, tmp_path):
     """The port's replay entry point, on a copy holding two vectors: OVERALL: PASS, exit 0; a
     changed token: the case and its first difference named, exit 1."""
     folder = tmp_path / "vectors"
     folder.mkdir()
-    for name in ("auto-en.json", conformance.decoded_file("auto-en", 0), "post-process-silences.json",
-                 conformance.SILENCES_WAV):
+    for name in ("auto-en.json", cases.decoded_file("auto-en", 0), "post-process-silences.json",
+                 cases.SILENCES_WAV):
         shutil.copyfile(CONFORMANCE_DIR / name, folder / name)
     command = [
         sys.executable,
         "-m",
-        "omnivoice_onnx.conformance",
+        "omnivoice_onnx.cli.vectors",
         "--onnx-dir",
         str(export_dir),
         "--check",
@@ -365,9 +371,9 @@ def test_conformance_check_passes_with_any_thread_count(export_dir, tmp_path, th
     included, bit for bit: it passes with $OMNIVOICE_ORT_THREADS 1 and 8 alike."""
     folder = tmp_path / "vectors"
     folder.mkdir()
-    for name in ("clone-16k.json", conformance.decoded_file("clone-16k", 0), conformance.REF_16K):
+    for name in ("clone-16k.json", cases.decoded_file("clone-16k", 0), cases.REF_16K):
         shutil.copyfile(CONFORMANCE_DIR / name, folder / name)
-    done = subprocess.run([sys.executable, "-m", "omnivoice_onnx.conformance", "--onnx-dir", str(export_dir),
+    done = subprocess.run([sys.executable, "-m", "omnivoice_onnx.cli.vectors", "--onnx-dir", str(export_dir),
                            "--check", str(folder)], capture_output=True, text=True, timeout=600,
                           env={**os.environ, "OMNIVOICE_ORT_THREADS": threads},
                           cwd=Path(__file__).resolve().parent.parent)
@@ -379,13 +385,13 @@ def test_conformance_check_passes_with_any_thread_count(export_dir, tmp_path, th
     (lambda: Terminated(), 143, "terminated"),
     (lambda: OSError(errno.ENOSPC, "No space left on device"), 2, "disk full"),
 ], ids=["ctrl-c", "sigterm", "disk-full"])
-def test_conformance_cli_leaves_out_as_it_was(export_dir, tmp_path, monkeypatch, capsys, stop, code, words):
+def test_vectors_cli_leaves_out_as_it_was(export_dir, tmp_path, monkeypatch, capsys, stop, code, words):
     """Writing stops in the third case: one line, the exit code, --out untouched, no temporary left."""
     out = tmp_path / "vectors"
     out.mkdir()
     (out / "keep.txt").write_text("earlier vectors")
     calls = []
-    original = conformance.run_case
+    original = run_case
 
     def failing(*args, **kwargs):
         calls.append(1)
@@ -393,10 +399,10 @@ def test_conformance_cli_leaves_out_as_it_was(export_dir, tmp_path, monkeypatch,
             raise stop()
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(conformance, "run_case", failing)
+    monkeypatch.setattr("omnivoice_onnx.vectors.record.run_case", failing)
     with pytest.raises(SystemExit) as info:
-        run_main(conformance.main, ["--onnx-dir", str(export_dir), "--out", str(out), "--threads", "1"],
-                 prog="python -m omnivoice_onnx.conformance")
+        run_main(vectors_cli.main, ["--onnx-dir", str(export_dir), "--out", str(out), "--threads", "1"],
+                 prog=COMMAND)
     assert info.value.code == code
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and words in err, err

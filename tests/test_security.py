@@ -25,7 +25,9 @@ import numpy as np
 import pytest
 from conftest import REPO, single_stderr_line
 
-from omnivoice_onnx import audio_out, batch, batch_list, files, limits, runtime_config, voices
+from omnivoice_onnx import audio_out, files, limits, runtime_config, voices
+from omnivoice_onnx.batch import lines as batch_lines
+from omnivoice_onnx.batch import run as batch_run
 from omnivoice_onnx.bundle import Bundle, Folder, read_report
 from omnivoice_onnx.contract import FP32_VARIANT, FRAME_RATE, GRAPH_FILES, NUM_CODEBOOKS, REPORT_FILE
 from omnivoice_onnx.core import audio, request
@@ -122,14 +124,14 @@ def write_voice(target: Path) -> None:
 
 
 def write_results(target: Path) -> None:
-    log = batch.ResultsLog(target, {})
+    log = batch_run.ResultsLog(target, {})
     log.rewrite([{"id": "a", "line": 1}])
     log.append({"id": "b", "line": 2})
     log.close()
 
 
 WRITERS = {"report.json": write_report, "out.wav": write_speech, "alice.json": write_voice,
-           batch_list.RESULTS_FILE: write_results}
+           batch_lines.RESULTS_FILE: write_results}
 
 
 @pytest.mark.parametrize("name", WRITERS)
@@ -150,10 +152,10 @@ def test_planted_temporary_links_never_redirect_a_write(name: str, tmp_path: Pat
 def test_results_append_refuses_a_link_planted_in_its_place(tmp_path: Path) -> None:
     victim = tmp_path / "victim"
     victim.write_text("precious")
-    log = batch.ResultsLog(tmp_path / batch_list.RESULTS_FILE, {})
+    log = batch_run.ResultsLog(tmp_path / batch_lines.RESULTS_FILE, {})
     log.rewrite([])
-    (tmp_path / batch_list.RESULTS_FILE).unlink()
-    (tmp_path / batch_list.RESULTS_FILE).symlink_to(victim)
+    (tmp_path / batch_lines.RESULTS_FILE).unlink()
+    (tmp_path / batch_lines.RESULTS_FILE).symlink_to(victim)
     with pytest.raises(OSError):
         log.append({"id": "a", "line": 1})
     assert victim.read_text() == "precious"
@@ -232,9 +234,9 @@ def test_text_inputs_are_read_up_to_their_limit(args: list[str], stdin: bytes | 
 
 
 def test_test_list_is_read_up_to_its_limit(monkeypatch) -> None:
-    monkeypatch.setattr(batch_list, "MAX_LIST_BYTES", 1 << 20)
+    monkeypatch.setattr(batch_lines, "MAX_LIST_BYTES", 1 << 20)
     with pytest.raises(UserError, match="test list /dev/zero is larger than 1,048,576 bytes"):
-        batch_list.read_test_list(Path("/dev/zero"))
+        batch_lines.read_test_list(Path("/dev/zero"))
 
 
 DEEP = "[" * 200_000 + "]" * 200_000
@@ -274,11 +276,11 @@ def test_deep_or_incomplete_jsonl_lines_are_bad_lines_not_tracebacks(tmp_path: P
     "line" (which the rewrite sorts by: a KeyError), are dropped as a torn line is."""
     listed = tmp_path / "list.jsonl"
     listed.write_text(json.dumps({"id": "a", "text": "Hi."}) + "\n" + DEEP + "\n")
-    parsed = batch_list.read_test_list(listed)
+    parsed = batch_lines.read_test_list(listed)
     assert [line.id for line in parsed.lines] == ["a"] and "not JSON" in parsed.bad[0].problem
-    results = tmp_path / batch_list.RESULTS_FILE
+    results = tmp_path / batch_lines.RESULTS_FILE
     results.write_text(DEEP + "\n" + json.dumps({"id": "a"}) + "\n" + json.dumps({"id": "b", "line": 2}) + "\n")
-    assert list(batch.read_results(results)) == ["b"]
+    assert list(batch_run.read_results(results)) == ["b"]
 
 
 @pytest.mark.parametrize("pattern", [r"(x+x+)+y", r"(a|aa)*b", r"(\w)\1"])
@@ -382,7 +384,8 @@ def test_sessions_write_nothing_under_home_and_print_no_telemetry_line(home: str
 
 # --- 5. a closed pipe is exit 141, never 0 after a partial write -----------------------------------
 
-WHOLE_CLIP = ("import numpy as np; from omnivoice_onnx import audio_out; from omnivoice_onnx.cliutil import run_main\n"
+WHOLE_CLIP = ("import numpy as np; from omnivoice_onnx import audio_out\n"
+              "from omnivoice_onnx.cli.exits import run_main\n"
               "def main(argv):\n"
               "    with audio_out.open_output('-', 'wav', 24000) as sink:\n"
               "        sink.write(np.zeros(484_800, np.float32))  # 20.2 s: 969,644 bytes, written whole at close\n"
@@ -400,7 +403,7 @@ def test_stdout_closed_mid_write_exits_141() -> None:
 
 # --- 6. concurrency: locked names and res-dirs, workers that die with their driver -----------------
 
-SAVE_ONE = ("import sys; from pathlib import Path; from omnivoice_onnx.cliutil import run_main\n"
+SAVE_ONE = ("import sys; from pathlib import Path; from omnivoice_onnx.cli.exits import run_main\n"
             "from omnivoice_onnx.voices import Voice, save_voice\n"
             "def main(argv):\n"
             "    folder, tag = Path(argv[0]), argv[1]\n"
@@ -429,19 +432,19 @@ def test_a_second_batch_run_into_a_busy_res_dir_is_refused(tmp_path: Path) -> No
     listed.write_text(json.dumps({"id": "a", "text": "Hi."}) + "\n")
     res_dir = tmp_path / "out"
     res_dir.mkdir()
-    options = batch.Options(test_list=listed, res_dir=res_dir, model_dir=tmp_path / "no-model")
-    with files.FolderLock(res_dir, batch_list.RESULTS_FILE, "--res-dir"):
+    options = batch_run.Options(test_list=listed, res_dir=res_dir, model_dir=tmp_path / "no-model")
+    with files.FolderLock(res_dir, batch_lines.RESULTS_FILE, "--res-dir"):
         with pytest.raises(UserError, match=f"--res-dir is in use by another process \\(pid {os.getpid()}"):
-            batch.run_batch(options, log=lambda message: None)
+            batch_run.run_batch(options, log=lambda message: None)
     with pytest.raises(UserError, match="no-model"):  # free again: the run goes on to the model
-        batch.run_batch(options, log=lambda message: None)
+        batch_run.run_batch(options, log=lambda message: None)
 
 
 DRIVER = ("import concurrent.futures, multiprocessing, os, signal, time\n"
-          "from omnivoice_onnx import batch\n"
+          "from omnivoice_onnx.batch import pool, run\n"
           "if __name__ == '__main__':\n"
           "    pool = concurrent.futures.ProcessPoolExecutor(2, mp_context=multiprocessing.get_context('spawn'),\n"
-          "        initializer=batch._pool_init, initargs=('m', 'fp32', 1, os.getpid()))\n"
+          "        initializer=pool._pool_init, initargs=(run.Synthesizer.load, ('m', 'fp32', 1), os.getpid()))\n"
           "    for future in [pool.submit(time.sleep, 0.5) for _ in range(2)]:\n"
           "        future.result()  # both workers started and initialised\n"
           "    print(' '.join(map(str, pool._processes)), flush=True)\n"
@@ -589,7 +592,7 @@ def test_bad_ray_addresses_refused(address: str, env: dict[str, str], words: str
     """Every bad --ray address was a traceback (ray://... without ray[client], `auto` with no
     cluster, garbage) or a hang (127.0.0.1:1)."""
     pytest.importorskip("ray")
-    from omnivoice_onnx import batch_ray
+    from omnivoice_onnx.batch import ray_engine
 
     if address.startswith("ray://") and importlib.util.find_spec("grpc") is not None:
         pytest.skip("Ray Client is installed here")
@@ -603,7 +606,7 @@ def test_bad_ray_addresses_refused(address: str, env: dict[str, str], words: str
         if services.find_gcs_addresses():  # ray finds running clusters by their processes too
             pytest.skip("a Ray cluster runs on this machine (another job's): `auto` would find it")
     with pytest.raises(UserError, match=re.escape(words)):
-        batch_ray.check_address(address)
+        ray_engine.check_address(address)
 
 
 def test_a_dead_ray_address_refused_before_any_output(tmp_path: Path) -> None:

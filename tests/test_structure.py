@@ -172,6 +172,16 @@ def test_core_imports_nothing_above_it() -> None:
         assert not above, f"{short(name)} imports {sorted(above)}"
 
 
+def test_only_the_entry_points_import_a_front_end() -> None:
+    """The command line (cli/) is imported by nothing but itself and `python -m omnivoice_onnx`, and
+    the servers (serve/) by nothing but themselves and the command line: the rooms below them (the
+    vectors, batch, the model) hold no front end's code, and a front end's helpers live in it."""
+    rooms = {"cli": {"cli", "__main__"}, "serve": {"serve", "cli"}}  # a front end -> the rooms that may import it
+    found = {f"{short(name)} -> {short(dep)}" for name in MODULES for dep in imports(name, annotations=True)[0]
+             if short(dep).split(".")[0] in rooms and short(name).split(".")[0] not in rooms[short(dep).split(".")[0]]}
+    assert not found, f"front ends imported from below them: {sorted(found)}"
+
+
 def test_no_module_over_600_lines() -> None:
     long = {short(name): n for name, path in MODULES.items()
             if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_LINES}
@@ -186,7 +196,7 @@ def test_runtime_imports_no_torch_onnx_or_toolchain() -> None:
 def test_the_graph_is_read_right() -> None:
     """The reader itself: it sees function-level imports and `from package import module`, and
     skips TYPE_CHECKING (a check that cannot see an import proves nothing)."""
-    assert f"{PACKAGE}.batch_ray" in imports(f"{PACKAGE}.batch")[0]  # imported inside ray_engine()
+    assert f"{PACKAGE}.batch.ray_engine" in imports(f"{PACKAGE}.batch.run")[0]  # imported inside load_ray_engine()
     assert f"{PACKAGE}.core.audio" in imports(f"{PACKAGE}.core.request")[0]  # from omnivoice_onnx.core import audio
     annotated = ast.parse("import typing\nif typing.TYPE_CHECKING:\n    from omnivoice_onnx.api import X\n"
                           "from omnivoice_onnx.core.shapes import Request\n")

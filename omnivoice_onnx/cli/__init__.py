@@ -1,5 +1,6 @@
-"""The command line's room: one module per `omnivoice-onnx` subcommand, and the helpers two
-commands share (server_flags).
+"""The command line's room: one module per `omnivoice-onnx` subcommand, the helpers commands
+share (flags: the shared flags and argument types; exits: exit codes and the one-line error frame;
+server_flags: serve's and wyoming's), and the conformance vectors' command (vectors).
 
 Each command module exposes `add_parser(subparsers) -> argparse.ArgumentParser` (its flags and
 --help) and `run(args) -> int | None` (the command, on a validated request; its exit code). The

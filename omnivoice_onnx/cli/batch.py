@@ -20,9 +20,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from omnivoice_onnx.cliutil import (
+from omnivoice_onnx.cli.exits import EXIT_CHECK_FAILED
+from omnivoice_onnx.cli.flags import (
     CHUNK_SECONDS,
-    EXIT_CHECK_FAILED,
     NUM_STEP,
     SCORE_FACTOR,
     T_SHIFT,
@@ -99,7 +99,7 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     """Exit 0 when every line has its WAV, 1 when some lines failed (each recorded in results.jsonl
     with its error; the others are written), 2 for bad input before any synthesis."""
-    from omnivoice_onnx.batch import Options, run_batch  # onnxruntime loads here, not for --help
+    from omnivoice_onnx.batch.run import Options, run_batch  # onnxruntime loads here, not for --help
 
     names = [name for name, _, _ in GENERATION_FLAGS] + [name for name, _ in BOOL_FLAGS]
     options = Options(test_list=args.test_list, res_dir=args.res_dir, model_dir=args.model_dir,

@@ -28,7 +28,7 @@ import os
 import sys
 from pathlib import Path
 
-from omnivoice_onnx.cliutil import Subparsers, add_bundle_flags
+from omnivoice_onnx.cli.flags import Subparsers, add_bundle_flags
 from omnivoice_onnx.files import check_output
 
 

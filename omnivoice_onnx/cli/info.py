@@ -30,7 +30,7 @@ from omnivoice_onnx.bundle import (
     metadata_props,
     verify_requested,
 )
-from omnivoice_onnx.cliutil import Subparsers, add_bundle_flags
+from omnivoice_onnx.cli.flags import Subparsers, add_bundle_flags
 from omnivoice_onnx.contract import FP32_VARIANT
 from omnivoice_onnx.core.prompt import language_names
 from omnivoice_onnx.errors import UserError, say

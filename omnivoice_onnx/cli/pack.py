@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from omnivoice_onnx.cliutil import Subparsers, add_bundle_flags
+from omnivoice_onnx.cli.flags import Subparsers, add_bundle_flags
 from omnivoice_onnx.files import check_output
 
 

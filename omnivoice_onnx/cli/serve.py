@@ -23,8 +23,8 @@ import os
 from collections.abc import Callable
 
 from omnivoice_onnx.audio_out import RESPONSE_FORMATS
+from omnivoice_onnx.cli.flags import Subparsers, int_range
 from omnivoice_onnx.cli.server_flags import add_model_flags, server_config
-from omnivoice_onnx.cliutil import Subparsers, int_range
 from omnivoice_onnx.errors import UserError, log_lines
 from omnivoice_onnx.serve.browser import check_host_flag, check_origin_flag
 from omnivoice_onnx.serve.service import API_KEY_ENV, api_key_from

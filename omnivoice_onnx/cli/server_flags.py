@@ -9,7 +9,7 @@ import argparse
 from typing import Any
 
 from omnivoice_onnx.bundle import check_folder
-from omnivoice_onnx.cliutil import NUM_STEP, SCORE_FACTOR, THREADS, add_bundle_flags, float_range, int_range
+from omnivoice_onnx.cli.flags import NUM_STEP, SCORE_FACTOR, THREADS, add_bundle_flags, float_range, int_range
 from omnivoice_onnx.serve.service import (
     DEFAULT_DRAIN_S,
     DEFAULT_QUEUE,

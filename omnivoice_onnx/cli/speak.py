@@ -42,7 +42,8 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from omnivoice_onnx import audio_out
 from omnivoice_onnx.bundle import check_folder
-from omnivoice_onnx.cliutil import (
+from omnivoice_onnx.cli.exits import note
+from omnivoice_onnx.cli.flags import (
     DURATION,
     NUM_STEP,
     SCORE_FACTOR,
@@ -51,7 +52,6 @@ from omnivoice_onnx.cliutil import (
     THREADS,
     Subparsers,
     add_bundle_flags,
-    note,
 )
 from omnivoice_onnx.core import request
 from omnivoice_onnx.core.instruct import instructions_note

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import argparse
 
+from omnivoice_onnx.cli.flags import SEED, Subparsers
 from omnivoice_onnx.cli.server_flags import add_model_flags, server_config
-from omnivoice_onnx.cliutil import SEED, Subparsers
 from omnivoice_onnx.errors import UserError, log_lines
 
 INSTALL_FIX = "install the Wyoming extra: pip install 'omnivoice-onnx[wyoming]'"

@@ -199,7 +199,7 @@ def cross_fade_chunks(chunks: list[np.ndarray], sample_rate: int, rules: dict[st
     (2400 at 24 kHz); a chunk shorter than n fades in over its whole length. The fade-out covers
     the last min(n, len(merged)) samples of everything joined so far, so after a chunk of L < n
     samples it also covers n - L of the zeros before it (the chunk gets the ramp's last L gains;
-    rule_vectors' cross_fade cases). A single chunk is returned as is.
+    vectors.rules' cross_fade cases). A single chunk is returned as is.
     """
     if not chunks:
         raise ValueError("cross_fade_chunks needs at least one chunk")

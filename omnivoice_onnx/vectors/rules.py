@@ -1,13 +1,13 @@
 """The "rules" conformance vector: one case list per host-side rule that a port could read two ways.
 
 A generate vector exercises these rules only where its texts happen to reach them; this vector
-pins each one with inputs on which a competing reading gives another result (tests/test_rule_vectors.py
+pins each one with inputs on which a competing reading gives another result (tests/test_vectors_rules.py
 shows it, reading by reading). Two of the readings cannot change any result with
 OmniVoice's data and tokenizer ("……" against the last code point; the fallback's special tokens):
 their cases pin the rule, the test proves the equivalence. It needs no graph run: a port checks it
 by calling its own text, prompt and audio functions on `input` and comparing with `expected`:
 strings, lists of ids and {"instruct"} / {"error"} objects exactly; the cross-fade's `expected` is
-an audio summary (vector_format.audio_summary) of the joined mono samples, whose `samples` and
+an audio summary (vectors.format.audio_summary) of the joined mono samples, whose `samples` and
 `sha256_f32le` a port matches exactly (float32 products with the gains docs/runtime.md gives; the
 other statistics only help to find where a difference starts).
 
@@ -45,9 +45,9 @@ from omnivoice_onnx.core import audio, text
 from omnivoice_onnx.core.instruct import instruct_use_zh, resolve_instruct
 from omnivoice_onnx.core.prompt import TextTokenizer
 from omnivoice_onnx.errors import UserError
-from omnivoice_onnx.vector_format import FORMAT, audio_summary, short
+from omnivoice_onnx.vectors.format import FORMAT, audio_summary, short
 
-CASE = "ambiguous-rules"
+RULES_CASE = "ambiguous-rules"
 
 # Inputs per rule (docs/runtime.md states each rule; the comment says which reading each input splits).
 RULE_CASES: dict[str, list[dict[str, Any]]] = {
@@ -139,7 +139,7 @@ def rules_record(runtime_config: dict[str, Any], tokenizer: TextTokenizer, sampl
     return {
         "format": FORMAT,
         "kind": "rules",
-        "case": CASE,
+        "case": RULES_CASE,
         "sample_rate": sample_rate,
         "rules": [{"rule": rule, "input": case,
                    "expected": expected_value(rule, case, runtime_config, tokenizer, sample_rate)}

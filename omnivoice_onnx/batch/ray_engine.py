@@ -1,9 +1,9 @@
 """omnivoice-onnx batch --ray [ADDRESS]: the batch job on Ray Data (extra `omnivoice-onnx[ray]`).
 
-Imported only for --ray. The driver (omnivoice_onnx.batch.run_batch) checks the list, plans the
+Imported only for --ray. The driver (omnivoice_onnx.batch.run.run_batch) checks the list, plans the
 lines and writes every file; Ray only computes: a dataset of the planned tasks, longest first, cut
 into small blocks, mapped by an actor pool whose actors each hold one loaded OmniVoiceOnnx
-(omnivoice_onnx.batch.SynthActor). An actor returns each line's WAV bytes and timings; the
+(omnivoice_onnx.batch.run.SynthActor). An actor returns each line's WAV bytes and timings; the
 driver writes `<id>.wav` and its record as rows arrive, exactly as the local engines do, so a
 Ray run's files are the local run's files, byte for byte, and a resume works across engines.
 
@@ -43,8 +43,8 @@ from omnivoice_onnx.errors import UserError
 # Lines per Ray block: small, so the longest-first order is kept at a fine grain and the actors
 # finish together, and a retried block redoes little; at least BLOCKS_PER_ACTOR blocks per actor.
 MAX_LINES_PER_BLOCK = 8
-# The omnivoice_onnx package folder (a path: this engine imports nothing of the package).
-PACKAGE_DIR = os.fspath(Path(__file__).resolve().parent)
+# The omnivoice_onnx package folder, the one above batch/ (a path: this engine imports nothing of the package).
+PACKAGE_DIR = os.fspath(Path(__file__).resolve().parent.parent)
 BLOCKS_PER_ACTOR = 4
 
 
@@ -111,7 +111,7 @@ def run_ray(address: str, actor: type, actor_kwargs: dict[str, Any], workers: in
             estimates: list[float], threads: int) -> Iterator[dict[str, Any]]:
     """The tasks (rows of str/bytes columns, already longest first; `estimates` their seconds,
     kept as a column for inspection) on `workers` instances of `actor` (built with `actor_kwargs`; the driver passes
-    omnivoice_onnx.batch.SynthActor, so this engine knows nothing of the model) of `threads` CPUs
+    omnivoice_onnx.batch.run.SynthActor, so this engine knows nothing of the model) of `threads` CPUs
     each, on Ray at `address` (see connect); outcomes as blocks finish."""
     import ray
     import ray.data

@@ -1,13 +1,10 @@
-"""Conformance vectors: a fixed list of generate() cases, each written as one JSON trace that a
-port (C#, Node, mobile) replays stage by stage, and the replay that checks a folder of them.
+"""The vectors as this runtime records them: each case of vectors.cases run on the reference graph
+and written as one JSON trace that a port (C#, Node, mobile) replays stage by stage
+(write_vectors), and the replay that checks a folder of them (check_vectors: each case run again
+here, then vectors.compare). The command line: omnivoice_onnx.cli.vectors.
 
-    python -m omnivoice_onnx.conformance --onnx-dir onnx --out conformance/     # write the vectors
-    python -m omnivoice_onnx.conformance --onnx-dir onnx --check conformance/   # replay them here
-
---out is written whole: the vectors go to a temporary folder beside it, which replaces --out only
-when every case is written (a full disk, Ctrl-C or SIGTERM leave --out as it was, and one line).
---check replays every vector in the folder against this runtime and prints, per case, the first
-difference in COMPARE_ORDER (exit 1 when any case differs).
+write_vectors writes its folder whole: the vectors go to a temporary folder beside it, which
+replaces it only when every case is written (a full disk, Ctrl-C or SIGTERM leave it as it was).
 
 The folder holds (FORMAT "omnivoice-conformance/3"; 3 adds the decoded files and post_process
 records, and marks what is exact everywhere: COMPARE_ORDER's "bits" and "exact" kinds):
@@ -63,7 +60,6 @@ format as a port reads it (every field, the arithmetic of the numbers): docs/vec
 
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 from dataclasses import asdict
@@ -73,128 +69,33 @@ from typing import Any
 import numpy as np
 import soundfile as sf
 
-from omnivoice_onnx import rule_vectors
 from omnivoice_onnx.api import OmniVoiceOnnx
-from omnivoice_onnx.bundle import check_folder
-from omnivoice_onnx.cliutil import THREADS, CheckFailed, add_bundle_flags, parse, run_main
 from omnivoice_onnx.contract import FP32_VARIANT
 from omnivoice_onnx.core import audio, duration, scoring
 from omnivoice_onnx.core.generate import IterativeTrace, Trace, decode
 from omnivoice_onnx.core.rng import TorchCpuRng
-from omnivoice_onnx.errors import UserError, say
-from omnivoice_onnx.files import Maybe, atomic_dir, check_output, read_json, sha256_file
-from omnivoice_onnx.vector_format import ENVELOPE_BLOCK, FOLDER_README, FORMAT, audio_summary, short
+from omnivoice_onnx.errors import say
+from omnivoice_onnx.files import Maybe, atomic_dir, read_json, sha256_file
+from omnivoice_onnx.vectors.cases import (
+    CASES,
+    POST_PROCESS_CASES,
+    README,
+    SCORING_CASE,
+    SCORING_GUIDANCE,
+    SCORING_SCALES,
+    SCORING_SEED,
+    SILENCES_WAV,
+    decoded_file,
+    write_references,
+)
+from omnivoice_onnx.vectors.compare import compare_records
+from omnivoice_onnx.vectors.format import COMMAND, FOLDER_README, FORMAT, audio_summary
+from omnivoice_onnx.vectors.rules import RULES_CASE, check_rules, rules_record
 from omnivoice_onnx.verified import stat_identity
 
-REF_WAV = "ref_voice.wav"
-REF_QUIET = "ref_quiet_44k_stereo.wav"
-REF_16K = "ref_16k.wav"
-README = "README.md"
 STEP_DIGITS = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"  # step s -> STEP_DIGITS[s]
 RNG_PREVIEW = 8  # first words / float32 draws of the seed recorded
-AUDIO_TOLERANCE = 1e-4  # the envelope tolerance --check applies (an ORT build's float differences)
-DESIGN_TEXT = "The quick brown fox jumps over the lazy dog."  # short: ref_voice.wav stays ~100 kB
-LONG_TEXT = ("The first sentence sets the scene. A second one follows it closely, with a few more words. "
-             "Then a third arrives; it is short. Finally, the fourth sentence ends this long text for good.")
-# Abbreviations (no split after "Dr." or "e.g."), closing marks and punctuation that follow a split
-# (they join the previous sentence), a short sentence merged into its neighbour.
-ABBREVIATED_TEXT = ('Dr. Smith met Mr. Jones at St. Mary\'s on Jan. 3. "We should go," he said. (They left.) '
-                    "Why? Prof. Lee, i.e. the host, agreed; approx. five people came, e.g. Ann. Ok.")
-# Chunking limits (seconds) lowered so that the long texts are chunked, and 8 steps to keep it small.
-CHUNKED = {"audio_chunk_threshold": 3.0, "audio_chunk_duration": 2.0, "num_step": 8}
-# The quiet reference: its RMS (below the 0.1 boost threshold) and silences (ms at 44.1 kHz).
-QUIET_RATE, QUIET_RMS, QUIET_SILENCES_MS, QUIET_SPEECH_S = 44100, 0.03, (300, 700, 500), 1.2
 
-# name -> generate() keyword arguments. A ref_audio names a file of the folder: REF_WAV is the
-# "design-reference" case's output (so that case comes first); REF_QUIET and REF_16K are made from it.
-CASES: dict[str, dict[str, Any]] = {
-    "design-reference": {"text": DESIGN_TEXT, "instruct": "female, low pitch", "language": "English", "seed": 1234},
-    "auto-en": {"text": "Hello there, this is a test of the model.", "language": "en", "seed": 0},
-    "design-zh-dialect": {"text": "你好，今天的天气非常好。", "instruct": "男，四川话", "language": "zh", "seed": 1},
-    "clone-en": {"text": "Clone this voice now, thank you.", "ref_audio": REF_WAV, "ref_text": DESIGN_TEXT,
-                 "seed": 2**32 + 5},
-    "batch-scripts": {"text": ["こんにちは、元気ですか。", "안녕하세요, 만나서 반갑습니다.", "Привет, как дела?",
-                               "नमस्ते, आप कैसे हैं?"], "language": ["ja", "ko", "Russian", "hi"],
-                      "instruct": [None, "female", None, "male, elderly"], "seed": 7},
-    "class-temperature": {"text": "Sampling the classes as well.", "instruct": "male, high pitch",
-                          "generation_config": {"class_temperature": 1.0, "num_step": 16}, "seed": 11},
-    "speed-duration-clone": {"text": ["Faster, please.", "Exactly two seconds."], "speed": 1.3,
-                             "duration": [None, 2.0], "ref_audio": REF_WAV, "ref_text": DESIGN_TEXT,
-                             "generation_config": {"num_step": 16, "guidance_scale": 0.0}, "seed": 12},
-    "chunked-auto": {"text": LONG_TEXT, "generation_config": CHUNKED, "seed": 5},
-    "chunked-clone": {"text": ["Short.", LONG_TEXT], "ref_audio": REF_WAV, "ref_text": DESIGN_TEXT,
-                      "generation_config": CHUNKED, "seed": 6},
-    # --- version 2 ---
-    "clone-quiet-44k-stereo": {"text": "A quiet voice, read from a stereo file.", "ref_audio": REF_QUIET,
-                               "ref_text": DESIGN_TEXT, "generation_config": {"num_step": 16}, "seed": 21},
-    "clone-16k": {"text": "Sixteen kilohertz, resampled up.", "ref_audio": REF_16K, "ref_text": DESIGN_TEXT,
-                  "generation_config": {"num_step": 16}, "seed": 2**53 + 1},
-    "nonverbal-tags": {"text": "[laughter] That is so funny! [sigh] Okay then, [question-en] really?",
-                       "language": "en", "generation_config": {"num_step": 16}, "seed": 2**64 - 1},
-    "chunked-abbreviations": {"text": ABBREVIATED_TEXT, "ref_audio": REF_WAV, "ref_text": DESIGN_TEXT,
-                              "generation_config": CHUNKED, "seed": 9},
-    "design-accent-dialect": {"text": ["Good morning, my friends.", "你好，朋友们，今天很好。", "Hello from the west."],
-                              "instruct": ["female, british accent", "男，河南话", "male, 四川话"],
-                              "language": [None, "zh", None], "generation_config": {"num_step": 16}, "seed": -7},
-    # Greedy cells (position_temperature 0): no position draw, the top-k of the layer-penalised
-    # confidences alone.
-    "greedy-positions": {"text": ["Hello there, this is a test of the model.", "Sampling the classes as well."],
-                         "duration": 4.0, "generation_config": {"num_step": 16, "position_temperature": 0.0},
-                         "seed": 0},
-}
-
-# name -> audio.post_process runs over one input file (SILENCES_WAV: decoder-like audio with long
-# inner and edge silences, which the tiny checkpoint's noise-like speech never has): the output
-# silence trimming, peak normalisation, rescale by ref_rms / 0.1, fades and padding.
-SILENCES_WAV = "decoded_with_silences.wav"
-SILENCES_LAYOUT_MS = (("silence", 800), ("speech", 600), ("silence", 1200), ("speech", 400), ("silence", 300),
-                      ("speech", 600), ("silence", 1000))  # 0.3 s pause kept; 0.8/1.2/1.0 s trimmed
-POST_PROCESS_CASES: dict[str, list[dict[str, Any]]] = {
-    "post-process-silences": [
-        {"ref_rms": None, "postprocess_output": True, "pad_duration": 0.1, "fade_duration": 0.1},
-        {"ref_rms": 0.05, "postprocess_output": True, "pad_duration": 0.1, "fade_duration": 0.1},
-        {"ref_rms": 0.2, "postprocess_output": True, "pad_duration": 0.25, "fade_duration": 0.05},
-        {"ref_rms": None, "postprocess_output": False, "pad_duration": 0.0, "fade_duration": 0.3},
-    ],
-}
-
-# What a replay compares, in order: the first difference names the stage to look at (everything
-# before it was equal). "exact": JSON-equal; "bits": audio equal bit for bit (sample count and
-# sha256 of the float32 samples), on any machine; "device": audio that depends on the decoder graph's
-# kernels (the CPU, the thread count): sample count exact, envelopes within a tolerance. A path's
-# "*" runs over a list. Everything before the decoder, and every post_process, is exact everywhere.
-COMPARE_ORDER: tuple[tuple[str, str], ...] = (
-    ("kind", "exact"),
-    ("rng.seed", "exact"), ("rng.first_words", "exact"), ("rng.first_floats", "exact"),
-    ("references.*.sample_rate", "exact"), ("references.*.channels", "exact"), ("references.*.frames", "exact"),
-    ("references.*.loaded", "bits"), ("references.*.ref_rms", "exact"), ("references.*.prepared", "bits"),
-    ("task.texts", "exact"), ("task.langs", "exact"), ("task.instructs", "exact"), ("task.ref_texts", "exact"),
-    ("task.ref_rms", "exact"), ("task.ref_audio_tokens", "exact"), ("durations", "exact"),
-    ("task.target_lens", "exact"), ("task.speed", "exact"),
-    ("short_idx", "exact"), ("long_idx", "exact"), ("chunks", "exact"),
-    ("iterations.*.texts", "exact"), ("iterations.*.ref_texts", "exact"), ("iterations.*.target_lens", "exact"),
-    ("iterations.*.prompt_ids", "exact"), ("iterations.*.c_lens", "exact"), ("iterations.*.ref_frames", "exact"),
-    ("iterations.*.schedules", "exact"), ("iterations.*.items.*.unmask_step", "exact"),
-    ("iterations.*.items.*.tokens", "exact"), ("rng.words_drawn", "exact"),
-    ("outputs.*.post_process.input", "exact"), ("outputs.*.post_process.input_audio", "bits"),
-    ("outputs.*.post_process.ref_rms", "exact"), ("outputs.*.post_process.postprocess_output", "exact"),
-    ("outputs.*.post_process.pad_duration", "exact"), ("outputs.*.post_process.fade_duration", "exact"),
-    ("outputs.*.post_process.silence_removed", "bits"), ("outputs.*.post_process.output", "bits"),
-    ("outputs.*.stages.decoded", "device"), ("outputs.*.stages.silence_removed", "device"), ("outputs.*", "device"),
-)
-# The same for a post_process vector: all exact (its input is a file, no decoder involved).
-POST_PROCESS_ORDER: tuple[tuple[str, str], ...] = (
-    ("kind", "exact"), ("input", "bits"), ("runs.*.ref_rms", "exact"), ("runs.*.postprocess_output", "exact"),
-    ("runs.*.pad_duration", "exact"), ("runs.*.fade_duration", "exact"), ("runs.*.silence_removed", "bits"),
-    ("runs.*.output", "bits"),
-)
-
-# The same for the scoring vector (all exact: float32 values as JSON numbers).
-SCORING_ORDER: tuple[tuple[str, str], ...] = (
-    ("kind", "exact"), ("guidance_scale", "exact"), ("mask_id", "exact"), ("rows.*.cond_logits", "exact"),
-    ("rows.*.uncond_logits", "exact"), ("rows.*.cond_log_softmax", "exact"), ("rows.*.uncond_log_softmax", "exact"),
-    ("rows.*.guided_log_probs", "exact"), ("rows.*.token", "exact"), ("rows.*.confidence", "exact"),
-)
 
 def unmask_steps(iteration: IterativeTrace, item: int) -> list[str]:
     """Per codebook, a string with each frame's unmasking step as a STEP_DIGITS character."""
@@ -238,11 +139,6 @@ def duration_records(task: Any, rules: dict[str, Any]) -> list[dict[str, Any]]:
                         "ref_weight": duration.text_weight(rate_text, rules), "ref_frames": rate_frames,
                         "estimate": duration.estimate_duration(text, rate_text, rate_frames, rules)})
     return records
-
-
-def decoded_file(case: str, index: int) -> str:
-    """The file holding output `index`'s decoded audio (16-bit FLAC): the post-processing input."""
-    return f"{case}.decoded{index}.flac"
 
 
 def output_record(tts: OmniVoiceOnnx, result: Any, final: np.ndarray, ref_rms: float | None, config: Any,
@@ -337,14 +233,6 @@ def run_case(tts: OmniVoiceOnnx, name: str, case: dict[str, Any], folder: Path, 
     return record, audios
 
 
-# The scoring vector: cond/uncond logit rows (float32, stored in the vector) at these scales, with
-# guidance SCORING_GUIDANCE; expected log_softmax, guided log-probs, tokens and confidences.
-SCORING_CASE = "scoring-recipe"
-SCORING_SCALES = (1.0, 3.0, 10.0, 30.0)
-SCORING_GUIDANCE = 2.0
-SCORING_SEED = 35
-
-
 def scoring_record(tts: OmniVoiceOnnx, stored: dict[str, Any] | None = None) -> dict[str, Any]:
     """The scoring recipe (docs/runtime.md, "One step of the loop") on logit rows: those of
     `stored` when replaying, else drawn (numpy's RandomState(SCORING_SEED), float32, scaled).
@@ -400,94 +288,6 @@ def post_process_case(tts: OmniVoiceOnnx, name: str, runs: list[dict[str, Any]],
             "runs": [post_process_run(tts, decoded, run) for run in runs]}
 
 
-def silences_input(voice: np.ndarray, rate: int) -> np.ndarray:
-    """SILENCES_WAV's samples: stretches of ref_voice.wav and of zeros, as SILENCES_LAYOUT_MS says."""
-    parts, used = [], 0
-    for kind, ms in SILENCES_LAYOUT_MS:
-        n = rate * ms // 1000
-        parts.append(voice[used:used + n] if kind == "speech" else np.zeros(n, np.float32))
-        used += n if kind == "speech" else 0
-    return np.concatenate(parts)
-
-
-def _values(record: Any, path: list[str], where: str = "") -> list[tuple[str, Any]]:
-    """(location, value) pairs at a dotted path, "*" running over a list; a missing key gives None."""
-    if not path:
-        return [(where, record)]
-    head, rest = path[0], path[1:]
-    if head == "*":
-        items = record if isinstance(record, list) else []
-        return [pair for i, item in enumerate(items) for pair in _values(item, rest, f"{where}[{i}]")]
-    value = record.get(head) if isinstance(record, dict) else None
-    return _values(value, rest, f"{where}.{head}" if where else head)
-
-
-def _audio_difference(ours: Any, theirs: Any, tolerance: float | None) -> str | None:
-    """How two audio summaries differ (None: they conform); `tolerance` None: bit for bit."""
-    if ours is None or theirs is None:
-        return None if ours is theirs else "present on one side only"
-    if ours["samples"] != theirs["samples"]:
-        return f"samples {ours['samples']} != {theirs['samples']}"
-    if tolerance is None:
-        if ours["sha256_f32le"] == theirs["sha256_f32le"]:
-            return None
-        worst = max(float(np.abs(np.subtract(ours[s], theirs[s])).max()) if ours[s] else 0.0
-                    for s in ("envelope_min", "envelope_max"))
-        return f"not bit-identical (sha256_f32le differs; envelopes up to {worst:.3g} apart)"
-    for stat in ("envelope_min", "envelope_max"):
-        worst = float(np.abs(np.subtract(ours[stat], theirs[stat])).max()) if ours[stat] else 0.0
-        if worst > tolerance:
-            block = int(np.argmax(np.abs(np.subtract(ours[stat], theirs[stat]))))
-            return f"{stat} differs by {worst:.3g} > {tolerance:g} (block {block}, sample {block * ENVELOPE_BLOCK})"
-    return None
-
-
-def compare_records(expected: dict[str, Any], actual: dict[str, Any], tolerance: float = AUDIO_TOLERANCE) -> list[str]:
-    """Differences between a stored vector and a replay, in COMPARE_ORDER (the first one is where
-    to look); [] when the replay conforms. "bits" audio must be bit-identical, "device" audio
-    compares sample counts exactly and envelopes within `tolerance`; the rest is JSON-equal."""
-    problems = []
-    if expected.get("format") != FORMAT:
-        return [f"format {expected.get('format')!r}, this replay reads {FORMAT!r}"]
-    order = {"post_process": POST_PROCESS_ORDER, "scoring": SCORING_ORDER}.get(expected.get("kind", ""), COMPARE_ORDER)
-    for path, kind in order:
-        theirs = dict(_values(expected, path.split(".")))
-        ours = dict(_values(actual, path.split(".")))
-        for where in sorted(set(theirs) | set(ours), key=lambda w: (len(w), w)):
-            if kind == "exact":
-                if theirs.get(where) != ours.get(where):
-                    problems.append(f"{where}: expected {short(theirs.get(where))}, got {short(ours.get(where))}")
-            else:
-                difference = _audio_difference(ours.get(where), theirs.get(where),
-                                               tolerance if kind == "device" else None)
-                if difference:
-                    problems.append(f"{where}: {difference}")
-    return problems
-
-
-def quiet_stereo_reference(voice: np.ndarray, rate: int, rules: dict[str, Any]) -> np.ndarray:
-    """REF_QUIET's samples [T, 2] at QUIET_RATE from ref_voice.wav's float32 [T]: its first
-    QUIET_SPEECH_S resampled, split in two halves with QUIET_SILENCES_MS of zeros before, between
-    and after, scaled to RMS QUIET_RMS, the right channel at 0.6 of the left."""
-    speech = audio.resample(voice[np.newaxis, :int(QUIET_SPEECH_S * rate)].astype(np.float32), rate, QUIET_RATE,
-                            rules)[0]
-    speech = speech * np.float32(QUIET_RMS / float(np.sqrt(np.mean(speech.astype(np.float64) ** 2))))
-    gaps = [np.zeros(QUIET_RATE * ms // 1000, np.float32) for ms in QUIET_SILENCES_MS]
-    half = speech.size // 2
-    left = np.concatenate([gaps[0], speech[:half], gaps[1], speech[half:], gaps[2]])
-    return np.stack([left, left * np.float32(0.6)], axis=1)
-
-
-def write_references(folder: Path, voice: np.ndarray, rate: int, rules: dict[str, Any]) -> list[Path]:
-    """REF_WAV (the design-reference output) and the two references made from it, 16-bit PCM."""
-    sf.write(folder / REF_WAV, voice, rate, subtype="PCM_16")
-    voice, rate = sf.read(folder / REF_WAV, dtype="float32")  # what the cases will read
-    sf.write(folder / REF_QUIET, quiet_stereo_reference(voice, rate, rules), QUIET_RATE, subtype="PCM_16")
-    sf.write(folder / REF_16K, audio.resample(voice[np.newaxis], rate, 16000, rules)[0], 16000, subtype="PCM_16")
-    sf.write(folder / SILENCES_WAV, silences_input(voice, rate), rate, subtype="PCM_16")
-    return [folder / REF_WAV, folder / REF_QUIET, folder / REF_16K, folder / SILENCES_WAV]
-
-
 def write_vectors(onnx_dir: Path, out: Path, threads: int | None = None) -> list[Path]:
     """Run every case of CASES on the export at `onnx_dir` into a temporary folder that replaces
     `out` when all are written: the references, one JSON per case, README.md."""
@@ -514,8 +314,8 @@ def write_vectors(onnx_dir: Path, out: Path, threads: int | None = None) -> list
         record = scoring_record(tts)
         path.write_text(json.dumps(record, separators=(",", ":")) + "\n", encoding="utf-8")
         names.append(path.name)
-        path = folder / f"{rule_vectors.CASE}.json"
-        record = {**rule_vectors.rules_record(tts.runtime_config, tts.tokenizer, tts.sample_rate),
+        path = folder / f"{RULES_CASE}.json"
+        record = {**rules_record(tts.runtime_config, tts.tokenizer, tts.sample_rate),
                   "export": _export_hashes(tts)}
         path.write_text(json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n", encoding="utf-8")
         names.append(path.name)
@@ -530,7 +330,7 @@ def check_vectors(onnx_dir: Path, folder: Path, threads: int | None = None) -> d
     tts = OmniVoiceOnnx.from_dir(onnx_dir, threads=threads, variant=FP32_VARIANT)
     results = {}
     for path in sorted(folder.glob("*.json")):
-        stored = read_json(path, "conformance vector", "write the vectors again (omnivoice_onnx.conformance --out)",
+        stored = read_json(path, "conformance vector", f"write the vectors again ({COMMAND} --out)",
                            schema={"case": Maybe(str)})
         name = stored.get("case", path.stem)
         if name in CASES:
@@ -539,8 +339,8 @@ def check_vectors(onnx_dir: Path, folder: Path, threads: int | None = None) -> d
             record = post_process_case(tts, name, POST_PROCESS_CASES[name], folder)
         elif name == SCORING_CASE:
             record = scoring_record(tts, stored)
-        elif name == rule_vectors.CASE:
-            results[name] = rule_vectors.check_rules(stored, tts.runtime_config, tts.tokenizer, tts.sample_rate)
+        elif name == RULES_CASE:
+            results[name] = check_rules(stored, tts.runtime_config, tts.tokenizer, tts.sample_rate)
             say(f"[{name}] {'OK' if not results[name] else 'FAIL: ' + results[name][0]}")
             continue
         else:
@@ -549,33 +349,3 @@ def check_vectors(onnx_dir: Path, folder: Path, threads: int | None = None) -> d
         results[name] = compare_records(stored, record)
         say(f"[{name}] {'OK' if not results[name] else 'FAIL: ' + results[name][0]}")
     return results
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m omnivoice_onnx.conformance", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    # The reference graph (fp32) is always the one replayed: no --variant. --onnx-dir: its older spelling.
-    add_bundle_flags(parser, variant=False, voices=False, model_aliases=("--onnx-dir",), hub=False)
-    mode = parser.add_mutually_exclusive_group(required=True)
-    mode.add_argument("--out", type=Path, help="folder to (re)write whole: references, vectors, README.md")
-    mode.add_argument("--check", type=Path, help="folder of vectors to replay against this runtime")
-    parser.add_argument("--threads", type=THREADS, default=None, help="onnxruntime intra-op threads (>= 1)")
-    args = parse(parser, argv)
-    if args.out is not None:
-        check_output(args.out, "--out", "tree")  # before the model loads: a refusal costs nothing
-        check_folder(args.model_dir)
-        write_vectors(args.model_dir, args.out, args.threads)
-        return
-    if not args.check.is_dir() or not any(args.check.glob("*.json")):
-        raise UserError(f"--check {args.check}: no vectors (*.json) there",
-                        "pass the folder `--out` wrote (tests/conformance holds the tiny checkpoint's)")
-    check_folder(args.model_dir)
-    results = check_vectors(args.model_dir, args.check, args.threads)
-    failed = sorted(name for name, problems in results.items() if problems)
-    say(f"OVERALL: {'PASS' if not failed else 'FAIL'} ({len(results) - len(failed)}/{len(results)} cases conform)")
-    if failed:
-        raise CheckFailed(f"{len(failed)} case(s) differ: {', '.join(failed)}")
-
-
-if __name__ == "__main__":
-    run_main(main, prog="python -m omnivoice_onnx.conformance")

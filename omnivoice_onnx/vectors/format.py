@@ -1,8 +1,9 @@
 """What every conformance vector shares: the format name, the audio summary, and the README
 written beside the vectors (FOLDER_README: what the files are and the order to compare them in).
 
-A module of its own so that the generate/post_process vectors (conformance.py) and the rules
-vector (rule_vectors.py) both stand on it, with no import between the two of them.
+A module of its own so that the generate/post_process vectors (vectors.record), the replay's
+comparison (vectors.compare) and the rules vector (vectors.rules) all stand on it, with no import
+between them.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 import numpy as np
 
 FORMAT = "omnivoice-conformance/3"
+COMMAND = "python -m omnivoice_onnx.cli.vectors"  # writes (--out) and replays (--check) a folder of vectors
 ENVELOPE_BLOCK = 480  # samples per envelope block: 20 ms at 24 kHz
 
 
@@ -37,11 +39,11 @@ def short(value: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-# The README.md conformance.write_vectors writes into the vectors folder.
-FOLDER_README = """# OmniVoice conformance vectors (omnivoice-conformance/3)
+# The README.md vectors.record.write_vectors writes into the vectors folder.
+FOLDER_README = f"""# OmniVoice conformance vectors (omnivoice-conformance/3)
 
-Written by `python -m omnivoice_onnx.conformance --onnx-dir <export> --out <this folder>` (the
-folder is replaced whole); replayed by `python -m omnivoice_onnx.conformance --onnx-dir <export>
+Written by `{COMMAND} --onnx-dir <export> --out <this folder>` (the
+folder is replaced whole); replayed by `{COMMAND} --onnx-dir <export>
 --check <this folder>` and, against upstream PyTorch, by `tests/test_runtime_generate.py`.
 The guide to what a port computes is `docs/runtime.md`; every table and constant it names is in
 the export's `runtime-config.json` (check `export.runtime_config_sha256`). The checkpoint
@@ -65,7 +67,7 @@ the export's `runtime-config.json` (check `export.runtime_config_sha256`). The c
   end punctuation, the cross-fade of a short chunk, the instruct conflict check, the tokenizer
   fallback), each as inputs and the `expected` result: call your function on each `input` and
   compare (JSON-equal; the cross-fade's audio by `samples` and `sha256_f32le`). docs/runtime.md
-  states each rule; `omnivoice_onnx/rule_vectors.py` says which reading each input rules out.
+  states each rule; `omnivoice_onnx/vectors/rules.py` says which reading each input rules out.
 - `ref_voice.wav` (24 kHz mono), `ref_quiet_44k_stereo.wav` (44.1 kHz stereo, RMS 0.03, with edge
   and inner silences) and `ref_16k.wav` (16 kHz mono): the clone cases' references, 16-bit PCM.
   They, the `.flac` files and `decoded_with_silences.wav` are inputs: read them (as float32,

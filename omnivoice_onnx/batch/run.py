@@ -1,12 +1,12 @@
 """Synthesise a corpus from upstream's JSONL test list: exact per line, order-free, resumable.
 
     omnivoice-onnx batch --test-list lines.jsonl --res-dir out/ [--model-dir onnx] [--workers N]
-    omnivoice-onnx batch ... --ray [ADDRESS]          # the same job on Ray Data (omnivoice_onnx.batch_ray)
+    omnivoice-onnx batch ... --ray [ADDRESS]          # the same job on Ray Data (batch.ray_engine)
 
 The list is upstream's `omnivoice-infer-batch --test_list` format, unchanged (its fields and
-their reading: omnivoice_onnx.batch_list). This module is the driver: it checks and plans, hands
-tasks to an engine (this module's Synthesizer in process or in a process pool,
-omnivoice_onnx.batch_ray on Ray) and writes every file.
+their reading: batch.lines). This module is the driver: it checks and plans, hands tasks to an
+engine (this module's Synthesizer in process, batch.pool's processes, batch.ray_engine's Ray
+actors: the engines know nothing of the model, the driver hands them Synthesizer) and writes every file.
 
 Every line is checked before any synthesis (its JSON, id, field types, reference file, language,
 limits: OmniVoiceOnnx.validate); bad lines are reported together with their line numbers and the
@@ -26,18 +26,13 @@ the recorded sha256; anything else is redone.
 
 from __future__ import annotations
 
-import concurrent.futures
-import ctypes
 import dataclasses
 import hashlib
 import json
-import multiprocessing
 import os
 import pickle
-import signal
 import socket
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -49,7 +44,7 @@ import numpy as np
 
 from omnivoice_onnx.api import OmniVoiceOnnx
 from omnivoice_onnx.audio_out import encode_audio
-from omnivoice_onnx.batch_list import (
+from omnivoice_onnx.batch.lines import (
     MAX_LIST_BYTES,
     OWN_FIELDS,
     RES_DIR_FIX,
@@ -63,6 +58,7 @@ from omnivoice_onnx.batch_list import (
     read_test_list,
     request_hash,
 )
+from omnivoice_onnx.batch.pool import run_pool
 from omnivoice_onnx.core.generate import encode_reference
 from omnivoice_onnx.core.request import keywords
 from omnivoice_onnx.core.shapes import Reference, Request, VoiceClonePrompt
@@ -155,84 +151,12 @@ class SynthActor:
                 "outcome": np.array([json.dumps(o) for o in outcomes], dtype=object)}
 
 
-# --- local engines ---------------------------------------------------------------------------------
-
-_WORKER: Synthesizer | None = None
-_WORKER_ARGS: tuple[str, str | None, int | None] | None = None  # (model_dir, variant, threads)
-
-
-RECORD_KEYS = {"id": str, "line": int}  # what a results.jsonl record must hold to be kept (the rewrite sorts by line)
-PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
-PARENT_POLL_S = 1.0  # elsewhere: how often a worker looks whether its driver is still there
-
-
-def die_with_parent(parent: int) -> None:
-    """End this process when `parent` (the driver) dies, however it dies: a driver killed with
-    SIGKILL left its workers and the resource tracker running (~260 MB each, 79 s later). On
-    Linux the kernel sends SIGKILL (prctl PR_SET_PDEATHSIG); elsewhere a daemon thread polls.
-    A driver already gone before this ran is seen at once (this process was re-parented)."""
-    if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
-            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
-    else:
-        def watch() -> None:
-            while os.getppid() == parent:
-                time.sleep(PARENT_POLL_S)
-            os._exit(1)
-        threading.Thread(target=watch, name="parent-watch", daemon=True).start()
-    if os.getppid() != parent:
-        os._exit(1)
-
-
-def _pool_init(model_dir: str, variant: str | None, threads: int | None, driver: int) -> None:
-    """A pool process: it dies with its driver `driver` (die_with_parent); Ctrl-C goes to the driver
-    alone (it stops the pool). The model is loaded by the first task, so that a load failure
-    reaches the driver as itself (an initializer's error would only break the pool)."""
-    global _WORKER_ARGS
-    die_with_parent(driver)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _WORKER_ARGS = (model_dir, variant, threads)
-
-
-def _pool_run(row: dict[str, Any]) -> dict[str, Any]:
-    global _WORKER
-    if _WORKER is None:
-        assert _WORKER_ARGS is not None, "the pool's initializer (_pool_init) sets it"
-        _WORKER = Synthesizer.load(*_WORKER_ARGS)
-    return _WORKER.run(row)
-
+# --- the in-process engine ---------------------------------------------------------------------------
 
 def run_in_process(synth: Synthesizer, tasks: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
     """The tasks one after another in this process."""
     for task in tasks:
         yield synth.run(task)
-
-
-def run_pool(model_dir: Path, workers: int, variant: str, tasks: list[dict[str, Any]],
-             threads: int) -> Iterator[dict[str, Any]]:
-    """The tasks on `workers` spawned processes, each holding one model; outcomes as they
-    finish. Stopping early (Ctrl-C, SIGTERM, an error here) terminates the processes: they write
-    nothing, so a line in progress is simply redone by the next run."""
-    context = multiprocessing.get_context("spawn")  # no fork of a process holding onnxruntime threads
-    pool = concurrent.futures.ProcessPoolExecutor(workers, mp_context=context, initializer=_pool_init,
-                                                  initargs=(os.fspath(model_dir), variant, threads, os.getpid()))
-    try:
-        futures = [pool.submit(_pool_run, task) for task in tasks]
-        for future in concurrent.futures.as_completed(futures):
-            try:
-                yield future.result()
-            except concurrent.futures.process.BrokenProcessPool:
-                raise UserError("a worker process died (killed, or out of memory); the lines finished so far are "
-                                "saved", "re-run the same command to continue, with fewer --workers if memory "
-                                "is short") from None
-    finally:
-        # Python < 3.14 has no public terminate_workers(): without this, interpreter exit would
-        # wait for every worker to finish its current line (minutes at full size).
-        processes = list((pool._processes or {}).values())
-        pool.shutdown(wait=False, cancel_futures=True)
-        for process in processes:
-            process.terminate()
 
 
 # --- the driver side -------------------------------------------------------------------------------
@@ -297,6 +221,9 @@ def ray_rows(tasks: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The tasks as Ray Data rows: str/bytes columns, each Request pickled (SynthActor unpickles
     it). The local engines pass the Request objects as they are."""
     return [{"task": task["task"], "request": pickle.dumps(task["request"])} for task in tasks]
+
+
+RECORD_KEYS = {"id": str, "line": int}  # what a results.jsonl record must hold to be kept (the rewrite sorts by line)
 
 
 def read_results(path: Path) -> dict[str, dict[str, Any]]:
@@ -477,7 +404,7 @@ def _run_batch(options: Options, log: Callable[[str], None], lock: FolderLock) -
     check_output(options.res_dir, "--res-dir", "dir")  # a read-only or unwritable folder: now, not after the model
     if options.res_dir.is_dir():
         lock.acquire()  # before results.jsonl is read
-    engine = ray_engine() if options.ray is not None else None  # Ray missing: now, too
+    engine = load_ray_engine() if options.ray is not None else None  # Ray missing: now, too
     if engine is not None:
         engine.check_address(options.ray)  # a bad or dead address: now, before any output
     threads = worker_threads(options.workers, options.threads)
@@ -513,7 +440,8 @@ def _run_batch(options: Options, log: Callable[[str], None], lock: FolderLock) -
                                   options.workers, ray_rows(tasks), [e for _, _, e in plan.todo], threads)
     elif options.workers > 1:
         del tts
-        outcomes = run_pool(options.model_dir, options.workers, model["variant"], tasks, threads)
+        outcomes = run_pool(Synthesizer.load, (os.fspath(options.model_dir), model["variant"], threads),
+                            options.workers, tasks)
     else:
         outcomes = run_in_process(Synthesizer(tts), tasks)  # the driver's model: no second load
     log(
@@ -561,14 +489,14 @@ def _progress_bar(total: int, wanted: bool, log: Callable[[str], None]) -> tqdm[
     return tqdm(total=total, unit="line", desc="batch", dynamic_ncols=True)
 
 
-def ray_engine() -> ModuleType:
-    """omnivoice_onnx.batch_ray, or a UserError naming the extra when Ray is not installed."""
+def load_ray_engine() -> ModuleType:
+    """omnivoice_onnx.batch.ray_engine, or a UserError naming the extra when Ray is not installed."""
     try:
-        import ray.data  # noqa: F401  (batch_ray imports it where it runs; checked here, before any work)
+        import ray.data  # noqa: F401  (ray_engine imports it where it runs; checked here, before any work)
 
-        from omnivoice_onnx import batch_ray
+        from omnivoice_onnx.batch import ray_engine
     except ModuleNotFoundError as exc:
         if (exc.name or "").split(".")[0] != "ray":
             raise
         raise UserError("--ray needs Ray Data, which is not installed", "pip install 'omnivoice-onnx[ray]'") from None
-    return batch_ray
+    return ray_engine

@@ -1,4 +1,4 @@
-"""The "rules" conformance vector (omnivoice_onnx/rule_vectors.py): the runtime equals upstream on
+"""The "rules" conformance vector (omnivoice_onnx/vectors/rules.py): the runtime equals upstream on
 every input, each rule's competing reading gives another `expected` on at least one input of its
 vector (so only one reading passes), and the record is stable.
 
@@ -20,10 +20,10 @@ import numpy as np
 import pytest
 from tokenizers.processors import TemplateProcessing
 
-from omnivoice_onnx import conformance
 from omnivoice_onnx.core import audio, text
 from omnivoice_onnx.core.prompt import DENOISE, TextTokenizer
-from omnivoice_onnx.rule_vectors import RULE_CASES, check_rules, chunks_input, expected_value, rules_record
+from omnivoice_onnx.vectors.format import FORMAT, audio_summary
+from omnivoice_onnx.vectors.rules import RULE_CASES, check_rules, chunks_input, expected_value, rules_record
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +54,7 @@ def upstream_value(rule: str, case: dict[str, Any], hf_tokenizer: Any, rate: int
     if rule == "end_punctuation":
         return add_punctuation(case["text"])
     if rule == "cross_fade":
-        return conformance.audio_summary(cross_fade_chunks(chunks_input(case["chunks"]), rate)[0])
+        return audio_summary(cross_fade_chunks(chunks_input(case["chunks"]), rate)[0])
     if rule == "instruct_conflict":
         use_zh = bool(case["text"] and _ZH_RE.search(case["text"]))  # _preprocess_all
         try:
@@ -165,7 +165,7 @@ def cross_fade_own_chunk(chunks: list[np.ndarray], rate: int, rules: dict[str, A
 
 
 def test_cross_fade_own_chunk_reading_fails(record: dict, config: dict, rate: int) -> None:
-    wrong = [conformance.audio_summary(cross_fade_own_chunk(chunks_input(case["chunks"]), rate, config["audio"])[0])
+    wrong = [audio_summary(cross_fade_own_chunk(chunks_input(case["chunks"]), rate, config["audio"])[0])
              for case in RULE_CASES["cross_fade"]]
     expected = expected_of(record, "cross_fade")
     assert wrong != expected
@@ -265,7 +265,7 @@ def test_record_is_stable(record: dict, config: dict, tokenizer: TextTokenizer, 
     stored = json.loads(json.dumps(record, ensure_ascii=False))
     assert stored == record
     assert rules_record(config, tokenizer, rate) == record
-    assert record["format"] == conformance.FORMAT and record["kind"] == "rules"
+    assert record["format"] == FORMAT and record["kind"] == "rules"
     assert check_rules(stored, config, tokenizer, rate) == []
 
 
