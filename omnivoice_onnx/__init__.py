@@ -15,8 +15,9 @@ The command line: `omnivoice-onnx speak "Hello." --out hello.wav` (omnivoice_onn
 Modules, by floor (a module imports only from floors below its own; tests/test_structure.py
 holds the package to no import circle, at most 8 floors, no module over 600 lines):
     ground       errors (UserError, the machine's errors), limits (every request limit and
-                 range), files (atomic writes, sha256, output checks), contract (the graphs' I/O
-                 contract), graphmeta (metadata_props without onnx), version
+                 range), files (atomic writes, folders, locks, output checks), hashing (sha256,
+                 file entries), reading (bounded reads, JSON and its schemas), contract (the
+                 graphs' I/O contract), graphmeta (metadata_props without onnx), version
     core/        the host loop a porter reads: rng, schedule, scoring, text, duration, prompt,
                  plan, audio, request (the one validation), generate (see core/__init__.py)
     model        sessions (onnxruntime, providers, split execution), bundle (the export folder:

@@ -71,16 +71,13 @@ from omnivoice_onnx.files import (
     FolderLock,
     atomic_path,
     check_output,
-    decode_text,
     make_folder,
     open_append,
-    parse_json,
-    read_bounded,
     remove_stale_temporaries,
     resolved_folder,
-    schema_problem,
-    sha256_file,
 )
+from omnivoice_onnx.hashing import sha256_file
+from omnivoice_onnx.reading import decode_text, parse_json, read_bounded, schema_problem
 from omnivoice_onnx.sessions import worker_threads
 from omnivoice_onnx.voices import Voice, load_voice, voices_dir
 

@@ -53,20 +53,10 @@ from omnivoice_onnx.contract import (
 )
 from omnivoice_onnx.core.prompt import RUNTIME_CONFIG_FILE, TOKENIZER_FILE, load_runtime_config
 from omnivoice_onnx.errors import UserError
-from omnivoice_onnx.files import (
-    FILE_ENTRY_SCHEMA,
-    Each,
-    FolderLock,
-    Maybe,
-    atomic_path,
-    confined,
-    folder_status,
-    make_folder,
-    read_json,
-    schema_problem,
-    sha256_stream,
-)
+from omnivoice_onnx.files import FolderLock, atomic_path, confined, folder_status, make_folder
 from omnivoice_onnx.graphmeta import read_metadata_props
+from omnivoice_onnx.hashing import FILE_ENTRY_SCHEMA, sha256_stream
+from omnivoice_onnx.reading import Each, Maybe, read_json, schema_problem
 
 DEFAULT_MODEL_DIR = Path("onnx")  # where the commands look when no --model-dir is given
 MODEL_CARD_FILE = "README.md"

@@ -82,7 +82,9 @@ from omnivoice_onnx.core import audio, duration, scoring
 from omnivoice_onnx.core.generate import IterativeTrace, Trace, decode
 from omnivoice_onnx.core.rng import TorchCpuRng
 from omnivoice_onnx.errors import UserError, say
-from omnivoice_onnx.files import Maybe, atomic_dir, check_output, read_json, sha256_file
+from omnivoice_onnx.files import atomic_dir, check_output
+from omnivoice_onnx.hashing import sha256_file
+from omnivoice_onnx.reading import Maybe, read_json
 from omnivoice_onnx.vector_format import ENVELOPE_BLOCK, FOLDER_README, FORMAT, audio_summary, short
 
 REF_WAV = "ref_voice.wav"

@@ -31,7 +31,7 @@ READER_MAX_FLOORS = 12
 REGISTRY = f"{PACKAGE}.cli"  # its SUBCOMMANDS tuple names modules it loads with importlib
 MAX_LINES = 600
 # The ground floor: what every other module may use; each imports nothing of the package but these.
-GROUND = {"errors", "limits", "files", "contract", "graphmeta", "version"}
+GROUND = {"errors", "limits", "files", "hashing", "reading", "contract", "graphmeta", "version"}
 # Never imported by the runtime (the toolchain's world: pip install omnivoice-onnx brings none of them).
 FORBIDDEN = {"torch", "torchaudio", "onnx", "onnxscript", "transformers", "omnivoice", "pydub", "omnivoice_export"}
 

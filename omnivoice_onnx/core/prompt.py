@@ -48,7 +48,7 @@ from tokenizers import Tokenizer
 from omnivoice_onnx.core.iso639 import ISO_639_3_TO_1
 from omnivoice_onnx.core.text import combine_text
 from omnivoice_onnx.errors import UserError
-from omnivoice_onnx.files import read_json
+from omnivoice_onnx.reading import read_json
 
 TOKENIZER_FILE = "tokenizer.json"
 RUNTIME_CONFIG_FILE = "runtime-config.json"
