@@ -26,8 +26,9 @@ holds the package to no import circle, at most 8 floors, no module over 600 line
     front ends   cli/ (the `omnivoice-onnx` command; cliutil: argument types, exit codes,
                  one-line errors, shared with the toolchain), serve/ (the network servers: door,
                  the front door's limits and error table; app, OpenAI-style HTTP, with
-                 connection and browser; wyoming; service: their requests and state; pool:
-                 the workers), batch (batch_list: the JSONL list; batch_ray: the Ray engine)
+                 connection, browser, middleware and page; wyoming, with wyoming_events, its
+                 reader; service: their requests and state; pool: the workers), batch
+                 (batch_list: the JSONL list; batch_ray: the Ray engine)
 """
 
 from omnivoice_onnx.api import OmniVoiceOnnx

@@ -350,13 +350,6 @@ def bind(host: str, port: int) -> socket.socket:
 
 # --- who may call: the key ---------------------------------------------------------------------
 
-def bearer_token(header: bytes) -> bytes:
-    """The credentials of an `Authorization: Bearer <token>` header, b"" for any other scheme or
-    none. The scheme name is case-insensitive (RFC 7235 2.1): `bearer KEY` and `BEARER KEY` count."""
-    scheme, _, token = header.strip().partition(b" ")
-    return token.strip() if scheme.lower() == b"bearer" else b""
-
-
 def api_key_from(flag: str | None, environ: Mapping[str, str]) -> str | None:
     """The key the server requires: --api-key if given, else $OMNIVOICE_API_KEY, else None. An empty
     one is an error, not "no key": `--api-key "$KEY"` with KEY unset would otherwise start the
