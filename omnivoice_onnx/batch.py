@@ -12,7 +12,7 @@ Every line is checked before any synthesis (its JSON, id, field types, reference
 limits: OmniVoiceOnnx.validate); bad lines are reported together with their line numbers and the
 run does not start, or, with skip_bad, they are skipped and their reason recorded.
 
-Outputs in res_dir: `<id>.wav` (16-bit PCM, audio_out.encode_audio), each written under a
+Outputs in res_dir: `<id>.wav` (16-bit PCM, audio_formats.encode_audio), each written under a
 temporary name and renamed into place; `results.jsonl`, one record per id (RESULT_FIELDS).
 
 Why each line is synthesised alone: upstream batches lines and draws all of a batch's random
@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 import numpy as np
 
 from omnivoice_onnx.api import OmniVoiceOnnx
-from omnivoice_onnx.audio_out import encode_audio
+from omnivoice_onnx.audio_formats import encode_audio
 from omnivoice_onnx.batch_list import (
     MAX_LIST_BYTES,
     OWN_FIELDS,

@@ -21,7 +21,7 @@ import soundfile
 from conftest import REPO, Pipeline
 
 from omnivoice_onnx import OmniVoiceOnnx, Progress, __version__, cli
-from omnivoice_onnx.audio_out import to_pcm16
+from omnivoice_onnx.audio_formats import to_pcm16
 from omnivoice_onnx.cli import speak
 from omnivoice_onnx.cliutil import run_main
 from omnivoice_onnx.core.prompt import resolve_language

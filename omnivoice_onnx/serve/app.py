@@ -47,7 +47,7 @@ What a request gets:
   without response_format that is mp3, as OpenAI streams. "sse": OpenAI's
   `speech.audio.delta` events (base64 of the same bytes) then one `speech.audio.done`. FLAC is
   offered whole only: libsndfile rewrites its header (the sample count) when it closes the file.
-  MP3 is written without LAME's Info frame (audio_out.StreamEncoder), streamed or whole.
+  MP3 is written without LAME's Info frame (audio_formats.StreamEncoder), streamed or whole.
 - Errors in OpenAI's shape {"error": {"message", "type", "param", "code"}}, every one from the
   front door's table (door.ERRORS, which Wyoming answers from too): 400 bad field, 401 wrong key,
   403 a foreign Host or page origin (browser.py) or voices changed without --allow-voice-save,
@@ -80,7 +80,7 @@ from typing import TYPE_CHECKING, Any
 
 from omnivoice_onnx import voices as voice_store
 from omnivoice_onnx.api import OmniVoiceOnnx
-from omnivoice_onnx.audio_out import StreamEncoder, available_response_formats, encode_clip
+from omnivoice_onnx.audio_formats import StreamEncoder, available_response_formats, encode_audio
 from omnivoice_onnx.core.instruct import resolve_instruct
 from omnivoice_onnx.core.request import keywords
 from omnivoice_onnx.errors import UserError
@@ -437,7 +437,7 @@ def add_speech_routes(app: FastAPI, service: Service) -> None:
         if not job.stream:
             timer.cancel()
             # an mp3 of minutes: not on the event loop
-            data = await asyncio.to_thread(encode_clip, payload, fmt, service.sample_rate)
+            data = await asyncio.to_thread(encode_audio, payload, service.sample_rate, fmt)
             return Response(data, media_type=service.formats[fmt].media_type, headers=headers)
         chunks = stream_bytes(job, first, StreamEncoder(fmt, service.sample_rate), timer)
         if parsed.stream_format == "sse":

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from omnivoice_onnx import voices as voice_store
-from omnivoice_onnx.audio_out import AudioFormat
+from omnivoice_onnx.audio_formats import AudioFormat
 from omnivoice_onnx.core.prompt import VoiceClonePrompt, language_names
 from omnivoice_onnx.core.request import keywords
 from omnivoice_onnx.errors import UserError

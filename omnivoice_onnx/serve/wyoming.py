@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlparse
 
-from omnivoice_onnx.audio_out import to_pcm16
+from omnivoice_onnx.audio_formats import to_pcm16
 from omnivoice_onnx.core.prompt import advertised_languages
 from omnivoice_onnx.errors import UserError
 from omnivoice_onnx.serve import door
