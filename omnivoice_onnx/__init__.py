@@ -22,7 +22,8 @@ holds the package to no import circle, at most 8 floors, no module over 600 line
                  plan, audio, request (the one validation), generate (see core/__init__.py)
     model        sessions (onnxruntime, providers, split execution), bundle (the export folder:
                  paths, variants, the report, hashes against it, metadata), api (OmniVoiceOnnx),
-                 voices (saved voices), audio_out (the one audio writer), conformance (port traces)
+                 voices (saved voices), audio_formats (samples to each format's bytes), audio_out
+                 (the one audio writer: files, devices, pipes, stdout), conformance (port traces)
     front ends   cli/ (the `omnivoice-onnx` command; cliutil: argument types, exit codes,
                  one-line errors, shared with the toolchain), serve/ (the network servers: door,
                  the front door's limits and error table; app, OpenAI-style HTTP, with
