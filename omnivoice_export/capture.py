@@ -341,7 +341,7 @@ def write_manifest(capture_dir: Path, model: dict[str, str], device: str, precis
     return manifest
 
 
-# What the stages read from a manifest (files.schema_problem's notation).
+# What the stages read from a manifest (reading.schema_problem's notation).
 REQUEST_SCHEMA = {"mode": str, "text": (str, list), "seed": int, "language": (str, None), "instruct": (str, None),
                   "ref_audio": (str, None), "ref_text": (str, None), "num_step": int}
 MANIFEST_SCHEMA = {

@@ -49,15 +49,10 @@ from omnivoice_onnx.contract import (
     variants_present,
 )
 from omnivoice_onnx.errors import UserError
-from omnivoice_onnx.files import (
-    FILE_ENTRY_SCHEMA,
-    Each,
-    Maybe,
-    confined,
-    read_json,
-    schema_problem,
-)
+from omnivoice_onnx.files import confined
 from omnivoice_onnx.graphmeta import read_metadata_props
+from omnivoice_onnx.hashing import FILE_ENTRY_SCHEMA
+from omnivoice_onnx.reading import Each, Maybe, read_json, schema_problem
 from omnivoice_onnx.runtime_config import load_runtime_config
 from omnivoice_onnx.verified import VERIFY_ENV, Seen, VerifiedFiles, stat_identity, verify_mode
 

@@ -55,17 +55,9 @@ from omnivoice_onnx.bundle import (
 )
 from omnivoice_onnx.contract import FP32_VARIANT, REPORT_FILE
 from omnivoice_onnx.errors import UserError
-from omnivoice_onnx.files import (
-    FILE_ENTRY_SCHEMA,
-    Each,
-    FolderLock,
-    atomic_dir,
-    atomic_path,
-    confined,
-    parse_json,
-    schema_problem,
-    sha256_file,
-)
+from omnivoice_onnx.files import FolderLock, atomic_dir, atomic_path, confined
+from omnivoice_onnx.hashing import FILE_ENTRY_SCHEMA, sha256_file
+from omnivoice_onnx.reading import Each, parse_json, schema_problem
 from omnivoice_onnx.verified import VerifiedFiles
 
 MANIFEST_FORMAT, MANIFEST_VERSION = "omnivoice-onnx release", 1

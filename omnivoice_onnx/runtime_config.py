@@ -20,7 +20,7 @@ from typing import Any
 
 from omnivoice_onnx.core.prompt import RERUN_EXPORT
 from omnivoice_onnx.errors import UserError
-from omnivoice_onnx.files import read_json
+from omnivoice_onnx.reading import read_json
 
 # 2: the host tables (duration, text, prompt, audio, graphs) are data too; 3: `model` also carries the
 # sample rate, hop length, frame rate and the checkpoint's fingerprint (a port reads no graph metadata)

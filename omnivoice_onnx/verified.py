@@ -14,7 +14,9 @@ from pathlib import Path
 from typing import Any, cast
 
 from omnivoice_onnx.errors import UserError
-from omnivoice_onnx.files import Each, FolderLock, atomic_path, folder_status, make_folder, read_json, sha256_stream
+from omnivoice_onnx.files import FolderLock, atomic_path, folder_status, make_folder
+from omnivoice_onnx.hashing import sha256_stream
+from omnivoice_onnx.reading import Each, read_json
 
 VERIFY_ENV = "OMNIVOICE_VERIFY"  # "0": skip the sha256 check (verify=False for every open); "full": no record
 CACHE_ENV = "OMNIVOICE_CACHE_DIR"  # where VerifiedFiles keeps its record; "" keeps none

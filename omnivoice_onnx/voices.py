@@ -46,16 +46,9 @@ import numpy as np
 from omnivoice_onnx.contract import AUDIO_VOCAB_SIZE, FRAME_RATE, NUM_CODEBOOKS
 from omnivoice_onnx.core.shapes import VoiceClonePrompt
 from omnivoice_onnx.errors import UserError, check_path, check_unicode
-from omnivoice_onnx.files import (
-    FolderLock,
-    Maybe,
-    atomic_path,
-    checked,
-    make_folder,
-    read_json,
-    resolved_folder,
-)
+from omnivoice_onnx.files import FolderLock, atomic_path, make_folder, resolved_folder
 from omnivoice_onnx.limits import limit, too_large
+from omnivoice_onnx.reading import Maybe, checked, read_json
 from omnivoice_onnx.verified import stat_identity
 
 VOICES_ENV = "OMNIVOICE_VOICES"  # the voices folder when no --voices is given (voices_dir)
@@ -73,7 +66,7 @@ MAX_UPSTREAM_BYTES = 64 << 20
 MAX_VOICE_BYTES = 16 << 20
 NAME_PATTERN = re.compile(r"[^\W_][\w-]{0,63}")  # letters/digits first, then letters, digits, _ and -
 REPLACE_FIX = "pass --force to replace it, or choose another name"
-# The JSON type of each field a voice file's reader uses (files.schema_problem's notation; the
+# The JSON type of each field a voice file's reader uses (reading.schema_problem's notation; the
 # values are checked after: the version, a non-empty fingerprint, the tokens' shape and range).
 VOICE_SCHEMA = {"format_version": int, "model_fingerprint": str, "instruct": Maybe(str), "ref_text": Maybe(str),
                 "ref_rms": Maybe(float), "ref_audio_tokens": Maybe([[int]])}

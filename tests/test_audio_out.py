@@ -1,4 +1,5 @@
-"""The one audio writer (omnivoice_onnx.audio_out): formats, the sample conversion, and where bytes go.
+"""The one audio writer (omnivoice_onnx.audio_out) and its formats (omnivoice_onnx.audio_formats):
+formats, the sample conversion, and where bytes go.
 
 A hostile sweep found `--out ./devnull` (a `mknod c 1 3` character device) replaced by a regular
 file and a symlinked output losing its link; both are pinned here, with pipes, stdout and the
@@ -22,7 +23,8 @@ import soundfile
 from conftest import REPO
 
 from omnivoice_onnx import audio_out
-from omnivoice_onnx.audio_out import encode_audio, open_output, to_pcm16
+from omnivoice_onnx.audio_formats import StreamEncoder, encode_audio, to_pcm16
+from omnivoice_onnx.audio_out import open_output
 from omnivoice_onnx.errors import UserError
 
 RATE = 24000
@@ -168,7 +170,7 @@ def test_encoded_formats_stream_and_equal_the_whole_clip(fmt: str, tmp_path: Pat
     to the whole clip's bytes whatever the split, a file written through open_output holds the
     same bytes, and a decoder reads the whole length back."""
     signal = np.tile(SIGNAL, 3)
-    encoder = audio_out.StreamEncoder(fmt, RATE)
+    encoder = StreamEncoder(fmt, RATE)
     first = encoder.start() + encoder.write(signal[:RATE])
     rest = encoder.write(signal[RATE:RATE + 777]) + encoder.write(signal[RATE + 777:]) + encoder.finish()
     whole = encode_audio(signal, RATE, fmt)

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from omnivoice_onnx import OmniVoiceOnnx
-from omnivoice_onnx.audio_out import encode_audio
+from omnivoice_onnx.audio_formats import encode_audio
 from omnivoice_onnx.batch.lines import RESULT_FIELDS, RESULTS_FILE, read_test_list, seed_for_id
 from omnivoice_onnx.batch.run import Options, make_plan, ray_rows, read_results, run_batch
 from omnivoice_onnx.voices import Voice, save_voice

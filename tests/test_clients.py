@@ -32,7 +32,7 @@ prometheus_parser = pytest.importorskip("prometheus_client.parser")
 from test_dropin import reference_wav  # noqa: E402
 from test_server import LONG_TEXT, REQUEST_S, SERVER_START_S, Server, start_server, tts  # noqa: E402,F401
 
-from omnivoice_onnx import OmniVoiceOnnx, audio_out  # noqa: E402
+from omnivoice_onnx import OmniVoiceOnnx, audio_formats  # noqa: E402
 from omnivoice_onnx.presets import PRESETS  # noqa: E402
 from omnivoice_onnx.voices import Voice, save_voice  # noqa: E402
 
@@ -85,7 +85,7 @@ def test_sdk_voices_any_case_and_prose_instructions(srv: Server, tts: OmniVoiceO
         preset = PRESETS[name]
         (want,) = tts.generate("Hi.", instruct=preset.instruct, seed=preset.seed, generation_config=few_steps())
         assert reply.response.headers["x-seed"] == str(preset.seed)
-        assert np.array_equal(wav_pcm(reply.content), audio_out.to_pcm16(want)), name
+        assert np.array_equal(wav_pcm(reply.content), audio_formats.to_pcm16(want)), name
     lower = sdk.audio.speech.create(
         model="tts-1", voice="alloy", input="Hi.", response_format="wav", extra_body=few_steps()
     )
@@ -97,7 +97,7 @@ def test_sdk_voices_any_case_and_prose_instructions(srv: Server, tts: OmniVoiceO
         model="tts-1", voice=SAVED.lower(), input="Hi.", response_format="wav", extra_body=few_steps(seed=3)
     )
     (want,) = tts.generate("Hi.", instruct="male, low pitch", seed=3, generation_config=few_steps())
-    assert np.array_equal(wav_pcm(saved.content), audio_out.to_pcm16(want))
+    assert np.array_equal(wav_pcm(saved.content), audio_formats.to_pcm16(want))
 
     kept = sdk.audio.speech.create(
         model="tts-1", voice="alloy", input="Hi.", response_format="wav", instructions=PROSE, extra_body=few_steps()
@@ -115,7 +115,7 @@ def test_sdk_voices_any_case_and_prose_instructions(srv: Server, tts: OmniVoiceO
     (want,) = tts.generate(
         "Hi.", instruct="low pitch, elderly, male, whisper", seed=PRESETS["alloy"].seed, generation_config=few_steps()
     )
-    assert np.array_equal(wav_pcm(applied.content), audio_out.to_pcm16(want))
+    assert np.array_equal(wav_pcm(applied.content), audio_formats.to_pcm16(want))
     assert "instructions: applied low pitch, elderly, male, whisper; ignored" in srv.log.read_text()
     with pytest.raises(openai.BadRequestError) as refused:
         sdk.audio.speech.create(
@@ -173,7 +173,7 @@ def test_default_format_streams_mp3_as_it_is_made(srv: Server, tts: OmniVoiceOnn
     assert status == 200 and headers["content-type"].startswith("text/event-stream")
     events = [json.loads(line[len("data: ") :]) for line in body.decode().splitlines() if line.startswith("data: ")]
     streamed = b"".join(base64.b64decode(e["audio"]) for e in events if e["type"] == "speech.audio.delta")
-    encoder = audio_out.StreamEncoder("mp3", tts.sample_rate)
+    encoder = audio_formats.StreamEncoder("mp3", tts.sample_rate)
     want = encoder.start()
     for chunk in tts.stream(
         "One sentence. And another one.",
@@ -228,7 +228,7 @@ def test_one_call_clone_with_requests_and_curl(srv: Server, tts: OmniVoiceOnnx, 
         speed=1.25,
         generation_config=few_steps(),
     )
-    assert np.array_equal(wav_pcm(reply.content), audio_out.to_pcm16(want))
+    assert np.array_equal(wav_pcm(reply.content), audio_formats.to_pcm16(want))
     out = tmp_path / "curl.wav"
     curl = [
         "curl",

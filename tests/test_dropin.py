@@ -25,7 +25,7 @@ pytest.importorskip("fastapi")
 # tts: the runtime in-process, one thread like the server's worker (its audio is the reference)
 from test_server import REQUEST_S, SERVER_START_S, Server, start_server, tts  # noqa: E402,F401
 
-from omnivoice_onnx import OmniVoiceOnnx, audio_out  # noqa: E402
+from omnivoice_onnx import OmniVoiceOnnx, audio_formats  # noqa: E402
 from omnivoice_onnx.presets import OPENAI_MODEL_IDS, PRESETS  # noqa: E402
 from omnivoice_onnx.voices import Voice, save_voice  # noqa: E402
 
@@ -66,7 +66,7 @@ def test_openai_defaults_give_the_presets_audio(srv: Server, tts: OmniVoiceOnnx)
     second = client.audio.speech.create(model="tts-1", voice="alloy", input="Hello there.")
     assert first.content == second.content and first.response.headers["x-seed"] == str(PRESETS["alloy"].seed)
     (expected,) = tts.generate("Hello there.", instruct=PRESETS["alloy"].instruct, seed=PRESETS["alloy"].seed)
-    assert np.array_equal(pcm16(first.content), audio_out.to_pcm16(expected))
+    assert np.array_equal(pcm16(first.content), audio_formats.to_pcm16(expected))
     models = {model.id for model in client.models.list().data}
     assert set(OPENAI_MODEL_IDS) | {ALIAS, "omnivoice"} <= models
     for model in (*OPENAI_MODEL_IDS[1:], ALIAS):
@@ -90,7 +90,7 @@ def test_voices_list_saved_voices_before_presets(srv: Server, tts: OmniVoiceOnnx
         status, headers, audio = srv.request("POST", "/v1/audio/speech", body, key=None)
         assert status == 200 and headers["x-seed"] == str(seed), audio[:300]
         (expected,) = tts.generate("Hi.", instruct=instruct, seed=seed, generation_config={"num_step": STEPS})
-        assert np.array_equal(pcm16(audio), audio_out.to_pcm16(expected)), voice
+        assert np.array_equal(pcm16(audio), audio_formats.to_pcm16(expected)), voice
 
 
 def reference_wav(tts: OmniVoiceOnnx) -> bytes:
@@ -115,7 +115,7 @@ def test_uploaded_reference_clones_and_saves(srv: Server, tts: OmniVoiceOnnx, vo
     (tmp_path / "ref.wav").write_bytes(wav)
     (expected,) = tts.generate("Hi.", ref_audio=str(tmp_path / "ref.wav"), ref_text="A short reference.", seed=3,
                                generation_config={"num_step": STEPS})
-    assert np.array_equal(pcm16(audio), audio_out.to_pcm16(expected))
+    assert np.array_equal(pcm16(audio), audio_formats.to_pcm16(expected))
     status, _, body = srv.request("POST", "/v1/audio/references?ref_text=Words.&save_as=kept", wav, key=None)
     assert status == 200 and json.loads(body) == {"id": "kept", "saved": True}, body
     assert (voices / "kept.json").is_file()

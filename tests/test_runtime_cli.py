@@ -26,7 +26,7 @@ from omnivoice_export import quantize
 from omnivoice_export.cli import EXIT_BAD_INPUT, run_main
 from omnivoice_export.generation import DEFAULT_SEED, LANGUAGE
 from omnivoice_onnx import OmniVoiceOnnx, UserError
-from omnivoice_onnx.audio_out import to_pcm16
+from omnivoice_onnx.audio_formats import to_pcm16
 from omnivoice_onnx.bundle import Bundle
 from omnivoice_onnx.contract import (
     FP32_VARIANT,

@@ -32,7 +32,7 @@ from omnivoice_onnx.bundle import Bundle, Folder, read_report
 from omnivoice_onnx.contract import FP32_VARIANT, FRAME_RATE, GRAPH_FILES, NUM_CODEBOOKS, REPORT_FILE
 from omnivoice_onnx.core import audio, request
 from omnivoice_onnx.errors import UserError
-from omnivoice_onnx.serve import connection, door
+from omnivoice_onnx.serve import connection, door, middleware
 from omnivoice_onnx.serve import service as server_service
 
 START_S = 60  # a refused start is one line within this, long before any model could load
@@ -90,7 +90,7 @@ def test_no_auth_serves_an_exposed_host_on_purpose_loudly(tmp_path: Path) -> Non
 ])
 def test_bearer_scheme_is_case_insensitive(header: bytes, token: bytes) -> None:
     """RFC 7235: `bearer KEY` and `BEARER KEY` used to get 401."""
-    assert server_service.bearer_token(header) == token
+    assert middleware.bearer_token(header) == token
 
 
 def test_loopback_hosts() -> None:

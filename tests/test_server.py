@@ -29,7 +29,7 @@ openai = pytest.importorskip("openai")
 pytest.importorskip("fastapi")
 
 from omnivoice_export.serving import Launched, launch  # noqa: E402
-from omnivoice_onnx import OmniVoiceOnnx, audio_out  # noqa: E402
+from omnivoice_onnx import OmniVoiceOnnx, audio_formats  # noqa: E402
 from omnivoice_onnx.presets import PRESETS  # noqa: E402
 from omnivoice_onnx.serve import door  # noqa: E402
 from omnivoice_onnx.serve import service as server_service  # noqa: E402
@@ -109,7 +109,7 @@ def srv(pipeline, voices, tmp_path_factory):
 
 
 def pcm16(samples: np.ndarray) -> np.ndarray:
-    return audio_out.to_pcm16(samples)
+    return audio_formats.to_pcm16(samples)
 
 
 def error_of(body: bytes) -> dict:
@@ -138,7 +138,7 @@ def test_every_format_decodes_and_seed_equals_generate(srv, tts):
     """Whole clips: each format decodes; a seed gives generate()'s audio (16-bit formats exactly)."""
     client = srv.client()
     want = pcm16(tts.generate(TEXT, seed=7)[0])
-    for fmt in audio_out.available_response_formats():
+    for fmt in audio_formats.available_response_formats():
         response = client.audio.speech.create(model="omnivoice", voice="auto", input=TEXT, response_format=fmt,
                                               extra_body={"seed": 7})
         data = response.read()

@@ -22,7 +22,7 @@ from conftest import REPO, Pipeline
 
 from omnivoice_onnx import OmniVoiceOnnx, Progress, __version__
 from omnivoice_onnx import __main__ as program
-from omnivoice_onnx.audio_out import to_pcm16
+from omnivoice_onnx.audio_formats import to_pcm16
 from omnivoice_onnx.cli import speak
 from omnivoice_onnx.cli.exits import run_main
 from omnivoice_onnx.core.prompt import resolve_language

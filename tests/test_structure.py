@@ -27,7 +27,7 @@ REGISTRY = f"{PACKAGE}.__main__"  # its SUBCOMMANDS tuple names the cli/ modules
 COMMANDS = f"{PACKAGE}.cli"
 MAX_LINES = 600
 # The ground floor: what every other module may use; each imports nothing of the package but these.
-GROUND = {"errors", "limits", "files", "contract", "graphmeta", "version"}
+GROUND = {"errors", "limits", "files", "hashing", "reading", "contract", "graphmeta", "version"}
 # Never imported by the runtime (the toolchain's world: pip install omnivoice-onnx brings none of them).
 FORBIDDEN = {"torch", "torchaudio", "onnx", "onnxscript", "transformers", "omnivoice", "pydub", "omnivoice_export"}
 

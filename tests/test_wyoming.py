@@ -27,7 +27,7 @@ from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, Synthesize
 
 from omnivoice_export.serving import launch  # noqa: E402
 from omnivoice_onnx import OmniVoiceOnnx  # noqa: E402
-from omnivoice_onnx.audio_out import to_pcm16  # noqa: E402
+from omnivoice_onnx.audio_formats import to_pcm16  # noqa: E402
 from omnivoice_onnx.core.prompt import advertised_languages  # noqa: E402
 from omnivoice_onnx.presets import PRESETS  # noqa: E402
 from omnivoice_onnx.serve import door  # noqa: E402

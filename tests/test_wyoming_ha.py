@@ -30,7 +30,7 @@ from wyoming.tts import Synthesize, SynthesizeVoice  # noqa: E402
 
 from omnivoice_export.serving import launch  # noqa: E402
 from omnivoice_onnx import OmniVoiceOnnx  # noqa: E402
-from omnivoice_onnx.audio_out import to_pcm16  # noqa: E402
+from omnivoice_onnx.audio_formats import to_pcm16  # noqa: E402
 from omnivoice_onnx.presets import PRESETS  # noqa: E402
 from omnivoice_onnx.serve import wyoming as wyoming_server  # noqa: E402
 

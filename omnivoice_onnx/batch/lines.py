@@ -24,16 +24,9 @@ import soundfile as sf
 
 from omnivoice_onnx.core import duration as dur
 from omnivoice_onnx.errors import UserError, check_path
-from omnivoice_onnx.files import (
-    MAX_JSON_DEPTH,
-    Maybe,
-    decode_text,
-    parse_json,
-    read_bounded,
-    schema_problem,
-    sha256_file,
-)
+from omnivoice_onnx.hashing import sha256_file
 from omnivoice_onnx.limits import check_seed
+from omnivoice_onnx.reading import MAX_JSON_DEPTH, Maybe, decode_text, parse_json, read_bounded, schema_problem
 from omnivoice_onnx.voices import is_voice_path
 
 RESULTS_FILE = "results.jsonl"
@@ -130,7 +123,7 @@ def check_id(value: Any) -> str:
     return value
 
 
-# The JSON type of each field parse_line reads (files.schema_problem's notation; the id and the
+# The JSON type of each field parse_line reads (reading.schema_problem's notation; the id and the
 # seed have their own checks, check_id and generate()'s check_seed).
 LINE_SCHEMA = {"text": str, "ref_audio": Maybe(str), "ref_text": Maybe(str), "instruct": Maybe(str),
                "language_id": Maybe(str), "voice": Maybe(str), "duration": Maybe(float), "speed": Maybe(float)}

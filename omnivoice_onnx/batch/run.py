@@ -12,7 +12,7 @@ Every line is checked before any synthesis (its JSON, id, field types, reference
 limits: OmniVoiceOnnx.validate); bad lines are reported together with their line numbers and the
 run does not start, or, with skip_bad, they are skipped and their reason recorded.
 
-Outputs in res_dir: `<id>.wav` (16-bit PCM, audio_out.encode_audio), each written under a
+Outputs in res_dir: `<id>.wav` (16-bit PCM, audio_formats.encode_audio), each written under a
 temporary name and renamed into place; `results.jsonl`, one record per id (RESULT_FIELDS).
 
 Why each line is synthesised alone: upstream batches lines and draws all of a batch's random
@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 import numpy as np
 
 from omnivoice_onnx.api import OmniVoiceOnnx
-from omnivoice_onnx.audio_out import encode_audio
+from omnivoice_onnx.audio_formats import encode_audio
 from omnivoice_onnx.batch.lines import (
     MAX_LIST_BYTES,
     OWN_FIELDS,
@@ -67,16 +67,13 @@ from omnivoice_onnx.files import (
     FolderLock,
     atomic_path,
     check_output,
-    decode_text,
     make_folder,
     open_append,
-    parse_json,
-    read_bounded,
     remove_stale_temporaries,
     resolved_folder,
-    schema_problem,
-    sha256_file,
 )
+from omnivoice_onnx.hashing import sha256_file
+from omnivoice_onnx.reading import decode_text, parse_json, read_bounded, schema_problem
 from omnivoice_onnx.sessions import worker_threads
 from omnivoice_onnx.voices import Voice, load_voice, voices_dir
 

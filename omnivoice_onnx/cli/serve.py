@@ -22,7 +22,7 @@ import argparse
 import os
 from collections.abc import Callable
 
-from omnivoice_onnx.audio_out import RESPONSE_FORMATS
+from omnivoice_onnx.audio_formats import RESPONSE_FORMATS
 from omnivoice_onnx.cli.flags import Subparsers, int_range
 from omnivoice_onnx.cli.server_flags import add_model_flags, server_config
 from omnivoice_onnx.errors import UserError, log_lines

@@ -57,8 +57,8 @@ from omnivoice_onnx.core import request
 from omnivoice_onnx.core.instruct import instructions_note
 from omnivoice_onnx.core.shapes import Progress, Request
 from omnivoice_onnx.errors import UserError, printable
-from omnivoice_onnx.files import decode_text, read_bounded, read_limited
 from omnivoice_onnx.limits import LIMIT_ENV_PREFIX, MAX_SPEED, MIN_SPEED, limit
+from omnivoice_onnx.reading import decode_text, read_bounded, read_limited
 from omnivoice_onnx.sessions import PROVIDERS
 
 if TYPE_CHECKING:

@@ -43,8 +43,8 @@ import soundfile as sf
 
 from omnivoice_onnx.core import _resample, _silence
 from omnivoice_onnx.errors import UserError
-from omnivoice_onnx.files import existing_file
 from omnivoice_onnx.limits import too_large
+from omnivoice_onnx.reading import existing_file
 
 # The settings (`rules`: runtime-config.json's audio section, written by
 # omnivoice_export/runtime_assets.py from upstream; docs/runtime.md states each):

@@ -47,7 +47,7 @@ What a request gets:
   without response_format that is mp3, as OpenAI streams. "sse": OpenAI's
   `speech.audio.delta` events (base64 of the same bytes) then one `speech.audio.done`. FLAC is
   offered whole only: libsndfile rewrites its header (the sample count) when it closes the file.
-  MP3 is written without LAME's Info frame (audio_out.StreamEncoder), streamed or whole.
+  MP3 is written without LAME's Info frame (audio_formats.StreamEncoder), streamed or whole.
 - Errors in OpenAI's shape {"error": {"message", "type", "param", "code"}}, every one from the
   front door's table (door.ERRORS, which Wyoming answers from too): 400 bad field, 401 wrong key,
   403 a foreign Host or page origin (browser.py) or voices changed without --allow-voice-save,
@@ -72,7 +72,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import hmac
 import logging
 import math
 from collections.abc import AsyncIterator
@@ -81,23 +80,24 @@ from typing import TYPE_CHECKING, Any
 
 from omnivoice_onnx import voices as voice_store
 from omnivoice_onnx.api import OmniVoiceOnnx
-from omnivoice_onnx.audio_out import StreamEncoder, available_response_formats, encode_clip
+from omnivoice_onnx.audio_formats import StreamEncoder, available_response_formats, encode_audio
 from omnivoice_onnx.core.instruct import resolve_instruct
 from omnivoice_onnx.core.request import keywords
 from omnivoice_onnx.errors import UserError
 from omnivoice_onnx.serve import door
-from omnivoice_onnx.serve.browser import BrowserGuard, BrowserPolicy, page_csp
+from omnivoice_onnx.serve.browser import BrowserGuard, BrowserPolicy
 from omnivoice_onnx.serve.connection import http_protocol, make_server, read_body
-from omnivoice_onnx.serve.door import ApiError, refuse
+from omnivoice_onnx.serve.door import refuse
 from omnivoice_onnx.serve.forms import form_text, form_upload, form_value, instruction_headers, read_form, voice_item
 from omnivoice_onnx.serve.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from omnivoice_onnx.serve.metrics import Metrics
+from omnivoice_onnx.serve.middleware import Measured, RequireKey, add_error_handlers, error_response, route_templates
+from omnivoice_onnx.serve.page import add_page_routes
 from omnivoice_onnx.serve.pool import WorkerPool, job_failure, time_out
 from omnivoice_onnx.serve.service import (
     MODEL_ID,
     ServerConfig,
     Service,
-    bearer_token,
     bind,
     build_job,
     check_auth,
@@ -114,12 +114,6 @@ if TYPE_CHECKING:  # the serve extra's packages, imported where the app is built
 
 LOG = logging.getLogger("omnivoice_onnx.server")
 LISTENING = "omnivoice-onnx serve: listening on "  # the start line's prefix, read by launch()
-
-
-def error_response(error: ApiError) -> Any:
-    from fastapi.responses import JSONResponse
-
-    return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
 
 
 def create_app(service: Service) -> FastAPI:
@@ -140,33 +134,11 @@ def create_app(service: Service) -> FastAPI:
     add_error_handlers(app)
     add_middleware(app, service)
     add_info_routes(app, service)
+    add_page_routes(app)
     add_voice_routes(app, service)
     add_reference_routes(app, service)
     add_speech_routes(app, service)
     return app
-
-
-def add_error_handlers(app: FastAPI) -> None:
-    """Every error a client sees is the front door's JSON; a bug's traceback goes to the log only."""
-    from fastapi import Request
-    from starlette.exceptions import HTTPException
-
-    @app.exception_handler(ApiError)
-    async def api_error(request: Request, exc: ApiError) -> Any:
-        return error_response(exc)
-
-    @app.exception_handler(HTTPException)
-    async def http_error(request: Request, exc: HTTPException) -> Any:
-        if exc.status_code == 404:
-            return error_response(refuse("not_found", detail=f"{request.method} {request.url.path}"))
-        if exc.status_code == 405:
-            return error_response(refuse("method_not_allowed", detail=str(exc.detail)))
-        return error_response(ApiError(exc.status_code, str(exc.detail)))
-
-    @app.exception_handler(Exception)
-    async def server_error(request: Request, exc: Exception) -> Any:
-        LOG.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
-        return error_response(refuse("internal_error"))
 
 
 def browser_policy(config: ServerConfig) -> BrowserPolicy:
@@ -176,86 +148,51 @@ def browser_policy(config: ServerConfig) -> BrowserPolicy:
                          allowed_hosts=frozenset(config.allowed_hosts), cors_origins=frozenset(config.cors_origins))
 
 
+class LastWord:
+    """A request that SIGTERM's --drain-timeout cancels before its response started gets a JSON 503
+    (uvicorn would send a plain-text 500); one that had started is cut short. A stream whose
+    generation failed after its headers went out (its timeout, a worker's error) ends without its
+    last chunk and one log line, not uvicorn's traceback. Here, not in serve.middleware with the
+    others: it knows how the app's streams fail (serve.streaming)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        started = False
+
+        async def tracked(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracked)
+        except StreamFailed as exc:
+            LOG.warning("%s %s: stream cut short: %s", scope["method"], scope["path"], exc)
+        except asyncio.CancelledError:
+            if scope["type"] != "http" or started:
+                raise
+            LOG.warning("drain timeout: %s %s cut off before its response", scope["method"], scope["path"])
+            await error_response(refuse("shutting_down", headers={"Connection": "close"}))(scope, receive, send)
+
+
 def add_middleware(app: FastAPI, service: Service) -> None:
     """From the outside in: Measured (every request counted for /metrics), LastWord (drain
     cut-offs and cut streams end in one log line), the browser checks (browser.BrowserGuard), the
-    key. Plain ASGI rather than @app.middleware: starlette's BaseHTTPMiddleware breaks a streamed
-    response whose client leaves ("No response returned")."""
-    key = service.config.api_key
-
-    class RequireKey:
-        """`Authorization: Bearer <key>` on every route but OPEN_PATHS."""
-
-        def __init__(self, app: ASGIApp, key: str) -> None:
-            self.app, self.key = app, key
-
-        async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-            if scope["type"] == "http" and scope["path"] not in OPEN_PATHS:
-                token = bearer_token(dict(scope["headers"]).get(b"authorization", b""))
-                if not hmac.compare_digest(token, self.key.encode()):
-                    await error_response(refuse("invalid_api_key"))(scope, receive, send)
-                    return
-            await self.app(scope, receive, send)
-
-    class LastWord:
-        """Outermost: a request that SIGTERM's --drain-timeout cancels before its response started
-        gets a JSON 503 (uvicorn would send a plain-text 500); one that had started is cut short.
-        A stream whose generation failed after its headers went out (its timeout, a worker's
-        error) ends without its last chunk and one log line, not uvicorn's traceback."""
-
-        def __init__(self, app: ASGIApp) -> None:
-            self.app = app
-
-        async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-            started = False
-
-            async def tracked(message: Message) -> None:
-                nonlocal started
-                started = started or message["type"] == "http.response.start"
-                await send(message)
-
-            try:
-                await self.app(scope, receive, tracked)
-            except StreamFailed as exc:
-                LOG.warning("%s %s: stream cut short: %s", scope["method"], scope["path"], exc)
-            except asyncio.CancelledError:
-                if scope["type"] != "http" or started:
-                    raise
-                LOG.warning("drain timeout: %s %s cut off before its response", scope["method"], scope["path"])
-                await error_response(refuse("shutting_down", headers={"Connection": "close"}))(scope, receive, send)
-
-    if key:
-        app.add_middleware(RequireKey, key=key)
+    key (middleware.RequireKey)."""
+    if service.config.api_key:
+        app.add_middleware(RequireKey, key=service.config.api_key)
     app.add_middleware(BrowserGuard, policy=browser_policy(service.config))
     app.add_middleware(LastWord)
-
     metrics = Metrics(service.pool.queue.qsize, lambda: service.pool.running, service.sample_rate)
     service.pool.on_synthesis = metrics.synthesis
     app.state.metrics = metrics
-    templates: dict[Any, str] = {}
-
-    from starlette.routing import Route  # FastAPI's routes (APIRoute) and the page's alike
-
-    def route_of(scope: Scope) -> str | None:
-        """The template of the route that answered (its endpoint, set by routing), None if none did."""
-        if not templates:
-            templates.update({route.endpoint: route.path for route in app.routes if isinstance(route, Route)})
-        return templates.get(scope.get("endpoint"))
-
-    class Measured:
-        """Outermost: every request counted in /metrics, 401s and 404s included."""
-
-        def __init__(self, inner: ASGIApp) -> None:
-            self.app = metrics.middleware(inner, route_of)
-
-        async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-            await self.app(scope, receive, send)
-
-    app.add_middleware(Measured)
+    app.add_middleware(Measured, metrics=metrics, route_of=route_templates(app))
 
 
 def add_info_routes(app: FastAPI, service: Service) -> None:
-    """What the server has: /health, the models, voices and languages, the page."""
+    """What the server has: /health, the models, voices and languages, /metrics."""
     from fastapi.responses import JSONResponse, Response
 
     @app.get("/health")
@@ -305,20 +242,6 @@ def add_info_routes(app: FastAPI, service: Service) -> None:
     async def list_languages() -> dict[str, Any]:
         """The `language` values the model knows (ids; names and tags like en-US resolve too)."""
         return {"object": "list", "data": service.languages()}
-
-    html = web_page()
-    csp = page_csp(html)
-
-    @app.get("/")
-    async def page() -> Response:
-        """The page to try voices (omnivoice_onnx/serve/web/index.html: plain HTML + JS, nothing
-        fetched from elsewhere), with its Content-Security-Policy."""
-        return Response(html, media_type="text/html; charset=utf-8", headers={"Content-Security-Policy": csp})
-
-    @app.get("/favicon.ico")
-    async def favicon() -> Response:
-        """No icon: an empty answer, so a browser's automatic request is neither a 404 nor a 401."""
-        return Response(status_code=204)
 
     @app.get("/metrics")
     async def prometheus() -> Response:
@@ -514,7 +437,7 @@ def add_speech_routes(app: FastAPI, service: Service) -> None:
         if not job.stream:
             timer.cancel()
             # an mp3 of minutes: not on the event loop
-            data = await asyncio.to_thread(encode_clip, payload, fmt, service.sample_rate)
+            data = await asyncio.to_thread(encode_audio, payload, service.sample_rate, fmt)
             return Response(data, media_type=service.formats[fmt].media_type, headers=headers)
         chunks = stream_bytes(job, first, StreamEncoder(fmt, service.sample_rate), timer)
         if parsed.stream_format == "sse":
@@ -530,17 +453,6 @@ def add_speech_routes(app: FastAPI, service: Service) -> None:
     app.router.add_route("/v1/audio/speech/clone", speech_clone, methods=["POST"])  # reads its form itself
 
 
-def web_page() -> bytes:
-    """The page at / (package data: omnivoice_onnx/serve/web/index.html, in the wheel via pyproject)."""
-    from importlib.resources import files
-
-    # one name a step: a Traversable's joinpath takes a single name before Python 3.11
-    return (files("omnivoice_onnx") / "serve" / "web" / "index.html").read_bytes()
-
-
-# Routes that answer without the API key: load balancers' probe, the page (it holds no data; its
-# own requests send the key typed into it) and the icon a browser asks for by itself.
-OPEN_PATHS = ("/health", "/", "/favicon.ico")
 # --- running it ----------------------------------------------------------------------------------
 
 def load_service(config: ServerConfig) -> Service:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from omnivoice_onnx import voices as voice_store
-from omnivoice_onnx.audio_out import AudioFormat
+from omnivoice_onnx.audio_formats import AudioFormat
 from omnivoice_onnx.bundle import Folder
 from omnivoice_onnx.core.prompt import language_names
 from omnivoice_onnx.core.request import keywords
@@ -376,13 +376,6 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 # --- who may call: the key ---------------------------------------------------------------------
-
-def bearer_token(header: bytes) -> bytes:
-    """The credentials of an `Authorization: Bearer <token>` header, b"" for any other scheme or
-    none. The scheme name is case-insensitive (RFC 7235 2.1): `bearer KEY` and `BEARER KEY` count."""
-    scheme, _, token = header.strip().partition(b" ")
-    return token.strip() if scheme.lower() == b"bearer" else b""
-
 
 def api_key_from(flag: str | None, environ: Mapping[str, str]) -> str | None:
     """The key the server requires: --api-key if given, else $OMNIVOICE_API_KEY, else None. An empty

@@ -10,7 +10,7 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
-from omnivoice_onnx.audio_out import StreamEncoder
+from omnivoice_onnx.audio_formats import StreamEncoder
 from omnivoice_onnx.serve.connection import wait_disconnect
 from omnivoice_onnx.serve.pool import Job, job_failure
 

@@ -75,7 +75,9 @@ from omnivoice_onnx.core import audio, duration, scoring
 from omnivoice_onnx.core.generate import IterativeTrace, Trace, decode
 from omnivoice_onnx.core.rng import TorchCpuRng
 from omnivoice_onnx.errors import say
-from omnivoice_onnx.files import Maybe, atomic_dir, read_json, sha256_file
+from omnivoice_onnx.files import atomic_dir
+from omnivoice_onnx.hashing import sha256_file
+from omnivoice_onnx.reading import Maybe, read_json
 from omnivoice_onnx.vectors.cases import (
     CASES,
     POST_PROCESS_CASES,

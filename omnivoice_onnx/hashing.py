@@ -1,0 +1,42 @@
+"""Hashing: sha256 of a file read in chunks, and the `{sha256, bytes}` entry with which every
+artefact lists its files (file_entry), so a later stage can prove it reads what was written
+(matches_entry). Shared by the runtime (the bundle's verification, fetch, batch, conformance) and the
+toolchain (omnivoice_export.files re-exports it).
+
+A module of its own because proving a file is the one listed is a different job from writing it
+(files) or parsing it (reading): the bundle's check hashes GBs and parses nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+
+def sha256_stream(handle: Any, chunk: int = 16 << 20) -> str:
+    """Hex sha256 of the rest of an open binary file, read in chunks (graphs and checkpoints are GBs)."""
+    digest = hashlib.sha256()
+    while block := handle.read(chunk):
+        digest.update(block)
+    return digest.hexdigest()
+
+
+def sha256_file(path: Path, chunk: int = 16 << 20) -> str:
+    with open(path, "rb") as handle:
+        return sha256_stream(handle, chunk)
+
+
+def file_entry(path: Path) -> dict[str, Any]:
+    """How an artefact lists one of its files: `{"sha256": ..., "bytes": ...}`."""
+    path = Path(path)
+    return {"sha256": sha256_file(path), "bytes": path.stat().st_size}
+
+
+FILE_ENTRY_SCHEMA = {"sha256": str, "bytes": int}  # file_entry() in schema_problem's notation
+
+
+def matches_entry(path: Path, entry: Mapping[str, object]) -> bool:
+    """Whether `path` is the file `entry` lists (size first: a truncated file costs no hashing)."""
+    return Path(path).stat().st_size == entry["bytes"] and sha256_file(path) == entry["sha256"]
