@@ -54,20 +54,26 @@ def parse_steps(text: str, num_step: int) -> set[int] | None:
     try:
         steps = {int(part) for part in text.split(",") if part.strip()}
     except ValueError as exc:
-        raise UserError(f"--steps {text!r} is not 'all' or a comma-separated list of integers",
-                        "pass all, or steps such as 0,15,31") from exc
+        raise UserError(
+            f"--steps {text!r} is not 'all' or a comma-separated list of integers", "pass all, or steps such as 0,15,31"
+        ) from exc
     if not steps or min(steps) < 0 or max(steps) >= num_step:
-        raise UserError(f"--steps {text!r} must name steps in 0..{num_step - 1}",
-                        f"pass all, or steps below --num-step {num_step}")
+        raise UserError(
+            f"--steps {text!r} must name steps in 0..{num_step - 1}", f"pass all, or steps below --num-step {num_step}"
+        )
     return steps
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_model_arg(parser)
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
-                        help="device of the PyTorch reference; validate ONNX against a capture made on the "
-                             "same device (RVQ codes flip between devices)")
+    parser.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="device of the PyTorch reference; validate ONNX against a capture made on the "
+        "same device (RVQ codes flip between devices)",
+    )
     parser.add_argument("--steps", default="all", help="transformer calls to record: 'all' or e.g. '0,15,31'")
     parser.add_argument(
         "--modes", default=",".join(capture.MODES), help=f"comma-separated subset of {','.join(capture.MODES)}"
@@ -87,8 +93,10 @@ def main(argv: list[str] | None = None) -> None:
         import torch
 
         if not torch.cuda.is_available():
-            raise UserError("--device cuda was requested but torch sees no CUDA device",
-                            "use --device cpu, or install requirements-gpu.txt on a machine with an NVIDIA GPU")
+            raise UserError(
+                "--device cuda was requested but torch sees no CUDA device",
+                "use --device cpu, or install requirements-gpu.txt on a machine with an NVIDIA GPU",
+            )
     ref_wav, ref_txt = args.capture_dir / REF_WAV, args.capture_dir / REF_TXT
     if "clone" in modes and not (ref_wav.is_file() and ref_txt.is_file()):
         raise UserError(f"clone mode needs {ref_wav} and {ref_txt}", "run make_reference.py (step 0) first")
@@ -127,8 +135,11 @@ def main(argv: list[str] | None = None) -> None:
             manifest_modes[mode] = capture.mode_record_entry(record, request.to_dict())
             size = sum(f["bytes"] for f in record.files.values())
             seconds = " + ".join(f"{audio.size / SAMPLE_RATE:.2f}" for audio in audios)
-            print(f"[step 1] {mode}: S={record.seq_len} rows={record.rows} {record.steps_called} steps, "
-                  f"{seconds} s audio, {size / 1e6:.1f} MB in {time.perf_counter() - started:.1f} s", flush=True)
+            print(
+                f"[step 1] {mode}: S={record.seq_len} rows={record.rows} {record.steps_called} steps, "
+                f"{seconds} s audio, {size / 1e6:.1f} MB in {time.perf_counter() - started:.1f} s",
+                flush=True,
+            )
         for name in (REF_WAV, REF_TXT):
             if (args.capture_dir / name).is_file():
                 (tmp / name).write_bytes((args.capture_dir / name).read_bytes())

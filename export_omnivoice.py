@@ -46,16 +46,26 @@ TRANSFORMER_INPUTS = CONTRACTS["transformer"].input_names
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_model_arg(parser)
-    parser.add_argument("--graphs", default=",".join(GRAPH_NAMES),
-                        help="comma-separated subset of transformer,encoder,decoder")
-    parser.add_argument("--opset", type=int_range(exporting.OPSET_MIN, exporting.OPSET_MAX),
-                        default=exporting.DEFAULT_OPSET,
-                        help="ONNX opset: dynamo 18-22, legacy 14-20 (18, 20 and 22 verified; dynamo's 23 emits "
-                             "RotaryEmbedding nodes that ORT refuses to run at other shapes)")
+    parser.add_argument(
+        "--graphs", default=",".join(GRAPH_NAMES), help="comma-separated subset of transformer,encoder,decoder"
+    )
+    parser.add_argument(
+        "--opset",
+        type=int_range(exporting.OPSET_MIN, exporting.OPSET_MAX),
+        default=exporting.DEFAULT_OPSET,
+        help="ONNX opset: dynamo 18-22, legacy 14-20 (18, 20 and 22 verified; dynamo's 23 emits "
+        "RotaryEmbedding nodes that ORT refuses to run at other shapes)",
+    )
     parser.add_argument("--no-dynamo", action="store_true", help="use the legacy TorchScript exporter only")
     parser.add_argument("--capture-dir", type=Path, default=capture.DEFAULT_DIR, help="step 1's capture")
-    parser.add_argument("--model-dir", "--onnx-dir", dest="onnx_dir",
-                        type=Path, default=report.DEFAULT_ONNX_DIR, help="where the graphs go")
+    parser.add_argument(
+        "--model-dir",
+        "--onnx-dir",
+        dest="onnx_dir",
+        type=Path,
+        default=report.DEFAULT_ONNX_DIR,
+        help="where the graphs go",
+    )
     return parse(parser, argv)
 
 
@@ -75,8 +85,7 @@ def transformer_examples(capture_dir: Path, manifest: dict) -> tuple[tuple[torch
     checks = []
     for mode in modes[1:] or modes:
         step = capture.mode_steps(manifest, mode)[-1]
-        checks.append({k: v for k, v in capture.load_step(capture_dir, mode, step).items()
-                       if k in TRANSFORMER_INPUTS})
+        checks.append({k: v for k, v in capture.load_step(capture_dir, mode, step).items() if k in TRANSFORMER_INPUTS})
     if all(len(c["input_ids"]) == 2 for c in checks):
         checks.append({k: v[np.array([0, 0, 1, 1])] for k, v in checks[-1].items()})
     return example, checks
@@ -85,11 +94,16 @@ def transformer_examples(capture_dir: Path, manifest: dict) -> tuple[tuple[torch
 def codec_examples(capture_dir: Path, manifest: dict) -> dict[str, tuple[np.ndarray, list[np.ndarray]]]:
     """(export example with batch 2, self-check inputs at other batch/lengths) per codec graph."""
     if "clone" not in manifest["modes"]:
-        raise UserError("exporting the encoder needs the clone mode's captured encoder input",
-                        "re-run capture_reference.py with clone among --modes")
+        raise UserError(
+            "exporting the encoder needs the clone mode's captured encoder input",
+            "re-run capture_reference.py with clone among --modes",
+        )
     encoder_in = capture.load_mode_file(capture_dir, "clone", capture.ENCODER_FILE)["input_values"]
-    decoded = [capture.load_mode_file(capture_dir, mode, name) for mode in manifest["modes"]
-               for name in capture.item_files(manifest, mode, capture.DECODER_FILE)]
+    decoded = [
+        capture.load_mode_file(capture_dir, mode, name)
+        for mode in manifest["modes"]
+        for name in capture.item_files(manifest, mode, capture.DECODER_FILE)
+    ]
     audio = _crop_stack([encoder_in, decoded[0]["audio_values"]], HOP_LENGTH)
     half = encoder_in[..., : encoder_in.shape[-1] // 2 // HOP_LENGTH * HOP_LENGTH]
     codes = _crop_stack([d["audio_codes"] for d in decoded] * (2 if len(decoded) == 1 else 1))
@@ -108,9 +122,11 @@ def summary_table(entries: dict) -> str:
     lines = [head, "-" * len(head)]
     for graph, entry in entries.items():
         sizes = [f["bytes"] / 2**20 for f in entry["files"].values()]
-        lines.append(f"{graph:<12}{entry['exporter']:<10}{entry['opset']:>6}{sizes[0]:>9.2f}{sizes[1]:>10.1f}"
-                     f"{entry['export_seconds']:>8.1f}{entry['peak_rss_mb']:>13.0f}{entry['checker']:>9}"
-                     f"{'PASS' if entry['self_checks']['passed'] else 'FAIL':>12}")
+        lines.append(
+            f"{graph:<12}{entry['exporter']:<10}{entry['opset']:>6}{sizes[0]:>9.2f}{sizes[1]:>10.1f}"
+            f"{entry['export_seconds']:>8.1f}{entry['peak_rss_mb']:>13.0f}{entry['checker']:>9}"
+            f"{'PASS' if entry['self_checks']['passed'] else 'FAIL':>12}"
+        )
     return "\n".join(lines)
 
 
@@ -125,21 +141,31 @@ def main(argv: list[str] | None = None) -> None:
     manifest = capture.load_manifest(args.capture_dir)
     manifest_sha256 = sha256_file(args.capture_dir / capture.MANIFEST_NAME)  # parity/infer check it is unchanged
     if manifest["model"]["fingerprint"] != fingerprint:
-        raise UserError(f"the capture was made with model {manifest['model']['fingerprint']}, not {fingerprint} "
-                        f"({model_path})", "export with the capture's --model, or re-run steps 0-1 for this model")
+        raise UserError(
+            f"the capture was made with model {manifest['model']['fingerprint']}, not {fingerprint} ({model_path})",
+            "export with the capture's --model, or re-run steps 0-1 for this model",
+        )
     previous = None
     if report.report_path(args.onnx_dir).is_file() and set(graphs) != set(GRAPH_NAMES):
         try:
             previous = report.load_report(args.onnx_dir)
         except UserError as exc:  # adding graphs to a report that cannot be read would drop the others
-            raise UserError(f"cannot add {','.join(graphs)} to the existing export: {exc.problem}",
-                            "export all graphs (omit --graphs) to rebuild the report") from exc
+            raise UserError(
+                f"cannot add {','.join(graphs)} to the existing export: {exc.problem}",
+                "export all graphs (omit --graphs) to rebuild the report",
+            ) from exc
         if previous["model"]["fingerprint"] != fingerprint:
-            raise UserError(f"onnx/ holds an export of model {previous['model']['fingerprint']}; exporting only "
-                            f"{','.join(graphs)} of {fingerprint} would mix models", "export all graphs")
+            raise UserError(
+                f"onnx/ holds an export of model {previous['model']['fingerprint']}; exporting only "
+                f"{','.join(graphs)} of {fingerprint} would mix models",
+                "export all graphs",
+            )
 
-    print(f"[step 2] model {model_path} ({fingerprint}); exporter {'legacy' if args.no_dynamo else 'dynamo'}, "
-          f"opset {args.opset}", flush=True)
+    print(
+        f"[step 2] model {model_path} ({fingerprint}); exporter {'legacy' if args.no_dynamo else 'dynamo'}, "
+        f"opset {args.opset}",
+        flush=True,
+    )
     model = load_omnivoice(model_path)
     modules = wrappers.make_wrappers(model)
     config = json.loads((model_path / "config.json").read_text())
@@ -155,8 +181,11 @@ def main(argv: list[str] | None = None) -> None:
             inputs = t_example if graph == "transformer" else (torch.from_numpy(codec[graph][0]),)
             result = exporting.export_graph(modules[graph], graph, inputs, staging, not args.no_dynamo, args.opset)
             path = staging / GRAPH_FILES[graph]
-            exporting.set_metadata(path, graph, exporting.graph_metadata(graph, config, fingerprint, result.exporter,
-                                                                  args.opset, versions, provenance))
+            exporting.set_metadata(
+                path,
+                graph,
+                exporting.graph_metadata(graph, config, fingerprint, result.exporter, args.opset, versions, provenance),
+            )
             result.checker = exporting.check_graph(path)
             session = make_session(path, "cpu")
             if graph == "transformer":
@@ -171,8 +200,10 @@ def main(argv: list[str] | None = None) -> None:
                 flush=True,
             )
         # Hashed in staging: install and report write follow with no slow step between.
-        entries = {graph: report.graph_entry(result, signatures[graph], report.graph_files(staging, graph))
-                   for graph, result in results.items()}
+        entries = {
+            graph: report.graph_entry(result, signatures[graph], report.graph_files(staging, graph))
+            for graph, result in results.items()
+        }
         print()
         print(summary_table(entries))
         # Checked before anything is installed: graphs that failed never replace those in onnx/.
@@ -181,18 +212,31 @@ def main(argv: list[str] | None = None) -> None:
             for graph, problems in failed.items():
                 print("\n".join(f"  {graph} failed: {problem}" for problem in problems))
             graph, problems = next(iter(failed.items()))
-            raise CheckFailed(f"the export of {', '.join(failed)} failed its checks ({graph}: {problems[0]}); "
-                              f"nothing was installed, {args.onnx_dir} is unchanged")
+            raise CheckFailed(
+                f"the export of {', '.join(failed)} failed its checks ({graph}: {problems[0]}); "
+                f"nothing was installed, {args.onnx_dir} is unchanged"
+            )
         exporting.install_graphs(staging, args.onnx_dir, graphs)
 
     # What the torch-free runtime needs besides the graphs, so that onnx/ can be used alone.
     assets = write_runtime_assets(model_path, args.onnx_dir)
     model_card.copy_licence_files(model_path, args.onnx_dir, provenance["license_files"])
-    report.write_export_report(args.onnx_dir, model_path, fingerprint, args.capture_dir,
-                               manifest["model"]["fingerprint"], manifest_sha256, versions,
-                               {**(previous["graphs"] if previous else {}), **entries}, assets, provenance)
-    print(f"\n[step 2] export complete: {args.onnx_dir}  report {report.report_path(args.onnx_dir)}  model card "
-          f"{args.onnx_dir / model_card.MODEL_CARD_FILE}")
+    report.write_export_report(
+        args.onnx_dir,
+        model_path,
+        fingerprint,
+        args.capture_dir,
+        manifest["model"]["fingerprint"],
+        manifest_sha256,
+        versions,
+        {**(previous["graphs"] if previous else {}), **entries},
+        assets,
+        provenance,
+    )
+    print(
+        f"\n[step 2] export complete: {args.onnx_dir}  report {report.report_path(args.onnx_dir)}  model card "
+        f"{args.onnx_dir / model_card.MODEL_CARD_FILE}"
+    )
 
 
 if __name__ == "__main__":

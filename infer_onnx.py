@@ -74,16 +74,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--provider", default="cpu", help=f"one of {', '.join(PROVIDERS)}")
     parser.add_argument("--capture-dir", type=Path, default=DEFAULT_CAPTURE_DIR, help="step 1's capture")
-    parser.add_argument("--model-dir", "--onnx-dir", dest="onnx_dir",
-                        type=Path, default=report.DEFAULT_ONNX_DIR, help="step 2's export")
-    parser.add_argument("--model", default=None,
-                        help="compare mode: checkpoint for upstream's generate() (tiny | full-random | PATH | Hugging "
-                             "Face repo id); default: the one named in the export report")
-    parser.add_argument("--threads", type=THREADS, default=None,
-                        help="onnxruntime intra-op threads (default: all cores)")
-    parser.add_argument("--no-split", action="store_true",
-                        help="compare mode: run cond and uncond rows as one padded transformer call (upstream's "
-                             "layout) instead of each at its own length")
+    parser.add_argument(
+        "--model-dir", "--onnx-dir", dest="onnx_dir", type=Path, default=report.DEFAULT_ONNX_DIR, help="step 2's export"
+    )
+    parser.add_argument(
+        "--model",
+        default=None,
+        help="compare mode: checkpoint for upstream's generate() (tiny | full-random | PATH | Hugging "
+        "Face repo id); default: the one named in the export report",
+    )
+    parser.add_argument(
+        "--threads", type=THREADS, default=None, help="onnxruntime intra-op threads (default: all cores)"
+    )
+    parser.add_argument(
+        "--no-split",
+        action="store_true",
+        help="compare mode: run cond and uncond rows as one padded transformer call (upstream's "
+        "layout) instead of each at its own length",
+    )
     parser.add_argument(
         "--variant",
         default=None,
@@ -92,21 +100,34 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "measurements under variants.<name> in the report, not as a verdict. Default: compare "
         "mode the faithful fp32 graph; --text fp32-fused when the export holds it, else fp32",
     )
-    parser.add_argument("--no-torch-timing", action="store_true",
-                        help="compare mode: skip the PyTorch generate() timing run")
+    parser.add_argument(
+        "--no-torch-timing", action="store_true", help="compare mode: skip the PyTorch generate() timing run"
+    )
     synth = parser.add_argument_group("synthesis mode (needs no capture, no PyTorch)")
     synth.add_argument("--text", default=None, help="text to speak; selects synthesis mode")
-    synth.add_argument("--out", type=Path, default=Path("out.wav"),
-                       help="output audio: .wav (16-bit PCM, 24 kHz), .flac or .pcm (raw s16le); '-' for stdout")
+    synth.add_argument(
+        "--out",
+        type=Path,
+        default=Path("out.wav"),
+        help="output audio: .wav (16-bit PCM, 24 kHz), .flac or .pcm (raw s16le); '-' for stdout",
+    )
     synth.add_argument("--ref-audio", type=Path, default=None, help="voice clone: reference WAV")
     synth.add_argument("--ref-text", default=None, help="voice clone: transcript of --ref-audio")
     synth.add_argument("--instruct", default=None, help="voice design: e.g. 'female, low pitch, british accent'")
     synth.add_argument("--language", default=None, help=f"language name or id, or 'None' (default: {LANGUAGE})")
     # None = not given: compare mode then takes the capture's, and refuses a different value.
-    synth.add_argument("--seed", type=SEED, default=None,
-                       help=f"torch seed before generate() (default: {DEFAULT_SEED}; compare mode: the capture's)")
-    synth.add_argument("--num-step", type=NUM_STEP, default=None,
-                       help=f"unmasking steps (default: {GenerationRequest.num_step}; compare mode: the capture's)")
+    synth.add_argument(
+        "--seed",
+        type=SEED,
+        default=None,
+        help=f"torch seed before generate() (default: {DEFAULT_SEED}; compare mode: the capture's)",
+    )
+    synth.add_argument(
+        "--num-step",
+        type=NUM_STEP,
+        default=None,
+        help=f"unmasking steps (default: {GenerationRequest.num_step}; compare mode: the capture's)",
+    )
     return parse(parser, argv)
 
 
@@ -121,8 +142,10 @@ def check_synthesis_flags(args) -> None:
     # The runtime reads the export folder alone and always runs cond and uncond rows at their own lengths.
     given = [flag for flag, value in (("--model", args.model), ("--no-split", args.no_split)) if value]
     if given:
-        raise UserError(f"{', '.join(given)} only apply to compare mode (synthesis reads the export folder alone, "
-                        "split)", f"drop {', '.join(given)}")
+        raise UserError(
+            f"{', '.join(given)} only apply to compare mode (synthesis reads the export folder alone, split)",
+            f"drop {', '.join(given)}",
+        )
 
 
 def synthesize(args) -> None:
@@ -141,15 +164,22 @@ def synthesize(args) -> None:
     variant = Bundle.open(args.onnx_dir, args.variant, verify=False, provider=args.provider).variant
     # A variant's transformer is checked by the runtime (its metadata names the variant and the
     # codecs' model): the report's sha256 check of variants (quantize.verify_variant) imports torch.
-    report.verify_graphs(args.onnx_dir, export, ["transformer", "encoder", "decoder"] if variant == FP32_VARIANT
-                         else ["encoder", "decoder"])
+    report.verify_graphs(
+        args.onnx_dir,
+        export,
+        ["transformer", "encoder", "decoder"] if variant == FP32_VARIANT else ["encoder", "decoder"],
+    )
     mode = "clone" if args.ref_audio else "design" if args.instruct else "auto"
     tts = OmniVoiceOnnx.from_dir(args.onnx_dir, provider=args.provider, threads=args.threads, variant=variant)
     num_step = GenerationRequest.num_step if args.num_step is None else args.num_step
     # The command line's one synthesis path (omnivoice-onnx speak) and its one audio writer.
-    kwargs = {"language": language, "ref_text": args.ref_text, "instruct": args.instruct,
-              "ref_audio": None if args.ref_audio is None else str(args.ref_audio),
-              "generation_config": {"num_step": num_step}}
+    kwargs = {
+        "language": language,
+        "ref_text": args.ref_text,
+        "instruct": args.instruct,
+        "ref_audio": None if args.ref_audio is None else str(args.ref_audio),
+        "generation_config": {"num_step": num_step},
+    }
     req = tts.validate(args.text, **kwargs, seed=DEFAULT_SEED if args.seed is None else args.seed)
     sink = audio_out.open_output(args.out, fmt, tts.sample_rate, what="--out")
     spoken = speak(tts, req, sink, stream=False)
@@ -173,9 +203,11 @@ def main(argv: list[str] | None = None) -> None:
             # namespace package (`cannot import name 'helper' from 'onnx' (unknown location)`).
             if exc.name is None or exc.name.split(".")[0] not in TOOLCHAIN_MODULES:
                 raise
-            raise UserError(f"compare mode needs the toolchain, and {exc.name} is not installed",
-                            "pip install --no-deps -r requirements.txt (make venv), or speak with --text "
-                            "(or omnivoice-onnx speak), which needs the runtime only") from exc
+            raise UserError(
+                f"compare mode needs the toolchain, and {exc.name} is not installed",
+                "pip install --no-deps -r requirements.txt (make venv), or speak with --text "
+                "(or omnivoice-onnx speak), which needs the runtime only",
+            ) from exc
         compare(args)
 
 

@@ -38,12 +38,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_model_arg(parser)
     parser.add_argument("--text", default=REFERENCE_TEXT, help="the transcript the model speaks")
-    parser.add_argument("--instruct", default=REFERENCE_INSTRUCT,
-                        help="voice-design instruct (upstream's items, e.g. 'male, low pitch')")
+    parser.add_argument(
+        "--instruct",
+        default=REFERENCE_INSTRUCT,
+        help="voice-design instruct (upstream's items, e.g. 'male, low pitch')",
+    )
     parser.add_argument("--seed", type=SEED, default=DEFAULT_SEED, help="torch seed for generate()")
     parser.add_argument("--num-step", type=NUM_STEP, default=32, help="unmasking steps of generate()")
-    parser.add_argument("--out-dir", type=Path, default=DEFAULT_DIR,
-                        help="where ref_voice.wav and ref_voice.txt are written")
+    parser.add_argument(
+        "--out-dir", type=Path, default=DEFAULT_DIR, help="where ref_voice.wav and ref_voice.txt are written"
+    )
     return parse(parser, argv)
 
 
@@ -53,15 +57,18 @@ def main(argv: list[str] | None = None) -> None:
     model_path = resolve_model(args.model)
     print(f"[step 0] model {model_path} ({model_fingerprint(model_path)})", flush=True)
     model = load_omnivoice(model_path)
-    request = GenerationRequest(mode="design", text=args.text, seed=args.seed, instruct=args.instruct,
-                                num_step=args.num_step)
+    request = GenerationRequest(
+        mode="design", text=args.text, seed=args.seed, instruct=args.instruct, num_step=args.num_step
+    )
     started = time.perf_counter()
     audio = run_generate(model, request)
     write_wav(args.out_dir / REF_WAV, audio)
     with atomic_path(args.out_dir / REF_TXT) as tmp:
         tmp.write_text(args.text.strip() + "\n")
-    print(f"[step 0] {args.out_dir / REF_WAV}: {audio.size / SAMPLE_RATE:.2f} s in "
-          f"{time.perf_counter() - started:.1f} s; transcript -> {args.out_dir / REF_TXT}")
+    print(
+        f"[step 0] {args.out_dir / REF_WAV}: {audio.size / SAMPLE_RATE:.2f} s in "
+        f"{time.perf_counter() - started:.1f} s; transcript -> {args.out_dir / REF_TXT}"
+    )
 
 
 if __name__ == "__main__":

@@ -47,8 +47,11 @@ from omnivoice_onnx.sessions import PROVIDERS, check_provider
 
 # The flag overriding each graph's parity tolerance (contract.tolerances) for one run, and its help.
 THRESHOLD_FLAGS = {  # key: (flag, help, its range: a rate in [0, 1] or a non-negative bound)
-    "transformer_argmax_min": ("--argmax-min", "transformer: minimum argmax agreement on the rows generate() reads",
-                               float_range(0, 1)),
+    "transformer_argmax_min": (
+        "--argmax-min",
+        "transformer: minimum argmax agreement on the rows generate() reads",
+        float_range(0, 1),
+    ),
     "transformer_max_abs": ("--max-abs", "transformer: maximum |logit difference| on those rows", float_range(0)),
     "encoder_code_match_min": ("--code-match-min", "encoder: minimum exact code-match rate", float_range(0, 1)),
     "decoder_log_spectral_l1_max": ("--lsd-max", "decoder: maximum log-spectral L1", float_range(0)),
@@ -61,14 +64,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--provider", default="cpu", help=f"one of {', '.join(PROVIDERS)}")
     parser.add_argument("--graphs", default=",".join(GRAPH_NAMES), help="comma-separated subset to check")
     parser.add_argument("--capture-dir", type=Path, default=capture.DEFAULT_DIR, help="step 1's capture")
-    parser.add_argument("--model-dir", "--onnx-dir", dest="onnx_dir",
-                        type=Path, default=report.DEFAULT_ONNX_DIR, help="step 2's export")
-    parser.add_argument("--threads", type=THREADS, default=None,
-                        help="onnxruntime intra-op threads (default: all cores)")
+    parser.add_argument(
+        "--model-dir", "--onnx-dir", dest="onnx_dir", type=Path, default=report.DEFAULT_ONNX_DIR, help="step 2's export"
+    )
+    parser.add_argument(
+        "--threads", type=THREADS, default=None, help="onnxruntime intra-op threads (default: all cores)"
+    )
     for key in TOLERANCES:
         flag, text, kind = THRESHOLD_FLAGS[key]
-        parser.add_argument(flag, type=kind, default=THRESHOLDS[key], dest=key,
-                            metavar=flag[2:].upper().replace("-", "_"), help=text)
+        parser.add_argument(
+            flag, type=kind, default=THRESHOLDS[key], dest=key, metavar=flag[2:].upper().replace("-", "_"), help=text
+        )
     parser.add_argument("--no-sweep", action="store_true", help="skip the encoder length sweep (needs PyTorch weights)")
     parser.add_argument(
         "--variant",
@@ -91,8 +97,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.variant is not None:
         parity.check_variant(args.capture_dir, args.onnx_dir, args.variant, args.provider, args.threads, thresholds)
     else:
-        parity.check_graphs(args.capture_dir, args.onnx_dir, graphs, args.provider, args.threads, thresholds,
-                            sweep=not args.no_sweep)
+        parity.check_graphs(
+            args.capture_dir, args.onnx_dir, graphs, args.provider, args.threads, thresholds, sweep=not args.no_sweep
+        )
 
 
 if __name__ == "__main__":

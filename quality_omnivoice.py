@@ -36,22 +36,45 @@ from omnivoice_onnx.errors import UserError
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--capture-dir", type=Path, default=capture.DEFAULT_DIR,
-                        help="step 1's capture, the one the export was made from (default: capture/)")
-    parser.add_argument("--model-dir", "--onnx-dir", dest="onnx_dir", type=Path, default=report.DEFAULT_ONNX_DIR,
-                        help="step 2's export with step 5's variants in it (default: onnx/)")
-    parser.add_argument("--variants", default=None,
-                        help="comma-separated variants to measure besides fp32 (default: every variant in the report)")
-    parser.add_argument("--model", default=None,
-                        help="checkpoint for generate()'s config and text tokenizer (tiny | full-random | PATH); "
-                             "default: the one named in the export report")
+    parser.add_argument(
+        "--capture-dir",
+        type=Path,
+        default=capture.DEFAULT_DIR,
+        help="step 1's capture, the one the export was made from (default: capture/)",
+    )
+    parser.add_argument(
+        "--model-dir",
+        "--onnx-dir",
+        dest="onnx_dir",
+        type=Path,
+        default=report.DEFAULT_ONNX_DIR,
+        help="step 2's export with step 5's variants in it (default: onnx/)",
+    )
+    parser.add_argument(
+        "--variants",
+        default=None,
+        help="comma-separated variants to measure besides fp32 (default: every variant in the report)",
+    )
+    parser.add_argument(
+        "--model",
+        default=None,
+        help="checkpoint for generate()'s config and text tokenizer (tiny | full-random | PATH); "
+        "default: the one named in the export report",
+    )
     parser.add_argument(
         "--threads", type=THREADS, default=None, help="onnxruntime intra-op threads (default: all cores)"
     )
-    parser.add_argument("--wav-dir", type=Path, default=None,
-                        help="where the end-to-end WAVs go, one folder per variant (default: <capture-dir>/variants)")
-    parser.add_argument("--no-end-to-end", action="store_true",
-                        help="per-step figures only (skips the generate() runs, the slow part at the real dims)")
+    parser.add_argument(
+        "--wav-dir",
+        type=Path,
+        default=None,
+        help="where the end-to-end WAVs go, one folder per variant (default: <capture-dir>/variants)",
+    )
+    parser.add_argument(
+        "--no-end-to-end",
+        action="store_true",
+        help="per-step figures only (skips the generate() runs, the slow part at the real dims)",
+    )
     return parse(parser, argv)
 
 
@@ -71,32 +94,58 @@ def main(argv: list[str] | None = None) -> None:
         else validate_checkpoint_dir(report.recorded_path(export["model"]["path"]))
     )
     machine = quality.machine()
-    print(f"[step 6] fp32 and {', '.join(names)} on {cpu_line(machine['cpu'])}, "
-          f"load {machine['load_1min_at_start']}", flush=True)
+    print(
+        f"[step 6] fp32 and {', '.join(names)} on {cpu_line(machine['cpu'])}, load {machine['load_1min_at_start']}",
+        flush=True,
+    )
     results = {}
     started = time.perf_counter()
     greedy = None if args.no_end_to_end else quality.greedy_reference(model_path, args.capture_dir, manifest)
     for name in ["fp32", *names]:
-        result = quality.measure_variant(name, model_path, args.onnx_dir, args.capture_dir, manifest, export,
-                                         args.threads, not args.no_end_to_end, wav_dir, greedy)
+        result = quality.measure_variant(
+            name,
+            model_path,
+            args.onnx_dir,
+            args.capture_dir,
+            manifest,
+            export,
+            args.threads,
+            not args.no_end_to_end,
+            wav_dir,
+            greedy,
+        )
         results[name] = result
-        e2e = "".join(f" {mode} tokens={r['token_match']:.4f} greedy={r['greedy_token_match']:.4f}"
-                      for mode, r in result.get("end_to_end", {}).items())
+        e2e = "".join(
+            f" {mode} tokens={r['token_match']:.4f} greedy={r['greedy_token_match']:.4f}"
+            for mode, r in result.get("end_to_end", {}).items()
+        )
         codecs = result.get("codecs", {})
         if codecs:
-            e2e += (f" encoder code_match={codecs['encoder']['code_match']:.4f}" if "encoder" in codecs else "") + \
-                   (f" decoder LSD={codecs['decoder']['log_spectral_l1_max']:.1e}" if "decoder" in codecs else "")
-        print(f"[quality] {name:<15} argmax min {result['argmax_agreement_min']:.4f} mean "
-              f"{result['argmax_agreement_mean']:.4f}, rel err max {result['relative_error_max']:.1e}{e2e}", flush=True)
-    report.merge_section(args.onnx_dir, ("quality",), {
-        "machine": machine, "seconds": round(time.perf_counter() - started, 1),
-        "note": "measurements, not parity verdicts; ratios against fp32 in this run; random weights show "
-                "a recipe's arithmetic error, not the trained model's audible quality",
-        "variants": results})
+            e2e += (f" encoder code_match={codecs['encoder']['code_match']:.4f}" if "encoder" in codecs else "") + (
+                f" decoder LSD={codecs['decoder']['log_spectral_l1_max']:.1e}" if "decoder" in codecs else ""
+            )
+        print(
+            f"[quality] {name:<15} argmax min {result['argmax_agreement_min']:.4f} mean "
+            f"{result['argmax_agreement_mean']:.4f}, rel err max {result['relative_error_max']:.1e}{e2e}",
+            flush=True,
+        )
+    report.merge_section(
+        args.onnx_dir,
+        ("quality",),
+        {
+            "machine": machine,
+            "seconds": round(time.perf_counter() - started, 1),
+            "note": "measurements, not parity verdicts; ratios against fp32 in this run; random weights show "
+            "a recipe's arithmetic error, not the trained model's audible quality",
+            "variants": results,
+        },
+    )
     print()
     print(quality.table(results))
-    print(f"\n[step 6] measured on {cpu_line(machine['cpu'])}, load {machine['load_1min_at_start']} at start; "
-          f"in {report.report_path(args.onnx_dir)} under quality")
+    print(
+        f"\n[step 6] measured on {cpu_line(machine['cpu'])}, load {machine['load_1min_at_start']} at start; "
+        f"in {report.report_path(args.onnx_dir)} under quality"
+    )
 
 
 if __name__ == "__main__":

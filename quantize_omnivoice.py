@@ -34,13 +34,26 @@ __doc__ = __doc__.format(recipes="\n".join(f"    {r.name:<15}{r.summary}" for r 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model-dir", "--onnx-dir", dest="onnx_dir", type=Path, default=report.DEFAULT_ONNX_DIR,
-                        help="step 2's export; variants are written into subdirectories of it (default: onnx/)")
-    parser.add_argument("--capture-dir", type=Path, default=None,
-                        help="the capture whose calls calibrate int8 (which MatMuls stay fp32); default: the one "
-                             "the export was made from, as its report records")
-    parser.add_argument("--variants", default=",".join(quantize.DEFAULT_VARIANTS),
-                        help="comma-separated recipes to build (default: all of them)")
+    parser.add_argument(
+        "--model-dir",
+        "--onnx-dir",
+        dest="onnx_dir",
+        type=Path,
+        default=report.DEFAULT_ONNX_DIR,
+        help="step 2's export; variants are written into subdirectories of it (default: onnx/)",
+    )
+    parser.add_argument(
+        "--capture-dir",
+        type=Path,
+        default=None,
+        help="the capture whose calls calibrate int8 (which MatMuls stay fp32); default: the one "
+        "the export was made from, as its report records",
+    )
+    parser.add_argument(
+        "--variants",
+        default=",".join(quantize.DEFAULT_VARIANTS),
+        help="comma-separated recipes to build (default: all of them)",
+    )
     return parse(parser, argv)
 
 
@@ -51,8 +64,10 @@ def main(argv: list[str] | None = None) -> None:
     print()
     print(f"{'variant':<15}{'MB':>9}{'of fp32':>9}{'seconds':>9}{'peak MB':>9}  quantized nodes")
     for name, entry in entries.items():
-        print(f"{name:<15}{entry['bytes'] / 2**20:>9.1f}{entry['size_ratio']:>9.1%}{entry['seconds']:>9.1f}"
-              f"{entry['peak_rss_mb']:>9.0f}  {entry['node_counts']}")
+        print(
+            f"{name:<15}{entry['bytes'] / 2**20:>9.1f}{entry['size_ratio']:>9.1%}{entry['seconds']:>9.1f}"
+            f"{entry['peak_rss_mb']:>9.0f}  {entry['node_counts']}"
+        )
     print(f"\n[step 5] {len(entries)} variant(s) in {args.onnx_dir}; measure them with quality_omnivoice.py")
 
 

@@ -63,18 +63,30 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--model", default="tiny", help="the model's name, for the results' file name")
-    parser.add_argument("--model-dir", "--onnx-dir", dest="onnx_dir",
-                        type=Path, default=DEFAULT_ONNX_DIR, help="the export to run")
-    parser.add_argument("--capture-dir", type=Path, default=DEFAULT_DIR,
-                        help="step 0's folder: its ref_voice.wav/.txt are the clone lines' reference")
+    parser.add_argument(
+        "--model-dir", "--onnx-dir", dest="onnx_dir", type=Path, default=DEFAULT_ONNX_DIR, help="the export to run"
+    )
+    parser.add_argument(
+        "--capture-dir",
+        type=Path,
+        default=DEFAULT_DIR,
+        help="step 0's folder: its ref_voice.wav/.txt are the clone lines' reference",
+    )
     parser.add_argument("--lines", type=int_range(3), default=50, help="lines in the list")
     parser.add_argument("--num-step", type=NUM_STEP, default=32, help="unmasking steps per line")
-    parser.add_argument("--repeats", type=int_range(1), default=1,
-                        help="rounds; each runs every engine, the order rotated per round so that a "
-                             "neighbour's load falls on all of them alike; figures are medians")
-    parser.add_argument("--engines", default=DEFAULT_ENGINES,
-                        help="comma-separated WORKERSxTHREADS, local or ray:WORKERSxTHREADS (the workers x threads "
-                             "table: e.g. 1x1,1x2,2x1,2x2)")
+    parser.add_argument(
+        "--repeats",
+        type=int_range(1),
+        default=1,
+        help="rounds; each runs every engine, the order rotated per round so that a "
+        "neighbour's load falls on all of them alike; figures are medians",
+    )
+    parser.add_argument(
+        "--engines",
+        default=DEFAULT_ENGINES,
+        help="comma-separated WORKERSxTHREADS, local or ray:WORKERSxTHREADS (the workers x threads "
+        "table: e.g. 1x1,1x2,2x1,2x2)",
+    )
     parser.add_argument("--results-dir", type=Path, default=BENCH / "results", help="where the results go")
     args = parse(parser, argv)
     args.engines = engines(args.engines)
@@ -89,10 +101,15 @@ def engines(text: str) -> list[tuple[str, int, int, bool]]:
     for item in (part.strip() for part in text.split(",") if part.strip()):
         ray, _, shape = item.rpartition(":")
         workers, _, threads = shape.partition("x")
-        if ray not in ("", "ray") or not (workers.isdecimal() and threads.isdecimal()) or min(int(workers),
-                                                                                              int(threads)) < 1:
-            raise UserError(f"--engines: {item!r} is not WORKERSxTHREADS or ray:WORKERSxTHREADS",
-                            f"give e.g. --engines {DEFAULT_ENGINES}")
+        if (
+            ray not in ("", "ray")
+            or not (workers.isdecimal() and threads.isdecimal())
+            or min(int(workers), int(threads)) < 1
+        ):
+            raise UserError(
+                f"--engines: {item!r} is not WORKERSxTHREADS or ray:WORKERSxTHREADS",
+                f"give e.g. --engines {DEFAULT_ENGINES}",
+            )
         found.append((f"{ray or 'local'} {shape}", int(workers), int(threads), bool(ray)))
     if not found:
         raise UserError("--engines is empty", f"give e.g. --engines {DEFAULT_ENGINES}")
@@ -121,8 +138,16 @@ def write_list(folder: Path, count: int, ref_wav: Path, ref_text: str) -> Path:
 def run_engine(name: str, workers: int, threads: int, ray: bool, args, lines: Path, out: Path) -> dict[str, Any]:
     from omnivoice_onnx.batch.run import Options, run_batch
 
-    options = Options(test_list=lines, res_dir=out, model_dir=args.onnx_dir, workers=workers, threads=threads,
-                      generation_config={"num_step": args.num_step}, ray="local" if ray else None, progress=False)
+    options = Options(
+        test_list=lines,
+        res_dir=out,
+        model_dir=args.onnx_dir,
+        workers=workers,
+        threads=threads,
+        generation_config={"num_step": args.num_step},
+        ray="local" if ray else None,
+        progress=False,
+    )
     print(f"bench: {name} ...", file=sys.stderr, flush=True)
     summary = run_batch(options, log=lambda message: None)
     return {
@@ -147,42 +172,73 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     from bench_omnivoice import spread
 
     figures = ("wall_s", "lines_per_s", "audio_s_per_wall_s", "synth_s", "cpu_s", "audio_s_per_cpu_s")
-    return {name: {f: spread([r[f] for r in runs if r["engine"] == name]) for f in figures}
-            for name in dict.fromkeys(r["engine"] for r in runs)}
+    return {
+        name: {f: spread([r[f] for r in runs if r["engine"] == name]) for f in figures}
+        for name in dict.fromkeys(r["engine"] for r in runs)
+    }
 
 
 def markdown(result: dict[str, Any]) -> str:
     from omnivoice_export.measure import hardware_lines
 
     meta, cpu, load = result["meta"], result["meta"]["cpu"], result["meta"]["load_average"]
-    shared = (" — **measured on a shared machine under load**: other work used the same cores, so the figures "
-              "are pessimistic and their ratios approximate") if load["start"][0] > 0.5 else ""
-    lines = [f"# omnivoice-onnx batch: local vs Ray, {meta['model']} on {meta['host']} ({meta['date']})", "",
-             f"CPU: {cpu['model_name']} ({cpu['vendor']} family {cpu['family']} model {cpu['model']}), "
-             f"{cpu['logical_cores']} logical / {cpu['physical_cores']} physical cores. Load average (1/5/15 min) "
-             f"at start {load['start'][0]:.2f} / {load['start'][1]:.2f} / {load['start'][2]:.2f}, at end "
-             f"{load['end'][0]:.2f} / {load['end'][1]:.2f} / {load['end'][2]:.2f}{shared}.", "",
-             *hardware_lines(meta), "",
-             f"{meta['lines']} lines (auto / design / clone in turn), {meta['num_step']} steps each, "
-             f"{meta['repeats']} round(s), engine order rotated per round; medians (min..max). Wall time is the "
-             f"whole run (model loads, the up-front check of every line, Ray's start and stop included). WAVs "
-             f"byte-identical across every engine and round: **{'yes' if result['bytes_equal'] else 'NO'}**.", "",
-             "| engine | wall s | lines/s | audio s per wall s | workers' generate() s | their CPU s | "
-             "audio s per CPU s |", "|---|---|---|---|---|---|---|"]
+    shared = (
+        (
+            " — **measured on a shared machine under load**: other work used the same cores, so the figures "
+            "are pessimistic and their ratios approximate"
+        )
+        if load["start"][0] > 0.5
+        else ""
+    )
+    lines = [
+        f"# omnivoice-onnx batch: local vs Ray, {meta['model']} on {meta['host']} ({meta['date']})",
+        "",
+        f"CPU: {cpu['model_name']} ({cpu['vendor']} family {cpu['family']} model {cpu['model']}), "
+        f"{cpu['logical_cores']} logical / {cpu['physical_cores']} physical cores. Load average (1/5/15 min) "
+        f"at start {load['start'][0]:.2f} / {load['start'][1]:.2f} / {load['start'][2]:.2f}, at end "
+        f"{load['end'][0]:.2f} / {load['end'][1]:.2f} / {load['end'][2]:.2f}{shared}.",
+        "",
+        *hardware_lines(meta),
+        "",
+        f"{meta['lines']} lines (auto / design / clone in turn), {meta['num_step']} steps each, "
+        f"{meta['repeats']} round(s), engine order rotated per round; medians (min..max). Wall time is the "
+        f"whole run (model loads, the up-front check of every line, Ray's start and stop included). WAVs "
+        f"byte-identical across every engine and round: **{'yes' if result['bytes_equal'] else 'NO'}**.",
+        "",
+        "| engine | wall s | lines/s | audio s per wall s | workers' generate() s | their CPU s | audio s per CPU s |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for name, figures in result["summary"].items():
-        cells = [f"{figures[f]['median']:.{d}f} ({figures[f]['min']:.{d}f}..{figures[f]['max']:.{d}f})"
-                 for f, d in (("wall_s", 1), ("lines_per_s", 2), ("audio_s_per_wall_s", 2), ("synth_s", 1),
-                              ("cpu_s", 1), ("audio_s_per_cpu_s", 2))]
+        cells = [
+            f"{figures[f]['median']:.{d}f} ({figures[f]['min']:.{d}f}..{figures[f]['max']:.{d}f})"
+            for f, d in (
+                ("wall_s", 1),
+                ("lines_per_s", 2),
+                ("audio_s_per_wall_s", 2),
+                ("synth_s", 1),
+                ("cpu_s", 1),
+                ("audio_s_per_cpu_s", 2),
+            )
+        ]
         lines.append(f"| {name} | {' | '.join(cells)} |")
     overhead = result["ray_overhead"]
-    lines += ["", (f"Ray's overhead against local 2x1 (same workers and threads), medians: "
-                   f"{overhead['seconds']:+.1f} s wall ({overhead['ratio']:.2f}x); " if overhead else "")
-              + f"{result['runs'][0]['audio_s']:.1f} s of audio per run.",
-              "", "generate() s: wall time inside the workers' generate() calls, summed (stretched by any other "
-              "work on the cores); CPU s: those calls' CPU time in the workers, all threads (what the work itself "
-              "cost: 2 onnxruntime threads spend about twice the CPU of 1 on tiny's small graphs); audio s per CPU s: "
-              "the engine's own efficiency, which other work on the cores does not stretch (on C free cores, "
-              "W x T <= C engines reach about C times it in audio s per wall s).", ""]
+    lines += [
+        "",
+        (
+            f"Ray's overhead against local 2x1 (same workers and threads), medians: "
+            f"{overhead['seconds']:+.1f} s wall ({overhead['ratio']:.2f}x); "
+            if overhead
+            else ""
+        )
+        + f"{result['runs'][0]['audio_s']:.1f} s of audio per run.",
+        "",
+        "generate() s: wall time inside the workers' generate() calls, summed (stretched by any other "
+        "work on the cores); CPU s: those calls' CPU time in the workers, all threads (what the work itself "
+        "cost: 2 onnxruntime threads spend about twice the CPU of 1 on tiny's small graphs); audio s per CPU s: "
+        "the engine's own efficiency, which other work on the cores does not stretch (on C free cores, "
+        "W x T <= C engines reach about C times it in audio s per wall s).",
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -215,11 +271,23 @@ def main(argv: list[str] | None = None) -> None:
     summary = summarise(runs)
     pair = [summary.get(name, {}).get("wall_s", {}).get("median") for name in ("local 2x1", "ray 2x1")]
     date = datetime.date.today().isoformat()
-    result = {"meta": {"model": args.model, "host": socket.gethostname(), "date": date, "lines": args.lines,
-                       "num_step": args.num_step, "repeats": args.repeats, "cpu": cpu_description(),
-                       "load_average": {"start": load_start, "end": os.getloadavg()}, "hardware": hardware},
-              "runs": runs, "summary": summary, "bytes_equal": equal,
-              "ray_overhead": {"seconds": pair[1] - pair[0], "ratio": pair[1] / pair[0]} if all(pair) else None}
+    result = {
+        "meta": {
+            "model": args.model,
+            "host": socket.gethostname(),
+            "date": date,
+            "lines": args.lines,
+            "num_step": args.num_step,
+            "repeats": args.repeats,
+            "cpu": cpu_description(),
+            "load_average": {"start": load_start, "end": os.getloadavg()},
+            "hardware": hardware,
+        },
+        "runs": runs,
+        "summary": summary,
+        "bytes_equal": equal,
+        "ray_overhead": {"seconds": pair[1] - pair[0], "ratio": pair[1] / pair[0]} if all(pair) else None,
+    }
     stem = args.results_dir / results_stem(f"{args.model}-batch")
     write_json_atomic(stem.with_suffix(".json"), result)
     with atomic_path(stem.with_suffix(".md")) as tmp:

@@ -51,12 +51,25 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     from omnivoice_export.cli import int_range, parse
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model-dir", "--onnx-dir", dest="onnx_dir", type=Path, default=REPO / "onnx",
-                        help="the export to load (default: ./onnx)")
-    parser.add_argument("--variants", default="int8,fp32-fused",
-                        help="comma-separated transformer variants to load (default: int8,fp32-fused)")
-    parser.add_argument("--repeats", type=int_range(1), default=3,
-                        help="rounds; each loads every variant hashed, then recorded (default: 3)")
+    parser.add_argument(
+        "--model-dir",
+        "--onnx-dir",
+        dest="onnx_dir",
+        type=Path,
+        default=REPO / "onnx",
+        help="the export to load (default: ./onnx)",
+    )
+    parser.add_argument(
+        "--variants",
+        default="int8,fp32-fused",
+        help="comma-separated transformer variants to load (default: int8,fp32-fused)",
+    )
+    parser.add_argument(
+        "--repeats",
+        type=int_range(1),
+        default=3,
+        help="rounds; each loads every variant hashed, then recorded (default: 3)",
+    )
     parser.add_argument("--results-dir", type=Path, default=RESULTS, help="where the .json and .md results go")
     return parse(parser, argv)
 
@@ -82,10 +95,13 @@ def worker_main(argv: list[str]) -> None:
 
 def spawn(onnx_dir: Path, variant: str, cache: str) -> dict[str, float]:
     """One worker in a fresh interpreter with OMNIVOICE_CACHE_DIR=`cache` ("" keeps no record)."""
-    done = subprocess.run([sys.executable, __file__, "--worker", variant, "--launched", repr(time.time()),
-                           "--onnx-dir", str(onnx_dir)],
-                          capture_output=True, text=True, cwd=REPO, env={**os.environ, "OMNIVOICE_CACHE_DIR": cache,
-                                                                          "OMNIVOICE_VERIFY": "1"})
+    done = subprocess.run(
+        [sys.executable, __file__, "--worker", variant, "--launched", repr(time.time()), "--onnx-dir", str(onnx_dir)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, "OMNIVOICE_CACHE_DIR": cache, "OMNIVOICE_VERIFY": "1"},
+    )
     if done.returncode != 0:
         raise RuntimeError(f"{variant} worker failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -95,21 +111,32 @@ def markdown(summary: dict[str, Any], meta: dict[str, Any]) -> str:
     """The results page: the CPU and its hardware lines, then one row per variant and figure."""
     from omnivoice_export.measure import cpu_line, hardware_lines
 
-    lines = [f"# omnivoice_onnx load time: {meta['onnx_dir']} on {meta['host']} ({meta['date']})", "",
-             f"CPU: {cpu_line(meta['cpu'])}.", "", *hardware_lines(meta), "",
-             f"Load average at the end: {' / '.join(f'{x:.2f}' for x in meta['load_average_end'])} (the bench's own "
-             "workers included).", "",
-             f"`OmniVoiceOnnx.from_dir` in a fresh process per run, {meta['repeats']} rounds, each mode first in "
-             "every other round, warm page cache; medians (min..max). hashed: every file sha256-hashed (no "
-             "record); recorded: the files vouched for by the verification record of an earlier load.", "",
-             "| variant | files loaded | figure | hashed | recorded | hashed / recorded |", "|---|---|---|---|---|---|"]
+    lines = [
+        f"# omnivoice_onnx load time: {meta['onnx_dir']} on {meta['host']} ({meta['date']})",
+        "",
+        f"CPU: {cpu_line(meta['cpu'])}.",
+        "",
+        *hardware_lines(meta),
+        "",
+        f"Load average at the end: {' / '.join(f'{x:.2f}' for x in meta['load_average_end'])} (the bench's own "
+        "workers included).",
+        "",
+        f"`OmniVoiceOnnx.from_dir` in a fresh process per run, {meta['repeats']} rounds, each mode first in "
+        "every other round, warm page cache; medians (min..max). hashed: every file sha256-hashed (no "
+        "record); recorded: the files vouched for by the verification record of an earlier load.",
+        "",
+        "| variant | files loaded | figure | hashed | recorded | hashed / recorded |",
+        "|---|---|---|---|---|---|",
+    ]
     for variant, entry in summary.items():
         for figure, label in (("from_dir_s", "from_dir"), ("ready_s", "launch to loaded")):
             hashed, recorded = entry["hashed"][figure], entry["recorded"][figure]
-            lines.append(f"| {variant} | {entry['files_mib']:,.0f} MiB | {label} | "
-                         f"{hashed['median']:.2f} s ({hashed['min']:.2f}..{hashed['max']:.2f}) | "
-                         f"{recorded['median']:.2f} s ({recorded['min']:.2f}..{recorded['max']:.2f}) | "
-                         f"{hashed['median'] / recorded['median']:.2f}x |")
+            lines.append(
+                f"| {variant} | {entry['files_mib']:,.0f} MiB | {label} | "
+                f"{hashed['median']:.2f} s ({hashed['min']:.2f}..{hashed['max']:.2f}) | "
+                f"{recorded['median']:.2f} s ({recorded['min']:.2f}..{recorded['max']:.2f}) | "
+                f"{hashed['median'] / recorded['median']:.2f}x |"
+            )
     return "\n".join(lines + [""])
 
 
@@ -148,8 +175,11 @@ def main(argv: list[str] | None = None) -> None:
         recorded = VerifiedFiles(cache / VERIFIED_FILE).entries  # read as a load reads it
         missing = sorted({os.path.realpath(p) for paths in files.values() for p in paths} - set(recorded))
         if missing:
-            raise UserError(f"the priming loads left {len(missing)} file(s) out of the verification record in {cache} "
-                            f"(first: {missing[0]}): the recorded loads would hash", "check that TMPDIR can be written")
+            raise UserError(
+                f"the priming loads left {len(missing)} file(s) out of the verification record in {cache} "
+                f"(first: {missing[0]}): the recorded loads would hash",
+                "check that TMPDIR can be written",
+            )
         runs: dict[str, dict[str, list[dict[str, float]]]] = {v: {m: [] for m in MODES} for v in variants}
         for index in range(args.repeats):
             for variant in variants:
@@ -157,14 +187,28 @@ def main(argv: list[str] | None = None) -> None:
                 for mode in MODES if index % 2 == 0 else MODES[::-1]:
                     print(f"round {index + 1}/{args.repeats}: {variant} {mode} ...", flush=True)
                     runs[variant][mode].append(spawn(onnx_dir, variant, str(cache) if mode == "recorded" else ""))
-    summary = {variant: {"files": len(files[variant]),
-                         "files_mib": sum(path.stat().st_size for path in files[variant]) / 2**20,
-                         **{mode: {figure: spread([run[figure] for run in runs[variant][mode]])
-                                   for figure in ("from_dir_s", "ready_s")} for mode in MODES}}
-               for variant in variants}
-    meta = {"onnx_dir": str(args.onnx_dir), "host": socket.gethostname(), "date": datetime.date.today().isoformat(),
-            "cpu": cpu_description(), "hardware": hardware, "load_average_end": list(os.getloadavg()),
-            "repeats": args.repeats}
+    summary = {
+        variant: {
+            "files": len(files[variant]),
+            "files_mib": sum(path.stat().st_size for path in files[variant]) / 2**20,
+            **{
+                mode: {
+                    figure: spread([run[figure] for run in runs[variant][mode]]) for figure in ("from_dir_s", "ready_s")
+                }
+                for mode in MODES
+            },
+        }
+        for variant in variants
+    }
+    meta = {
+        "onnx_dir": str(args.onnx_dir),
+        "host": socket.gethostname(),
+        "date": datetime.date.today().isoformat(),
+        "cpu": cpu_description(),
+        "hardware": hardware,
+        "load_average_end": list(os.getloadavg()),
+        "repeats": args.repeats,
+    }
     text = markdown(summary, meta)
     print(text)
     stem = args.results_dir / results_stem("load")

@@ -80,13 +80,17 @@ RESULTS = REPO / "bench" / "results"
 # Target texts giving S ~ 200 / 435 / 800 in clone mode with the ~5 s reference (real tokenizer).
 SHAPE_TEXTS = {
     "S~200": "Please call Stella and ask her to bring these things.",
-    "S~435": ("Please call Stella and ask her to bring these things with her from the store: six spoons "
-              "of fresh snow peas, five thick slabs of blue cheese, and maybe a snack for her brother Bob."),
-    "S~800": ("Please call Stella and ask her to bring these things with her from the store: six spoons of "
-              "fresh snow peas, five thick slabs of blue cheese, and maybe a snack for her brother Bob. We "
-              "also need a small plastic snake and a big toy frog for the kids. She can scoop these things "
-              "into three red bags, and we will go meet her Wednesday at the train station, right after "
-              "lunch, unless the weather turns bad and the trains are delayed again by the storm."),
+    "S~435": (
+        "Please call Stella and ask her to bring these things with her from the store: six spoons "
+        "of fresh snow peas, five thick slabs of blue cheese, and maybe a snack for her brother Bob."
+    ),
+    "S~800": (
+        "Please call Stella and ask her to bring these things with her from the store: six spoons of "
+        "fresh snow peas, five thick slabs of blue cheese, and maybe a snack for her brother Bob. We "
+        "also need a small plastic snake and a big toy frog for the kids. She can scoop these things "
+        "into three red bags, and we will go meet her Wednesday at the train station, right after "
+        "lunch, unless the weather turns bad and the trains are delayed again by the storm."
+    ),
 }
 E2E_TEXT = SHAPE_TEXTS["S~435"]
 CODEC_SECONDS = "5,20"
@@ -98,9 +102,11 @@ WORKERS = ("gemm", "torch-calls", "onnx-calls", "torch-e2e", "onnx-e2e", "runtim
 # shared with other work, wall time measures the neighbours, CPU time the call.
 CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
 CLOCK = CLOCKS["wall"]  # the worker's, set in worker()
-CPU_CLOCK_NOTE = ("**Clock: CPU time, one thread per side** (--clock cpu): every time below is the seconds of CPU "
-                  "one core spent, every GFLOP/s per CPU-second (the GEMM peak is one core's). Other work on the "
-                  "cores stretches wall time, not these; shared caches and memory bandwidth still slow them.")
+CPU_CLOCK_NOTE = (
+    "**Clock: CPU time, one thread per side** (--clock cpu): every time below is the seconds of CPU "
+    "one core spent, every GFLOP/s per CPU-second (the GEMM peak is one core's). Other work on the "
+    "cores stretches wall time, not these; shared caches and memory bandwidth still slow them."
+)
 # GEMM shapes (m, k, n): a square one and the transformer's own at S~435 split (730 rows).
 GEMM_SHAPES = ((2048, 2048, 2048), (730, 1024, 3072), (730, 3072, 1024), (730, 1024, 2048))
 
@@ -109,33 +115,56 @@ def export_parser(description: str) -> argparse.ArgumentParser:
     """A parser with the flags every bench script shares: the model, its export and step 0's reference."""
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--model", default="tiny", help="tiny | full-random | PATH (must match the export)")
-    parser.add_argument("--model-dir", "--onnx-dir", dest="onnx_dir",
-                        type=Path, default=DEFAULT_ONNX_DIR, help="the export to measure")
-    parser.add_argument("--capture-dir", type=Path, default=DEFAULT_DIR,
-                        help="where ref_voice.wav/.txt (step 0) are: the clone reference")
+    parser.add_argument(
+        "--model-dir", "--onnx-dir", dest="onnx_dir", type=Path, default=DEFAULT_ONNX_DIR, help="the export to measure"
+    )
+    parser.add_argument(
+        "--capture-dir",
+        type=Path,
+        default=DEFAULT_DIR,
+        help="where ref_voice.wav/.txt (step 0) are: the clone reference",
+    )
     return parser
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = export_parser(__doc__)
     parser.add_argument("--repeats", type=int_range(1), default=2, help="A B rounds (each variant runs once per round)")
-    parser.add_argument("--calls", type=int_range(1), default=3,
-                        help="timed transformer/codec calls per worker and shape")
+    parser.add_argument(
+        "--calls", type=int_range(1), default=3, help="timed transformer/codec calls per worker and shape"
+    )
     parser.add_argument("--num-step", type=NUM_STEP, default=32, help="generate() steps")
     parser.add_argument("--skip-e2e", action="store_true", help="per-call figures only")
-    parser.add_argument("--shapes", default=",".join(SHAPE_TEXTS),
-                        help=f"comma-separated transformer call shapes to time, of {', '.join(SHAPE_TEXTS)}")
-    parser.add_argument("--codec-seconds", default=CODEC_SECONDS,
-                        help="comma-separated audio durations (whole seconds) the encoder and decoder are timed at")
-    parser.add_argument("--gemm-seconds", type=float_range(0.01), default=1.0,
-                        help="seconds each GEMM shape is repeated for, per library (the ceiling's precision)")
-    parser.add_argument("--variants", default=None,
-                        help="comma-separated transformer variants (quantize_omnivoice.py) to time against fp32 ORT in "
-                             "the same run; default: every variant in the export report; 'none' for none")
-    parser.add_argument("--clock", choices=CLOCKS, default="wall",
-                        help="wall: wall time at the threads set (torch's default, $OMNIVOICE_ORT_THREADS); cpu: one "
-                             "thread per side, timed by the process's CPU time (what a call costs on a shared machine, "
-                             "where other work stretches wall time; the GEMM peak is then one core's)")
+    parser.add_argument(
+        "--shapes",
+        default=",".join(SHAPE_TEXTS),
+        help=f"comma-separated transformer call shapes to time, of {', '.join(SHAPE_TEXTS)}",
+    )
+    parser.add_argument(
+        "--codec-seconds",
+        default=CODEC_SECONDS,
+        help="comma-separated audio durations (whole seconds) the encoder and decoder are timed at",
+    )
+    parser.add_argument(
+        "--gemm-seconds",
+        type=float_range(0.01),
+        default=1.0,
+        help="seconds each GEMM shape is repeated for, per library (the ceiling's precision)",
+    )
+    parser.add_argument(
+        "--variants",
+        default=None,
+        help="comma-separated transformer variants (quantize_omnivoice.py) to time against fp32 ORT in "
+        "the same run; default: every variant in the export report; 'none' for none",
+    )
+    parser.add_argument(
+        "--clock",
+        choices=CLOCKS,
+        default="wall",
+        help="wall: wall time at the threads set (torch's default, $OMNIVOICE_ORT_THREADS); cpu: one "
+        "thread per side, timed by the process's CPU time (what a call costs on a shared machine, "
+        "where other work stretches wall time; the GEMM peak is then one core's)",
+    )
     parser.add_argument("--results-dir", type=Path, default=RESULTS, help="where the .json and .md results go")
     parser.add_argument("--worker", choices=WORKERS, help=argparse.SUPPRESS)
     parser.add_argument(
@@ -152,12 +181,15 @@ def codec_durations(text: str) -> list[int]:
     """--codec-seconds as whole seconds, each given once, or a UserError."""
     picked = [item.strip() for item in text.split(",") if item.strip()]
     if not picked or not all(item.isdigit() and int(item) > 0 for item in picked) or len(set(picked)) < len(picked):
-        raise UserError(f"--codec-seconds: {text!r} is not a list of distinct whole seconds",
-                        f"give e.g. --codec-seconds {CODEC_SECONDS}")
+        raise UserError(
+            f"--codec-seconds: {text!r} is not a list of distinct whole seconds",
+            f"give e.g. --codec-seconds {CODEC_SECONDS}",
+        )
     return [int(item) for item in picked]
 
 
 # --- worker side --------------------------------------------------------------------------------
+
 
 class _Stop(Exception):
     """Raised by the input recorder once generate() has built its first transformer inputs."""
@@ -186,13 +218,21 @@ def transformer_flop_parts(config: dict[str, Any], lengths: list[int]) -> dict[s
     """Multiply-adds x2 of the transformer over rows of the given lengths, per part: the layers'
     projections, the audio heads, attention (QK^T and PV)."""
     llm = config["llm_config"]
-    hidden, layers, heads, kv, dim, inter = (llm["hidden_size"], llm["num_hidden_layers"], llm["num_attention_heads"],
-                                            llm["num_key_value_heads"], llm["head_dim"], llm["intermediate_size"])
+    hidden, layers, heads, kv, dim, inter = (
+        llm["hidden_size"],
+        llm["num_hidden_layers"],
+        llm["num_attention_heads"],
+        llm["num_key_value_heads"],
+        llm["head_dim"],
+        llm["intermediate_size"],
+    )
     linear = layers * (hidden * heads * dim * 2 + hidden * kv * dim * 2 + 3 * hidden * inter)
     heads_out = hidden * config["num_audio_codebook"] * config["audio_vocab_size"]
-    return {"projections": float(sum(2 * length * linear for length in lengths)),
-            "heads": float(sum(2 * length * heads_out for length in lengths)),
-            "attention": float(sum(layers * 4 * length * length * heads * dim for length in lengths))}
+    return {
+        "projections": float(sum(2 * length * linear for length in lengths)),
+        "heads": float(sum(2 * length * heads_out for length in lengths)),
+        "attention": float(sum(layers * 4 * length * length * heads * dim for length in lengths)),
+    }
 
 
 def transformer_flops(config: dict[str, Any], lengths: list[int]) -> float:
@@ -208,8 +248,12 @@ def gemm_worker(seconds: float) -> dict[str, Any]:
     import torch
     from onnx import TensorProto, helper, numpy_helper
 
-    result: dict[str, Any] = {"torch_threads": torch.get_num_threads(), "torch_mkl": {}, "ort_mlas": {},
-                              "libraries": gemm_libraries()}
+    result: dict[str, Any] = {
+        "torch_threads": torch.get_num_threads(),
+        "torch_mkl": {},
+        "ort_mlas": {},
+        "libraries": gemm_libraries(),
+    }
     rng = np.random.default_rng(0)
     for m, k, n in GEMM_SHAPES:
         label, flops = f"{m}x{k}x{n}", 2.0 * m * k * n
@@ -217,15 +261,19 @@ def gemm_worker(seconds: float) -> dict[str, Any]:
         b = rng.standard_normal((k, n), dtype=np.float32)
         ta, tb = torch.from_numpy(a), torch.from_numpy(b)
         result["torch_mkl"][label] = rate(lambda: torch.mm(ta, tb), flops, seconds, CLOCK)
-        graph = helper.make_graph([helper.make_node("MatMul", ["a", "b"], ["c"])], "gemm",
-                                  [helper.make_tensor_value_info("a", TensorProto.FLOAT, [m, k])],
-                                  [helper.make_tensor_value_info("c", TensorProto.FLOAT, [m, n])],
-                                  [numpy_helper.from_array(b, "b")])
+        graph = helper.make_graph(
+            [helper.make_node("MatMul", ["a", "b"], ["c"])],
+            "gemm",
+            [helper.make_tensor_value_info("a", TensorProto.FLOAT, [m, k])],
+            [helper.make_tensor_value_info("c", TensorProto.FLOAT, [m, n])],
+            [numpy_helper.from_array(b, "b")],
+        )
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
         options = ort.SessionOptions()
         options.intra_op_num_threads = default_threads() or 0  # 0: onnxruntime's default, one per core
-        session = ort.InferenceSession(model.SerializeToString(), sess_options=options,
-                                       providers=["CPUExecutionProvider"])
+        session = ort.InferenceSession(
+            model.SerializeToString(), sess_options=options, providers=["CPUExecutionProvider"]
+        )
         result["ort_mlas"][label] = rate(lambda: session.run(None, {"a": a}), flops, seconds, CLOCK)
     result["peak_gflops"] = max(max(result["torch_mkl"].values()), max(result["ort_mlas"].values()))
     return result
@@ -241,9 +289,11 @@ def gemm_libraries() -> dict[str, str]:
 
     config = torch.__config__.show()
     blas = re.search(r"BLAS_INFO=(\w+)", config)
-    return {"torch": f"{blas.group(1) if blas else 'unknown'} (torch {torch.__version__}, "
-                     f"MKL {'on' if torch.backends.mkl.is_available() else 'off'})",
-            "onnxruntime": f"MLAS (onnxruntime {ort.__version__})"}
+    return {
+        "torch": f"{blas.group(1) if blas else 'unknown'} (torch {torch.__version__}, "
+        f"MKL {'on' if torch.backends.mkl.is_available() else 'off'})",
+        "onnxruntime": f"MLAS (onnxruntime {ort.__version__})",
+    }
 
 
 def check_export(args, variants: list[str]) -> str:
@@ -254,9 +304,12 @@ def check_export(args, variants: list[str]) -> str:
     model_path = resolve_model(args.model)
     fingerprint = model_fingerprint(model_path)
     if export["model"]["fingerprint"] != fingerprint:
-        raise UserError(f"the export in {args.onnx_dir} is of model {export['model']['fingerprint']}, but --model "
-                        f"{args.model} is {fingerprint} ({model_path}): the bench would time one model against "
-                        "another", "pass the --model the export was made from, or re-run steps 0-2 for this one")
+        raise UserError(
+            f"the export in {args.onnx_dir} is of model {export['model']['fingerprint']}, but --model "
+            f"{args.model} is {fingerprint} ({model_path}): the bench would time one model against "
+            "another",
+            "pass the --model the export was made from, or re-run steps 0-2 for this one",
+        )
     report.verify_graphs(args.onnx_dir, export, list(GRAPH_NAMES))
     for name in variants:
         quantize.verify_variant(args.onnx_dir, export, name)
@@ -273,8 +326,10 @@ def variant_names(args) -> list[str]:
     names = [name.strip() for name in args.variants.split(",") if name.strip()]
     unknown = [name for name in names if name not in made]
     if unknown:
-        raise UserError(f"--variants: {', '.join(unknown)} not in the export report (made so far: "
-                        f"{', '.join(made) or 'none'})", f"run quantize_omnivoice.py --variants {','.join(unknown)}")
+        raise UserError(
+            f"--variants: {', '.join(unknown)} not in the export report (made so far: {', '.join(made) or 'none'})",
+            f"run quantize_omnivoice.py --variants {','.join(unknown)}",
+        )
     return names
 
 
@@ -305,8 +360,13 @@ def clone_request(capture_dir: Path, text: str, num_step: int):
     """A voice clone of `text` from step 0's reference in `capture_dir`."""
     from omnivoice_export.generation import GenerationRequest
 
-    return GenerationRequest(mode="clone", text=text, ref_audio=str(capture_dir / REF_WAV),
-                             ref_text=(capture_dir / REF_TXT).read_text().strip(), num_step=num_step)
+    return GenerationRequest(
+        mode="clone",
+        text=text,
+        ref_audio=str(capture_dir / REF_WAV),
+        ref_text=(capture_dir / REF_TXT).read_text().strip(),
+        num_step=num_step,
+    )
 
 
 def codec_audio(seconds: int) -> np.ndarray:
@@ -332,8 +392,12 @@ def torch_calls_worker(args) -> dict[str, Any]:
         np.savez(args.scratch / f"inputs-{label}.npz", **feeds)
         lengths = prefix_lengths(feeds["attention_mask"])
         seq = feeds["input_ids"].shape[-1]
-        entry = {"S": seq, "row_lengths": lengths, "flops_padded": transformer_flops(config, [seq] * len(lengths)),
-                 "flops_split": transformer_flops(config, lengths)}
+        entry = {
+            "S": seq,
+            "row_lengths": lengths,
+            "flops_padded": transformer_flops(config, [seq] * len(lengths)),
+            "flops_split": transformer_flops(config, lengths),
+        }
         tensors = {k: torch.from_numpy(v) for k, v in feeds.items()}
         with torch.inference_mode():
             entry["torch_padded"] = timed(lambda: model(**tensors), args.calls)
@@ -450,8 +514,15 @@ def runtime_e2e_worker(args) -> dict[str, Any]:
     transformer_seconds = time_calls(tts.model, "transformer", CLOCK)
     request, trace = clone_request(args.capture_dir, E2E_TEXT, args.num_step), Trace()
     started = CLOCK()
-    tts.generate(request.text, language=request.language, ref_text=request.ref_text, ref_audio=request.ref_audio,
-                 generation_config={"num_step": request.num_step}, seed=request.seed, trace=trace)
+    tts.generate(
+        request.text,
+        language=request.language,
+        ref_text=request.ref_text,
+        ref_audio=request.ref_audio,
+        generation_config={"num_step": request.num_step},
+        seed=request.seed,
+        trace=trace,
+    )
     result["e2e_seconds"] = CLOCK() - started
     result["e2e_transformer_seconds"] = sum(transformer_seconds)
     result["e2e_final_tokens"] = [trace.results[0].tolist()]  # [1, 8, T], as the Recorder keeps them
@@ -490,11 +561,36 @@ def worker(args) -> dict[str, Any]:
 
 # --- orchestrator -------------------------------------------------------------------------------
 
+
 def spawn(args, worker: str, variant: str = "fp32") -> dict[str, Any]:
-    command = [sys.executable, __file__, "--worker", worker, "--model", args.model, "--onnx-dir", str(args.onnx_dir),
-               "--capture-dir", str(args.capture_dir), "--calls", str(args.calls), "--num-step", str(args.num_step),
-               "--scratch", str(args.scratch), "--variant", variant, "--shapes", args.shapes,
-               "--codec-seconds", args.codec_seconds, "--gemm-seconds", str(args.gemm_seconds), "--clock", args.clock]
+    command = [
+        sys.executable,
+        __file__,
+        "--worker",
+        worker,
+        "--model",
+        args.model,
+        "--onnx-dir",
+        str(args.onnx_dir),
+        "--capture-dir",
+        str(args.capture_dir),
+        "--calls",
+        str(args.calls),
+        "--num-step",
+        str(args.num_step),
+        "--scratch",
+        str(args.scratch),
+        "--variant",
+        variant,
+        "--shapes",
+        args.shapes,
+        "--codec-seconds",
+        args.codec_seconds,
+        "--gemm-seconds",
+        str(args.gemm_seconds),
+        "--clock",
+        args.clock,
+    ]
     env = {**os.environ, THREADS_ENV: "1"} if args.clock == "cpu" else None
     done = subprocess.run(command, capture_output=True, text=True, cwd=REPO, env=env)
     if done.returncode != 0:
@@ -539,10 +635,13 @@ def runtime_generate(rounds: list[dict[str, dict]], names: list[str]) -> dict[st
         e2e = [r[key] for r in rounds if key in r]
         if e2e:
             seconds = spread([r["e2e_seconds"] for r in e2e])
-            result[name] = {"seconds": seconds, "parts": generate_parts(e2e),
-                            "speedup_vs_torch": torch_median / seconds["median"],
-                            "final_token_match": min(token_match(r, torch_tokens) for r in e2e),
-                            "peak_rss_mb": spread([r["peak_rss_mb"] for r in e2e])}
+            result[name] = {
+                "seconds": seconds,
+                "parts": generate_parts(e2e),
+                "speedup_vs_torch": torch_median / seconds["median"],
+                "final_token_match": min(token_match(r, torch_tokens) for r in e2e),
+                "peak_rss_mb": spread([r["peak_rss_mb"] for r in e2e]),
+            }
     return result
 
 
@@ -551,24 +650,31 @@ def runtime_generate_markdown(summary: dict[str, Any]) -> list[str]:
     runtime = summary.get("runtime_generate")
     if not runtime:
         return []
-    lines = ["The torch-free runtime's generate() (omnivoice_onnx, as `omnivoice-onnx speak` runs it: codec sessions "
-             f"opened per call), the same request and seed; torch {summary['generate']['torch']['median']:.1f} s:", "",
-             "| variant | generate() s | transformer calls s | rest s | vs torch | tokens vs torch | peak RSS MiB |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        "The torch-free runtime's generate() (omnivoice_onnx, as `omnivoice-onnx speak` runs it: codec sessions "
+        f"opened per call), the same request and seed; torch {summary['generate']['torch']['median']:.1f} s:",
+        "",
+        "| variant | generate() s | transformer calls s | rest s | vs torch | tokens vs torch | peak RSS MiB |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for name, g in runtime.items():
         t, parts = g["seconds"], g["parts"]
-        lines.append(f"| {name} | {t['median']:.1f} ({t['min']:.1f}..{t['max']:.1f}) | "
-                     f"{parts['transformer']['median']:.1f} | {parts['rest']['median']:.1f} | "
-                     f"**{g['speedup_vs_torch']:.2f}x** | {100 * g['final_token_match']:.2f}% | "
-                     f"{g['peak_rss_mb']['median']:.0f} |")
+        lines.append(
+            f"| {name} | {t['median']:.1f} ({t['min']:.1f}..{t['max']:.1f}) | "
+            f"{parts['transformer']['median']:.1f} | {parts['rest']['median']:.1f} | "
+            f"**{g['speedup_vs_torch']:.2f}x** | {100 * g['final_token_match']:.2f}% | "
+            f"{g['peak_rss_mb']['median']:.0f} |"
+        )
     return lines + [""]
 
 
 def generate_parts(e2e: list[dict]) -> dict[str, dict[str, float]]:
     """generate()'s seconds in the transformer calls and in the rest (reference encoding, decoding,
     host work: the same for every transformer variant), over the e2e workers' runs."""
-    return {"transformer": spread([r["e2e_transformer_seconds"] for r in e2e]),
-            "rest": spread([r["e2e_seconds"] - r["e2e_transformer_seconds"] for r in e2e])}
+    return {
+        "transformer": spread([r["e2e_transformer_seconds"] for r in e2e]),
+        "rest": spread([r["e2e_seconds"] - r["e2e_transformer_seconds"] for r in e2e]),
+    }
 
 
 def generate_parts_markdown(summary: dict[str, Any], num_step: int) -> list[str]:
@@ -578,36 +684,51 @@ def generate_parts_markdown(summary: dict[str, Any], num_step: int) -> list[str]
     if not generate or not summary["variants"]:
         return []
     fp32 = generate["parts"]["onnx"]
-    lines = [f"generate() split (medians): the transformer (one forward per step, {num_step} steps) + the rest "
-             "(reference encoding, decoding, host work: the same graphs for every variant). fp32 ORT: "
-             f"{fp32['transformer']['median']:.1f} s + {fp32['rest']['median']:.1f} s.", "",
-             "| variant | transformer calls s | rest s | transformer vs fp32 | generate() vs fp32 | "
-             "transformer calls for 3x fp32's generate() at this rest |", "|---|---|---|---|---|---|"]
+    lines = [
+        f"generate() split (medians): the transformer (one forward per step, {num_step} steps) + the rest "
+        "(reference encoding, decoding, host work: the same graphs for every variant). fp32 ORT: "
+        f"{fp32['transformer']['median']:.1f} s + {fp32['rest']['median']:.1f} s.",
+        "",
+        "| variant | transformer calls s | rest s | transformer vs fp32 | generate() vs fp32 | "
+        "transformer calls for 3x fp32's generate() at this rest |",
+        "|---|---|---|---|---|---|",
+    ]
     for name, variant in summary["variants"].items():
         g = variant.get("generate")
         if g:
             parts, target = g["parts"], generate["onnx"]["median"] / 3 - g["parts"]["rest"]["median"]
-            lines.append(f"| {name} | {parts['transformer']['median']:.1f} | {parts['rest']['median']:.1f} | "
-                         f"{g['transformer_speedup_vs_fp32']:.2f}x | {g['speedup_vs_fp32']:.2f}x | "
-                         + (f"<= {target:.1f} s ({target / num_step:.3f} s per step) |" if target > 0 else
-                            "none: the rest alone is over a third of fp32's generate() |"))
+            lines.append(
+                f"| {name} | {parts['transformer']['median']:.1f} | {parts['rest']['median']:.1f} | "
+                f"{g['transformer_speedup_vs_fp32']:.2f}x | {g['speedup_vs_fp32']:.2f}x | "
+                + (
+                    f"<= {target:.1f} s ({target / num_step:.3f} s per step) |"
+                    if target > 0
+                    else "none: the rest alone is over a third of fp32's generate() |"
+                )
+            )
     return lines + [""]
 
 
 def summarise(rounds: list[dict[str, dict]], variants: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
     """Pool every round's timings per variant and shape; ratios of medians. `variants`: the export
     report's entries of the transformer variants timed (their files' sizes)."""
+
     def runs(variant: str) -> list[dict]:
         return [r[variant] for r in rounds if variant in r]
 
     gemm = runs("gemm")
     peak = max(r["peak_gflops"] for r in gemm)
     summary: dict[str, Any] = {
-        "gemm": {"peak_gflops": peak,
-                 "torch_mkl_best": max(max(r["torch_mkl"].values()) for r in gemm),
-                 "ort_mlas_best": max(max(r["ort_mlas"].values()) for r in gemm),
-                 "torch_threads": gemm[0]["torch_threads"], "libraries": gemm[0]["libraries"]},
-        "transformer": {}, "codec": {}}
+        "gemm": {
+            "peak_gflops": peak,
+            "torch_mkl_best": max(max(r["torch_mkl"].values()) for r in gemm),
+            "ort_mlas_best": max(max(r["ort_mlas"].values()) for r in gemm),
+            "torch_threads": gemm[0]["torch_threads"],
+            "libraries": gemm[0]["libraries"],
+        },
+        "transformer": {},
+        "codec": {},
+    }
     torch_calls, onnx_calls = runs("torch-calls"), runs("onnx-calls")
     for label in torch_calls[0]["transformer"]:  # the shapes timed (--shapes)
         first = torch_calls[0]["transformer"][label]
@@ -617,7 +738,8 @@ def summarise(rounds: list[dict[str, dict]], variants: dict[str, dict[str, Any]]
         row["gflops"] = {
             "torch_padded": first["flops_padded"] / row["torch_padded"]["median"] / 1e9,
             "ort_padded": first["flops_padded"] / row["ort_padded"]["median"] / 1e9,
-            "ort_split": first["flops_split"] / row["ort_split"]["median"] / 1e9}
+            "ort_split": first["flops_split"] / row["ort_split"]["median"] / 1e9,
+        }
         row["fraction_of_gemm_peak"] = {k: v / peak for k, v in row["gflops"].items()}
         # Like for like (the GEMM library's part, CPU-specific) beside the split (fewer FLOPs).
         row["speedup_ort_padded_vs_torch"] = row["torch_padded"]["median"] / row["ort_padded"]["median"]
@@ -629,10 +751,15 @@ def summarise(rounds: list[dict[str, dict]], variants: dict[str, dict[str, Any]]
         for key in torch_calls[0][part]:  # the durations timed (--codec-seconds)
             torch_t = spread([t for r in torch_calls for t in r[part][key]])
             onnx_t = spread([t for r in onnx_calls for t in r[part][key]])
-            summary["codec"][f"{part} {key}"] = {"torch": torch_t, "ort": onnx_t,
-                                                  "speedup": torch_t["median"] / onnx_t["median"]}
-    summary["peak_rss_mb_calls"] = {"torch": max(r["peak_rss_mb"] for r in torch_calls),
-                                    "onnx": max(r["peak_rss_mb"] for r in onnx_calls)}
+            summary["codec"][f"{part} {key}"] = {
+                "torch": torch_t,
+                "ort": onnx_t,
+                "speedup": torch_t["median"] / onnx_t["median"],
+            }
+    summary["peak_rss_mb_calls"] = {
+        "torch": max(r["peak_rss_mb"] for r in torch_calls),
+        "onnx": max(r["peak_rss_mb"] for r in onnx_calls),
+    }
     torch_e2e, onnx_e2e = runs("torch-e2e"), runs("onnx-e2e")
     if torch_e2e:
         reference = np.array(torch_e2e[0]["e2e_final_tokens"])
@@ -640,13 +767,21 @@ def summarise(rounds: list[dict[str, dict]], variants: dict[str, dict[str, Any]]
         torch_t = spread([r["e2e_seconds"] for r in torch_e2e])
         onnx_t = spread([r["e2e_seconds"] for r in onnx_e2e])
         summary["generate"] = {
-            "torch": torch_t, "onnx": onnx_t, "speedup": torch_t["median"] / onnx_t["median"],
+            "torch": torch_t,
+            "onnx": onnx_t,
+            "speedup": torch_t["median"] / onnx_t["median"],
             "parts": {"torch": generate_parts(torch_e2e), "onnx": generate_parts(onnx_e2e)},
-            "final_token_match": min(matches), "target_frames": int(reference.shape[-1]),
-            "load_seconds": {"torch": spread([r["load_seconds"] for r in torch_e2e]),
-                             "onnx": spread([r["load_seconds"] for r in onnx_e2e])},
-            "peak_rss_mb": {"torch": spread([r["peak_rss_mb"] for r in torch_e2e]),
-                            "onnx": spread([r["peak_rss_mb"] for r in onnx_e2e])}}
+            "final_token_match": min(matches),
+            "target_frames": int(reference.shape[-1]),
+            "load_seconds": {
+                "torch": spread([r["load_seconds"] for r in torch_e2e]),
+                "onnx": spread([r["load_seconds"] for r in onnx_e2e]),
+            },
+            "peak_rss_mb": {
+                "torch": spread([r["peak_rss_mb"] for r in torch_e2e]),
+                "onnx": spread([r["peak_rss_mb"] for r in onnx_e2e]),
+            },
+        }
     loads = [load for r in rounds for run in r.values() for load in run.get("load_1min", [])]
     summary["load_1min"] = spread(loads) if loads else None
     summary["variants"] = {
@@ -656,22 +791,30 @@ def summarise(rounds: list[dict[str, dict]], variants: dict[str, dict[str, Any]]
     return summary
 
 
-def summarise_variant(rounds: list[dict[str, dict]], name: str, entry: dict[str, Any],
-                      summary: dict[str, Any]) -> dict[str, Any]:
+def summarise_variant(
+    rounds: list[dict[str, dict]], name: str, entry: dict[str, Any], summary: dict[str, Any]
+) -> dict[str, Any]:
     """One variant against fp32 ORT of the same rounds: per-call medians and ratios, logits against
     fp32 ORT's and torch's (worst over rounds), generate() and its tokens against torch's, size."""
     calls = [r[f"onnx-calls@{name}"] for r in rounds]
     fp32_calls = [r["onnx-calls"] for r in rounds]
-    result: dict[str, Any] = {"recipe": entry["recipe"], "bytes": entry["bytes"], "fp32_bytes": entry["fp32_bytes"],
-                              "size_ratio": entry["bytes"] / entry["fp32_bytes"], "transformer": {}}
+    result: dict[str, Any] = {
+        "recipe": entry["recipe"],
+        "bytes": entry["bytes"],
+        "fp32_bytes": entry["fp32_bytes"],
+        "size_ratio": entry["bytes"] / entry["fp32_bytes"],
+        "transformer": {},
+    }
     for label in summary["transformer"]:
         mine = spread([t for r in calls for t in r["transformer"][label]["ort_split"]])
         fp32 = spread([t for r in fp32_calls for t in r["transformer"][label]["ort_split"]])
         row = {"ort_split": mine, "fp32_ort_split": fp32, "speedup_vs_fp32": fp32["median"] / mine["median"]}
         for against in ("fp32", "torch"):
             stats = [r["transformer"][label][f"vs_{against}"] for r in calls]
-            row[f"vs_{against}"] = {"argmax_agreement": min(s["argmax_agreement"] for s in stats),
-                                    "max_abs": max(s["max_abs"] for s in stats)}
+            row[f"vs_{against}"] = {
+                "argmax_agreement": min(s["argmax_agreement"] for s in stats),
+                "max_abs": max(s["max_abs"] for s in stats),
+            }
         result["transformer"][label] = row
     e2e = [r[f"onnx-e2e@{name}"] for r in rounds if f"onnx-e2e@{name}" in r]
     if e2e and "generate" in summary:
@@ -710,9 +853,12 @@ def variants_markdown(summary: dict[str, Any]) -> list[str]:
     first = next(iter(summary["variants"].values()))
     generate = summary.get("generate")
     fp32_cells = [f"{first['transformer'][label]['fp32_ort_split']['median']:.3f}" for label in labels]
-    fp32_generate = (f"{generate['onnx']['median']:.1f} | 1.00x | {generate['speedup']:.2f}x | "
-                     f"{100 * generate['final_token_match']:.2f}% | {generate['peak_rss_mb']['onnx']['median']:.0f}"
-                     if generate else "- | - | - | - | -")
+    fp32_generate = (
+        f"{generate['onnx']['median']:.1f} | 1.00x | {generate['speedup']:.2f}x | "
+        f"{100 * generate['final_token_match']:.2f}% | {generate['peak_rss_mb']['onnx']['median']:.0f}"
+        if generate
+        else "- | - | - | - | -"
+    )
     lines.append(
         f"| fp32 | {first['fp32_bytes'] / 2**20:.1f} (100%) | "
         + " | ".join(fp32_cells)
@@ -726,8 +872,12 @@ def variants_markdown(summary: dict[str, Any]) -> list[str]:
         argmax = min(rows[label]["vs_fp32"]["argmax_agreement"] for label in labels)
         max_abs = max(rows[label]["vs_fp32"]["max_abs"] for label in labels)
         g = variant.get("generate")
-        e2e = (f"{g['seconds']['median']:.1f} | {g['speedup_vs_fp32']:.2f}x | {g['speedup_vs_torch']:.2f}x | "
-               f"{100 * g['final_token_match']:.2f}% | {g['peak_rss_mb']['median']:.0f}" if g else "- | - | - | - | -")
+        e2e = (
+            f"{g['seconds']['median']:.1f} | {g['speedup_vs_fp32']:.2f}x | {g['speedup_vs_torch']:.2f}x | "
+            f"{100 * g['final_token_match']:.2f}% | {g['peak_rss_mb']['median']:.0f}"
+            if g
+            else "- | - | - | - | -"
+        )
         lines.append(
             f"| {name} | {variant['bytes'] / 2**20:.1f} ({100 * variant['size_ratio']:.1f}%) | "
             + " | ".join(cells)
@@ -751,22 +901,29 @@ def load_line(load: dict[str, float], cores: int) -> str:
 
 def markdown(summary: dict[str, Any], meta: dict[str, Any]) -> str:
     gemm, cpu = summary["gemm"], meta["cpu"]
-    lines = [f"# OmniVoice benchmark: {meta['model']} on {meta['host']} ({meta['date']})", "",
-             f"CPU: {cpu['model_name']} ({cpu['vendor']} family {cpu['family']} model {cpu['model']}), "
-             f"{cpu['logical_cores']} logical / {cpu['physical_cores']} physical cores; torch "
-             f"{gemm['torch_threads']} threads, GEMM {gemm['libraries']['torch']}; ORT GEMM "
-             f"{gemm['libraries']['onnxruntime']}, {meta.get('ort_threads') or 'default (one per core)'} intra-op "
-             f"threads (${THREADS_ENV}).", "", *hardware_lines(meta), "",
-             *([CPU_CLOCK_NOTE, ""] if meta.get("clock") == "cpu" else []),
-             f"fp32 GEMM peak {gemm['peak_gflops']:.0f} GFLOP/s (best of torch.mm {gemm['torch_mkl_best']:.0f} and "
-             f"ORT MatMul {gemm['ort_mlas_best']:.0f}, fresh process, same run); "
-             f"{meta['repeats']} interleaved rounds, medians (min..max). Speedups are of this CPU: ORT padded vs "
-             "torch padded is the GEMM libraries' difference here; ORT split vs ORT padded is the split's, "
-             "which does not depend on the CPU.", "",
-             *([load_line(summary["load_1min"], cpu["logical_cores"]), ""] if summary.get("load_1min") else []),
-             "| transformer call | rows | torch padded s | ORT padded s | ORT split s | ORT padded vs torch | "
-             "split vs ORT padded | split vs torch | GFLOP/s torch / ORT split (% of peak) |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# OmniVoice benchmark: {meta['model']} on {meta['host']} ({meta['date']})",
+        "",
+        f"CPU: {cpu['model_name']} ({cpu['vendor']} family {cpu['family']} model {cpu['model']}), "
+        f"{cpu['logical_cores']} logical / {cpu['physical_cores']} physical cores; torch "
+        f"{gemm['torch_threads']} threads, GEMM {gemm['libraries']['torch']}; ORT GEMM "
+        f"{gemm['libraries']['onnxruntime']}, {meta.get('ort_threads') or 'default (one per core)'} intra-op "
+        f"threads (${THREADS_ENV}).",
+        "",
+        *hardware_lines(meta),
+        "",
+        *([CPU_CLOCK_NOTE, ""] if meta.get("clock") == "cpu" else []),
+        f"fp32 GEMM peak {gemm['peak_gflops']:.0f} GFLOP/s (best of torch.mm {gemm['torch_mkl_best']:.0f} and "
+        f"ORT MatMul {gemm['ort_mlas_best']:.0f}, fresh process, same run); "
+        f"{meta['repeats']} interleaved rounds, medians (min..max). Speedups are of this CPU: ORT padded vs "
+        "torch padded is the GEMM libraries' difference here; ORT split vs ORT padded is the split's, "
+        "which does not depend on the CPU.",
+        "",
+        *([load_line(summary["load_1min"], cpu["logical_cores"]), ""] if summary.get("load_1min") else []),
+        "| transformer call | rows | torch padded s | ORT padded s | ORT split s | ORT padded vs torch | "
+        "split vs ORT padded | split vs torch | GFLOP/s torch / ORT split (% of peak) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for label, row in summary["transformer"].items():
         t, p, s = row["torch_padded"], row["ort_padded"], row["ort_split"]
         lines.append(
@@ -796,11 +953,18 @@ def markdown(summary: dict[str, Any], meta: dict[str, Any]) -> str:
             f"**{rss['onnx']['median'] / rss['torch']['median']:.2f}x**",
         ]
     calls = summary["peak_rss_mb_calls"]
-    lines += [f"Peak RSS of the per-call workers (every shape above, {max(meta['codec_seconds'])} s codec calls): "
-              f"torch {calls['torch']:.0f} MiB, "
-              f"ONNX {calls['onnx']:.0f} MiB", ""]
-    return "\n".join(lines + variants_markdown(summary) + generate_parts_markdown(summary, meta["num_step"])
-                     + runtime_generate_markdown(summary))
+    lines += [
+        f"Peak RSS of the per-call workers (every shape above, {max(meta['codec_seconds'])} s codec calls): "
+        f"torch {calls['torch']:.0f} MiB, "
+        f"ONNX {calls['onnx']:.0f} MiB",
+        "",
+    ]
+    return "\n".join(
+        lines
+        + variants_markdown(summary)
+        + generate_parts_markdown(summary, meta["num_step"])
+        + runtime_generate_markdown(summary)
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -829,12 +993,23 @@ def main(argv: list[str] | None = None) -> None:
     for round_ in rounds:  # the tokens were compared in summarise(); keep the result file small
         for run in round_.values():
             run.pop("e2e_final_tokens", None)
-    meta = {"model": args.model, "fingerprint": fingerprint, "host": socket.gethostname(),
-            "date": datetime.date.today().isoformat(), "cpu": cpu_description(), "repeats": args.repeats,
-            "calls": args.calls, "shapes": args.shape_labels, "codec_seconds": args.codec_durations,
-            "gemm_seconds": args.gemm_seconds, "num_step": args.num_step, "python": platform.python_version(),
-            "ort_threads": 1 if args.clock == "cpu" else default_threads(),  # None: one per core
-            "clock": args.clock, "hardware": hardware}
+    meta = {
+        "model": args.model,
+        "fingerprint": fingerprint,
+        "host": socket.gethostname(),
+        "date": datetime.date.today().isoformat(),
+        "cpu": cpu_description(),
+        "repeats": args.repeats,
+        "calls": args.calls,
+        "shapes": args.shape_labels,
+        "codec_seconds": args.codec_durations,
+        "gemm_seconds": args.gemm_seconds,
+        "num_step": args.num_step,
+        "python": platform.python_version(),
+        "ort_threads": 1 if args.clock == "cpu" else default_threads(),  # None: one per core
+        "clock": args.clock,
+        "hardware": hardware,
+    }
     stem = args.results_dir / results_stem(Path(args.model).name)
     write_json_atomic(stem.with_suffix(".json"), {"meta": meta, "summary": summary, "rounds": rounds})
     text = markdown(summary, meta)
@@ -842,11 +1017,16 @@ def main(argv: list[str] | None = None) -> None:
         tmp.write_text(text)
     print(text)
     print(f"results: {stem.with_suffix('.json')}")
-    fp32_variants = [name for name, v in summary["variants"].items() if v["recipe"]["bits"] == 32 and "generate" in v
-                     and v["generate"]["final_token_match"] < 1.0]
-    fp32_variants += [f"{name} (runtime)" for name, g in summary["runtime_generate"].items()
-                      if name != "fp32" and summary["variants"][name]["recipe"]["bits"] == 32
-                      and g["final_token_match"] < 1.0]
+    fp32_variants = [
+        name
+        for name, v in summary["variants"].items()
+        if v["recipe"]["bits"] == 32 and "generate" in v and v["generate"]["final_token_match"] < 1.0
+    ]
+    fp32_variants += [
+        f"{name} (runtime)"
+        for name, g in summary["runtime_generate"].items()
+        if name != "fp32" and summary["variants"][name]["recipe"]["bits"] == 32 and g["final_token_match"] < 1.0
+    ]
     if fp32_variants:
         raise CheckFailed(
             f"fp32 variant(s) {', '.join(fp32_variants)}: generate()'s final tokens differ from PyTorch's; "

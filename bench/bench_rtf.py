@@ -52,15 +52,25 @@ PAPER_QUALITY = {32: (0.729, 1.30, 4.28), 16: (0.728, 1.50, 4.23), 8: (0.713, 2.
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = export_parser(__doc__)
-    parser.add_argument("--variants", default="int8,fp32-fused",
-                        help="comma-separated transformer variants, each optionally VARIANT@PROVIDER (e.g. "
-                             "fp32@openvino-bf16; default provider cpu); the first is the one --check-steps runs")
+    parser.add_argument(
+        "--variants",
+        default="int8,fp32-fused",
+        help="comma-separated transformer variants, each optionally VARIANT@PROVIDER (e.g. "
+        "fp32@openvino-bf16; default provider cpu); the first is the one --check-steps runs",
+    )
     parser.add_argument("--threads", default="1,2", help="comma-separated onnxruntime intra-op thread counts")
-    parser.add_argument("--ref-seconds", default=",".join(map(str, REF_SECONDS)),
-                        help="comma-separated clone reference lengths, whole seconds")
+    parser.add_argument(
+        "--ref-seconds",
+        default=",".join(map(str, REF_SECONDS)),
+        help="comma-separated clone reference lengths, whole seconds",
+    )
     parser.add_argument("--num-step", type=NUM_STEP, default=8, help="steps of the measured generate()")
-    parser.add_argument("--check-steps", type=NUM_STEP, default=None,
-                        help="also run the first configuration at this many steps (the derivation's check)")
+    parser.add_argument(
+        "--check-steps",
+        type=NUM_STEP,
+        default=None,
+        help="also run the first configuration at this many steps (the derivation's check)",
+    )
     parser.add_argument("--repeats", type=int_range(1), default=1, help="interleaved rounds")
     parser.add_argument("--results-dir", type=Path, default=RESULTS, help="where the .json and .md results go")
     parser.add_argument("--worker", help=argparse.SUPPRESS)  # "variant:threads:steps", run in this process
@@ -110,19 +120,40 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
         prompt = tts.create_voice_clone_prompt(ref_audio, ref_text)
         spent.clear()
         started = clock()
-        (audio,) = tts.generate(E2E_TEXT, voice_clone_prompt=prompt, seed=1,
-                                generation_config={"num_step": steps})
+        (audio,) = tts.generate(E2E_TEXT, voice_clone_prompt=prompt, seed=1, generation_config={"num_step": steps})
         total = clock() - started
-        runs[f"{seconds}s"] = {"seconds": total, "transformer_seconds": sum(spent), "calls": len(spent),
-                               "audio_seconds": len(audio) / tts.sample_rate, "ref_text_words": len(ref_text.split())}
-    return {"variant": name, "threads": threads, "steps": steps, "clock": "cpu" if threads == 1 else "wall",
-            "runs": runs, "load_1min": os.getloadavg()[0]}
+        runs[f"{seconds}s"] = {
+            "seconds": total,
+            "transformer_seconds": sum(spent),
+            "calls": len(spent),
+            "audio_seconds": len(audio) / tts.sample_rate,
+            "ref_text_words": len(ref_text.split()),
+        }
+    return {
+        "variant": name,
+        "threads": threads,
+        "steps": steps,
+        "clock": "cpu" if threads == 1 else "wall",
+        "runs": runs,
+        "load_1min": os.getloadavg()[0],
+    }
 
 
 def spawn(args: argparse.Namespace, variant: str, threads: int, steps: int) -> dict[str, Any]:
-    command = [sys.executable, __file__, "--worker", f"{variant}:{threads}:{steps}", "--model", args.model,
-               "--onnx-dir", str(args.onnx_dir), "--capture-dir", str(args.capture_dir),
-               "--ref-seconds", args.ref_seconds]
+    command = [
+        sys.executable,
+        __file__,
+        "--worker",
+        f"{variant}:{threads}:{steps}",
+        "--model",
+        args.model,
+        "--onnx-dir",
+        str(args.onnx_dir),
+        "--capture-dir",
+        str(args.capture_dir),
+        "--ref-seconds",
+        args.ref_seconds,
+    ]
     print(f"rtf: {variant}, {threads} thread(s), {steps} steps ...", file=sys.stderr, flush=True)
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
@@ -142,36 +173,58 @@ def rtf_table(results: list[dict[str, Any]]) -> dict[str, Any]:
                 rest = spread([r["runs"][ref]["seconds"] - r["runs"][ref]["transformer_seconds"] for r in picked])
                 audio = picked[0]["runs"][ref]["audio_seconds"]
                 table.setdefault(variant, {}).setdefault(str(threads), {})[ref] = {
-                    "measured_steps": steps, "per_step_s": per_step, "rest_s": rest, "audio_s": audio,
+                    "measured_steps": steps,
+                    "per_step_s": per_step,
+                    "rest_s": rest,
+                    "audio_s": audio,
                     "clock": picked[0]["clock"],
-                    "rtf": {str(n): (rest["median"] + n * per_step["median"]) / audio for n in STEPS}}
+                    "rtf": {str(n): (rest["median"] + n * per_step["median"]) / audio for n in STEPS},
+                }
     return table
 
 
 def markdown(meta: dict[str, Any], table: dict[str, Any], check: dict[str, Any] | None) -> str:
-    audio = min(row["audio_s"] for by_threads in table.values() for by_ref in by_threads.values()
-                for row in by_ref.values())
-    lines = [f"# Real-time factor: {meta['model']} on {meta['host']} ({meta['date']})", "",
-             f"CPU: {cpu_line(meta['cpu'])}", "", *hardware_lines(meta), "",
-             f"One voice clone of a ~{audio:.1f} s target, measured at {meta['num_step']} steps with the "
-             "transformer timed apart; RTF at 32/16/8 steps = "
-             "(rest + steps x seconds per step) / audio seconds. 1 thread: CPU time (the cost on a free core); "
-             "2 threads: wall time on a shared machine (neighbours included: see the load average). Random "
-             "weights: the audio is noise; these are speed figures.", "",
-             "| variant | threads | reference | s per step | rest s | RTF 32 steps | RTF 16 | RTF 8 |",
-             "|---|---|---|---|---|---|---|---|"]
+    audio = min(
+        row["audio_s"] for by_threads in table.values() for by_ref in by_threads.values() for row in by_ref.values()
+    )
+    lines = [
+        f"# Real-time factor: {meta['model']} on {meta['host']} ({meta['date']})",
+        "",
+        f"CPU: {cpu_line(meta['cpu'])}",
+        "",
+        *hardware_lines(meta),
+        "",
+        f"One voice clone of a ~{audio:.1f} s target, measured at {meta['num_step']} steps with the "
+        "transformer timed apart; RTF at 32/16/8 steps = "
+        "(rest + steps x seconds per step) / audio seconds. 1 thread: CPU time (the cost on a free core); "
+        "2 threads: wall time on a shared machine (neighbours included: see the load average). Random "
+        "weights: the audio is noise; these are speed figures.",
+        "",
+        "| variant | threads | reference | s per step | rest s | RTF 32 steps | RTF 16 | RTF 8 |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for variant, by_threads in table.items():
         for threads, by_ref in by_threads.items():
             for ref, row in by_ref.items():
                 rtf = row["rtf"]
-                lines.append(f"| {variant} | {threads} ({row['clock']}) | {ref} | {row['per_step_s']['median']:.2f} | "
-                             f"{row['rest_s']['median']:.2f} | {rtf['32']:.2f} | {rtf['16']:.2f} | {rtf['8']:.2f} |")
+                lines.append(
+                    f"| {variant} | {threads} ({row['clock']}) | {ref} | {row['per_step_s']['median']:.2f} | "
+                    f"{row['rest_s']['median']:.2f} | {rtf['32']:.2f} | {rtf['16']:.2f} | {rtf['8']:.2f} |"
+                )
     if check:
-        lines += ["", f"Check: {check['variant']}, {check['threads']} thread(s), {check['ref']} reference, "
-                      f"generate() measured at {check['steps']} steps: RTF {check['measured']:.2f}, derived "
-                      f"{check['derived']:.2f}."]
-    lines += ["", "Quality cost of fewer steps (OmniVoice paper, LibriSpeech-PC; not measurable with random weights):",
-              "", "| steps | SIM-o | WER % | UTMOS |", "|---|---|---|---|"]
+        lines += [
+            "",
+            f"Check: {check['variant']}, {check['threads']} thread(s), {check['ref']} reference, "
+            f"generate() measured at {check['steps']} steps: RTF {check['measured']:.2f}, derived "
+            f"{check['derived']:.2f}.",
+        ]
+    lines += [
+        "",
+        "Quality cost of fewer steps (OmniVoice paper, LibriSpeech-PC; not measurable with random weights):",
+        "",
+        "| steps | SIM-o | WER % | UTMOS |",
+        "|---|---|---|---|",
+    ]
     lines += [f"| {n} | {q[0]:.3f} | {q[1]:.2f} | {q[2]:.2f} |" for n, q in PAPER_QUALITY.items()]
     return "\n".join(lines) + "\n"
 
@@ -196,11 +249,26 @@ def main(argv: list[str] | None = None) -> None:
         row = table[variant][str(threads)][ref]
         measured = run["runs"][ref]["seconds"] / run["runs"][ref]["audio_seconds"]
         derived = (row["rest_s"]["median"] + args.check_steps * row["per_step_s"]["median"]) / row["audio_s"]
-        check = {"variant": variant, "threads": threads, "ref": ref, "steps": args.check_steps,
-                 "measured": measured, "derived": derived, "run": run}
-    meta = {"model": args.model, "host": socket.gethostname(), "date": datetime.date.today().isoformat(),
-            "cpu": cpu_description(), "hardware": hardware, "num_step": args.num_step, "repeats": args.repeats,
-            "text": E2E_TEXT, "load_average_end": [round(x, 2) for x in os.getloadavg()]}
+        check = {
+            "variant": variant,
+            "threads": threads,
+            "ref": ref,
+            "steps": args.check_steps,
+            "measured": measured,
+            "derived": derived,
+            "run": run,
+        }
+    meta = {
+        "model": args.model,
+        "host": socket.gethostname(),
+        "date": datetime.date.today().isoformat(),
+        "cpu": cpu_description(),
+        "hardware": hardware,
+        "num_step": args.num_step,
+        "repeats": args.repeats,
+        "text": E2E_TEXT,
+        "load_average_end": [round(x, 2) for x in os.getloadavg()],
+    }
     stem = args.results_dir / results_stem(f"{Path(args.model).name}-rtf")
     write_json_atomic(stem.with_suffix(".json"), {"meta": meta, "table": table, "check": check, "runs": results})
     text = markdown(meta, table, check)

@@ -58,14 +58,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     from omnivoice_export.cli import NUM_STEP, int_range, parse
 
     parser = export_parser(__doc__)
-    parser.add_argument("--repeats", type=int_range(1), default=2,
-                        help="rounds; each runs the runtime, then upstream, each in a fresh process")
+    parser.add_argument(
+        "--repeats",
+        type=int_range(1),
+        default=2,
+        help="rounds; each runs the runtime, then upstream, each in a fresh process",
+    )
     parser.add_argument("--num-step", type=NUM_STEP, default=32, help="generate() steps")
     parser.add_argument("--results-dir", type=Path, default=RESULTS, help="where the .json and .md results go")
     return parse(parser, argv)
 
 
 # --- worker side: one generate() in this fresh process, figures as JSON on the last stdout line ---
+
 
 def runtime_worker(onnx_dir: Path, request: dict[str, Any]) -> tuple[float, float, Callable[[], list]]:
     """(import seconds, time.time() once ready, generate() returning the final tokens [8][T]) of
@@ -74,16 +79,24 @@ def runtime_worker(onnx_dir: Path, request: dict[str, Any]) -> tuple[float, floa
     import onnxruntime  # noqa: F401  (the runtime imports it lazily, at its first session)
 
     from omnivoice_onnx import OmniVoiceOnnx, Trace
+
     imported = time.perf_counter() - started
     tts = OmniVoiceOnnx.from_dir(onnx_dir, variant="fp32")  # the graph upstream's side runs, whatever the default
     ready = time.time()
     trace = Trace()
 
     def generate() -> list:
-        tts.generate(request["text"], language=request["language"], ref_text=request["ref_text"],
-                     ref_audio=request["ref_audio"], generation_config={"num_step": request["num_step"]},
-                     seed=request["seed"], trace=trace)
+        tts.generate(
+            request["text"],
+            language=request["language"],
+            ref_text=request["ref_text"],
+            ref_audio=request["ref_audio"],
+            generation_config={"num_step": request["num_step"]},
+            seed=request["seed"],
+            trace=trace,
+        )
         return trace.results[0].tolist()
+
     return imported, ready, generate
 
 
@@ -98,6 +111,7 @@ def upstream_worker(args, request: dict[str, Any]) -> tuple[float, float, Callab
 
     from omnivoice_export.capture import Recorder
     from omnivoice_export.generation import GenerationRequest, run_generate
+
     imported = time.perf_counter() - started
     model, _ = load_variant(args, "onnx", variant="fp32")
     ready = time.time()
@@ -107,6 +121,7 @@ def upstream_worker(args, request: dict[str, Any]) -> tuple[float, float, Callab
         with recorder.active():
             run_generate(model, GenerationRequest.from_dict(request))
         return recorder.token_states[-1][0].tolist()
+
     return imported, ready, generate
 
 
@@ -119,9 +134,14 @@ def worker(side: str, launched: float, args) -> dict[str, Any]:
         imported, ready, generate = upstream_worker(args, request)
     started = time.perf_counter()
     tokens = generate()
-    return {"import_s": imported, "cold_start_s": ready - launched, "generate_s": time.perf_counter() - started,
-            # Linux reports ru_maxrss in KiB.
-            "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "tokens": tokens}
+    return {
+        "import_s": imported,
+        "cold_start_s": ready - launched,
+        "generate_s": time.perf_counter() - started,
+        # Linux reports ru_maxrss in KiB.
+        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "tokens": tokens,
+    }
 
 
 def worker_main(argv: list[str]) -> None:
@@ -139,11 +159,25 @@ def worker_main(argv: list[str]) -> None:
 
 # --- orchestrator --------------------------------------------------------------------------------
 
+
 def spawn(args, side: str, request: dict[str, Any]) -> dict[str, Any]:
     """One worker in a fresh interpreter; its result."""
-    command = [sys.executable, __file__, "--worker", side, "--launched", repr(time.time()), "--model", args.model,
-               "--onnx-dir", str(args.onnx_dir), "--capture-dir", str(args.capture_dir),
-               "--request", json.dumps(request)]
+    command = [
+        sys.executable,
+        __file__,
+        "--worker",
+        side,
+        "--launched",
+        repr(time.time()),
+        "--model",
+        args.model,
+        "--onnx-dir",
+        str(args.onnx_dir),
+        "--capture-dir",
+        str(args.capture_dir),
+        "--request",
+        json.dumps(request),
+    ]
     done = subprocess.run(command, capture_output=True, text=True, cwd=REPO)
     if done.returncode != 0:
         raise RuntimeError(f"{side} worker failed:\n{done.stderr[-3000:]}")
@@ -156,8 +190,9 @@ def summarise(rounds: list[dict[str, dict[str, Any]]]) -> dict[str, Any]:
 
     figures = ("import_s", "cold_start_s", "generate_s", "peak_rss_mib")
     summary: dict[str, Any] = {side: {f: spread([r[side][f] for r in rounds]) for f in figures} for side in SIDES}
-    summary["runtime_vs_upstream"] = {f: summary["runtime"][f]["median"] / summary["upstream"][f]["median"]
-                                      for f in figures}
+    summary["runtime_vs_upstream"] = {
+        f: summary["runtime"][f]["median"] / summary["upstream"][f]["median"] for f in figures
+    }
     reference = rounds[0]["upstream"]["tokens"]
     summary["tokens_equal"] = all(r[side]["tokens"] == reference for r in rounds for side in SIDES)
     summary["target_frames"] = len(reference[0])
@@ -171,18 +206,25 @@ def markdown(summary: dict[str, Any], meta: dict[str, Any]) -> str:
     # Only the start says whether other work shared the cores: at the end the 1-minute average
     # counts this bench's own workers (ORT keeps both cores busy).
     loaded = load["start"][0] > 0.5
-    lines = [f"# omnivoice_onnx runtime vs upstream generate() (ONNX graphs): {meta['model']} on {meta['host']} "
-             f"({meta['date']})", "",
-             f"CPU: {cpu['model_name']} ({cpu['vendor']} family {cpu['family']} model {cpu['model']}), "
-             f"{cpu['logical_cores']} logical / {cpu['physical_cores']} physical cores. Load average (1/5/15 min) "
-             f"at start {load['start'][0]:.2f} / {load['start'][1]:.2f} / {load['start'][2]:.2f}, at end "
-             f"{load['end'][0]:.2f} / {load['end'][1]:.2f} / {load['end'][2]:.2f} (the bench's own workers included)"
-             f"{' — **measured under load**: other work shared the cores' if loaded else ''}.", "",
-             *hardware_lines(meta), "",
-             f"One clone generate(), {summary['target_frames']} target frames, {meta['num_step']} steps, a fresh "
-             f"process per run, {meta['repeats']} interleaved rounds; medians (min..max). Final tokens equal: "
-             f"**{'yes' if summary['tokens_equal'] else 'NO'}**.", "",
-             "| figure | runtime (omnivoice_onnx) | upstream + ONNX graphs | runtime / upstream |", "|---|---|---|---|"]
+    lines = [
+        f"# omnivoice_onnx runtime vs upstream generate() (ONNX graphs): {meta['model']} on {meta['host']} "
+        f"({meta['date']})",
+        "",
+        f"CPU: {cpu['model_name']} ({cpu['vendor']} family {cpu['family']} model {cpu['model']}), "
+        f"{cpu['logical_cores']} logical / {cpu['physical_cores']} physical cores. Load average (1/5/15 min) "
+        f"at start {load['start'][0]:.2f} / {load['start'][1]:.2f} / {load['start'][2]:.2f}, at end "
+        f"{load['end'][0]:.2f} / {load['end'][1]:.2f} / {load['end'][2]:.2f} (the bench's own workers included)"
+        f"{' — **measured under load**: other work shared the cores' if loaded else ''}.",
+        "",
+        *hardware_lines(meta),
+        "",
+        f"One clone generate(), {summary['target_frames']} target frames, {meta['num_step']} steps, a fresh "
+        f"process per run, {meta['repeats']} interleaved rounds; medians (min..max). Final tokens equal: "
+        f"**{'yes' if summary['tokens_equal'] else 'NO'}**.",
+        "",
+        "| figure | runtime (omnivoice_onnx) | upstream + ONNX graphs | runtime / upstream |",
+        "|---|---|---|---|",
+    ]
     for figure, label, unit in (
         ("import_s", "imports", "s"),
         ("cold_start_s", "cold start (process start -> ready)", "s"),
@@ -235,10 +277,18 @@ def main(argv: list[str] | None = None) -> None:
     for round_ in rounds:  # compared in summarise(); keep the result file small
         for run in round_.values():
             run.pop("tokens")
-    meta = {"model": args.model, "fingerprint": fingerprint, "host": socket.gethostname(),
-            "date": datetime.date.today().isoformat(), "cpu": cpu_description(), "repeats": args.repeats,
-            "num_step": args.num_step, "request": request,
-            "load_average": {"start": list(load_start), "end": list(os.getloadavg())}, "hardware": hardware}
+    meta = {
+        "model": args.model,
+        "fingerprint": fingerprint,
+        "host": socket.gethostname(),
+        "date": datetime.date.today().isoformat(),
+        "cpu": cpu_description(),
+        "repeats": args.repeats,
+        "num_step": args.num_step,
+        "request": request,
+        "load_average": {"start": list(load_start), "end": list(os.getloadavg())},
+        "hardware": hardware,
+    }
     stem = args.results_dir / results_stem(f"{Path(args.model).name}-runtime")
     write_json_atomic(stem.with_suffix(".json"), {"meta": meta, "summary": summary, "rounds": rounds})
     text = markdown(summary, meta)
@@ -247,8 +297,10 @@ def main(argv: list[str] | None = None) -> None:
     print(text)
     print(f"results: {stem.with_suffix('.json')}")
     if not summary["tokens_equal"]:
-        raise CheckFailed("the runtime's final tokens differ from upstream generate()'s with the same graphs: its time "
-                          "is not comparable; run infer_onnx.py (compare mode) on this export")
+        raise CheckFailed(
+            "the runtime's final tokens differ from upstream generate()'s with the same graphs: its time "
+            "is not comparable; run infer_onnx.py (compare mode) on this export"
+        )
 
 
 if __name__ == "__main__":

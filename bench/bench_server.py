@@ -53,8 +53,10 @@ from omnivoice_onnx.cli.flags import int_range  # noqa: E402
 from omnivoice_onnx.contract import SAMPLE_RATE  # noqa: E402
 from omnivoice_onnx.errors import UserError  # noqa: E402
 
-STREAM_TEXT = ("The first sentence is here. A second one follows it, somewhat longer than the first. "
-               "Then a third, so that the stream has several chunks to send. And a fourth to end it.")
+STREAM_TEXT = (
+    "The first sentence is here. A second one follows it, somewhat longer than the first. "
+    "Then a third, so that the stream has several chunks to send. And a fourth to end it."
+)
 SHORT_TEXT = "Hello there, how are you today?"
 LEVELS = (1, 2, 4, 8)
 # response_format="pcm": 16-bit mono at the codec's rate.
@@ -87,9 +89,9 @@ def timed_stream(client, text: str, num_step: int | None) -> dict[str, float]:
     first = None
     size = 0
     extra = {"num_step": num_step} if num_step else {}
-    with client.audio.speech.with_streaming_response.create(model="omnivoice", voice="auto", input=text,
-                                                            response_format="pcm", stream_format="audio",
-                                                            extra_body=extra) as response:
+    with client.audio.speech.with_streaming_response.create(
+        model="omnivoice", voice="auto", input=text, response_format="pcm", stream_format="audio", extra_body=extra
+    ) as response:
         for piece in response.iter_bytes():
             if piece and first is None:
                 first = time.perf_counter() - start
@@ -125,10 +127,19 @@ def level(base_url: str, clients: int, per_client: int, num_step: int | None) ->
     totals = [r["total_s"] for r in results]
     ttfb = [r["ttfb_s"] for r in results]
     audio_s = sum(r["bytes"] for r in results) / PCM_BYTES_PER_SECOND
-    return {"clients": clients, "requests": len(results), "errors": len(errors), "error_samples": errors[:3],
-            "wall_s": wall, "requests_per_s": len(results) / wall, "audio_s_per_wall_s": audio_s / wall,
-            "latency_p50_s": percentile(totals, 0.5), "latency_p95_s": percentile(totals, 0.95),
-            "ttfb_p50_s": percentile(ttfb, 0.5), "ttfb_p95_s": percentile(ttfb, 0.95)}
+    return {
+        "clients": clients,
+        "requests": len(results),
+        "errors": len(errors),
+        "error_samples": errors[:3],
+        "wall_s": wall,
+        "requests_per_s": len(results) / wall,
+        "audio_s_per_wall_s": audio_s / wall,
+        "latency_p50_s": percentile(totals, 0.5),
+        "latency_p95_s": percentile(totals, 0.95),
+        "ttfb_p50_s": percentile(ttfb, 0.5),
+        "ttfb_p95_s": percentile(ttfb, 0.95),
+    }
 
 
 def overload(base_url: str, clients: int, num_step: int | None) -> dict[str, Any]:
@@ -138,8 +149,13 @@ def overload(base_url: str, clients: int, num_step: int | None) -> dict[str, Any
     def one(_: int) -> str:
         client = openai.OpenAI(base_url=base_url, api_key="bench", max_retries=0, timeout=600)
         try:
-            client.audio.speech.create(model="omnivoice", voice="auto", input=STREAM_TEXT, response_format="pcm",
-                                       extra_body={"num_step": num_step} if num_step else {}).read()
+            client.audio.speech.create(
+                model="omnivoice",
+                voice="auto",
+                input=STREAM_TEXT,
+                response_format="pcm",
+                extra_body={"num_step": num_step} if num_step else {},
+            ).read()
             return "200"
         except openai.RateLimitError as exc:
             return f"429 retry-after={exc.response.headers.get('retry-after')}"
@@ -154,8 +170,11 @@ def overload(base_url: str, clients: int, num_step: int | None) -> dict[str, Any
     for outcome in outcomes:
         key = outcome.split()[0]
         counts[key] = counts.get(key, 0) + 1
-    return {"clients": clients, "outcomes": counts,
-            "retry_after": sorted({o.split("=")[1] for o in outcomes if o.startswith("429")})}
+    return {
+        "clients": clients,
+        "outcomes": counts,
+        "retry_after": sorted({o.split("=")[1] for o in outcomes if o.startswith("429")}),
+    }
 
 
 def memory(base_url: str, pid: int, total: int) -> dict[str, Any]:
@@ -166,8 +185,9 @@ def memory(base_url: str, pid: int, total: int) -> dict[str, Any]:
     client = openai.OpenAI(base_url=base_url, api_key="bench", max_retries=0, timeout=600)
 
     def one(_: int) -> None:
-        client.audio.speech.create(model="omnivoice", voice="auto", input=SHORT_TEXT, response_format="wav",
-                                   extra_body={"num_step": 4}).read()
+        client.audio.speech.create(
+            model="omnivoice", voice="auto", input=SHORT_TEXT, response_format="wav", extra_body={"num_step": 4}
+        ).read()
 
     marks = {}
     done = 0
@@ -176,8 +196,12 @@ def memory(base_url: str, pid: int, total: int) -> dict[str, Any]:
             list(pool.map(one, range(target - done)))
             done = target
             marks[target] = rss_mib(pid)
-    return {"requests": total, "rss_mib_after_10": marks[10], "rss_mib_after_all": marks[total],
-            "growth_mib": marks[total] - marks[10]}
+    return {
+        "requests": total,
+        "rss_mib_after_10": marks[10],
+        "rss_mib_after_all": marks[total],
+        "growth_mib": marks[total] - marks[10],
+    }
 
 
 def batching(onnx_dir: Path, threads: int, variant: str | None, repeats: int = 3) -> dict[str, Any]:
@@ -197,8 +221,12 @@ def batching(onnx_dir: Path, threads: int, variant: str | None, repeats: int = 3
         start = time.perf_counter()
         tts.generate(texts, seed=0)
         batch.append(time.perf_counter() - start)
-    return {"texts": len(texts), "four_single_calls_s": min(single), "one_batch_of_four_s": min(batch),
-            "batch_speedup": min(single) / min(batch)}
+    return {
+        "texts": len(texts),
+        "four_single_calls_s": min(single),
+        "one_batch_of_four_s": min(batch),
+        "batch_speedup": min(single) / min(batch),
+    }
 
 
 def header_lines(meta: dict[str, Any], what: str, note: str = "") -> list[str]:
@@ -206,9 +234,15 @@ def header_lines(meta: dict[str, Any], what: str, note: str = "") -> list[str]:
     from omnivoice_export.measure import hardware_lines
 
     title = f"# omnivoice-onnx serve{what} — {meta['model']} ({meta['date']})"
-    return [title, "", f"CPU: {meta['cpu']['model_name']} ({meta['cores']} cores available); load average at start "
-            f"{meta['load_start']}, at end {meta['load_end']}." + (f" {note}" if note else ""), "",
-            *hardware_lines(meta), ""]
+    return [
+        title,
+        "",
+        f"CPU: {meta['cpu']['model_name']} ({meta['cores']} cores available); load average at start "
+        f"{meta['load_start']}, at end {meta['load_end']}." + (f" {note}" if note else ""),
+        "",
+        *hardware_lines(meta),
+        "",
+    ]
 
 
 def requests_phrase(meta: dict[str, Any]) -> str:
@@ -219,41 +253,57 @@ def requests_phrase(meta: dict[str, Any]) -> str:
 
 def markdown(result: dict[str, Any]) -> str:
     meta = result["meta"]
-    lines = [*header_lines(meta, " under load", meta["note"]),
-             f"Server: {meta['workers']} worker(s) x {meta['threads']} thread(s), queue {meta['queue']}; client: the "
-             f"official openai {meta['openai']} Python client on loopback; {requests_phrase(meta)}", "",
-             "| clients | requests | errors | req/s | p50 latency s | p95 latency s | p50 first byte s | "
-             "p95 first byte s |", "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        *header_lines(meta, " under load", meta["note"]),
+        f"Server: {meta['workers']} worker(s) x {meta['threads']} thread(s), queue {meta['queue']}; client: the "
+        f"official openai {meta['openai']} Python client on loopback; {requests_phrase(meta)}",
+        "",
+        "| clients | requests | errors | req/s | p50 latency s | p95 latency s | p50 first byte s | p95 first byte s |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for row in result["levels"]:
-        lines.append(f"| {row['clients']} | {row['requests']} | {row['errors']} | {row['requests_per_s']:.2f} | "
-                     f"{row['latency_p50_s']:.2f} | {row['latency_p95_s']:.2f} | {row['ttfb_p50_s']:.2f} | "
-                     f"{row['ttfb_p95_s']:.2f} |")
+        lines.append(
+            f"| {row['clients']} | {row['requests']} | {row['errors']} | {row['requests_per_s']:.2f} | "
+            f"{row['latency_p50_s']:.2f} | {row['latency_p95_s']:.2f} | {row['ttfb_p50_s']:.2f} | "
+            f"{row['ttfb_p95_s']:.2f} |"
+        )
     over = result["overload"]
     mem = result["memory"]
     bat = result["batching"]
-    lines += ["", f"Overload: {over['clients']} simultaneous requests against 1 worker + queue {over['queue']}: "
-              f"{over['outcomes']} (Retry-After values {', '.join(over['retry_after']) or '-'}).", "",
-              f"Memory: server RSS {mem['rss_mib_after_10']:.0f} MiB after 10 requests, "
-              f"{mem['rss_mib_after_all']:.0f} MiB after {mem['requests']} "
-              f"({mem['growth_mib']:+.1f} MiB).", "",
-              f"Batching (in-process, not in the server): 4 texts one at a time {bat['four_single_calls_s']:.2f} s, "
-              f"as one generate() batch {bat['one_batch_of_four_s']:.2f} s (x{bat['batch_speedup']:.2f})."]
+    lines += [
+        "",
+        f"Overload: {over['clients']} simultaneous requests against 1 worker + queue {over['queue']}: "
+        f"{over['outcomes']} (Retry-After values {', '.join(over['retry_after']) or '-'}).",
+        "",
+        f"Memory: server RSS {mem['rss_mib_after_10']:.0f} MiB after 10 requests, "
+        f"{mem['rss_mib_after_all']:.0f} MiB after {mem['requests']} "
+        f"({mem['growth_mib']:+.1f} MiB).",
+        "",
+        f"Batching (in-process, not in the server): 4 texts one at a time {bat['four_single_calls_s']:.2f} s, "
+        f"as one generate() batch {bat['one_batch_of_four_s']:.2f} s (x{bat['batch_speedup']:.2f}).",
+    ]
     return "\n".join(lines) + "\n"
 
 
 def engines_markdown(result: dict[str, Any]) -> str:
     """The workers x threads table: one row per server shape and client count."""
     meta = result["meta"]
-    lines = [*header_lines(meta, ": workers x threads"),
-             f"Variant {meta['variant']}; client: the official openai {meta['openai']} Python client on loopback, "
-             f"closed loop ({meta['per_client']} requests per client); {requests_phrase(meta)}", "",
-             "| workers x threads | clients | requests | errors | req/s | audio s per wall s | p50 latency s | "
-             "p95 latency s | p50 first byte s |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        *header_lines(meta, ": workers x threads"),
+        f"Variant {meta['variant']}; client: the official openai {meta['openai']} Python client on loopback, "
+        f"closed loop ({meta['per_client']} requests per client); {requests_phrase(meta)}",
+        "",
+        "| workers x threads | clients | requests | errors | req/s | audio s per wall s | p50 latency s | "
+        "p95 latency s | p50 first byte s |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for engine in result["engines"]:
         for row in engine["levels"]:
-            lines.append(f"| {engine['workers']} x {engine['threads']} | {row['clients']} | {row['requests']} | "
-                         f"{row['errors']} | {row['requests_per_s']:.3f} | {row['audio_s_per_wall_s']:.3f} | "
-                         f"{row['latency_p50_s']:.2f} | {row['latency_p95_s']:.2f} | {row['ttfb_p50_s']:.2f} |")
+            lines.append(
+                f"| {engine['workers']} x {engine['threads']} | {row['clients']} | {row['requests']} | "
+                f"{row['errors']} | {row['requests_per_s']:.3f} | {row['audio_s_per_wall_s']:.3f} | "
+                f"{row['latency_p50_s']:.2f} | {row['latency_p95_s']:.2f} | {row['ttfb_p50_s']:.2f} |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -284,17 +334,26 @@ def run_engines(args: argparse.Namespace, env: dict[str, str], tmp: Path) -> lis
 
     found = []
     for workers, threads in args.engines:
-        flags = ["--workers", str(workers), "--threads", str(threads), "--queue", str(max(args.levels)),
-                 *variant_flags(args)]
-        launched = launch(args.onnx_dir, tmp / f"server-{workers}x{threads}.log", *flags, env=env,
-                          start_timeout=600.0)
+        flags = [
+            "--workers",
+            str(workers),
+            "--threads",
+            str(threads),
+            "--queue",
+            str(max(args.levels)),
+            *variant_flags(args),
+        ]
+        launched = launch(args.onnx_dir, tmp / f"server-{workers}x{threads}.log", *flags, env=env, start_timeout=600.0)
         try:
             rows = []
             for clients in args.levels:
                 rows.append(level(launched.base_url, clients, args.per_client, args.num_step))
-                print(f"{workers}x{threads}, {clients} clients: {rows[-1]['requests_per_s']:.3f} req/s, "
-                      f"p50 {rows[-1]['latency_p50_s']:.2f} s, p95 {rows[-1]['latency_p95_s']:.2f} s, "
-                      f"errors {rows[-1]['errors']}", file=sys.stderr)
+                print(
+                    f"{workers}x{threads}, {clients} clients: {rows[-1]['requests_per_s']:.3f} req/s, "
+                    f"p50 {rows[-1]['latency_p50_s']:.2f} s, p95 {rows[-1]['latency_p95_s']:.2f} s, "
+                    f"errors {rows[-1]['errors']}",
+                    file=sys.stderr,
+                )
         finally:
             code = launched.stop()
         found.append({"workers": workers, "threads": threads, "levels": rows, "exit_code": code})
@@ -303,8 +362,9 @@ def run_engines(args: argparse.Namespace, env: dict[str, str], tmp: Path) -> lis
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model-dir", "--onnx-dir", dest="onnx_dir",
-                        type=Path, default=REPO / "onnx", help="the export to serve")
+    parser.add_argument(
+        "--model-dir", "--onnx-dir", dest="onnx_dir", type=Path, default=REPO / "onnx", help="the export to serve"
+    )
     parser.add_argument(
         "--model", default="tiny", help="label of the export's model in the results (tiny, full-random)"
     )
@@ -315,11 +375,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--quick", action="store_true", help="1 and 2 clients, 100 memory requests: a look, not a figure"
     )
-    parser.add_argument("--engines", default=None,
-                        help="comma-separated WORKERSxTHREADS server shapes (e.g. 1x1,1x2,2x1): run only the levels, "
-                             "once per shape, into one table (no memory, overload or batching runs)")
-    parser.add_argument("--levels", type=client_levels, default=LEVELS,
-                        help="comma-separated concurrent-client counts (default: 1,2,4,8)")
+    parser.add_argument(
+        "--engines",
+        default=None,
+        help="comma-separated WORKERSxTHREADS server shapes (e.g. 1x1,1x2,2x1): run only the levels, "
+        "once per shape, into one table (no memory, overload or batching runs)",
+    )
+    parser.add_argument(
+        "--levels",
+        type=client_levels,
+        default=LEVELS,
+        help="comma-separated concurrent-client counts (default: 1,2,4,8)",
+    )
     parser.add_argument("--variant", default=None, help="transformer variant the server runs (default: its own)")
     parser.add_argument("--out-dir", type=Path, default=REPO / "bench" / "results")
     args = parse(parser, argv)
@@ -341,9 +408,18 @@ def main(argv: list[str] | None = None) -> None:
         env = {key: value for key, value in os.environ.items() if key != server_service.API_KEY_ENV}
         with tempfile.TemporaryDirectory() as tmp:
             found = run_engines(args, env, Path(tmp))
-        result = {"meta": run_meta(args, cores, load_start, hardware, openai.__version__,
-                                   variant=args.variant or "default", per_client=args.per_client),
-                  "engines": found}
+        result = {
+            "meta": run_meta(
+                args,
+                cores,
+                load_start,
+                hardware,
+                openai.__version__,
+                variant=args.variant or "default",
+                per_client=args.per_client,
+            ),
+            "engines": found,
+        }
         write_results(args.out_dir, results_stem(f"{args.model}-server-engines"), result, engines_markdown(result))
         return
     threads = max(1, cores // args.workers)
@@ -353,8 +429,16 @@ def main(argv: list[str] | None = None) -> None:
     hardware = hardware_record()
     with tempfile.TemporaryDirectory() as tmp:
         env = {key: value for key, value in os.environ.items() if key != server_service.API_KEY_ENV}
-        launched = launch(args.onnx_dir, Path(tmp) / "server.log", "--workers", str(args.workers),
-                          "--queue", str(max(levels)), *variant_flags(args), env=env)
+        launched = launch(
+            args.onnx_dir,
+            Path(tmp) / "server.log",
+            "--workers",
+            str(args.workers),
+            "--queue",
+            str(max(levels)),
+            *variant_flags(args),
+            env=env,
+        )
         try:
             rows = []
             for clients in levels:
@@ -370,8 +454,16 @@ def main(argv: list[str] | None = None) -> None:
         finally:
             code = launched.stop()
         queue = 2
-        small = launch(args.onnx_dir, Path(tmp) / "small.log", "--workers", "1", "--queue", str(queue),
-                       *variant_flags(args), env=env)
+        small = launch(
+            args.onnx_dir,
+            Path(tmp) / "small.log",
+            "--workers",
+            "1",
+            "--queue",
+            str(queue),
+            *variant_flags(args),
+            env=env,
+        )
         try:
             over = {**overload(small.base_url, 4 * (queue + 1), args.num_step), "queue": queue}
             print(f"overload: {over}", file=sys.stderr)
@@ -379,26 +471,54 @@ def main(argv: list[str] | None = None) -> None:
             small_code = small.stop()
     bat = batching(args.onnx_dir, cores, args.variant)
     print(f"batching: {bat}", file=sys.stderr)
-    result = {"meta": run_meta(args, cores, load_start, hardware, openai.__version__, workers=args.workers,
-                               threads=threads, queue=max(levels), quick=args.quick,
-                               server_exit_codes=[code, small_code],
-                               note="The machine is shared with other sessions' jobs: these figures include their "
-                                    "load."),
-              "levels": rows, "overload": over, "memory": mem, "batching": bat}
+    result = {
+        "meta": run_meta(
+            args,
+            cores,
+            load_start,
+            hardware,
+            openai.__version__,
+            workers=args.workers,
+            threads=threads,
+            queue=max(levels),
+            quick=args.quick,
+            server_exit_codes=[code, small_code],
+            note="The machine is shared with other sessions' jobs: these figures include their load.",
+        ),
+        "levels": rows,
+        "overload": over,
+        "memory": mem,
+        "batching": bat,
+    }
     write_results(args.out_dir, results_stem(f"{args.model}-server"), result, markdown(result))
 
 
-def run_meta(args: argparse.Namespace, cores: int, load_start: tuple[float, ...], hardware: dict[str, Any],
-             openai_version: str, **extra: Any) -> dict[str, Any]:
+def run_meta(
+    args: argparse.Namespace,
+    cores: int,
+    load_start: tuple[float, ...],
+    hardware: dict[str, Any],
+    openai_version: str,
+    **extra: Any,
+) -> dict[str, Any]:
     """A results file's meta, both runs: model, UTC time, host, CPU, cores, steps, client version,
     the load average at start and now, the hardware record; then the run's own `extra` fields."""
     from omnivoice_export.measure import cpu_description
 
     now = datetime.datetime.now(datetime.timezone.utc)
-    return {"model": args.model, "date": now.strftime("%Y-%m-%d %H:%M UTC"), "host": socket.gethostname(),
-            "cpu": cpu_description(), "cores": cores, "num_step": args.num_step, "openai": openai_version,
-            "load_start": [round(x, 2) for x in load_start], "load_end": [round(x, 2) for x in os.getloadavg()],
-            "hardware": hardware, **extra}
+    return {
+        "model": args.model,
+        "date": now.strftime("%Y-%m-%d %H:%M UTC"),
+        "host": socket.gethostname(),
+        "cpu": cpu_description(),
+        "cores": cores,
+        "num_step": args.num_step,
+        "openai": openai_version,
+        "load_start": [round(x, 2) for x in load_start],
+        "load_end": [round(x, 2) for x in os.getloadavg()],
+        "hardware": hardware,
+        **extra,
+    }
 
 
 def write_results(out_dir: Path, stem: str, result: dict[str, Any], text: str) -> None:

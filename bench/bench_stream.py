@@ -45,12 +45,14 @@ from omnivoice_export.files import atomic_path, write_json_atomic  # noqa: E402
 from omnivoice_export.measure import hardware_lines, hardware_record, results_stem  # noqa: E402
 
 # Six sentences, ~18 s of speech by the duration estimate: several chunks at 3 s each.
-TEXT = ("The morning train was late again, so the platform filled with people and their coffee. "
-        "A voice announced a short delay, then another, and nobody believed either of them. "
-        "Somewhere near the stairs a child was counting the pigeons out loud. "
-        "When the train finally arrived, it was almost empty, which surprised everyone. "
-        "The doors opened with a sigh, and the crowd stepped in without a word. "
-        "Ten minutes later the city was sliding past the windows in the grey light.")
+TEXT = (
+    "The morning train was late again, so the platform filled with people and their coffee. "
+    "A voice announced a short delay, then another, and nobody believed either of them. "
+    "Somewhere near the stairs a child was counting the pigeons out loud. "
+    "When the train finally arrived, it was almost empty, which surprised everyone. "
+    "The doors opened with a sigh, and the crowd stepped in without a word. "
+    "Ten minutes later the city was sliding past the windows in the grey light."
+)
 MODES = ("stream", "whole")
 SAMPLE_BYTES = 2  # s16le
 
@@ -69,13 +71,27 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def run_once(args: argparse.Namespace, mode: str) -> dict[str, float]:
     """One `speak --raw` process: seconds to its first stdout byte and to its end, audio seconds."""
-    command = [sys.executable, "-m", "omnivoice_onnx", "speak", args.text, "--raw", "--quiet", "--seed", "1",
-               "--num-step", str(args.num_step), "--model-dir", str(args.model_dir)]
+    command = [
+        sys.executable,
+        "-m",
+        "omnivoice_onnx",
+        "speak",
+        args.text,
+        "--raw",
+        "--quiet",
+        "--seed",
+        "1",
+        "--num-step",
+        str(args.num_step),
+        "--model-dir",
+        str(args.model_dir),
+    ]
     command += ["--stream"] if mode == "stream" else []
     command += ["--threads", str(args.threads)] if args.threads else []
     start = time.perf_counter()
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO,
-                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    proc = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}
+    )
     first = proc.stdout.read(1)
     first_byte = time.perf_counter() - start
     size = len(first) + len(proc.stdout.read())
@@ -107,23 +123,38 @@ def main(argv: list[str] | None = None) -> None:
         for mode in MODES:
             runs[mode].append(run_once(args, mode))
     result: dict[str, Any] = {
-        "date": datetime.date.today().isoformat(), "host": socket.gethostname(), "cpu": cpu_description(),
-        "label": args.label, "model_dir": str(args.model_dir), "num_step": args.num_step, "threads": args.threads,
-        "repeats": args.repeats, "chunks": chunk_count(args), "text_chars": len(args.text),
+        "date": datetime.date.today().isoformat(),
+        "host": socket.gethostname(),
+        "cpu": cpu_description(),
+        "label": args.label,
+        "model_dir": str(args.model_dir),
+        "num_step": args.num_step,
+        "threads": args.threads,
+        "repeats": args.repeats,
+        "chunks": chunk_count(args),
+        "text_chars": len(args.text),
         "load_1min": [load_before, os.getloadavg()[0]],
         "modes": {mode: {key: summary([run[key] for run in runs[mode]]) for key in runs[mode][0]} for mode in MODES},
-        "runs": runs, "hardware": hardware,
+        "runs": runs,
+        "hardware": hardware,
     }
     stem = results_stem(f"{args.label}-stream")
     args.out_dir.mkdir(parents=True, exist_ok=True)
     write_json_atomic(args.out_dir / f"{stem}.json", result)
     cpu = result["cpu"]
-    lines = [f"# Streaming: time to first audio, {args.label} ({result['date']})", "",
-             f"CPU: {cpu['model_name']} (family {cpu['family']}, model {cpu['model']}), {cpu['logical_cores']} logical "
-             f"cores; load {load_before:.2f} -> {result['load_1min'][1]:.2f}. `omnivoice-onnx speak --raw [--stream]`, "
-             f"{args.num_step} steps, seed 1, {result['chunks']} chunks, {args.repeats} rounds (median, min..max); "
-             "each run a fresh process (start-up included).", "", *hardware_lines(result), "",
-             "| mode | first audio byte (s) | whole run (s) | audio (s) |", "| --- | --- | --- | --- |"]
+    lines = [
+        f"# Streaming: time to first audio, {args.label} ({result['date']})",
+        "",
+        f"CPU: {cpu['model_name']} (family {cpu['family']}, model {cpu['model']}), {cpu['logical_cores']} logical "
+        f"cores; load {load_before:.2f} -> {result['load_1min'][1]:.2f}. `omnivoice-onnx speak --raw [--stream]`, "
+        f"{args.num_step} steps, seed 1, {result['chunks']} chunks, {args.repeats} rounds (median, min..max); "
+        "each run a fresh process (start-up included).",
+        "",
+        *hardware_lines(result),
+        "",
+        "| mode | first audio byte (s) | whole run (s) | audio (s) |",
+        "| --- | --- | --- | --- |",
+    ]
     for mode in MODES:
         m = result["modes"][mode]
         cells = [f"{m[k]['median']:.2f} ({m[k]['min']:.2f}..{m[k]['max']:.2f})" for k in ("first_byte_s", "total_s")]

@@ -56,8 +56,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = export_parser(__doc__)
     parser.add_argument("--shape", default="S~435", choices=tuple(SHAPE_TEXTS), help="which benchmark layout")
     parser.add_argument("--results-dir", type=Path, default=RESULTS, help="where the .json and .md results go")
-    parser.add_argument("--variants", default="fp32",
-                        help="comma-separated graphs to profile: fp32 (the export's, padded and split) and variants")
+    parser.add_argument(
+        "--variants",
+        default="fp32",
+        help="comma-separated graphs to profile: fp32 (the export's, padded and split) and variants",
+    )
     return parse(parser, argv)
 
 
@@ -89,8 +92,9 @@ def profile(session_path: Path, feeds_list: list[dict]) -> tuple[dict[str, float
 INT8_GEMMS = ("DynamicQuantizeMatMul", "MatMulIntegerToFloat", "MatMulInteger", "DynamicQuantizeLinear")
 
 
-def int8_gemm_ceiling(rows: int, hidden: int, width: int, op: str = "DynamicQuantizeMatMul",
-                      seconds: float = 3.0) -> float:
+def int8_gemm_ceiling(
+    rows: int, hidden: int, width: int, op: str = "DynamicQuantizeMatMul", seconds: float = 3.0
+) -> float:
     """GOP/s of one integer GEMM node [rows, hidden] x int8 [hidden, width] (measure.integer_gemm_session:
     DynamicQuantizeMatMul as quantize_dynamic writes it, or the bare MatMulInteger), on the threads
     the profiled sessions use ($OMNIVOICE_ORT_THREADS, else onnxruntime's default)."""
@@ -110,8 +114,9 @@ def main(argv: list[str] | None = None) -> None:
     model_path = resolve_model(args.model)
     config = json.loads((model_path / "config.json").read_text())
     model = load_onnx_omnivoice(model_path, OrtGraphs.load(args.onnx_dir, "cpu"))
-    feeds = first_forward_inputs(model, clone_request(args.capture_dir, SHAPE_TEXTS[args.shape],
-                                                      GenerationRequest.num_step))
+    feeds = first_forward_inputs(
+        model, clone_request(args.capture_dir, SHAPE_TEXTS[args.shape], GenerationRequest.num_step)
+    )
     del model  # its transformer session: profile() opens its own, with profiling on
     lengths = prefix_lengths(feeds["attention_mask"])
     split = [group for _, group in split_feeds(**feeds)]
@@ -124,23 +129,39 @@ def main(argv: list[str] | None = None) -> None:
     llm = config["llm_config"]
     ceilings: dict[str, float] = {}
     fp32_split = None
-    lines: list[str] = [f"# Transformer profile: {args.model}, {args.shape} (S={seq}, rows {lengths})", "",
-                        f"CPU: {cpu_line(cpu_description())}", "", *hardware_lines({"cpu": cpu_description(),
-                                                                                   "hardware": hardware}), ""]
+    lines: list[str] = [
+        f"# Transformer profile: {args.model}, {args.shape} (S={seq}, rows {lengths})",
+        "",
+        f"CPU: {cpu_line(cpu_description())}",
+        "",
+        *hardware_lines({"cpu": cpu_description(), "hardware": hardware}),
+        "",
+    ]
     results = []
     for variant, label, passes, flops in runs:
         per_op, total = profile(variant_path(args.onnx_dir, variant), passes)
         if (variant, label) == ("fp32", "split"):
             fp32_split = total
-        record = {"variant": variant, "layout": label, "kernel_seconds": total / 1e6, "gflop": flops / 1e9,
-                  "per_op_seconds": {op: micros / 1e6 for op, micros in per_op.items()}}
-        lines += ["", f"{variant} {label}: S={seq} rows={lengths}  kernel time {total / 1e6:.3f} s, "
-                  f"{flops / 1e9:.0f} GFLOP -> {flops / total / 1e3:.0f} GFLOP/s overall"]
+        record = {
+            "variant": variant,
+            "layout": label,
+            "kernel_seconds": total / 1e6,
+            "gflop": flops / 1e9,
+            "per_op_seconds": {op: micros / 1e6 for op, micros in per_op.items()},
+        }
+        lines += [
+            "",
+            f"{variant} {label}: S={seq} rows={lengths}  kernel time {total / 1e6:.3f} s, "
+            f"{flops / 1e9:.0f} GFLOP -> {flops / total / 1e3:.0f} GFLOP/s overall",
+        ]
         for op, micros in sorted(per_op.items(), key=lambda kv: -kv[1])[:12]:
             lines.append(f"  {op:<28}{micros / 1e6:>8.3f} s {100 * micros / total:>6.1f}%")
         # The passes hold every split group twice (the warm-up, then the profiled pass).
-        row_lengths = [group["input_ids"].shape[-1] for group in passes[:len(passes) // 2]
-                       for _ in range(group["input_ids"].shape[0])]
+        row_lengths = [
+            group["input_ids"].shape[-1]
+            for group in passes[: len(passes) // 2]
+            for _ in range(group["input_ids"].shape[0])
+        ]
         parts = transformer_flop_parts(config, row_lengths)
         int8_micros = sum(per_op.get(op, 0.0) for op in INT8_GEMMS)
         if per_op.get("MatMul", 0.0) and not int8_micros:
@@ -158,28 +179,44 @@ def main(argv: list[str] | None = None) -> None:
             ceiling = ceilings["DynamicQuantizeMatMul"]
             achieved = parts["projections"] / int8_micros / 1e3
             record.update(int8_gemm_gops=achieved, one_node_gops=ceilings, one_node_dims=list(dims))
-            lines.append(f"  int8 GEMMs ({', '.join(op for op in INT8_GEMMS if op in per_op)}): {achieved:.0f} GOP/s = "
-                         f"{100 * achieved / ceiling:.0f} % of one DynamicQuantizeMatMul node's {ceiling:.0f} GOP/s, "
-                         f"{100 * achieved / ceilings['MatMulInteger']:.0f} % of one bare MatMulInteger's "
-                         f"{ceilings['MatMulInteger']:.0f} ([{dims[0]}, {dims[1]}] x [{dims[1]}, {dims[2]}], the "
-                         f"same threads, this process); the whole graph: {100 * flops / total / 1e3 / ceiling:.0f} %")
+            lines.append(
+                f"  int8 GEMMs ({', '.join(op for op in INT8_GEMMS if op in per_op)}): {achieved:.0f} GOP/s = "
+                f"{100 * achieved / ceiling:.0f} % of one DynamicQuantizeMatMul node's {ceiling:.0f} GOP/s, "
+                f"{100 * achieved / ceilings['MatMulInteger']:.0f} % of one bare MatMulInteger's "
+                f"{ceilings['MatMulInteger']:.0f} ([{dims[0]}, {dims[1]}] x [{dims[1]}, {dims[2]}], the "
+                f"same threads, this process); the whole graph: {100 * flops / total / 1e3 / ceiling:.0f} %"
+            )
             # The floor: integer GEMMs at the ceiling, the fp32 Attention and MatMuls (heads;
             # attention too in an unfused graph) as profiled, every other op free. fp32's split time
             # over it bounds what this graph's speed-up can reach on this CPU with these kernels.
             fp32_kernels = per_op.get("Attention", 0.0) + per_op.get("MatMul", 0.0)
             floor = parts["projections"] / ceiling / 1e3 + fp32_kernels
             record["floor_seconds"] = floor / 1e6
-            lines.append(f"  floor {floor / 1e6:.3f} s: int8 GEMMs at the ceiling, Attention and MatMul as "
-                         f"profiled, the other ops' {(total - int8_micros - fp32_kernels) / 1e6:.3f} s free"
-                         + (f"; at most {fp32_split / floor:.2f}x fp32 split's {fp32_split / 1e6:.3f} s (now "
-                            f"{fp32_split / total:.2f}x)" if fp32_split else ""))
+            lines.append(
+                f"  floor {floor / 1e6:.3f} s: int8 GEMMs at the ceiling, Attention and MatMul as "
+                f"profiled, the other ops' {(total - int8_micros - fp32_kernels) / 1e6:.3f} s free"
+                + (
+                    f"; at most {fp32_split / floor:.2f}x fp32 split's {fp32_split / 1e6:.3f} s (now "
+                    f"{fp32_split / total:.2f}x)"
+                    if fp32_split
+                    else ""
+                )
+            )
         results.append(record)
     text = "\n".join(lines) + "\n"
     print(text)
     stem = args.results_dir / results_stem(f"{Path(args.model).name}-profile-{args.shape.replace('~', '')}")
-    meta = {"model": args.model, "shape": args.shape, "S": int(seq), "rows": [int(n) for n in lengths],
-            "date": datetime.date.today().isoformat(), "cpu": cpu_description(), "ort_threads": default_threads(),
-            "hardware": hardware, "load_average_end": [round(x, 2) for x in os.getloadavg()]}
+    meta = {
+        "model": args.model,
+        "shape": args.shape,
+        "S": int(seq),
+        "rows": [int(n) for n in lengths],
+        "date": datetime.date.today().isoformat(),
+        "cpu": cpu_description(),
+        "ort_threads": default_threads(),
+        "hardware": hardware,
+        "load_average_end": [round(x, 2) for x in os.getloadavg()],
+    }
     write_json_atomic(stem.with_suffix(".json"), {"meta": meta, "profiles": results})
     with atomic_path(stem.with_suffix(".md")) as tmp:
         tmp.write_text(text)

@@ -96,8 +96,10 @@ _WIDTHS = {
     "hubert_pos_conv": (16, 128),
     "hubert_pos_groups": (4, 16),
 }
-DIMS = {name: Dims(**{field: values[index] for field, values in _WIDTHS.items()})
-        for index, name in enumerate(("tiny", "full-random"))}
+DIMS = {
+    name: Dims(**{field: values[index] for field, values in _WIDTHS.items()})
+    for index, name in enumerate(("tiny", "full-random"))
+}
 
 
 @dataclass(frozen=True)
@@ -111,8 +113,9 @@ class LargeActivations:
     norm_weight: float  # the residual RMSNorms' weight on those channels: weights them down, as trained norms do
 
 
-LARGE_ACTIVATIONS = {"tiny-large-act": LargeActivations(channels=(3, 17, 42), values=(900.0, -600.0, 350.0),
-                                                        norm_weight=1e-3)}
+LARGE_ACTIVATIONS = {
+    "tiny-large-act": LargeActivations(channels=(3, 17, 42), values=(900.0, -600.0, 350.0), norm_weight=1e-3)
+}
 
 
 @dataclass(frozen=True)
@@ -144,20 +147,43 @@ class Outliers:
 
 
 OUTLIERS = {
-    "tiny-outliers": Outliers(massive_layer=0, trigger_channel=7, trigger_value=0.3, units=(5, 77), unit_weight=10.0,
-                              massive_channels=(21, 50), massive_weights=(5.0, -3.5), outlier_channels=(11, 36),
-                              outlier_gain=70.0, heads_outlier_gain=120.0, compensation=1.0),
-    "full-random-outliers": Outliers(massive_layer=1, trigger_channel=97, trigger_value=0.06, units=(5, 1500),
-                                     unit_weight=80.0, massive_channels=(339, 801), massive_weights=(5.0, -3.5),
-                                     outlier_channels=(64, 290, 512, 777), outlier_gain=70.0,
-                                     heads_outlier_gain=120.0, compensation=1.0),
+    "tiny-outliers": Outliers(
+        massive_layer=0,
+        trigger_channel=7,
+        trigger_value=0.3,
+        units=(5, 77),
+        unit_weight=10.0,
+        massive_channels=(21, 50),
+        massive_weights=(5.0, -3.5),
+        outlier_channels=(11, 36),
+        outlier_gain=70.0,
+        heads_outlier_gain=120.0,
+        compensation=1.0,
+    ),
+    "full-random-outliers": Outliers(
+        massive_layer=1,
+        trigger_channel=97,
+        trigger_value=0.06,
+        units=(5, 1500),
+        unit_weight=80.0,
+        massive_channels=(339, 801),
+        massive_weights=(5.0, -3.5),
+        outlier_channels=(64, 290, 512, 777),
+        outlier_gain=70.0,
+        heads_outlier_gain=120.0,
+        compensation=1.0,
+    ),
 }
 # checkpoints.model_fingerprint of each build with seed 0: the same on every CPU (weights_recipe), asserted by
 # tests/test_checkpoints.py (full-random's by an opt-in test: it builds in minutes). Change them only with
 # BUILDER_VERSION, and regenerate tests/conformance (its vectors name tiny's).
-FINGERPRINTS = {"tiny": "sha256:44c538325a5b8633", "tiny-large-act": "sha256:31babf718d3d2f77",
-                "full-random": "sha256:5fa67c4b46c00e4d", "tiny-outliers": "sha256:8bc614ee5deb9039",
-                "full-random-outliers": "sha256:f0962600f722c621"}
+FINGERPRINTS = {
+    "tiny": "sha256:44c538325a5b8633",
+    "tiny-large-act": "sha256:31babf718d3d2f77",
+    "full-random": "sha256:5fa67c4b46c00e4d",
+    "tiny-outliers": "sha256:8bc614ee5deb9039",
+    "full-random-outliers": "sha256:f0962600f722c621",
+}
 
 # Each of these is its base (same dims, so the same per-name draws and codec scales) plus LARGE_ACTIVATIONS or OUTLIERS.
 BASE_OF = {"tiny-large-act": "tiny", "tiny-outliers": "tiny", "full-random-outliers": "full-random"}
@@ -171,17 +197,32 @@ def omnivoice_config(dims: Dims, vocab_size: int):
     from transformers import Qwen3Config
 
     llm = Qwen3Config(
-        vocab_size=vocab_size, hidden_size=dims.hidden, intermediate_size=dims.intermediate,
-        num_hidden_layers=dims.layers, num_attention_heads=dims.heads, num_key_value_heads=dims.kv_heads,
-        head_dim=dims.head_dim, max_position_embeddings=40960, rms_norm_eps=1e-6,
-        rope_parameters={"rope_theta": 1_000_000.0, "rope_type": "default"}, attention_bias=False,
-        hidden_act="silu", tie_word_embeddings=True, initializer_range=dims.llm_init_std,
-        max_window_layers=dims.layers, use_sliding_window=False,
+        vocab_size=vocab_size,
+        hidden_size=dims.hidden,
+        intermediate_size=dims.intermediate,
+        num_hidden_layers=dims.layers,
+        num_attention_heads=dims.heads,
+        num_key_value_heads=dims.kv_heads,
+        head_dim=dims.head_dim,
+        max_position_embeddings=40960,
+        rms_norm_eps=1e-6,
+        rope_parameters={"rope_theta": 1_000_000.0, "rope_type": "default"},
+        attention_bias=False,
+        hidden_act="silu",
+        tie_word_embeddings=True,
+        initializer_range=dims.llm_init_std,
+        max_window_layers=dims.layers,
+        use_sliding_window=False,
     )
     return OmniVoiceConfig(
-        audio_vocab_size=AUDIO_VOCAB_SIZE, audio_mask_id=AUDIO_MASK_ID, num_audio_codebook=NUM_CODEBOOKS,
-        audio_codebook_weights=CODEBOOK_WEIGHTS, llm_config=llm,
-        eos_token_id=EOS_TOKEN_ID, pad_token_id=PAD_TOKEN_ID, architectures=["OmniVoice"],
+        audio_vocab_size=AUDIO_VOCAB_SIZE,
+        audio_mask_id=AUDIO_MASK_ID,
+        num_audio_codebook=NUM_CODEBOOKS,
+        audio_codebook_weights=CODEBOOK_WEIGHTS,
+        llm_config=llm,
+        eos_token_id=EOS_TOKEN_ID,
+        pad_token_id=PAD_TOKEN_ID,
+        architectures=["OmniVoice"],
     )
 
 
@@ -195,20 +236,33 @@ def higgs_config(dims: Dims):
 
     return HiggsAudioV2TokenizerConfig(
         target_bandwidths=[0.5, 1, 1.5, 2],  # 2 kbps / (25 Hz * 10 bits) = 8 quantizers
-        sample_rate=SAMPLE_RATE, semantic_sample_rate=16000, downsample_factor=320,
-        codebook_size=1024, codebook_dim=dims.codebook_dim,
+        sample_rate=SAMPLE_RATE,
+        semantic_sample_rate=16000,
+        downsample_factor=320,
+        codebook_size=1024,
+        codebook_dim=dims.codebook_dim,
         acoustic_model_config={
-            "model_type": "dac", "encoder_hidden_size": dims.dac_encoder_hidden,
-            "downsampling_ratios": DOWNSAMPLING_RATIOS, "upsampling_ratios": DOWNSAMPLING_RATIOS,
-            "decoder_hidden_size": dims.dac_decoder_hidden, "hidden_size": dims.dac_hidden,
-            "sampling_rate": SAMPLE_RATE, "hop_length": HOP_LENGTH,
+            "model_type": "dac",
+            "encoder_hidden_size": dims.dac_encoder_hidden,
+            "downsampling_ratios": DOWNSAMPLING_RATIOS,
+            "upsampling_ratios": DOWNSAMPLING_RATIOS,
+            "decoder_hidden_size": dims.dac_decoder_hidden,
+            "hidden_size": dims.dac_hidden,
+            "sampling_rate": SAMPLE_RATE,
+            "hop_length": HOP_LENGTH,
         },
         semantic_model_config={
-            "model_type": "hubert", "hidden_size": dims.hubert_hidden, "num_hidden_layers": dims.hubert_layers,
-            "num_attention_heads": dims.hubert_heads, "intermediate_size": dims.hubert_ffn,
-            "conv_dim": [dims.hubert_conv_dim] * 7, "conv_kernel": [10, 3, 3, 3, 3, 2, 2],
-            "conv_stride": [5, 2, 2, 2, 2, 2, 2], "num_conv_pos_embeddings": dims.hubert_pos_conv,
-            "num_conv_pos_embedding_groups": dims.hubert_pos_groups, "mask_time_prob": 0.0,
+            "model_type": "hubert",
+            "hidden_size": dims.hubert_hidden,
+            "num_hidden_layers": dims.hubert_layers,
+            "num_attention_heads": dims.hubert_heads,
+            "intermediate_size": dims.hubert_ffn,
+            "conv_dim": [dims.hubert_conv_dim] * 7,
+            "conv_kernel": [10, 3, 3, 3, 3, 2, 2],
+            "conv_stride": [5, 2, 2, 2, 2, 2, 2],
+            "num_conv_pos_embeddings": dims.hubert_pos_conv,
+            "num_conv_pos_embedding_groups": dims.hubert_pos_groups,
+            "mask_time_prob": 0.0,
         },
     )
 
@@ -246,8 +300,10 @@ def higgs_rules(scales: dict[str, float], semantic_std: float) -> list[tuple[str
         (r"\.codebook\.embed_avg$", ZEROS),  # then set equal to embed (_tie_codebook_averages)
         (r"parametrizations\.weight\.original0$", ONES),
         (r"^semantic_model\..*(_proj|_dense|\.projection)\.weight$", semantic_std),
-        (r"(conv\d?|fc\d?|project_(in|out))\.weight$|parametrizations\.weight\.original1$",
-         lambda _name, shape: 1.0 / math.sqrt(fan_in(shape))),
+        (
+            r"(conv\d?|fc\d?|project_(in|out))\.weight$|parametrizations\.weight\.original1$",
+            lambda _name, shape: 1.0 / math.sqrt(fan_in(shape)),
+        ),
     ]
 
 
@@ -303,7 +359,7 @@ def add_outliers(omnivoice, spec: Outliers) -> None:
         llm.embed_tokens.weight[:, t] = 0.0
         llm.embed_tokens.weight[trigger_token_ids(), t] = spec.trigger_value
         omnivoice.audio_embeddings.weight[:, t] = 0.0
-        for earlier in llm.layers[:spec.massive_layer]:
+        for earlier in llm.layers[: spec.massive_layer]:
             earlier.self_attn.o_proj.weight[t, :] = 0.0
             earlier.mlp.down_proj.weight[t, :] = 0.0
         layer.self_attn.o_proj.weight[t, :] = 0.0
@@ -319,7 +375,7 @@ def add_outliers(omnivoice, spec: Outliers) -> None:
         for (norm, readers), gain in zip(pairs, gains, strict=True):
             norm.weight[outliers] *= gain
             for linear in readers:
-                linear.weight[:, outliers] /= gain ** spec.compensation
+                linear.weight[:, outliers] /= gain**spec.compensation
 
 
 def norm_readers(omnivoice) -> list[tuple[object, list]]:
@@ -369,8 +425,9 @@ def make_modules(name: str, seed: int, codec_scales: dict[str, float] | None = N
     higgs = HiggsAudioV2TokenizerModel(higgs_cfg).eval()
     scales = load_scales("codec")[BASE_OF.get(name, name)] if codec_scales is None else codec_scales
     draw_all(model, omnivoice_rules(dims), seed)
-    draw_all(higgs, higgs_rules(scales, higgs_cfg.semantic_model_config.initializer_range), seed,
-             prefix="audio_tokenizer/")
+    draw_all(
+        higgs, higgs_rules(scales, higgs_cfg.semantic_model_config.initializer_range), seed, prefix="audio_tokenizer/"
+    )
     _tie_codebook_averages(higgs)
     return model, higgs
 
@@ -395,14 +452,28 @@ def build_checkpoint(name: str, out_dir: Path, seed: int = 0) -> Path:
         add_outliers(model, OUTLIERS[name])
     with atomic_dir(out_dir) as tmp:
         tokenizer_provenance = save_qwen_tokenizer(tmp)
-        model.config.omnivoice_export = {"checkpoint": name, "seed": seed, "builder_version": BUILDER_VERSION,
-                                         "text_tokenizer": tokenizer_provenance}
+        model.config.omnivoice_export = {
+            "checkpoint": name,
+            "seed": seed,
+            "builder_version": BUILDER_VERSION,
+            "text_tokenizer": tokenizer_provenance,
+        }
         model.save_pretrained(tmp)
         higgs.save_pretrained(tmp / "audio_tokenizer")
-        DacFeatureExtractor(feature_size=1, sampling_rate=SAMPLE_RATE, hop_length=HOP_LENGTH,
-                            padding_value=0.0).save_pretrained(tmp / "audio_tokenizer")
-        (tmp / BUILD_STAMP).write_text(json.dumps(
-            {"checkpoint": name, "seed": seed, "builder_version": BUILDER_VERSION,
-             "build_seconds": round(time.perf_counter() - started, 2)}, indent=2) + "\n")
+        DacFeatureExtractor(
+            feature_size=1, sampling_rate=SAMPLE_RATE, hop_length=HOP_LENGTH, padding_value=0.0
+        ).save_pretrained(tmp / "audio_tokenizer")
+        (tmp / BUILD_STAMP).write_text(
+            json.dumps(
+                {
+                    "checkpoint": name,
+                    "seed": seed,
+                    "builder_version": BUILDER_VERSION,
+                    "build_seconds": round(time.perf_counter() - started, 2),
+                },
+                indent=2,
+            )
+            + "\n"
+        )
         umask_mode(*(f for f in tmp.rglob("*") if f.is_file()))
     return Path(out_dir)

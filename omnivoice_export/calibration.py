@@ -77,8 +77,10 @@ def _probes(higgs):
 
 def _networks(higgs):
     audio, latent = _probes(higgs)
-    return (("acoustic_encoder", higgs.acoustic_encoder, lambda: higgs.acoustic_encoder(audio), ENCODER_FINAL_STD),
-            ("acoustic_decoder", higgs.acoustic_decoder, lambda: higgs.acoustic_decoder(latent), DECODER_FINAL_STD))
+    return (
+        ("acoustic_encoder", higgs.acoustic_encoder, lambda: higgs.acoustic_encoder(audio), ENCODER_FINAL_STD),
+        ("acoustic_decoder", higgs.acoustic_decoder, lambda: higgs.acoustic_decoder(latent), DECODER_FINAL_STD),
+    )
 
 
 def measure_codec_scales(name: str, seed: int = 0) -> dict[str, float]:
@@ -115,7 +117,7 @@ def measure_norm_scales(name: str, seed: int = 0) -> list[float]:
     seq = 24
     ids = torch.arange(2 * NUM_CODEBOOKS * seq).reshape(2, NUM_CODEBOOKS, seq) * 7 % 1000
     audio_mask = torch.zeros(2, seq, dtype=torch.bool)
-    audio_mask[:, seq // 2:] = True  # text rows, then audio rows
+    audio_mask[:, seq // 2 :] = True  # text rows, then audio rows
     attention = torch.ones(2, 1, seq, seq, dtype=torch.bool)
     ordinary = torch.ones(model.llm.config.hidden_size, dtype=torch.bool)
     ordinary[list(spec.channels)] = False
@@ -141,16 +143,20 @@ def check_codec_scales(name: str, seed: int = 0) -> dict[str, tuple[float, float
 
     _, higgs = make_modules(name, seed)
     with torch.no_grad():
-        return {f"{prefix}.{conv_name}": (_output_std(conv, run), target)
-                for prefix, network, run, final_std in _networks(higgs)
-                for conv_name, conv, target in conv_targets(network, final_std)}
+        return {
+            f"{prefix}.{conv_name}": (_output_std(conv, run), target)
+            for prefix, network, run, final_std in _networks(higgs)
+            for conv_name, conv, target in conv_targets(network, final_std)
+        }
 
 
 def measure_all() -> dict:
     """The whole table: codec scales per codec size, residual-norm scales per large-act checkpoint."""
     codecs = sorted({BASE_OF.get(name, name) for name in DIMS})
-    return {"codec": {name: measure_codec_scales(name) for name in codecs},
-            "residual_norms": {name: measure_norm_scales(name) for name in LARGE_ACTIVATIONS}}
+    return {
+        "codec": {name: measure_codec_scales(name) for name in codecs},
+        "residual_norms": {name: measure_norm_scales(name) for name in LARGE_ACTIVATIONS},
+    }
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -162,8 +168,10 @@ def main(argv: list[str] | None = None) -> None:
     parse_args(argv)
     table = measure_all()
     SCALES_FILE.write_text(json.dumps(table, indent=1) + "\n")
-    print(f"wrote {SCALES_FILE}: {sum(len(v) for v in table['codec'].values())} codec scales, "
-          f"{sum(len(v) for v in table['residual_norms'].values())} residual-norm scales")
+    print(
+        f"wrote {SCALES_FILE}: {sum(len(v) for v in table['codec'].values())} codec scales, "
+        f"{sum(len(v) for v in table['residual_norms'].values())} residual-norm scales"
+    )
 
 
 if __name__ == "__main__":

@@ -70,9 +70,11 @@ TOKENS_FILE = "tokens.npz"
 ENCODER_FILE = "encoder.npz"
 DECODER_FILE = "decoder.npz"
 OUTPUT_WAV = "output.wav"
-LOGITS_ROWS_NOTE = ("logits_cond holds rows [c_len-t_len, c_len) of each cond item i, logits_uncond rows [0, t_len) "
-                    "of each uncond item B+i, as [N, 1025] ordered by item, codebook, position: exactly the rows "
-                    "generate() reads; other rows are not stored")
+LOGITS_ROWS_NOTE = (
+    "logits_cond holds rows [c_len-t_len, c_len) of each cond item i, logits_uncond rows [0, t_len) "
+    "of each uncond item B+i, as [N, 1025] ordered by item, codebook, position: exactly the rows "
+    "generate() reads; other rows are not stored"
+)
 RECAPTURE_FIX = "re-run capture_reference.py (step 1)"
 
 
@@ -90,8 +92,10 @@ def save_npz(path: Path, arrays: dict[str, np.ndarray]) -> dict[str, Any]:
                 info.compress_type = zipfile.ZIP_STORED if array.dtype.kind == "f" else zipfile.ZIP_DEFLATED
                 with archive.open(info, "w", force_zip64=True) as member:
                     np.lib.format.write_array(member, np.ascontiguousarray(array), allow_pickle=False)
-    return {**file_entry(path),
-            "tensors": {k: {"shape": list(v.shape), "dtype": str(v.dtype)} for k, v in arrays.items()}}
+    return {
+        **file_entry(path),
+        "tensors": {k: {"shape": list(v.shape), "dtype": str(v.dtype)} for k, v in arrays.items()},
+    }
 
 
 class CaptureArrays(dict):
@@ -103,8 +107,9 @@ class CaptureArrays(dict):
         self.path = path
 
     def __missing__(self, name: str) -> np.ndarray:
-        raise UserError(f"capture file {self.path} has no array {name!r} (it has {', '.join(self) or 'none'})",
-                        RECAPTURE_FIX)
+        raise UserError(
+            f"capture file {self.path} has no array {name!r} (it has {', '.join(self) or 'none'})", RECAPTURE_FIX
+        )
 
 
 def load_npz(path: Path) -> CaptureArrays:
@@ -115,8 +120,9 @@ def load_npz(path: Path) -> CaptureArrays:
         with np.load(path, allow_pickle=False) as data:
             return CaptureArrays(path, {k: data[k] for k in data.files})
     except (ValueError, OSError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
-        raise UserError(f"capture file {path} is damaged ({type(exc).__name__}: {' '.join(str(exc).split())[:200]})",
-                        RECAPTURE_FIX) from exc
+        raise UserError(
+            f"capture file {path} is damaged ({type(exc).__name__}: {' '.join(str(exc).split())[:200]})", RECAPTURE_FIX
+        ) from exc
 
 
 def _rows_read(attention_mask: np.ndarray) -> list[tuple[int, int]]:
@@ -132,7 +138,7 @@ def logits_rows(logits: np.ndarray, attention_mask: np.ndarray) -> tuple[np.ndar
     position (the items of a batch have different t_len)."""
     rows = _rows_read(attention_mask)
     batch, vocab = len(rows), logits.shape[-1]
-    cond = np.concatenate([logits[i, :, c - t:c].reshape(-1, vocab) for i, (c, t) in enumerate(rows)])
+    cond = np.concatenate([logits[i, :, c - t : c].reshape(-1, vocab) for i, (c, t) in enumerate(rows)])
     uncond = np.concatenate([logits[batch + i, :, :t].reshape(-1, vocab) for i, (_, t) in enumerate(rows)])
     return cond, uncond
 
@@ -147,7 +153,7 @@ def pad_items(items: list[np.ndarray], fill: int) -> np.ndarray:
     generate() keeps its token state in (padded with the mask id)."""
     out = np.full((len(items), *items[0].shape[:-1], max(t.shape[-1] for t in items)), fill, dtype=items[0].dtype)
     for i, tokens in enumerate(items):
-        out[i, ..., :tokens.shape[-1]] = tokens
+        out[i, ..., : tokens.shape[-1]] = tokens
     return out
 
 
@@ -159,8 +165,10 @@ def precision_settings() -> dict[str, Any]:
     (its import is ~2 s, paid on every `--help` and every refused input)."""
     import torch
 
-    return {"cuda_matmul_allow_tf32": torch.backends.cuda.matmul.allow_tf32,
-            "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32}
+    return {
+        "cuda_matmul_allow_tf32": torch.backends.cuda.matmul.allow_tf32,
+        "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32,
+    }
 
 
 @contextlib.contextmanager
@@ -243,28 +251,40 @@ class Recorder:
             rows = _rows_read(mask)
             if step:
                 # The target region of this call's cond row holds the state after the previous step.
-                self.token_states.append(pad_items([ids[i, :, c - t:c] for i, (c, t) in enumerate(rows)],
-                                                   self.mask_id))
+                self.token_states.append(
+                    pad_items([ids[i, :, c - t : c] for i, (c, t) in enumerate(rows)], self.mask_id)
+                )
             if self.steps is None or step in self.steps:
                 cond, uncond = logits_rows(output.logits.float().cpu().numpy(), mask)
-                self._save(STEP_FILE.format(step), {
-                    "input_ids": ids, "audio_mask": audio_mask.cpu().numpy(), "attention_mask": mask,
-                    "logits_cond": cond, "logits_uncond": uncond})
+                self._save(
+                    STEP_FILE.format(step),
+                    {
+                        "input_ids": ids,
+                        "audio_mask": audio_mask.cpu().numpy(),
+                        "attention_mask": mask,
+                        "logits_cond": cond,
+                        "logits_uncond": uncond,
+                    },
+                )
             self.record.rows, self.record.seq_len = rows, ids.shape[-1]
             self.record.steps_called += 1
             if self.progress is not None:
                 self.progress.update(1)
             return output
+
         return recording_forward
 
     def _generate_iterative(self, original):
         def recording_generate_iterative(task, gen_config):
             if self.record.steps_called:
-                raise UserError("the text is long enough to trigger chunked generation, which a capture "
-                                "does not cover", "use a shorter --text (under ~30 s of speech)")
+                raise UserError(
+                    "the text is long enough to trigger chunked generation, which a capture does not cover",
+                    "use a shorter --text (under ~30 s of speech)",
+                )
             tokens = original(task, gen_config)
             self.token_states.append(pad_items([t.cpu().numpy() for t in tokens], self.mask_id))
             return tokens
+
         return recording_generate_iterative
 
     def _tokenizer_call(self, original, calls: list, input_name: str, output_name: str):
@@ -275,6 +295,7 @@ class Recorder:
             result = output if isinstance(output, torch.Tensor) else getattr(output, output_name)
             calls.append({input_name: values.cpu().numpy(), output_name: result.cpu().numpy()})
             return output
+
         return recording_call
 
     @contextlib.contextmanager
@@ -284,10 +305,16 @@ class Recorder:
         patches = [
             (self.model, "forward", self._forward(self.model.forward)),
             (self.model, "_generate_iterative", self._generate_iterative(self.model._generate_iterative)),
-            (tokenizer, "encode", self._tokenizer_call(tokenizer.encode, self.encoder_calls,
-                                                       "input_values", "audio_codes")),
-            (tokenizer, "decode", self._tokenizer_call(tokenizer.decode, self.decoder_calls,
-                                                       "audio_codes", "audio_values")),
+            (
+                tokenizer,
+                "encode",
+                self._tokenizer_call(tokenizer.encode, self.encoder_calls, "input_values", "audio_codes"),
+            ),
+            (
+                tokenizer,
+                "decode",
+                self._tokenizer_call(tokenizer.decode, self.decoder_calls, "audio_codes", "audio_values"),
+            ),
         ]
         with patched(patches):
             yield self
@@ -301,16 +328,26 @@ class Recorder:
         items = len(self.record.rows)
         for name, calls, expected in ((ENCODER_FILE, self.encoder_calls, 1), (DECODER_FILE, self.decoder_calls, items)):
             if len(calls) > expected:
-                raise UserError(f"{name[:-4]} was called {len(calls)} times in one generate() of {items} text(s)",
-                                "capture texts under ~30 s of speech (chunked generation is not captured)")
+                raise UserError(
+                    f"{name[:-4]} was called {len(calls)} times in one generate() of {items} text(s)",
+                    "capture texts under ~30 s of speech (chunked generation is not captured)",
+                )
             for index, call in enumerate(calls):
                 self._save(item_file(name, index, len(calls)), call)
         return self.record
 
 
-def write_manifest(capture_dir: Path, model: dict[str, str], device: str, precision: dict[str, Any],
-                   versions: dict[str, str], seed: int, num_step: int, steps: set[int] | None,
-                   modes: dict[str, Any]) -> dict[str, Any]:
+def write_manifest(
+    capture_dir: Path,
+    model: dict[str, str],
+    device: str,
+    precision: dict[str, Any],
+    versions: dict[str, str],
+    seed: int,
+    num_step: int,
+    steps: set[int] | None,
+    modes: dict[str, Any],
+) -> dict[str, Any]:
     """Write the capture's manifest (its one provenance record) into `capture_dir`; return it.
 
     `modes` holds mode_record_entry() per mode; `precision` the torch float32 settings the modules
@@ -332,8 +369,11 @@ def write_manifest(capture_dir: Path, model: dict[str, str], device: str, precis
         "num_step": num_step,
         "steps": "all" if steps is None else sorted(steps),
         "logits_rows": LOGITS_ROWS_NOTE,
-        "reference": {"wav": REF_WAV, "txt": REF_TXT,
-                      "wav_sha256": sha256_file(reference) if reference.is_file() else None},
+        "reference": {
+            "wav": REF_WAV,
+            "txt": REF_TXT,
+            "wav_sha256": sha256_file(reference) if reference.is_file() else None,
+        },
         "modes": modes,
     }
     manifest["total_bytes"] = sum(f["bytes"] for m in modes.values() for f in m["files"].values())
@@ -342,8 +382,16 @@ def write_manifest(capture_dir: Path, model: dict[str, str], device: str, precis
 
 
 # What the stages read from a manifest (reading.schema_problem's notation).
-REQUEST_SCHEMA = {"mode": str, "text": (str, list), "seed": int, "language": (str, None), "instruct": (str, None),
-                  "ref_audio": (str, None), "ref_text": (str, None), "num_step": int}
+REQUEST_SCHEMA = {
+    "mode": str,
+    "text": (str, list),
+    "seed": int,
+    "language": (str, None),
+    "instruct": (str, None),
+    "ref_audio": (str, None),
+    "ref_text": (str, None),
+    "num_step": int,
+}
 MANIFEST_SCHEMA = {
     "format": int,
     "model": {"fingerprint": str},
@@ -351,8 +399,9 @@ MANIFEST_SCHEMA = {
     "seed": int,
     "num_step": int,
     "reference": {"wav": str, "txt": str, "wav_sha256": (str, None)},
-    "modes": Each({"request": REQUEST_SCHEMA, "rows": [{"c_len": int, "t_len": int}],
-                   "files": Each(FILE_ENTRY_SCHEMA)}),
+    "modes": Each(
+        {"request": REQUEST_SCHEMA, "rows": [{"c_len": int, "t_len": int}], "files": Each(FILE_ENTRY_SCHEMA)}
+    ),
 }
 
 
@@ -373,16 +422,18 @@ def _values_problem(manifest: dict[str, Any]) -> str | None:
 def load_manifest(capture_dir: Path, verify_hashes: bool = True) -> dict[str, Any]:
     """The capture manifest, after checking every listed file exists (and matches its entry)."""
     capture_dir = Path(capture_dir)
-    manifest = read_artefact(capture_dir / MANIFEST_NAME, "capture manifest", RECAPTURE_FIX, CAPTURE_FORMAT,
-                             MANIFEST_SCHEMA, _values_problem)
+    manifest = read_artefact(
+        capture_dir / MANIFEST_NAME, "capture manifest", RECAPTURE_FIX, CAPTURE_FORMAT, MANIFEST_SCHEMA, _values_problem
+    )
     for mode, entry in manifest["modes"].items():
         for name, info in entry["files"].items():
             path = capture_dir / mode / name
             if not path.is_file():
                 raise UserError(f"capture is incomplete: {path} is missing", RECAPTURE_FIX)
             if verify_hashes and not matches_entry(path, info):
-                raise UserError(f"capture file {path} does not match its recorded sha256 (modified or corrupt)",
-                                RECAPTURE_FIX)
+                raise UserError(
+                    f"capture file {path} does not match its recorded sha256 (modified or corrupt)", RECAPTURE_FIX
+                )
     return manifest
 
 
@@ -393,8 +444,7 @@ def reference_wav(capture_dir: Path, manifest: dict[str, Any]) -> Path:
     if not path.is_file():
         raise UserError(f"capture is incomplete: {path} is missing", RECAPTURE_FIX)
     if sha256_file(path) != manifest["reference"]["wav_sha256"]:
-        raise UserError(f"{path} is not the reference the capture was made from (re-made after step 1?)",
-                        RECAPTURE_FIX)
+        raise UserError(f"{path} is not the reference the capture was made from (re-made after step 1?)", RECAPTURE_FIX)
     return path
 
 
@@ -422,7 +472,7 @@ def item_files(manifest: dict[str, Any], mode: str, name: str) -> list[str]:
 def mode_steps(manifest: dict[str, Any], mode: str) -> list[int]:
     """Steps whose transformer I/O was captured for `mode`, in order."""
     files = manifest["modes"][mode]["files"]
-    return sorted(int(name[len("transformer_step_"):-4]) for name in files if name.startswith("transformer_step_"))
+    return sorted(int(name[len("transformer_step_") : -4]) for name in files if name.startswith("transformer_step_"))
 
 
 def load_step(capture_dir: Path, mode: str, step: int) -> dict[str, np.ndarray]:
@@ -440,5 +490,10 @@ def mode_record_entry(record: ModeRecord, request: dict[str, Any]) -> dict[str, 
     """
     if request["mode"] == "clone":
         request = {**request, "ref_audio": REF_WAV}
-    return {"request": request, "steps_called": record.steps_called, "seq_len": record.seq_len,
-            "rows": [{"c_len": c, "t_len": t} for c, t in record.rows], "files": record.files}
+    return {
+        "request": request,
+        "steps_called": record.steps_called,
+        "seq_len": record.seq_len,
+        "rows": [{"c_len": c, "t_len": t} for c, t in record.rows],
+        "files": record.files,
+    }

@@ -97,8 +97,9 @@ def validate_checkpoint_dir(path: Path) -> Path:
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise UserError(f"{path / 'config.json'} is not valid JSON ({exc})", hint) from exc
     if config.get("model_type") != "omnivoice":
-        raise UserError(f"{path / 'config.json'} is not an OmniVoice config "
-                        f"(model_type {config.get('model_type')!r})", hint)
+        raise UserError(
+            f"{path / 'config.json'} is not an OmniVoice config (model_type {config.get('model_type')!r})", hint
+        )
     for name in WEIGHT_FILES:
         check_safetensors(path / name)
     return path
@@ -128,8 +129,9 @@ def check_safetensors(path: Path) -> None:
     except (ValueError, UnicodeDecodeError, KeyError, TypeError, IndexError) as exc:
         raise UserError(f"{path} is not a valid safetensors file ({exc})", fix) from exc
     if 8 + length + end != size:
-        raise UserError(f"{path} is truncated or corrupt (its header describes {8 + length + end} bytes, "
-                        f"the file has {size})", fix)
+        raise UserError(
+            f"{path} is truncated or corrupt (its header describes {8 + length + end} bytes, the file has {size})", fix
+        )
 
 
 def resolve_model(spec: str | None) -> Path:
@@ -162,24 +164,30 @@ def hub_snapshot(repo_id: str) -> Path:
     except LocalEntryNotFoundError:
         pass
     if constants.is_offline_mode():
-        raise UserError(f"--model {repo_id}: no such directory, and no snapshot of the Hugging Face repo {repo_id} "
-                        f"in the cache {constants.HF_HUB_CACHE} (HF_HUB_OFFLINE is set, so it is not downloaded)",
-                        f"download it where the hub is reachable with `hf download {repo_id}` (into this cache, "
-                        "HF_HUB_CACHE), or pass --model PATH of a checkout")
+        raise UserError(
+            f"--model {repo_id}: no such directory, and no snapshot of the Hugging Face repo {repo_id} "
+            f"in the cache {constants.HF_HUB_CACHE} (HF_HUB_OFFLINE is set, so it is not downloaded)",
+            f"download it where the hub is reachable with `hf download {repo_id}` (into this cache, "
+            "HF_HUB_CACHE), or pass --model PATH of a checkout",
+        )
     try:
         return Path(snapshot_download(repo_id))
     except (HfHubHTTPError, OSError) as exc:  # unknown repo, gated repo, no network
-        raise UserError(f"--model {repo_id}: no such directory, and the Hugging Face repo {repo_id} cannot be "
-                        f"downloaded ({type(exc).__name__}: {str(exc).strip().splitlines()[0][:200]})",
-                        "check the repo id and the network, or pass --model PATH of a checkout") from exc
+        raise UserError(
+            f"--model {repo_id}: no such directory, and the Hugging Face repo {repo_id} cannot be "
+            f"downloaded ({type(exc).__name__}: {str(exc).strip().splitlines()[0][:200]})",
+            "check the repo id and the network, or pass --model PATH of a checkout",
+        ) from exc
 
 
 def add_model_arg(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--model", default=None,
+        "--model",
+        default=None,
         help=f"{' | '.join(BUILT_NAMES)} | PATH of a checkpoint | Hugging Face repo id, e.g. k2-fsa/OmniVoice "
-             f"(default: ${MODEL_ENV}, else {DEFAULT_MODEL_PATH}); the named ones are built on first use into "
-             "checkpoints/; a repo id is read from the local Hugging Face cache, downloaded only when absent")
+        f"(default: ${MODEL_ENV}, else {DEFAULT_MODEL_PATH}); the named ones are built on first use into "
+        "checkpoints/; a repo id is read from the local Hugging Face cache, downloaded only when absent",
+    )
 
 
 _FINGERPRINTS: dict[tuple, str] = {}
@@ -226,8 +234,10 @@ def load_omnivoice(path: Path):
     except (SafetensorError, OSError, ValueError, RuntimeError) as exc:  # damaged or mismatched weights
         if environment_error(exc) is not None:  # a full disk or a denied file: run_main names it
             raise
-        raise UserError(f"cannot load the checkpoint {path} ({str(exc).strip().splitlines()[0][:300]})",
-                        "check it is a complete k2-fsa/OmniVoice checkout") from exc
+        raise UserError(
+            f"cannot load the checkpoint {path} ({str(exc).strip().splitlines()[0][:300]})",
+            "check it is a complete k2-fsa/OmniVoice checkout",
+        ) from exc
     return model.eval()
 
 
@@ -246,8 +256,7 @@ def main(argv: list[str] | None = None) -> None:
     check_output(out, "--out", "tree")
     started = time.perf_counter()
     build_checkpoint(args.name, out, args.seed)
-    print(f"built {args.name} in {time.perf_counter() - started:.1f} s -> {out}  "
-          f"fingerprint {model_fingerprint(out)}")
+    print(f"built {args.name} in {time.perf_counter() - started:.1f} s -> {out}  fingerprint {model_fingerprint(out)}")
 
 
 if __name__ == "__main__":

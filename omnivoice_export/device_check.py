@@ -44,11 +44,18 @@ def environment() -> dict[str, Any]:
     import torch
 
     if not torch.cuda.is_available():
-        raise UserError(f"torch {torch.__version__} sees no CUDA device", "run gpu-check on an NVIDIA machine "
-                        "with a CUDA build of torch (make venv-gpu)")
-    return {"torch": torch.__version__, "torch_cuda": torch.version.cuda, "device": torch.cuda.get_device_name(0),
-            "onnxruntime": ort.__version__, "ort_providers": ort.get_available_providers(),
-            "ort_cuda": "CUDAExecutionProvider" in ort.get_available_providers()}
+        raise UserError(
+            f"torch {torch.__version__} sees no CUDA device",
+            "run gpu-check on an NVIDIA machine with a CUDA build of torch (make venv-gpu)",
+        )
+    return {
+        "torch": torch.__version__,
+        "torch_cuda": torch.version.cuda,
+        "device": torch.cuda.get_device_name(0),
+        "onnxruntime": ort.__version__,
+        "ort_providers": ort.get_available_providers(),
+        "ort_cuda": "CUDAExecutionProvider" in ort.get_available_providers(),
+    }
 
 
 def _inputs_equal(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> bool:
@@ -57,8 +64,10 @@ def _inputs_equal(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> bool:
 
 def _stats(reference: dict[str, np.ndarray], candidate: dict[str, np.ndarray]) -> metrics.LogitStats:
     """Transformer logits rows of two step files (or a step file and fresh rows) compared."""
-    return metrics.logit_stats(np.concatenate([reference["logits_cond"], reference["logits_uncond"]]),
-                               np.concatenate([candidate["logits_cond"], candidate["logits_uncond"]]))
+    return metrics.logit_stats(
+        np.concatenate([reference["logits_cond"], reference["logits_uncond"]]),
+        np.concatenate([candidate["logits_cond"], candidate["logits_uncond"]]),
+    )
 
 
 def compare_captures(first: Path, second: Path) -> dict[str, Any]:
@@ -66,8 +75,11 @@ def compare_captures(first: Path, second: Path) -> dict[str, Any]:
     a, b = capture.load_manifest(first), capture.load_manifest(second)
     if a["model"]["fingerprint"] != b["model"]["fingerprint"]:
         raise UserError(f"{first} and {second} are captures of different models", "capture both with one --model")
-    result: dict[str, Any] = {"precision": {str(first): a.get("precision"), str(second): b.get("precision")},
-                              "devices": [a["device"], b["device"]], "modes": {}}
+    result: dict[str, Any] = {
+        "precision": {str(first): a.get("precision"), str(second): b.get("precision")},
+        "devices": [a["device"], b["device"]],
+        "modes": {},
+    }
     for mode in [m for m in a["modes"] if m in b["modes"]]:
         if a["modes"][mode]["request"]["text"] != b["modes"][mode]["request"]["text"]:
             raise UserError(f"mode {mode}: the two captures speak different texts", "capture both with the same flags")
@@ -110,8 +122,12 @@ def replay(capture_dir: Path, device: str, tf32: bool = False, steps: list[int] 
             rows = []
             for step in [s for s in capture.mode_steps(manifest, mode) if steps is None or s in steps]:
                 data = capture.load_step(capture_dir, mode, step)
-                logits = modules["transformer"](*(torch.from_numpy(data[k]).to(device)
-                                                  for k in TRANSFORMER_INPUTS)).float().cpu().numpy()
+                logits = (
+                    modules["transformer"](*(torch.from_numpy(data[k]).to(device) for k in TRANSFORMER_INPUTS))
+                    .float()
+                    .cpu()
+                    .numpy()
+                )
                 cond, uncond = capture.logits_rows(logits, data["attention_mask"])
                 rows.append({"step": step, **vars(_stats(data, {"logits_cond": cond, "logits_uncond": uncond}))})
             entry: dict[str, Any] = {"transformer": rows}
@@ -131,8 +147,10 @@ def replay(capture_dir: Path, device: str, tf32: bool = False, steps: list[int] 
 def _logit_line(rows: list[dict[str, Any]]) -> str:
     if not rows:
         return "no step compared"
-    return (f"{len(rows)} steps: argmax min {min(r['argmax_agreement'] for r in rows):.6f}, "
-            f"max |d| {max(r['max_abs'] for r in rows):.1e}")
+    return (
+        f"{len(rows)} steps: argmax min {min(r['argmax_agreement'] for r in rows):.6f}, "
+        f"max |d| {max(r['max_abs'] for r in rows):.1e}"
+    )
 
 
 def print_compare(result: dict[str, Any]) -> None:
@@ -141,18 +159,24 @@ def print_compare(result: dict[str, Any]) -> None:
     for mode, entry in result["modes"].items():
         diverged = entry["first_step_with_other_inputs"]
         codes = f", encoder codes {entry['encoder_code_match']:.4f}" if "encoder_code_match" in entry else ""
-        print(f"[compare] {mode:<7} equal inputs: {_logit_line(entry['steps_compared'])}; inputs differ from step "
-              f"{diverged if diverged is not None else '- (never)'}{codes}")
+        print(
+            f"[compare] {mode:<7} equal inputs: {_logit_line(entry['steps_compared'])}; inputs differ from step "
+            f"{diverged if diverged is not None else '- (never)'}{codes}"
+        )
 
 
 def print_replay(result: dict[str, Any]) -> None:
-    print(f"[replay] {result['capture_device']} capture through torch on {result['device']}, "
-          f"precision {result['precision']}")
+    print(
+        f"[replay] {result['capture_device']} capture through torch on {result['device']}, "
+        f"precision {result['precision']}"
+    )
     for mode, entry in result["modes"].items():
         codes = f", encoder codes {entry['encoder_code_match']:.4f}" if "encoder_code_match" in entry else ""
         lsd = max(entry["decoder_log_spectral_l1"])
-        print(f"[replay] {mode:<7} transformer {_logit_line(entry['transformer'])}{codes}, decoder log-spectral L1 "
-              f"{lsd:.1e}")
+        print(
+            f"[replay] {mode:<7} transformer {_logit_line(entry['transformer'])}{codes}, decoder log-spectral L1 "
+            f"{lsd:.1e}"
+        )
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -173,8 +197,10 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if args.command == "env":
         env = environment()
-        print(f"[env] torch {env['torch']} (CUDA {env['torch_cuda']}) on {env['device']}; onnxruntime "
-              f"{env['onnxruntime']} with {', '.join(env['ort_providers'])}")
+        print(
+            f"[env] torch {env['torch']} (CUDA {env['torch_cuda']}) on {env['device']}; onnxruntime "
+            f"{env['onnxruntime']} with {', '.join(env['ort_providers'])}"
+        )
         print(f"[env] ort_cuda={'yes' if env['ort_cuda'] else 'no'}")
     elif args.command == "compare":
         print_compare(compare_captures(args.first, args.second))

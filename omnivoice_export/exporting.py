@@ -68,16 +68,20 @@ def _opsets_text(exporter: str) -> str:
     return f"{EXPORTER_OPSETS[exporter].start}..{EXPORTER_OPSETS[exporter].stop - 1}"
 
 
-OPSET_FIX = (f"use an opset in {_opsets_text('dynamo')} (18, 20 and 22 verified end to end), or --no-dynamo with "
-             f"one in {_opsets_text('legacy')}")
+OPSET_FIX = (
+    f"use an opset in {_opsets_text('dynamo')} (18, 20 and 22 verified end to end), or --no-dynamo with "
+    f"one in {_opsets_text('legacy')}"
+)
 
 
 def check_opset(opset: int, dynamo: bool) -> None:
     """UserError, before any model is loaded, for an opset the chosen exporter cannot write."""
     exporter = "dynamo" if dynamo else "legacy"
     if opset not in EXPORTER_OPSETS[exporter]:
-        raise UserError(f"--opset {opset}: torch's {exporter} exporter writes these graphs at opsets "
-                        f"{_opsets_text(exporter)} only", OPSET_FIX)
+        raise UserError(
+            f"--opset {opset}: torch's {exporter} exporter writes these graphs at opsets {_opsets_text(exporter)} only",
+            OPSET_FIX,
+        )
 
 
 def written_opset(path: Path) -> int:
@@ -91,18 +95,26 @@ def dynamic_shapes(graph: str) -> dict[str, dict[int, Any]]:
     from torch.export import Dim
 
     frames = Dim("frames", min=2, max=100_000)
-    dims = {"batch": Dim("batch", min=1, max=1024), "seq": Dim("seq", min=2, max=40960), "frames": frames,
-            # HOP_LENGTH * frames: the graph is valid only for hop-multiple lengths (see module docstring).
-            SAMPLES_AXIS: HOP_LENGTH * frames}
-    return {t.name: {i: dims[axis] for i, axis in enumerate(t.axes) if isinstance(axis, str)}
-            for t in CONTRACTS[graph].inputs}
+    dims = {
+        "batch": Dim("batch", min=1, max=1024),
+        "seq": Dim("seq", min=2, max=40960),
+        "frames": frames,
+        # HOP_LENGTH * frames: the graph is valid only for hop-multiple lengths (see module docstring).
+        SAMPLES_AXIS: HOP_LENGTH * frames,
+    }
+    return {
+        t.name: {i: dims[axis] for i, axis in enumerate(t.axes) if isinstance(axis, str)}
+        for t in CONTRACTS[graph].inputs
+    }
 
 
 def dynamic_axes(graph: str) -> dict[str, dict[int, str]]:
     """The legacy exporter's dynamic axes (it cannot state the 960*frames relation: a free name)."""
     contract = CONTRACTS[graph]
-    return {t.name: {i: LEGACY_AXIS_NAMES.get(axis, axis) for i, axis in enumerate(t.axes) if isinstance(axis, str)}
-            for t in contract.inputs + contract.outputs}
+    return {
+        t.name: {i: LEGACY_AXIS_NAMES.get(axis, axis) for i, axis in enumerate(t.axes) if isinstance(axis, str)}
+        for t in contract.inputs + contract.outputs
+    }
 
 
 @contextlib.contextmanager
@@ -133,10 +145,15 @@ def quiet_exporter() -> Iterator[None]:
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", r"`isinstance\(treespec, LeafSpec\)` is deprecated", FutureWarning)
-            warnings.filterwarnings("ignore", r"# The axis name: .* will not be used, since it shares the same shape "
-                                              r"constraints with another axis", UserWarning)
-            warnings.filterwarnings("ignore", "invalid value encountered in divide", RuntimeWarning,
-                                    r"onnx\.reference\.ops\.op_div")
+            warnings.filterwarnings(
+                "ignore",
+                r"# The axis name: .* will not be used, since it shares the same shape "
+                r"constraints with another axis",
+                UserWarning,
+            )
+            warnings.filterwarnings(
+                "ignore", "invalid value encountered in divide", RuntimeWarning, r"onnx\.reference\.ops\.op_div"
+            )
             warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
             warnings.filterwarnings("ignore", "Constant folding - Only steps=1 can be constant folded", UserWarning)
             yield
@@ -144,26 +161,50 @@ def quiet_exporter() -> Iterator[None]:
         registry.setLevel(level)
 
 
-def run_exporter(module: torch.nn.Module, graph: str, inputs: tuple[torch.Tensor, ...], out_path: Path,
-                 dynamo: bool, opset: int) -> None:
+def run_exporter(
+    module: torch.nn.Module, graph: str, inputs: tuple[torch.Tensor, ...], out_path: Path, dynamo: bool, opset: int
+) -> None:
     """One torch.onnx.export call writing `out_path` (and whatever external data it chooses)."""
     names = {"input_names": list(CONTRACTS[graph].input_names), "output_names": list(CONTRACTS[graph].output_names)}
     with torch.no_grad(), wrappers.exportable_resample(), quiet_exporter():
         if dynamo:
-            torch.onnx.export(module, inputs, str(out_path), dynamo=True, opset_version=opset, **names,
-                              dynamic_shapes=dynamic_shapes(graph), external_data=True, optimize=True)
+            torch.onnx.export(
+                module,
+                inputs,
+                str(out_path),
+                dynamo=True,
+                opset_version=opset,
+                **names,
+                dynamic_shapes=dynamic_shapes(graph),
+                external_data=True,
+                optimize=True,
+            )
         else:
-            torch.onnx.export(module, inputs, str(out_path), dynamo=False, opset_version=opset, **names,
-                              dynamic_axes=dynamic_axes(graph), do_constant_folding=True)
+            torch.onnx.export(
+                module,
+                inputs,
+                str(out_path),
+                dynamo=False,
+                opset_version=opset,
+                **names,
+                dynamic_axes=dynamic_axes(graph),
+                do_constant_folding=True,
+            )
 
 
 def consolidate_external_data(src: Path, dst: Path) -> list[str]:
     """Re-save graph `src` as `dst` + one `dst.name + '.data'` sidecar; return the original
     external-data locations (what the exporter had scattered), for the report."""
     model = onnx.load(str(src), load_external_data=False)
-    original = sorted({entry.value for init in model.graph.initializer
-                       if init.data_location == onnx.TensorProto.EXTERNAL
-                       for entry in init.external_data if entry.key == "location"})
+    original = sorted(
+        {
+            entry.value
+            for init in model.graph.initializer
+            if init.data_location == onnx.TensorProto.EXTERNAL
+            for entry in init.external_data
+            if entry.key == "location"
+        }
+    )
     onnx.load_external_data_for_model(model, str(src.parent))
     save_with_sidecar(model, dst)
     return original
@@ -184,8 +225,15 @@ def set_metadata(path: Path, graph: str, metadata: dict[str, str]) -> None:
     onnx.save_model(model, str(path))
 
 
-def graph_metadata(graph: str, config: dict[str, Any], fingerprint: str, exporter: str, opset: int,
-                   versions: dict[str, str], provenance: dict[str, Any]) -> dict[str, str]:
+def graph_metadata(
+    graph: str,
+    config: dict[str, Any],
+    fingerprint: str,
+    exporter: str,
+    opset: int,
+    versions: dict[str, str],
+    provenance: dict[str, Any],
+) -> dict[str, str]:
     """Constants a runtime needs, carried inside each graph (sherpa-onnx add_meta_data style), and
     the licence and source of the weights (omnivoice_export.model_card.provenance): a graph copied
     out of its bundle still says what terms it carries."""
@@ -223,9 +271,15 @@ def signature(path: Path) -> dict[str, list[dict[str, Any]]]:
         for value in values:
             tensor = value.type.tensor_type
             dims = [d.dim_param if d.dim_param else d.dim_value for d in tensor.shape.dim]
-            out.append({"name": value.name, "dtype": onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type).name,
-                        "shape": dims})
+            out.append(
+                {
+                    "name": value.name,
+                    "dtype": onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type).name,
+                    "shape": dims,
+                }
+            )
         return out
+
     return {"inputs": describe(model.graph.input), "outputs": describe(model.graph.output)}
 
 
@@ -238,8 +292,15 @@ def check_graph(path: Path) -> str:
     return "ok"
 
 
-def export_graph(module: torch.nn.Module, graph: str, inputs: tuple[torch.Tensor, ...], staging: Path,
-                 dynamo: bool, opset: int, log=print) -> ExportResult:
+def export_graph(
+    module: torch.nn.Module,
+    graph: str,
+    inputs: tuple[torch.Tensor, ...],
+    staging: Path,
+    dynamo: bool,
+    opset: int,
+    log=print,
+) -> ExportResult:
     """Export one graph into `staging/<graph file>` + its single sidecar, dynamo first.
 
     A dynamo failure falls back to the legacy exporter for this graph, with the reason logged
@@ -266,8 +327,11 @@ def export_graph(module: torch.nn.Module, graph: str, inputs: tuple[torch.Tensor
             break
         written = written_opset(raw_dir / "model.onnx")
         if written != opset:  # the report and metadata must never name an opset the graph is not at
-            raise UserError(f"--opset {opset}: torch's {result.exporter} exporter could not convert the {graph} graph "
-                            f"to opset {opset} (it wrote opset {written})", OPSET_FIX)
+            raise UserError(
+                f"--opset {opset}: torch's {result.exporter} exporter could not convert the {graph} graph "
+                f"to opset {opset} (it wrote opset {written})",
+                OPSET_FIX,
+            )
         result.original_external_files = consolidate_external_data(raw_dir / "model.onnx", final)
         shutil.rmtree(raw_dir)
     result.seconds, result.peak_rss_mb = round(peak.seconds, 2), round(peak.peak_mb, 1)
@@ -292,6 +356,7 @@ def install_graphs(staging: Path, onnx_dir: Path, graphs: list[str]) -> None:
 
 # --- self-checks right after export (ORT, cpu) --------------------------------------------------
 
+
 def _max_abs(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64)))) if a.size else 0.0
 
@@ -313,9 +378,15 @@ def bidirectionality_probe(session, inputs: dict[str, np.ndarray]) -> dict[str, 
     delta = _max_abs(base, probe)
     minimum = THRESHOLDS["self_check_probe_min_change"]
     passed = bool(delta > minimum)
-    return {"passed": passed, "max_abs_change_before_last": delta, "position": last,
-            "failure": None if passed else f"bidirectionality probe: changing position {last} moved the earlier "
-                                           f"logits by {delta:.1e} (a causal graph; at least {minimum:.0e} expected)"}
+    return {
+        "passed": passed,
+        "max_abs_change_before_last": delta,
+        "position": last,
+        "failure": None
+        if passed
+        else f"bidirectionality probe: changing position {last} moved the earlier "
+        f"logits by {delta:.1e} (a causal graph; at least {minimum:.0e} expected)",
+    }
 
 
 def mask_probe(session, inputs: dict[str, np.ndarray]) -> dict[str, Any]:
@@ -343,11 +414,18 @@ def mask_probe(session, inputs: dict[str, np.ndarray]) -> dict[str, Any]:
     delta = _max_abs(base, probe)
     maximum = THRESHOLDS["self_check_mask_probe_max_change"]
     passed = bool(delta <= maximum)
-    return {"passed": passed, "max_abs_change": delta, "row": row, "queries": int(queries.size),
-            "masked_keys": int((~allowed).sum()),
-            "failure": None if passed else f"mask probe: changing {int((~allowed).sum())} masked keys of row {row} "
-                                           f"moved the logits of queries that may not see them by {delta:.1e} "
-                                           f"(the graph ignores the attention mask; at most {maximum:.0e} allowed)"}
+    return {
+        "passed": passed,
+        "max_abs_change": delta,
+        "row": row,
+        "queries": int(queries.size),
+        "masked_keys": int((~allowed).sum()),
+        "failure": None
+        if passed
+        else f"mask probe: changing {int((~allowed).sum())} masked keys of row {row} "
+        f"moved the logits of queries that may not see them by {delta:.1e} "
+        f"(the graph ignores the attention mask; at most {maximum:.0e} allowed)",
+    }
 
 
 def self_check_transformer(session, module, examples: list[dict[str, np.ndarray]]) -> dict[str, Any]:
@@ -365,11 +443,18 @@ def self_check_transformer(session, module, examples: list[dict[str, np.ndarray]
         shapes.append({"shape": shape, "max_abs": delta, "passed": delta <= limit})
         if delta > limit:
             failures.append(f"at input_ids {shape}: max |logit - torch| {delta:.1e} (at most {limit:.0e})")
-    probes = {"bidirectional_probe": bidirectionality_probe(session, examples[0]),
-              "mask_probe": mask_probe(session, examples[0])}
+    probes = {
+        "bidirectional_probe": bidirectionality_probe(session, examples[0]),
+        "mask_probe": mask_probe(session, examples[0]),
+    }
     failures += [probe["failure"] for probe in probes.values() if probe["failure"]]
-    return {"dynamic_shapes": shapes, "dynamic_passed": all(s["passed"] for s in shapes), **probes,
-            "failures": failures, "passed": not failures}
+    return {
+        "dynamic_shapes": shapes,
+        "dynamic_passed": all(s["passed"] for s in shapes),
+        **probes,
+        "failures": failures,
+        "passed": not failures,
+    }
 
 
 def self_check_codec(session, module, graph: str, examples: list[np.ndarray]) -> dict[str, Any]:
@@ -393,6 +478,8 @@ def self_check_codec(session, module, graph: str, examples: list[np.ndarray]) ->
             detail = f"max |audio - torch| {metric['max_abs']:.1e}"
         shapes.append({"shape": list(array.shape), **metric, "passed": ok})
         if not ok:
-            failures.append(f"at {input_name} {list(array.shape)}: "
-                            + (detail if same_shape else f"output {list(got.shape)}, torch {list(expected.shape)}"))
+            failures.append(
+                f"at {input_name} {list(array.shape)}: "
+                + (detail if same_shape else f"output {list(got.shape)}, torch {list(expected.shape)}")
+            )
     return {"dynamic_shapes": shapes, "failures": failures, "passed": not failures}

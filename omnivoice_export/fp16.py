@@ -45,8 +45,22 @@ TRANSFORMER_KEEP = ("rmsnorm", "rope", "softmax", "heads")
 # the investigation log: encoder code match 0.9966, decoder LSD 1.6e-3 on tiny): the normalisations and
 # reductions, Snake's sin (x + sin(a x)^2 / a), the quantizer's distances and ArgMax, the
 # resampler's sinc arithmetic. Keeping every MatMul too did not remove the encoder's code flips.
-CODEC_KEEP_OPS = ("Pow", "ReduceMean", "ReduceSum", "Sqrt", "Div", "Reciprocal", "Sin", "Erf", "Softmax",
-                  "LayerNormalization", "InstanceNormalization", "ArgMax", "Sub", "Range")
+CODEC_KEEP_OPS = (
+    "Pow",
+    "ReduceMean",
+    "ReduceSum",
+    "Sqrt",
+    "Div",
+    "Reciprocal",
+    "Sin",
+    "Erf",
+    "Softmax",
+    "LayerNormalization",
+    "InstanceNormalization",
+    "ArgMax",
+    "Sub",
+    "Range",
+)
 # The reductions of a residual stream: what must never read or write float16 on the way.
 SQUARE_AND_REDUCE = ("Pow", "ReduceMean", "Sqrt", "Reciprocal")
 
@@ -103,8 +117,11 @@ def transformer_keep(model: onnx.ModelProto, heads: str, groups: tuple[str, ...]
         squares = [n for n in model.graph.node if n.op_type == "Pow"]
         if not chains or len(chains) != len(squares):
             # A norm left unmatched would square its input in float16: refuse rather than write it.
-            raise UserError(f"found the exported RMSNorm chain (Pow, ReduceMean, Add, Sqrt, Reciprocal, Mul, Mul) at "
-                            f"{len(chains)} of the graph's {len(squares)} Pow nodes", FIX)
+            raise UserError(
+                f"found the exported RMSNorm chain (Pow, ReduceMean, Add, Sqrt, Reciprocal, Mul, Mul) at "
+                f"{len(chains)} of the graph's {len(squares)} Pow nodes",
+                FIX,
+            )
         keep["rmsnorm"] = {node.name for chain in chains for node in chain}
     if "rope" in keep:
         trig = [out for node in model.graph.node if node.op_type in ("Cos", "Sin") for out in node.output]
@@ -123,8 +140,9 @@ def transformer_keep(model: onnx.ModelProto, heads: str, groups: tuple[str, ...]
     return {group: sorted(names) for group, names in keep.items()}
 
 
-def convert_transformer(model: onnx.ModelProto, heads: str,
-                        groups: tuple[str, ...]) -> tuple[onnx.ModelProto, dict[str, list[str]]]:
+def convert_transformer(
+    model: onnx.ModelProto, heads: str, groups: tuple[str, ...]
+) -> tuple[onnx.ModelProto, dict[str, list[str]]]:
     """The fp16 transformer (convert) with `groups` kept float32 (transformer_keep); returns it
     and the kept node names per group (the report records them)."""
     kept = transformer_keep(model, heads, groups)
@@ -151,8 +169,9 @@ def convert(model: onnx.ModelProto, keep: set[str]) -> onnx.ModelProto:
     name_nodes(model)
     del model.graph.value_info[:]
     model.graph.value_info.extend(infer_types(model).graph.value_info)
-    converted = convert_float_to_float16(model, keep_io_types=True, op_block_list=[], node_block_list=sorted(keep),
-                                         disable_shape_infer=True)
+    converted = convert_float_to_float16(
+        model, keep_io_types=True, op_block_list=[], node_block_list=sorted(keep), disable_shape_infer=True
+    )
     make_islands(converted)
     # The converter's value_info describes tensors this pass renamed or removed: re-inferred by ORT.
     del converted.graph.value_info[:]
@@ -209,8 +228,10 @@ def cast_to(node: onnx.NodeProto) -> int:
 def value_types(model: onnx.ModelProto) -> dict[str, int]:
     """Element type of every tensor of the graph (inputs, initializers, node outputs), by ONNX type inference."""
     inferred = infer_types(model)
-    types = {info.name: info.type.tensor_type.elem_type
-             for info in list(inferred.graph.input) + list(inferred.graph.value_info) + list(inferred.graph.output)}
+    types = {
+        info.name: info.type.tensor_type.elem_type
+        for info in list(inferred.graph.input) + list(inferred.graph.value_info) + list(inferred.graph.output)
+    }
     types.update({init.name: init.data_type for init in model.graph.initializer})
     return types
 
@@ -227,8 +248,11 @@ def infer_types(model: onnx.ModelProto) -> onnx.ModelProto:
     small = [init for init in model.graph.initializer if int(np.prod(init.dims)) <= 64]
     shell.graph.initializer.extend(small)
     kept = {init.name for init in small}
-    shell.graph.input.extend(helper.make_tensor_value_info(init.name, init.data_type, list(init.dims))
-                             for init in model.graph.initializer if init.name not in kept)
+    shell.graph.input.extend(
+        helper.make_tensor_value_info(init.name, init.data_type, list(init.dims))
+        for init in model.graph.initializer
+        if init.name not in kept
+    )
     topological_sort(shell)  # inference types a node only after its inputs: the converter appends its casts
     return onnx.shape_inference.infer_shapes(shell)
 
@@ -259,8 +283,12 @@ def float16_squares(model: onnx.ModelProto) -> list[str]:
     """Names of the nodes of SQUARE_AND_REDUCE that read or write float16: where an fp16 graph
     squares or reduces in float16 (the naive conversion's RMSNorms). Empty for the `fp16` variant."""
     types = value_types(model)
-    return [node.name for node in model.graph.node if node.op_type in SQUARE_AND_REDUCE
-            and any(types.get(name) == TensorProto.FLOAT16 for name in list(node.input) + list(node.output) if name)]
+    return [
+        node.name
+        for node in model.graph.node
+        if node.op_type in SQUARE_AND_REDUCE
+        and any(types.get(name) == TensorProto.FLOAT16 for name in list(node.input) + list(node.output) if name)
+    ]
 
 
 def island_round_trips(model: onnx.ModelProto) -> list[str]:
@@ -268,7 +296,12 @@ def island_round_trips(model: onnx.ModelProto) -> list[str]:
     an island (what the converter's block list alone leaves). Empty after join_fp32_islands."""
     g = _Graph(model.graph)
     types = value_types(model)
-    return [node.name for node in model.graph.node
-            if node.op_type == "Cast" and cast_to(node) == TensorProto.FLOAT
-            and (down := g.op(node.input[0], "Cast")) is not None and cast_to(down) == TensorProto.FLOAT16
-            and types.get(down.input[0]) == TensorProto.FLOAT]
+    return [
+        node.name
+        for node in model.graph.node
+        if node.op_type == "Cast"
+        and cast_to(node) == TensorProto.FLOAT
+        and (down := g.op(node.input[0], "Cast")) is not None
+        and cast_to(down) == TensorProto.FLOAT16
+        and types.get(down.input[0]) == TensorProto.FLOAT
+    ]

@@ -125,8 +125,10 @@ def _repeat_kv(g: _Graph, name: str) -> tuple[str, int, int, int] | None:
     if shape is None or len(shape.input) != 4 or repeated is None or len(repeated.input) != 5 or unsqueeze is None:
         return None
     axes = g.constant(unsqueeze.input[1]) if len(unsqueeze.input) > 1 else None
-    found = [g.constant(item) for item in (shape.input[1], repeated.input[1], repeated.input[2], shape.input[3],
-                                           repeated.input[4])]
+    found = [
+        g.constant(item)
+        for item in (shape.input[1], repeated.input[1], repeated.input[2], shape.input[3], repeated.input[4])
+    ]
     if axes is None or list(axes.reshape(-1)) != [2] or any(value is None or value.size != 1 for value in found):
         return None
     heads, kv_heads, repeats, dim, kv_dim = (int(value.reshape(-1)[0]) for value in found)
@@ -182,11 +184,19 @@ def _match_attention(g: _Graph, softmax: onnx.NodeProto) -> dict | None:
     if merge is None or list(attribute(back, "perm", [])) != [0, 2, 1, 3]:
         return None
     scale = np.float32(q_side[1].reshape(-1)[0]) * np.float32(k_side[1].reshape(-1)[0])
-    if abs(float(scale) - head_dim ** -0.5) > 1e-6 * head_dim ** -0.5:  # SDPA's default scale, or not attention's
+    if abs(float(scale) - head_dim**-0.5) > 1e-6 * head_dim**-0.5:  # SDPA's default scale, or not attention's
         return None
     flat = [_bsd_source(g, name, head_dim) for name in (q_side[0], key[0], value[0])]
-    return {"query": q_side[0], "key": key[0], "value": value[0], "output": merge.output[0], "heads": heads,
-            "kv_heads": kv_heads, "scale": float(scale), "flat": None if None in flat else flat}
+    return {
+        "query": q_side[0],
+        "key": key[0],
+        "value": value[0],
+        "output": merge.output[0],
+        "heads": heads,
+        "kv_heads": kv_heads,
+        "scale": float(scale),
+        "flat": None if None in flat else flat,
+    }
 
 
 def take_over(model: onnx.ModelProto, g: _Graph, output: str, new: list[onnx.NodeProto]) -> None:
@@ -214,9 +224,12 @@ def fuse_attention(model: onnx.ModelProto) -> int:
     softmaxes = [node for node in model.graph.node if node.op_type == "Softmax"]
     matches = [match for match in (_match_attention(g, node) for node in softmaxes) if match is not None]
     if not softmaxes or len(matches) != len(softmaxes):
-        raise UserError(f"found the unmasked attention pattern (MatMul(Mul(q, s), Mul(kT, s)) -> Softmax -> MatMul -> "
-                        f"Transpose -> Reshape) at {len(matches)} of the graph's {len(softmaxes)} Softmax nodes "
-                        "(one per layer)", _FIX)
+        raise UserError(
+            f"found the unmasked attention pattern (MatMul(Mul(q, s), Mul(kT, s)) -> Softmax -> MatMul -> "
+            f"Transpose -> Reshape) at {len(matches)} of the graph's {len(softmaxes)} Softmax nodes "
+            "(one per layer)",
+            _FIX,
+        )
     require_opset(model, ATTENTION_OPSET)  # refuses an old graph before anything is rewritten
     shared = numpy_helper.from_array(np.array([0, 0, -1], dtype=np.int64), "fused_attention_bsd_shape")
     if any(match["flat"] is None for match in matches):
@@ -224,16 +237,30 @@ def fuse_attention(model: onnx.ModelProto) -> int:
     for index, match in enumerate(matches):
         prefix = f"fused_attention_{index}"
         if match["flat"] is not None:  # q, k, v each a [B, S, N * D] tensor: no layout change around it
-            new = [helper.make_node("Attention", match["flat"], [match["output"]], name=prefix, scale=match["scale"],
-                                    q_num_heads=match["heads"], kv_num_heads=match["kv_heads"])]
+            new = [
+                helper.make_node(
+                    "Attention",
+                    match["flat"],
+                    [match["output"]],
+                    name=prefix,
+                    scale=match["scale"],
+                    q_num_heads=match["heads"],
+                    kv_num_heads=match["kv_heads"],
+                )
+            ]
         else:
             new = [
-                helper.make_node("Attention", [match["query"], match["key"], match["value"]], [f"{prefix}_bnsh"],
-                                 name=prefix, scale=match["scale"]),
-                helper.make_node("Transpose", [f"{prefix}_bnsh"], [f"{prefix}_bsnh"], perm=[0, 2, 1, 3],
-                                 name=f"{prefix}_transpose"),
-                helper.make_node("Reshape", [f"{prefix}_bsnh", shared.name], [match["output"]],
-                                 name=f"{prefix}_merge"),
+                helper.make_node(
+                    "Attention",
+                    [match["query"], match["key"], match["value"]],
+                    [f"{prefix}_bnsh"],
+                    name=prefix,
+                    scale=match["scale"],
+                ),
+                helper.make_node(
+                    "Transpose", [f"{prefix}_bnsh"], [f"{prefix}_bsnh"], perm=[0, 2, 1, 3], name=f"{prefix}_transpose"
+                ),
+                helper.make_node("Reshape", [f"{prefix}_bsnh", shared.name], [match["output"]], name=f"{prefix}_merge"),
             ]
         # The old merge Reshape gives its output name to the new one and becomes dead.
         take_over(model, g, match["output"], new)
@@ -277,16 +304,34 @@ def fuse_rms_norm(model: onnx.ModelProto) -> int:
     (UserError) otherwise, never half fused. Returns the number fused.
     """
     g = _Graph(model.graph)
-    matches = [match for match in (_match_rms_norm(g, node) for node in model.graph.node if node.op_type == "Pow")
-               if match is not None]
+    matches = [
+        match
+        for match in (_match_rms_norm(g, node) for node in model.graph.node if node.op_type == "Pow")
+        if match is not None
+    ]
     means = sum(node.op_type == "ReduceMean" for node in model.graph.node)
     if not matches or len(matches) != means:
-        raise UserError(f"found the RMSNorm pattern (Pow(x, 2) -> ReduceMean -> Add(eps) -> Sqrt -> Reciprocal -> "
-                        f"Mul(x) -> Mul(weight)) at {len(matches)} of the graph's {means} ReduceMean nodes", _FIX)
+        raise UserError(
+            f"found the RMSNorm pattern (Pow(x, 2) -> ReduceMean -> Add(eps) -> Sqrt -> Reciprocal -> "
+            f"Mul(x) -> Mul(weight)) at {len(matches)} of the graph's {means} ReduceMean nodes",
+            _FIX,
+        )
     for index, match in enumerate(matches):
-        take_over(model, g, match["output"], [helper.make_node(
-            "SimplifiedLayerNormalization", [match["input"], match["weight"]], [match["output"]],
-            name=f"fused_rms_norm_{index}", axis=-1, epsilon=match["epsilon"])])
+        take_over(
+            model,
+            g,
+            match["output"],
+            [
+                helper.make_node(
+                    "SimplifiedLayerNormalization",
+                    [match["input"], match["weight"]],
+                    [match["output"]],
+                    name=f"fused_rms_norm_{index}",
+                    axis=-1,
+                    epsilon=match["epsilon"],
+                )
+            ],
+        )
     return len(matches)
 
 
@@ -361,42 +406,79 @@ def fuse_rotary(model: onnx.ModelProto) -> int:
     """
     g = _Graph(model.graph)
     rotations = [node for node in model.graph.node if node.op_type == "Neg"]
-    matches = [match for match in (_match_rotary(g, node) for node in model.graph.node if node.op_type == "Add")
-               if match is not None]
+    matches = [
+        match
+        for match in (_match_rotary(g, node) for node in model.graph.node if node.op_type == "Add")
+        if match is not None
+    ]
     angles = {match["angles"] for match in matches}
     if not matches or len(matches) != len(rotations) or len(angles) != 1:
-        raise UserError(f"found the RoPE pattern (Transpose -> x * cos + Concat(-x2, x1) * sin) at {len(matches)} of "
-                        f"the graph's {len(rotations)} rotations (Neg nodes), over {len(angles)} angle tables "
-                        "(expected one)", _FIX)
+        raise UserError(
+            f"found the RoPE pattern (Transpose -> x * cos + Concat(-x2, x1) * sin) at {len(matches)} of "
+            f"the graph's {len(rotations)} rotations (Neg nodes), over {len(angles)} angle tables "
+            "(expected one)",
+            _FIX,
+        )
     (angle,) = angles
-    tables = [numpy_helper.from_array(np.array([0], dtype=np.int64), "fused_rotary_axis0"),
-              numpy_helper.from_array(np.array([0], dtype=np.int64), "fused_rotary_position_offset"),
-              numpy_helper.from_array(np.array([0, 0, -1], dtype=np.int64), "fused_rotary_bsd_shape"),
-              numpy_helper.from_array(np.array([0, 0, -1, matches[0]["head_dim"]], dtype=np.int64),
-                                      "fused_rotary_bsnh_shape")]
+    tables = [
+        numpy_helper.from_array(np.array([0], dtype=np.int64), "fused_rotary_axis0"),
+        numpy_helper.from_array(np.array([0], dtype=np.int64), "fused_rotary_position_offset"),
+        numpy_helper.from_array(np.array([0, 0, -1], dtype=np.int64), "fused_rotary_bsd_shape"),
+        numpy_helper.from_array(
+            np.array([0, 0, -1, matches[0]["head_dim"]], dtype=np.int64), "fused_rotary_bsnh_shape"
+        ),
+    ]
     model.graph.initializer.extend(tables)
-    shared = [helper.make_node("Cos", [angle], ["fused_rotary_cos3"], name="fused_rotary_cos"),
-              helper.make_node("Squeeze", ["fused_rotary_cos3", "fused_rotary_axis0"], ["fused_rotary_cos_cache"],
-                               name="fused_rotary_cos_cache"),
-              helper.make_node("Sin", [angle], ["fused_rotary_sin3"], name="fused_rotary_sin"),
-              helper.make_node("Squeeze", ["fused_rotary_sin3", "fused_rotary_axis0"], ["fused_rotary_sin_cache"],
-                               name="fused_rotary_sin_cache")]
+    shared = [
+        helper.make_node("Cos", [angle], ["fused_rotary_cos3"], name="fused_rotary_cos"),
+        helper.make_node(
+            "Squeeze",
+            ["fused_rotary_cos3", "fused_rotary_axis0"],
+            ["fused_rotary_cos_cache"],
+            name="fused_rotary_cos_cache",
+        ),
+        helper.make_node("Sin", [angle], ["fused_rotary_sin3"], name="fused_rotary_sin"),
+        helper.make_node(
+            "Squeeze",
+            ["fused_rotary_sin3", "fused_rotary_axis0"],
+            ["fused_rotary_sin_cache"],
+            name="fused_rotary_sin_cache",
+        ),
+    ]
     position = list(model.graph.node).index(g.producer[angle]) + 1
     for offset, node in enumerate(shared):
         model.graph.node.insert(position + offset, node)
     for index, match in enumerate(matches):
         prefix = f"fused_rotary_{index}"
-        take_over(model, g, match["output"], [
-            helper.make_node("Reshape", [match["input"], "fused_rotary_bsd_shape"], [f"{prefix}_in"],
-                             name=f"{prefix}_flatten"),
-            helper.make_node("RotaryEmbedding", [f"{prefix}_in", "fused_rotary_position_offset",
-                                                 "fused_rotary_cos_cache", "fused_rotary_sin_cache"],
-                             [f"{prefix}_out"], name=prefix, domain=MS_DOMAIN, interleaved=0),
-            helper.make_node("Reshape", [f"{prefix}_out", "fused_rotary_bsnh_shape"], [f"{prefix}_bsnh"],
-                             name=f"{prefix}_heads"),
-            helper.make_node("Transpose", [f"{prefix}_bsnh"], [match["output"]], perm=[0, 2, 1, 3],
-                             name=f"{prefix}_bnsh"),
-        ])
+        take_over(
+            model,
+            g,
+            match["output"],
+            [
+                helper.make_node(
+                    "Reshape", [match["input"], "fused_rotary_bsd_shape"], [f"{prefix}_in"], name=f"{prefix}_flatten"
+                ),
+                helper.make_node(
+                    "RotaryEmbedding",
+                    [
+                        f"{prefix}_in",
+                        "fused_rotary_position_offset",
+                        "fused_rotary_cos_cache",
+                        "fused_rotary_sin_cache",
+                    ],
+                    [f"{prefix}_out"],
+                    name=prefix,
+                    domain=MS_DOMAIN,
+                    interleaved=0,
+                ),
+                helper.make_node(
+                    "Reshape", [f"{prefix}_out", "fused_rotary_bsnh_shape"], [f"{prefix}_bsnh"], name=f"{prefix}_heads"
+                ),
+                helper.make_node(
+                    "Transpose", [f"{prefix}_bsnh"], [match["output"]], perm=[0, 2, 1, 3], name=f"{prefix}_bnsh"
+                ),
+            ],
+        )
     add_opset(model, MS_DOMAIN, 1)
     return len(matches)
 
@@ -428,8 +510,11 @@ def require_opset(model: onnx.ModelProto, version: int) -> None:
     graph (the legacy exporter's opsets 14-17, ReduceMean's axes an attribute) is refused."""
     entry = next(entry for entry in model.opset_import if entry.domain in ("", "ai.onnx"))
     if entry.version < 18:
-        raise UserError(f"the transformer graph is at opset {entry.version}; the fused variants need an export at "
-                        "opset 18 or later", "re-export with export_omnivoice.py's default (dynamo, opset 18)")
+        raise UserError(
+            f"the transformer graph is at opset {entry.version}; the fused variants need an export at "
+            "opset 18 or later",
+            "re-export with export_omnivoice.py's default (dynamo, opset 18)",
+        )
     entry.version = max(entry.version, version)
     ir = next(row[1] for row in helper.VERSION_TABLE if row[2] >= version)
     model.ir_version = max(model.ir_version, ir)

@@ -69,13 +69,24 @@ class GenerationRequest:
         return cls(**{k: v for k, v in data.items() if k in names})
 
 
-def mode_request(mode: str, seed: int, num_step: int, ref_audio: Path | None = None,
-                 ref_text: str | None = None, text: str | None = None) -> GenerationRequest:
+def mode_request(
+    mode: str,
+    seed: int,
+    num_step: int,
+    ref_audio: Path | None = None,
+    ref_text: str | None = None,
+    text: str | None = None,
+) -> GenerationRequest:
     """The default request of a capture mode."""
     return GenerationRequest(
-        mode=mode, text=text or DEFAULT_TEXTS[mode], seed=seed, num_step=num_step,
+        mode=mode,
+        text=text or DEFAULT_TEXTS[mode],
+        seed=seed,
+        num_step=num_step,
         instruct=DEFAULT_INSTRUCT if mode in ("design", "batch") else None,
-        ref_audio=str(ref_audio) if mode == "clone" else None, ref_text=ref_text if mode == "clone" else None)
+        ref_audio=str(ref_audio) if mode == "clone" else None,
+        ref_text=ref_text if mode == "clone" else None,
+    )
 
 
 def run_generate(model, request: GenerationRequest) -> np.ndarray:
@@ -119,8 +130,11 @@ def generate_waveforms(model, request: GenerationRequest, config: dict[str, Any]
 
 
 # The ValueErrors upstream's generate() raises for bad input, by the start of their message.
-_INSTRUCT_ERRORS = ("Unsupported instruct items", "Cannot mix Chinese dialect and English accent",
-                    "Conflicting instruct items")
+_INSTRUCT_ERRORS = (
+    "Unsupported instruct items",
+    "Cannot mix Chinese dialect and English accent",
+    "Conflicting instruct items",
+)
 _EMPTY_AFTER_SILENCE_REMOVAL = "Reference audio is empty after silence removal"
 
 
@@ -135,12 +149,22 @@ def _upstream_error(message: str, request: GenerationRequest) -> UserError | Non
     """
     if message.startswith(_INSTRUCT_ERRORS):
         problem = " ".join(message.strip().split("\n\n")[0].split())
-        fix = next((line.strip() for part in message.split("\n\n") for line in part.splitlines()
-                    if line.strip().startswith("Valid English items")), None)
+        fix = next(
+            (
+                line.strip()
+                for part in message.split("\n\n")
+                for line in part.splitlines()
+                if line.strip().startswith("Valid English items")
+            ),
+            None,
+        )
         return UserError(f"--instruct: {problem}", fix)
     if message.startswith(_EMPTY_AFTER_SILENCE_REMOVAL):
-        return UserError(f"reference audio {request.ref_audio} has no sound left after upstream's silence removal "
-                         "(everything in it is below -50 dBFS)", REFERENCE_FIX)
+        return UserError(
+            f"reference audio {request.ref_audio} has no sound left after upstream's silence removal "
+            "(everything in it is below -50 dBFS)",
+            REFERENCE_FIX,
+        )
     return None
 
 
@@ -155,8 +179,10 @@ def check_language(language: str | None) -> None:
 
     if language is None or language.lower() == "none" or language in LANG_IDS or language.lower() in LANG_NAME_TO_ID:
         return
-    raise UserError(f"unknown language {language!r}", "pass a language name (English, Chinese, ...) or id "
-                    "(en, zh, ...), or None for language-agnostic mode")
+    raise UserError(
+        f"unknown language {language!r}",
+        "pass a language name (English, Chinese, ...) or id (en, zh, ...), or None for language-agnostic mode",
+    )
 
 
 def check_reference_audio(path: Path) -> None:
@@ -177,20 +203,27 @@ def check_reference_audio(path: Path) -> None:
     if not finite.all():
         # A float WAV can hold NaN and inf: upstream would normalise by their RMS and clone noise (or
         # nothing) without a word; soundfile reads integer formats as finite values always.
-        raise UserError(f"reference audio {path} has {audio.size - int(finite.sum())} NaN or infinite samples "
-                        f"(first at {int(np.argmin(finite.all(axis=1))) / rate:.3f} s)", REFERENCE_FIX)
+        raise UserError(
+            f"reference audio {path} has {audio.size - int(finite.sum())} NaN or infinite samples "
+            f"(first at {int(np.argmin(finite.all(axis=1))) / rate:.3f} s)",
+            REFERENCE_FIX,
+        )
     peak = float(np.max(np.abs(audio)))
     if peak < SILENT_PEAK:
-        raise UserError(f"reference audio {path} is silent (peak {20 * np.log10(max(peak, 1e-12)):.0f} dBFS)",
-                        REFERENCE_FIX)
+        raise UserError(
+            f"reference audio {path} is silent (peak {20 * np.log10(max(peak, 1e-12)):.0f} dBFS)", REFERENCE_FIX
+        )
     if audio.shape[1] > 1:
         note(f"reference audio {path} has {audio.shape[1]} channels; they are averaged to mono, as upstream does")
     if rate != SAMPLE_RATE:
         note(f"reference audio {path} is {rate} Hz; it is resampled to {SAMPLE_RATE} Hz, as upstream does")
     seconds = audio.shape[0] / rate
     if seconds > REFERENCE_MAX_SECONDS:
-        note(f"reference audio {path} is {seconds:.1f} s long (> {REFERENCE_MAX_SECONDS:.0f} s): slower generation, "
-             "more memory and weaker cloning; trim it to 3-10 s", level="warning")
+        note(
+            f"reference audio {path} is {seconds:.1f} s long (> {REFERENCE_MAX_SECONDS:.0f} s): slower generation, "
+            "more memory and weaker cloning; trim it to 3-10 s",
+            level="warning",
+        )
 
 
 def write_wav(path: Path, audio: np.ndarray, sample_rate: int = SAMPLE_RATE) -> None:
@@ -206,8 +239,9 @@ def write_wav(path: Path, audio: np.ndarray, sample_rate: int = SAMPLE_RATE) -> 
     # Encoded in memory, written by Python: libsndfile reports a full disk or a denied folder as
     # "System error." with no errno, where Python's write raises ENOSPC / EACCES naming the file.
     encoded = io.BytesIO()
-    with soundfile.SoundFile(encoded, "w", sample_rate, 1 if samples.ndim == 1 else samples.shape[1],
-                             subtype="FLOAT", format="WAV") as handle:
+    with soundfile.SoundFile(
+        encoded, "w", sample_rate, 1 if samples.ndim == 1 else samples.shape[1], subtype="FLOAT", format="WAV"
+    ) as handle:
         # soundfile has no public switch for it: sf_command(SFC_SET_ADD_PEAK_CHUNK, SF_FALSE).
         soundfile._snd.sf_command(handle._file, SFC_SET_ADD_PEAK_CHUNK, soundfile._ffi.NULL, soundfile._snd.SF_FALSE)
         handle.write(samples)

@@ -27,8 +27,15 @@ TORCH_REQUIREMENTS = REPO_ROOT / "requirements-torch.txt"
 CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 # The modules whose import proves the venv: the model code, the one torchaudio function upstream
 # uses, the exporter's backend and the runtime.
-VERIFIED_MODULES = ("transformers", "omnivoice.models.omnivoice", "onnx", "onnxscript", "onnxruntime",
-                    "soundfile", "tokenizers")
+VERIFIED_MODULES = (
+    "transformers",
+    "omnivoice.models.omnivoice",
+    "onnx",
+    "onnxscript",
+    "onnxruntime",
+    "soundfile",
+    "tokenizers",
+)
 
 
 def fail(message: str) -> None:
@@ -46,15 +53,26 @@ def pip_error(output: str) -> str:
 
 def install_torch(index_url: str, log: Path) -> None:
     """pip install requirements-torch.txt with PyTorch's index beside the user's own (PyPI)."""
-    command = [sys.executable, "-m", "pip", "install", "--no-deps", "--extra-index-url", index_url,
-               "-r", str(TORCH_REQUIREMENTS)]
+    command = [
+        sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "--no-deps",
+        "--extra-index-url",
+        index_url,
+        "-r",
+        str(TORCH_REQUIREMENTS),
+    ]
     print(f"installing torch (CPU build) from {index_url} and the user's pip index; log: {log}", flush=True)
     result = subprocess.run(command, capture_output=True, text=True)
     log.write_text(result.stdout + result.stderr)
     if result.returncode != 0:
-        fail(f"pip could not install PyTorch's CPU build ({pip_error(result.stdout + result.stderr)}); "
-             f"let pip reach {index_url} (or a mirror: make venv TORCH_INDEX=URL), or put "
-             f"torch-2.13.0+cpu's wheel in a folder and run PIP_FIND_LINKS=FOLDER make venv; details in {log}")
+        fail(
+            f"pip could not install PyTorch's CPU build ({pip_error(result.stdout + result.stderr)}); "
+            f"let pip reach {index_url} (or a mirror: make venv TORCH_INDEX=URL), or put "
+            f"torch-2.13.0+cpu's wheel in a folder and run PIP_FIND_LINKS=FOLDER make venv; details in {log}"
+        )
 
 
 def verify() -> None:
@@ -63,10 +81,15 @@ def verify() -> None:
         import torch
     except ImportError as exc:
         cuda = "libcudnn" in str(exc) or "libcu" in str(exc)
-        fail(f"torch does not import ({exc})"
-             + ("; this is PyTorch's CUDA build without its NVIDIA libraries: the CPU build is needed, "
-                f"rm -rf .venv and re-run make venv (it installs torch from {CPU_INDEX})" if cuda else
-                "; rm -rf .venv and re-run make venv"))
+        fail(
+            f"torch does not import ({exc})"
+            + (
+                "; this is PyTorch's CUDA build without its NVIDIA libraries: the CPU build is needed, "
+                f"rm -rf .venv and re-run make venv (it installs torch from {CPU_INDEX})"
+                if cuda
+                else "; rm -rf .venv and re-run make venv"
+            )
+        )
     import omnivoice_export.cli  # noqa: F401  (its import silences pydub's harmless "Couldn't find ffmpeg")
     from omnivoice_export import torchaudio_cpu
 
@@ -75,20 +98,28 @@ def verify() -> None:
         try:
             importlib.import_module(name)
         except Exception as exc:  # any import-time failure is a broken install, reported as one line
-            fail(f"{name} does not import ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
-                 "rm -rf .venv and re-run make venv")
-    print(f"install verified: torch {torch.__version__}, torchaudio resample, "
-          f"{', '.join(VERIFIED_MODULES)} import")
+            fail(
+                f"{name} does not import ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
+                "rm -rf .venv and re-run make venv"
+            )
+    print(f"install verified: torch {torch.__version__}, torchaudio resample, {', '.join(VERIFIED_MODULES)} import")
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
     torch_cmd = commands.add_parser("torch", help="install requirements-torch.txt from PyTorch's wheel index")
-    torch_cmd.add_argument("--index-url", default=CPU_INDEX,
-                           help="PyTorch's CPU wheel index (or a mirror of it), given to pip as an extra index")
-    torch_cmd.add_argument("--log", type=Path, default=REPO_ROOT / ".venv" / "pip-torch.log",
-                           help="where pip's output goes (printed only as its last error line)")
+    torch_cmd.add_argument(
+        "--index-url",
+        default=CPU_INDEX,
+        help="PyTorch's CPU wheel index (or a mirror of it), given to pip as an extra index",
+    )
+    torch_cmd.add_argument(
+        "--log",
+        type=Path,
+        default=REPO_ROOT / ".venv" / "pip-torch.log",
+        help="where pip's output goes (printed only as its last error line)",
+    )
     commands.add_parser("verify", help="import everything the pipeline needs; fix torchaudio's CPU extension")
     args = parser.parse_args(argv)
     if args.command == "torch":

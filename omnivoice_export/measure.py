@@ -30,12 +30,18 @@ def cpu_description() -> dict[str, Any]:
     fields = cpuinfo_fields()
     isa = cpu_isa(fields)
     has_flags = isa["avx2"] is not None
-    return {"vendor": fields.get("vendor_id"), "model_name": fields.get("model name") or platform.processor() or None,
-            "family": fields.get("cpu family"), "model": fields.get("model"),
-            "logical_cores": os.cpu_count(), "physical_cores": psutil.cpu_count(logical=False),
-            "mhz": float(fields["cpu MHz"]) if "cpu MHz" in fields else None,
-            "vnni": bool(isa["avx512_vnni"] or isa["avx_vnni"]) if has_flags else None,
-            "avx512_fp16": isa["avx512_fp16"], "isa": isa}
+    return {
+        "vendor": fields.get("vendor_id"),
+        "model_name": fields.get("model name") or platform.processor() or None,
+        "family": fields.get("cpu family"),
+        "model": fields.get("model"),
+        "logical_cores": os.cpu_count(),
+        "physical_cores": psutil.cpu_count(logical=False),
+        "mhz": float(fields["cpu MHz"]) if "cpu MHz" in fields else None,
+        "vnni": bool(isa["avx512_vnni"] or isa["avx_vnni"]) if has_flags else None,
+        "avx512_fp16": isa["avx512_fp16"],
+        "isa": isa,
+    }
 
 
 # The AVX-512 VNNI int8 peak a core can reach, in ops (multiply and add counted apart) per cycle:
@@ -63,8 +69,9 @@ def rate(fn, ops: float, seconds: float, clock: Callable[[], float] = time.perf_
     return ops * count / (clock() - started) / 1e9
 
 
-def integer_gemm_session(rows: int, inner: int, width: int, op: str = "MatMulInteger",
-                         threads: int | None = None) -> tuple[Any, dict[str, Any]]:
+def integer_gemm_session(
+    rows: int, inner: int, width: int, op: str = "MatMulInteger", threads: int | None = None
+) -> tuple[Any, dict[str, Any]]:
     """(session, feeds) of one onnxruntime node [rows, inner] x constant int8 [inner, width]:
     `MatMulInteger` (u8 x s8 -> int32, the bare integer GEMM) or `DynamicQuantizeMatMul` (fp32 in,
     activation quantized inside, per-column scales, as quantize_dynamic's graphs run it). The
@@ -86,15 +93,22 @@ def integer_gemm_session(rows: int, inner: int, width: int, op: str = "MatMulInt
         feeds = {"x": rng.standard_normal((rows, inner), dtype=np.float32)}
     else:
         raise ValueError(f"unknown integer GEMM op {op!r}")
-    graph = helper.make_graph([node], "gemm", [helper.make_tensor_value_info("x", x_type, [rows, inner])],
-                              [helper.make_tensor_value_info("y", y_type, [rows, width])], initializer=initializers)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18),
-                                                    helper.make_opsetid("com.microsoft", 1)])
+    graph = helper.make_graph(
+        [node],
+        "gemm",
+        [helper.make_tensor_value_info("x", x_type, [rows, inner])],
+        [helper.make_tensor_value_info("y", y_type, [rows, width])],
+        initializer=initializers,
+    )
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1)]
+    )
     options = ort.SessionOptions()
     if threads:
         options.intra_op_num_threads = threads
-    return ort.InferenceSession(model.SerializeToString(), sess_options=options,
-                                providers=["CPUExecutionProvider"]), feeds
+    return ort.InferenceSession(
+        model.SerializeToString(), sess_options=options, providers=["CPUExecutionProvider"]
+    ), feeds
 
 
 def amx_check(calls: int = 40) -> dict[str, Any]:
@@ -123,11 +137,17 @@ def amx_check(calls: int = 40) -> dict[str, Any]:
         amx_ran = True
     else:
         amx_ran = None
-    return {"op": "MatMulInteger u8 x s8 (constant B)", "dims": list(AMX_CHECK_DIMS), "threads": 1,
-            "gops_per_core": round(best, 1), "gops_per_core_median": round(median, 1),
-            "vnni_peak_gops_per_core": round(peak, 1) if peak else None,
-            "vnni_peak_formula": f"{cpu['mhz']} MHz x {VNNI_OPS_PER_CYCLE} int8 ops/cycle",
-            "amx_bound_gops_per_core": round(TURBO_MARGIN * peak, 1) if peak else None, "amx_ran": amx_ran}
+    return {
+        "op": "MatMulInteger u8 x s8 (constant B)",
+        "dims": list(AMX_CHECK_DIMS),
+        "threads": 1,
+        "gops_per_core": round(best, 1),
+        "gops_per_core_median": round(median, 1),
+        "vnni_peak_gops_per_core": round(peak, 1) if peak else None,
+        "vnni_peak_formula": f"{cpu['mhz']} MHz x {VNNI_OPS_PER_CYCLE} int8 ops/cycle",
+        "amx_bound_gops_per_core": round(TURBO_MARGIN * peak, 1) if peak else None,
+        "amx_ran": amx_ran,
+    }
 
 
 def hardware_record(check_amx: bool = True) -> dict[str, Any]:
@@ -137,8 +157,11 @@ def hardware_record(check_amx: bool = True) -> dict[str, Any]:
     (it costs about half a second of CPU)."""
     import onnxruntime as ort
 
-    return {"onnxruntime": ort.__version__, "load_average": [round(x, 2) for x in os.getloadavg()],
-            "amx_check": amx_check() if check_amx else None}
+    return {
+        "onnxruntime": ort.__version__,
+        "load_average": [round(x, 2) for x in os.getloadavg()],
+        "amx_check": amx_check() if check_amx else None,
+    }
 
 
 def cpu_tag(cpu: dict[str, Any] | None = None) -> str:
@@ -158,12 +181,17 @@ def amx_line(check: dict[str, Any] | None) -> str:
     """One line for a results markdown: the integer GEMM rate per core and what it says about AMX."""
     if check is None:
         return "int8 GEMM on AMX: not checked"
-    verdict = {True: "**AMX ran**", False: "no AMX (the CPU has no AMX-INT8)",
-               None: "AMX not shown (the CPU has AMX-INT8; the rate stays below the bound)"}[check["amx_ran"]]
-    return (f"int8 GEMM check: one {check['op']} node {'x'.join(map(str, check['dims']))}, one thread, "
-            f"{check['gops_per_core']:.0f} GOP/s per CPU-second (median {check['gops_per_core_median']:.0f}) vs one "
-            f"core's AVX-512 VNNI peak {check['vnni_peak_gops_per_core']} ({check['vnni_peak_formula']}; bound "
-            f"{check['amx_bound_gops_per_core']} at {TURBO_MARGIN}x the clock): {verdict}")
+    verdict = {
+        True: "**AMX ran**",
+        False: "no AMX (the CPU has no AMX-INT8)",
+        None: "AMX not shown (the CPU has AMX-INT8; the rate stays below the bound)",
+    }[check["amx_ran"]]
+    return (
+        f"int8 GEMM check: one {check['op']} node {'x'.join(map(str, check['dims']))}, one thread, "
+        f"{check['gops_per_core']:.0f} GOP/s per CPU-second (median {check['gops_per_core_median']:.0f}) vs one "
+        f"core's AVX-512 VNNI peak {check['vnni_peak_gops_per_core']} ({check['vnni_peak_formula']}; bound "
+        f"{check['amx_bound_gops_per_core']} at {TURBO_MARGIN}x the clock): {verdict}"
+    )
 
 
 def hardware_lines(meta: dict[str, Any]) -> list[str]:
@@ -175,14 +203,20 @@ def hardware_lines(meta: dict[str, Any]) -> list[str]:
         return []
     isa = meta["cpu"].get("isa") or {}
     flags = ", ".join(flag for flag, has in isa.items() if has) or "none recorded"
-    return [f"ISA: {flags}; onnxruntime {hardware['onnxruntime']}; load average at the start "
-            f"{' / '.join(map(str, hardware['load_average']))} (1/5/15 min)", "", amx_line(hardware["amx_check"])]
+    return [
+        f"ISA: {flags}; onnxruntime {hardware['onnxruntime']}; load average at the start "
+        f"{' / '.join(map(str, hardware['load_average']))} (1/5/15 min)",
+        "",
+        amx_line(hardware["amx_check"]),
+    ]
 
 
 def cpu_line(cpu: dict[str, Any]) -> str:
     """One line naming a cpu_description(), for printed tables."""
-    return (f"{cpu['model_name']} ({cpu['vendor']} family {cpu['family']} model {cpu['model']}), "
-            f"{cpu['logical_cores']} logical / {cpu['physical_cores']} physical cores")
+    return (
+        f"{cpu['model_name']} ({cpu['vendor']} family {cpu['family']} model {cpu['model']}), "
+        f"{cpu['logical_cores']} logical / {cpu['physical_cores']} physical cores"
+    )
 
 
 class PeakRss:

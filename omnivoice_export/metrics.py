@@ -46,8 +46,9 @@ class LogitStats:
 def _comparable(reference: np.ndarray, candidate: np.ndarray, what: str) -> None:
     """ValueError unless both arrays have one shape and hold something."""
     if np.shape(reference) != np.shape(candidate):
-        raise ValueError(f"{what}: reference {list(np.shape(reference))} and candidate {list(np.shape(candidate))} "
-                         "differ in shape")
+        raise ValueError(
+            f"{what}: reference {list(np.shape(reference))} and candidate {list(np.shape(candidate))} differ in shape"
+        )
     if np.size(reference) == 0:
         raise ValueError(f"{what}: nothing to compare (empty arrays {list(np.shape(reference))})")
 
@@ -65,11 +66,14 @@ def logit_stats(reference: np.ndarray, candidate: np.ndarray) -> LogitStats:
         top2 = np.sort(ref[disagree], axis=-1)[:, -2:]
         margins = top2[:, 1] - top2[:, 0]
     return LogitStats(
-        rows=int(ref.shape[0]), argmax_agreement=float(1.0 - disagree.mean()),
-        max_abs=float(diff.max()), mean_abs=float(diff.mean()),
+        rows=int(ref.shape[0]),
+        argmax_agreement=float(1.0 - disagree.mean()),
+        max_abs=float(diff.max()),
+        mean_abs=float(diff.mean()),
         flips=int(disagree.sum()),
         flip_margin_min=None if margins is None else float(margins.min()),
-        flip_margin_max=None if margins is None else float(margins.max()))
+        flip_margin_max=None if margins is None else float(margins.max()),
+    )
 
 
 def code_match(reference: np.ndarray, candidate: np.ndarray) -> tuple[float, list[float]]:
@@ -98,8 +102,9 @@ def log_spectral_l1(reference: np.ndarray, candidate: np.ndarray) -> float:
     length = min(np.asarray(reference).size, np.asarray(candidate).size)
     if length == 0:
         raise ValueError("log_spectral_l1: nothing to compare (an empty signal)")
-    return float(np.mean(np.abs(log_spectrum(np.ravel(reference)[:length]) -
-                                log_spectrum(np.ravel(candidate)[:length]))))
+    return float(
+        np.mean(np.abs(log_spectrum(np.ravel(reference)[:length]) - log_spectrum(np.ravel(candidate)[:length])))
+    )
 
 
 def spectral_params() -> dict[str, float]:

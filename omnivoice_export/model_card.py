@@ -35,8 +35,10 @@ LICENSE_NAME = re.compile(r"(?i)^(licen[cs]e|copying)([._-].*)?$")
 # Where a copied licence file goes in the bundle: the checkpoint's own, and its audio tokenizer's.
 LICENSE_SOURCES = {"": "checkpoint-", "audio_tokenizer": "audio_tokenizer-"}
 HF_SNAPSHOT = re.compile(r"models--(?P<org>[^/]+?)--(?P<name>[^/]+)/snapshots/(?P<rev>[0-9a-f]+)")
-REPORT_FILE_NOTE = ("export-report.json", "provenance, sha256 of every file, and every check's verdict "
-                    "(export self-checks, parity, end to end, variants)")
+REPORT_FILE_NOTE = (
+    "export-report.json",
+    "provenance, sha256 of every file, and every check's verdict (export self-checks, parity, end to end, variants)",
+)
 
 
 def _yaml_license(readme: Path) -> str | None:
@@ -68,11 +70,19 @@ def provenance(model_path: Path) -> dict[str, Any]:
         what = (
             f"random-weight {build.get('checkpoint')} checkpoint (omnivoice_export.builder, seed {build.get('seed')})"
         )
-        return {"license": UNKNOWN_LICENSE, "random_weights": True, "source": what, "license_files": license_files,
-                "license_from": f"none inherited: a {what} holds no trained weights (it speaks noise)"}
+        return {
+            "license": UNKNOWN_LICENSE,
+            "random_weights": True,
+            "source": what,
+            "license_files": license_files,
+            "license_from": f"none inherited: a {what} holds no trained weights (it speaks noise)",
+        }
     snapshot = HF_SNAPSHOT.search(model_path.resolve().as_posix())
-    source = (f"huggingface.co/{snapshot['org']}/{snapshot['name']} @ {snapshot['rev'][:12]}" if snapshot
-              else f"local checkpoint '{model_path.name}'")
+    source = (
+        f"huggingface.co/{snapshot['org']}/{snapshot['name']} @ {snapshot['rev'][:12]}"
+        if snapshot
+        else f"local checkpoint '{model_path.name}'"
+    )
     declared = _yaml_license(model_path / "README.md")
     license_from = "declared by the checkpoint's README.md (license: in its YAML header)"
     if declared is None:
@@ -82,10 +92,20 @@ def provenance(model_path: Path) -> dict[str, Any]:
             declared = None
         license_from = "declared by the checkpoint's config.json (license)"
     if not isinstance(declared, str) or not declared:
-        declared, license_from = UNKNOWN_LICENSE, ("unknown: the checkpoint declares no licence (no license: in a "
-                                                   "README.md header, none in config.json); check where it came from")
-    return {"license": declared.lower(), "random_weights": False, "source": source, "license_files": license_files,
-            "license_from": license_from}
+        declared, license_from = (
+            UNKNOWN_LICENSE,
+            (
+                "unknown: the checkpoint declares no licence (no license: in a "
+                "README.md header, none in config.json); check where it came from"
+            ),
+        )
+    return {
+        "license": declared.lower(),
+        "random_weights": False,
+        "source": source,
+        "license_files": license_files,
+        "license_from": license_from,
+    }
 
 
 def copy_licence_files(model_path: Path, onnx_dir: Path, found: list[str]) -> list[str]:
@@ -108,8 +128,9 @@ def _mib(entries: dict[str, Any]) -> str:
 def _verdict(section: Any) -> str:
     if not isinstance(section, dict) or not section:
         return "not run"
-    return "; ".join(f"{provider}: {entry.get('verdict')}" for provider, entry in section.items()
-                     if isinstance(entry, dict))
+    return "; ".join(
+        f"{provider}: {entry.get('verdict')}" for provider, entry in section.items() if isinstance(entry, dict)
+    )
 
 
 def render(onnx_dir: Path, report: dict[str, Any]) -> str:
@@ -120,13 +141,28 @@ def render(onnx_dir: Path, report: dict[str, Any]) -> str:
     fingerprint = (report.get("model") or {}).get("fingerprint", "unknown")
     graphs = report.get("graphs") or {}
     variants = report.get("variants") or {}
-    lines = ["---", f"license: {licence}", f"base_model: {BASE_MODEL}", "pipeline_tag: text-to-speech",
-             "library_name: onnx", "tags:", "- onnx", "- text-to-speech", "- omnivoice", "---", "",
-             f"# OmniVoice, exported to ONNX (model {fingerprint})", ""]
+    lines = [
+        "---",
+        f"license: {licence}",
+        f"base_model: {BASE_MODEL}",
+        "pipeline_tag: text-to-speech",
+        "library_name: onnx",
+        "tags:",
+        "- onnx",
+        "- text-to-speech",
+        "- omnivoice",
+        "---",
+        "",
+        f"# OmniVoice, exported to ONNX (model {fingerprint})",
+        "",
+    ]
     if prov.get("random_weights"):
-        lines += [f"**Random weights.** This bundle was exported from a {prov.get('source')}: it speaks noise, "
-                  "by design (it exists to prove the export and runtime). Real speech needs the real checkpoint "
-                  f"({BASE_MODEL}).", ""]
+        lines += [
+            f"**Random weights.** This bundle was exported from a {prov.get('source')}: it speaks noise, "
+            "by design (it exists to prove the export and runtime). Real speech needs the real checkpoint "
+            f"({BASE_MODEL}).",
+            "",
+        ]
     lines += [
         f"Source: {prov.get('source', 'not recorded')}. Exported by this project's exporter "
         "(export_omnivoice.py); run by the torch-free runtime `omnivoice-onnx` (numpy + onnxruntime).",
@@ -138,11 +174,15 @@ def render(onnx_dir: Path, report: dict[str, Any]) -> str:
     ]
     for graph, name in GRAPH_FILES.items():
         if graph in graphs:
-            lines.append(f"| {name} (+ {name}.data) | the {graph}: `{CONTRACTS[graph].summary}` | "
-                         f"{_mib(graphs[graph].get('files') or {})} |")
+            lines.append(
+                f"| {name} (+ {name}.data) | the {graph}: `{CONTRACTS[graph].summary}` | "
+                f"{_mib(graphs[graph].get('files') or {})} |"
+            )
     assets = report.get("runtime_assets") or {}
-    notes = {TOKENIZER_FILE: "the text tokenizer (the backend upstream loads)",
-             RUNTIME_CONFIG_FILE: "languages, instruct items and generation defaults the runtime needs"}
+    notes = {
+        TOKENIZER_FILE: "the text tokenizer (the backend upstream loads)",
+        RUNTIME_CONFIG_FILE: "languages, instruct items and generation defaults the runtime needs",
+    }
     for name, note in notes.items():
         if name in assets:
             lines.append(f"| {name} | {note} | {_mib({name: assets[name]})} |")
@@ -152,16 +192,25 @@ def render(onnx_dir: Path, report: dict[str, Any]) -> str:
     ):
         lines.append(f"| {name} | a licence file copied from the checkpoint | |")
     present = variants_present(onnx_dir)
-    lines += ["", "## Variants", "", "The transformer in each variant folder is used with the fp32 codec graphs "
-              "above (`omnivoice-onnx speak --variant NAME`; quantize_omnivoice.py makes them).", "",
-              "| variant | MiB | parity | end to end |", "|---|---|---|---|",
-              f"| fp32 (the export) | {_mib((graphs.get('transformer') or {}).get('files') or {})} | "
-              f"{_verdict(report.get('parity'))} | {_verdict(report.get('end_to_end'))} |"]
+    lines += [
+        "",
+        "## Variants",
+        "",
+        "The transformer in each variant folder is used with the fp32 codec graphs "
+        "above (`omnivoice-onnx speak --variant NAME`; quantize_omnivoice.py makes them).",
+        "",
+        "| variant | MiB | parity | end to end |",
+        "|---|---|---|---|",
+        f"| fp32 (the export) | {_mib((graphs.get('transformer') or {}).get('files') or {})} | "
+        f"{_verdict(report.get('parity'))} | {_verdict(report.get('end_to_end'))} |",
+    ]
     for name in present:
         entry = variants.get(name)
         if isinstance(entry, dict):
-            lines.append(f"| {name}/ | {_mib(entry.get('files') or {})} | {_verdict(entry.get('parity'))} | "
-                         f"{_verdict(entry.get('end_to_end'))} |")
+            lines.append(
+                f"| {name}/ | {_mib(entry.get('files') or {})} | {_verdict(entry.get('parity'))} | "
+                f"{_verdict(entry.get('end_to_end'))} |"
+            )
     lines += [
         "",
         "Verdicts come from export-report.json: parity_check.py (each graph against PyTorch on the "

@@ -58,6 +58,7 @@ def ort_forward(session, split: bool = True):
         else:
             logits = run(session, dict(zip(CONTRACTS["transformer"].input_names, feeds)))["logits"]
         return OmniVoiceModelOutput(logits=torch.from_numpy(finite_output(logits, "transformer")))
+
     return forward
 
 
@@ -69,9 +70,15 @@ class OrtGraphs:
     codec: CodecSessions
 
     @classmethod
-    def load(cls, onnx_dir: Path, provider: str = "cpu", threads: int | None = None,
-             resident_codec: bool = False, transformer: Path | None = None,
-             variant: str = FP32_VARIANT) -> OrtGraphs:
+    def load(
+        cls,
+        onnx_dir: Path,
+        provider: str = "cpu",
+        threads: int | None = None,
+        resident_codec: bool = False,
+        transformer: Path | None = None,
+        variant: str = FP32_VARIANT,
+    ) -> OrtGraphs:
         """The export in onnx_dir; `transformer` replaces its transformer graph (a variant made by
         quantize_omnivoice.py); the codec graphs are `variant`'s (contract.variant_path: its own
         where it carries them, as fp16 does, else onnx_dir's)."""
@@ -128,4 +135,3 @@ def load_onnx_omnivoice(model_path: Path, graphs: OrtGraphs, split: bool = True)
     model.duration_estimator = RuleDurationEstimator()
     model.forward = ort_forward(graphs.transformer, split)
     return model
-

@@ -73,8 +73,9 @@ def check_transformer(session, capture_dir: Path, manifest: dict, thresholds: di
                 line("transformer", f"{mode} step {step:>2}", f"logits {list(logits.shape)}", False)
                 rows.append({"mode": mode, "step": step, "S": int(feeds["input_ids"].shape[-1]), "passed": False})
                 continue
-            captured = np.concatenate([data["logits_cond"].reshape(-1, logits.shape[-1]),
-                                       data["logits_uncond"].reshape(-1, logits.shape[-1])])
+            captured = np.concatenate(
+                [data["logits_cond"].reshape(-1, logits.shape[-1]), data["logits_uncond"].reshape(-1, logits.shape[-1])]
+            )
             stats = metrics.logit_stats(captured, capture.read_rows(logits, data["attention_mask"]))
             mask = data["attention_mask"][:, 0]
             no_key = int((~mask.any(-1)).sum()) * logits.shape[1]
@@ -90,19 +91,32 @@ def check_transformer(session, capture_dir: Path, manifest: dict, thresholds: di
                 f"argmax={stats.argmax_agreement:.6f} max_abs={stats.max_abs:.1e} mean_abs={stats.mean_abs:.1e}{flip}",
                 ok,
             )
-            rows.append({"mode": mode, "step": step, "S": int(logits.shape[-2]), **vars(stats),
-                         "rows_excluded_no_key": no_key, "passed": ok})
+            rows.append(
+                {
+                    "mode": mode,
+                    "step": step,
+                    "S": int(logits.shape[-2]),
+                    **vars(stats),
+                    "rows_excluded_no_key": no_key,
+                    "passed": ok,
+                }
+            )
             if not ok:
-                failures.append(f"{mode} step {step}: argmax {stats.argmax_agreement:.6f} (min {argmax_min}), "
-                                f"max_abs {stats.max_abs:.2e} (max {max_abs:.0e})")
+                failures.append(
+                    f"{mode} step {step}: argmax {stats.argmax_agreement:.6f} (min {argmax_min}), "
+                    f"max_abs {stats.max_abs:.2e} (max {max_abs:.0e})"
+                )
     compared = [r for r in rows if "argmax_agreement" in r]
-    worst = {"argmax_agreement_min": min((r["argmax_agreement"] for r in compared), default=0.0),
-             "max_abs_max": max((r["max_abs"] for r in compared), default=float("inf"))}
+    worst = {
+        "argmax_agreement_min": min((r["argmax_agreement"] for r in compared), default=0.0),
+        "max_abs_max": max((r["max_abs"] for r in compared), default=float("inf")),
+    }
     return {"rows": rows, **worst, "failures": failures}
 
 
-def encoder_sweep(session, model_path: Path, audio: np.ndarray, hop: int,
-                  thresholds: dict[str, float]) -> tuple[list[dict], list[str]]:
+def encoder_sweep(
+    session, model_path: Path, audio: np.ndarray, hop: int, thresholds: dict[str, float]
+) -> tuple[list[dict], list[str]]:
     """The captured reference cut to ~30 hop-multiple lengths: ONNX codes vs PyTorch codes."""
     import torch
     from transformers import HiggsAudioV2TokenizerModel
@@ -125,23 +139,27 @@ def encoder_sweep(session, model_path: Path, audio: np.ndarray, hop: int,
         rate, _ = metrics.code_match(expected, outputs["audio_codes"])
         ok = rate >= thresholds["encoder_code_match_min"]
         line("encoder", f"sweep {frame_count:>4} frames", f"code_match={rate:.6f}", ok)
-        rows.append({"frames": frame_count, "samples": int(feeds["input_values"].shape[-1]), "code_match": rate,
-                     "passed": ok})
+        rows.append(
+            {"frames": frame_count, "samples": int(feeds["input_values"].shape[-1]), "code_match": rate, "passed": ok}
+        )
         if not ok:
             failures.append(f"sweep {frame_count} frames: code match {rate:.6f}")
     return rows, failures
 
 
-def check_encoder(session, capture_dir: Path, manifest: dict, model_path: Path | None, hop: int,
-                  thresholds: dict[str, float]) -> dict[str, Any]:
+def check_encoder(
+    session, capture_dir: Path, manifest: dict, model_path: Path | None, hop: int, thresholds: dict[str, float]
+) -> dict[str, Any]:
     data = capture.load_mode_file(capture_dir, "clone", capture.ENCODER_FILE)
     feeds = {"input_values": data["input_values"]}
     outputs = run(session, feeds)
     rate, per_codebook = metrics.code_match(data["audio_codes"], outputs["audio_codes"])
     ok = rate >= thresholds["encoder_code_match_min"]
     line("encoder", "clone reference", f"code_match={rate:.6f} per_codebook={[round(r, 4) for r in per_codebook]}", ok)
-    result: dict[str, Any] = {"captured": {"code_match": rate, "per_codebook": per_codebook, "passed": ok},
-                              "failures": [] if ok else [f"captured reference: code match {rate:.6f}"]}
+    result: dict[str, Any] = {
+        "captured": {"code_match": rate, "per_codebook": per_codebook, "passed": ok},
+        "failures": [] if ok else [f"captured reference: code match {rate:.6f}"],
+    }
     result["failures"] += [f"captured reference: {p}" for p in call_shape_problems("encoder", feeds, outputs)]
     if model_path is None:
         result["sweep"] = "skipped (--no-sweep or no PyTorch weights)"
@@ -168,15 +186,24 @@ def check_decoder(session, capture_dir: Path, manifest: dict, thresholds: dict[s
             max_abs = float(np.abs(expected - got).max()) if same else float("inf")
             ok = lsd <= lsd_max and not problems
             line("decoder", f"{mode} item {item}", f"log_spectral_l1={lsd:.2e} max_abs={max_abs:.1e}", ok)
-            rows.append({"mode": mode, "item": item, "samples": int(expected.shape[-1]), "log_spectral_l1": lsd,
-                         "max_abs": max_abs, "passed": ok})
+            rows.append(
+                {
+                    "mode": mode,
+                    "item": item,
+                    "samples": int(expected.shape[-1]),
+                    "log_spectral_l1": lsd,
+                    "max_abs": max_abs,
+                    "passed": ok,
+                }
+            )
             if lsd > lsd_max:
                 failures.append(f"{mode} item {item}: log-spectral L1 {lsd:.2e} (max {lsd_max:.0e})")
     return {"rows": rows, "spectral": metrics.spectral_params(), "failures": failures}
 
 
-def check_variant(capture_dir: Path, onnx_dir: Path, variant: str, provider: str, threads: int | None,
-                  thresholds: dict[str, float]) -> None:
+def check_variant(
+    capture_dir: Path, onnx_dir: Path, variant: str, provider: str, threads: int | None, thresholds: dict[str, float]
+) -> None:
     """A transformer variant on every captured call through run_split, as generate() runs it (the
     unmasked fp32 graph is only valid there): a quantized variant is measured, an fp32 one judged.
     Results go under variants.<name>.parity.<provider>; raises CheckFailed on a judged failure."""
@@ -196,8 +223,13 @@ def check_variant(capture_dir: Path, onnx_dir: Path, variant: str, provider: str
     rows = quality.step_quality(session, capture_dir, manifest)
     for row in rows:
         row["passed"] = (row["argmax_agreement"] >= argmax_min and row["max_abs"] <= max_abs) if judged else None
-        line("transformer", f"{row['mode']} step {row['step']:>2}", f"argmax={row['argmax_agreement']:.6f} "
-             f"rel_err={row['relative_error']:.1e} max_abs={row['max_abs']:.1e} flips={row['flips']}", row["passed"])
+        line(
+            "transformer",
+            f"{row['mode']} step {row['step']:>2}",
+            f"argmax={row['argmax_agreement']:.6f} "
+            f"rel_err={row['relative_error']:.1e} max_abs={row['max_abs']:.1e} flips={row['flips']}",
+            row["passed"],
+        )
         if row["passed"] is False:
             failures.append(
                 f"{row['mode']} step {row['step']}: argmax {row['argmax_agreement']:.6f} (min {argmax_min}), "
@@ -209,13 +241,25 @@ def check_variant(capture_dir: Path, onnx_dir: Path, variant: str, provider: str
         "max_abs_max": max(r["max_abs"] for r in rows),
     }
     verdict = ("PASS" if not failures else "FAIL") if judged else "measurement (quantized variant)"
-    report.merge_section(onnx_dir, ("variants", variant, "parity", provider), {
-        "provider": provider, "verdict": verdict, "execution": "run_split (rows at their own lengths)",
-        "thresholds": thresholds if judged else None, "seconds": round(time.perf_counter() - started, 2),
-        "rows": rows, **worst, "failures": failures})
+    report.merge_section(
+        onnx_dir,
+        ("variants", variant, "parity", provider),
+        {
+            "provider": provider,
+            "verdict": verdict,
+            "execution": "run_split (rows at their own lengths)",
+            "thresholds": thresholds if judged else None,
+            "seconds": round(time.perf_counter() - started, 2),
+            "rows": rows,
+            **worst,
+            "failures": failures,
+        },
+    )
     print()
-    print(f"variant {variant}: argmax agreement min {worst['argmax_agreement_min']:.6f}, relative error max "
-          f"{worst['relative_error_max']:.1e}, max_abs {worst['max_abs_max']:.1e}: {verdict}")
+    print(
+        f"variant {variant}: argmax agreement min {worst['argmax_agreement_min']:.6f}, relative error max "
+        f"{worst['relative_error_max']:.1e}, max_abs {worst['max_abs_max']:.1e}: {verdict}"
+    )
     for failure in failures:
         print(f"  transformer failed: {failure}")
     if failures:
@@ -224,24 +268,36 @@ def check_variant(capture_dir: Path, onnx_dir: Path, variant: str, provider: str
         )
 
 
-def check_graphs(capture_dir: Path, onnx_dir: Path, graphs: list[str], provider: str, threads: int | None,
-                 thresholds: dict[str, float], sweep: bool = True) -> None:
+def check_graphs(
+    capture_dir: Path,
+    onnx_dir: Path,
+    graphs: list[str],
+    provider: str,
+    threads: int | None,
+    thresholds: dict[str, float],
+    sweep: bool = True,
+) -> None:
     """Step 3 on the export's own graphs: each graph against the capture (its contract, then its
     metric), one line per call, the table of verdicts, OVERALL. Results are merged into the report
     under parity.<provider>; raises CheckFailed when a graph fails (never for cuda-tf32, which is
     information), UserError before any work when the inputs cannot be compared."""
     manifest, export = report.verify_against_capture(capture_dir, onnx_dir, graphs)
     if "encoder" in graphs and "clone" not in manifest["modes"]:  # a verdict on nothing would read as a PASS
-        raise UserError(f"the capture in {capture_dir} has no clone mode, the only one that calls encode(): "
-                        "there is nothing to check the encoder on",
-                        "re-run capture_reference.py with clone among --modes, or pass --graphs transformer,decoder")
+        raise UserError(
+            f"the capture in {capture_dir} has no clone mode, the only one that calls encode(): "
+            "there is nothing to check the encoder on",
+            "re-run capture_reference.py with clone among --modes, or pass --graphs transformer,decoder",
+        )
     model_path = None
     if "encoder" in graphs and sweep:
         model_path = validate_checkpoint_dir(report.recorded_path(export["model"]["path"]))
     informational = provider == "cuda-tf32"
-    print(f"[step 3] provider {provider}; model {export['model']['fingerprint']}; "
-          f"capture device {manifest['device']}" + ("; TF32: a speed/precision trade-off, not a parity verdict"
-                                                    if informational else ""), flush=True)
+    print(
+        f"[step 3] provider {provider}; model {export['model']['fingerprint']}; "
+        f"capture device {manifest['device']}"
+        + ("; TF32: a speed/precision trade-off, not a parity verdict" if informational else ""),
+        flush=True,
+    )
     results: dict[str, Any] = {}
     started = time.perf_counter()
     for graph in graphs:
@@ -264,9 +320,15 @@ def check_graphs(capture_dir: Path, onnx_dir: Path, graphs: list[str], provider:
         results[graph] = result
         del session
     overall = all(r["passed"] for r in results.values())
-    report.write_parity(onnx_dir, provider, "informational (TF32)" if informational else
-                        ("PASS" if overall else "FAIL"), thresholds, manifest["device"],
-                        time.perf_counter() - started, results)
+    report.write_parity(
+        onnx_dir,
+        provider,
+        "informational (TF32)" if informational else ("PASS" if overall else "FAIL"),
+        thresholds,
+        manifest["device"],
+        time.perf_counter() - started,
+        results,
+    )
 
     print()
     print(f"{'graph':<12}{'verdict':<8} worst")
@@ -287,6 +349,6 @@ def check_graphs(capture_dir: Path, onnx_dir: Path, graphs: list[str], provider:
         return
     print(f"OVERALL: {'PASS' if overall else 'FAIL'}")
     if not overall:
-        raise CheckFailed(f"parity failed for {', '.join(g for g, r in results.items() if not r['passed'])} "
-                          f"on {provider}")
-
+        raise CheckFailed(
+            f"parity failed for {', '.join(g for g, r in results.items() if not r['passed'])} on {provider}"
+        )

@@ -63,9 +63,17 @@ def step_quality(session, capture_dir: Path, manifest: dict[str, Any]) -> list[d
             )
             got = capture.read_rows(logits, data["attention_mask"])
             stats = metrics.logit_stats(reference, got)
-            rows.append({"mode": mode, "step": step, "argmax_agreement": stats.argmax_agreement,
-                         "relative_error": relative_error(reference, got), "max_abs": stats.max_abs,
-                         "flips": stats.flips, "seconds": round(seconds, 4)})
+            rows.append(
+                {
+                    "mode": mode,
+                    "step": step,
+                    "argmax_agreement": stats.argmax_agreement,
+                    "relative_error": relative_error(reference, got),
+                    "max_abs": stats.max_abs,
+                    "flips": stats.flips,
+                    "seconds": round(seconds, 4),
+                }
+            )
     return rows
 
 
@@ -110,9 +118,16 @@ def first_divergence(reference: np.ndarray, candidate: np.ndarray) -> int | None
     return None if len(reference) == len(candidate) else min(len(reference), len(candidate))
 
 
-def end_to_end(model_path: Path, onnx_dir: Path, variant: str, capture_dir: Path, manifest: dict[str, Any],
-               threads: int | None, wav_dir: Path | None,
-               greedy: dict[str, np.ndarray] | None = None) -> dict[str, dict[str, Any]]:
+def end_to_end(
+    model_path: Path,
+    onnx_dir: Path,
+    variant: str,
+    capture_dir: Path,
+    manifest: dict[str, Any],
+    threads: int | None,
+    wav_dir: Path | None,
+    greedy: dict[str, np.ndarray] | None = None,
+) -> dict[str, dict[str, Any]]:
     """Per mode: upstream generate() with `variant`'s graphs (contract.variant_path) against the
     capture, and with GREEDY_CONFIG against `greedy` (greedy_reference) when given."""
     from omnivoice_export.generation import GREEDY_CONFIG, read_wav, write_wav
@@ -128,14 +143,17 @@ def end_to_end(model_path: Path, onnx_dir: Path, variant: str, capture_dir: Path
         names = capture.item_files(manifest, mode, capture.OUTPUT_WAV)  # one per item of a batched request
         reference_audios = [read_wav(Path(capture_dir) / mode / name)[0] for name in names]
         target_lens = [row["t_len"] for row in entry["rows"]]
-        rate, per_codebook = metrics.code_match(capture.real_tokens(reference["final"], target_lens),
-                                                capture.real_tokens(states[-1], target_lens))
-        results[mode] = {"token_match": rate, "token_match_per_codebook": per_codebook,
-                         "first_divergent_step": first_divergence(reference["after_step"], states),
-                         "log_spectral_l1": max(metrics.log_spectral_l1(ref, audio)
-                                                for ref, audio in zip(reference_audios, audios)),
-                         "same_duration": [a.size for a in audios] == [r.size for r in reference_audios],
-                         "seconds": round(seconds, 3)}
+        rate, per_codebook = metrics.code_match(
+            capture.real_tokens(reference["final"], target_lens), capture.real_tokens(states[-1], target_lens)
+        )
+        results[mode] = {
+            "token_match": rate,
+            "token_match_per_codebook": per_codebook,
+            "first_divergent_step": first_divergence(reference["after_step"], states),
+            "log_spectral_l1": max(metrics.log_spectral_l1(ref, audio) for ref, audio in zip(reference_audios, audios)),
+            "same_duration": [a.size for a in audios] == [r.size for r in reference_audios],
+            "seconds": round(seconds, 3),
+        }
         if greedy is not None:
             _, greedy_states, _ = run_recorded(model, request, GREEDY_CONFIG)
             results[mode]["greedy_token_match"] = metrics.code_match(
@@ -144,8 +162,9 @@ def end_to_end(model_path: Path, onnx_dir: Path, variant: str, capture_dir: Path
             results[mode]["greedy_first_divergent_step"] = first_divergence(greedy[mode], greedy_states)
         if wav_dir is not None:
             for index, audio in enumerate(audios):
-                write_wav(Path(wav_dir) / capture.item_file(f"{mode}.wav", index, len(audios)), audio,
-                          model.sampling_rate)
+                write_wav(
+                    Path(wav_dir) / capture.item_file(f"{mode}.wav", index, len(audios)), audio, model.sampling_rate
+                )
     return results
 
 
@@ -155,8 +174,9 @@ def machine() -> dict[str, Any]:
     return {"cpu": cpu_description(), "machine": platform.machine(), "load_1min_at_start": round(os.getloadavg()[0], 2)}
 
 
-def codec_quality(onnx_dir: Path, variant: str, capture_dir: Path, manifest: dict[str, Any],
-                  threads: int | None) -> dict[str, Any]:
+def codec_quality(
+    onnx_dir: Path, variant: str, capture_dir: Path, manifest: dict[str, Any], threads: int | None
+) -> dict[str, Any]:
     """A variant's own codec graphs on the capture: encoder code match on the clone reference
     (against PyTorch's codes; RVQ flips near codebook boundaries cascade into later codebooks),
     decoder log-spectral L1 and max |d| on every captured decode (against PyTorch's audio)."""
@@ -183,9 +203,18 @@ def codec_quality(onnx_dir: Path, variant: str, capture_dir: Path, manifest: dic
     return result
 
 
-def measure_variant(name: str, model_path: Path, onnx_dir: Path, capture_dir: Path, manifest: dict[str, Any],
-                    export: dict[str, Any], threads: int | None, end_to_end_too: bool,
-                    wav_root: Path | None, greedy: dict[str, np.ndarray] | None = None) -> dict[str, Any]:
+def measure_variant(
+    name: str,
+    model_path: Path,
+    onnx_dir: Path,
+    capture_dir: Path,
+    manifest: dict[str, Any],
+    export: dict[str, Any],
+    threads: int | None,
+    end_to_end_too: bool,
+    wav_root: Path | None,
+    greedy: dict[str, np.ndarray] | None = None,
+) -> dict[str, Any]:
     """Every measurement of one variant ('fp32': the export's own graphs); `greedy`: PyTorch's
     greedy token states (greedy_reference), measured against when given."""
     path = quantize.verify_variant(onnx_dir, export, name)
@@ -194,18 +223,28 @@ def measure_variant(name: str, model_path: Path, onnx_dir: Path, capture_dir: Pa
     del session
     size = sum((path.parent / f).stat().st_size for f in (path.name, path.name + ".data"))
     result: dict[str, Any] = {
-        "bytes": size, "steps": steps,
+        "bytes": size,
+        "steps": steps,
         "argmax_agreement_min": min(r["argmax_agreement"] for r in steps),
         "argmax_agreement_mean": float(np.mean([r["argmax_agreement"] for r in steps])),
         "relative_error_max": max(r["relative_error"] for r in steps),
         "relative_error_mean": float(np.mean([r["relative_error"] for r in steps])),
-        "step_seconds": round(sum(r["seconds"] for r in steps), 3)}
+        "step_seconds": round(sum(r["seconds"] for r in steps), 3),
+    }
     codecs = codec_quality(onnx_dir, name, capture_dir, manifest, threads)
     if codecs:
         result["codecs"] = codecs
     if end_to_end_too:
-        result["end_to_end"] = end_to_end(model_path, onnx_dir, name, capture_dir, manifest, threads,
-                                          None if wav_root is None else Path(wav_root) / name, greedy)
+        result["end_to_end"] = end_to_end(
+            model_path,
+            onnx_dir,
+            name,
+            capture_dir,
+            manifest,
+            threads,
+            None if wav_root is None else Path(wav_root) / name,
+            greedy,
+        )
     return result
 
 
@@ -222,9 +261,11 @@ def table(results: dict[str, dict[str, Any]]) -> str:
     )
     lines = [header]
     for name, r in results.items():
-        row = (f"{name:<15}{r['bytes'] / 2**20:>8.1f}{r['bytes'] / base['bytes']:>7.1%}"
-               f"{base['step_seconds'] / r['step_seconds']:>10.2f}x{r['argmax_agreement_min']:>11.4f}"
-               f"{r['argmax_agreement_mean']:>12.4f}{r['relative_error_max']:>12.1e}")
+        row = (
+            f"{name:<15}{r['bytes'] / 2**20:>8.1f}{r['bytes'] / base['bytes']:>7.1%}"
+            f"{base['step_seconds'] / r['step_seconds']:>10.2f}x{r['argmax_agreement_min']:>11.4f}"
+            f"{r['argmax_agreement_mean']:>12.4f}{r['relative_error_max']:>12.1e}"
+        )
         for mode in modes:
             e = r["end_to_end"][mode]
             div = "-" if e["first_divergent_step"] is None else str(e["first_divergent_step"])

@@ -110,54 +110,160 @@ class Recipe:
 
     def as_dict(self) -> dict[str, Any]:
         """As JSON reads it back (the report entry and the graph's `recipe` metadata)."""
-        return {**asdict(self), "fusions": list(self.fusions), "keep_fp32": list(self.keep_fp32),
-                "codecs": list(self.codecs)}
+        return {
+            **asdict(self),
+            "fusions": list(self.fusions),
+            "keep_fp32": list(self.keep_fp32),
+            "codecs": list(self.codecs),
+        }
 
 
-RECIPES: dict[str, Recipe] = {recipe.name: recipe for recipe in (
-    Recipe("fp32-unmasked", "unmasked", 32, True, "fp32",
-           summary="fp32, without the per-layer mask work (mask Add, NaN guard): for calls whose mask is all "
-                   "True, as run_split makes every call; NaN logits for any row whose mask is not"),
-    Recipe("fp32-fused", "unmasked", 32, True, "fp32", fusions=("attention",),
-           summary="fp32-unmasked with each layer's attention core one ONNX Attention (opset 23, grouped-query): "
-                   "same calls, same guard; the same logits as fp32-unmasked where measured"),
-    Recipe("fp16", "fp16", 16, True, "fp16", keep_fp32=fp16.TRANSFORMER_KEEP, codecs=("encoder", "decoder"),
-           summary="float16 weights and compute, float32 I/O; float32 islands for RMSNorm (square, mean, rsqrt), "
-                   "RoPE angles, softmax and the audio heads; its own float16 codec graphs (GPU / mobile format: "
-                   "no faster than fp32 on x86 CPUs without native float16)"),
-    Recipe("int8", "rowwise", 8, True, "fp16", fusions=("attention", "rotary", "rms_norm"), fold_norms=True,
-           spikes_fp32=True,
-           summary="int8-pertensor's graph with the norms' outlier channels folded into the weights (SmoothQuant, "
-                   "exact in fp32), a scale per row of each activation (MatMulIntegerToFloat), and fp32 for the "
-                   "MatMuls whose input spikes on the capture's calls: holds where a trained model's outlier "
-                   "channels and massive rows break per-tensor scales"),
-    Recipe("int8-rows", "rowwise", 8, True, "fp16", fusions=("attention", "rotary", "rms_norm"),
-           summary="int8 without the fold and the fp32 spikes: per-row activation scales alone (what the others add)"),
-    Recipe("int8-pertensor", "dynamic", 8, True, "fp16", fusions=("attention", "rotary", "rms_norm"),
-           summary="quantize_dynamic on fp32-fused's graph: int8 per-channel weights, uint8 per-tensor activations; "
-                   "attention one ONNX Attention (fp32) on RotaryEmbedding's q and k, RMSNorm onnxruntime's kernel; "
-                   "audio heads fp32, embedding tables fp16; for run_split's calls (NaN logits for a row whose "
-                   "mask is not all True)"),
-    Recipe("int8-unfused", "dynamic", 8, True, "fp16",
-           summary="int8 on the faithful graph (any mask), nothing fused: what the fusions of int8 gain"),
-    Recipe("int8-emb32", "dynamic", 8, True, "fp32",
-           summary="int8-unfused with the embedding tables fp32: what storing them fp16 costs "
-                   "(46 % of fp32's size, not ~33 %)"),
-    Recipe("int8-emb8", "dynamic", 8, True, "int8-row",
-           summary="int8-unfused, and the embedding tables int8 with one fp32 scale per row (Gather, Cast, Mul): "
-                   "the text table is most of the file"),
-    Recipe("int8-plain", "dynamic", 8, False, "dynamic",
-           summary="int8-unfused over every op quantize_dynamic supports (audio heads and embeddings too): "
-                   "the recipe NOT to use, kept to show why the heads stay fp32"),
-    Recipe("int8-nbits-a0", "nbits", 8, True, "fp32", block_size=32, accuracy_level=0,
-           summary="MatMulNBits 8-bit, block 32, accuracy_level 0 (fp32 compute); audio heads and embeddings fp32"),
-    Recipe("int8-nbits-a4", "nbits", 8, True, "fp32", block_size=32, accuracy_level=4,
-           summary="MatMulNBits 8-bit, block 32, accuracy_level 4 (int8 activations); audio heads and embeddings fp32"),
-    Recipe("int4-b32", "nbits", 4, True, "fp32", block_size=32, accuracy_level=4,
-           summary="MatMulNBits 4-bit, block 32, accuracy_level 4; audio heads and embeddings fp32"),
-    Recipe("int4-b128", "nbits", 4, True, "fp32", block_size=128, accuracy_level=4,
-           summary="MatMulNBits 4-bit, block 128, accuracy_level 4; audio heads and embeddings fp32"),
-)}
+RECIPES: dict[str, Recipe] = {
+    recipe.name: recipe
+    for recipe in (
+        Recipe(
+            "fp32-unmasked",
+            "unmasked",
+            32,
+            True,
+            "fp32",
+            summary="fp32, without the per-layer mask work (mask Add, NaN guard): for calls whose mask is all "
+            "True, as run_split makes every call; NaN logits for any row whose mask is not",
+        ),
+        Recipe(
+            "fp32-fused",
+            "unmasked",
+            32,
+            True,
+            "fp32",
+            fusions=("attention",),
+            summary="fp32-unmasked with each layer's attention core one ONNX Attention (opset 23, grouped-query): "
+            "same calls, same guard; the same logits as fp32-unmasked where measured",
+        ),
+        Recipe(
+            "fp16",
+            "fp16",
+            16,
+            True,
+            "fp16",
+            keep_fp32=fp16.TRANSFORMER_KEEP,
+            codecs=("encoder", "decoder"),
+            summary="float16 weights and compute, float32 I/O; float32 islands for RMSNorm (square, mean, rsqrt), "
+            "RoPE angles, softmax and the audio heads; its own float16 codec graphs (GPU / mobile format: "
+            "no faster than fp32 on x86 CPUs without native float16)",
+        ),
+        Recipe(
+            "int8",
+            "rowwise",
+            8,
+            True,
+            "fp16",
+            fusions=("attention", "rotary", "rms_norm"),
+            fold_norms=True,
+            spikes_fp32=True,
+            summary="int8-pertensor's graph with the norms' outlier channels folded into the weights (SmoothQuant, "
+            "exact in fp32), a scale per row of each activation (MatMulIntegerToFloat), and fp32 for the "
+            "MatMuls whose input spikes on the capture's calls: holds where a trained model's outlier "
+            "channels and massive rows break per-tensor scales",
+        ),
+        Recipe(
+            "int8-rows",
+            "rowwise",
+            8,
+            True,
+            "fp16",
+            fusions=("attention", "rotary", "rms_norm"),
+            summary="int8 without the fold and the fp32 spikes: per-row activation scales alone (what the others add)",
+        ),
+        Recipe(
+            "int8-pertensor",
+            "dynamic",
+            8,
+            True,
+            "fp16",
+            fusions=("attention", "rotary", "rms_norm"),
+            summary="quantize_dynamic on fp32-fused's graph: int8 per-channel weights, uint8 per-tensor activations; "
+            "attention one ONNX Attention (fp32) on RotaryEmbedding's q and k, RMSNorm onnxruntime's kernel; "
+            "audio heads fp32, embedding tables fp16; for run_split's calls (NaN logits for a row whose "
+            "mask is not all True)",
+        ),
+        Recipe(
+            "int8-unfused",
+            "dynamic",
+            8,
+            True,
+            "fp16",
+            summary="int8 on the faithful graph (any mask), nothing fused: what the fusions of int8 gain",
+        ),
+        Recipe(
+            "int8-emb32",
+            "dynamic",
+            8,
+            True,
+            "fp32",
+            summary="int8-unfused with the embedding tables fp32: what storing them fp16 costs "
+            "(46 % of fp32's size, not ~33 %)",
+        ),
+        Recipe(
+            "int8-emb8",
+            "dynamic",
+            8,
+            True,
+            "int8-row",
+            summary="int8-unfused, and the embedding tables int8 with one fp32 scale per row (Gather, Cast, Mul): "
+            "the text table is most of the file",
+        ),
+        Recipe(
+            "int8-plain",
+            "dynamic",
+            8,
+            False,
+            "dynamic",
+            summary="int8-unfused over every op quantize_dynamic supports (audio heads and embeddings too): "
+            "the recipe NOT to use, kept to show why the heads stay fp32",
+        ),
+        Recipe(
+            "int8-nbits-a0",
+            "nbits",
+            8,
+            True,
+            "fp32",
+            block_size=32,
+            accuracy_level=0,
+            summary="MatMulNBits 8-bit, block 32, accuracy_level 0 (fp32 compute); audio heads and embeddings fp32",
+        ),
+        Recipe(
+            "int8-nbits-a4",
+            "nbits",
+            8,
+            True,
+            "fp32",
+            block_size=32,
+            accuracy_level=4,
+            summary="MatMulNBits 8-bit, block 32, accuracy_level 4 (int8 activations); audio heads and embeddings fp32",
+        ),
+        Recipe(
+            "int4-b32",
+            "nbits",
+            4,
+            True,
+            "fp32",
+            block_size=32,
+            accuracy_level=4,
+            summary="MatMulNBits 4-bit, block 32, accuracy_level 4; audio heads and embeddings fp32",
+        ),
+        Recipe(
+            "int4-b128",
+            "nbits",
+            4,
+            True,
+            "fp32",
+            block_size=128,
+            accuracy_level=4,
+            summary="MatMulNBits 4-bit, block 128, accuracy_level 4; audio heads and embeddings fp32",
+        ),
+    )
+}
 DEFAULT_VARIANTS = tuple(RECIPES)
 
 
@@ -169,13 +275,18 @@ def weight_nodes(model: onnx.ModelProto, heads_width: int) -> tuple[list[str], l
     that read an initializer.
     """
     shapes = {init.name: list(init.dims) for init in model.graph.initializer}
-    heads = [node.name for node in model.graph.node if node.op_type == "MatMul"
-             and any(shapes.get(name, [])[-1:] == [heads_width] for name in node.input)]
+    heads = [
+        node.name
+        for node in model.graph.node
+        if node.op_type == "MatMul" and any(shapes.get(name, [])[-1:] == [heads_width] for name in node.input)
+    ]
     embeddings = [node.name for node in model.graph.node if node.op_type == "Gather" and node.input[0] in shapes]
     if len(heads) != 1 or not embeddings:
-        raise UserError(f"the transformer graph has {len(heads)} audio-heads MatMul(s) of width {heads_width} and "
-                        f"{len(embeddings)} embedding Gather(s); expected one and at least one",
-                        "quantize the fp32 export made by export_omnivoice.py (step 2)")
+        raise UserError(
+            f"the transformer graph has {len(heads)} audio-heads MatMul(s) of width {heads_width} and "
+            f"{len(embeddings)} embedding Gather(s); expected one and at least one",
+            "quantize the fp32 export made by export_omnivoice.py (step 2)",
+        )
     return heads, embeddings
 
 
@@ -196,10 +307,16 @@ def quantize_dynamic_variant(source: Path, staging: Path, recipe: Recipe, exclud
     out = staging / "dynamic" / TRANSFORMER_FILE
     out.parent.mkdir()
     try:
-        quantize_dynamic(graph_only, out, per_channel=True, reduce_range=False,
-                         weight_type=QuantType.QInt8, use_external_data_format=True,
-                         op_types_to_quantize=None if recipe.embeddings == "dynamic" else ["MatMul"],
-                         nodes_to_exclude=exclude)
+        quantize_dynamic(
+            graph_only,
+            out,
+            per_channel=True,
+            reduce_range=False,
+            weight_type=QuantType.QInt8,
+            use_external_data_format=True,
+            op_types_to_quantize=None if recipe.embeddings == "dynamic" else ["MatMul"],
+            nodes_to_exclude=exclude,
+        )
         model = onnx.load(str(out))
     finally:
         graph_only.unlink(missing_ok=True)
@@ -233,9 +350,15 @@ def quantize_nbits_variant(source: Path, recipe: Recipe, exclude: list[str]) -> 
     """MatMulNBits weight-only quantization of every MatMul but `exclude` (Gathers untouched)."""
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
-    quantizer = MatMulNBitsQuantizer(onnx.load(str(source)), bits=recipe.bits, block_size=recipe.block_size,
-                                     is_symmetric=False, accuracy_level=recipe.accuracy_level,
-                                     nodes_to_exclude=exclude, op_types_to_quantize=("MatMul",))
+    quantizer = MatMulNBitsQuantizer(
+        onnx.load(str(source)),
+        bits=recipe.bits,
+        block_size=recipe.block_size,
+        is_symmetric=False,
+        accuracy_level=recipe.accuracy_level,
+        nodes_to_exclude=exclude,
+        op_types_to_quantize=("MatMul",),
+    )
     quantizer.process()
     return quantizer.model.model
 
@@ -248,6 +371,7 @@ def quantize_embeddings_rowwise(model: onnx.ModelProto, gathers: list[str]) -> N
     scale = max|row| / 127 (1 for an all-zero row), q = round-half-even(row / scale) in [-127, 127];
     the looked-up row is q * scale in float32.
     """
+
     def rowwise(prefix: str, table: np.ndarray, ids: str, output: str):
         peak = np.abs(table).max(axis=1, keepdims=True)
         scale = np.where(peak > 0, peak / np.float32(127), np.float32(1)).astype(np.float32)
@@ -255,10 +379,12 @@ def quantize_embeddings_rowwise(model: onnx.ModelProto, gathers: list[str]) -> N
         prefix += "_int8row"
         return [numpy_helper.from_array(quantized, f"{prefix}_q"), numpy_helper.from_array(scale, f"{prefix}_scale")], [
             helper.make_node("Gather", [f"{prefix}_q", ids], [f"{prefix}_rows_q"], name=f"{prefix}_gather_q"),
-            helper.make_node("Gather", [f"{prefix}_scale", ids], [f"{prefix}_rows_scale"],
-                             name=f"{prefix}_gather_scale"),
-            helper.make_node("Cast", [f"{prefix}_rows_q"], [f"{prefix}_rows_f"], to=onnx.TensorProto.FLOAT,
-                             name=f"{prefix}_cast"),
+            helper.make_node(
+                "Gather", [f"{prefix}_scale", ids], [f"{prefix}_rows_scale"], name=f"{prefix}_gather_scale"
+            ),
+            helper.make_node(
+                "Cast", [f"{prefix}_rows_q"], [f"{prefix}_rows_f"], to=onnx.TensorProto.FLOAT, name=f"{prefix}_cast"
+            ),
             helper.make_node("Mul", [f"{prefix}_rows_f", f"{prefix}_rows_scale"], [output], name=f"{prefix}_mul"),
         ]
 
@@ -270,11 +396,14 @@ def store_embeddings_fp16(model: onnx.ModelProto, gathers: list[str]) -> None:
     Gather(table_fp16, ids) -> Cast(float). The looked-up row is the fp32 row rounded to nearest
     fp16 (relative error <= 2^-11 for normal values; an |x| below fp16's 6.1e-5 normal range keeps
     an absolute error <= 3e-8); half the bytes of an fp32 table, no scale to store."""
+
     def half(prefix: str, table: np.ndarray, ids: str, output: str):
         peak = float(np.abs(table).max())
         if not peak <= np.finfo(np.float16).max:
-            raise UserError(f"embedding {prefix} holds |x| = {peak:.3g}, beyond float16's range (65504)",
-                            "use a recipe that keeps the tables fp32 (int8-emb32) or int8 per row (int8-emb8)")
+            raise UserError(
+                f"embedding {prefix} holds |x| = {peak:.3g}, beyond float16's range (65504)",
+                "use a recipe that keeps the tables fp32 (int8-emb32) or int8 per row (int8-emb8)",
+            )
         prefix += "_fp16"
         return [numpy_helper.from_array(table.astype(np.float16), f"{prefix}_table")], [
             helper.make_node("Gather", [f"{prefix}_table", ids], [f"{prefix}_rows"], name=f"{prefix}_gather"),
@@ -291,8 +420,9 @@ def replace_embedding_gathers(model: onnx.ModelProto, gathers: list[str], rewrit
     nodes = {node.name: node for node in model.graph.node}
     for name in gathers:
         node = nodes[name]
-        tables, replacement = rewrite(name, numpy_helper.to_array(initializers[node.input[0]]), node.input[1],
-                                      node.output[0])
+        tables, replacement = rewrite(
+            name, numpy_helper.to_array(initializers[node.input[0]]), node.input[1], node.output[0]
+        )
         model.graph.initializer.remove(initializers[node.input[0]])
         model.graph.initializer.extend(tables)
         position = list(model.graph.node).index(node)
@@ -324,8 +454,11 @@ def drop_mask_work(model: onnx.ModelProto) -> int:
         add = producers.get(softmax.input[0])
         if add is None or add.op_type != "Add":
             continue
-        masks = [name for name in add.input if name in producers and producers[name].op_type == "Where"
-                 and producers[name].input[0] == "attention_mask"]
+        masks = [
+            name
+            for name in add.input
+            if name in producers and producers[name].op_type == "Where" and producers[name].input[0] == "attention_mask"
+        ]
         guard_isnan = [n for n in consumers.get(softmax.output[0], []) if n.op_type == "IsNaN"]
         if len(masks) != 1 or len(guard_isnan) != 1:
             continue
@@ -339,13 +472,19 @@ def drop_mask_work(model: onnx.ModelProto) -> int:
         drop += [add, guard_isnan[0], guard[0]]
         changed += 1
     if changed == 0:
-        raise UserError("found no masked attention (Where(attention_mask) -> Add -> Softmax -> IsNaN/Where) in the "
-                        "transformer graph", "quantize the fp32 export made by export_omnivoice.py (step 2)")
+        raise UserError(
+            "found no masked attention (Where(attention_mask) -> Add -> Softmax -> IsNaN/Where) in the "
+            "transformer graph",
+            "quantize the fp32 export made by export_omnivoice.py (step 2)",
+        )
     dropped = {id(node) for node in drop}
     kept = [node for node in graph.node if id(node) not in dropped]
     used = {name for node in kept for name in node.input}
-    kept = [node for node in kept if not (node.op_type == "Where" and node.input[0] == "attention_mask"
-                                          and node.output[0] not in used)]
+    kept = [
+        node
+        for node in kept
+        if not (node.op_type == "Where" and node.input[0] == "attention_mask" and node.output[0] not in used)
+    ]
     del graph.node[:]
     graph.node.extend(kept)
     guard_output(model)
@@ -359,24 +498,48 @@ def guard_output(model: onnx.ModelProto) -> None:
     raw = f"{output}_unguarded"
     for node in graph.node:
         node.output[:] = [raw if name == output else name for name in node.output]
-    graph.initializer.extend([numpy_helper.from_array(np.array([1, 2, 3], dtype=np.int64), "mask_guard_axes"),
-                              numpy_helper.from_array(np.array(np.nan, dtype=np.float32), "mask_guard_nan")])
-    graph.node.extend([
-        helper.make_node("Not", ["attention_mask"], ["mask_guard_not"], name="mask_guard_not"),
-        helper.make_node("Cast", ["mask_guard_not"], ["mask_guard_f"], to=onnx.TensorProto.FLOAT,
-                         name="mask_guard_cast"),
-        helper.make_node("ReduceMax", ["mask_guard_f", "mask_guard_axes"], ["mask_guard_any_f"], keepdims=1,
-                         name="mask_guard_any"),
-        helper.make_node("Cast", ["mask_guard_any_f"], ["mask_guard_bad"], to=onnx.TensorProto.BOOL,
-                         name="mask_guard_bool"),
-        helper.make_node("Where", ["mask_guard_bad", "mask_guard_nan", raw], [output], name="mask_guard_where"),
-    ])
+    graph.initializer.extend(
+        [
+            numpy_helper.from_array(np.array([1, 2, 3], dtype=np.int64), "mask_guard_axes"),
+            numpy_helper.from_array(np.array(np.nan, dtype=np.float32), "mask_guard_nan"),
+        ]
+    )
+    graph.node.extend(
+        [
+            helper.make_node("Not", ["attention_mask"], ["mask_guard_not"], name="mask_guard_not"),
+            helper.make_node(
+                "Cast", ["mask_guard_not"], ["mask_guard_f"], to=onnx.TensorProto.FLOAT, name="mask_guard_cast"
+            ),
+            helper.make_node(
+                "ReduceMax",
+                ["mask_guard_f", "mask_guard_axes"],
+                ["mask_guard_any_f"],
+                keepdims=1,
+                name="mask_guard_any",
+            ),
+            helper.make_node(
+                "Cast", ["mask_guard_any_f"], ["mask_guard_bad"], to=onnx.TensorProto.BOOL, name="mask_guard_bool"
+            ),
+            helper.make_node("Where", ["mask_guard_bad", "mask_guard_nan", raw], [output], name="mask_guard_where"),
+        ]
+    )
 
 
 def quantized_node_counts(model: onnx.ModelProto) -> dict[str, int]:
     """How many nodes of each quantized op type the variant holds (for the report)."""
-    kinds = ("MatMulInteger", "MatMulIntegerToFloat", "DynamicQuantizeLinear", "MatMulNBits", "MatMul", "Gather",
-             "Softmax", "IsNaN", "Cast", "Attention", "RotaryEmbedding")
+    kinds = (
+        "MatMulInteger",
+        "MatMulIntegerToFloat",
+        "DynamicQuantizeLinear",
+        "MatMulNBits",
+        "MatMul",
+        "Gather",
+        "Softmax",
+        "IsNaN",
+        "Cast",
+        "Attention",
+        "RotaryEmbedding",
+    )
     counts = {kind: 0 for kind in kinds}
     for node in model.graph.node:
         if node.op_type in counts:
@@ -384,8 +547,9 @@ def quantized_node_counts(model: onnx.ModelProto) -> dict[str, int]:
     return {kind: count for kind, count in counts.items() if count}
 
 
-def build_variant(onnx_dir: Path, recipe: Recipe, fp32_metadata: dict[str, str],
-                  capture_dir: Path | None = None) -> dict[str, Any]:
+def build_variant(
+    onnx_dir: Path, recipe: Recipe, fp32_metadata: dict[str, str], capture_dir: Path | None = None
+) -> dict[str, Any]:
     """Write `onnx/<recipe.name>/` from the fp32 transformer (and codec graphs, for a recipe with
     `codecs`); return its report entry.
 
@@ -418,8 +582,9 @@ def build_variant(onnx_dir: Path, recipe: Recipe, fp32_metadata: dict[str, str],
             elif recipe.method == "rowwise":
                 model = prepared_graph(source, recipe, exclude)
                 if recipe.spikes_fp32:
-                    ratios = rowwise.spike_ratios(model, exclude, calibration_calls(capture_dir, fp32_metadata),
-                                                  staging)
+                    ratios = rowwise.spike_ratios(
+                        model, exclude, calibration_calls(capture_dir, fp32_metadata), staging
+                    )
                     spikes = {name: round(ratio, 1) for name, ratio in ratios.items() if ratio > rowwise.SPIKE_RATIO}
                     spike_peak = round(max(ratios.values()), 1)
                 rowwise.quantize_rowwise(model, exclude + list(spikes))
@@ -445,14 +610,23 @@ def build_variant(onnx_dir: Path, recipe: Recipe, fp32_metadata: dict[str, str],
         with report.report_lock(onnx_dir):
             install_variant(staging, variant_dir(onnx_dir, recipe.name), recipe_files(recipe))
             files = variant_files(onnx_dir, recipe)
-            fp32_bytes = sum((onnx_dir / name).stat().st_size
-                             for name in (TRANSFORMER_FILE, TRANSFORMER_FILE + ".data"))
+            fp32_bytes = sum(
+                (onnx_dir / name).stat().st_size for name in (TRANSFORMER_FILE, TRANSFORMER_FILE + ".data")
+            )
             size = sum(files[name]["bytes"] for name in (TRANSFORMER_FILE, TRANSFORMER_FILE + ".data"))
-            entry = {"recipe": recipe.as_dict(), "dir": recipe.name, "file": TRANSFORMER_FILE, "files": files,
-                     "bytes": size, "fp32_bytes": fp32_bytes, "size_ratio": round(size / fp32_bytes, 4),
-                     "excluded_nodes": exclude if recipe.method != "fp16" else [], "node_counts": counts,
-                     "seconds": round(time.perf_counter() - started, 2),
-                     "peak_rss_mb": round(peak.peak_mb, 1)}
+            entry = {
+                "recipe": recipe.as_dict(),
+                "dir": recipe.name,
+                "file": TRANSFORMER_FILE,
+                "files": files,
+                "bytes": size,
+                "fp32_bytes": fp32_bytes,
+                "size_ratio": round(size / fp32_bytes, 4),
+                "excluded_nodes": exclude if recipe.method != "fp16" else [],
+                "node_counts": counts,
+                "seconds": round(time.perf_counter() - started, 2),
+                "peak_rss_mb": round(peak.peak_mb, 1),
+            }
             if recipe.method == "fp16":
                 entry["fp32_nodes"] = kept
             if recipe.spikes_fp32:
@@ -476,12 +650,15 @@ def calibration_calls(capture_dir: Path | None, metadata: dict[str, str]) -> lis
         raise UserError("this recipe is calibrated on captured calls, and no capture was given", fix)
     manifest = capture.load_manifest(capture_dir, verify_hashes=False)
     if manifest["model"]["fingerprint"] != metadata["model_fingerprint"]:
-        raise UserError(f"the capture {capture_dir} is of model {manifest['model']['fingerprint']}, the export of "
-                        f"{metadata['model_fingerprint']}", fix)
+        raise UserError(
+            f"the capture {capture_dir} is of model {manifest['model']['fingerprint']}, the export of "
+            f"{metadata['model_fingerprint']}",
+            fix,
+        )
     calls = []
     for mode in manifest["modes"]:
         steps = capture.mode_steps(manifest, mode)
-        for step in steps[::max(1, -(-len(steps) // CALIBRATION_STEPS))]:
+        for step in steps[:: max(1, -(-len(steps) // CALIBRATION_STEPS))]:
             data = capture.load_step(capture_dir, mode, step)
             groups = split_feeds(data["input_ids"], data["audio_mask"], data["attention_mask"])
             calls += [feeds for _rows, feeds in groups or []]
@@ -492,8 +669,12 @@ def set_variant_metadata(model: onnx.ModelProto, metadata: dict[str, str], recip
     """A variant graph's metadata: its fp32 source's, plus the variant, its recipe and the source's sha256."""
     del model.metadata_props[:]
     graph = metadata.get("graph", "transformer")
-    for key, value in {**metadata, "variant": recipe.name, "recipe": json.dumps(recipe.as_dict()),
-                       f"fp32_{graph}_sha256": sha256_file(source)}.items():
+    for key, value in {
+        **metadata,
+        "variant": recipe.name,
+        "recipe": json.dumps(recipe.as_dict()),
+        f"fp32_{graph}_sha256": sha256_file(source),
+    }.items():
         model.metadata_props.add(key=key, value=value)
 
 
@@ -550,8 +731,11 @@ def verify_variant(onnx_dir: Path, export: dict[str, Any], name: str) -> Path:
             raise UserError(f"{path} does not match the export report's sha256 (modified or from another export)", fix)
     meta = read_graph_metadata(folder / TRANSFORMER_FILE)
     if meta.get("variant") != name or meta.get("model_fingerprint") != export["model"]["fingerprint"]:
-        raise UserError(f"{folder / TRANSFORMER_FILE} is variant {meta.get('variant')} of model "
-                        f"{meta.get('model_fingerprint')}, not {name} of {export['model']['fingerprint']}", fix)
+        raise UserError(
+            f"{folder / TRANSFORMER_FILE} is variant {meta.get('variant')} of model "
+            f"{meta.get('model_fingerprint')}, not {name} of {export['model']['fingerprint']}",
+            fix,
+        )
     return folder / TRANSFORMER_FILE
 
 
@@ -561,13 +745,16 @@ def check_variant_outputs(onnx_dir: Path, names: list[str]) -> None:
     for name in names:
         folder = variant_dir(onnx_dir, name)
         if os.path.lexists(folder) and not folder.is_dir():
-            raise UserError(f"{folder} exists and is not a directory: variant {name} is written into that folder",
-                            "move or remove it, then re-run")
+            raise UserError(
+                f"{folder} exists and is not a directory: variant {name} is written into that folder",
+                "move or remove it, then re-run",
+            )
     check_output(Path(onnx_dir), "--model-dir", "dir")
 
 
-def quantize_variants(onnx_dir: Path, names: list[str], log=print,
-                      capture_dir: Path | None = None) -> dict[str, dict[str, Any]]:
+def quantize_variants(
+    onnx_dir: Path, names: list[str], log=print, capture_dir: Path | None = None
+) -> dict[str, dict[str, Any]]:
     """Build each named variant from the verified fp32 export; merge each entry into the report
     as soon as it is written (an interrupted run keeps the entries of the finished variants).
     `capture_dir` calibrates the spikes_fp32 recipes (default: the capture the export was made from)."""
@@ -581,6 +768,8 @@ def quantize_variants(onnx_dir: Path, names: list[str], log=print,
         log(f"[quantize] {index}/{len(names)} {name}: {recipe.summary} ...")
         entry = build_variant(onnx_dir, recipe, metadata, capture_dir or Path(export["capture"]["dir"]))
         entries[name] = entry
-        log(f"[quantize] {name}: {entry['bytes'] / 2**20:.1f} MB ({entry['size_ratio']:.1%} of fp32) in "
-            f"{entry['seconds']:.1f} s, peak RSS {entry['peak_rss_mb']:.0f} MB; nodes {entry['node_counts']}")
+        log(
+            f"[quantize] {name}: {entry['bytes'] / 2**20:.1f} MB ({entry['size_ratio']:.1%} of fp32) in "
+            f"{entry['seconds']:.1f} s, peak RSS {entry['peak_rss_mb']:.0f} MB; nodes {entry['node_counts']}"
+        )
     return entries

@@ -113,8 +113,7 @@ def _built_files() -> tuple[dict[str, bytes], dict]:
         ranks_sha256 = sha256_file(ranks_file)
         backend = TikTokenConverter(vocab_file=str(ranks_file), pattern=QWEN_SPLIT_PATTERN).converted()
     if backend.get_vocab_size() != QWEN_BPE_SIZE:
-        raise RuntimeError(
-            f"{ranks_file} gave {backend.get_vocab_size()} BPE tokens, expected {QWEN_BPE_SIZE}")
+        raise RuntimeError(f"{ranks_file} gave {backend.get_vocab_size()} BPE tokens, expected {QWEN_BPE_SIZE}")
 
     backend.normalizer = normalizers.NFC()
     added = [*QWEN3_ADDED_TOKENS, *((token, True) for token in OMNIVOICE_SPECIAL_TOKENS)]
@@ -122,7 +121,8 @@ def _built_files() -> tuple[dict[str, bytes], dict]:
     ids = [backend.token_to_id(content) for content, _ in added]
     if ids != list(range(QWEN_BPE_SIZE, QWEN_VOCAB_SIZE)):
         raise RuntimeError(
-            f"added tokens landed on ids {ids[0]}..{ids[-1]}, not {QWEN_BPE_SIZE}..{QWEN_VOCAB_SIZE - 1}")
+            f"added tokens landed on ids {ids[0]}..{ids[-1]}, not {QWEN_BPE_SIZE}..{QWEN_VOCAB_SIZE - 1}"
+        )
 
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=backend,

@@ -127,12 +127,20 @@ def graph_files(onnx_dir: Path, graph: str) -> dict[str, dict[str, Any]]:
 def graph_entry(result: ExportResult, signature: dict[str, Any], files: dict[str, Any]) -> dict[str, Any]:
     """A graph's section of the report."""
     return {
-        "file": GRAPH_FILES[result.graph], "exporter": result.exporter, "fallback_reason": result.fallback_reason,
-        "opset": result.opset, "signature": signature, "export_seconds": result.seconds,
-        "peak_rss_mb": result.peak_rss_mb, "checker": result.checker,
-        "original_external_files": {"count": len(result.original_external_files),
-                                    "locations": result.original_external_files[:50]},
-        "self_checks": result.self_checks, "files": files,
+        "file": GRAPH_FILES[result.graph],
+        "exporter": result.exporter,
+        "fallback_reason": result.fallback_reason,
+        "opset": result.opset,
+        "signature": signature,
+        "export_seconds": result.seconds,
+        "peak_rss_mb": result.peak_rss_mb,
+        "checker": result.checker,
+        "original_external_files": {
+            "count": len(result.original_external_files),
+            "locations": result.original_external_files[:50],
+        },
+        "self_checks": result.self_checks,
+        "files": files,
     }
 
 
@@ -154,9 +162,18 @@ def recorded_path(path: str) -> Path:
     return REPO_ROOT / path if not Path(path).is_absolute() else Path(path)
 
 
-def write_export_report(onnx_dir: Path, model_path: Path, fingerprint: str, capture_dir: Path,
-                        capture_fingerprint: str, manifest_sha256: str, versions: dict[str, str],
-                        graphs: dict[str, Any], runtime_assets: dict[str, Any], provenance: dict[str, Any]) -> None:
+def write_export_report(
+    onnx_dir: Path,
+    model_path: Path,
+    fingerprint: str,
+    capture_dir: Path,
+    capture_fingerprint: str,
+    manifest_sha256: str,
+    versions: dict[str, str],
+    graphs: dict[str, Any],
+    runtime_assets: dict[str, Any],
+    provenance: dict[str, Any],
+) -> None:
     """Write a new report: the export's provenance (model_card.provenance), `graphs` and the
     runtime's files (tokenizer, runtime config: {name: {sha256, bytes}}); then the model card.
     Parity and end-to-end results describe the graphs they ran on; a new export makes them stale,
@@ -213,11 +230,17 @@ def entry_problems(entry: dict[str, Any]) -> list[str]:
     return problems + failures
 
 
-
 def load_report(onnx_dir: Path) -> dict[str, Any]:
     """The export report, or a UserError that says what is wrong with it and to re-run the export."""
-    return read_artefact(report_path(onnx_dir), "export report", "run export_omnivoice.py (step 2) first",
-                         REPORT_FORMAT, REPORT_SCHEMA, _graph_problem, stale_fix=REEXPORT_FIX)
+    return read_artefact(
+        report_path(onnx_dir),
+        "export report",
+        "run export_omnivoice.py (step 2) first",
+        REPORT_FORMAT,
+        REPORT_SCHEMA,
+        _graph_problem,
+        stale_fix=REEXPORT_FIX,
+    )
 
 
 def read_graph_metadata(path: Path) -> dict[str, str]:
@@ -232,8 +255,14 @@ def save_with_sidecar(model, dst: Path) -> None:
     `dst.name + '.data'`: the two files a report entry names (graph_files)."""
     import onnx
 
-    onnx.save_model(model, str(dst), save_as_external_data=True, all_tensors_to_one_file=True,
-                    location=dst.name + ".data", size_threshold=1024)
+    onnx.save_model(
+        model,
+        str(dst),
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location=dst.name + ".data",
+        size_threshold=1024,
+    )
 
 
 def check_graph_metadata(path: Path, graph: str, entry: dict[str, Any], fingerprint: str) -> None:
@@ -250,9 +279,12 @@ def check_graph_metadata(path: Path, graph: str, entry: dict[str, Any], fingerpr
     found = (meta.get("graph"), meta.get("exporter"), meta.get("opset"), meta.get("model_fingerprint"))
     said = (graph, entry["exporter"], str(entry["opset"]), fingerprint)
     if found != said:
-        raise UserError(f"{path} is the {found[0]} graph by the {found[1]} exporter at opset {found[2]} of model "
-                        f"{found[3]}, but the export report says {said[0]} by {said[1]} at opset {said[2]} of "
-                        f"{said[3]} (copied from another export?)", REEXPORT_FIX)
+        raise UserError(
+            f"{path} is the {found[0]} graph by the {found[1]} exporter at opset {found[2]} of model "
+            f"{found[3]}, but the export report says {said[0]} by {said[1]} at opset {said[2]} of "
+            f"{said[3]} (copied from another export?)",
+            REEXPORT_FIX,
+        )
 
 
 def verify_graphs(onnx_dir: Path, export: dict[str, Any], graphs: list[str]) -> None:
@@ -268,14 +300,18 @@ def verify_graphs(onnx_dir: Path, export: dict[str, Any], graphs: list[str]) -> 
                 raise UserError(f"{onnx_dir / name} is missing", REEXPORT_FIX)
         problems = entry_problems(entry)
         if problems:
-            raise UserError(f"the export report says the {graph} graph failed its export checks ({problems[0]}): "
-                            "it is not used", REEXPORT_FIX)
+            raise UserError(
+                f"the export report says the {graph} graph failed its export checks ({problems[0]}): it is not used",
+                REEXPORT_FIX,
+            )
         check_graph_metadata(onnx_dir / entry["file"], graph, entry, export["model"]["fingerprint"])
         for name, info in entry["files"].items():
             path = onnx_dir / name
             if not matches_entry(path, info):
-                raise UserError(f"{path} does not match the export report's sha256 (truncated, modified or from "
-                                "another export)", REEXPORT_FIX)
+                raise UserError(
+                    f"{path} does not match the export report's sha256 (truncated, modified or from another export)",
+                    REEXPORT_FIX,
+                )
 
 
 def verify_against_capture(capture_dir: Path, onnx_dir: Path, graphs: list[str]) -> tuple[dict, dict]:
@@ -292,9 +328,11 @@ def verify_against_capture(capture_dir: Path, onnx_dir: Path, graphs: list[str])
     manifest = capture.load_manifest(capture_dir)
     export = load_report(onnx_dir)
     if manifest["model"]["fingerprint"] != export["model"]["fingerprint"]:
-        raise UserError(f"the capture is of model {manifest['model']['fingerprint']} but the export of "
-                        f"{export['model']['fingerprint']}: they cannot be compared",
-                        "re-run steps 1-2 with the same --model")
+        raise UserError(
+            f"the capture is of model {manifest['model']['fingerprint']} but the export of "
+            f"{export['model']['fingerprint']}: they cannot be compared",
+            "re-run steps 1-2 with the same --model",
+        )
     recorded = export["capture"]["manifest_sha256"]
     if sha256_file(capture_dir / capture.MANIFEST_NAME) != recorded:
         raise UserError(
@@ -307,12 +345,28 @@ def verify_against_capture(capture_dir: Path, onnx_dir: Path, graphs: list[str])
     return manifest, export
 
 
-def write_parity(onnx_dir: Path, provider: str, verdict: str, thresholds: dict[str, float], capture_device: str,
-                 seconds: float, graphs: dict[str, Any]) -> None:
+def write_parity(
+    onnx_dir: Path,
+    provider: str,
+    verdict: str,
+    thresholds: dict[str, float],
+    capture_device: str,
+    seconds: float,
+    graphs: dict[str, Any],
+) -> None:
     """Merge parity_check.py's results for `provider` into the report."""
-    merge_section(onnx_dir, ("parity", provider), {
-        "provider": provider, "verdict": verdict, "thresholds": thresholds, "capture_device": capture_device,
-        "seconds": round(seconds, 2), "graphs": graphs})
+    merge_section(
+        onnx_dir,
+        ("parity", provider),
+        {
+            "provider": provider,
+            "verdict": verdict,
+            "thresholds": thresholds,
+            "capture_device": capture_device,
+            "seconds": round(seconds, 2),
+            "graphs": graphs,
+        },
+    )
 
 
 def merge_section(onnx_dir: Path, path: tuple[str, ...], value: Any) -> dict[str, Any]:

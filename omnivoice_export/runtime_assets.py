@@ -87,8 +87,9 @@ def _generation_defaults() -> dict[str, Any]:
     defaults = {}
     for field in dataclasses.fields(OmniVoiceGenerationConfig):
         if field.default is dataclasses.MISSING:
-            raise RuntimeError(f"OmniVoiceGenerationConfig.{field.name} has no plain default; "
-                               "runtime_assets cannot record it")
+            raise RuntimeError(
+                f"OmniVoiceGenerationConfig.{field.name} has no plain default; runtime_assets cannot record it"
+            )
         defaults[field.name] = field.default
     return defaults
 
@@ -113,8 +114,13 @@ def _default(function: Any, name: str) -> Any:
 
 
 def _instruct_rules() -> dict[str, Any]:
-    return {"split_pattern": INSTRUCT_SPLIT, "dialect_suffix": DIALECT_SUFFIX, "accent_mark": ACCENT_MARK,
-            "joiners": dict(INSTRUCT_JOINERS), "suggestion_cutoff": SUGGESTION_CUTOFF}
+    return {
+        "split_pattern": INSTRUCT_SPLIT,
+        "dialect_suffix": DIALECT_SUFFIX,
+        "accent_mark": ACCENT_MARK,
+        "joiners": dict(INSTRUCT_JOINERS),
+        "suggestion_cutoff": SUGGESTION_CUTOFF,
+    }
 
 
 def host_sections() -> dict[str, Any]:
@@ -129,28 +135,41 @@ def host_sections() -> dict[str, Any]:
     estimator = RuleDurationEstimator()
     return {
         "duration": {
-            "weights": dict(estimator.weights), "ranges": [[end, script] for end, script in estimator.ranges],
-            "tatweel": ARABIC_TATWEEL, "upper_planes_start": UPPER_PLANES_START,
+            "weights": dict(estimator.weights),
+            "ranges": [[end, script] for end, script in estimator.ranges],
+            "tatweel": ARABIC_TATWEEL,
+            "upper_planes_start": UPPER_PLANES_START,
             "upper_planes_script": UPPER_PLANES_SCRIPT,
             "low_threshold": _default(RuleDurationEstimator.estimate_duration, "low_threshold"),
             "boost_strength": _default(RuleDurationEstimator.estimate_duration, "boost_strength"),
-            "fallback_ref_text": FALLBACK_REF_TEXT, "fallback_ref_frames": FALLBACK_REF_FRAMES},
+            "fallback_ref_text": FALLBACK_REF_TEXT,
+            "fallback_ref_frames": FALLBACK_REF_FRAMES,
+        },
         "text": {
             "split_punctuation": sorted(upstream_text.SPLIT_PUNCTUATION),
             "closing_marks": sorted(upstream_text.CLOSING_MARKS),
             "end_punctuation": sorted(upstream_text.END_PUNCTUATION),
             "abbreviations": sorted(upstream_text.ABBREVIATIONS),
-            "chinese_range": list(CHINESE_RANGE), "chinese_full_stop": CHINESE_FULL_STOP, "full_stop": FULL_STOP,
-            "min_chunk_len": MIN_CHUNK_LEN},
+            "chinese_range": list(CHINESE_RANGE),
+            "chinese_full_stop": CHINESE_FULL_STOP,
+            "full_stop": FULL_STOP,
+            "min_chunk_len": MIN_CHUNK_LEN,
+        },
         "prompt": {"nonverbal_pattern": upstream._NONVERBAL_PATTERN.pattern, "no_value": NO_VALUE},
         "audio": {
-            "target_rms": TARGET_RMS, "peak_level": PEAK_LEVEL, "min_peak": MIN_PEAK,
-            "reference_silence_ms": list(REFERENCE_SILENCE_MS), "output_silence_ms": list(OUTPUT_SILENCE_MS),
-            "silence_thresh_dbfs": SILENCE_THRESH_DBFS, "seek_step_ms": SEEK_STEP_MS,
+            "target_rms": TARGET_RMS,
+            "peak_level": PEAK_LEVEL,
+            "min_peak": MIN_PEAK,
+            "reference_silence_ms": list(REFERENCE_SILENCE_MS),
+            "output_silence_ms": list(OUTPUT_SILENCE_MS),
+            "silence_thresh_dbfs": SILENCE_THRESH_DBFS,
+            "seek_step_ms": SEEK_STEP_MS,
             "leading_chunk_ms": _default(upstream_audio.detect_leading_silence, "chunk_size"),
             "cross_fade_silence_s": _default(upstream_audio.cross_fade_chunks, "silence_duration"),
-            "resample": {name: _default(torchaudio.functional.resample, name)
-                         for name in ("lowpass_filter_width", "rolloff")}},
+            "resample": {
+                name: _default(torchaudio.functional.resample, name) for name in ("lowpass_filter_width", "rolloff")
+            },
+        },
         "graphs": contract_table(),
     }
 
@@ -166,9 +185,15 @@ def runtime_config(model_dir: Path) -> dict[str, Any]:
     return {
         "version": RUNTIME_CONFIG_VERSION,
         "source": {name: importlib.metadata.version(name) for name in ("omnivoice", "transformers", "tokenizers")},
-        "model": {"audio_mask_id": config.audio_mask_id, "num_audio_codebook": config.num_audio_codebook,
-                  "audio_vocab_size": config.audio_vocab_size, "sample_rate": SAMPLE_RATE, "hop_length": HOP_LENGTH,
-                  "frame_rate": SAMPLE_RATE // HOP_LENGTH, "model_fingerprint": model_fingerprint(model_dir)},
+        "model": {
+            "audio_mask_id": config.audio_mask_id,
+            "num_audio_codebook": config.num_audio_codebook,
+            "audio_vocab_size": config.audio_vocab_size,
+            "sample_rate": SAMPLE_RATE,
+            "hop_length": HOP_LENGTH,
+            "frame_rate": SAMPLE_RATE // HOP_LENGTH,
+            "model_fingerprint": model_fingerprint(model_dir),
+        },
         "generation": _generation_defaults(),
         "languages": {"ids": sorted(LANG_IDS), "name_to_id": dict(sorted(LANG_NAME_TO_ID.items()))},
         "instruct": {**_instruct_data(), **_instruct_rules()},

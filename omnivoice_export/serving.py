@@ -47,8 +47,14 @@ class Launched:
         return self.process.returncode
 
 
-def launch(model_dir: Path, log: Path, *flags: str, env: dict[str, str] | None = None,
-           start_timeout: float = 60.0, command: str = "serve") -> Launched:
+def launch(
+    model_dir: Path,
+    log: Path,
+    *flags: str,
+    env: dict[str, str] | None = None,
+    start_timeout: float = 60.0,
+    command: str = "serve",
+) -> Launched:
     """`omnivoice-onnx serve --model-dir M --port 0 FLAGS` as a child process, once it listens: the
     port is read from its start line, so there is no race for a free port (tests, benches).
     command="wyoming" starts `omnivoice-onnx wyoming --uri tcp://127.0.0.1:0` the same way."""
@@ -56,8 +62,12 @@ def launch(model_dir: Path, log: Path, *flags: str, env: dict[str, str] | None =
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [PACKAGE_ROOT, env.get("PYTHONPATH")]))
     with open(log, "w") as handle:
         where = ["--port", "0"] if command == "serve" else ["--uri", "tcp://127.0.0.1:0"]
-        process = subprocess.Popen([sys.executable, "-m", "omnivoice_onnx", command, "--model-dir", str(model_dir),
-                                    *where, *flags], env=env, stdout=handle, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(
+            [sys.executable, "-m", "omnivoice_onnx", command, "--model-dir", str(model_dir), *where, *flags],
+            env=env,
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+        )
     deadline = time.monotonic() + start_timeout
     while time.monotonic() < deadline:
         found = re.search(re.escape(f"omnivoice-onnx {command}: listening on ") + r"\S+:(\d+)", Path(log).read_text())

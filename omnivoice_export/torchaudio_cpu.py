@@ -64,8 +64,10 @@ def check_resample() -> float:
 
 def main() -> None:
     for path in disable_unloadable_extension():
-        print(f"torchaudio_cpu: disabled CUDA-only extension {path.name[: -len(DISABLED_SUFFIX)]} "
-              f"(renamed to {path.name}; torch is a CPU build)")
+        print(
+            f"torchaudio_cpu: disabled CUDA-only extension {path.name[: -len(DISABLED_SUFFIX)]} "
+            f"(renamed to {path.name}; torch is a CPU build)"
+        )
     error = check_resample()
     if error > 1e-2:
         sys.exit(f"torchaudio_cpu: resample check failed (max error {error:.2e}); reinstall torchaudio")

@@ -56,7 +56,7 @@ def normal(seed: int, name: str, shape: tuple[int, ...], std: float) -> np.ndarr
     for start in range(0, count, _CHUNK):
         raw = bits.random_raw(min(_CHUNK, count - start))
         total = (raw & 0xFFFF) + ((raw >> 16) & 0xFFFF) + ((raw >> 32) & 0xFFFF) + (raw >> 48)
-        out[start:start + raw.size] = (total.astype(np.int64) - _IRWIN_HALL_CENTRE) * unit
+        out[start : start + raw.size] = (total.astype(np.int64) - _IRWIN_HALL_CENTRE) * unit
     return out.reshape(shape)
 
 
@@ -100,8 +100,10 @@ def draw_all(module, rules: list[tuple[str, float | str | StdOf]], seed: int, pr
             if rule is None:
                 flat = tensor.detach().reshape(-1)
                 if flat.numel() and not bool((flat == flat[0]).all()):
-                    raise RuntimeError(f"{prefix}{name}: no weight rule and not a constant fill; add a rule "
-                                       "(omnivoice_export/builder.py) so its values are portable")
+                    raise RuntimeError(
+                        f"{prefix}{name}: no weight rule and not a constant fill; add a rule "
+                        "(omnivoice_export/builder.py) so its values are portable"
+                    )
                 continue
             if rule == ZEROS or rule == ONES:
                 tensor.data.fill_(0.0 if rule == ZEROS else 1.0)

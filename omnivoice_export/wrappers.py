@@ -91,8 +91,16 @@ def _resample_with_integer_length(waveform: torch.Tensor, orig_freq: int, new_fr
         return waveform
     gcd = math.gcd(int(orig_freq), int(new_freq))
     kernel, width = _get_sinc_resample_kernel(
-        orig_freq, new_freq, gcd, kwargs.get("lowpass_filter_width", 6), kwargs.get("rolloff", 0.99),
-        kwargs.get("resampling_method", "sinc_interp_hann"), kwargs.get("beta"), waveform.device, waveform.dtype)
+        orig_freq,
+        new_freq,
+        gcd,
+        kwargs.get("lowpass_filter_width", 6),
+        kwargs.get("rolloff", 0.99),
+        kwargs.get("resampling_method", "sinc_interp_hann"),
+        kwargs.get("beta"),
+        waveform.device,
+        waveform.dtype,
+    )
     orig, new = int(orig_freq) // gcd, int(new_freq) // gcd
     shape = waveform.shape
     flat = waveform.reshape(-1, shape[-1])

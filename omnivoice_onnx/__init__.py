@@ -46,5 +46,15 @@ from omnivoice_onnx.core.shapes import AudioChunk, GenerationConfig, Progress, R
 from omnivoice_onnx.errors import Cancelled, UserError
 from omnivoice_onnx.version import __version__
 
-__all__ = ["OmniVoiceOnnx", "UserError", "GenerationConfig", "Request", "Trace", "VoiceClonePrompt", "AudioChunk",
-           "Progress", "Cancelled", "__version__"]
+__all__ = [
+    "OmniVoiceOnnx",
+    "UserError",
+    "GenerationConfig",
+    "Request",
+    "Trace",
+    "VoiceClonePrompt",
+    "AudioChunk",
+    "Progress",
+    "Cancelled",
+    "__version__",
+]

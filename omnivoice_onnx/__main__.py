@@ -41,9 +41,11 @@ from omnivoice_onnx.version import __version__
 PROG = "omnivoice-onnx"
 COMMANDS_PACKAGE = "omnivoice_onnx.cli"  # where the commands live (this module runs as __main__ too)
 SUBCOMMANDS = ("speak", "voice", "info", "serve", "wyoming", "batch", "download", "pack")
-EXIT_CODES = (f"exit codes: 0 success, {EXIT_BAD_INPUT} bad or missing input (one line on stderr names the fix), "
-              f"{EXIT_INTERRUPTED} interrupted (Ctrl-C), {EXIT_TERMINATED} terminated (SIGTERM), {EXIT_BROKEN_PIPE} "
-              "output pipe closed; --debug shows the traceback of an error")
+EXIT_CODES = (
+    f"exit codes: 0 success, {EXIT_BAD_INPUT} bad or missing input (one line on stderr names the fix), "
+    f"{EXIT_INTERRUPTED} interrupted (Ctrl-C), {EXIT_TERMINATED} terminated (SIGTERM), {EXIT_BROKEN_PIPE} "
+    "output pipe closed; --debug shows the traceback of an error"
+)
 
 
 def subcommand_modules() -> dict[str, ModuleType]:
@@ -62,8 +64,10 @@ def subcommand_modules() -> dict[str, ModuleType]:
 
 def build_parser() -> argparse.ArgumentParser:
     """The whole command line: the top-level parser with one sub-parser per installed command."""
-    parser = prepare(argparse.ArgumentParser(prog=PROG, description=__doc__,
-                                             formatter_class=argparse.RawDescriptionHelpFormatter), EXIT_CODES)
+    parser = prepare(
+        argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter),
+        EXIT_CODES,
+    )
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for module in subcommand_modules().values():

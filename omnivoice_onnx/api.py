@@ -68,18 +68,25 @@ if TYPE_CHECKING:
 INT_METADATA = ("sample_rate", "hop_length", "frame_rate", "num_codebooks", "audio_vocab_size", "audio_mask_id")
 # runtime-config.json's model section -> the graph metadata key that must agree with it (a port
 # reads the config instead of the graphs' metadata_props, so both must say the same).
-CONFIG_VS_METADATA = {"audio_mask_id": "audio_mask_id", "num_audio_codebook": "num_codebooks",
-                      "audio_vocab_size": "audio_vocab_size", "sample_rate": "sample_rate",
-                      "hop_length": "hop_length", "frame_rate": "frame_rate",
-                      "model_fingerprint": "model_fingerprint"}
+CONFIG_VS_METADATA = {
+    "audio_mask_id": "audio_mask_id",
+    "num_audio_codebook": "num_codebooks",
+    "audio_vocab_size": "audio_vocab_size",
+    "sample_rate": "sample_rate",
+    "hop_length": "hop_length",
+    "frame_rate": "frame_rate",
+    "model_fingerprint": "model_fingerprint",
+}
+
 
 def graph_metadata(session: Any, path: Path, graph: str) -> dict[str, Any]:
     """A session's OmniVoice metadata (ints parsed), checked to describe `graph` and its inputs
     and outputs checked against the contract table."""
     meta = dict(session.get_modelmeta().custom_metadata_map)
     if meta.get("graph") != graph:
-        raise UserError(f"{path} is not an OmniVoice {graph} graph (its metadata says graph="
-                        f"{meta.get('graph')!r})", RERUN_EXPORT)
+        raise UserError(
+            f"{path} is not an OmniVoice {graph} graph (its metadata says graph={meta.get('graph')!r})", RERUN_EXPORT
+        )
     problems = signature_problems(graph, *ort_signature(session))
     if problems:
         raise UserError(f"{path} does not meet the {graph} contract: {'; '.join(problems)}", RERUN_EXPORT)
@@ -105,11 +112,15 @@ def metadata_problem(values: dict[str, int]) -> str | None:
         if values[key] <= 0:
             return f"{key}={values[key]} (must be > 0)"
     if values["sample_rate"] != values["hop_length"] * values["frame_rate"]:
-        return (f"sample_rate={values['sample_rate']} is not hop_length x frame_rate = "
-                f"{values['hop_length']} x {values['frame_rate']}")
+        return (
+            f"sample_rate={values['sample_rate']} is not hop_length x frame_rate = "
+            f"{values['hop_length']} x {values['frame_rate']}"
+        )
     if (values["num_codebooks"], values["audio_vocab_size"]) != (NUM_CODEBOOKS, AUDIO_VOCAB_SIZE):
-        return (f"num_codebooks={values['num_codebooks']}, audio_vocab_size={values['audio_vocab_size']} (the graphs "
-                f"take {NUM_CODEBOOKS} and {AUDIO_VOCAB_SIZE})")
+        return (
+            f"num_codebooks={values['num_codebooks']}, audio_vocab_size={values['audio_vocab_size']} (the graphs "
+            f"take {NUM_CODEBOOKS} and {AUDIO_VOCAB_SIZE})"
+        )
     if values["audio_mask_id"] != values["audio_vocab_size"] - 1:
         return (
             f"audio_mask_id={values['audio_mask_id']} is not the vocabulary's last id {values['audio_vocab_size'] - 1}"
@@ -126,11 +137,19 @@ class OmniVoiceOnnx:
     # into pieces of about that length (sentences, merged up to it; see docs in gen.stream).
     STREAM_CHUNK_DEFAULTS: dict[str, Any] = {"audio_chunk_duration": 3.0, "audio_chunk_threshold": 3.0}
 
-    def __init__(self, model_dir: str | os.PathLike[str], provider: str = "cpu", threads: int | None = None,
-                 resident_codecs: bool = False, variant: str | None = None, verify: bool = True) -> None:
+    def __init__(
+        self,
+        model_dir: str | os.PathLike[str],
+        provider: str = "cpu",
+        threads: int | None = None,
+        resident_codecs: bool = False,
+        variant: str | None = None,
+        verify: bool = True,
+    ) -> None:
         if not isinstance(provider, str):
-            raise UserError(f"provider must be a string, got {type(provider).__name__}",
-                            f"pass one of {', '.join(PROVIDERS)}")
+            raise UserError(
+                f"provider must be a string, got {type(provider).__name__}", f"pass one of {', '.join(PROVIDERS)}"
+            )
         threads = check_threads(threads)
         if not isinstance(resident_codecs, bool):
             raise UserError(f"resident_codecs must be True or False, got {resident_codecs!r:.40}", "pass a bool")
@@ -145,54 +164,81 @@ class OmniVoiceOnnx:
         self.bundle.check_loaded(path)  # the session holds the bytes that were hashed
         self.metadata = graph_metadata(self.transformer, path, "transformer")
         if self.metadata.get("variant", FP32_VARIANT) != self.variant:
-            raise UserError(f"{path} is variant {self.metadata.get('variant', FP32_VARIANT)!r}, not "
-                            f"{self.variant!r}", f"run quantize_omnivoice.py --variants {self.variant}")
-        self.codecs = CodecSessions(self.bundle.codec_paths(self.variant), provider, threads, resident_codecs,
-                                    self.bundle.check_loaded)
+            raise UserError(
+                f"{path} is variant {self.metadata.get('variant', FP32_VARIANT)!r}, not {self.variant!r}",
+                f"run quantize_omnivoice.py --variants {self.variant}",
+            )
+        self.codecs = CodecSessions(
+            self.bundle.codec_paths(self.variant), provider, threads, resident_codecs, self.bundle.check_loaded
+        )
         for name in ("encoder", "decoder"):
             # Opened once here (then released unless resident) so a foreign graph fails now, not
             # after the whole transformer loop.
             session = self.codecs.held.get(name) or self.codecs.open(name)
             codec_meta = graph_metadata(session, self.codecs.paths[name], name)
             if codec_meta.get("variant", FP32_VARIANT) not in (FP32_VARIANT, self.variant):
-                raise UserError(f"{self.codecs.paths[name]} is variant {codec_meta['variant']!r}'s {name}, not "
-                                f"{self.variant!r}'s", f"run quantize_omnivoice.py --variants {self.variant}")
+                raise UserError(
+                    f"{self.codecs.paths[name]} is variant {codec_meta['variant']!r}'s {name}, not {self.variant!r}'s",
+                    f"run quantize_omnivoice.py --variants {self.variant}",
+                )
             if codec_meta["model_fingerprint"] != self.metadata["model_fingerprint"]:
                 if self.variant != FP32_VARIANT:  # the codecs are the export's own: the variant is the stranger
-                    raise UserError(f"{path} was made from another export (model "
-                                    f"{self.metadata['model_fingerprint'][:16]}; this export's graphs are of "
-                                    f"{codec_meta['model_fingerprint'][:16]})", fix)
-                raise UserError(f"{self.codecs.paths[name]} belongs to another export (model "
-                                f"{codec_meta['model_fingerprint'][:16]}, the transformer's is "
-                                f"{self.metadata['model_fingerprint'][:16]})", RERUN_EXPORT)
+                    raise UserError(
+                        f"{path} was made from another export (model "
+                        f"{self.metadata['model_fingerprint'][:16]}; this export's graphs are of "
+                        f"{codec_meta['model_fingerprint'][:16]})",
+                        fix,
+                    )
+                raise UserError(
+                    f"{self.codecs.paths[name]} belongs to another export (model "
+                    f"{codec_meta['model_fingerprint'][:16]}, the transformer's is "
+                    f"{self.metadata['model_fingerprint'][:16]})",
+                    RERUN_EXPORT,
+                )
             differ = [key for key in INT_METADATA if codec_meta[key] != self.metadata[key]]
             if differ:
-                raise UserError(f"{self.codecs.paths[name]} says {differ[0]}={codec_meta[differ[0]]} but {path} says "
-                                f"{self.metadata[differ[0]]}", RERUN_EXPORT)
+                raise UserError(
+                    f"{self.codecs.paths[name]} says {differ[0]}={codec_meta[differ[0]]} but {path} says "
+                    f"{self.metadata[differ[0]]}",
+                    RERUN_EXPORT,
+                )
         try:  # the export's own generation defaults, checked as a request's are
             request.generation_config(None, self.runtime_config["generation"])
         except UserError as exc:
-            raise UserError(f"{self.bundle.runtime_config_path}: its generation defaults are wrong "
-                            f"({exc.problem})", RERUN_EXPORT) from exc
+            raise UserError(
+                f"{self.bundle.runtime_config_path}: its generation defaults are wrong ({exc.problem})", RERUN_EXPORT
+            ) from exc
         if self.runtime_config["graphs"] != contract_table():
-            raise UserError("runtime-config.json's graphs section is not this runtime's I/O contract "
-                            "(omnivoice_onnx.contract)", RERUN_EXPORT)
+            raise UserError(
+                "runtime-config.json's graphs section is not this runtime's I/O contract (omnivoice_onnx.contract)",
+                RERUN_EXPORT,
+            )
         for key, meta_key in CONFIG_VS_METADATA.items():
             if self.runtime_config["model"][key] != self.metadata[meta_key]:
-                raise UserError(f"runtime-config.json says {key}={self.runtime_config['model'][key]} but the graphs "
-                                f"say {self.metadata[meta_key]}", RERUN_EXPORT)
+                raise UserError(
+                    f"runtime-config.json says {key}={self.runtime_config['model'][key]} but the graphs "
+                    f"say {self.metadata[meta_key]}",
+                    RERUN_EXPORT,
+                )
         decoder_path = self.codecs.paths["decoder"]
         self.model = Model(
             transformer=lambda ids, audio_mask, attention: finite_output(
                 self._verified_result(run_split(self.transformer, ids, audio_mask, attention), path),
-                "transformer", path),
+                "transformer",
+                path,
+            ),
             encode=lambda wav: self.codecs.run("encoder", {"input_values": wav})["audio_codes"],
-            decode=lambda codes: finite_output(self.codecs.run("decoder", {"audio_codes": codes})["audio_values"],
-                                               "decoder", decoder_path),
-            tokenizer=self.tokenizer, runtime_config=self.runtime_config,
-            sample_rate=self.metadata["sample_rate"], hop_length=self.metadata["hop_length"],
-            frame_rate=self.metadata["frame_rate"], num_codebooks=self.metadata["num_codebooks"],
-            mask_id=self.metadata["audio_mask_id"])
+            decode=lambda codes: finite_output(
+                self.codecs.run("decoder", {"audio_codes": codes})["audio_values"], "decoder", decoder_path
+            ),
+            tokenizer=self.tokenizer,
+            runtime_config=self.runtime_config,
+            sample_rate=self.metadata["sample_rate"],
+            hop_length=self.metadata["hop_length"],
+            frame_rate=self.metadata["frame_rate"],
+            num_codebooks=self.metadata["num_codebooks"],
+            mask_id=self.metadata["audio_mask_id"],
+        )
 
     def _verified_result(self, result: np.ndarray, graph: Path) -> np.ndarray:
         """`result` of a call of `graph`'s session, once its files are seen unchanged since their hash:
@@ -202,10 +248,17 @@ class OmniVoiceOnnx:
         return result
 
     @classmethod
-    def from_dir(cls, model_dir: str | os.PathLike[str] | None = None, provider: str = "cpu",
-                 threads: int | None = None, resident_codecs: bool = False, variant: str | None = None,
-                 verify: bool = True, *,
-                 onnx_dir: str | os.PathLike[str] | None = None) -> OmniVoiceOnnx:
+    def from_dir(
+        cls,
+        model_dir: str | os.PathLike[str] | None = None,
+        provider: str = "cpu",
+        threads: int | None = None,
+        resident_codecs: bool = False,
+        variant: str | None = None,
+        verify: bool = True,
+        *,
+        onnx_dir: str | os.PathLike[str] | None = None,
+    ) -> OmniVoiceOnnx:
         """Load an export folder (`model_dir`, the name the CLI's --model-dir uses; `onnx_dir` is
         its older spelling, kept as an alias). provider: one of sessions.PROVIDERS ("cpu"; "cuda-fp32",
         "cuda-tf32"; "openvino-bf16", "openvino-f32": the transformer on OpenVINO, bits not fp32 MLAS's);
@@ -219,8 +272,9 @@ class OmniVoiceOnnx:
         OMNIVOICE_VERIFY=full)."""
         folder = model_dir if onnx_dir is None else onnx_dir
         if folder is None or (model_dir is not None and onnx_dir is not None):
-            raise UserError("from_dir needs the export folder once: model_dir (or its alias onnx_dir)",
-                            "pass from_dir(\"onnx\")")
+            raise UserError(
+                "from_dir needs the export folder once: model_dir (or its alias onnx_dir)", 'pass from_dir("onnx")'
+            )
         return cls(folder, provider, threads, resident_codecs, variant, verify)
 
     @property
@@ -232,15 +286,15 @@ class OmniVoiceOnnx:
     def sample_rate(self) -> int:
         return self.model.sample_rate
 
-    def generation_config(self, values: dict[str, Any] | None = None,
-                          base: dict[str, Any] | None = None) -> GenerationConfig:
+    def generation_config(
+        self, values: dict[str, Any] | None = None, base: dict[str, Any] | None = None
+    ) -> GenerationConfig:
         """upstream's defaults (from the export's runtime-config.json) overlaid with `base`, then
         `values` (checked: request.generation_config)."""
         defaults = {**self.runtime_config["generation"], **(base or {})}
         return request.generation_config(values, defaults)
 
-    def validate(self, text: str | list[str], *, stream: bool = False,
-                 **keywords: Unpack[RequestKeywords]) -> Request:
+    def validate(self, text: str | list[str], *, stream: bool = False, **keywords: Unpack[RequestKeywords]) -> Request:
         """The request generate() (or, with `stream`, stream()) runs, checked whole (types, values,
         the limits of omnivoice_onnx.limits) without model work: the reference is loaded and
         prepared, not encoded; a seed of None is drawn now (Request.seed). Pass the Request to
@@ -253,15 +307,17 @@ class OmniVoiceOnnx:
         request.check_keywords(keywords, "validate")
         if stream and not isinstance(text, str):
             raise UserError("stream() speaks one text (a str)", "call generate() for a batch of texts")
-        config = self.generation_config(keywords.get("generation_config"),
-                                        base=self.STREAM_CHUNK_DEFAULTS if stream else None)
+        config = self.generation_config(
+            keywords.get("generation_config"), base=self.STREAM_CHUNK_DEFAULTS if stream else None
+        )
         fields = {name: keywords.get(name) for name in REQUEST_FIELDS}
         fields["duration_s"] = fields.pop("duration")
         with memory_errors_as_user_errors():
             return request.validate(self.model, text, config, **fields)
 
-    def create_voice_clone_prompt(self, ref_audio: Any, ref_text: str,
-                                  preprocess_prompt: bool = True) -> VoiceClonePrompt:
+    def create_voice_clone_prompt(
+        self, ref_audio: Any, ref_text: str, preprocess_prompt: bool = True
+    ) -> VoiceClonePrompt:
         """A reusable reference: ref_audio a file path or (waveform [T] or [C, T], sample_rate);
         ref_text its transcript (required: upstream transcribes a reference without one with
         Whisper; there is no speech recogniser here). Loaded and prepared as a request's reference
@@ -272,9 +328,15 @@ class OmniVoiceOnnx:
             reference = request.load_reference(self.model, ref_audio, ref_text, preprocess_prompt)
             return gen.encode_reference(self.model, reference)
 
-    def generate(self, text: str | list[str] | Request, *, trace: gen.Trace | None = None,
-                 progress: Callable[[Progress], None] | None = None, cancel: threading.Event | None = None,
-                 **keywords: Unpack[RequestKeywords]) -> list[np.ndarray]:
+    def generate(
+        self,
+        text: str | list[str] | Request,
+        *,
+        trace: gen.Trace | None = None,
+        progress: Callable[[Progress], None] | None = None,
+        cancel: threading.Event | None = None,
+        **keywords: Unpack[RequestKeywords],
+    ) -> list[np.ndarray]:
         """Speech for `text` (a string or a list: a batch): one float32 [T] array per text.
 
         `text` may be a Request from validate() instead, which runs as it is (no keyword then);
@@ -292,9 +354,15 @@ class OmniVoiceOnnx:
         with memory_errors_as_user_errors():
             return gen.generate(self.model, req, trace, gen.Monitor(progress=progress, cancel=cancel))
 
-    def stream(self, text: str | Request, *, trace: gen.Trace | None = None,
-               progress: Callable[[Progress], None] | None = None, cancel: threading.Event | None = None,
-               **keywords: Unpack[RequestKeywords]) -> Iterator[AudioChunk]:
+    def stream(
+        self,
+        text: str | Request,
+        *,
+        trace: gen.Trace | None = None,
+        progress: Callable[[Progress], None] | None = None,
+        cancel: threading.Event | None = None,
+        **keywords: Unpack[RequestKeywords],
+    ) -> Iterator[AudioChunk]:
         """Speech for one `text`, yielded as AudioChunks as each chunk of upstream's chunking is decoded.
 
         The chunking is STREAM_CHUNK_DEFAULTS overlaid with `generation_config`: sentence-sized
@@ -317,12 +385,16 @@ class OmniVoiceOnnx:
             return self.validate(text, **keywords, stream=stream)
         given = sorted(name for name, value in keywords.items() if value is not None)
         if given:
-            raise UserError(f"{', '.join(given)} given with a validated Request (they would be ignored)",
-                            "pass them to validate() when building the Request, or pass the text instead")
+            raise UserError(
+                f"{', '.join(given)} given with a validated Request (they would be ignored)",
+                "pass them to validate() when building the Request, or pass the text instead",
+            )
         return text
 
 
 def check_trace(trace: Any) -> None:
     if trace is not None and not isinstance(trace, gen.Trace):
-        raise UserError(f"trace must be a Trace or None, got {type(trace).__name__} {trace!r:.40}",
-                        "pass trace=Trace() (omnivoice_onnx.Trace) to record the call")
+        raise UserError(
+            f"trace must be a Trace or None, got {type(trace).__name__} {trace!r:.40}",
+            "pass trace=Trace() (omnivoice_onnx.Trace) to record the call",
+        )

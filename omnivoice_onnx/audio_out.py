@@ -60,8 +60,15 @@ from omnivoice_onnx.files import (
     replace_into,
 )
 
-EXTENSIONS = {".wav": "wav", ".flac": "flac", ".pcm": "pcm", ".raw": "pcm", ".mp3": "mp3", ".opus": "opus",
-              ".ogg": "opus"}
+EXTENSIONS = {
+    ".wav": "wav",
+    ".flac": "flac",
+    ".pcm": "pcm",
+    ".raw": "pcm",
+    ".mp3": "mp3",
+    ".opus": "opus",
+    ".ogg": "opus",
+}
 STDOUT = "-"
 
 
@@ -75,8 +82,10 @@ def output_format(dest: str | os.PathLike[str] | None, fmt: str | None, streamed
     suffix = Path(dest).suffix.lower()
     named = EXTENSIONS.get(suffix)
     if fmt is not None and named is not None and named != fmt:
-        raise UserError(f"{dest} has the extension of {named} but {fmt} was asked for",
-                        f"name the file *.{fmt if fmt != 'pcm' else 'pcm'} or drop the format option")
+        raise UserError(
+            f"{dest} has the extension of {named} but {fmt} was asked for",
+            f"name the file *.{fmt if fmt != 'pcm' else 'pcm'} or drop the format option",
+        )
     if fmt is not None:
         return fmt
     if named is not None:
@@ -92,8 +101,16 @@ class AudioSink:
     """An open audio output. write() float32 chunks, then close(); abort() (or leaving a `with`
     block by an exception) removes what a regular-file output had written. Build it with open_output."""
 
-    def __init__(self, handle: BinaryIO, fmt: str, sample_rate: int, stream: bool, name: str,
-                 replacing: tuple[Path, Path] | None = None, owned: bool = True) -> None:
+    def __init__(
+        self,
+        handle: BinaryIO,
+        fmt: str,
+        sample_rate: int,
+        stream: bool,
+        name: str,
+        replacing: tuple[Path, Path] | None = None,
+        owned: bool = True,
+    ) -> None:
         """replacing: (temporary, target) of a regular file: written to the temporary, renamed onto
         the target by close()."""
         self.fmt, self.sample_rate, self.name = fmt, sample_rate, name
@@ -119,8 +136,9 @@ class AudioSink:
                 if self._flac is None:
                     import soundfile
 
-                    self._flac = soundfile.SoundFile(self._handle, "w", self.sample_rate, 1, format="FLAC",
-                                                     subtype="PCM_16")
+                    self._flac = soundfile.SoundFile(
+                        self._handle, "w", self.sample_rate, 1, format="FLAC", subtype="PCM_16"
+                    )
                 self._flac.write(pcm)
                 return
             if self.fmt in ENCODED:
@@ -211,8 +229,9 @@ class AudioSink:
     def __enter__(self) -> AudioSink:
         return self
 
-    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None,
-                 traceback: TracebackType | None) -> None:
+    def __exit__(
+        self, kind: type[BaseException] | None, value: BaseException | None, traceback: TracebackType | None
+    ) -> None:
         if kind is None:
             self.close()
         else:
@@ -231,8 +250,10 @@ def _destination(dest: str | os.PathLike[str] | None, fmt: str | None, what: str
     written in place) or "file" (written atomically); every check open_output makes, nothing created."""
     if dest is None or str(dest) == STDOUT:
         if sys.stdout.isatty():
-            raise UserError("refusing to write audio to a terminal", "redirect stdout to a file or a player "
-                            "(`| aplay`, `> out.wav`), or pass --out FILE")
+            raise UserError(
+                "refusing to write audio to a terminal",
+                "redirect stdout to a file or a player (`| aplay`, `> out.wav`), or pass --out FILE",
+            )
         return "stdout", None, output_format(None, fmt)
     given = Path(dest)
     target = Path(os.path.realpath(given))  # symlinks followed: the link's target is what is written
@@ -250,8 +271,10 @@ def _destination(dest: str | os.PathLike[str] | None, fmt: str | None, what: str
     check_output(target, what, "file")
     if not target.parent.is_dir():  # as cp, sox and a shell redirection: a typo must not make folders
         folder = given.parent if not given.parent.is_dir() else target.parent
-        raise UserError(f"{what} {given}: the folder {folder} does not exist",
-                        f"create it first (mkdir -p {folder}), or write into an existing folder")
+        raise UserError(
+            f"{what} {given}: the folder {folder} does not exist",
+            f"create it first (mkdir -p {folder}), or write into an existing folder",
+        )
     return "file", target, fmt
 
 
@@ -262,8 +285,9 @@ def check_destination(dest: str | os.PathLike[str] | None, fmt: str | None, what
     return _destination(dest, fmt, what)[2]
 
 
-def open_output(dest: str | os.PathLike[str] | None, fmt: str | None, sample_rate: int, stream: bool = False,
-                what: str = "output") -> AudioSink:
+def open_output(
+    dest: str | os.PathLike[str] | None, fmt: str | None, sample_rate: int, stream: bool = False, what: str = "output"
+) -> AudioSink:
     """Open `dest` for audio (see the module docstring for formats and destinations); every problem
     the user can fix is a UserError now, before any samples (check_destination). stream: write
     streamed outputs as each write() comes (else at close, with exact sizes)."""

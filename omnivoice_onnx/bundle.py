@@ -64,18 +64,22 @@ VOICES_SUBDIR = "voices"  # the default voices folder: inside the bundle, so a c
 MANIFEST_FILE = "release-manifest.json"  # a release archive's first member, kept in a downloaded folder
 RERUN_EXPORT = "re-run export_omnivoice.py into an empty folder"
 # What a user without a bundle is told: both ways to get one without the export toolchain.
-GET_BUNDLE = ("pass a bundle folder (--model-dir), or get one: omnivoice-onnx download ORG/NAME --dir DIR (a "
-              "Hugging Face repo; or --model-dir hf:ORG/NAME), or omnivoice-onnx download URL --sha256 HEX --dir DIR "
-              "(a release archive); docs/download.md")
+GET_BUNDLE = (
+    "pass a bundle folder (--model-dir), or get one: omnivoice-onnx download ORG/NAME --dir DIR (a "
+    "Hugging Face repo; or --model-dir hf:ORG/NAME), or omnivoice-onnx download URL --sha256 HEX --dir DIR "
+    "(a release archive); docs/download.md"
+)
 SKIP = f"or load it unchecked with verify=False / {VERIFY_ENV}=0"
 # What the runtime reads of the report: the files of each graph, the runtime assets, the variants.
-REPORT_FILES_SCHEMA = {"graphs": Each({"files": Each(FILE_ENTRY_SCHEMA)}),
-                       "runtime_assets": Each(FILE_ENTRY_SCHEMA)}
+REPORT_FILES_SCHEMA = {"graphs": Each({"files": Each(FILE_ENTRY_SCHEMA)}), "runtime_assets": Each(FILE_ENTRY_SCHEMA)}
 VARIANT_SCHEMA = {"dir": str, "files": Each(FILE_ENTRY_SCHEMA)}
 # What the runtime reads of the report's other sections (info's verdicts, the variants listed),
 # checked when it is read: a section of another shape is one line, never an AttributeError.
-REPORT_SCHEMA = {"parity": Maybe(Each({"verdict": Maybe(str)})), "end_to_end": Maybe(Each({"verdict": Maybe(str)})),
-                 "variants": Maybe(Each(dict))}
+REPORT_SCHEMA = {
+    "parity": Maybe(Each({"verdict": Maybe(str)})),
+    "end_to_end": Maybe(Each({"verdict": Maybe(str)})),
+    "variants": Maybe(Each(dict)),
+}
 VARIANT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # a folder name inside the export, never a path
 # The transformer graph used when no variant is named: the first of these that the export holds.
 # fp32-fused passes the fp32 verdicts (parity argmax 1.000000, tokens 100 %, its logits the same
@@ -89,8 +93,10 @@ DEFAULT_VARIANT_ORDER = ("fp32-fused", FP32_VARIANT)
 def verify_requested(verify: Any) -> bool:
     """Whether to check sha256: `verify` (a bool), unless $OMNIVOICE_VERIFY is "0" (verify_mode)."""
     if not isinstance(verify, bool):
-        raise UserError(f"verify must be True or False, got {type(verify).__name__} {verify!r:.40}",
-                        "pass verify=False only for a bundle without export-report.json")
+        raise UserError(
+            f"verify must be True or False, got {type(verify).__name__} {verify!r:.40}",
+            "pass verify=False only for a bundle without export-report.json",
+        )
     return verify and verify_mode() != "off"
 
 
@@ -147,8 +153,10 @@ class FileCheck:
         except FileNotFoundError:  # also when it went between the test and the read
             return f"{self.path} is missing"
         if seen is None:
-            return (f"{self.path} does not match the sha256 export-report.json records for it (damaged, "
-                    "truncated, replaced or from another export)")
+            return (
+                f"{self.path} does not match the sha256 export-report.json records for it (damaged, "
+                "truncated, replaced or from another export)"
+            )
         return seen
 
     def problem(self, verified: VerifiedFiles) -> str | None:
@@ -159,8 +167,9 @@ class FileCheck:
 def check_folder(model_dir: str | os.PathLike[str]) -> Path:
     """`model_dir` as a Path when it is a folder; else the one refusal of a missing bundle, everywhere."""
     if not isinstance(model_dir, (str, os.PathLike)):
-        raise UserError(f"model_dir must be a path, got {type(model_dir).__name__}",
-                        "pass the folder export_omnivoice.py wrote")
+        raise UserError(
+            f"model_dir must be a path, got {type(model_dir).__name__}", "pass the folder export_omnivoice.py wrote"
+        )
     path = Path(model_dir)
     if not path.is_dir():
         raise UserError(f"export folder not found: {path}", GET_BUNDLE)
@@ -221,8 +230,9 @@ class Folder:
 class Bundle(Folder):
     """An export folder, opened: build it with `Bundle.open`."""
 
-    def __init__(self, model_dir: Path, variant: str, report: dict[str, Any] | None,
-                 report_error: UserError | None = None) -> None:
+    def __init__(
+        self, model_dir: Path, variant: str, report: dict[str, Any] | None, report_error: UserError | None = None
+    ) -> None:
         super().__init__(model_dir)
         self.variant = variant  # the transformer variant loaded (named, or default_variant's choice)
         self.report = report  # export-report.json, read once (None: none readable, opened with verify=False)
@@ -230,15 +240,18 @@ class Bundle(Folder):
         self.seen: dict[Path, Seen] = {}  # each file verify() found as recorded (empty unverified)
 
     @classmethod
-    def open(cls, model_dir: str | os.PathLike[str], variant: str | None = None, verify: bool = True,
-             provider: str = "cpu") -> Bundle:
+    def open(
+        cls, model_dir: str | os.PathLike[str], variant: str | None = None, verify: bool = True, provider: str = "cpu"
+    ) -> Bundle:
         """The folder at `model_dir` with `variant` (None: default_variant's choice for `provider`);
         with `verify`, every file the variant loads checked against the report first (UserError
         naming the first that differs, and the step that remakes it)."""
         if variant is not None and not (isinstance(variant, str) and VARIANT_NAME.fullmatch(variant)):
             present = variants_present(Path(model_dir)) if isinstance(model_dir, (str, os.PathLike)) else []
-            raise UserError(f"variant must be a variant's name (a folder of the export), got {variant!r:.60}",
-                            f"pass one of {', '.join(present) or 'fp32'}, or None")
+            raise UserError(
+                f"variant must be a variant's name (a folder of the export), got {variant!r:.60}",
+                f"pass one of {', '.join(present) or 'fp32'}, or None",
+            )
         verify = verify_requested(verify)
         model_dir = check_folder(model_dir)
         try:
@@ -288,9 +301,10 @@ class Bundle(Folder):
             except OSError:
                 now = None
             if now != seen.identity:
-                raise UserError(f"{path} changed after it was verified, while it was being loaded (replaced or "
-                                "written to)", "load it again once nothing is writing the export folder; "
-                                f"{RERUN_EXPORT} if it was damaged")
+                raise UserError(
+                    f"{path} changed after it was verified, while it was being loaded (replaced or written to)",
+                    f"load it again once nothing is writing the export folder; {RERUN_EXPORT} if it was damaged",
+                )
 
     def path(self, graph: str, variant: str | None = None) -> Path:
         """`graph`'s file for `variant` (default: the bundle's): contract.variant_path."""
@@ -301,8 +315,11 @@ class Bundle(Folder):
         naming those present."""
         path = self.path("transformer")
         if self.variant != FP32_VARIANT and not path.is_file():
-            raise UserError(f"the export in {self.dir} has no transformer variant {self.variant!r} (present: "
-                            f"{', '.join(self.variants) or 'none'})", variant_fix(self.variant))
+            raise UserError(
+                f"the export in {self.dir} has no transformer variant {self.variant!r} (present: "
+                f"{', '.join(self.variants) or 'none'})",
+                variant_fix(self.variant),
+            )
         return path
 
     @functools.cached_property
@@ -315,8 +332,10 @@ class Bundle(Folder):
         if not path.is_file() and self.variant != FP32_VARIANT and self.path("transformer").is_file():
             path = self.path("transformer")
         if not path.is_file():
-            raise UserError(f"{self.dir} holds no OmniVoice export ({path.name} not found)",
-                            "pass the folder export_omnivoice.py wrote (--model-dir)")
+            raise UserError(
+                f"{self.dir} holds no OmniVoice export ({path.name} not found)",
+                "pass the folder export_omnivoice.py wrote (--model-dir)",
+            )
         meta = metadata_props(path)
         if not meta.get("model_fingerprint"):
             raise UserError(f"{path} has no model_fingerprint metadata: not an OmniVoice export", RERUN_EXPORT)
@@ -347,8 +366,11 @@ class Bundle(Folder):
             entry = self.report["graphs"].get(graph)
             if entry is None:
                 raise UserError(f"export report {path} lists no {graph} graph", RERUN_EXPORT)
-            checks += [FileCheck(confined(self.dir, name, f"export report {path}", RERUN_EXPORT), info, RERUN_EXPORT)
-                       for name, info in entry["files"].items() if name.startswith(GRAPH_FILES[graph])]
+            checks += [
+                FileCheck(confined(self.dir, name, f"export report {path}", RERUN_EXPORT), info, RERUN_EXPORT)
+                for name, info in entry["files"].items()
+                if name.startswith(GRAPH_FILES[graph])
+            ]
         for name in (TOKENIZER_FILE, RUNTIME_CONFIG_FILE):
             if name not in self.report["runtime_assets"]:
                 raise UserError(f"export report {path} lists no {name}", RERUN_EXPORT)
@@ -357,14 +379,19 @@ class Bundle(Folder):
             fix = variant_fix(variant)
             entry = self.listed_variants().get(variant)
             if entry is None:
-                raise UserError(f"export report {path} does not list variant {variant!r} (a folder left from an "
-                                "earlier export, or made by hand?)", fix)
+                raise UserError(
+                    f"export report {path} does not list variant {variant!r} (a folder left from an "
+                    "earlier export, or made by hand?)",
+                    fix,
+                )
             problem = schema_problem(entry, VARIANT_SCHEMA, f"variants.{variant}")
             if problem:
                 raise UserError(f"export report {path} is malformed: {problem}", fix)
             folder = variant_dir(self.dir, variant)
-            checks += [FileCheck(confined(folder, name, f"export report {path}", fix), info, fix)
-                       for name, info in entry["files"].items()]
+            checks += [
+                FileCheck(confined(folder, name, f"export report {path}", fix), info, fix)
+                for name, info in entry["files"].items()
+            ]
         return checks
 
     def listed_variants(self) -> dict[str, Any]:

@@ -90,26 +90,34 @@ class GraphContract:
 
 CONTRACTS = {
     "transformer": GraphContract(
-        name="transformer", file="omnivoice_transformer.onnx",
-        inputs=(Tensor("input_ids", "int64", ("batch", NUM_CODEBOOKS, "seq")),
-                Tensor("audio_mask", "bool", ("batch", "seq")),
-                Tensor("attention_mask", "bool", ("batch", 1, "seq", "seq"))),
+        name="transformer",
+        file="omnivoice_transformer.onnx",
+        inputs=(
+            Tensor("input_ids", "int64", ("batch", NUM_CODEBOOKS, "seq")),
+            Tensor("audio_mask", "bool", ("batch", "seq")),
+            Tensor("attention_mask", "bool", ("batch", 1, "seq", "seq")),
+        ),
         outputs=(Tensor("logits", "float32", ("batch", NUM_CODEBOOKS, "seq", AUDIO_VOCAB_SIZE)),),
         summary="input_ids[2B,8,S] int64, audio_mask[2B,S] bool, attention_mask[2B,1,S,S] bool "
-                "-> logits[2B,8,S,1025] float32",
-        tolerances=("transformer_argmax_min", "transformer_max_abs")),
+        "-> logits[2B,8,S,1025] float32",
+        tolerances=("transformer_argmax_min", "transformer_max_abs"),
+    ),
     "encoder": GraphContract(
-        name="encoder", file="higgs_encoder.onnx",
+        name="encoder",
+        file="higgs_encoder.onnx",
         inputs=(Tensor("input_values", "float32", ("batch", 1, SAMPLES_AXIS)),),
         outputs=(Tensor("audio_codes", "int64", ("batch", NUM_CODEBOOKS, "frames")),),
         summary="input_values[B,1,960*Tc] float32 @24kHz -> audio_codes[B,8,Tc] int64",
-        tolerances=("encoder_code_match_min",)),
+        tolerances=("encoder_code_match_min",),
+    ),
     "decoder": GraphContract(
-        name="decoder", file="higgs_decoder.onnx",
+        name="decoder",
+        file="higgs_decoder.onnx",
         inputs=(Tensor("audio_codes", "int64", ("batch", NUM_CODEBOOKS, "frames")),),
         outputs=(Tensor("audio_values", "float32", ("batch", 1, SAMPLES_AXIS)),),
         summary="audio_codes[B,8,Tc] int64 -> audio_values[B,1,960*Tc] float32 @24kHz",
-        tolerances=("decoder_log_spectral_l1_max",)),
+        tolerances=("decoder_log_spectral_l1_max",),
+    ),
 }
 GRAPH_FILES = {name: contract.file for name, contract in CONTRACTS.items()}
 
@@ -119,10 +127,16 @@ def contract_table() -> dict[str, Any]:
     onnxruntime binding cannot read metadata_props (onnxruntime-node). Per graph: file, summary,
     and per input/output {name, dtype, axes} in feed order; an axis is a size (int) or a symbolic
     name, "960*frames" meaning HOP_LENGTH times the `frames` of the same call."""
+
     def tensors(items: tuple[Tensor, ...]) -> list[dict[str, Any]]:
         return [{"name": t.name, "dtype": t.dtype, "axes": list(t.axes)} for t in items]
-    return {name: {"file": c.file, "summary": c.summary, "inputs": tensors(c.inputs), "outputs": tensors(c.outputs)}
-            for name, c in CONTRACTS.items()}
+
+    return {
+        name: {"file": c.file, "summary": c.summary, "inputs": tensors(c.inputs), "outputs": tensors(c.outputs)}
+        for name, c in CONTRACTS.items()
+    }
+
+
 GRAPH_NAMES = tuple(CONTRACTS)
 
 # The export report (omnivoice_export.report writes it; the runtime reads only its `variants` keys).
@@ -162,8 +176,11 @@ def variants_present(onnx_dir: Path) -> list[str]:
     onnx_dir = Path(onnx_dir)
     found = [FP32_VARIANT] if variant_path(onnx_dir, FP32_VARIANT).is_file() else []
     if onnx_dir.is_dir():
-        found += sorted(child.name for child in onnx_dir.iterdir()
-                        if child.is_dir() and variant_path(onnx_dir, child.name).is_file())
+        found += sorted(
+            child.name
+            for child in onnx_dir.iterdir()
+            if child.is_dir() and variant_path(onnx_dir, child.name).is_file()
+        )
     return found
 
 
@@ -178,13 +195,16 @@ TensorSignature = tuple[str, str, list[str | int | None]]
 def ort_signature(session: Any) -> tuple[list[TensorSignature], list[TensorSignature]]:
     """(inputs, outputs) of an onnxruntime session (untyped: onnxruntime has no stubs) as
     (name, dtype, axes) triples."""
+
     def describe(args: Sequence[Any]) -> list[TensorSignature]:
         return [(a.name, ORT_DTYPES.get(a.type, a.type), list(a.shape)) for a in args]
+
     return describe(session.get_inputs()), describe(session.get_outputs())
 
 
-def signature_problems(graph: str, inputs: Sequence[tuple[str, str, Sequence[Any]]],
-                       outputs: Sequence[tuple[str, str, Sequence[Any]]]) -> list[str]:
+def signature_problems(
+    graph: str, inputs: Sequence[tuple[str, str, Sequence[Any]]], outputs: Sequence[tuple[str, str, Sequence[Any]]]
+) -> list[str]:
     """What a graph's declared signature gets wrong against the contract, one line per problem.
 
     As Optimum's validator does: names (in order), dtypes, rank, each fixed size, and each
@@ -219,8 +239,9 @@ def shape_problems(graph: str, shapes: dict[str, Sequence[int]]) -> list[str]:
     for tensor in contract.inputs + contract.outputs:
         shape = tuple(shapes[tensor.name])
         if len(shape) != len(tensor.axes):
-            problems.append(f"{tensor.name} has shape {list(shape)}, expected {len(tensor.axes)} axes "
-                            f"{list(tensor.axes)}")
+            problems.append(
+                f"{tensor.name} has shape {list(shape)}, expected {len(tensor.axes)} axes {list(tensor.axes)}"
+            )
             continue
         for axis, size in zip(tensor.axes, shape):
             if isinstance(axis, int) and size != axis:

@@ -21,8 +21,9 @@ from typing import Any, TextIO
 # recolour or clear a terminal; CR and NL fake or split lines; NUL), DEL and C1 (8-bit CSI), the
 # bidi embeddings, overrides and isolates that reorder what is shown, the Unicode line and
 # paragraph separators, and lone surrogates (from bytes that are not UTF-8: printing one raises).
-UNSAFE_CHARACTERS = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069"
-                               "\u2028\u2029\ud800-\udfff]")
+UNSAFE_CHARACTERS = re.compile(
+    "[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\u2028\u2029\ud800-\udfff]"
+)
 
 
 def _escape(match: re.Match[str]) -> str:
@@ -103,12 +104,13 @@ def environment_message(error: OSError) -> str:
     """One line for an ENVIRONMENT error: the problem, the file and the fix."""
     where = error.filename or "an output file"
     if error.errno in DISK_FULL:
-        return (f"disk full while writing {where}; free space and re-run "
-                "(the previous complete artefacts are intact)")
+        return f"disk full while writing {where}; free space and re-run (the previous complete artefacts are intact)"
     if error.errno == errno.EROFS:
         return f"{where} is on a read-only file system; write to another location"
-    return (f"permission denied: {where}; give this user access to it (chmod/chown), or run as its owner "
-            "(the previous complete artefacts are intact)")
+    return (
+        f"permission denied: {where}; give this user access to it (chmod/chown), or run as its owner "
+        "(the previous complete artefacts are intact)"
+    )
 
 
 def check_unicode(text: str, where: str, fix: str) -> str:
@@ -118,8 +120,11 @@ def check_unicode(text: str, where: str, fix: str) -> str:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
-        raise UserError(f"{where} is not valid text: it holds {text[exc.start]!r} at character {exc.start} (a byte "
-                        "that is not UTF-8, or a lone surrogate \\u escape)", fix) from None
+        raise UserError(
+            f"{where} is not valid text: it holds {text[exc.start]!r} at character {exc.start} (a byte "
+            "that is not UTF-8, or a lone surrogate \\u escape)",
+            fix,
+        ) from None
     return text
 
 
@@ -129,12 +134,15 @@ def check_path(value: Any, label: str) -> str:
     NUL cannot be in a path (the OS APIs take C strings: Python raises ValueError, a traceback, at
     the first stat or open); argv cannot hold one, a JSON string can (`\\u0000`)."""
     if not isinstance(value, (str, os.PathLike)):
-        raise UserError(f"{label} must be a file path (a string), got {type(value).__name__}",
-                        f"pass {label} as a path")
+        raise UserError(
+            f"{label} must be a file path (a string), got {type(value).__name__}", f"pass {label} as a path"
+        )
     path = os.fspath(value)
     if not isinstance(path, str):  # a bytes path-like
         raise UserError(f"{label} must be a path string, got {type(path).__name__}", f"pass {label} as a str path")
     if "\0" in path:
-        raise UserError(f"{label} {path[:200]!r} holds a NUL character at position {path.index(chr(0))}: not a path",
-                        f"pass {label} as the file's path")
+        raise UserError(
+            f"{label} {path[:200]!r} holds a NUL character at position {path.index(chr(0))}: not a path",
+            f"pass {label} as the file's path",
+        )
     return path

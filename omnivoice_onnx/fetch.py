@@ -167,9 +167,10 @@ def pack(model_dir: Path, variant: str | None, out: Path) -> dict[str, Any]:
     report = bundle.report
     if report is None:  # opened unchecked (OMNIVOICE_VERIFY=0) without a readable report
         why = bundle.report_error.problem if bundle.report_error is not None else f"{bundle.report_path} was not read"
-        raise UserError(f"cannot pack without the export report, which lists the files to ship and their sha256: "
-                        f"{why}", "re-run export_omnivoice.py into an empty folder (OMNIVOICE_VERIFY=0 does not "
-                        "skip the report for pack)")
+        raise UserError(
+            f"cannot pack without the export report, which lists the files to ship and their sha256: {why}",
+            "re-run export_omnivoice.py into an empty folder (OMNIVOICE_VERIFY=0 does not skip the report for pack)",
+        )
     expected = {check.path.relative_to(bundle.dir).as_posix(): check.entry for check in bundle.file_checks()}
     files: dict[str, dict[str, Any]] = {}
     for name in release_files(report, bundle.variant):
@@ -189,8 +190,9 @@ def pack(model_dir: Path, variant: str | None, out: Path) -> dict[str, Any]:
                 reader = _Hashing(handle)
                 archive.addfile(_member(name, entry["bytes"]), reader)
             if reader.digest.hexdigest() != entry["sha256"]:
-                raise UserError(f"{bundle.member(name)} changed while it was packed",
-                                "pack again when nothing writes it")
+                raise UserError(
+                    f"{bundle.member(name)} changed while it was packed", "pack again when nothing writes it"
+                )
     return manifest
 
 
@@ -542,8 +544,9 @@ def _download_hub(
     return manifest
 
 
-def resolve_model_dir(model_dir: str | os.PathLike[str], variant: str | None = None,
-                      local_files_only: bool = False) -> Path:
+def resolve_model_dir(
+    model_dir: str | os.PathLike[str], variant: str | None = None, local_files_only: bool = False
+) -> Path:
     """`model_dir` as a folder: itself, or for `hf:ORG/NAME` the huggingface_hub snapshot of the
     variant's files (fetched unless cached; HF_HUB_OFFLINE honoured). The files are checked when
     the bundle opens, as any folder's are."""

@@ -227,8 +227,11 @@ def make_folder(path: Path, what: str, fix: str, mode: int = 0o777) -> os.stat_r
     except OSError as exc:
         if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
             raise
-        kind = ("a symbolic link, not a folder (a folder made for the runtime is never followed through a link)"
-                if os.path.islink(path) else "not a folder")
+        kind = (
+            "a symbolic link, not a folder (a folder made for the runtime is never followed through a link)"
+            if os.path.islink(path)
+            else "not a folder"
+        )
         raise UserError(f"{what} {path} is {kind}", fix) from None
 
 
@@ -273,8 +276,10 @@ class FolderLock:
                 holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "?"
                 os.close(fd)
                 if time.monotonic() >= deadline:
-                    raise UserError(f"{self.what} is in use by another process (pid {holder}, lock {self.path})",
-                                    "wait for it to finish, then re-run") from None
+                    raise UserError(
+                        f"{self.what} is in use by another process (pid {holder}, lock {self.path})",
+                        "wait for it to finish, then re-run",
+                    ) from None
                 time.sleep(0.05)
                 continue
             try:
@@ -364,8 +369,10 @@ def check_output(path: Path, flag: str, kind: str) -> None:
         raise UserError(f"{flag} {path}: {existing} is not a directory", "pass a path whose parents are directories")
     problem = _can_create_in(existing)
     if problem is not None:
-        raise UserError(f"{flag} {path}: cannot create files in {existing} ({problem.strerror})",
-                        "choose a writable location, or fix its permissions")
+        raise UserError(
+            f"{flag} {path}: cannot create files in {existing} ({problem.strerror})",
+            "choose a writable location, or fix its permissions",
+        )
 
 
 def check_input_dir(path: Path, flag: str) -> None:

@@ -50,10 +50,10 @@ def _fields(data: bytes) -> Iterator[tuple[int, int, int | bytes]]:
             value, pos = _varint(data, pos)
         elif wire in (FIXED64, FIXED32):
             size = 8 if wire == FIXED64 else 4
-            value, pos = int.from_bytes(data[pos:pos + size], "little"), pos + size
+            value, pos = int.from_bytes(data[pos : pos + size], "little"), pos + size
         elif wire == LENGTH_DELIMITED:
             size, pos = _varint(data, pos)
-            value, pos = data[pos:pos + size], pos + size
+            value, pos = data[pos : pos + size], pos + size
         else:
             raise ValueError(f"unsupported protobuf wire type {wire}")
         if pos > len(data) or number == 0:

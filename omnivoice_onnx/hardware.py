@@ -19,8 +19,17 @@ from pathlib import Path
 CPUINFO = Path("/proc/cpuinfo")
 # The flags that decide which GEMM kernels run, in the order a reader compares CPUs by:
 # fp32 (avx2, avx512f), int8 dot products (avx512_vnni, avx_vnni), bf16/fp16 arithmetic, AMX tiles.
-ISA_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "avx512_fp16",
-             "amx_tile", "amx_int8", "amx_bf16")
+ISA_FLAGS = (
+    "avx2",
+    "avx512f",
+    "avx512_vnni",
+    "avx_vnni",
+    "avx512_bf16",
+    "avx512_fp16",
+    "amx_tile",
+    "amx_int8",
+    "amx_bf16",
+)
 
 
 def cpuinfo_fields() -> dict[str, str]:

@@ -39,8 +39,17 @@ MAX_SEQUENCE = 4096  # positions in one transformer row: prompt + reference + ta
 # one item at MAX_SEQUENCE (2 rows: cond and uncond), or 32 texts of a 15 s chunk each.
 MAX_ATTENTION_CELLS = 2**26
 MAX_PAD_SECONDS = 60.0  # generation_config pad_duration and fade_duration
-LIMITS = ("MAX_TEXT_CHARS", "MAX_TEXTS", "MAX_DURATION_S", "MAX_NUM_STEP", "MAX_THREADS", "MAX_REF_SECONDS",
-          "MAX_SEQUENCE", "MAX_ATTENTION_CELLS", "MAX_PAD_SECONDS")
+LIMITS = (
+    "MAX_TEXT_CHARS",
+    "MAX_TEXTS",
+    "MAX_DURATION_S",
+    "MAX_NUM_STEP",
+    "MAX_THREADS",
+    "MAX_REF_SECONDS",
+    "MAX_SEQUENCE",
+    "MAX_ATTENTION_CELLS",
+    "MAX_PAD_SECONDS",
+)
 
 # --- ranges (what the arithmetic can carry, not resources) ---
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1  # what torch.manual_seed accepts
@@ -56,11 +65,15 @@ MIN_TEMPERATURE = 1e-6
 # guidance_scale and layer_penalty_factor multiply log-probabilities (|x| < ~1e3): beyond this
 # the products overflow float32 and the scores become inf - inf = NaN.
 MAX_SCORE_FACTOR = 1e3
-LIMIT_FIX = ("raise it with the environment variable {env} (docs/runtime.md, Request limits) if the machine has the "
-             "memory and time")
-OUT_OF_MEMORY_FIX = ("ask for less at once (shorter text or duration, fewer texts per call), or lower the request "
-                     "limits (OMNIVOICE_MAX_SEQUENCE, OMNIVOICE_MAX_ATTENTION_CELLS: docs/runtime.md) to what this "
-                     "machine holds")
+LIMIT_FIX = (
+    "raise it with the environment variable {env} (docs/runtime.md, Request limits) if the machine has the "
+    "memory and time"
+)
+OUT_OF_MEMORY_FIX = (
+    "ask for less at once (shorter text or duration, fewer texts per call), or lower the request "
+    "limits (OMNIVOICE_MAX_SEQUENCE, OMNIVOICE_MAX_ATTENTION_CELLS: docs/runtime.md) to what this "
+    "machine holds"
+)
 
 
 def limit(name: str) -> float:
@@ -77,8 +90,9 @@ def limit(name: str) -> float:
     except ValueError:
         value = float("nan")
     if not value > 0 or not math.isfinite(value):
-        raise UserError(f"{env}={raw!r} is not a positive number", f"set it to a number > 0 (default {default}), "
-                                                                   "or unset it")
+        raise UserError(
+            f"{env}={raw!r} is not a positive number", f"set it to a number > 0 (default {default}), or unset it"
+        )
     return value
 
 
@@ -98,8 +112,9 @@ def memory_errors_as_user_errors() -> Iterator[None]:
     try:
         yield
     except MemoryError as exc:
-        raise UserError(f"out of memory ({str(exc).splitlines()[0][:200] if str(exc) else 'MemoryError'})",
-                        OUT_OF_MEMORY_FIX) from exc
+        raise UserError(
+            f"out of memory ({str(exc).splitlines()[0][:200] if str(exc) else 'MemoryError'})", OUT_OF_MEMORY_FIX
+        ) from exc
 
 
 def is_number(value: Any) -> bool:
@@ -108,13 +123,35 @@ def is_number(value: Any) -> bool:
 
 
 @overload
-def checked_number(value: Any, name: str, low: float | None = None, high: float | None = None,
-                   low_open: bool = False, *, integer: Literal[True], fix: str | None = None) -> int: ...
+def checked_number(
+    value: Any,
+    name: str,
+    low: float | None = None,
+    high: float | None = None,
+    low_open: bool = False,
+    *,
+    integer: Literal[True],
+    fix: str | None = None,
+) -> int: ...
 @overload
-def checked_number(value: Any, name: str, low: float | None = None, high: float | None = None,
-                   low_open: bool = False, integer: bool = False, fix: str | None = None) -> float: ...
-def checked_number(value: Any, name: str, low: float | None = None, high: float | None = None,
-                   low_open: bool = False, integer: bool = False, fix: str | None = None) -> float:
+def checked_number(
+    value: Any,
+    name: str,
+    low: float | None = None,
+    high: float | None = None,
+    low_open: bool = False,
+    integer: bool = False,
+    fix: str | None = None,
+) -> float: ...
+def checked_number(
+    value: Any,
+    name: str,
+    low: float | None = None,
+    high: float | None = None,
+    low_open: bool = False,
+    integer: bool = False,
+    fix: str | None = None,
+) -> float:
     """`value` as a Python float (int when `integer`) within [low, high] ((low, high] when
     `low_open`), finite; UserError naming `name` otherwise."""
     bounds = (
@@ -139,17 +176,24 @@ def check_threads(threads: Any) -> int | None:
         return None
     if is_number(threads) and isinstance(threads, numbers.Integral) and int(threads) > limit("MAX_THREADS"):
         raise too_large(f"threads={int(threads)}", "MAX_THREADS")
-    return checked_number(threads, "threads", 1, None, integer=True,
-                          fix="pass a whole number of threads >= 1, or None for onnxruntime's default")
+    return checked_number(
+        threads,
+        "threads",
+        1,
+        None,
+        integer=True,
+        fix="pass a whole number of threads >= 1, or None for onnxruntime's default",
+    )
 
 
 def check_seed(seed: int) -> int:
     """`seed` as torch.manual_seed reads it (an int in [SEED_MIN, SEED_MAX]); UserError otherwise."""
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-        raise UserError(f"seed must be an integer, got {type(seed).__name__} {seed!r}",
-                        f"pass an int in [{SEED_MIN}, {SEED_MAX}] or None for a fresh seed")
+        raise UserError(
+            f"seed must be an integer, got {type(seed).__name__} {seed!r}",
+            f"pass an int in [{SEED_MIN}, {SEED_MAX}] or None for a fresh seed",
+        )
     seed = int(seed)
     if not SEED_MIN <= seed <= SEED_MAX:
-        raise UserError(f"seed {seed} is outside torch.manual_seed's range",
-                        f"pass an int in [{SEED_MIN}, {SEED_MAX}]")
+        raise UserError(f"seed {seed} is outside torch.manual_seed's range", f"pass an int in [{SEED_MIN}, {SEED_MAX}]")
     return seed

@@ -38,21 +38,24 @@ class Preset:
         return {"instruct": self.instruct}
 
 
-PRESETS: dict[str, Preset] = {preset.name: preset for preset in (
-    Preset("alloy", "female, young adult, moderate pitch, american accent", 1001),
-    Preset("ash", "male, young adult, moderate pitch, american accent", 1002),
-    Preset("ballad", "male, middle-aged, low pitch, british accent", 1003),
-    Preset("coral", "female, middle-aged, moderate pitch, american accent", 1004),
-    Preset("echo", "male, middle-aged, moderate pitch, canadian accent", 1005),
-    Preset("fable", "male, young adult, moderate pitch, british accent", 1006),
-    Preset("nova", "female, young adult, high pitch, american accent", 1007),
-    Preset("onyx", "male, middle-aged, very low pitch, american accent", 1008),
-    Preset("sage", "female, middle-aged, low pitch, british accent", 1009),
-    Preset("shimmer", "female, young adult, moderate pitch, australian accent", 1010),
-    Preset("verse", "male, young adult, high pitch, american accent", 1011),
-    Preset("marin", "female, middle-aged, low pitch, american accent", 1012),
-    Preset("cedar", "male, middle-aged, low pitch, american accent", 1013),
-)}
+PRESETS: dict[str, Preset] = {
+    preset.name: preset
+    for preset in (
+        Preset("alloy", "female, young adult, moderate pitch, american accent", 1001),
+        Preset("ash", "male, young adult, moderate pitch, american accent", 1002),
+        Preset("ballad", "male, middle-aged, low pitch, british accent", 1003),
+        Preset("coral", "female, middle-aged, moderate pitch, american accent", 1004),
+        Preset("echo", "male, middle-aged, moderate pitch, canadian accent", 1005),
+        Preset("fable", "male, young adult, moderate pitch, british accent", 1006),
+        Preset("nova", "female, young adult, high pitch, american accent", 1007),
+        Preset("onyx", "male, middle-aged, very low pitch, american accent", 1008),
+        Preset("sage", "female, middle-aged, low pitch, british accent", 1009),
+        Preset("shimmer", "female, young adult, moderate pitch, australian accent", 1010),
+        Preset("verse", "male, young adult, high pitch, american accent", 1011),
+        Preset("marin", "female, middle-aged, low pitch, american accent", 1012),
+        Preset("cedar", "male, middle-aged, low pitch, american accent", 1013),
+    )
+}
 
 
 def find_preset(name: str) -> Preset | None:

@@ -91,9 +91,11 @@ def check_provider(provider: str) -> None:
     if provider in OPENVINO_PRECISION:
         openvino_device()
     if provider.startswith("cuda") and "CUDAExecutionProvider" not in ort.get_available_providers():
-        raise UserError(f"--provider {provider} needs onnxruntime's CUDAExecutionProvider, which this install "
-                        f"lacks (onnxruntime {ort.__version__} has {', '.join(ort.get_available_providers())})",
-                        GPU_INSTALL_HINT)
+        raise UserError(
+            f"--provider {provider} needs onnxruntime's CUDAExecutionProvider, which this install "
+            f"lacks (onnxruntime {ort.__version__} has {', '.join(ort.get_available_providers())})",
+            GPU_INSTALL_HINT,
+        )
 
 
 def codec_provider(provider: str) -> str:
@@ -112,23 +114,31 @@ def openvino_device() -> Any:
     try:
         import onnxruntime_ep_openvino as openvino
     except ImportError as exc:
-        raise UserError("the OpenVINO providers need the onnxruntime-ep-openvino package, which is not installed",
-                        OPENVINO_INSTALL_HINT) from exc
+        raise UserError(
+            "the OpenVINO providers need the onnxruntime-ep-openvino package, which is not installed",
+            OPENVINO_INSTALL_HINT,
+        ) from exc
     name = openvino.get_ep_name()
     if not any(device.ep_name == name for device in ort.get_ep_devices()):
         ort.register_execution_provider_library("openvino", openvino.get_library_path())
     devices = [d for d in ort.get_ep_devices() if d.ep_name == name and d.ep_metadata.get("ov_device") == "CPU"]
     if not devices:  # the plugin installed, but it offers no device for this CPU (seen on an AMD EPYC)
-        raise UserError(f"onnxruntime's OpenVINO provider offers no CPU device on this machine ({cpu_name()})",
-                        "use --provider cpu")
+        raise UserError(
+            f"onnxruntime's OpenVINO provider offers no CPU device on this machine ({cpu_name()})", "use --provider cpu"
+        )
     return devices[0]
 
 
 def openvino_options(options: Any, provider: str, threads: int | None) -> None:
     """Put the OpenVINO provider on session `options`: its CPU device, the provider's precision,
     one inference stream (a call at a time, as the CPU provider) on `threads` threads (0: its default)."""
-    config = {"CPU": {"INFERENCE_PRECISION_HINT": OPENVINO_PRECISION[provider], "NUM_STREAMS": 1,
-                      "INFERENCE_NUM_THREADS": threads or 0}}
+    config = {
+        "CPU": {
+            "INFERENCE_PRECISION_HINT": OPENVINO_PRECISION[provider],
+            "NUM_STREAMS": 1,
+            "INFERENCE_NUM_THREADS": threads or 0,
+        }
+    }
     options.add_provider_for_devices([openvino_device()], {"load_config": json.dumps(config)})
 
 
@@ -166,8 +176,14 @@ def allocation_failure(exc: BaseException) -> bool:
     return isinstance(exc, MemoryError) or any(text in str(exc) for text in ALLOCATION_FAILURES)
 
 
-def make_session(path: Path, provider: str = "cpu", threads: int | None = None, arena: bool = True,
-                 profile: bool = False, fix: str = "re-run export_omnivoice.py (step 2)") -> Any:
+def make_session(
+    path: Path,
+    provider: str = "cpu",
+    threads: int | None = None,
+    arena: bool = True,
+    profile: bool = False,
+    fix: str = "re-run export_omnivoice.py (step 2)",
+) -> Any:
     """An InferenceSession for one graph; checks the requested provider really took it, with the
     options asked for (check_cuda_options).
 
@@ -202,8 +218,10 @@ def make_session(path: Path, provider: str = "cpu", threads: int | None = None, 
     except Exception as exc:  # onnxruntime raises its own Fail/InvalidProtobuf types
         if allocation_failure(exc):
             raise MemoryError(f"not enough memory to load {path} ({str(exc).splitlines()[0][:200]})") from exc
-        raise UserError(f"onnxruntime cannot load {path} ({str(exc).splitlines()[0][:300]})",
-                        f"{fix}; the graph or its .onnx.data is damaged") from exc
+        raise UserError(
+            f"onnxruntime cannot load {path} ({str(exc).splitlines()[0][:300]})",
+            f"{fix}; the graph or its .onnx.data is damaged",
+        ) from exc
     if provider.startswith("cuda"):
         check_cuda_options(path.name, provider, session.get_providers(), session.get_provider_options())
     return session
@@ -220,9 +238,11 @@ def check_cuda_options(name: str, provider: str, providers: list[str], options: 
         raise UserError(f"onnxruntime did not place {name} on CUDA (got {providers})", GPU_INSTALL_HINT)
     use_tf32 = options.get("CUDAExecutionProvider", {}).get("use_tf32")
     if provider == "cuda-fp32" and use_tf32 != "0":
-        raise UserError(f"onnxruntime's CUDA provider reports use_tf32={use_tf32!r} for {name}, so cuda-fp32 "
-                        "would compute in TF32", "install the onnxruntime-gpu of requirements-gpu.txt, whose CUDA "
-                        "provider honours use_tf32, or use --provider cuda-tf32 for the TF32 trade-off")
+        raise UserError(
+            f"onnxruntime's CUDA provider reports use_tf32={use_tf32!r} for {name}, so cuda-fp32 would compute in TF32",
+            "install the onnxruntime-gpu of requirements-gpu.txt, whose CUDA "
+            "provider honours use_tf32, or use --provider cuda-tf32 for the TF32 trade-off",
+        )
 
 
 def node_placement(session: Any) -> dict[str, Any]:
@@ -238,13 +258,19 @@ def node_placement(session: Any) -> dict[str, Any]:
         events = json.loads(path.read_text())
     finally:
         path.unlink(missing_ok=True)
-    nodes = {event["name"]: event["args"] for event in events
-             if event.get("cat") == "Node" and "provider" in event.get("args", {})}
+    nodes = {
+        event["name"]: event["args"]
+        for event in events
+        if event.get("cat") == "Node" and "provider" in event.get("args", {})
+    }
     if not nodes:
         raise ValueError("the session's profile holds no node: run it once before node_placement")
-    return {"nodes": dict(Counter(args["provider"] for args in nodes.values())),
-            "cpu_ops": dict(Counter(args["op_name"] for args in nodes.values()
-                                    if args["provider"] == "CPUExecutionProvider"))}
+    return {
+        "nodes": dict(Counter(args["provider"] for args in nodes.values())),
+        "cpu_ops": dict(
+            Counter(args["op_name"] for args in nodes.values() if args["provider"] == "CPUExecutionProvider")
+        ),
+    }
 
 
 def finite_output(array: np.ndarray, graph: str, file: str | os.PathLike[str] | None = None) -> np.ndarray:
@@ -257,8 +283,11 @@ def finite_output(array: np.ndarray, graph: str, file: str | os.PathLike[str] | 
     the export's own file name for `graph`).
     """
     if not np.isfinite(array).all():
-        raise UserError(f"the {graph} graph returned NaN or infinite values: its weights "
-                        f"({file or GRAPH_FILES[graph]}.data) are damaged", "re-run export_omnivoice.py (step 2)")
+        raise UserError(
+            f"the {graph} graph returned NaN or infinite values: its weights "
+            f"({file or GRAPH_FILES[graph]}.data) are damaged",
+            "re-run export_omnivoice.py (step 2)",
+        )
     return array
 
 
@@ -298,8 +327,14 @@ class CodecSessions:
     load per call; a server making many requests wants them resident.
     """
 
-    def __init__(self, paths: dict[str, Path], provider: str, threads: int | None, resident: bool,
-                 loaded: Callable[[Path], None] = lambda path: None) -> None:
+    def __init__(
+        self,
+        paths: dict[str, Path],
+        provider: str,
+        threads: int | None,
+        resident: bool,
+        loaded: Callable[[Path], None] = lambda path: None,
+    ) -> None:
         # {"encoder": path, "decoder": path}: the variant's own codec graphs where it carries them
         # (fp16), else the export's (contract.codec_paths; a Bundle's codec_paths).
         self.paths = dict(paths)
@@ -330,15 +365,15 @@ def prefix_lengths(attention_mask: np.ndarray) -> list[int] | None:
     for row in attention_mask[:, 0]:
         length = int(row[0].sum())
         # Rows beyond L are dropped: they must be padding (no key in [0, L)), as generate() builds them.
-        if (length == 0 or not row[:length, :length].all() or row[:length, length:].any()
-                or row[length:, :length].any()):
+        if length == 0 or not row[:length, :length].all() or row[:length, length:].any() or row[length:, :length].any():
             return None
         lengths.append(length)
     return lengths
 
 
-def split_feeds(input_ids: np.ndarray, audio_mask: np.ndarray,
-                attention_mask: np.ndarray) -> list[tuple[np.ndarray, dict[str, np.ndarray]]] | None:
+def split_feeds(
+    input_ids: np.ndarray, audio_mask: np.ndarray, attention_mask: np.ndarray
+) -> list[tuple[np.ndarray, dict[str, np.ndarray]]] | None:
     """(row indices, transformer feeds cut to their length L) per group of equal-length rows;
     None when the mask is not of block form (see prefix_lengths)."""
     lengths = prefix_lengths(attention_mask)
@@ -347,8 +382,16 @@ def split_feeds(input_ids: np.ndarray, audio_mask: np.ndarray,
     groups = []
     for length in sorted(set(lengths)):
         rows = np.array([row for row, row_length in enumerate(lengths) if row_length == length])
-        groups.append((rows, {"input_ids": input_ids[rows, :, :length], "audio_mask": audio_mask[rows, :length],
-                              "attention_mask": attention_mask[rows][:, :, :length, :length]}))
+        groups.append(
+            (
+                rows,
+                {
+                    "input_ids": input_ids[rows, :, :length],
+                    "audio_mask": audio_mask[rows, :length],
+                    "attention_mask": attention_mask[rows][:, :, :length, :length],
+                },
+            )
+        )
     return groups
 
 
@@ -372,7 +415,7 @@ def run_split(session: Any, input_ids: np.ndarray, audio_mask: np.ndarray, atten
         out = run(session, feeds)["logits"]
         if logits is None:
             logits = np.zeros((rows_total, codebooks, seq, out.shape[-1]), dtype=out.dtype)
-        logits[rows, :, :out.shape[2]] = out
+        logits[rows, :, : out.shape[2]] = out
     assert logits is not None, "groups is not empty"
     return logits
 

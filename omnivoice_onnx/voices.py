@@ -68,8 +68,14 @@ NAME_PATTERN = re.compile(r"[^\W_][\w-]{0,63}")  # letters/digits first, then le
 REPLACE_FIX = "pass --force to replace it, or choose another name"
 # The JSON type of each field a voice file's reader uses (reading.schema_problem's notation; the
 # values are checked after: the version, a non-empty fingerprint, the tokens' shape and range).
-VOICE_SCHEMA = {"format_version": int, "model_fingerprint": str, "instruct": Maybe(str), "ref_text": Maybe(str),
-                "ref_rms": Maybe(float), "ref_audio_tokens": Maybe([[int]])}
+VOICE_SCHEMA = {
+    "format_version": int,
+    "model_fingerprint": str,
+    "instruct": Maybe(str),
+    "ref_text": Maybe(str),
+    "ref_rms": Maybe(float),
+    "ref_audio_tokens": Maybe([[int]]),
+}
 ADD_FIX = "re-create it with `omnivoice-onnx voice add NAME --ref-audio F --ref-text T` for this model"
 
 
@@ -106,9 +112,11 @@ def check_name(name: str) -> str:
     '../x', '/abs', 'a.b', '' and '-x' are refused, so a name can never write outside the folder
     and `--voice` tells a name from a file path by its dot or slash."""
     if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
-        raise UserError(f"voice name {name!r} is not a plain name (a letter or digit, then letters, digits, "
-                        "'_' or '-', at most 64; no dots, slashes or spaces)",
-                        "pass a name like 'alice' or 'narrator_2'")
+        raise UserError(
+            f"voice name {name!r} is not a plain name (a letter or digit, then letters, digits, "
+            "'_' or '-', at most 64; no dots, slashes or spaces)",
+            "pass a name like 'alice' or 'narrator_2'",
+        )
     return name
 
 
@@ -126,8 +134,11 @@ def find_saved(voices: Path, name: str) -> Path | None:
         return exact
     wanted = name.casefold() + VOICE_SUFFIX
     folder = Path(voices)
-    found = sorted(path for path in folder.glob(f"*{VOICE_SUFFIX}") if path.name.casefold() == wanted
-                   and path.is_file()) if folder.is_dir() else []
+    found = (
+        sorted(path for path in folder.glob(f"*{VOICE_SUFFIX}") if path.name.casefold() == wanted and path.is_file())
+        if folder.is_dir()
+        else []
+    )
     return found[0] if found else None
 
 
@@ -176,11 +187,16 @@ def check_tokens(tokens: Any, where: str) -> np.ndarray:
     except ValueError as exc:  # ragged nested lists
         raise UserError(f"{where}: ref_audio_tokens is not a rectangular array ({exc})", ADD_FIX) from exc
     if array.ndim != 2 or array.shape[0] != NUM_CODEBOOKS or array.shape[1] < 1 or array.dtype.kind not in "iu":
-        raise UserError(f"{where}: ref_audio_tokens must be integers [{NUM_CODEBOOKS}, T], got {array.dtype} "
-                        f"{list(array.shape)}", ADD_FIX)
+        raise UserError(
+            f"{where}: ref_audio_tokens must be integers [{NUM_CODEBOOKS}, T], got {array.dtype} {list(array.shape)}",
+            ADD_FIX,
+        )
     if array.shape[1] > limit("MAX_REF_SECONDS") * FRAME_RATE:  # refused on import as on use (check_prompt)
-        raise too_large(f"{where}: ref_audio_tokens holds {array.shape[1] / FRAME_RATE:.1f} s of reference",
-                        "MAX_REF_SECONDS", "make the voice from a shorter reference (3-10 s is best)")
+        raise too_large(
+            f"{where}: ref_audio_tokens holds {array.shape[1] / FRAME_RATE:.1f} s of reference",
+            "MAX_REF_SECONDS",
+            "make the voice from a shorter reference (3-10 s is best)",
+        )
     if array.min() < 0 or array.max() > MAX_CODE:
         raise UserError(f"{where}: ref_audio_tokens holds codes outside 0..{MAX_CODE}", ADD_FIX)
     return array.astype(np.int64)
@@ -199,11 +215,14 @@ def _read_json_voice(path: Path) -> Voice:
     """A voice file, its fields checked (the fingerprint is the caller's to compare)."""
     data = read_json(path, "voice file", ADD_FIX, MAX_VOICE_BYTES)
     if not isinstance(data, dict) or data.get("format") != VOICE_FORMAT:
-        raise UserError(f"{path} is not an omnivoice-onnx voice file (no \"format\": \"{VOICE_FORMAT}\")", ADD_FIX)
+        raise UserError(f'{path} is not an omnivoice-onnx voice file (no "format": "{VOICE_FORMAT}")', ADD_FIX)
     checked(data, VOICE_SCHEMA, f"voice file {path}", ADD_FIX)
     if data["format_version"] != VOICE_FORMAT_VERSION:
-        raise UserError(f"voice file {path} has format_version {data.get('format_version')!r}; this runtime reads "
-                        f"{VOICE_FORMAT_VERSION}", ADD_FIX)
+        raise UserError(
+            f"voice file {path} has format_version {data.get('format_version')!r}; this runtime reads "
+            f"{VOICE_FORMAT_VERSION}",
+            ADD_FIX,
+        )
     fingerprint, instruct = data["model_fingerprint"], data.get("instruct")
     if not fingerprint:
         raise UserError(f"voice file {path} has no model_fingerprint", ADD_FIX)
@@ -216,8 +235,13 @@ def _read_json_voice(path: Path) -> Voice:
         prompt = _prompt(data["ref_audio_tokens"], data.get("ref_text"), data.get("ref_rms"), str(path))
     elif instruct is None:
         raise UserError(f"voice file {path} holds neither reference tokens nor an instruct", ADD_FIX)
-    return Voice(path.name[: -len(VOICE_SUFFIX)] if path.name.endswith(VOICE_SUFFIX) else path.stem,
-                 prompt, instruct, fingerprint, path)
+    return Voice(
+        path.name[: -len(VOICE_SUFFIX)] if path.name.endswith(VOICE_SUFFIX) else path.stem,
+        prompt,
+        instruct,
+        fingerprint,
+        path,
+    )
 
 
 def read_voice(spec: str, voices: Path) -> Voice:
@@ -227,18 +251,24 @@ def read_voice(spec: str, voices: Path) -> Voice:
     if not is_voice_path(spec):
         path = find_saved(voices, spec)
         if path is None:
-            raise UserError(f"no voice named {spec!r} in {voices}",
-                            "see `omnivoice-onnx voice list`, or make it with `omnivoice-onnx voice add`")
+            raise UserError(
+                f"no voice named {spec!r} in {voices}",
+                "see `omnivoice-onnx voice list`, or make it with `omnivoice-onnx voice add`",
+            )
         return _read_json_voice(path)
     path = Path(check_path(spec, "voice"))
     if not path.is_file():
-        raise UserError(f"voice file {path} not found", "pass an existing .json or .pt voice file, or a saved "
-                        "voice's name (`omnivoice-onnx voice list`)")
+        raise UserError(
+            f"voice file {path} not found",
+            "pass an existing .json or .pt voice file, or a saved voice's name (`omnivoice-onnx voice list`)",
+        )
     if path.suffix == UPSTREAM_SUFFIX:
         return load_upstream_voice(path)
     if path.suffix != VOICE_SUFFIX:
-        raise UserError(f"voice file {path} is neither .json (omnivoice-onnx) nor .pt (upstream "
-                        "VoiceClonePrompt.save)", "pass a .json or .pt voice file")
+        raise UserError(
+            f"voice file {path} is neither .json (omnivoice-onnx) nor .pt (upstream VoiceClonePrompt.save)",
+            "pass a .json or .pt voice file",
+        )
     return _read_json_voice(path)
 
 
@@ -248,9 +278,11 @@ def for_model(voice: Voice, model_fingerprint: str) -> Voice:
     one check between a voice and a request: speak and batch (load_voice) and the server
     (VoiceShelf) all pass through it, then take voice.generate_kwargs()."""
     if voice.model_fingerprint and voice.model_fingerprint != model_fingerprint:
-        raise UserError(f"voice {voice.name!r} ({voice.path}) was made for model {voice.model_fingerprint}, but "
-                        f"this bundle is model {model_fingerprint}: its tokens are another model's codes",
-                        ADD_FIX.replace("NAME", voice.name))
+        raise UserError(
+            f"voice {voice.name!r} ({voice.path}) was made for model {voice.model_fingerprint}, but "
+            f"this bundle is model {model_fingerprint}: its tokens are another model's codes",
+            ADD_FIX.replace("NAME", voice.name),
+        )
     return voice
 
 
@@ -279,8 +311,9 @@ class VoiceShelf:
         with self._lock:  # a removed voice's parse is forgotten
             for gone in set(self._parsed) - set(files):
                 del self._parsed[gone]
-        return SavedVoices(self, {path.name[: -len(VOICE_SUFFIX)]: path for path in files
-                                  if not path.name.startswith(".")})
+        return SavedVoices(
+            self, {path.name[: -len(VOICE_SUFFIX)]: path for path in files if not path.name.startswith(".")}
+        )
 
     def read(self, path: Path) -> Voice:
         """The voice file at `path`, parsed unless this very file (by identity) was parsed before."""
@@ -330,8 +363,7 @@ def list_voices(voices: Path) -> list[Voice]:
     voices = Path(voices)
     if not voices.is_dir():
         return []
-    return [_read_json_voice(path) for path in sorted(voices.glob(f"*{VOICE_SUFFIX}"))
-            if not path.name.startswith(".")]
+    return [_read_json_voice(path) for path in sorted(voices.glob(f"*{VOICE_SUFFIX}")) if not path.name.startswith(".")]
 
 
 def save_voice(voices: Path, name: str, voice: Voice, replace: bool = True) -> Path:
@@ -341,8 +373,10 @@ def save_voice(voices: Path, name: str, voice: Voice, replace: bool = True) -> P
     path = voice_path(voices, name)
     if not voice.model_fingerprint or (voice.prompt is None and voice.instruct is None):
         # What _read_json_voice would refuse is never written.
-        raise UserError(f"voice {name!r} has no model fingerprint, or neither a reference nor an instruct",
-                        "give it the bundle's model_fingerprint and a prompt or an instruct")
+        raise UserError(
+            f"voice {name!r} has no model fingerprint, or neither a reference nor an instruct",
+            "give it the bundle's model_fingerprint and a prompt or an instruct",
+        )
     text = json.dumps(voice.to_json(), ensure_ascii=False, separators=(",", ":")) + "\n"
     make_folder(voices, "the voices folder", "pass --voices FOLDER (a real folder, or a path to create one at)")
     with FolderLock(voices, _lock_name(name), f"voice {name!r}"):
@@ -402,6 +436,7 @@ def _no_lock() -> Iterator[None]:
 
 # --- upstream .pt files, without torch ---------------------------------------------------------
 
+
 class Refused(pickle.UnpicklingError):
     """The pickle asked for something an upstream voice file never holds."""
 
@@ -410,17 +445,26 @@ class _LongStorage:
     """Stands for torch.LongStorage, the one storage type an int64 tensor is saved with."""
 
 
-def _rebuild_tensor(storage: Any, offset: Any, size: Any, stride: Any, requires_grad: Any = False,
-                    backward_hooks: Any = None, metadata: Any = None) -> np.ndarray:
+def _rebuild_tensor(
+    storage: Any,
+    offset: Any,
+    size: Any,
+    stride: Any,
+    requires_grad: Any = False,
+    backward_hooks: Any = None,
+    metadata: Any = None,
+) -> np.ndarray:
     """torch._utils._rebuild_tensor_v2 for a CPU int64 tensor: a bounds-checked strided view of
     the storage, copied. Anything but plain ints and an in-range view is refused."""
     if not isinstance(storage, np.ndarray) or not all(isinstance(v, int) and v >= 0 for v in (offset, *size, *stride)):
         raise Refused("a tensor with a storage or shape an upstream voice file never has")
-    if len(size) != len(stride) or (size and all(size) and offset + sum((n - 1) * s for n, s in zip(size, stride))
-                                    >= storage.size):
+    if len(size) != len(stride) or (
+        size and all(size) and offset + sum((n - 1) * s for n, s in zip(size, stride)) >= storage.size
+    ):
         raise Refused("a tensor view outside its storage")
-    tensor: np.ndarray = np.lib.stride_tricks.as_strided(storage[offset:], shape=tuple(size),
-                                                         strides=tuple(s * storage.itemsize for s in stride)).copy()
+    tensor: np.ndarray = np.lib.stride_tricks.as_strided(
+        storage[offset:], shape=tuple(size), strides=tuple(s * storage.itemsize for s in stride)
+    ).copy()
     return tensor
 
 
@@ -432,8 +476,11 @@ class UpstreamUnpickler(pickle.Unpickler):
     (Python's "Restricting Globals" pattern). persistent_load reads a storage from the zip's
     data/<key> entry as int64 of the file's byte order."""
 
-    ALLOWED = {("torch._utils", "_rebuild_tensor_v2"): _rebuild_tensor, ("torch", "LongStorage"): _LongStorage,
-               ("collections", "OrderedDict"): collections.OrderedDict}
+    ALLOWED = {
+        ("torch._utils", "_rebuild_tensor_v2"): _rebuild_tensor,
+        ("torch", "LongStorage"): _LongStorage,
+        ("collections", "OrderedDict"): collections.OrderedDict,
+    }
 
     def __init__(self, data: bytes, archive: zipfile.ZipFile, prefix: str, byteorder: str) -> None:
         super().__init__(io.BytesIO(data))
@@ -446,8 +493,14 @@ class UpstreamUnpickler(pickle.Unpickler):
         return allowed
 
     def persistent_load(self, pid: Any) -> np.ndarray:
-        if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage" and pid[1] is _LongStorage
-                and isinstance(pid[2], str) and isinstance(pid[4], int)):
+        if not (
+            isinstance(pid, tuple)
+            and len(pid) == 5
+            and pid[0] == "storage"
+            and pid[1] is _LongStorage
+            and isinstance(pid[2], str)
+            and isinstance(pid[4], int)
+        ):
             raise Refused(f"it asks for a storage that is not an int64 one ({str(pid)[:80]})")
         entry = _entry(self.archive, f"{self.prefix}data/{pid[2]}")
         raw = self.archive.read(entry)
@@ -485,8 +538,9 @@ def load_upstream_voice(path: Path) -> Voice:
     except UserError:
         raise
     except Refused as exc:
-        raise UserError(f"refused {path}: {exc}, which an upstream voice file never holds (nothing in it was run)",
-                        fix) from exc
+        raise UserError(
+            f"refused {path}: {exc}, which an upstream voice file never holds (nothing in it was run)", fix
+        ) from exc
     except zipfile.BadZipFile as exc:
         raise UserError(f"{path} is not an upstream voice file (not a zip: {exc})", fix) from exc
     except OSError as exc:
@@ -498,8 +552,11 @@ def load_upstream_voice(path: Path) -> Voice:
         keys = sorted(map(str, data)) if isinstance(data, dict) else type(data).__name__
         raise UserError(f"{path} holds {keys}, not upstream's voice dict {sorted(expected)}", fix)
     if type(data["format_version"]) is not int or data["format_version"] != UPSTREAM_FORMAT_VERSION:
-        raise UserError(f"{path} has upstream format_version {data['format_version']!r}; this runtime reads "
-                        f"{UPSTREAM_FORMAT_VERSION}", fix)
+        raise UserError(
+            f"{path} has upstream format_version {data['format_version']!r}; this runtime reads "
+            f"{UPSTREAM_FORMAT_VERSION}",
+            fix,
+        )
     if not isinstance(data["ref_audio_tokens"], np.ndarray):
         raise UserError(f"{path}: ref_audio_tokens is not a tensor", fix)
     prompt = _prompt(data["ref_audio_tokens"], data["ref_text"], data["ref_rms"], str(path))

@@ -103,8 +103,17 @@ def pipeline(tiny_model: Path, tmp_path_factory) -> Pipeline:
 
 def export_as_user(model: Path, capture: Path, onnx: Path, *flags: str) -> str:
     """Step 2 as a subprocess (asserted to succeed); its stderr."""
-    done = run_script("export_omnivoice.py", "--model", str(model), "--capture-dir", str(capture),
-                      "--onnx-dir", str(onnx), *flags, timeout=1200)
+    done = run_script(
+        "export_omnivoice.py",
+        "--model",
+        str(model),
+        "--capture-dir",
+        str(capture),
+        "--onnx-dir",
+        str(onnx),
+        *flags,
+        timeout=1200,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stderr
 
@@ -113,9 +122,11 @@ def export_as_user(model: Path, capture: Path, onnx: Path, *flags: str) -> str:
 def legacy_export(pipeline: Pipeline, tmp_path_factory) -> Pipeline:
     """The three graphs exported with the legacy (TorchScript) exporter from the session capture,
     into their own directory (stderr kept). Read-only."""
+
     def build(root: Path) -> None:
         (root / "export-stderr.txt").write_text(
-            export_as_user(pipeline.model, pipeline.capture, root / "onnx", "--no-dynamo"))
+            export_as_user(pipeline.model, pipeline.capture, root / "onnx", "--no-dynamo")
+        )
 
     root = shared_build(tmp_path_factory, "legacy", build)
     return Pipeline(pipeline.model, pipeline.capture, root / "onnx", (root / "export-stderr.txt").read_text())
@@ -231,17 +242,30 @@ def export_wrong_transformer(pipeline: Pipeline, module: torch.nn.Module, out: P
     example, _ = export_omnivoice.transformer_examples(pipeline.capture, capture.load_manifest(pipeline.capture))
     exporting.export_graph(module.eval(), "transformer", example, out, dynamo=True, opset=exporting.DEFAULT_OPSET)
     config = json.loads((pipeline.model / "config.json").read_text())
-    exporting.set_metadata(out / GRAPH_FILES["transformer"], "transformer", exporting.graph_metadata(
-        "transformer", config, model_fingerprint(pipeline.model), "dynamo", exporting.DEFAULT_OPSET,
-        report.package_versions(), model_card.provenance(pipeline.model)))
+    exporting.set_metadata(
+        out / GRAPH_FILES["transformer"],
+        "transformer",
+        exporting.graph_metadata(
+            "transformer",
+            config,
+            model_fingerprint(pipeline.model),
+            "dynamo",
+            exporting.DEFAULT_OPSET,
+            report.package_versions(),
+            model_card.provenance(pipeline.model),
+        ),
+    )
 
 
 @pytest.fixture(scope="session")
 def causal_transformer(pipeline: Pipeline, torch_model, tmp_path_factory) -> Path:
     """A directory holding the export of CausalTransformerWrapper (export_wrong_transformer).
     Read-only: install it into a copy with `install_graph`."""
-    return shared_build(tmp_path_factory, "causal",
-                        lambda out: export_wrong_transformer(pipeline, CausalTransformerWrapper(torch_model), out))
+    return shared_build(
+        tmp_path_factory,
+        "causal",
+        lambda out: export_wrong_transformer(pipeline, CausalTransformerWrapper(torch_model), out),
+    )
 
 
 @pytest.fixture(scope="session")
@@ -250,6 +274,7 @@ def mask_ignoring_transformer(pipeline: Pipeline, tmp_path_factory) -> Path:
     (export_wrong_transformer): the defect of a graph that ignores the attention mask (eager adds
     the bool mask to the scores as 0/1, facts sheet), which the bidirectionality probe cannot see.
     Read-only: install it into a copy with `install_graph`."""
+
     def build(out: Path) -> None:
         model = load_omnivoice(pipeline.model)
         model.llm.set_attn_implementation("eager")
@@ -276,16 +301,26 @@ def scaled_graph(source_dir: Path, graph: str, initializer: str, scale: float, o
 def perturbed_encoder(pipeline: Pipeline, tmp_path_factory) -> Path:
     """The session's encoder with its acoustic encoder's last conv scaled by 1.5: the latents the
     quantizer reads move, and some codes with them. Read-only: install it with `install_graph`."""
-    return scaled_graph(pipeline.onnx, "encoder", "audio_tokenizer.acoustic_encoder.conv2.weight", 1.5,
-                        tmp_path_factory.mktemp("perturbed-encoder"))
+    return scaled_graph(
+        pipeline.onnx,
+        "encoder",
+        "audio_tokenizer.acoustic_encoder.conv2.weight",
+        1.5,
+        tmp_path_factory.mktemp("perturbed-encoder"),
+    )
 
 
 @pytest.fixture(scope="session")
 def perturbed_decoder(pipeline: Pipeline, tmp_path_factory) -> Path:
     """The session's decoder with its final conv scaled by 1.5: the waveform's level changes.
     Read-only: install it with `install_graph`."""
-    return scaled_graph(pipeline.onnx, "decoder", "audio_tokenizer.acoustic_decoder.conv2.weight", 1.5,
-                        tmp_path_factory.mktemp("perturbed-decoder"))
+    return scaled_graph(
+        pipeline.onnx,
+        "decoder",
+        "audio_tokenizer.acoustic_decoder.conv2.weight",
+        1.5,
+        tmp_path_factory.mktemp("perturbed-decoder"),
+    )
 
 
 AUDIO_HEAD_SCALE = 1.5
@@ -304,8 +339,9 @@ def perturbed_transformer(pipeline: Pipeline, tmp_path_factory) -> Path:
     model = onnx.load(str(pipeline.onnx / name))
     matmul_inputs = {value for node in model.graph.node if node.op_type == "MatMul" for value in node.input}
     # audio_heads: the MatMul weight [hidden, 8 * 1025] (dynamo names it val_N, so found by shape).
-    heads = [init for init in model.graph.initializer
-             if init.name in matmul_inputs and list(init.dims)[-1:] == [8 * 1025]]
+    heads = [
+        init for init in model.graph.initializer if init.name in matmul_inputs and list(init.dims)[-1:] == [8 * 1025]
+    ]
     assert len(heads) == 1, f"expected one audio_heads MatMul weight, found {[h.name for h in heads]}"
     scaled = numpy_helper.to_array(heads[0]) * np.float32(AUDIO_HEAD_SCALE)
     heads[0].CopyFrom(numpy_helper.from_array(scaled, heads[0].name))
@@ -316,8 +352,9 @@ def perturbed_transformer(pipeline: Pipeline, tmp_path_factory) -> Path:
 
 def run_script(script: str, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
     """Run a pipeline script as a user would; returns the completed process (never raises)."""
-    return subprocess.run([sys.executable, str(REPO / script), *args], cwd=REPO, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, str(REPO / script), *args], cwd=REPO, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def import_blocker(modules) -> str:
@@ -360,12 +397,28 @@ def assert_same_bits_on_captured_calls(capture_dir: Path, session, reference, ev
 
 # The files that need the session pipeline, longest first (investigation log: `--durations=0` summed per
 # file on two workers; the first also builds the pipeline, ~65 s).
-LONGEST_FILES = ("test_script_errors.py", "test_runtime_generate.py", "test_docs.py", "test_quantize.py",
-                 "test_batch.py", "test_pipeline_safeguards.py", "test_runtime_refusals.py", "test_parity.py",
-                 "test_runtime_cli.py",
-                 "test_export.py", "test_fusion.py", "test_infer.py", "test_runtime_install.py", "test_server.py",
-                 "test_dropin.py", "test_wyoming.py", "test_stream.py", "test_voices.py", "test_speak.py",
-                 "test_model_card.py")
+LONGEST_FILES = (
+    "test_script_errors.py",
+    "test_runtime_generate.py",
+    "test_docs.py",
+    "test_quantize.py",
+    "test_batch.py",
+    "test_pipeline_safeguards.py",
+    "test_runtime_refusals.py",
+    "test_parity.py",
+    "test_runtime_cli.py",
+    "test_export.py",
+    "test_fusion.py",
+    "test_infer.py",
+    "test_runtime_install.py",
+    "test_server.py",
+    "test_dropin.py",
+    "test_wyoming.py",
+    "test_stream.py",
+    "test_voices.py",
+    "test_speak.py",
+    "test_model_card.py",
+)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -378,14 +431,18 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     runs them meanwhile instead of waiting on the build's lock), then the other pipeline files,
     longest first (LONGEST_FILES), so that no long file starts last and runs alone at the end.
     Within a file the order is kept."""
-    unmarked = [item.nodeid for item in items
-                if "pipeline" in getattr(item, "fixturenames", ()) and item.get_closest_marker("slow") is None]
+    unmarked = [
+        item.nodeid
+        for item in items
+        if "pipeline" in getattr(item, "fixturenames", ()) and item.get_closest_marker("slow") is None
+    ]
     if unmarked:
         raise pytest.UsageError(f"mark these @pytest.mark.slow (they use the pipeline fixture): {', '.join(unmarked)}")
     needs_pipeline: dict[Path, bool] = {}
     for item in items:
-        needs_pipeline[item.path] = (needs_pipeline.get(item.path, False)
-                                     or "pipeline" in getattr(item, "fixturenames", ()))
+        needs_pipeline[item.path] = needs_pipeline.get(item.path, False) or "pipeline" in getattr(
+            item, "fixturenames", ()
+        )
 
     def rank(item: pytest.Item) -> tuple[int, int]:
         name = item.path.name

@@ -65,9 +65,16 @@ def test_wav_bytes_are_encode_audio_and_raw_is_headerless(tmp_path: Path) -> Non
     assert header[:4] == b"RIFF" and struct.unpack("<I", header[40:44])[0] == SIGNAL.size * 2
 
 
-@pytest.mark.parametrize("dest,fmt,message", [
-    ("x.aac", None, "extension '.aac'"), ("noext", None, "no extension"), ("x.wav", "flac", "extension of wav"),
-    ("x.wav", "ogg", "unknown audio format 'ogg'"), ("x.mp3", "opus", "extension of mp3")])
+@pytest.mark.parametrize(
+    "dest,fmt,message",
+    [
+        ("x.aac", None, "extension '.aac'"),
+        ("noext", None, "no extension"),
+        ("x.wav", "flac", "extension of wav"),
+        ("x.wav", "ogg", "unknown audio format 'ogg'"),
+        ("x.mp3", "opus", "extension of mp3"),
+    ],
+)
 def test_unknown_or_contradicted_format_refused(dest: str, fmt, message: str, tmp_path: Path) -> None:
     with pytest.raises(UserError, match=message):
         audio_out.check_destination(tmp_path / dest, fmt)
@@ -140,8 +147,18 @@ STDOUT_WRITER = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("fmt,mode", [("", "stream"), ("", "whole"), ("pcm", "stream"), ("flac", "stream"),
-                                      ("mp3", "stream"), ("mp3", "whole"), ("opus", "stream")])
+@pytest.mark.parametrize(
+    "fmt,mode",
+    [
+        ("", "stream"),
+        ("", "whole"),
+        ("pcm", "stream"),
+        ("flac", "stream"),
+        ("mp3", "stream"),
+        ("mp3", "whole"),
+        ("opus", "stream"),
+    ],
+)
 def test_stdout_pipe(fmt: str, mode: str) -> None:
     done = subprocess.run([sys.executable, "-c", STDOUT_WRITER, fmt, mode], cwd=REPO, capture_output=True)
     assert done.returncode == 0, done.stderr.decode()
@@ -152,8 +169,9 @@ def test_stdout_pipe(fmt: str, mode: str) -> None:
         samples, rate = soundfile.read(io.BytesIO(data), dtype="int16")  # readers take it as "until the end"
         assert rate == RATE and np.array_equal(samples, to_pcm16(SIGNAL))
     elif fmt == "opus":  # each Ogg stream has a random serial number: the same audio, not the same bytes
-        assert np.array_equal(soundfile.read(io.BytesIO(data), dtype="int16")[0],
-                              soundfile.read(io.BytesIO(expected), dtype="int16")[0])
+        assert np.array_equal(
+            soundfile.read(io.BytesIO(data), dtype="int16")[0], soundfile.read(io.BytesIO(expected), dtype="int16")[0]
+        )
     else:
         assert data == expected
 
@@ -172,7 +190,7 @@ def test_encoded_formats_stream_and_equal_the_whole_clip(fmt: str, tmp_path: Pat
     signal = np.tile(SIGNAL, 3)
     encoder = StreamEncoder(fmt, RATE)
     first = encoder.start() + encoder.write(signal[:RATE])
-    rest = encoder.write(signal[RATE:RATE + 777]) + encoder.write(signal[RATE + 777:]) + encoder.finish()
+    rest = encoder.write(signal[RATE : RATE + 777]) + encoder.write(signal[RATE + 777 :]) + encoder.finish()
     whole = encode_audio(signal, RATE, fmt)
     with open_output(tmp_path / f"a.{fmt}", None, RATE) as sink:
         sink.write(signal[:5000])

@@ -37,8 +37,10 @@ GENERATION = {"num_step": NUM_STEP}
 
 def write_list(path: Path, rows: list[dict | str]) -> Path:
     """A JSONL test list, one object per line (a str row is written as is: a broken line)."""
-    path.write_text("".join((row if isinstance(row, str) else json.dumps(row, ensure_ascii=False)) + "\n"
-                            for row in rows), encoding="utf-8")
+    path.write_text(
+        "".join((row if isinstance(row, str) else json.dumps(row, ensure_ascii=False)) + "\n" for row in rows),
+        encoding="utf-8",
+    )
     return path
 
 
@@ -53,24 +55,47 @@ def corpus(pipeline, tmp_path_factory) -> Path:
     tts = OmniVoiceOnnx.from_dir(pipeline.onnx, threads=1)
     prompt = tts.create_voice_clone_prompt(root / "ref.wav", ref_text)
     save_voice(root / "voices", "alice", Voice("alice", prompt, None, tts.metadata["model_fingerprint"], Path()))
-    write_list(root / "lines.jsonl", [
-        {"id": "auto_en", "text": "Hello there, this is a test of the batch runner.", "language_id": "en",
-         "language_name": "English"},
-        {"id": "design_1", "text": "Good morning, everyone.", "instruct": "female, low pitch"},
-        {"id": "clone_1", "text": "This line is spoken in the reference voice.", "ref_audio": "ref.wav",
-         "ref_text": ref_text},
-        {"id": "clone_2", "text": "So is this one, a little faster.", "ref_audio": "ref.wav", "ref_text": ref_text,
-         "speed": 1.2, "seed": 42},
-        {"id": "fixed_len", "text": "Exactly one and a half seconds.", "duration": 1.5},
-        {"id": "voice_1", "text": "A saved voice speaks this.", "voice": "alice"},
-    ])
+    write_list(
+        root / "lines.jsonl",
+        [
+            {
+                "id": "auto_en",
+                "text": "Hello there, this is a test of the batch runner.",
+                "language_id": "en",
+                "language_name": "English",
+            },
+            {"id": "design_1", "text": "Good morning, everyone.", "instruct": "female, low pitch"},
+            {
+                "id": "clone_1",
+                "text": "This line is spoken in the reference voice.",
+                "ref_audio": "ref.wav",
+                "ref_text": ref_text,
+            },
+            {
+                "id": "clone_2",
+                "text": "So is this one, a little faster.",
+                "ref_audio": "ref.wav",
+                "ref_text": ref_text,
+                "speed": 1.2,
+                "seed": 42,
+            },
+            {"id": "fixed_len", "text": "Exactly one and a half seconds.", "duration": 1.5},
+            {"id": "voice_1", "text": "A saved voice speaks this.", "voice": "alice"},
+        ],
+    )
     return root
 
 
 def options(corpus: Path, pipeline, res_dir: Path, **extra) -> Options:
-    return Options(test_list=corpus / "lines.jsonl", res_dir=res_dir, model_dir=pipeline.onnx,
-                   voices=corpus / "voices", generation_config=dict(GENERATION), progress=False,
-                   **{"threads": 1, **extra})
+    return Options(
+        test_list=corpus / "lines.jsonl",
+        res_dir=res_dir,
+        model_dir=pipeline.onnx,
+        voices=corpus / "voices",
+        generation_config=dict(GENERATION),
+        progress=False,
+        **{"threads": 1, **extra},
+    )
 
 
 def wav_bytes(res_dir: Path) -> dict[str, bytes]:
@@ -100,8 +125,11 @@ def test_upstream_format_parsed(corpus):
     assert (lines["clone_2"].seed, lines["clone_2"].seed_from, lines["clone_2"].speed) == (42, "line", 1.2)
     expected = int.from_bytes(hashlib.sha256(b"auto_en").digest()[:8], "big") >> 1
     assert (lines["auto_en"].seed, lines["auto_en"].seed_from) == (expected, "id") == (seed_for_id("auto_en"), "id")
-    assert (lines["auto_en"].language, lines["fixed_len"].duration, lines["design_1"].instruct) == \
-        ("en", 1.5, "female, low pitch")
+    assert (lines["auto_en"].language, lines["fixed_len"].duration, lines["design_1"].instruct) == (
+        "en",
+        1.5,
+        "female, low pitch",
+    )
     # upstream's --lang_id is the default of lines without language_id; a line's own wins
     defaulted = {line.id: line.language for line in read_test_list(corpus / "lines.jsonl", "zh").lines}
     assert defaulted["auto_en"] == "en" and defaulted["design_1"] == "zh"
@@ -113,12 +141,22 @@ def test_line_seed_checked_as_generate_checks_it(tmp_path):
     from omnivoice_onnx.errors import UserError
     from omnivoice_onnx.limits import SEED_MAX, SEED_MIN, check_seed
 
-    seeds = {"lowest": SEED_MIN, "highest": SEED_MAX, "over": SEED_MAX + 1, "under": SEED_MIN - 1, "bool": True,
-             "float": 1.0, "text": "7"}
-    parsed = read_test_list(write_list(tmp_path / "seeds.jsonl",
-                                       [{"id": name, "text": "x", "seed": seed} for name, seed in seeds.items()]))
+    seeds = {
+        "lowest": SEED_MIN,
+        "highest": SEED_MAX,
+        "over": SEED_MAX + 1,
+        "under": SEED_MIN - 1,
+        "bool": True,
+        "float": 1.0,
+        "text": "7",
+    }
+    parsed = read_test_list(
+        write_list(tmp_path / "seeds.jsonl", [{"id": name, "text": "x", "seed": seed} for name, seed in seeds.items()])
+    )
     assert [(line.id, line.seed, line.seed_from) for line in parsed.lines] == [
-        ("lowest", SEED_MIN, "line"), ("highest", SEED_MAX, "line")]
+        ("lowest", SEED_MIN, "line"),
+        ("highest", SEED_MAX, "line"),
+    ]
     for bad in parsed.bad:
         with pytest.raises(UserError) as refused:
             check_seed(seeds[bad.id])
@@ -133,13 +171,25 @@ def test_outputs_equal_generate(reference_run, corpus, pipeline):
     records = read_results(reference_run / RESULTS_FILE)
     wavs = wav_bytes(reference_run)
     assert set(wavs) == set(records) == {line.id for line in read_test_list(corpus / "lines.jsonl").lines}
-    voice_prompt = tts.create_voice_clone_prompt(corpus / "ref.wav", (pipeline.capture / "ref_voice.txt").read_text()
-                                                 .strip())
+    voice_prompt = tts.create_voice_clone_prompt(
+        corpus / "ref.wav", (pipeline.capture / "ref_voice.txt").read_text().strip()
+    )
     for line in read_test_list(corpus / "lines.jsonl").lines:
-        kwargs = {"voice_clone_prompt": voice_prompt} if line.voice else \
-            {"ref_audio": line.ref_audio, "ref_text": line.ref_text}
-        audio = tts.generate(line.text, language=line.language, instruct=line.instruct, duration=line.duration,
-                             speed=line.speed, generation_config=GENERATION, seed=line.seed, **kwargs)[0]
+        kwargs = (
+            {"voice_clone_prompt": voice_prompt}
+            if line.voice
+            else {"ref_audio": line.ref_audio, "ref_text": line.ref_text}
+        )
+        audio = tts.generate(
+            line.text,
+            language=line.language,
+            instruct=line.instruct,
+            duration=line.duration,
+            speed=line.speed,
+            generation_config=GENERATION,
+            seed=line.seed,
+            **kwargs,
+        )[0]
         assert wavs[line.id] == encode_audio(audio, tts.sample_rate, "wav"), line.id
         record = records[line.id]
         assert set(record) == set(RESULT_FIELDS)
@@ -155,8 +205,13 @@ def test_plan_holds_one_reference_per_file_and_pickles_only_for_ray(corpus, pipe
     prepared Reference, so the driver holds that waveform once whatever the list's length; the
     local engines get the Request objects, Ray rows carry them pickled."""
     tts = OmniVoiceOnnx.from_dir(pipeline.onnx, threads=1)
-    plan = make_plan(tts, read_test_list(corpus / "lines.jsonl"), options(corpus, pipeline, tmp_path / "out"), {},
-                     log=lambda message: None)
+    plan = make_plan(
+        tts,
+        read_test_list(corpus / "lines.jsonl"),
+        options(corpus, pipeline, tmp_path / "out"),
+        {},
+        log=lambda message: None,
+    )
     first, second = (plan.tasks[key]["request"] for key in ("clone_1", "clone_2"))
     assert first.references[0] is second.references[0] and first.texts != second.texts
     rows = ray_rows([plan.tasks["clone_2"]])
@@ -168,8 +223,9 @@ def test_pool_equals_in_process(reference_run, corpus, pipeline, tmp_path):
     assert (summary.made, summary.failed) == (6, 0)
     assert wav_bytes(tmp_path / "out") == wav_bytes(reference_run)
     pool = read_results(tmp_path / "out" / RESULTS_FILE)
-    assert {k: r["request_hash"] for k, r in pool.items()} == \
-        {k: r["request_hash"] for k, r in read_results(reference_run / RESULTS_FILE).items()}
+    assert {k: r["request_hash"] for k, r in pool.items()} == {
+        k: r["request_hash"] for k, r in read_results(reference_run / RESULTS_FILE).items()
+    }
 
 
 def test_resume_does_only_what_changed(reference_run, corpus, pipeline, tmp_path):
@@ -208,8 +264,18 @@ def test_sigterm_then_resume(corpus, pipeline, reference_run, tmp_path):
     lines = write_list(tmp_path / "lines.jsonl", longer)
     shutil.copyfile(corpus / "ref.wav", tmp_path / "ref.wav")
     res_dir = tmp_path / "out"
-    args = cli("--test-list", str(lines), "--res-dir", str(res_dir), "--model-dir", str(pipeline.onnx),
-               "--num-step", "16", "--threads", "1")
+    args = cli(
+        "--test-list",
+        str(lines),
+        "--res-dir",
+        str(res_dir),
+        "--model-dir",
+        str(pipeline.onnx),
+        "--num-step",
+        "16",
+        "--threads",
+        "1",
+    )
     proc = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 300
     while len(read_results(res_dir / RESULTS_FILE)) < 2 and proc.poll() is None and time.monotonic() < deadline:
@@ -227,8 +293,14 @@ def test_sigterm_then_resume(corpus, pipeline, reference_run, tmp_path):
     resumed = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stderr
     assert f"{12 - len(records)} made, {len(records)} already done" in resumed.stdout
-    fresh = Options(test_list=lines, res_dir=tmp_path / "fresh", model_dir=pipeline.onnx,
-                    generation_config={"num_step": 16}, threads=1, progress=False)
+    fresh = Options(
+        test_list=lines,
+        res_dir=tmp_path / "fresh",
+        model_dir=pipeline.onnx,
+        generation_config={"num_step": 16},
+        threads=1,
+        progress=False,
+    )
     assert run_batch(fresh, log=lambda message: None).made == 12
     assert wav_bytes(res_dir) == wav_bytes(tmp_path / "fresh")
 
@@ -258,8 +330,17 @@ def test_bad_lines_refused_then_skipped(pipeline, corpus, tmp_path, capsys):
 
     shutil.copyfile(corpus / "ref.wav", tmp_path / "ref.wav")
     lines = write_list(tmp_path / "lines.jsonl", BAD_ROWS)
-    args = ["batch", "--test_list", str(lines), "--res_dir", str(tmp_path / "out"), "--model-dir", str(pipeline.onnx),
-            "--num_step", str(NUM_STEP)]
+    args = [
+        "batch",
+        "--test_list",
+        str(lines),
+        "--res_dir",
+        str(tmp_path / "out"),
+        "--model-dir",
+        str(pipeline.onnx),
+        "--num_step",
+        str(NUM_STEP),
+    ]
     with pytest.raises(SystemExit) as exit_info:
         main(args)
     assert exit_info.value.code == 2
@@ -308,24 +389,44 @@ def test_read_only_res_dir(corpus, pipeline, small_mount, tmp_path):
         parent, reason = tmp_path / "locked", "Permission denied"
         parent.mkdir(mode=0o555)
     res_dir = parent / "out"
-    done = subprocess.run(cli("--test-list", str(corpus / "lines.jsonl"), "--res-dir", str(res_dir),
-                              "--model-dir", str(pipeline.onnx)), cwd=REPO, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        cli("--test-list", str(corpus / "lines.jsonl"), "--res-dir", str(res_dir), "--model-dir", str(pipeline.onnx)),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2
-    assert done.stderr.strip() == (f"omnivoice-onnx: error: --res-dir {res_dir}: cannot create files in "
-                                   f"{parent} ({reason}); choose a writable location, or fix its permissions")
+    assert done.stderr.strip() == (
+        f"omnivoice-onnx: error: --res-dir {res_dir}: cannot create files in "
+        f"{parent} ({reason}); choose a writable location, or fix its permissions"
+    )
 
 
 def test_full_res_dir_stops_cleanly_and_resumes(corpus, pipeline, reference_run, small_mount, tmp_path):
     """A disk that fills mid-run: one line naming the file (exit 2), no partial WAV, every record's
     WAV intact; copied to a roomy disk, the run completes with the reference's bytes."""
     res_dir = small_mount("240k") / "out"  # room for results.jsonl and about two WAVs of ~100 KB
-    args = cli("--test-list", str(corpus / "lines.jsonl"), "--res-dir", str(res_dir), "--model-dir",
-               str(pipeline.onnx), "--voices", str(corpus / "voices"), "--num-step", str(NUM_STEP), "--threads", "1")
+    args = cli(
+        "--test-list",
+        str(corpus / "lines.jsonl"),
+        "--res-dir",
+        str(res_dir),
+        "--model-dir",
+        str(pipeline.onnx),
+        "--voices",
+        str(corpus / "voices"),
+        "--num-step",
+        str(NUM_STEP),
+        "--threads",
+        "1",
+    )
     done = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert done.returncode == 2, done.stderr
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith(f"omnivoice-onnx: error: disk full while writing {res_dir}/") and last.endswith(
-        "free space and re-run (the previous complete artefacts are intact)"), last
+        "free space and re-run (the previous complete artefacts are intact)"
+    ), last
     assert leftovers(res_dir) == []
     records = read_results(res_dir / RESULTS_FILE)
     assert 1 <= len(records) < 6 and set(wav_bytes(res_dir)) == set(records)
@@ -338,14 +439,14 @@ def test_full_res_dir_stops_cleanly_and_resumes(corpus, pipeline, reference_run,
 
 # --- Ray: one local instance for the file -------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def ray_local():
     """A local Ray with 2 CPUs, shut down after this file's Ray tests; batch.ray_engine reuses it."""
     ray = pytest.importorskip("ray")
     import omnivoice_onnx
 
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING",
-             runtime_env={"py_modules": [omnivoice_onnx]})
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING", runtime_env={"py_modules": [omnivoice_onnx]})
     yield ray
     ray.shutdown()
 
@@ -388,9 +489,20 @@ def test_ray_missing_is_one_line(corpus, pipeline, tmp_path, monkeypatch, capsys
     monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` now fails as if it were not installed
     monkeypatch.setitem(sys.modules, "ray.data", None)
     with pytest.raises(SystemExit) as exit_info:
-        main(["batch", "--test-list", str(corpus / "lines.jsonl"), "--res-dir", str(tmp_path / "out"),
-              "--model-dir", str(pipeline.onnx), "--ray"])
+        main(
+            [
+                "batch",
+                "--test-list",
+                str(corpus / "lines.jsonl"),
+                "--res-dir",
+                str(tmp_path / "out"),
+                "--model-dir",
+                str(pipeline.onnx),
+                "--ray",
+            ]
+        )
     assert exit_info.value.code == 2
-    assert capsys.readouterr().err.strip() == ("omnivoice-onnx: error: --ray needs Ray Data, which is not installed; "
-                                                "pip install 'omnivoice-onnx[ray]'")
+    assert capsys.readouterr().err.strip() == (
+        "omnivoice-onnx: error: --ray needs Ray Data, which is not installed; pip install 'omnivoice-onnx[ray]'"
+    )
     assert not (tmp_path / "out").exists()

@@ -43,8 +43,9 @@ def test_manifest_validates(pipeline: Pipeline) -> None:
             assert path.stat().st_size == info["bytes"]
             if name.endswith(".npz"):
                 arrays = capture.load_npz(path)
-                assert {k: {"shape": list(v.shape), "dtype": str(v.dtype)} for k, v in arrays.items()} \
-                    == info["tensors"], f"{mode}/{name}: tensors differ from the manifest"
+                assert {k: {"shape": list(v.shape), "dtype": str(v.dtype)} for k, v in arrays.items()} == info[
+                    "tensors"
+                ], f"{mode}/{name}: tensors differ from the manifest"
     assert sha256_file(pipeline.capture / manifest["reference"]["wav"]) == manifest["reference"]["wav_sha256"]
 
 
@@ -63,11 +64,11 @@ def test_all_modes_captured_at_every_step(pipeline: Pipeline) -> None:
         assert np.array_equal(tokens["after_step"][-1], tokens["final"])
         for item, (rows, name) in enumerate(zip(entry["rows"], capture.item_files(manifest, mode, "decoder.npz"))):
             final = tokens["final"][item]
-            assert (final[:, :rows["t_len"]] != 1024).all(), f"{mode} item {item}: masked tokens after the last step"
-            assert (final[:, rows["t_len"]:] == 1024).all(), f"{mode} item {item}: padding is not the mask id"
+            assert (final[:, : rows["t_len"]] != 1024).all(), f"{mode} item {item}: masked tokens after the last step"
+            assert (final[:, rows["t_len"] :] == 1024).all(), f"{mode} item {item}: padding is not the mask id"
             # generate() decodes exactly the final tokens, one item at a time.
             decoded = capture.load_mode_file(pipeline.capture, mode, name)
-            assert np.array_equal(decoded["audio_codes"], final[None, :, :rows["t_len"]])
+            assert np.array_equal(decoded["audio_codes"], final[None, :, : rows["t_len"]])
         assert ("encoder.npz" in entry["files"]) == (mode == "clone"), "only clone mode encodes audio"
 
 
@@ -86,7 +87,7 @@ def test_batch_mode_is_a_real_batch(pipeline: Pipeline) -> None:
     mask = step["attention_mask"][:, 0]
     assert mask.shape[0] == 4
     short = 0 if c0 < c1 else 1
-    assert not mask[short, min(c0, c1):].any(), "the shorter cond row's padding queries attend to something"
+    assert not mask[short, min(c0, c1) :].any(), "the shorter cond row's padding queries attend to something"
     assert step["logits_cond"].shape == (8 * (t0 + t1), 1025)
     assert step["logits_uncond"].shape == (8 * (t0 + t1), 1025)
     assert {"decoder_0.npz", "decoder_1.npz", "output_0.wav", "output_1.wav"} <= set(entry["files"])
@@ -98,8 +99,9 @@ def _small_capture(pipeline: Pipeline, directory: Path) -> Path:
     directory.mkdir()
     for name in ("ref_voice.wav", "ref_voice.txt"):
         shutil.copyfile(pipeline.capture / name, directory / name)
-    capture_reference.main(["--model", str(pipeline.model), "--num-step", "4", "--modes", "clone",
-                            "--capture-dir", str(directory)])
+    capture_reference.main(
+        ["--model", str(pipeline.model), "--num-step", "4", "--modes", "clone", "--capture-dir", str(directory)]
+    )
     return directory
 
 
@@ -157,6 +159,7 @@ def test_capture_does_not_change_generate(pipeline: Pipeline, torch_model, mode:
 def test_patched_restores_instance_attributes() -> None:
     """capture.patched puts back what an instance had (or removes what it lacked), even when the
     block raises: a failed capture must not leave a recorder installed on the model."""
+
     class Model:
         def forward(self) -> str:
             return "class"
@@ -177,8 +180,9 @@ def test_device_cuda_without_cuda_is_one_line_error(pipeline: Pipeline, tmp_path
     """--device cuda on a CPU-only machine fails before loading anything, with one line, and leaves
     no capture behind."""
     target = tmp_path / "capture"
-    proc = run_script("capture_reference.py", "--model", str(pipeline.model), "--device", "cuda",
-                      "--capture-dir", str(target))
+    proc = run_script(
+        "capture_reference.py", "--model", str(pipeline.model), "--device", "cuda", "--capture-dir", str(target)
+    )
     assert proc.returncode == 2
     assert "cuda" in single_stderr_line(proc).lower()
     assert not target.exists()

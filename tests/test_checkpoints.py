@@ -103,8 +103,9 @@ def test_transformer_logits_are_decisive(torch_model, pipeline: Pipeline, mode: 
     """Std-0.02 audio heads make logits near-uniform: argmax near-ties everywhere, so an argmax
     agreement metric flips on noise. On the real inputs of the last step, the argmax must vary
     across the rows generate() reads and its top-1/top-2 margin must be clear of zero."""
-    step = capture.load_step(pipeline.capture, mode, capture.mode_steps(capture.load_manifest(pipeline.capture),
-                                                                        mode)[-1])
+    step = capture.load_step(
+        pipeline.capture, mode, capture.mode_steps(capture.load_manifest(pipeline.capture), mode)[-1]
+    )
     transformer = wrappers.make_wrappers(torch_model)["transformer"]
     with torch.no_grad():
         logits = transformer(*(torch.from_numpy(step[k]) for k in CONTRACTS["transformer"].input_names)).numpy()
@@ -144,8 +145,11 @@ def test_build_files_have_the_umask_mode(two_builds: tuple[Path, Path]) -> None:
     """A built checkpoint is readable as the user's umask allows (safetensors writes 0600)."""
     mask = os.umask(0)
     os.umask(mask)
-    modes = {str(p.relative_to(two_builds[0])): oct(p.stat().st_mode & 0o777)
-             for p in two_builds[0].rglob("*") if p.is_file()}
+    modes = {
+        str(p.relative_to(two_builds[0])): oct(p.stat().st_mode & 0o777)
+        for p in two_builds[0].rglob("*")
+        if p.is_file()
+    }
     assert set(modes.values()) == {oct(0o666 & ~mask)}, modes
 
 
@@ -171,8 +175,13 @@ def test_tiny_has_the_recorded_fingerprint(tiny_model: Path) -> None:
 # (the path of a CPU without AVX2, and of aarch64's generic code), oneDNN and MKL limited to
 # SSE4, numpy's SIMD dispatch off, one thread. A recipe whose bits depended on any of them (as the
 # first builder's torch.randn and its forward-pass calibration did) gives another fingerprint.
-NO_DISPATCH_ENV = {"ATEN_CPU_CAPABILITY": "default", "ONEDNN_MAX_CPU_ISA": "SSE41", "MKL_ENABLE_INSTRUCTIONS": "SSE4_2",
-                   "NPY_DISABLE_CPU_FEATURES": "X86_V3 X86_V4 AVX512_ICL AVX512_SPR", "OMP_NUM_THREADS": "1"}
+NO_DISPATCH_ENV = {
+    "ATEN_CPU_CAPABILITY": "default",
+    "ONEDNN_MAX_CPU_ISA": "SSE41",
+    "MKL_ENABLE_INSTRUCTIONS": "SSE4_2",
+    "NPY_DISABLE_CPU_FEATURES": "X86_V3 X86_V4 AVX512_ICL AVX512_SPR",
+    "OMP_NUM_THREADS": "1",
+}
 _BUILD_AND_REPORT = """
 import json, sys, numpy, torch
 from pathlib import Path
@@ -191,17 +200,24 @@ def test_builds_need_no_cpu_dispatched_kernel(tmp_path: Path) -> None:
     (torch's scalar code, SSE4 oneDNN/MKL, no numpy SIMD, one thread) have the recorded fingerprints:
     the recipe's bits come from integer draws and IEEE elementwise arithmetic alone."""
     names = ("tiny", "tiny-large-act", "tiny-outliers")
-    done = subprocess.run([sys.executable, "-c", _BUILD_AND_REPORT, str(tmp_path), *names],
-                          env={**os.environ, **NO_DISPATCH_ENV}, capture_output=True, text=True, timeout=600,
-                          cwd=Path(__file__).resolve().parent.parent)
+    done = subprocess.run(
+        [sys.executable, "-c", _BUILD_AND_REPORT, str(tmp_path), *names],
+        env={**os.environ, **NO_DISPATCH_ENV},
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])
     assert report["capability"] == "DEFAULT" and not report["numpy_simd"], report  # the switches took effect
     assert {name: report[name] for name in names} == {name: FINGERPRINTS[name] for name in names}
 
 
-@pytest.mark.skipif(not os.environ.get("OMNIVOICE_TEST_FULL_RANDOM"),
-                    reason="builds full-random (minutes, ~6 GB): set OMNIVOICE_TEST_FULL_RANDOM=1")
+@pytest.mark.skipif(
+    not os.environ.get("OMNIVOICE_TEST_FULL_RANDOM"),
+    reason="builds full-random (minutes, ~6 GB): set OMNIVOICE_TEST_FULL_RANDOM=1",
+)
 @pytest.mark.parametrize("name", ["full-random", "full-random-outliers"])
 def test_full_random_has_the_recorded_fingerprint(tmp_path: Path, name: str) -> None:
     assert model_fingerprint(build_checkpoint(name, tmp_path / name)) == FINGERPRINTS[name]
@@ -232,5 +248,7 @@ def test_a_tensor_without_a_rule_stops_the_build() -> None:
     layer = torch.nn.Linear(4, 4)
     with pytest.raises(RuntimeError, match="weight: no weight rule"):
         weights_recipe.draw_all(layer, [(r"bias$", weights_recipe.ZEROS)], seed=0)
-    assert weights_recipe.draw_all(layer, [(r"bias$", weights_recipe.ZEROS), (r"weight$", 0.5)], 0) == \
-        ["weight", "bias"]
+    assert weights_recipe.draw_all(layer, [(r"bias$", weights_recipe.ZEROS), (r"weight$", 0.5)], 0) == [
+        "weight",
+        "bias",
+    ]

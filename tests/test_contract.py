@@ -87,8 +87,12 @@ def test_signature_defects_are_named(defect: str, expected: str) -> None:
 
 
 def _transformer_shapes(rows: int = 4, seq: int = 37) -> dict[str, tuple[int, ...]]:
-    return {"input_ids": (rows, 8, seq), "audio_mask": (rows, seq), "attention_mask": (rows, 1, seq, seq),
-            "logits": (rows, 8, seq, 1025)}
+    return {
+        "input_ids": (rows, 8, seq),
+        "audio_mask": (rows, seq),
+        "attention_mask": (rows, 1, seq, seq),
+        "logits": (rows, 8, seq, 1025),
+    }
 
 
 def test_consistent_shapes_have_no_problem() -> None:
@@ -97,15 +101,28 @@ def test_consistent_shapes_have_no_problem() -> None:
     assert shape_problems("decoder", {"audio_codes": (1, 8, 50), "audio_values": (1, 1, 50 * HOP_LENGTH)}) == []
 
 
-@pytest.mark.parametrize("graph,change,expected", [
-    ("transformer", {"logits": (4, 8, 36, 1025)}, "logits has shape [4, 8, 36, 1025], but seq is 37 elsewhere"),
-    ("transformer", {"logits": (2, 8, 37, 1025)}, "logits has shape [2, 8, 37, 1025], but batch is 4 elsewhere"),
-    ("transformer", {"logits": (4, 8, 37, 1024)}, "logits has shape [4, 8, 37, 1024], expected 1025 for that axis"),
-    ("transformer", {"audio_mask": (4, 37, 1)}, "audio_mask has shape [4, 37, 1], expected 2 axes ['batch', 'seq']"),
-    ("decoder", {"audio_values": (1, 1, 50 * HOP_LENGTH - 1)},
-     f"audio_values has shape [1, 1, {50 * HOP_LENGTH - 1}], expected {HOP_LENGTH} x 50 frames"),
-])
+@pytest.mark.parametrize(
+    "graph,change,expected",
+    [
+        ("transformer", {"logits": (4, 8, 36, 1025)}, "logits has shape [4, 8, 36, 1025], but seq is 37 elsewhere"),
+        ("transformer", {"logits": (2, 8, 37, 1025)}, "logits has shape [2, 8, 37, 1025], but batch is 4 elsewhere"),
+        ("transformer", {"logits": (4, 8, 37, 1024)}, "logits has shape [4, 8, 37, 1024], expected 1025 for that axis"),
+        (
+            "transformer",
+            {"audio_mask": (4, 37, 1)},
+            "audio_mask has shape [4, 37, 1], expected 2 axes ['batch', 'seq']",
+        ),
+        (
+            "decoder",
+            {"audio_values": (1, 1, 50 * HOP_LENGTH - 1)},
+            f"audio_values has shape [1, 1, {50 * HOP_LENGTH - 1}], expected {HOP_LENGTH} x 50 frames",
+        ),
+    ],
+)
 def test_shape_defects_are_named(graph: str, change: dict, expected: str) -> None:
-    shapes = _transformer_shapes() if graph == "transformer" else {"audio_codes": (1, 8, 50),
-                                                                   "audio_values": (1, 1, 50 * HOP_LENGTH)}
+    shapes = (
+        _transformer_shapes()
+        if graph == "transformer"
+        else {"audio_codes": (1, 8, 50), "audio_values": (1, 1, 50 * HOP_LENGTH)}
+    )
     assert shape_problems(graph, {**shapes, **change}) == [expected]

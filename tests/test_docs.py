@@ -80,8 +80,11 @@ def blocks_of(page: Path) -> list[Block]:
             continue
         end = next((i for i in range(index + 1, len(lines)) if lines[i].strip() == "```"), None)
         assert end is not None, f"{name}:{index + 1}: code block never closed"
-        blocks.append(Block(name, index + 1, fence["lang"], "\n".join(lines[index + 1:end]) + "\n",
-                            marker[1] if marker else None))
+        blocks.append(
+            Block(
+                name, index + 1, fence["lang"], "\n".join(lines[index + 1 : end]) + "\n", marker[1] if marker else None
+            )
+        )
         index, marker = end + 1, None
     assert marker is None, f"{name}:{marker[0]}: `<!-- not run -->` at the end of the page marks nothing"
     return blocks
@@ -94,15 +97,23 @@ def runnable(page: Path) -> list[Block]:
 def test_the_convention_on_a_sample_page(tmp_path: Path) -> None:
     """What runs and what does not, as the convention says; a marker that marks nothing is an error."""
     page = tmp_path / "sample.md"
-    page.write_text("# T\n\n```sh\necho run\n```\n\n<!-- not run: needs a GPU -->\n```python\nimport cuda\n```\n\n"
-                    "```text\nnot code\n```\n```bash\necho also\n```\n")
+    page.write_text(
+        "# T\n\n```sh\necho run\n```\n\n<!-- not run: needs a GPU -->\n```python\nimport cuda\n```\n\n"
+        "```text\nnot code\n```\n```bash\necho also\n```\n"
+    )
     assert [(b.lang, b.line, b.text, b.not_run) for b in blocks_of(page)] == [
-        ("sh", 3, "echo run\n", None), ("python", 8, "import cuda\n", "needs a GPU"), ("text", 12, "not code\n", None),
-        ("bash", 15, "echo also\n", None)]
+        ("sh", 3, "echo run\n", None),
+        ("python", 8, "import cuda\n", "needs a GPU"),
+        ("text", 12, "not code\n", None),
+        ("bash", 15, "echo also\n", None),
+    ]
     assert [b.line for b in runnable(page)] == [3, 15]
-    for broken, words in (("<!-- not run: why -->\nprose\n```sh\nx\n```\n", "not followed by a code block"),
-                          ("<!-- not run -->\n```sh\nx\n```\n", "malformed marker"),
-                          ("```sh\nx\n", "never closed"), ("<!-- not run: why -->\n", "marks nothing")):
+    for broken, words in (
+        ("<!-- not run: why -->\nprose\n```sh\nx\n```\n", "not followed by a code block"),
+        ("<!-- not run -->\n```sh\nx\n```\n", "malformed marker"),
+        ("```sh\nx\n", "never closed"),
+        ("<!-- not run: why -->\n", "marks nothing"),
+    ):
         page.write_text(broken)
         with pytest.raises(AssertionError, match=words):
             blocks_of(page)
@@ -189,9 +200,12 @@ class Checkout:
         command = bin_dir / "omnivoice-onnx"
         command.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m omnivoice_onnx "$@"\n')
         command.chmod(0o755)
-        self.env = {**os.environ, "PATH": os.pathsep.join([str(bin_dir), str(Path(sys.executable).parent),
-                                                           os.environ.get("PATH", "")]),
-                    "PYTHONPATH": str(self.root), "HOME": str(root)}  # caches a block writes stay in tmp
+        self.env = {
+            **os.environ,
+            "PATH": os.pathsep.join([str(bin_dir), str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
+            "PYTHONPATH": str(self.root),
+            "HOME": str(root),
+        }  # caches a block writes stay in tmp
         self.env.pop("OMNIVOICE_VOICES", None)  # voices are the bundle's, as after make demo
         self.server = None
 
@@ -200,8 +214,14 @@ class Checkout:
         from omnivoice_export.serving import launch
 
         if self.server is None:
-            self.server = launch(self.root / "onnx", self.root.parent / "serve.log", "--threads", "1",
-                                        env=self.env, start_timeout=SERVER_START_S)
+            self.server = launch(
+                self.root / "onnx",
+                self.root.parent / "serve.log",
+                "--threads",
+                "1",
+                env=self.env,
+                start_timeout=SERVER_START_S,
+            )
         return self.server.port
 
     def run(self, block: Block) -> subprocess.CompletedProcess:
@@ -212,8 +232,9 @@ class Checkout:
             argv = ["bash", "-e", "-o", "pipefail", "-c", text]
         else:
             argv = [sys.executable, "-c", text]
-        return subprocess.run(argv, cwd=self.root, env=self.env, capture_output=True, text=True,
-                              timeout=BLOCK_TIMEOUT_S)
+        return subprocess.run(
+            argv, cwd=self.root, env=self.env, capture_output=True, text=True, timeout=BLOCK_TIMEOUT_S
+        )
 
     def stop(self) -> int | None:
         return None if self.server is None else self.server.stop(SERVER_START_S)
@@ -230,8 +251,10 @@ def test_page_blocks_run(page: Path, pipeline: Pipeline, tmp_path: Path) -> None
     try:
         for block in runnable(page):
             done = checkout.run(block)
-            assert done.returncode == 0, (f"{block.where} exited {done.returncode}:\n{block.text}\n--- stdout\n"
-                                          f"{done.stdout[-2000:]}\n--- stderr\n{done.stderr[-3000:]}")
+            assert done.returncode == 0, (
+                f"{block.where} exited {done.returncode}:\n{block.text}\n--- stdout\n"
+                f"{done.stdout[-2000:]}\n--- stderr\n{done.stderr[-3000:]}"
+            )
     finally:
         code = checkout.stop()
     assert code in (None, 0), f"the server exited {code}: {(tmp_path / 'serve.log').read_text()[-3000:]}"

@@ -40,15 +40,26 @@ SAVED_PRESET_NAME = "nova"  # a saved voice of a preset's name replaces the pres
 @pytest.fixture(scope="module")
 def voices(tts, tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("voices")
-    save_voice(folder, SAVED_PRESET_NAME, Voice(SAVED_PRESET_NAME, None, "male, low pitch",
-                                                tts.metadata["model_fingerprint"], Path()))
+    save_voice(
+        folder,
+        SAVED_PRESET_NAME,
+        Voice(SAVED_PRESET_NAME, None, "male, low pitch", tts.metadata["model_fingerprint"], Path()),
+    )
     return folder
 
 
 @pytest.fixture(scope="module")
 def srv(pipeline, voices, tmp_path_factory):
-    running = start_server(pipeline.onnx, voices, tmp_path_factory.mktemp("dropin") / "server.log",
-                           "--model-alias", ALIAS, "--allow-voice-save", "--default-format", "wav")
+    running = start_server(
+        pipeline.onnx,
+        voices,
+        tmp_path_factory.mktemp("dropin") / "server.log",
+        "--model-alias",
+        ALIAS,
+        "--allow-voice-save",
+        "--default-format",
+        "wav",
+    )
     yield running
     assert running.launched.stop(SERVER_START_S) == 0, running.log.read_text()[-3000:]
     assert "Traceback" not in running.log.read_text()
@@ -83,8 +94,10 @@ def test_voices_list_saved_voices_before_presets(srv: Server, tts: OmniVoiceOnnx
     assert kinds[SAVED_PRESET_NAME] == "design" and kinds["alloy"] == "preset"
     assert ids.count(SAVED_PRESET_NAME) == 1
     # the saved "nova" speaks (its instruct, the request's seed), and instructions still design a voice
-    for voice, instructions, instruct, seed in ((SAVED_PRESET_NAME, None, "male, low pitch", 5),
-                                                ("alloy", "male, elderly", "male, elderly", PRESETS["alloy"].seed)):
+    for voice, instructions, instruct, seed in (
+        (SAVED_PRESET_NAME, None, "male, low pitch", 5),
+        ("alloy", "male, elderly", "male, elderly", PRESETS["alloy"].seed),
+    ):
         body = {"model": "tts-1", "voice": voice, "input": "Hi.", "num_step": STEPS, "response_format": "wav"}
         body.update({"instructions": instructions} if instructions else {"seed": seed})
         status, headers, audio = srv.request("POST", "/v1/audio/speech", body, key=None)
@@ -108,13 +121,24 @@ def test_uploaded_reference_clones_and_saves(srv: Server, tts: OmniVoiceOnnx, vo
     assert status == 200, body
     voice_id = json.loads(body)["id"]
     assert voice_id.startswith("ref-")
-    request = {"model": "tts-1", "voice": voice_id, "input": "Hi.", "num_step": STEPS, "seed": 3,
-               "response_format": "wav"}
+    request = {
+        "model": "tts-1",
+        "voice": voice_id,
+        "input": "Hi.",
+        "num_step": STEPS,
+        "seed": 3,
+        "response_format": "wav",
+    }
     status, _, audio = srv.request("POST", "/v1/audio/speech", request, key=None)
     assert status == 200, audio[:300]
     (tmp_path / "ref.wav").write_bytes(wav)
-    (expected,) = tts.generate("Hi.", ref_audio=str(tmp_path / "ref.wav"), ref_text="A short reference.", seed=3,
-                               generation_config={"num_step": STEPS})
+    (expected,) = tts.generate(
+        "Hi.",
+        ref_audio=str(tmp_path / "ref.wav"),
+        ref_text="A short reference.",
+        seed=3,
+        generation_config={"num_step": STEPS},
+    )
     assert np.array_equal(pcm16(audio), audio_formats.to_pcm16(expected))
     status, _, body = srv.request("POST", "/v1/audio/references?ref_text=Words.&save_as=kept", wav, key=None)
     assert status == 200 and json.loads(body) == {"id": "kept", "saved": True}, body
@@ -145,8 +169,11 @@ def test_page_speaks_in_chromium(srv: Server, tmp_path: Path) -> None:
         pytest.skip(f"{CHROMIUM} is missing (apt-get install chromium; .ci/run does)")
     sync_api = pytest.importorskip("playwright.sync_api")
     with sync_api.sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True,
-                                             args=["--autoplay-policy=no-user-gesture-required", "--no-sandbox"])
+        browser = playwright.chromium.launch(
+            executable_path=str(CHROMIUM),
+            headless=True,
+            args=["--autoplay-policy=no-user-gesture-required", "--no-sandbox"],
+        )
         try:
             page = browser.new_page(viewport={"width": 900, "height": 860})
             responses: list[tuple[str, int]] = []

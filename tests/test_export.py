@@ -50,8 +50,15 @@ CONTRACT = {
 }
 # The legacy exporter cannot state the 960*frames relation; its encoder length is a free symbol.
 LEGACY_ENCODER_LENGTH = "samples"
-CONSTANTS = {"sample_rate": "24000", "hop_length": "960", "frame_rate": "25", "num_codebooks": "8",
-             "audio_vocab_size": "1025", "audio_mask_id": "1024", "opset": str(exporting.DEFAULT_OPSET)}
+CONSTANTS = {
+    "sample_rate": "24000",
+    "hop_length": "960",
+    "frame_rate": "25",
+    "num_codebooks": "8",
+    "audio_vocab_size": "1025",
+    "audio_mask_id": "1024",
+    "opset": str(exporting.DEFAULT_OPSET),
+}
 pytestmark = pytest.mark.slow  # every test here uses the session pipeline (steps 0-2, ~100 s)
 REPORT_NAME = "export-report.json"
 
@@ -69,8 +76,14 @@ def _load(path: Path) -> onnx.ModelProto:
 
 
 def _describe(values) -> list[tuple[str, str, list]]:
-    return [(v.name, onnx.helper.tensor_dtype_to_np_dtype(v.type.tensor_type.elem_type).name,
-             [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim]) for v in values]
+    return [
+        (
+            v.name,
+            onnx.helper.tensor_dtype_to_np_dtype(v.type.tensor_type.elem_type).name,
+            [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim],
+        )
+        for v in values
+    ]
 
 
 @pytest.mark.parametrize("graph", GRAPH_NAMES)
@@ -102,13 +115,17 @@ def test_one_sidecar_per_graph_and_no_stray_files(export: tuple[str, Path]) -> N
     runtime's two files (the legacy exporter alone scatters ~200 weight files at real size; tiny
     ships no licence file to copy), and every external tensor of a graph lies inside its own sidecar."""
     _, onnx_dir = export
-    expected = ({REPORT_NAME, MODEL_CARD_FILE, TOKENIZER_FILE, RUNTIME_CONFIG_FILE}
-                | {n for name in GRAPH_FILES.values() for n in (name, name + ".data")})
+    expected = {REPORT_NAME, MODEL_CARD_FILE, TOKENIZER_FILE, RUNTIME_CONFIG_FILE} | {
+        n for name in GRAPH_FILES.values() for n in (name, name + ".data")
+    }
     assert {p.name for p in onnx_dir.iterdir()} == expected
     for name in GRAPH_FILES.values():
         sidecar_bytes = (onnx_dir / (name + ".data")).stat().st_size
-        external = [{e.key: e.value for e in init.external_data} for init in _load(onnx_dir / name).graph.initializer
-                    if init.data_location == onnx.TensorProto.EXTERNAL]
+        external = [
+            {e.key: e.value for e in init.external_data}
+            for init in _load(onnx_dir / name).graph.initializer
+            if init.data_location == onnx.TensorProto.EXTERNAL
+        ]
         assert external, f"{name} keeps no weights in its sidecar"
         assert {e["location"] for e in external} == {name + ".data"}
         assert max(int(e["offset"]) + int(e["length"]) for e in external) <= sidecar_bytes
@@ -137,8 +154,10 @@ def test_metadata_props(export: tuple[str, Path], pipeline: Pipeline, graph: str
     versions = json.loads(meta["versions"])
     assert {"torch", "onnx", "onnxruntime", "transformers", "omnivoice"} <= versions.keys()
     # The licence and source travel with a graph copied out of its bundle (tiny: random weights).
-    assert (meta["license"], meta["source"]) == ("other", "random-weight tiny checkpoint (omnivoice_export.builder, "
-                                                          "seed 0)")
+    assert (meta["license"], meta["source"]) == (
+        "other",
+        "random-weight tiny checkpoint (omnivoice_export.builder, seed 0)",
+    )
 
 
 def test_report(export: tuple[str, Path], pipeline: Pipeline) -> None:
@@ -202,12 +221,24 @@ def test_report_paths_and_model_card(pipeline: Pipeline) -> None:
     assert absolute == {"capture.dir"}, absolute
     assert data["provenance"]["license"] == "other" and data["provenance"]["random_weights"] is True
     card = (pipeline.onnx / MODEL_CARD_FILE).read_text()
-    assert card.startswith("---\nlicense: other\nbase_model: k2-fsa/OmniVoice\npipeline_tag: text-to-speech\n"
-                           "library_name: onnx\n")
+    assert card.startswith(
+        "---\nlicense: other\nbase_model: k2-fsa/OmniVoice\npipeline_tag: text-to-speech\nlibrary_name: onnx\n"
+    )
     assert card_license(pipeline.onnx) == "other"
-    for expected in ("Random weights", "speaks noise", "omnivoice_transformer.onnx", "runtime-config.json",
-                     "| fp32 (the export) |", "not run", "pip install", "omnivoice-onnx speak", "Apache-2.0",
-                     "CC-BY-NC-4.0", "Higgs audio tokenizer", "voice cloning"):
+    for expected in (
+        "Random weights",
+        "speaks noise",
+        "omnivoice_transformer.onnx",
+        "runtime-config.json",
+        "| fp32 (the export) |",
+        "not run",
+        "pip install",
+        "omnivoice-onnx speak",
+        "Apache-2.0",
+        "CC-BY-NC-4.0",
+        "Higgs audio tokenizer",
+        "voice cloning",
+    ):
         assert expected in card, expected
     assert str(pipeline.capture) not in card and str(Path.cwd()) not in card
 
@@ -236,12 +267,15 @@ def test_probe_fails_on_a_causal_graph(pipeline: Pipeline, causal_transformer: P
     assert probe["passed"] is False
     assert probe["max_abs_change_before_last"] <= THRESHOLDS["self_check_probe_min_change"]
     with torch.no_grad():
-        expected = CausalTransformerWrapper(torch_model)(*(torch.from_numpy(inputs[k])
-                                                           for k in TRANSFORMER_INPUTS)).numpy()
+        expected = CausalTransformerWrapper(torch_model)(
+            *(torch.from_numpy(inputs[k]) for k in TRANSFORMER_INPUTS)
+        ).numpy()
     got = session.run(["logits"], inputs)[0]
     rows = capture.read_rows
-    assert np.abs(rows(got, inputs["attention_mask"]) - rows(expected, inputs["attention_mask"])).max() \
+    assert (
+        np.abs(rows(got, inputs["attention_mask"]) - rows(expected, inputs["attention_mask"])).max()
         <= THRESHOLDS["transformer_max_abs"]
+    )
 
 
 @pytest.mark.parametrize("mode", ["clone", "batch"])
@@ -293,9 +327,19 @@ def test_interrupted_export_keeps_the_previous_export(pipeline_copy: Pipeline, m
 
     monkeypatch.setattr(exporting, "consolidate_external_data", crash_on_second_graph)
     with pytest.raises(OSError, match="simulated crash"):
-        export_omnivoice.main(["--model", str(pipeline_copy.model), "--capture-dir", str(pipeline_copy.capture),
-                               "--onnx-dir", str(pipeline_copy.onnx), "--graphs", "decoder,transformer",
-                               "--no-dynamo"])
+        export_omnivoice.main(
+            [
+                "--model",
+                str(pipeline_copy.model),
+                "--capture-dir",
+                str(pipeline_copy.capture),
+                "--onnx-dir",
+                str(pipeline_copy.onnx),
+                "--graphs",
+                "decoder,transformer",
+                "--no-dynamo",
+            ]
+        )
     assert calls == [GRAPH_FILES["decoder"], GRAPH_FILES["transformer"]]
     assert _snapshot(pipeline_copy.onnx) == before
     assert sorted(p.name for p in pipeline_copy.onnx.parent.iterdir()) == ["capture", "onnx"]

@@ -31,10 +31,12 @@ from omnivoice_onnx.sessions import run
 LARGE_ACT = "tiny-large-act"
 TRANSFORMER = quantize.TRANSFORMER_FILE
 FLOAT16_MAX = float(np.finfo(np.float16).max)
-OPT_LEVELS = {"disable_all": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
-              "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
-              "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
-              "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL}
+OPT_LEVELS = {
+    "disable_all": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+    "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+    "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+    "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+}
 
 
 def transformer_feeds(batch: int, seq: int, text: int, seed: int) -> dict[str, np.ndarray]:
@@ -45,8 +47,11 @@ def transformer_feeds(batch: int, seq: int, text: int, seed: int) -> dict[str, n
     ids[:, :, :text] = rng.integers(0, 151676, (batch, 1, text))
     audio_mask = np.zeros((batch, seq), dtype=bool)
     audio_mask[:, text:] = True
-    return {"input_ids": ids.astype(np.int64), "audio_mask": audio_mask,
-            "attention_mask": np.ones((batch, 1, seq, seq), dtype=bool)}
+    return {
+        "input_ids": ids.astype(np.int64),
+        "audio_mask": audio_mask,
+        "attention_mask": np.ones((batch, 1, seq, seq), dtype=bool),
+    }
 
 
 CALLS = [transformer_feeds(2, 40, 12, 0), transformer_feeds(4, 57, 20, 1)]
@@ -57,17 +62,35 @@ def large_act(tmp_path_factory) -> Path:
     """tiny-large-act built (into this run's temporary tree, not the checkpoint cache), its
     transformer exported (dynamo, the export's opset and metadata) and the fp16 variant built
     from it by the recipe step 5 uses. Read-only."""
+
     def build(root: Path) -> None:
         model_dir = build_checkpoint(LARGE_ACT, root / "model")
         model = load_omnivoice(model_dir)
         example = tuple(torch.from_numpy(CALLS[0][name]) for name in ("input_ids", "audio_mask", "attention_mask"))
         onnx_dir = root / "onnx"
-        exporting.export_graph(wrappers.make_wrappers(model)["transformer"].eval(), "transformer", example, onnx_dir,
-                               dynamo=True, opset=exporting.DEFAULT_OPSET, log=lambda *_: None)
+        exporting.export_graph(
+            wrappers.make_wrappers(model)["transformer"].eval(),
+            "transformer",
+            example,
+            onnx_dir,
+            dynamo=True,
+            opset=exporting.DEFAULT_OPSET,
+            log=lambda *_: None,
+        )
         config = json.loads((model_dir / "config.json").read_text())
-        exporting.set_metadata(onnx_dir / TRANSFORMER, "transformer", exporting.graph_metadata(
-            "transformer", config, model_fingerprint(model_dir), "dynamo", exporting.DEFAULT_OPSET,
-            report.package_versions(), model_card.provenance(model_dir)))
+        exporting.set_metadata(
+            onnx_dir / TRANSFORMER,
+            "transformer",
+            exporting.graph_metadata(
+                "transformer",
+                config,
+                model_fingerprint(model_dir),
+                "dynamo",
+                exporting.DEFAULT_OPSET,
+                report.package_versions(),
+                model_card.provenance(model_dir),
+            ),
+        )
         # The fp16 recipe's transformer conversion, as step 5 makes it (this export has no report and no codecs).
         source = onnx_dir / TRANSFORMER
         recipe = quantize.RECIPES["fp16"]
@@ -101,8 +124,10 @@ def residual_inputs(model, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
     llm = model.llm
     norms = [norm for layer in llm.layers for norm in (layer.input_layernorm, layer.post_attention_layernorm)]
     captured: list[np.ndarray] = []
-    handles = [norm.register_forward_hook(lambda _m, inputs, _o: captured.append(inputs[0].numpy().copy()))
-               for norm in norms + [llm.norm]]
+    handles = [
+        norm.register_forward_hook(lambda _m, inputs, _o: captured.append(inputs[0].numpy().copy()))
+        for norm in norms + [llm.norm]
+    ]
     try:
         with torch.no_grad():
             model(**{name: torch.from_numpy(value) for name, value in feeds.items()})
@@ -167,8 +192,9 @@ def test_a_blocked_op_list_is_not_an_fp32_island_until_the_round_trips_are_joine
     overflows on the CPU too and the logits are all zeros. join_fp32_islands makes them islands."""
     from onnxruntime.transformers.float16 import convert_float_to_float16
 
-    blocked = convert_float_to_float16(onnx.load(str(large_act / "onnx" / TRANSFORMER)), keep_io_types=True,
-                                       op_block_list=list(fp16.SQUARE_AND_REDUCE))
+    blocked = convert_float_to_float16(
+        onnx.load(str(large_act / "onnx" / TRANSFORMER)), keep_io_types=True, op_block_list=list(fp16.SQUARE_AND_REDUCE)
+    )
     assert fp16.float16_squares(blocked) == [] and fp16.island_round_trips(blocked)
     onnx.save_model(blocked, str(tmp_path / "blocked.onnx"))
     assert not run(session(tmp_path / "blocked.onnx"), CALLS[0])["logits"].any()
@@ -216,15 +242,18 @@ def test_fp16_variant_within_tolerance_at_every_optimisation_level(large_act, le
 
 @pytest.mark.slow
 @pytest.mark.gpu
-@pytest.mark.skipif("CUDAExecutionProvider" not in ort.get_available_providers(),
-                    reason="needs onnxruntime's CUDA provider (onnxruntime-gpu on an NVIDIA machine)")
+@pytest.mark.skipif(
+    "CUDAExecutionProvider" not in ort.get_available_providers(),
+    reason="needs onnxruntime's CUDA provider (onnxruntime-gpu on an NVIDIA machine)",
+)
 def test_on_cuda_naive_fp16_breaks_and_the_fp16_variant_holds(large_act, tmp_path):
     """Where float16 kernels exist (CUDA), the naive graph's RMSNorm squares in float16 and its
     logits stop following fp32's; the fp16 variant stays within its tolerance (make gpu-check)."""
     from onnxruntime.transformers.float16 import convert_float_to_float16
 
-    naive = convert_float_to_float16(onnx.load(str(large_act / "onnx" / TRANSFORMER)), keep_io_types=True,
-                                     op_block_list=[])
+    naive = convert_float_to_float16(
+        onnx.load(str(large_act / "onnx" / TRANSFORMER)), keep_io_types=True, op_block_list=[]
+    )
     onnx.save_model(naive, str(tmp_path / "naive.onnx"))
     cuda = [("CUDAExecutionProvider", {"use_tf32": "0"}), "CPUExecutionProvider"]
     want = run(session(large_act / "onnx" / TRANSFORMER), CALLS[0])["logits"]

@@ -93,16 +93,29 @@ def test_infer_onnx_fused_keeps_every_token_in_every_mode(pipeline_copy, fused):
     onnx_dir = pipeline_copy.onnx
     shutil.rmtree(onnx_dir)
     shutil.copytree(fused, onnx_dir)
-    infer_onnx.main(["--variant", FUSED, "--onnx-dir", str(onnx_dir), "--capture-dir", str(pipeline_copy.capture),
-                     "--no-torch-timing"])
+    infer_onnx.main(
+        [
+            "--variant",
+            FUSED,
+            "--onnx-dir",
+            str(onnx_dir),
+            "--capture-dir",
+            str(pipeline_copy.capture),
+            "--no-torch-timing",
+        ]
+    )
     result = read_report(onnx_dir)["variants"][FUSED]["end_to_end"]["cpu"]
     manifest = capture.load_manifest(pipeline_copy.capture)
     assert result["verdict"] == "PASS" and set(result["modes"]) == set(manifest["modes"])
-    assert all(m["token_match"] == 1.0 and m["first_divergent_step"] is None and m["passed"]
-               for m in result["modes"].values())
+    assert all(
+        m["token_match"] == 1.0 and m["first_divergent_step"] is None and m["passed"] for m in result["modes"].values()
+    )
     # The runtime replayed every request with the same variant, under the fp32 verdict too.
-    assert (result["runtime"]["variant"], result["runtime"]["verdict"], result["runtime"]["token_match"]) == \
-        (FUSED, "PASS", 1.0)
+    assert (result["runtime"]["variant"], result["runtime"]["verdict"], result["runtime"]["token_match"]) == (
+        FUSED,
+        "PASS",
+        1.0,
+    )
 
 
 @pytest.mark.slow
@@ -114,8 +127,17 @@ def test_a_padded_call_gives_nan_rows_and_no_split_is_refused(pipeline, fused, t
     full = feeds["attention_mask"].all(axis=(1, 2, 3))
     assert not full.all() and full.any()
     assert np.isnan(logits[~full]).all() and np.isfinite(logits[full]).all()
-    proc = run_script("infer_onnx.py", "--variant", FUSED, "--no-split", "--onnx-dir", str(fused),
-                      "--capture-dir", str(pipeline.capture), "--no-torch-timing")
+    proc = run_script(
+        "infer_onnx.py",
+        "--variant",
+        FUSED,
+        "--no-split",
+        "--onnx-dir",
+        str(fused),
+        "--capture-dir",
+        str(pipeline.capture),
+        "--no-torch-timing",
+    )
     assert proc.returncode == 2 and "--no-split with variant fp32-fused" in proc.stderr
 
 
@@ -135,12 +157,24 @@ def test_a_graph_it_cannot_fully_fuse_is_refused(fused):
 
 @pytest.mark.slow
 def test_bench_refuses_a_variant_the_export_does_not_have(pipeline, fused, tmp_path):
-    done = run_script("bench/bench_omnivoice.py", "--model", str(pipeline.model), "--onnx-dir", str(fused),
-                      "--capture-dir", str(pipeline.capture), "--results-dir", str(tmp_path / "results"),
-                      "--variants", f"{FUSED},int3", timeout=120)
+    done = run_script(
+        "bench/bench_omnivoice.py",
+        "--model",
+        str(pipeline.model),
+        "--onnx-dir",
+        str(fused),
+        "--capture-dir",
+        str(pipeline.capture),
+        "--results-dir",
+        str(tmp_path / "results"),
+        "--variants",
+        f"{FUSED},int3",
+        timeout=120,
+    )
     assert done.returncode == 2 and done.stderr.strip().splitlines() == [
         "error: --variants: int3 not in the export report (made so far: fp32-unmasked, fp32-fused); "
-        "run quantize_omnivoice.py --variants int3"]
+        "run quantize_omnivoice.py --variants int3"
+    ]
     assert not (tmp_path / "results").exists()
 
 
@@ -176,8 +210,9 @@ def test_rotary_fusion_replaces_every_rope_with_the_same_function(pipeline, fuse
     fusion.apply_fusions(flat, ("attention", "rotary"))
     attention = [node for node in flat.graph.node if node.op_type == "Attention"]
     config = json.loads((pipeline.model / "config.json").read_text())["llm_config"]
-    assert [(fusion.attribute(node, "q_num_heads"), fusion.attribute(node, "kv_num_heads")) for node in attention] \
-        == [(config["num_attention_heads"], config["num_key_value_heads"])] * layers(pipeline)
+    assert [(fusion.attribute(node, "q_num_heads"), fusion.attribute(node, "kv_num_heads")) for node in attention] == [
+        (config["num_attention_heads"], config["num_key_value_heads"])
+    ] * layers(pipeline)
     ops = [node.op_type for node in flat.graph.node]
     assert "Expand" not in ops and ops.count("Transpose") == 1  # the one left lays out the logits [B, 8, S, V]
     assert_same_function_as_unmasked(pipeline, fused, flat, tmp_path / "flat")
@@ -217,4 +252,3 @@ def test_rms_norm_fusion_replaces_every_norm_with_the_same_function(pipeline, fu
         UserError, match=f"at {4 * layers(pipeline)} of the graph's {4 * layers(pipeline) + 1} ReduceMean"
     ):
         fusion.fuse_rms_norm(broken)
-

@@ -14,9 +14,12 @@ from omnivoice_onnx.graphmeta import read_metadata_props
 
 
 def test_same_as_onnx_load(tmp_path: Path) -> None:
-    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+    )
     model = helper.make_model(graph, producer_name="test")
     helper.set_model_props(model, {"graph": "decoder", "model_fingerprint": "sha256:ab", "note": "ünï 名"})
     onnx.save(model, tmp_path / "m.onnx")

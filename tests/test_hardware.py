@@ -8,10 +8,20 @@ import pytest
 from omnivoice_export import measure
 from omnivoice_onnx import hardware
 
-SAPPHIRE_RAPIDS = {"vendor_id": "GenuineIntel", "cpu family": "6", "model": "143", "model name": "Intel(R) Xeon(R)",
-                   "flags": "fpu avx2 avx512f avx512_vnni avx_vnni avx512_bf16 avx512_fp16 amx_bf16 amx_tile amx_int8"}
-ZEN4 = {"vendor_id": "AuthenticAMD", "cpu family": "25", "model": "17", "model name": "AMD EPYC",
-        "flags": "fpu avx2 avx512f avx512_vnni avx512_bf16"}
+SAPPHIRE_RAPIDS = {
+    "vendor_id": "GenuineIntel",
+    "cpu family": "6",
+    "model": "143",
+    "model name": "Intel(R) Xeon(R)",
+    "flags": "fpu avx2 avx512f avx512_vnni avx_vnni avx512_bf16 avx512_fp16 amx_bf16 amx_tile amx_int8",
+}
+ZEN4 = {
+    "vendor_id": "AuthenticAMD",
+    "cpu family": "25",
+    "model": "17",
+    "model name": "AMD EPYC",
+    "flags": "fpu avx2 avx512f avx512_vnni avx512_bf16",
+}
 
 
 def test_isa_flags_are_read_from_cpuinfo_and_unknown_without_it() -> None:
@@ -39,8 +49,11 @@ def test_hardware_record_names_isa_onnxruntime_load_and_a_measured_amx_verdict()
     if not cpu["isa"]["amx_int8"]:
         assert check["amx_ran"] is False
     elif check["amx_ran"]:
-        assert check["gops_per_core"] > check["amx_bound_gops_per_core"] == pytest.approx(
-            measure.TURBO_MARGIN * cpu["mhz"] / 1e3 * measure.VNNI_OPS_PER_CYCLE, abs=0.1)
+        assert (
+            check["gops_per_core"]
+            > check["amx_bound_gops_per_core"]
+            == pytest.approx(measure.TURBO_MARGIN * cpu["mhz"] / 1e3 * measure.VNNI_OPS_PER_CYCLE, abs=0.1)
+        )
     assert "int8 GEMM check" in measure.amx_line(check)
     assert measure.hardware_record(check_amx=False)["amx_check"] is None
 
@@ -106,8 +119,9 @@ def test_openvino_providers_run_the_transformer_and_keep_the_codec_on_the_cpu(pi
     logits = {}
     for provider in ("cpu", "openvino-f32", "openvino-bf16"):
         tts = OmniVoiceOnnx.from_dir(pipeline.onnx, provider=provider, variant="fp32", threads=1)
-        assert tts.transformer.get_providers()[0] == ("CPUExecutionProvider" if provider == "cpu"
-                                                     else "OpenVINOExecutionProvider")
+        assert tts.transformer.get_providers()[0] == (
+            "CPUExecutionProvider" if provider == "cpu" else "OpenVINOExecutionProvider"
+        )
         assert tts.codecs.provider == "cpu"
         logits[provider] = run_split(tts.transformer, *inputs)
     scale = float(np.abs(logits["cpu"]).max())

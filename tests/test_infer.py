@@ -52,8 +52,12 @@ def test_onnx_generate_is_token_exact(end_to_end: tuple[Pipeline, dict], mode: s
         assert info.samplerate == SAMPLE_RATE and info.duration == pytest.approx(item["duration_s"])
     # The torch-free runtime on the same request: PyTorch's final tokens, every one.
     runtime = section["runtime"]
-    assert (runtime["runtime"], runtime["variant"], runtime["verdict"], runtime["token_match"]) == \
-        ("omnivoice_onnx", "fp32", "PASS", 1.0)
+    assert (runtime["runtime"], runtime["variant"], runtime["verdict"], runtime["token_match"]) == (
+        "omnivoice_onnx",
+        "fp32",
+        "PASS",
+        1.0,
+    )
     assert runtime["modes"][mode]["token_match_per_item"] == [1.0] * len(result["items"])
     assert runtime["modes"][mode]["first_difference"] is None and runtime["modes"][mode]["passed"]
 
@@ -81,8 +85,20 @@ def test_wrong_transformer_diverges_at_a_named_step(pipeline_copy: Pipeline, per
 def test_synthesis_writes_a_wav_without_a_capture(pipeline: Pipeline, tmp_path: Path) -> None:
     """--text speaks with the graphs alone: a capture directory that does not exist is never read."""
     out = tmp_path / "hello.wav"
-    infer_onnx.main(["--text", "Hello there, this is a test.", "--out", str(out), "--num-step", "4",
-                     "--onnx-dir", str(pipeline.onnx), "--capture-dir", str(tmp_path / "no-capture")])
+    infer_onnx.main(
+        [
+            "--text",
+            "Hello there, this is a test.",
+            "--out",
+            str(out),
+            "--num-step",
+            "4",
+            "--onnx-dir",
+            str(pipeline.onnx),
+            "--capture-dir",
+            str(tmp_path / "no-capture"),
+        ]
+    )
     info = soundfile.info(str(out))
     assert (info.samplerate, info.channels) == (SAMPLE_RATE, 1)
     assert info.duration > 0.5
@@ -91,8 +107,14 @@ def test_synthesis_writes_a_wav_without_a_capture(pipeline: Pipeline, tmp_path: 
 
 def test_missing_capture_is_one_line_error(pipeline: Pipeline, tmp_path: Path) -> None:
     """Compare mode without a capture: exit 2 and one line that says to run step 1."""
-    proc = run_script("infer_onnx.py", "--capture-dir", str(tmp_path / "missing"), "--onnx-dir", str(pipeline.onnx),
-                      "--no-torch-timing")
+    proc = run_script(
+        "infer_onnx.py",
+        "--capture-dir",
+        str(tmp_path / "missing"),
+        "--onnx-dir",
+        str(pipeline.onnx),
+        "--no-torch-timing",
+    )
     assert proc.returncode == 2
     line = single_stderr_line(proc)
     assert "capture_reference.py" in line and "step 1" in line

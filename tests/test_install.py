@@ -11,10 +11,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 
-def run_install(*args: str, python: str = sys.executable, env: dict[str, str] | None = None
-                ) -> subprocess.CompletedProcess:
-    return subprocess.run([python, "-m", "omnivoice_export.install", *args], cwd=REPO,
-                          capture_output=True, text=True, env=env)
+def run_install(
+    *args: str, python: str = sys.executable, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [python, "-m", "omnivoice_export.install", *args], cwd=REPO, capture_output=True, text=True, env=env
+    )
 
 
 def test_torch_install_without_a_cpu_build_is_one_line(tmp_path: Path) -> None:
@@ -23,8 +25,15 @@ def test_torch_install_without_a_cpu_build_is_one_line(tmp_path: Path) -> None:
     subprocess.run([sys.executable, "-m", "venv", str(tmp_path / "venv")], check=True)
     env = {**os.environ, "PIP_CONFIG_FILE": os.devnull, "PIP_FIND_LINKS": "", "PIP_NO_INDEX": "1"}
     log = tmp_path / "pip.log"
-    result = run_install("torch", "--index-url", (tmp_path / "no-index").as_uri(), "--log", str(log),
-                         python=str(tmp_path / "venv" / "bin" / "python"), env=env)
+    result = run_install(
+        "torch",
+        "--index-url",
+        (tmp_path / "no-index").as_uri(),
+        "--log",
+        str(log),
+        python=str(tmp_path / "venv" / "bin" / "python"),
+        env=env,
+    )
     assert result.returncode == 1
     errors = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(errors) == 1 and errors[0].startswith("error: pip could not install PyTorch's CPU build")

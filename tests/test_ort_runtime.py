@@ -49,8 +49,10 @@ def test_split_equals_padded_on_the_rows_generate_reads(pipeline) -> None:
             padded = run(session, feeds)["logits"]
             split = run_split(session, **feeds)
             assert split.shape == padded.shape
-            for a, b in zip(capture.logits_rows(padded, feeds["attention_mask"]),
-                            capture.logits_rows(split, feeds["attention_mask"])):
+            for a, b in zip(
+                capture.logits_rows(padded, feeds["attention_mask"]),
+                capture.logits_rows(split, feeds["attention_mask"]),
+            ):
                 assert np.abs(a - b).max() < 1e-4
                 assert np.array_equal(a.argmax(-1), b.argmax(-1))
 
@@ -85,14 +87,14 @@ def test_codec_sessions_per_call_equal_resident(pipeline) -> None:
     assert per_call.codec.held == {}
     with np.load(pipeline.capture / "clone" / "encoder.npz") as data:
         feeds = {"input_values": data["input_values"]}
-    assert np.array_equal(per_call.codec.run("encoder", feeds)["audio_codes"],
-                          resident.codec.run("encoder", feeds)["audio_codes"])
+    assert np.array_equal(
+        per_call.codec.run("encoder", feeds)["audio_codes"], resident.codec.run("encoder", feeds)["audio_codes"]
+    )
     assert per_call.audio_tokenizer().config == resident.audio_tokenizer().config
 
 
 @pytest.mark.parametrize("env, threads, expected", [("3", None, 3), ("3", 2, 2), ("", None, 0)])
-def test_session_threads_come_from_the_flag_then_the_environment(pipeline, monkeypatch, env, threads,
-                                                                   expected) -> None:
+def test_session_threads_come_from_the_flag_then_the_environment(pipeline, monkeypatch, env, threads, expected) -> None:
     """--threads wins; else $OMNIVOICE_ORT_THREADS (the test suite sets 1 per worker); else ORT's
     default, which SessionOptions reports as 0."""
     monkeypatch.setenv("OMNIVOICE_ORT_THREADS", env)

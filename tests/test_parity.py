@@ -79,9 +79,16 @@ def test_results_for_two_providers_coexist(passing_report: dict) -> None:
     assert passing_report["parity"][OTHER_PROVIDER] == OTHER_SECTION
 
 
-@pytest.mark.parametrize("wrong_graph,graph", [
-    ("perturbed_transformer", "transformer"), ("causal_transformer", "transformer"),
-    ("mask_ignoring_transformer", "transformer"), ("perturbed_encoder", "encoder"), ("perturbed_decoder", "decoder")])
+@pytest.mark.parametrize(
+    "wrong_graph,graph",
+    [
+        ("perturbed_transformer", "transformer"),
+        ("causal_transformer", "transformer"),
+        ("mask_ignoring_transformer", "transformer"),
+        ("perturbed_encoder", "encoder"),
+        ("perturbed_decoder", "decoder"),
+    ],
+)
 def test_fails_on_a_wrong_graph(request, wrong_graph: str, graph: str, pipeline: Pipeline, onnx_copy: Path) -> None:
     """Audio heads scaled by 1.5 (argmax unchanged, logits off), a causal-attention model, a model
     whose attention ignores the mask (eager), an encoder and a decoder with one conv scaled: each
@@ -158,7 +165,14 @@ def test_cuda_provider_without_cuda_is_one_line_error(pipeline: Pipeline) -> Non
 
     if "CUDAExecutionProvider" in onnxruntime.get_available_providers():
         pytest.skip("checks the error on a machine without onnxruntime's CUDA provider")
-    proc = run_script("parity_check.py", "--provider", "cuda-fp32", "--capture-dir", str(pipeline.capture),
-                      "--onnx-dir", str(pipeline.onnx))
+    proc = run_script(
+        "parity_check.py",
+        "--provider",
+        "cuda-fp32",
+        "--capture-dir",
+        str(pipeline.capture),
+        "--onnx-dir",
+        str(pipeline.onnx),
+    )
     assert proc.returncode != 0
     assert "cuda" in single_stderr_line(proc).lower()

@@ -44,6 +44,7 @@ CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs torch wit
 
 # --- 1. a failed export is never installed, never used -------------------------------------------
 
+
 def _eager_model(path: Path):
     """The model with `eager` attention: its faithful export ignores the attention mask."""
     model = load_omnivoice(path)
@@ -60,10 +61,27 @@ def test_export_failing_its_checks_is_not_installed(pipeline: Pipeline, tmp_path
     shutil.copytree(pipeline.onnx, onnx_dir)
     before = snapshot(onnx_dir)
     monkeypatch.setattr(export_omnivoice, "load_omnivoice", _eager_model)
-    result = run_inprocess(export_omnivoice, ["--model", pipeline.model, "--capture-dir", pipeline.capture,
-                                              "--onnx-dir", onnx_dir, "--graphs", "transformer", "--no-dynamo"], capsys)
-    assert_one_line(result, EXIT_CHECK_FAILED, "the export of transformer failed its checks (transformer: mask probe",
-                    "nothing was installed")
+    result = run_inprocess(
+        export_omnivoice,
+        [
+            "--model",
+            pipeline.model,
+            "--capture-dir",
+            pipeline.capture,
+            "--onnx-dir",
+            onnx_dir,
+            "--graphs",
+            "transformer",
+            "--no-dynamo",
+        ],
+        capsys,
+    )
+    assert_one_line(
+        result,
+        EXIT_CHECK_FAILED,
+        "the export of transformer failed its checks (transformer: mask probe",
+        "nothing was installed",
+    )
     assert "transformer failed: mask probe" in result.out
     assert snapshot(onnx_dir) == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["onnx"]  # no staging directory left
@@ -78,14 +96,21 @@ def test_graph_marked_failed_is_refused(script: str, pipeline: Pipeline, tmp_pat
     work = Pipeline(pipeline.model, linked_copy(pipeline.capture, tmp_path / "capture"), tmp_path / "onnx")
     shutil.copytree(pipeline.onnx, work.onnx)
     failure = "mask probe: changing 25 masked keys of row 1 moved the logits ..."
-    edit_json(work.onnx / "export-report.json", lambda r: r["graphs"]["transformer"]["self_checks"].update(
-        passed=False, failures=[failure]))
-    argv = {"parity": (parity_check, ["--capture-dir", work.capture, "--onnx-dir", work.onnx]),
-            "infer-synthesis": (infer_onnx, ["--onnx-dir", work.onnx, "--text", "Hello.", "--out",
-                                             tmp_path / "out.wav"])}[script]
+    edit_json(
+        work.onnx / "export-report.json",
+        lambda r: r["graphs"]["transformer"]["self_checks"].update(passed=False, failures=[failure]),
+    )
+    argv = {
+        "parity": (parity_check, ["--capture-dir", work.capture, "--onnx-dir", work.onnx]),
+        "infer-synthesis": (infer_onnx, ["--onnx-dir", work.onnx, "--text", "Hello.", "--out", tmp_path / "out.wav"]),
+    }[script]
     result = run_inprocess(*argv, capsys)
-    assert_one_line(result, EXIT_BAD_INPUT, "the transformer graph failed its export checks (mask probe",
-                    "re-run export_omnivoice.py")
+    assert_one_line(
+        result,
+        EXIT_BAD_INPUT,
+        "the transformer graph failed its export checks (mask probe",
+        "re-run export_omnivoice.py",
+    )
     assert not (tmp_path / "out.wav").exists()
 
 
@@ -100,9 +125,22 @@ def test_make_deletes_a_target_its_failed_recipe_changed(tmp_path: Path) -> None
     failing_python = tmp_path / "python"  # stands in for `$(PY) export_omnivoice.py`: writes, then fails
     failing_python.write_text(f"#!/bin/sh\nmkdir -p {onnx_dir}\necho '{{}}' > {onnx_dir}/export-report.json\nexit 1\n")
     failing_python.chmod(0o755)
-    done = subprocess.run(["make", "-C", str(REPO), f"PY={failing_python}", f"CAPTURE={capture_dir}",
-                           f"ONNX={onnx_dir}", "-o", f"{capture_dir}/manifest.json", f"{onnx_dir}/export-report.json"],
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [
+            "make",
+            "-C",
+            str(REPO),
+            f"PY={failing_python}",
+            f"CAPTURE={capture_dir}",
+            f"ONNX={onnx_dir}",
+            "-o",
+            f"{capture_dir}/manifest.json",
+            f"{onnx_dir}/export-report.json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode != 0
     assert "Deleting file" in done.stderr, done.stderr
     assert not (onnx_dir / "export-report.json").exists()
@@ -110,12 +148,16 @@ def test_make_deletes_a_target_its_failed_recipe_changed(tmp_path: Path) -> None
 
 # --- 3. metrics refuse what they cannot compare; a verdict on nothing is an error ---------------
 
-@pytest.mark.parametrize("metric,reference,candidate,message", [
-    (metrics.logit_stats, np.zeros((4, 1025)), np.zeros((1, 1025)), "differ in shape"),
-    (metrics.logit_stats, np.zeros((0, 1025)), np.zeros((0, 1025)), "nothing to compare"),
-    (metrics.code_match, np.zeros((1, 8, 0), np.int64), np.zeros((1, 8, 0), np.int64), "nothing to compare"),
-    (metrics.log_spectral_l1, np.zeros(0, np.float32), np.zeros(100, np.float32), "nothing to compare"),
-])
+
+@pytest.mark.parametrize(
+    "metric,reference,candidate,message",
+    [
+        (metrics.logit_stats, np.zeros((4, 1025)), np.zeros((1, 1025)), "differ in shape"),
+        (metrics.logit_stats, np.zeros((0, 1025)), np.zeros((0, 1025)), "nothing to compare"),
+        (metrics.code_match, np.zeros((1, 8, 0), np.int64), np.zeros((1, 8, 0), np.int64), "nothing to compare"),
+        (metrics.log_spectral_l1, np.zeros(0, np.float32), np.zeros(100, np.float32), "nothing to compare"),
+    ],
+)
 def test_metrics_refuse_mismatched_or_empty_arrays(metric, reference, candidate, message: str) -> None:
     """numpy would broadcast [4,V] against [1,V], and an empty comparison would agree 100 %: both
     are refused instead of becoming a figure."""
@@ -132,13 +174,15 @@ def test_encoder_with_nothing_to_compare_is_an_error(pipeline: Pipeline, tmp_pat
     edit_json(work.capture / "manifest.json", lambda m: m["modes"].pop("clone"))
     sha = sha256_file(work.capture / "manifest.json")
     edit_json(work.onnx / "export-report.json", lambda r: r["capture"].update(manifest_sha256=sha))
-    result = run_inprocess(parity_check, ["--capture-dir", work.capture, "--onnx-dir", work.onnx,
-                                          "--graphs", "encoder"], capsys)
+    result = run_inprocess(
+        parity_check, ["--capture-dir", work.capture, "--onnx-dir", work.onnx, "--graphs", "encoder"], capsys
+    )
     assert_one_line(result, EXIT_BAD_INPUT, "nothing to check the encoder on", "clone among --modes")
     assert "parity" not in json.loads((work.onnx / "export-report.json").read_text())
 
 
 # --- 4. CUDA in fp32, or a reason --------------------------------------------------------------
+
 
 @pytest.mark.slow
 def test_capture_records_its_float32_settings(pipeline: Pipeline) -> None:
@@ -165,13 +209,16 @@ def test_full_fp32_switches_tf32_off_and_restores() -> None:
 CUDA_FIRST = ["CUDAExecutionProvider", "CPUExecutionProvider"]
 
 
-@pytest.mark.parametrize("provider,providers,use_tf32,message", [
-    ("cuda-fp32", CUDA_FIRST, "0", None),
-    ("cuda-fp32", CUDA_FIRST, "1", "reports use_tf32='1' for g.onnx, so cuda-fp32 would compute in TF32"),
-    ("cuda-fp32", CUDA_FIRST, None, "reports use_tf32=None"),
-    ("cuda-tf32", CUDA_FIRST, "1", None),
-    ("cuda-fp32", ["CPUExecutionProvider"], "0", "did not place g.onnx on CUDA"),
-])
+@pytest.mark.parametrize(
+    "provider,providers,use_tf32,message",
+    [
+        ("cuda-fp32", CUDA_FIRST, "0", None),
+        ("cuda-fp32", CUDA_FIRST, "1", "reports use_tf32='1' for g.onnx, so cuda-fp32 would compute in TF32"),
+        ("cuda-fp32", CUDA_FIRST, None, "reports use_tf32=None"),
+        ("cuda-tf32", CUDA_FIRST, "1", None),
+        ("cuda-fp32", ["CPUExecutionProvider"], "0", "did not place g.onnx on CUDA"),
+    ],
+)
 def test_cuda_session_options_are_read_back(provider: str, providers: list, use_tf32, message) -> None:
     """What a CUDA session reports (its providers, its CUDA options) decides: cuda-fp32 needs the
     CUDA provider first and use_tf32 "0" read back, not merely requested."""
@@ -188,11 +235,15 @@ def test_cuda_session_options_are_read_back(provider: str, providers: list, use_
 def _two_node_graph(path: Path) -> Path:
     """MatMul then Shape: a graph small enough to build here, with a compute node and a shape node."""
     graph = helper.make_graph(
-        [helper.make_node("MatMul", ["a", "w"], ["c"]), helper.make_node("Shape", ["c"], ["s"])], "g",
+        [helper.make_node("MatMul", ["a", "w"], ["c"]), helper.make_node("Shape", ["c"], ["s"])],
+        "g",
         [helper.make_tensor_value_info("a", TensorProto.FLOAT, ["n", 4])],
-        [helper.make_tensor_value_info("c", TensorProto.FLOAT, ["n", 4]),
-         helper.make_tensor_value_info("s", TensorProto.INT64, [2])],
-        [numpy_helper.from_array(np.eye(4, dtype=np.float32), "w")])
+        [
+            helper.make_tensor_value_info("c", TensorProto.FLOAT, ["n", 4]),
+            helper.make_tensor_value_info("s", TensorProto.INT64, [2]),
+        ],
+        [numpy_helper.from_array(np.eye(4, dtype=np.float32), "w")],
+    )
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), str(path))
     return path
 
@@ -221,8 +272,9 @@ def test_compare_captures_finds_the_first_step_with_other_inputs(pipeline: Pipel
 
     other = tmp_path / "capture"
 
-    capture_reference.main(["--model", str(pipeline.model), "--modes", "design", "--seed", "99",
-                            "--capture-dir", str(other)])
+    capture_reference.main(
+        ["--model", str(pipeline.model), "--modes", "design", "--seed", "99", "--capture-dir", str(other)]
+    )
     result = device_check.compare_captures(pipeline.capture, other)
     assert list(result["modes"]) == ["design"]
     design = result["modes"]["design"]
@@ -243,8 +295,9 @@ def test_replay_on_the_capture_device_is_exact(pipeline: Pipeline) -> None:
     for mode, entry in result["modes"].items():
         assert [row["step"] for row in entry["transformer"]] == [0, 31]
         assert all(row["max_abs"] == 0.0 for row in entry["transformer"]), mode
-        assert entry["decoder_log_spectral_l1"] == [0.0] * len(capture.item_files(
-            capture.load_manifest(pipeline.capture, verify_hashes=False), mode, "decoder.npz"))
+        assert entry["decoder_log_spectral_l1"] == [0.0] * len(
+            capture.item_files(capture.load_manifest(pipeline.capture, verify_hashes=False), mode, "decoder.npz")
+        )
     assert result["modes"]["clone"]["encoder_code_match"] == 1.0
 
 
@@ -253,8 +306,13 @@ def test_gpu_check_stops_with_one_line_without_cuda(tmp_path: Path) -> None:
     one line and exit 2, before building anything."""
     if torch.cuda.is_available():
         pytest.skip("checks the refusal on a machine without CUDA")
-    done = subprocess.run([str(REPO / "scripts" / "gpu_check.sh"), str(tmp_path / "out")], capture_output=True,
-                          text=True, timeout=120, env={**os.environ, "PY": sys.executable})
+    done = subprocess.run(
+        [str(REPO / "scripts" / "gpu_check.sh"), str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PY": sys.executable},
+    )
     assert done.returncode == EXIT_BAD_INPUT
     assert done.stderr.strip().splitlines() == [done.stderr.strip()]
     assert "sees no CUDA device" in done.stderr
@@ -294,6 +352,7 @@ def test_cuda_fp32_session_reads_back_use_tf32_0(pipeline: Pipeline) -> None:
 
 # --- 5. the bench measures only what it can compare ---------------------------------------------
 
+
 def _model_with_other_fingerprint(tiny: Path, dst: Path) -> Path:
     """tiny's files linked, with a tokenizer_config.json one key longer: a valid checkpoint whose
     fingerprint differs."""
@@ -311,18 +370,27 @@ def test_bench_refuses_an_export_of_another_model(pipeline: Pipeline, tmp_path: 
     """The bench times the export against the model it loads: another model's export is refused
     before any worker starts (exit 2, one line naming both fingerprints)."""
     other = _model_with_other_fingerprint(pipeline.model, tmp_path / "model")
-    done = run_script("bench/bench_omnivoice.py", "--model", str(other), "--onnx-dir", str(pipeline.onnx),
-                      "--capture-dir", str(pipeline.capture), "--results-dir", str(tmp_path / "results"),
-                      timeout=120)
+    done = run_script(
+        "bench/bench_omnivoice.py",
+        "--model",
+        str(other),
+        "--onnx-dir",
+        str(pipeline.onnx),
+        "--capture-dir",
+        str(pipeline.capture),
+        "--results-dir",
+        str(tmp_path / "results"),
+        timeout=120,
+    )
     line = assert_one_line(Result(done.returncode, done.stdout, done.stderr), EXIT_BAD_INPUT, "is of model")
     assert model_fingerprint(other) in line and model_fingerprint(pipeline.model) in line
     assert not (tmp_path / "results").exists()
 
 
 @pytest.mark.slow
-def test_bench_fails_on_other_tokens_names_the_cpu_and_times_each_variant(pipeline: Pipeline,
-                                                                         perturbed_transformer: Path,
-                                                                         tmp_path: Path) -> None:
+def test_bench_fails_on_other_tokens_names_the_cpu_and_times_each_variant(
+    pipeline: Pipeline, perturbed_transformer: Path, tmp_path: Path
+) -> None:
     """One bench run (one round, 4 steps, one call shape, 1 s codec calls, a short GEMM ceiling) for
     two properties, since each run costs most of a minute:
     - the fp32 graph installed is the perturbed one (argmax kept, confidences changed), so its
@@ -337,12 +405,37 @@ def test_bench_fails_on_other_tokens_names_the_cpu_and_times_each_variant(pipeli
     shutil.copytree(pipeline.onnx, onnx_dir)
     quantize_omnivoice.main(["--onnx-dir", str(onnx_dir), "--variants", "int8"])
     install_graph(perturbed_transformer, onnx_dir, "transformer")
-    done = run_script("bench/bench_omnivoice.py", "--model", str(pipeline.model), "--onnx-dir", str(onnx_dir),
-                      "--capture-dir", str(pipeline.capture), "--results-dir", str(tmp_path / "results"),
-                      "--repeats", "1", "--calls", "1", "--num-step", "4", "--variants", "int8",
-                      "--shapes", "S~200", "--codec-seconds", "1", "--gemm-seconds", "0.05", timeout=900)
-    line = assert_one_line(Result(done.returncode, done.stdout, done.stderr), EXIT_CHECK_FAILED,
-                           "ONNX generate()'s final tokens differ from PyTorch's")
+    done = run_script(
+        "bench/bench_omnivoice.py",
+        "--model",
+        str(pipeline.model),
+        "--onnx-dir",
+        str(onnx_dir),
+        "--capture-dir",
+        str(pipeline.capture),
+        "--results-dir",
+        str(tmp_path / "results"),
+        "--repeats",
+        "1",
+        "--calls",
+        "1",
+        "--num-step",
+        "4",
+        "--variants",
+        "int8",
+        "--shapes",
+        "S~200",
+        "--codec-seconds",
+        "1",
+        "--gemm-seconds",
+        "0.05",
+        timeout=900,
+    )
+    line = assert_one_line(
+        Result(done.returncode, done.stdout, done.stderr),
+        EXIT_CHECK_FAILED,
+        "ONNX generate()'s final tokens differ from PyTorch's",
+    )
     (results,) = (tmp_path / "results").glob("*.json")
     data = json.loads(results.read_text())
     summary, cpu = data["summary"], data["meta"]["cpu"]
@@ -351,8 +444,9 @@ def test_bench_fails_on_other_tokens_names_the_cpu_and_times_each_variant(pipeli
     assert summary["gemm"]["libraries"]["onnxruntime"].startswith("MLAS")
     assert summary["generate"]["final_token_match"] < 1.0, line
     for row in summary["transformer"].values():
-        assert row["speedup_ort_padded_vs_torch"] == pytest.approx(row["torch_padded"]["median"]
-                                                                   / row["ort_padded"]["median"])
+        assert row["speedup_ort_padded_vs_torch"] == pytest.approx(
+            row["torch_padded"]["median"] / row["ort_padded"]["median"]
+        )
     assert list(summary["variants"]) == ["int8"]
     entries = read_report(onnx_dir)["variants"]
     for name, variant in summary["variants"].items():
@@ -369,7 +463,8 @@ def test_bench_fails_on_other_tokens_names_the_cpu_and_times_each_variant(pipeli
         parts = variant["generate"]["parts"]
         assert parts["transformer"]["median"] > 0 and parts["rest"]["median"] > 0
         assert parts["transformer"]["median"] + parts["rest"]["median"] == pytest.approx(
-            variant["generate"]["seconds"]["median"])
+            variant["generate"]["seconds"]["median"]
+        )
     runtime = summary["runtime_generate"]  # the torch-free runtime's generate(), fp32 and each variant
     assert list(runtime) == ["fp32", "int8"] and runtime["fp32"]["final_token_match"] < 1.0
     for entry in runtime.values():
@@ -402,21 +497,27 @@ def test_bench_load_line_flags_only_load_beyond_its_own_workers() -> None:
     assert "other work shared the CPU" in bench.load_line({"min": 1.7, "max": 2.7}, 2)
 
 
-@pytest.mark.parametrize("argv,message", [
-    (["--shapes", "S~200,S~999"], "--shapes: unknown value(s) S~999"),
-    (["--shapes", "S~200,S~200"], "--shapes: S~200 given more than once"),
-    (["--codec-seconds", "5,5"], "--codec-seconds: '5,5' is not a list of distinct whole seconds"),
-    (["--codec-seconds", "0.5"], "--codec-seconds: '0.5' is not a list"),
-    (["--gemm-seconds", "0"], "argument --gemm-seconds: 0 is out of range"),
-], ids=["unknown-shape", "repeated-shape", "repeated-seconds", "fraction", "gemm-zero"])
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--shapes", "S~200,S~999"], "--shapes: unknown value(s) S~999"),
+        (["--shapes", "S~200,S~200"], "--shapes: S~200 given more than once"),
+        (["--codec-seconds", "5,5"], "--codec-seconds: '5,5' is not a list of distinct whole seconds"),
+        (["--codec-seconds", "0.5"], "--codec-seconds: '0.5' is not a list"),
+        (["--gemm-seconds", "0"], "argument --gemm-seconds: 0 is out of range"),
+    ],
+    ids=["unknown-shape", "repeated-shape", "repeated-seconds", "fraction", "gemm-zero"],
+)
 def test_bench_measurement_flags_refused_before_any_worker(argv: list, message: str, tmp_path: Path, capsys) -> None:
-    result = run_inprocess(bench_module(), [*argv, "--capture-dir", tmp_path / "none", "--results-dir", tmp_path / "r"],
-                           capsys)
+    result = run_inprocess(
+        bench_module(), [*argv, "--capture-dir", tmp_path / "none", "--results-dir", tmp_path / "r"], capsys
+    )
     assert_one_line(result, EXIT_BAD_INPUT, message)
     assert sorted(tmp_path.iterdir()) == []
 
 
 # --- 6. --model takes a Hugging Face repo id ----------------------------------------------------
+
 
 def _hub_cache(root: Path, tiny: Path, repo: str = "k2-fsa/OmniVoice") -> Path:
     """A Hugging Face cache laid out as huggingface_hub writes it, holding `repo` = tiny's files:
@@ -443,10 +544,18 @@ def test_hub_repo_id_resolves_from_the_cache_offline(tiny_model: Path, tmp_path:
     """`--model k2-fsa/OmniVoice` with the repo in the local cache and HF_HUB_OFFLINE=1: resolved to
     its snapshot without network, validated, and fingerprinted as the very files tiny is."""
     snapshot_dir = _hub_cache(tmp_path / "hub", tiny_model)
-    probe = ("from omnivoice_export.checkpoints import model_fingerprint, resolve_model; "
-             "path = resolve_model('k2-fsa/OmniVoice'); print(path); print(model_fingerprint(path))")
-    done = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=120,
-                          env=_hub_env(tmp_path / "hub"))
+    probe = (
+        "from omnivoice_export.checkpoints import model_fingerprint, resolve_model; "
+        "path = resolve_model('k2-fsa/OmniVoice'); print(path); print(model_fingerprint(path))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=_hub_env(tmp_path / "hub"),
+    )
     assert done.returncode == 0, done.stderr
     path, fingerprint = done.stdout.split()
     assert Path(path) == snapshot_dir
@@ -456,20 +565,44 @@ def test_hub_repo_id_resolves_from_the_cache_offline(tiny_model: Path, tmp_path:
 def test_hub_repo_id_not_cached_offline_names_the_download(tmp_path: Path) -> None:
     """Not cached, HF_HUB_OFFLINE=1: one line naming the exact command that downloads it (exit 2)."""
     (tmp_path / "hub").mkdir()
-    done = subprocess.run([sys.executable, str(REPO / "capture_reference.py"), "--model", "k2-fsa/OmniVoice",
-                           "--modes", "design", "--capture-dir", str(tmp_path / "capture")], cwd=REPO,
-                          capture_output=True, text=True, timeout=120, env=_hub_env(tmp_path / "hub"))
-    assert_one_line(Result(done.returncode, done.stdout, done.stderr), EXIT_BAD_INPUT,
-                    "no snapshot of the Hugging Face repo k2-fsa/OmniVoice", "HF_HUB_OFFLINE is set",
-                    "`hf download k2-fsa/OmniVoice`")
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "capture_reference.py"),
+            "--model",
+            "k2-fsa/OmniVoice",
+            "--modes",
+            "design",
+            "--capture-dir",
+            str(tmp_path / "capture"),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=_hub_env(tmp_path / "hub"),
+    )
+    assert_one_line(
+        Result(done.returncode, done.stdout, done.stderr),
+        EXIT_BAD_INPUT,
+        "no snapshot of the Hugging Face repo k2-fsa/OmniVoice",
+        "HF_HUB_OFFLINE is set",
+        "`hf download k2-fsa/OmniVoice`",
+    )
     assert not (tmp_path / "capture").exists()
 
 
 # --- 7. a run shows only what concerns the user -------------------------------------------------
 
-NOISE = ("torchvision is not installed", "LeafSpec", "will not be used, since it shares the same shape constraints",
-         "TracerWarning", "Constant folding - Only steps=1", "invalid value encountered in divide",
-         "Couldn't find ffmpeg")
+NOISE = (
+    "torchvision is not installed",
+    "LeafSpec",
+    "will not be used, since it shares the same shape constraints",
+    "TracerWarning",
+    "Constant folding - Only steps=1",
+    "invalid value encountered in divide",
+    "Couldn't find ffmpeg",
+)
 
 
 @pytest.mark.slow
@@ -492,7 +625,8 @@ def test_make_demo_prints_summaries_and_a_second_run_does_nothing(tmp_path: Path
         pytest.skip("no make")
     capture_dir, onnx_dir, calls = tmp_path / "capture", tmp_path / "onnx", tmp_path / "calls"
     fake_python = tmp_path / "python"  # stands in for $(PY): each script writes its target and prints a check line
-    fake_python.write_text(textwrap.dedent(f"""\
+    fake_python.write_text(
+        textwrap.dedent(f"""\
         #!/bin/sh
         echo "$1" >> {calls}
         mkdir -p {capture_dir} {onnx_dir}
@@ -504,15 +638,31 @@ def test_make_demo_prints_summaries_and_a_second_run_does_nothing(tmp_path: Path
         esac
         echo "[transformer] clone step  0 argmax=1.000000 OK"
         echo "OVERALL: PASS ($1)"
-        """))
+        """)
+    )
     fake_python.chmod(0o755)
-    argv = ["make", "-C", str(REPO), f"PY={fake_python}", f"CAPTURE={capture_dir}", f"ONNX={onnx_dir}",
-            f"MODEL_MARK={tmp_path / 'model-mark'}", f"DEMO_LOG={tmp_path / 'demo.log'}", "-o", ".venv/.installed",
-            "demo"]
+    argv = [
+        "make",
+        "-C",
+        str(REPO),
+        f"PY={fake_python}",
+        f"CAPTURE={capture_dir}",
+        f"ONNX={onnx_dir}",
+        f"MODEL_MARK={tmp_path / 'model-mark'}",
+        f"DEMO_LOG={tmp_path / 'demo.log'}",
+        "-o",
+        ".venv/.installed",
+        "demo",
+    ]
     first = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     assert first.returncode == 0, first.stdout + first.stderr
-    assert calls.read_text().split() == ["make_reference.py", "capture_reference.py", "export_omnivoice.py",
-                                         "parity_check.py", "infer_onnx.py"]
+    assert calls.read_text().split() == [
+        "make_reference.py",
+        "capture_reference.py",
+        "export_omnivoice.py",
+        "parity_check.py",
+        "infer_onnx.py",
+    ]
     assert "OVERALL: PASS (parity_check.py)" in first.stdout and "[transformer]" not in first.stdout
     assert "[transformer] clone step  0" in (tmp_path / "demo.log").read_text()
     second = subprocess.run(argv, capture_output=True, text=True, timeout=60)

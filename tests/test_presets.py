@@ -8,8 +8,21 @@ from omnivoice_onnx.core.instruct import resolve_instruct
 from omnivoice_onnx.presets import OPENAI_MODEL_IDS, PRESETS, find_preset
 
 # The voices of the `openai` package's speech API (its type hints), in presets.py's order.
-OPENAI_VOICES = ("alloy", "ash", "ballad", "coral", "echo", "fable", "nova", "onyx", "sage", "shimmer", "verse",
-                 "marin", "cedar")
+OPENAI_VOICES = (
+    "alloy",
+    "ash",
+    "ballad",
+    "coral",
+    "echo",
+    "fable",
+    "nova",
+    "onyx",
+    "sage",
+    "shimmer",
+    "verse",
+    "marin",
+    "cedar",
+)
 
 
 def test_every_openai_voice_has_a_valid_preset(config) -> None:
@@ -53,9 +66,11 @@ def test_voice_catalogue_hides_presets_under_saved_names_and_unreachable_saved_v
     from omnivoice_onnx.serve.service import BUILTIN_VOICES, Service
     from omnivoice_onnx.serve.wyoming import AUTO_DESCRIPTION, description, voice_entries
 
-    saved = [SimpleNamespace(name="alloy", prompt=None, instruct="male, elderly"),
-             SimpleNamespace(name="auto", prompt=object(), instruct=None),
-             SimpleNamespace(name="mine", prompt=object(), instruct=None)]
+    saved = [
+        SimpleNamespace(name="alloy", prompt=None, instruct="male, elderly"),
+        SimpleNamespace(name="auto", prompt=object(), instruct=None),
+        SimpleNamespace(name="mine", prompt=object(), instruct=None),
+    ]
     service = SimpleNamespace(saved_voices=lambda: saved)
     service.voice_catalogue = lambda: Service.voice_catalogue(service)
     catalogue = service.voice_catalogue()

@@ -54,8 +54,18 @@ MEASURED = ("int8-unfused", "int8-plain", "int4-b32", "fp16", "int8")
 def measured(pipeline, variants, tmp_path_factory) -> dict:
     """The quality section after measuring one variant per recipe method (MEASURED), end to end included."""
     wav_dir = tmp_path_factory.mktemp("wavs")
-    quality_omnivoice.main(["--onnx-dir", str(variants), "--capture-dir", str(pipeline.capture),
-                            "--wav-dir", str(wav_dir), "--variants", ",".join(MEASURED)])
+    quality_omnivoice.main(
+        [
+            "--onnx-dir",
+            str(variants),
+            "--capture-dir",
+            str(pipeline.capture),
+            "--wav-dir",
+            str(wav_dir),
+            "--variants",
+            ",".join(MEASURED),
+        ]
+    )
     section = read_report(variants)["quality"]
     section["wav_dir"] = wav_dir
     return section
@@ -83,8 +93,10 @@ def test_every_recipe_writes_one_graph_and_one_sidecar(variants):
 def test_variant_metadata_is_the_fp32_graphs_plus_variant_and_recipe(variants):
     fp32 = {p.key: p.value for p in onnx.load(str(variants / TRANSFORMER), load_external_data=False).metadata_props}
     for name, recipe in quantize.RECIPES.items():
-        meta = {p.key: p.value for p in onnx.load(str(variants / name / TRANSFORMER),
-                                                  load_external_data=False).metadata_props}
+        meta = {
+            p.key: p.value
+            for p in onnx.load(str(variants / name / TRANSFORMER), load_external_data=False).metadata_props
+        }
         assert {k: meta[k] for k in fp32} == fp32
         assert meta["variant"] == name and json.loads(meta["recipe"]) == recipe.as_dict()
 
@@ -98,10 +110,12 @@ def test_heads_and_embeddings_stay_fp32_where_the_recipe_says(variants):
         model = onnx.load(str(variants / name / TRANSFORMER), load_external_data=False)
         nodes = {node.name: node for node in model.graph.node}
         float_weights = {i.name for i in model.graph.initializer if i.data_type == TensorProto.FLOAT}
-        heads_kept = all(h in nodes and nodes[h].op_type == "MatMul" and nodes[h].input[1] in float_weights
-                         for h in heads)
-        embeddings_kept = all(e in nodes and nodes[e].op_type == "Gather" and nodes[e].input[0] in float_weights
-                              for e in embeddings)
+        heads_kept = all(
+            h in nodes and nodes[h].op_type == "MatMul" and nodes[h].input[1] in float_weights for h in heads
+        )
+        embeddings_kept = all(
+            e in nodes and nodes[e].op_type == "Gather" and nodes[e].input[0] in float_weights for e in embeddings
+        )
         assert heads_kept == recipe.keep_heads_fp32, name
         assert embeddings_kept == (recipe.embeddings == "fp32"), name
         half_tables = {i.name for i in model.graph.initializer if i.data_type == TensorProto.FLOAT16}
@@ -126,10 +140,17 @@ def test_int8_holds_its_three_rewrites(pipeline, variants, name: str):
     ops = [node.op_type for node in model.graph.node]
     layers = json.loads((pipeline.model / "config.json").read_text())["llm_config"]["num_hidden_layers"]
     integer = ops.count("MatMulInteger") + ops.count("MatMulIntegerToFloat")
-    assert (ops.count("Attention"), ops.count("RotaryEmbedding"), integer,
-            ops.count("SimplifiedLayerNormalization"), ops.count("Pow"), ops.count("Softmax"), ops.count("Neg"),
-            ops.count("Transpose"), ops.count("Expand")) == (layers, 2 * layers, 7 * layers, 4 * layers + 1,
-                                                             0, 0, 0, 1, 0)
+    assert (
+        ops.count("Attention"),
+        ops.count("RotaryEmbedding"),
+        integer,
+        ops.count("SimplifiedLayerNormalization"),
+        ops.count("Pow"),
+        ops.count("Softmax"),
+        ops.count("Neg"),
+        ops.count("Transpose"),
+        ops.count("Expand"),
+    ) == (layers, 2 * layers, 7 * layers, 4 * layers + 1, 0, 0, 0, 1, 0)
     assert quantize.RECIPES[name].fusions == ("attention", "rotary", "rms_norm")
 
 
@@ -139,8 +160,14 @@ def test_int8_pertensor_keeps_int8_unfused_accuracy(pipeline, variants):
     bits): on every 8th captured step of each mode int8-pertensor's logits stay at int8-unfused's
     distance from the export's and agree with them on argmax (measured on tiny: mean 0.9931 for both)."""
     fused = "int8-pertensor"
-    sessions = {name: make_session(path) for name, path in (("fp32", variants / TRANSFORMER),
-                (fused, variants / fused / TRANSFORMER), ("int8-unfused", variants / "int8-unfused" / TRANSFORMER))}
+    sessions = {
+        name: make_session(path)
+        for name, path in (
+            ("fp32", variants / TRANSFORMER),
+            (fused, variants / fused / TRANSFORMER),
+            ("int8-unfused", variants / "int8-unfused" / TRANSFORMER),
+        )
+    }
     for mode, step, feeds in captured_calls(pipeline.capture, every=8):
         logits = {name: run_split(session, *feeds) for name, session in sessions.items()}
         error = {name: float(np.max(np.abs(logits[name] - logits["fp32"]))) for name in (fused, "int8-unfused")}
@@ -151,10 +178,13 @@ def test_int8_pertensor_keeps_int8_unfused_accuracy(pipeline, variants):
 
 def gather_model(table: np.ndarray, ids: np.ndarray) -> onnx.ModelProto:
     """One Gather node "emb" reading `table` (an initializer) at input `ids`: an embedding as the export has it."""
-    graph = helper.make_graph([helper.make_node("Gather", ["table", "ids"], ["rows"], name="emb")], "g",
-                              [helper.make_tensor_value_info("ids", TensorProto.INT64, list(ids.shape))],
-                              [helper.make_tensor_value_info("rows", TensorProto.FLOAT, [*ids.shape, table.shape[1]])],
-                              [numpy_helper.from_array(table, "table")])
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["table", "ids"], ["rows"], name="emb")],
+        "g",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, list(ids.shape))],
+        [helper.make_tensor_value_info("rows", TensorProto.FLOAT, [*ids.shape, table.shape[1]])],
+        [numpy_helper.from_array(table, "table")],
+    )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
 
 
@@ -240,8 +270,9 @@ def test_script_help_and_unknown_variant():
 def test_each_recipe_method_runs_generate_in_every_mode(measured, pipeline):
     manifest = json.loads((pipeline.capture / "manifest.json").read_text())
     assert set(measured["variants"]) == {"fp32", *MEASURED}
-    assert {quantize.RECIPES[name].method for name in MEASURED} == {r.method for r in quantize.RECIPES.values()
-                                                                     if r.bits < 32}
+    assert {quantize.RECIPES[name].method for name in MEASURED} == {
+        r.method for r in quantize.RECIPES.values() if r.bits < 32
+    }
     for name, result in measured["variants"].items():
         assert set(result["end_to_end"]) == set(manifest["modes"]), name
         for mode, e2e in result["end_to_end"].items():
@@ -269,8 +300,10 @@ def test_quantizing_the_audio_heads_is_measurably_worse(measured):
     heads_fp32, plain = measured["variants"]["int8-unfused"], measured["variants"]["int8-plain"]
     assert plain["relative_error_mean"] > 1.5 * heads_fp32["relative_error_mean"]
     assert plain["argmax_agreement_mean"] < heads_fp32["argmax_agreement_mean"]
-    tokens = {name: np.mean([e["token_match"] for e in measured["variants"][name]["end_to_end"].values()])
-              for name in ("int8-unfused", "int8-plain")}
+    tokens = {
+        name: np.mean([e["token_match"] for e in measured["variants"][name]["end_to_end"].values()])
+        for name in ("int8-unfused", "int8-plain")
+    }
     assert tokens["int8-plain"] < tokens["int8-unfused"]
 
 

@@ -55,8 +55,7 @@ def test_generate_and_stream_validate_once(tts, validations) -> None:
     assert validations[0] == 3
     assert np.array_equal(tts.generate(req)[0], audio)  # the Request runs as validated: not checked again
     assert validations[0] == 3
-    streamed = tts.validate("Hello there. A second sentence follows.", generation_config=FEW_STEPS, seed=3,
-                            stream=True)
+    streamed = tts.validate("Hello there. A second sentence follows.", generation_config=FEW_STEPS, seed=3, stream=True)
     assert [c.samples.size for c in tts.stream(streamed)] == [c.samples.size for c in chunks]
     assert validations[0] == 4
 
@@ -80,8 +79,18 @@ def test_the_request_keywords_are_written_once() -> None:
     definition, in upstream generate()'s order); keywords() builds exactly those names."""
     import inspect
 
-    assert shapes.REQUEST_KEYWORDS == ("language", "ref_text", "ref_audio", "voice_clone_prompt", "instruct",
-                                        "duration", "speed", "generation_config", "seed", "strict_instructions")
+    assert shapes.REQUEST_KEYWORDS == (
+        "language",
+        "ref_text",
+        "ref_audio",
+        "voice_clone_prompt",
+        "instruct",
+        "duration",
+        "speed",
+        "generation_config",
+        "seed",
+        "strict_instructions",
+    )
     for method in (OmniVoiceOnnx.validate, OmniVoiceOnnx.generate, OmniVoiceOnnx.stream):
         variadic = [p for p in inspect.signature(method).parameters.values() if p.kind is p.VAR_KEYWORD]
         assert len(variadic) == 1 and "RequestKeywords" in str(variadic[0].annotation), method.__name__
@@ -93,8 +102,11 @@ def test_the_request_keywords_are_written_once() -> None:
 @pytest.mark.slow
 def test_a_keyword_that_is_not_a_requests_is_a_type_error(tts) -> None:
     """As a signature that wrote the keywords out: a misspelt one is Python's TypeError, never ignored."""
-    for call in (lambda: tts.validate("Hello.", langauge="English"), lambda: tts.generate("Hello.", sed=1),
-                 lambda: next(tts.stream("Hello.", instructs="female"))):
+    for call in (
+        lambda: tts.validate("Hello.", langauge="English"),
+        lambda: tts.generate("Hello.", sed=1),
+        lambda: next(tts.stream("Hello.", instructs="female")),
+    ):
         with pytest.raises(TypeError, match="got an unexpected keyword argument"):
             call()
 
@@ -103,8 +115,22 @@ def test_a_keyword_that_is_not_a_requests_is_a_type_error(tts) -> None:
 def test_speak_validates_once(pipeline, validations, tmp_path: Path) -> None:
     for extra in ([], ["--stream"]):
         before = validations[0]
-        code = program.main(["speak", "Hello there.", "--model-dir", str(pipeline.onnx), "--num-step", "2",
-                         "--seed", "5", "--out", str(tmp_path / "hello.wav"), "--quiet", *extra])
+        code = program.main(
+            [
+                "speak",
+                "Hello there.",
+                "--model-dir",
+                str(pipeline.onnx),
+                "--num-step",
+                "2",
+                "--seed",
+                "5",
+                "--out",
+                str(tmp_path / "hello.wav"),
+                "--quiet",
+                *extra,
+            ]
+        )
         assert code == 0 and validations[0] == before + 1, (extra, validations[0] - before)
 
 
@@ -117,8 +143,15 @@ def test_server_validates_once(pipeline, validations) -> None:
     try:
         for stream_format in (None, "audio"):
             before = validations[0]
-            body = speech_request_model()(model="omnivoice", input="Hello there.", voice="auto", num_step=2,
-                                          seed=7, response_format="pcm", stream_format=stream_format)
+            body = speech_request_model()(
+                model="omnivoice",
+                input="Hello there.",
+                voice="auto",
+                num_step=2,
+                seed=7,
+                response_format="pcm",
+                stream_format=stream_format,
+            )
             job, _ = build_job(service, body, loop)
             assert validations[0] == before + 1 and job.request.seed == 7
             service.pool.submit(job)
@@ -142,10 +175,20 @@ def test_batch_validates_each_line_once(pipeline, validations, tmp_path: Path) -
     """Each line is validated up front by the driver; the worker runs that Request (pickled, as a
     process pool or Ray would carry it) without a second check."""
     lines = tmp_path / "lines.jsonl"
-    lines.write_text("".join(json.dumps({"id": f"l{i}", "text": f"Line number {i}.", "seed": i}) + "\n"
-                             for i in range(3)))
-    summary = run_batch(Options(test_list=lines, res_dir=tmp_path / "out", model_dir=pipeline.onnx,
-                                generation_config=FEW_STEPS, threads=1, progress=False), log=lambda _: None)
+    lines.write_text(
+        "".join(json.dumps({"id": f"l{i}", "text": f"Line number {i}.", "seed": i}) + "\n" for i in range(3))
+    )
+    summary = run_batch(
+        Options(
+            test_list=lines,
+            res_dir=tmp_path / "out",
+            model_dir=pipeline.onnx,
+            generation_config=FEW_STEPS,
+            threads=1,
+            progress=False,
+        ),
+        log=lambda _: None,
+    )
     assert summary.made == 3 and validations[0] == 3
 
 
@@ -161,17 +204,20 @@ def test_worker_threads_one_rule(monkeypatch) -> None:
         sessions.worker_threads(1, limits.MAX_THREADS + 1)
 
 
-@pytest.mark.parametrize(("flag", "text", "ok"), [
-    (flags.T_SHIFT, "0", False),  # batch took 0, which validate refuses
-    (flags.T_SHIFT, "0.1", True),
-    (flags.SCORE_FACTOR, str(limits.MAX_SCORE_FACTOR), True),  # speak stopped at 100
-    (flags.SCORE_FACTOR, str(-limits.MAX_SCORE_FACTOR), True),
-    (flags.SCORE_FACTOR, str(limits.MAX_SCORE_FACTOR * 1.01), False),
-    (flags.SPEED, str(limits.MIN_SPEED), True),
-    (flags.SPEED, str(limits.MAX_SPEED * 1.01), False),
-    (flags.DURATION, "0", False),
-    (flags.CHUNK_SECONDS, "0", False),
-])
+@pytest.mark.parametrize(
+    ("flag", "text", "ok"),
+    [
+        (flags.T_SHIFT, "0", False),  # batch took 0, which validate refuses
+        (flags.T_SHIFT, "0.1", True),
+        (flags.SCORE_FACTOR, str(limits.MAX_SCORE_FACTOR), True),  # speak stopped at 100
+        (flags.SCORE_FACTOR, str(-limits.MAX_SCORE_FACTOR), True),
+        (flags.SCORE_FACTOR, str(limits.MAX_SCORE_FACTOR * 1.01), False),
+        (flags.SPEED, str(limits.MIN_SPEED), True),
+        (flags.SPEED, str(limits.MAX_SPEED * 1.01), False),
+        (flags.DURATION, "0", False),
+        (flags.CHUNK_SECONDS, "0", False),
+    ],
+)
 def test_flag_ranges_are_the_apis(flag, text: str, ok: bool) -> None:
     if ok:
         assert flag(text) == float(text)

@@ -40,8 +40,20 @@ SR = 24000
 HOP = 960
 INT16_STEP = 1 / 32768
 RULES = host_sections()["audio"]  # runtime-config.json's audio section, as the export writes it
-RATE_PAIRS = [(8000, SR), (16000, SR), (22050, SR), (44100, SR), (48000, SR), (11025, SR), (32000, SR),
-              (SR, 8000), (SR, 16000), (SR, 22050), (SR, 44100), (SR, 48000)]
+RATE_PAIRS = [
+    (8000, SR),
+    (16000, SR),
+    (22050, SR),
+    (44100, SR),
+    (48000, SR),
+    (11025, SR),
+    (32000, SR),
+    (SR, 8000),
+    (SR, 16000),
+    (SR, 22050),
+    (SR, 44100),
+    (SR, 48000),
+]
 
 
 def derived_resample_bound(dtype: type[np.floating]) -> float:
@@ -71,6 +83,7 @@ RESAMPLE_MAX_ABS_F64 = derived_resample_bound(np.float64)
 # signals
 # ---------------------------------------------------------------------------------------------
 
+
 def speech_like(seconds: float, sr: int, seed: int, rms: float = 0.1) -> np.ndarray:
     """float64 [T]: a gliding harmonic voice (f0 90-240 Hz, 12 harmonics) under syllable-rate
     raised-cosine envelopes, with a little breath noise, scaled to `rms`."""
@@ -85,14 +98,21 @@ def speech_like(seconds: float, sr: int, seed: int, rms: float = 0.1) -> np.ndar
     while start < n:
         length = int(rng.uniform(0.12, 0.3) * sr)
         bump = np.sin(np.pi * np.arange(min(length, n - start)) / length) ** 2
-        envelope[start:start + len(bump)] += rng.uniform(0.3, 1.0) * bump
+        envelope[start : start + len(bump)] += rng.uniform(0.3, 1.0) * bump
         start += int(rng.uniform(0.15, 0.35) * sr)
     x = voice * envelope + 0.01 * rng.randn(n) * envelope
     return x * (rms / np.sqrt(np.mean(x**2)))
 
 
-def with_pauses(sr: int, seed: int, pauses_ms: list[int], lead_ms: int = 300, trail_ms: int = 400,
-                floor: float = 0.0, rms: float = 0.1) -> np.ndarray:
+def with_pauses(
+    sr: int,
+    seed: int,
+    pauses_ms: list[int],
+    lead_ms: int = 300,
+    trail_ms: int = 400,
+    floor: float = 0.0,
+    rms: float = 0.1,
+) -> np.ndarray:
     """float64 [T]: speech-like phrases separated by pauses of the given lengths (plus leading and
     trailing silence), the silences holding Gaussian noise of std `floor` (0: digital silence)."""
     rng = np.random.RandomState(seed + 1000)
@@ -124,12 +144,16 @@ FLOORS = [0.0, 0.002, 0.0031, 0.00316, 0.0032, 0.004]
 
 def silence_cases(sr: int) -> list[tuple[str, np.ndarray]]:
     """Named mono float64 signals exercising silence removal at rate `sr`."""
-    cases = [(f"bursts{gaps}-floor{floor}-tail{tail}", tone_bursts(sr, gaps, tail, floor, seed=i))
-             for i, (gaps, floor, tail) in enumerate(
-                 (g, f, t) for g in GAP_SETS for f in FLOORS for t in (0, 7, 13))]
-    cases += [(f"speech-pauses{pauses}-floor{floor}", with_pauses(sr, seed, pauses, floor=floor))
-              for seed, (pauses, floor) in enumerate([([150, 250, 600], 0.0), ([480, 520], 0.001),
-                                                      ([200, 500, 900], 0.003), ([100], 0.0035)])]
+    cases = [
+        (f"bursts{gaps}-floor{floor}-tail{tail}", tone_bursts(sr, gaps, tail, floor, seed=i))
+        for i, (gaps, floor, tail) in enumerate((g, f, t) for g in GAP_SETS for f in FLOORS for t in (0, 7, 13))
+    ]
+    cases += [
+        (f"speech-pauses{pauses}-floor{floor}", with_pauses(sr, seed, pauses, floor=floor))
+        for seed, (pauses, floor) in enumerate(
+            [([150, 250, 600], 0.0), ([480, 520], 0.001), ([200, 500, 900], 0.003), ([100], 0.0035)]
+        )
+    ]
     cases += [
         ("speech-no-pause", speech_like(2.0, sr, 7)),
         ("speech-quiet", speech_like(2.0, sr, 8, rms=0.004)),
@@ -151,6 +175,7 @@ def silence_cases(sr: int) -> list[tuple[str, np.ndarray]]:
 # ---------------------------------------------------------------------------------------------
 # upstream helpers
 # ---------------------------------------------------------------------------------------------
+
 
 @contextlib.contextmanager
 def encoder_inputs(model: OmniVoice):
@@ -182,14 +207,19 @@ def runtime_prompt(ref_audio, preprocess: bool) -> tuple[np.ndarray, float]:
 
 
 def assert_identical(ours: np.ndarray, theirs: np.ndarray) -> None:
-    assert ours.dtype == theirs.dtype and ours.shape == theirs.shape, (ours.dtype, ours.shape, theirs.dtype,
-                                                                       theirs.shape)
+    assert ours.dtype == theirs.dtype and ours.shape == theirs.shape, (
+        ours.dtype,
+        ours.shape,
+        theirs.dtype,
+        theirs.shape,
+    )
     assert np.array_equal(ours, theirs), f"max |diff| {np.abs(ours.astype(np.float64) - theirs).max()}"
 
 
 # ---------------------------------------------------------------------------------------------
 # resampling
 # ---------------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("orig,new", RATE_PAIRS)
 def test_sinc_kernel_equals_torchaudio_within_4_ulps(orig, new):
@@ -221,8 +251,8 @@ def test_sinc_kernel_sin_cos_are_correctly_rounded(orig, new):
     gcd = math.gcd(orig, new)
     o, n = orig // gcd, new // gcd
     ours, width = _resample.sinc_kernel(o, n, np.float32, **RULES["resample"])
-    exact_sin = lambda v: np.float32(float(mpmath.sin(mpmath.mpf(float(v))))) # noqa: E731
-    exact_cos = lambda v: np.float32(float(mpmath.cos(mpmath.mpf(float(v))))) # noqa: E731
+    exact_sin = lambda v: np.float32(float(mpmath.sin(mpmath.mpf(float(v)))))  # noqa: E731
+    exact_cos = lambda v: np.float32(float(mpmath.cos(mpmath.mpf(float(v)))))  # noqa: E731
     original = (_resample.math.sin, _resample.math.cos)
     try:
         _resample.math.sin, _resample.math.cos = exact_sin, exact_cos
@@ -247,7 +277,7 @@ def test_resample_sums_in_the_documented_order():
             for k in range(kernel.shape[1]):
                 acc = np.float32(acc + np.float32(padded[frame * 147 + k] * kernel[phase, k]))
             expected.append(acc)
-    expected = np.array(expected[:-(-80 * 400 // 147)], np.float32)
+    expected = np.array(expected[: -(-80 * 400 // 147)], np.float32)
     assert np.array_equal(ours[0].view(np.int32), expected.view(np.int32))
 
 
@@ -282,6 +312,7 @@ def test_resample_speech_there_and_back():
 # ---------------------------------------------------------------------------------------------
 # silence removal (pydub arithmetic): exact
 # ---------------------------------------------------------------------------------------------
+
 
 # Upstream calls it at the model's rate only (24 kHz: the prompt after resampling, the output);
 # 22.05 kHz adds a rate whose samples per millisecond are not whole (pydub's ms arithmetic). 16 and
@@ -321,6 +352,7 @@ def test_remove_silence_refuses_pydub_resampling_rates():
 # ---------------------------------------------------------------------------------------------
 # reference: load_reference + prepare_reference vs create_voice_clone_prompt
 # ---------------------------------------------------------------------------------------------
+
 
 def reference_cases() -> list[tuple[str, np.ndarray, int]]:
     """(name, waveform as passed in the tuple, rate)."""
@@ -368,8 +400,10 @@ def test_prepare_reference_equals_create_voice_clone_prompt(torch_model, preproc
         assert diff.max() <= bound, (name, diff.max(), bound)
         assert np.mean(diff > 0) < (1e-3 if preprocess else 1.0), name
         compared += 1
-    print(f"[prepare_reference preprocess={preprocess}] resampled cases {compared}: "
-          f"max rel |d rms| {worst_rms:.2e}, max |d wav| {worst_wav:.2e}")
+    print(
+        f"[prepare_reference preprocess={preprocess}] resampled cases {compared}: "
+        f"max rel |d rms| {worst_rms:.2e}, max |d wav| {worst_wav:.2e}"
+    )
     assert worst_rms <= 1e-6 and compared > 0
 
 
@@ -384,8 +418,14 @@ def test_float64_reference_without_preprocessing(torch_model):
     assert_identical(ours, captured[0].astype(np.float32))
 
 
-FILE_FORMATS = [("wav", "PCM_16"), ("wav", "PCM_24"), ("wav", "FLOAT"), ("wav", "DOUBLE"), ("flac", "PCM_16"),
-                ("flac", "PCM_24")]
+FILE_FORMATS = [
+    ("wav", "PCM_16"),
+    ("wav", "PCM_24"),
+    ("wav", "FLOAT"),
+    ("wav", "DOUBLE"),
+    ("flac", "PCM_16"),
+    ("flac", "PCM_24"),
+]
 # Away from 24 kHz the whole prompt path (resample, RMS boost, pydub's silence trimming, ~1 s per
 # call in upstream's pydub) is compared on two of the loaded files, integer mono and float stereo:
 # the format only changes the samples loaded, which every file compares against load_audio.
@@ -445,45 +485,69 @@ def test_bad_reference_input_is_a_user_error(tmp_path: Path):
     empty_file = tmp_path / "empty.wav"
     sf.write(empty_file, np.zeros((0, 1)), SR)
     bad = [
-        ((nan, SR), "NaN"), ((inf, SR), "NaN or infinite"), ((np.zeros(0, np.float32), SR), "no samples"),
-        ((speech[np.newaxis, np.newaxis], SR), "3 dimensions"), (((speech * 32767).astype(np.int16), SR), "int16"),
-        ((speech.astype(np.float16), SR), "float16"), ((speech[:, np.newaxis], SR), "more channels than samples"),
-        ((speech, 0), "sample rate"), ((speech, -16000), "sample rate"), ((speech, 16000.5), "sample rate"),
-        ((speech, "16000"), "sample rate"), ((speech, True), "sample rate"), ((speech, float("nan")), "sample rate"),
-        ((speech,), "tuple has 1 items"), (tmp_path / "missing.wav", "not found"),
-        (str(not_audio), "cannot read"), (empty_file, "no samples"),
+        ((nan, SR), "NaN"),
+        ((inf, SR), "NaN or infinite"),
+        ((np.zeros(0, np.float32), SR), "no samples"),
+        ((speech[np.newaxis, np.newaxis], SR), "3 dimensions"),
+        (((speech * 32767).astype(np.int16), SR), "int16"),
+        ((speech.astype(np.float16), SR), "float16"),
+        ((speech[:, np.newaxis], SR), "more channels than samples"),
+        ((speech, 0), "sample rate"),
+        ((speech, -16000), "sample rate"),
+        ((speech, 16000.5), "sample rate"),
+        ((speech, "16000"), "sample rate"),
+        ((speech, True), "sample rate"),
+        ((speech, float("nan")), "sample rate"),
+        ((speech,), "tuple has 1 items"),
+        (tmp_path / "missing.wav", "not found"),
+        (str(not_audio), "cannot read"),
+        (empty_file, "no samples"),
     ]
     for ref_audio, message in bad:
         with pytest.raises(UserError, match=message):
             audio.load_reference(ref_audio, SR, RULES)
     with pytest.raises(UserError, match="after preparation, under 0.04 s"):  # one codec frame
-        audio.prepare_reference(speech[np.newaxis, :HOP - 1], SR, HOP, RULES, preprocess=False)
+        audio.prepare_reference(speech[np.newaxis, : HOP - 1], SR, HOP, RULES, preprocess=False)
 
 
 # ---------------------------------------------------------------------------------------------
 # output: post_process vs _post_process_audio, cross_fade_chunks
 # ---------------------------------------------------------------------------------------------
 
+
 def decoded_like(seed: int) -> np.ndarray:
     """float32 [1, T]: what the codec decoder returns: speech with pauses of assorted lengths."""
     rng = np.random.RandomState(seed)
     pauses = [int(p) for p in rng.choice([120, 300, 499, 500, 501, 650, 1200], size=rng.randint(1, 5))]
-    x = with_pauses(SR, seed, pauses, lead_ms=int(rng.choice([0, 50, 400])), trail_ms=int(rng.choice([0, 90, 800])),
-                    floor=float(rng.choice([0.0, 0.0008, 0.003])), rms=float(rng.uniform(0.03, 0.3)))
+    x = with_pauses(
+        SR,
+        seed,
+        pauses,
+        lead_ms=int(rng.choice([0, 50, 400])),
+        trail_ms=int(rng.choice([0, 90, 800])),
+        floor=float(rng.choice([0.0, 0.0008, 0.003])),
+        rms=float(rng.uniform(0.03, 0.3)),
+    )
     return x.astype(np.float32)[np.newaxis, :]
 
 
 def test_post_process_equals_upstream(torch_model):
     signals = [decoded_like(seed) for seed in range(12)]
-    signals += [np.zeros((1, 0), np.float32), np.zeros((1, 5), np.float32), 0.3 * np.ones((1, 3), np.float32),
-                (1e-7 * np.ones((1, SR))).astype(np.float32), (0.6 * speech_like(0.3, SR, 1)).astype(np.float32)[None]]
+    signals += [
+        np.zeros((1, 0), np.float32),
+        np.zeros((1, 5), np.float32),
+        0.3 * np.ones((1, 3), np.float32),
+        (1e-7 * np.ones((1, SR))).astype(np.float32),
+        (0.6 * speech_like(0.3, SR, 1)).astype(np.float32)[None],
+    ]
     settings = [(True, 0.1, 0.1), (False, 0.1, 0.1), (True, 0.0, 0.0), (True, 0.05, 0.2), (False, 0.3, 0.0)]
     compared = 0
     for signal in signals:
         for ref_rms in (None, 0.0, 0.02, 0.05, 0.0999, 0.1, 0.3):
             for postprocess_output, pad, fade in settings:
-                config = OmniVoiceGenerationConfig(postprocess_output=postprocess_output, pad_duration=pad,
-                                                   fade_duration=fade)
+                config = OmniVoiceGenerationConfig(
+                    postprocess_output=postprocess_output, pad_duration=pad, fade_duration=fade
+                )
                 try:
                     theirs = torch_model._post_process_audio(signal.copy(), ref_rms=ref_rms, gen_config=config)
                 except ValueError:  # np.max of the empty array: upstream crashes where we return empty
@@ -498,8 +562,15 @@ def test_post_process_equals_upstream(torch_model):
 @pytest.mark.parametrize("sr", [24000, 22050])
 def test_cross_fade_chunks_equals_upstream(sr):
     rng = np.random.RandomState(sr)
-    lengths_sets = [[SR], [48000, 30000], [5000, 100, 7000], [2400, 2399, 2401, 1, 4800], [0, 3000],
-                    [3000, 0, 3000], [12345, 2400, 99999]]
+    lengths_sets = [
+        [SR],
+        [48000, 30000],
+        [5000, 100, 7000],
+        [2400, 2399, 2401, 1, 4800],
+        [0, 3000],
+        [3000, 0, 3000],
+        [12345, 2400, 99999],
+    ]
     for lengths in lengths_sets:
         for channels in (1, 2):
             chunks = [rng.uniform(-0.5, 0.5, (channels, n)).astype(np.float32) for n in lengths]
@@ -512,8 +583,12 @@ def test_cross_fade_chunks_equals_upstream(sr):
 
 def test_audio_runtime_imports_no_torch():
     forbidden = ("torch", "torchaudio", "transformers", "omnivoice", "pydub", "omnivoice_export")
-    code = ("import sys, omnivoice_onnx.core.audio; "
-            f"print([m for m in sys.modules if m.split('.')[0] in {forbidden!r}])")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                            cwd=Path(__file__).resolve().parent.parent)
+    code = f"import sys, omnivoice_onnx.core.audio; print([m for m in sys.modules if m.split('.')[0] in {forbidden!r}])"
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
     assert result.stdout.strip() == "[]"

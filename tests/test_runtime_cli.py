@@ -51,11 +51,13 @@ BLOCKED_INFER = import_blocker(BLOCKED) + textwrap.dedent(f"""
 
 
 def infer_blocked(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", BLOCKED_INFER, *map(str, args)], cwd=REPO, capture_output=True,
-                          text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-c", BLOCKED_INFER, *map(str, args)], cwd=REPO, capture_output=True, text=True, timeout=600
+    )
 
 
 # --- the variant path rule ----------------------------------------------------------------------
+
 
 def test_variant_path_rule_is_the_runtimes(tmp_path: Path) -> None:
     """One definition: quantize.py builds variants where the runtime looks for them."""
@@ -86,7 +88,8 @@ def test_a_variant_uses_its_own_codec_graphs_where_it_carries_them(tmp_path: Pat
             == tmp_path / GRAPH_FILES[graph]
         )
     assert CodecSessions(codec_paths(tmp_path, "fp16"), "cpu", 1, resident=False).paths == {
-        graph: tmp_path / "fp16" / GRAPH_FILES[graph] for graph in ("encoder", "decoder")}
+        graph: tmp_path / "fp16" / GRAPH_FILES[graph] for graph in ("encoder", "decoder")
+    }
 
 
 @pytest.fixture(scope="module")
@@ -118,8 +121,14 @@ def _tokens(tts: OmniVoiceOnnx, **kwargs) -> np.ndarray:
     from omnivoice_onnx import Trace
 
     trace = Trace()
-    tts.generate("Hello there, how are you?", language="English", seed=11, generation_config={"num_step": 8},
-                 trace=trace, **kwargs)
+    tts.generate(
+        "Hello there, how are you?",
+        language="English",
+        seed=11,
+        generation_config={"num_step": 8},
+        trace=trace,
+        **kwargs,
+    )
     return trace.results[0]
 
 
@@ -168,8 +177,11 @@ def test_missing_or_mislabelled_variant_is_one_error(variants_export: Path, tmp_
     # the report, the folder is refused first as a variant the report does not list.
     with pytest.raises(UserError, match="does not list variant 'int8-plain'"):
         OmniVoiceOnnx.from_dir(onnx, variant="int8-plain")
-    with pytest.raises(UserError, match=r"int8-plain/omnivoice_transformer.onnx is variant 'int8', not 'int8-plain'; "
-                                        r"run quantize_omnivoice.py --variants int8-plain"):
+    with pytest.raises(
+        UserError,
+        match=r"int8-plain/omnivoice_transformer.onnx is variant 'int8', not 'int8-plain'; "
+        r"run quantize_omnivoice.py --variants int8-plain",
+    ):
         OmniVoiceOnnx.from_dir(onnx, variant="int8-plain", verify=False)
     # The export's own graph where a variant should be: it names no variant.
     shutil.copyfile(onnx / GRAPH_FILES["transformer"], onnx / "int8" / GRAPH_FILES["transformer"])
@@ -184,6 +196,7 @@ def test_missing_or_mislabelled_variant_is_one_error(variants_export: Path, tmp_
 
 # --- infer_onnx.py --text through the runtime ----------------------------------------------------
 
+
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["clone", "design"])
 def test_infer_text_synthesises_without_torch(mode: str, pipeline: Pipeline, tmp_path: Path) -> None:
@@ -191,17 +204,34 @@ def test_infer_text_synthesises_without_torch(mode: str, pipeline: Pipeline, tmp
     OmniVoiceOnnx.generate gives for the same request and seed, sample for sample."""
     out = tmp_path / "out.wav"
     ref_text = (pipeline.capture / "ref_voice.txt").read_text().strip()
-    flags = (["--ref-audio", pipeline.capture / "ref_voice.wav", "--ref-text", ref_text] if mode == "clone"
-             else ["--instruct", "female, low pitch", "--language", "None"])
-    done = infer_blocked("--onnx-dir", pipeline.onnx, "--text", "Hello there, this is a test.", "--out", out,
-                         "--num-step", "4", "--seed", "5", *flags)
+    flags = (
+        ["--ref-audio", pipeline.capture / "ref_voice.wav", "--ref-text", ref_text]
+        if mode == "clone"
+        else ["--instruct", "female, low pitch", "--language", "None"]
+    )
+    done = infer_blocked(
+        "--onnx-dir",
+        pipeline.onnx,
+        "--text",
+        "Hello there, this is a test.",
+        "--out",
+        out,
+        "--num-step",
+        "4",
+        "--seed",
+        "5",
+        *flags,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip().splitlines()[-1] == "imported: []"
     assert f"[synthesis] {mode}:" in done.stdout and "no PyTorch" in done.stdout
     written, rate = soundfile.read(out, dtype="int16")  # 16-bit PCM: the one audio writer (audio_out)
     tts = OmniVoiceOnnx.from_dir(pipeline.onnx)
-    request = ({"ref_audio": str(pipeline.capture / "ref_voice.wav"), "ref_text": ref_text, "language": LANGUAGE}
-               if mode == "clone" else {"instruct": "female, low pitch", "language": None})
+    request = (
+        {"ref_audio": str(pipeline.capture / "ref_voice.wav"), "ref_text": ref_text, "language": LANGUAGE}
+        if mode == "clone"
+        else {"instruct": "female, low pitch", "language": None}
+    )
     (expected,) = tts.generate("Hello there, this is a test.", seed=5, generation_config={"num_step": 4}, **request)
     assert rate == tts.sample_rate
     assert np.array_equal(written, to_pcm16(expected))
@@ -212,21 +242,37 @@ def test_infer_text_default_seed_and_variant(pipeline: Pipeline, variants_export
     """No --seed: the documented default seed; --variant: that transformer, in the same process."""
     for variant in (None, "int8"):
         out = tmp_path / f"{variant}.wav"
-        infer_onnx.main(["--onnx-dir", str(variants_export), "--text", "Good morning.", "--out", str(out),
-                         "--num-step", "4", *(["--variant", variant] if variant else [])])
+        infer_onnx.main(
+            [
+                "--onnx-dir",
+                str(variants_export),
+                "--text",
+                "Good morning.",
+                "--out",
+                str(out),
+                "--num-step",
+                "4",
+                *(["--variant", variant] if variant else []),
+            ]
+        )
         tts = OmniVoiceOnnx.from_dir(variants_export, variant=variant)
-        (expected,) = tts.generate("Good morning.", language=LANGUAGE, seed=DEFAULT_SEED,
-                                   generation_config={"num_step": 4})
+        (expected,) = tts.generate(
+            "Good morning.", language=LANGUAGE, seed=DEFAULT_SEED, generation_config={"num_step": 4}
+        )
         assert np.array_equal(soundfile.read(out, dtype="int16")[0], to_pcm16(expected))
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("flags,message", [
-    (["--variant", "int4-b32"], "has no transformer variant 'int4-b32' (present: fp32)"),
-    (["--model", "tiny"], "--model only apply to compare mode"),
-    (["--no-split"], "--no-split only apply to compare mode"),
-    (["--language", "Klingon"], "unknown language 'Klingon'"),
-    (["--instruct", "mal, low pitch"], "did you mean 'male'?")])
+@pytest.mark.parametrize(
+    "flags,message",
+    [
+        (["--variant", "int4-b32"], "has no transformer variant 'int4-b32' (present: fp32)"),
+        (["--model", "tiny"], "--model only apply to compare mode"),
+        (["--no-split"], "--no-split only apply to compare mode"),
+        (["--language", "Klingon"], "unknown language 'Klingon'"),
+        (["--instruct", "mal, low pitch"], "did you mean 'male'?"),
+    ],
+)
 def test_infer_text_refusals_are_one_line(flags: list[str], message: str, pipeline: Pipeline, tmp_path: Path) -> None:
     """The runtime's UserErrors reach the CLI as its one line and exit 2, torch still blocked."""
     done = infer_blocked("--onnx-dir", pipeline.onnx, "--text", "Hello.", "--out", tmp_path / "out.wav", *flags)
@@ -245,14 +291,33 @@ def test_infer_help_says_no_torch(capsys) -> None:
 
 # --- bench/bench_runtime.py ----------------------------------------------------------------------
 
+
 @pytest.mark.slow
 def test_bench_runtime_on_tiny(pipeline: Pipeline, tmp_path: Path) -> None:
     """One round, two steps: fresh processes, equal tokens, every figure recorded with the CPU and
     the load average."""
-    done = subprocess.run([sys.executable, str(REPO / "bench" / "bench_runtime.py"), "--model", str(pipeline.model),
-                           "--onnx-dir", str(pipeline.onnx), "--capture-dir", str(pipeline.capture), "--repeats", "1",
-                           "--num-step", "2", "--results-dir", str(tmp_path)], capture_output=True, text=True,
-                          timeout=600, cwd=tmp_path)
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "bench" / "bench_runtime.py"),
+            "--model",
+            str(pipeline.model),
+            "--onnx-dir",
+            str(pipeline.onnx),
+            "--capture-dir",
+            str(pipeline.capture),
+            "--repeats",
+            "1",
+            "--num-step",
+            "2",
+            "--results-dir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     (result,) = tmp_path.glob("*-runtime.json")
     data = json.loads(result.read_text())
@@ -271,13 +336,29 @@ def test_bench_runtime_on_tiny(pipeline: Pipeline, tmp_path: Path) -> None:
 
 # --- bench/bench_load.py ---------------------------------------------------------------------------
 
+
 @pytest.mark.slow
 def test_bench_load_on_tiny(pipeline: Pipeline, tmp_path: Path) -> None:
     """One round: each mode in a fresh process; the recorded loads were vouched for (the record
     written by the priming load), the CPU named."""
-    done = subprocess.run([sys.executable, str(REPO / "bench" / "bench_load.py"), "--onnx-dir", str(pipeline.onnx),
-                           "--variants", "fp32", "--repeats", "1", "--results-dir", str(tmp_path)],
-                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "bench" / "bench_load.py"),
+            "--onnx-dir",
+            str(pipeline.onnx),
+            "--variants",
+            "fp32",
+            "--repeats",
+            "1",
+            "--results-dir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     (result,) = tmp_path.glob("*-load.json")
     data = json.loads(result.read_text())
@@ -293,25 +374,47 @@ def test_bench_load_on_tiny(pipeline: Pipeline, tmp_path: Path) -> None:
 
 # --- bench/bench_server.py --engines ------------------------------------------------------------
 
+
 @pytest.mark.slow
 def test_bench_server_engines_table_on_tiny(pipeline: Pipeline, tmp_path: Path) -> None:
     """The workers x threads table: one real server per shape, started and stopped in turn, every
     request answered, each row with requests/s, audio seconds per wall second and p50/p95, and the
     hardware named. A batch engine (ray:) is refused with one line."""
-    bench = [sys.executable, str(REPO / "bench" / "bench_server.py"), "--onnx-dir", str(pipeline.onnx), "--model",
-             "tiny", "--levels", "1,2", "--per-client", "1", "--num-step", "2", "--out-dir", str(tmp_path)]
+    bench = [
+        sys.executable,
+        str(REPO / "bench" / "bench_server.py"),
+        "--onnx-dir",
+        str(pipeline.onnx),
+        "--model",
+        "tiny",
+        "--levels",
+        "1,2",
+        "--per-client",
+        "1",
+        "--num-step",
+        "2",
+        "--out-dir",
+        str(tmp_path),
+    ]
     done = subprocess.run([*bench, "--engines", "1x1,2x1"], capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     (result,) = tmp_path.glob("*-server-engines.json")
     data = json.loads(result.read_text())
-    rows = [(engine["workers"], engine["threads"], row["clients"], row["requests"], row["errors"])
-            for engine in data["engines"] for row in engine["levels"]]
+    rows = [
+        (engine["workers"], engine["threads"], row["clients"], row["requests"], row["errors"])
+        for engine in data["engines"]
+        for row in engine["levels"]
+    ]
     assert rows == [(1, 1, 1, 1, 0), (1, 1, 2, 2, 0), (2, 1, 1, 1, 0), (2, 1, 2, 2, 0)]
     assert all(engine["exit_code"] == 0 for engine in data["engines"])
-    assert all(row["audio_s_per_wall_s"] > 0 and row["latency_p95_s"] >= row["latency_p50_s"] > 0
-               for engine in data["engines"] for row in engine["levels"])
+    assert all(
+        row["audio_s_per_wall_s"] > 0 and row["latency_p95_s"] >= row["latency_p50_s"] > 0
+        for engine in data["engines"]
+        for row in engine["levels"]
+    )
     assert_hardware_recorded(data["meta"], result)
     assert "| 2 x 1 | 2 | 2 | 0 |" in result.with_suffix(".md").read_text()
-    refused = subprocess.run([*bench, "--engines", "ray:2x1"], capture_output=True, text=True, timeout=120,
-                             cwd=tmp_path)
+    refused = subprocess.run(
+        [*bench, "--engines", "ray:2x1"], capture_output=True, text=True, timeout=120, cwd=tmp_path
+    )
     assert refused.returncode == 2 and "is a batch engine" in single_stderr_line(refused)

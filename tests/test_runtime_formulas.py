@@ -34,6 +34,7 @@ F32 = np.float32
 
 # ---- Duration --------------------------------------------------------------------------------
 
+
 def doc_weight(char: str, rules: dict) -> float:
     """The weight rule as docs/runtime.md states it (a linear scan of the ranges)."""
     code, weights = ord(char), rules["weights"]
@@ -68,9 +69,21 @@ def doc_estimate(target: str, ref_text: str | None, ref_frames: int | None, rule
     return max(1, int(estimate))
 
 
-TEXTS = ["Hello, world.", "你好，世界！今天天气很好。", "こんにちは、カタカナ。", "안녕하세요 세계.", "Привет, мир!",
-         "مـــرحبا بالعالم", "नमस्ते दुनिया। १२३", "Call 555-1234 now! １２３", "e\u0301te\u0301", "𠀀𠀁 \U0002a6d6",
-         "Hi 🌍 [laughter]", "x", "A much longer sentence, with commas; and more words than the others here."]
+TEXTS = [
+    "Hello, world.",
+    "你好，世界！今天天气很好。",
+    "こんにちは、カタカナ。",
+    "안녕하세요 세계.",
+    "Привет, мир!",
+    "مـــرحبا بالعالم",
+    "नमस्ते दुनिया। १२३",
+    "Call 555-1234 now! １２３",
+    "e\u0301te\u0301",
+    "𠀀𠀁 \U0002a6d6",
+    "Hi 🌍 [laughter]",
+    "x",
+    "A much longer sentence, with commas; and more words than the others here.",
+]
 
 
 def test_char_weight_is_the_documented_rule(config):
@@ -85,18 +98,24 @@ def test_estimate_and_speed_list_are_the_documented_formulas(config):
     for target in TEXTS:
         for ref_text, frames in refs:
             for speed in (1.0, 0.7, 1.3, 0.0, -1.0):
-                assert duration.estimate_target_tokens(target, ref_text, frames, rules, speed) == \
-                    doc_estimate(target, ref_text, frames, rules, speed), (target, ref_text, frames, speed)
+                assert duration.estimate_target_tokens(target, ref_text, frames, rules, speed) == doc_estimate(
+                    target, ref_text, frames, rules, speed
+                ), (target, ref_text, frames, speed)
     texts = TEXTS[:3]
-    lengths, speed_list = duration.target_lengths(texts, [None] * 3, [None] * 3, [1.3, 0.8, 1.0],
-                                                  [2.0, None, 0.5], 25, rules)
+    lengths, speed_list = duration.target_lengths(
+        texts, [None] * 3, [None] * 3, [1.3, 0.8, 1.0], [2.0, None, 0.5], 25, rules
+    )
     assert lengths == [50, doc_estimate(texts[1], None, None, rules, 0.8), 12]
     # with a duration: the truncated estimate at speed 1 over the fixed length; else the speed
-    assert speed_list == [doc_estimate(texts[0], None, None, rules) / 50, 0.8,
-                          doc_estimate(texts[2], None, None, rules) / 12]
+    assert speed_list == [
+        doc_estimate(texts[0], None, None, rules) / 50,
+        0.8,
+        doc_estimate(texts[2], None, None, rules) / 12,
+    ]
 
 
 # ---- Text ------------------------------------------------------------------------------------
+
 
 def doc_chunks(content: str, chunk_len: int, rules: dict, min_len: int) -> list[str]:
     """docs/runtime.md's chunking, written as index arithmetic over the string."""
@@ -108,7 +127,7 @@ def doc_chunks(content: str, chunk_len: int, rules: dict, min_len: int) -> list[
             sentences[-1] += char
             start = i + 1
         elif char in split:
-            current = content[start:i + 1]
+            current = content[start : i + 1]
             words = current.strip().split()
             if char == "." and words and words[-1] in abbreviations:
                 continue
@@ -136,13 +155,29 @@ def doc_chunks(content: str, chunk_len: int, rules: dict, min_len: int) -> list[
 def test_chunking_is_the_documented_rule(config):
     rules = config["text"]
     rng = random.Random(0)
-    pieces = ["Dr. Smith came.", " Mr. Jones left!", " Why?", " ok.", ' "Quoted," he said.', " (Paren.)", " e.g. this",
-              "。你好，", "世界！", " a.", " No. 5 is here;", " St. Mary's, then", " ..", " 」】", " word word word"]
+    pieces = [
+        "Dr. Smith came.",
+        " Mr. Jones left!",
+        " Why?",
+        " ok.",
+        ' "Quoted," he said.',
+        " (Paren.)",
+        " e.g. this",
+        "。你好，",
+        "世界！",
+        " a.",
+        " No. 5 is here;",
+        " St. Mary's, then",
+        " ..",
+        " 」】",
+        " word word word",
+    ]
     for _ in range(400):
         content = "".join(rng.choice(pieces) for _ in range(rng.randint(1, 25)))
         for chunk_len in (0, 5, 20, 60, 200):
-            assert (text.chunk_text_punctuation(content, chunk_len, rules, rules["min_chunk_len"])
-                    == doc_chunks(content, chunk_len, rules, rules["min_chunk_len"])), (content, chunk_len)
+            assert text.chunk_text_punctuation(content, chunk_len, rules, rules["min_chunk_len"]) == doc_chunks(
+                content, chunk_len, rules, rules["min_chunk_len"]
+            ), (content, chunk_len)
 
 
 def test_add_punctuation_is_the_documented_rule_and_only_for_ref_text(config, tokenizer):
@@ -157,31 +192,45 @@ def test_add_punctuation_is_the_documented_rule_and_only_for_ref_text(config, to
         assert text.add_punctuation(sample, rules) == expected
 
     # the reference transcript gets it (create_voice_clone_prompt), the target text never does
-    model = shapes.Model(transformer=None, encode=lambda wav: np.zeros((1, 8, wav.shape[-1] // 960), np.int64),
-                           decode=None, tokenizer=tokenizer, runtime_config=config, sample_rate=SR, hop_length=960,
-                           frame_rate=25, num_codebooks=8, mask_id=1024)
+    model = shapes.Model(
+        transformer=None,
+        encode=lambda wav: np.zeros((1, 8, wav.shape[-1] // 960), np.int64),
+        decode=None,
+        tokenizer=tokenizer,
+        runtime_config=config,
+        sample_rate=SR,
+        hop_length=960,
+        frame_rate=25,
+        num_codebooks=8,
+        mask_id=1024,
+    )
     speech = (0.3 * np.sin(np.arange(SR) * 0.05)).astype(np.float32)
     reference = request.load_reference(model, (speech, SR), "no stop here", preprocess_prompt=True)
     assert generate.encode_reference(model, reference).ref_text == "no stop here."
-    ids, _ = prompt.build_item_inputs(tokenizer, "target without stop", 3, None, None, "en", None, False, 8, 1024,
-                                      config)
+    ids, _ = prompt.build_item_inputs(
+        tokenizer, "target without stop", 3, None, None, "en", None, False, 8, 1024, config
+    )
     assert tokenizer.backend.decode(ids[0, 0, :-3].tolist(), skip_special_tokens=False).endswith(
-        "<|text_start|>target without stop<|text_end|>")
+        "<|text_start|>target without stop<|text_end|>"
+    )
 
 
 # ---- Prompt and instruct ------------------------------------------------------------------------
 
+
 def test_absent_language_and_instruct_are_the_literal_none(config, tokenizer):
     ids, _ = prompt.build_item_inputs(tokenizer, "Hi.", 4, None, None, None, None, True, 8, 1024, config)
     style = tokenizer.encode("<|lang_start|>None<|lang_end|><|instruct_start|>None<|instruct_end|>")
-    assert ids[0, 0, :len(style)].tolist() == style
+    assert ids[0, 0, : len(style)].tolist() == style
     assert config["prompt"]["no_value"] == "None"
 
 
 CONFLICT = "Conflicting instruct items within the same category: "
 CONFLICT_END = ". Each category (gender, age, pitch, style, accent, dialect) allows at most one item."
-MIX = ("Cannot mix Chinese dialect and English accent in a single instruct. Dialects are for Chinese speech, "
-       "accents for English speech.")
+MIX = (
+    "Cannot mix Chinese dialect and English accent in a single instruct. Dialects are for Chinese speech, "
+    "accents for English speech."
+)
 
 
 def doc_instruct(instruct: str, target_text: str, data: dict) -> str:
@@ -194,11 +243,13 @@ def doc_instruct(instruct: str, target_text: str, data: dict) -> str:
     chinese = True if dialect else False if accent else bool(re.search(data["zh_pattern"], target_text))
     mapping = data["en_to_zh"] if chinese else data["zh_to_en"]
     items = [mapping.get(item, item) for item in items]
-    conflicts = [hits for category in data["mutually_exclusive"]
-                 if len(hits := [i for i in items if i in category]) > 1]
+    conflicts = [
+        hits for category in data["mutually_exclusive"] if len(hits := [i for i in items if i in category]) > 1
+    ]
     if conflicts:
-        raise UserError(CONFLICT + "; ".join(" vs ".join(f"'{i}'" for i in group) for group in conflicts)
-                               + CONFLICT_END)
+        raise UserError(
+            CONFLICT + "; ".join(" vs ".join(f"'{i}'" for i in group) for group in conflicts) + CONFLICT_END
+        )
     joiner = data["joiners"]["zh" if any(re.search(data["zh_pattern"], item) for item in items) else "en"]
     return joiner.join(items)
 
@@ -212,12 +263,24 @@ def outcome(call) -> str:
 
 def test_instruct_parsing_is_the_documented_rule(config):
     data = config["instruct"]
-    for instruct in ["female, low pitch", "Male，British Accent", "男，河南话", "male, 四川话", " female ,, elderly ",
-                     "女，青年", "whisper, female", "female, american accent", "male, female, 男",
-                     "elderly, 女, child, male", "四川话, british accent", "male, male"]:
+    for instruct in [
+        "female, low pitch",
+        "Male，British Accent",
+        "男，河南话",
+        "male, 四川话",
+        " female ,, elderly ",
+        "女，青年",
+        "whisper, female",
+        "female, american accent",
+        "male, female, 男",
+        "elderly, 女, child, male",
+        "四川话, british accent",
+        "male, male",
+    ]:
         for target in ("Hello there.", "你好。"):
-            assert outcome(lambda: resolve_instruct(instruct, instruct_use_zh(target, data), data)) == \
-                outcome(lambda: doc_instruct(instruct, target, data)), (instruct, target)
+            assert outcome(lambda: resolve_instruct(instruct, instruct_use_zh(target, data), data)) == outcome(
+                lambda: doc_instruct(instruct, target, data)
+            ), (instruct, target)
 
 
 def test_instruct_messages_are_the_documented_texts(config):
@@ -227,6 +290,7 @@ def test_instruct_messages_are_the_documented_texts(config):
 
 
 # ---- Reference preparation: numpy's pairwise sum ------------------------------------------------
+
 
 def doc_pairwise(a: np.ndarray, kind: type = F32) -> np.floating:
     """numpy's pairwise summation as docs/runtime.md states it, each addition rounded to `kind`
@@ -289,6 +353,7 @@ def test_a_sequential_rms_fails_every_clone_vector(config):
 
 # ---- Scoring: log_softmax's double sum runs in numpy's pairwise order ---------------------------
 
+
 def doc_log_softmax(x: np.ndarray, total) -> np.ndarray:
     """docs/runtime.md's one-step recipe for one row: s = x - max(x) in float32, the exponentials
     in float64 summed by `total`, the log rounded once to float32, subtracted in float32."""
@@ -301,8 +366,11 @@ def test_log_softmax_sums_in_pairwise_order_and_a_sequential_double_sum_fails_th
     sum (and the runtime's, on the rows stacked as the loop stacks them); a sequential double sum
     gets another float32 for a row whose maximum dominates (log-sum-exp far below 1)."""
     stored = json.loads((VECTORS / "scoring-recipe.json").read_text(encoding="utf-8"))
-    rows = [(np.array(row[f"{side}_logits"], F32), np.array(row[f"{side}_log_softmax"], F32))
-            for row in stored["rows"] for side in ("cond", "uncond")]
+    rows = [
+        (np.array(row[f"{side}_logits"], F32), np.array(row[f"{side}_log_softmax"], F32))
+        for row in stored["rows"]
+        for side in ("cond", "uncond")
+    ]
     stacked = scoring.log_softmax(np.stack([logits for logits, _ in rows])[np.newaxis])[0]
     failing = []
     for i, (logits, expected) in enumerate(rows):
@@ -316,6 +384,7 @@ def test_log_softmax_sums_in_pairwise_order_and_a_sequential_double_sum_fails_th
 
 
 # ---- Silence removal ----------------------------------------------------------------------------
+
 
 class DocSegment:
     """pydub's rules as docs/runtime.md states them: ms lengths, frame positions, padded slices."""
@@ -437,6 +506,7 @@ def test_silence_removal_is_the_documented_algorithm(config, rate):
 
 # ---- Output post-processing ---------------------------------------------------------------------
 
+
 def doc_fade_and_pad(x: np.ndarray, pad: float, fade: float) -> np.ndarray:
     out = x.copy()
     k = min(int(fade * SR), x.shape[-1] // 2)
@@ -478,7 +548,7 @@ def test_cross_fade_is_the_documented_join(config):
         merged = chunks[0].copy()
         for chunk in chunks[1:]:
             out_n, in_n = min(n, merged.shape[-1]), min(n, chunk.shape[-1])
-            merged[..., merged.shape[-1] - out_n:] *= np.linspace(1, 0, out_n, dtype=F32)
+            merged[..., merged.shape[-1] - out_n :] *= np.linspace(1, 0, out_n, dtype=F32)
             head = chunk.copy()
             head[..., :in_n] *= np.linspace(0, 1, in_n, dtype=F32)
             merged = np.concatenate([merged, np.zeros((1, n), F32), head], axis=-1)
@@ -486,6 +556,7 @@ def test_cross_fade_is_the_documented_join(config):
 
 
 # ---- The vectors' decoded FLAC files ------------------------------------------------------------
+
 
 def test_decoded_flac_rounds_half_to_even(tmp_path):
     """docs/vectors.md: a decoded output is stored as round-half-to-even(x * 32768), clipped to the
@@ -505,12 +576,13 @@ def test_decoded_flac_rounds_half_to_even(tmp_path):
 
 # ---- The module map names what exists ------------------------------------------------------------
 
+
 def test_module_map_names_functions_that_exist():
     """Every `module.name` of docs/runtime.md's module map is a name in omnivoice_onnx/core/."""
     import importlib
 
     page = (REPO / "docs" / "runtime.md").read_text(encoding="utf-8")
-    table = page[page.index("## Module map"):page.index("## What must match exactly")]
+    table = page[page.index("## Module map") : page.index("## What must match exactly")]
     runtime_cells = [line.split("|")[2] for line in table.splitlines() if line.startswith("| ") and "---" not in line]
     names = [name for cell in runtime_cells[1:] for name in re.findall(r"`([a-z_]+\.[A-Za-z_/]+)`", cell)]
     assert len(names) >= 20
@@ -522,19 +594,29 @@ def test_module_map_names_functions_that_exist():
 
 # ---- What the metadata's codebook_weights means ---------------------------------------------------
 
+
 def test_codebook_weights_are_read_by_nothing_at_inference():
     """docs/runtime.md: `codebook_weights` are the training loss's weights; generate() never reads them."""
     from omnivoice.models.omnivoice import OmniVoice
 
     runtime = [p.read_text(encoding="utf-8") for p in (REPO / "omnivoice_onnx").rglob("*.py")]
     assert not any("codebook_weights" in source for source in runtime)
-    inference = ("generate", "_preprocess_all", "_generate_iterative", "_generate_chunked", "_prepare_inference_inputs",
-                 "_predict_tokens_with_scoring", "_decode_and_post_process", "create_voice_clone_prompt")
+    inference = (
+        "generate",
+        "_preprocess_all",
+        "_generate_iterative",
+        "_generate_chunked",
+        "_prepare_inference_inputs",
+        "_predict_tokens_with_scoring",
+        "_decode_and_post_process",
+        "create_voice_clone_prompt",
+    )
     assert not any("codebook_weights" in inspect.getsource(getattr(OmniVoice, name)) for name in inference)
     assert "audio_codebook_weights" in inspect.getsource(OmniVoice.forward)  # the training loss
 
 
 # ---- Request validation: the order and the messages ---------------------------------------------
+
 
 def test_request_messages_are_the_documented_ones(config, tokenizer):
     """Each row of docs/runtime.md's request/message table, run through request.validate (with
@@ -544,8 +626,18 @@ def test_request_messages_are_the_documented_ones(config, tokenizer):
     rows = re.findall(r"^\| `(text=.*)` \| `(.*)` \|$", page, flags=re.MULTILINE)
     assert len(rows) >= 20
     m = config["model"]
-    model = shapes.Model(None, None, None, tokenizer, config, m["sample_rate"], m["hop_length"], m["frame_rate"],
-                          m["num_audio_codebook"], m["audio_mask_id"])
+    model = shapes.Model(
+        None,
+        None,
+        None,
+        tokenizer,
+        config,
+        m["sample_rate"],
+        m["hop_length"],
+        m["frame_rate"],
+        m["num_audio_codebook"],
+        m["audio_mask_id"],
+    )
     for call, message in rows:
         kwargs = eval(f"dict({call})", {"__builtins__": {}, "dict": dict, "math": math})  # the page's own text
         with pytest.raises(UserError) as error:

@@ -42,8 +42,10 @@ REGENERATE = f"{COMMAND} --onnx-dir <tiny export> --out tests/conformance"
 # (~3.3 MB: tiny's random weights speak noise, which FLAC barely compresses, ~1.7 bytes a sample).
 SIZE_LIMIT = 6_000_000
 SEEDS = [0, 1, 7, 42, 2**32 + 3]
-LONG_TEXT = ("The first sentence sets the scene. A second one follows it closely, with a few more words. "
-             "Then a third arrives; it is short. Finally, the fourth sentence ends this long text for good.")
+LONG_TEXT = (
+    "The first sentence sets the scene. A second one follows it closely, with a few more words. "
+    "Then a third arrives; it is short. Finally, the fourth sentence ends this long text for good."
+)
 # Lowered chunking limits (seconds) so that LONG_TEXT is chunked on tiny, and 8 steps: these
 # tests are about lengths, chunks and references, which the step count does not change.
 FEW_STEPS = {"num_step": 8}
@@ -134,14 +136,30 @@ def test_design_mode_equals_upstream(torch_model, tts, seed):
 
 @pytest.mark.parametrize("seed", SEEDS)
 def test_clone_mode_equals_upstream(torch_model, tts, reference, seed):
-    compare(torch_model, tts, seed, text="Clone this voice now, thank you.", ref_audio=reference[0],
-            ref_text=reference[1], language="English")
+    compare(
+        torch_model,
+        tts,
+        seed,
+        text="Clone this voice now, thank you.",
+        ref_audio=reference[0],
+        ref_text=reference[1],
+        language="English",
+    )
 
 
 def test_batch_of_three_lengths_in_one_call(torch_model, tts):
-    trace = compare(torch_model, tts, 3, text=["One.", "A somewhat longer second sentence is here.",
-                                               "Three, the last one of this batch, and the longest of all!"],
-                    language=["en", "en", "English"], instruct=[None, "male", None])
+    trace = compare(
+        torch_model,
+        tts,
+        3,
+        text=[
+            "One.",
+            "A somewhat longer second sentence is here.",
+            "Three, the last one of this batch, and the longest of all!",
+        ],
+        language=["en", "en", "English"],
+        instruct=[None, "male", None],
+    )
     assert len(trace.iterations) == 1 and len(set(trace.iterations[0].target_lens)) == 3
 
 
@@ -152,21 +170,36 @@ def test_chunked_long_text_without_reference(torch_model, tts):
 
 
 def test_chunked_long_text_with_reference_and_a_short_item(torch_model, tts, reference):
-    trace = compare(torch_model, tts, 6, config=CHUNKED, text=["Short.", LONG_TEXT], ref_audio=reference[0],
-                    ref_text=reference[1])
+    trace = compare(
+        torch_model, tts, 6, config=CHUNKED, text=["Short.", LONG_TEXT], ref_audio=reference[0], ref_text=reference[1]
+    )
     assert trace.short_idx == [0] and trace.long_idx == [1]
 
 
-@pytest.mark.parametrize("config", [{"class_temperature": 1.0}, {"num_step": 16, "class_temperature": 0.5},
-                                    {"num_step": 16, "guidance_scale": 0.0, "t_shift": 0.5}])
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"class_temperature": 1.0},
+        {"num_step": 16, "class_temperature": 0.5},
+        {"num_step": 16, "guidance_scale": 0.0, "t_shift": 0.5},
+    ],
+)
 def test_generation_configs(torch_model, tts, config):
     compare(torch_model, tts, 11, config=config, text="Sampling the classes as well.", instruct="male, high pitch")
 
 
 def test_speed_and_fixed_duration(torch_model, tts, reference):
     compare(torch_model, tts, 12, config=FEW_STEPS, text="Faster, please.", speed=1.3)
-    compare(torch_model, tts, 13, config=FEW_STEPS, text=["Exactly two seconds.", "Free."], duration=[2.0, None],
-            ref_audio=reference[0], ref_text=reference[1])
+    compare(
+        torch_model,
+        tts,
+        13,
+        config=FEW_STEPS,
+        text=["Exactly two seconds.", "Free."],
+        duration=[2.0, None],
+        ref_audio=reference[0],
+        ref_text=reference[1],
+    )
 
 
 def test_voice_clone_prompt_equals_upstream_and_is_reusable(torch_model, tts, reference):
@@ -206,22 +239,31 @@ def test_runtime_runs_with_the_toolchain_unimportable(export_dir, reference):
     """A clone and a design run in a process where torch, transformers, omnivoice, pydub and the
     toolchain cannot be imported: the runtime never needs them, not even lazily."""
     code = TORCH_FREE_RUN.format(forbidden=FORBIDDEN)
-    proc = subprocess.run([sys.executable, "-c", code, str(export_dir), reference[0]], capture_output=True,
-                          text=True, timeout=300, cwd=Path(__file__).resolve().parent.parent)
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(export_dir), reference[0]],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
 
 
 # ---- conformance vectors -------------------------------------------------------------------------
 
+
 def test_conformance_vectors_are_committed_and_small():
     names = sorted(p.stem for p in CONFORMANCE_DIR.glob("*.json"))
-    assert names == sorted([*cases.CASES, *cases.POST_PROCESS_CASES, RULES_CASE,
-                            cases.SCORING_CASE]), \
+    assert names == sorted([*cases.CASES, *cases.POST_PROCESS_CASES, RULES_CASE, cases.SCORING_CASE]), (
         f"vectors and cases differ; regenerate: {REGENERATE}"
+    )
     assert (CONFORMANCE_DIR / cases.README).read_text(encoding="utf-8") == FOLDER_README
     decoded = sorted(p.name for p in CONFORMANCE_DIR.glob("*.flac"))
-    assert decoded == sorted(cases.decoded_file(name, i) for name in cases.CASES
-                             for i in range(len(json.loads((CONFORMANCE_DIR / f"{name}.json").read_text())["outputs"])))
+    assert decoded == sorted(
+        cases.decoded_file(name, i)
+        for name in cases.CASES
+        for i in range(len(json.loads((CONFORMANCE_DIR / f"{name}.json").read_text())["outputs"]))
+    )
     sizes = {p.name: p.stat().st_size for p in CONFORMANCE_DIR.iterdir()}
     assert max(sizes.values()) < 600_000 and sum(sizes.values()) < SIZE_LIMIT, sizes
 
@@ -232,8 +274,9 @@ def test_conformance_vector_replays_and_equals_upstream(torch_model, tts, name):
     audio exactly, the audio's envelopes within WAV_TOLERANCE); and upstream torch, given the same
     request, makes the same tokens."""
     stored = json.loads((CONFORMANCE_DIR / f"{name}.json").read_text(encoding="utf-8"))
-    assert stored["export"]["model_fingerprint"] == tts.metadata["model_fingerprint"], \
+    assert stored["export"]["model_fingerprint"] == tts.metadata["model_fingerprint"], (
         f"the vectors were made from another checkpoint; regenerate: {REGENERATE}"
+    )
     case = cases.CASES[name]
     record, _ = run_case(tts, name, case, CONFORMANCE_DIR)
     assert compare_records(stored, record, WAV_TOLERANCE) == []
@@ -243,8 +286,7 @@ def test_conformance_vector_replays_and_equals_upstream(torch_model, tts, name):
         kwargs["ref_audio"] = str(CONFORMANCE_DIR / kwargs["ref_audio"])
     with recording(torch_model) as upstream:
         torch.manual_seed(case["seed"])
-        torch_model.generate(generation_config=OmniVoiceGenerationConfig(**case.get("generation_config", {})),
-                             **kwargs)
+        torch_model.generate(generation_config=OmniVoiceGenerationConfig(**case.get("generation_config", {})), **kwargs)
     stored_tokens = [[np.array(item["tokens"]) for item in it["items"]] for it in stored["iterations"]]
     assert len(upstream["tokens"]) == len(stored_tokens)
     for theirs, ours in zip(upstream["tokens"], stored_tokens):
@@ -253,8 +295,11 @@ def test_conformance_vector_replays_and_equals_upstream(torch_model, tts, name):
     for output in stored["outputs"]:
         post = output["post_process"]
         decoded = sf.read(CONFORMANCE_DIR / post["input"], dtype="float32")[0][np.newaxis]
-        config = OmniVoiceGenerationConfig(postprocess_output=post["postprocess_output"],
-                                           pad_duration=post["pad_duration"], fade_duration=post["fade_duration"])
+        config = OmniVoiceGenerationConfig(
+            postprocess_output=post["postprocess_output"],
+            pad_duration=post["pad_duration"],
+            fade_duration=post["fade_duration"],
+        )
         theirs = torch_model._post_process_audio(decoded.copy(), ref_rms=post["ref_rms"], gen_config=config)
         assert audio_summary(theirs[0]) == post["output"]
 
@@ -269,8 +314,11 @@ def test_post_process_vector_replays_and_equals_upstream(torch_model, tts, name)
     decoded = sf.read(CONFORMANCE_DIR / stored["input"]["file"], dtype="float32")[0][np.newaxis]
     trimmed = 0
     for run in stored["runs"]:
-        config = OmniVoiceGenerationConfig(postprocess_output=run["postprocess_output"],
-                                           pad_duration=run["pad_duration"], fade_duration=run["fade_duration"])
+        config = OmniVoiceGenerationConfig(
+            postprocess_output=run["postprocess_output"],
+            pad_duration=run["pad_duration"],
+            fade_duration=run["fade_duration"],
+        )
         theirs = torch_model._post_process_audio(decoded.copy(), ref_rms=run["ref_rms"], gen_config=config)
         assert audio_summary(theirs[0]) == run["output"]
         trimmed += run["postprocess_output"] and run["silence_removed"]["samples"] < stored["input"]["samples"]
@@ -297,11 +345,15 @@ def sequential_rms(wav: np.ndarray) -> float:
     return float(np.sqrt(np.float32(total / np.float32(wav.size))))
 
 
-@pytest.mark.parametrize("target, wrong, case, first_difference", [
-    ("omnivoice_onnx.core.scoring.log_softmax", sequential_f32_log_softmax, cases.SCORING_CASE, "log_softmax"),
-    ("omnivoice_onnx.core.scoring.log_softmax", pairwise_f32_log_softmax, cases.SCORING_CASE, "log_softmax"),
-    ("omnivoice_onnx.core.audio.reference_rms", sequential_rms, "clone-quiet-44k-stereo", "ref_rms"),
-], ids=["sequential-f32-log-softmax", "pairwise-f32-log-softmax", "sequential-rms"])
+@pytest.mark.parametrize(
+    "target, wrong, case, first_difference",
+    [
+        ("omnivoice_onnx.core.scoring.log_softmax", sequential_f32_log_softmax, cases.SCORING_CASE, "log_softmax"),
+        ("omnivoice_onnx.core.scoring.log_softmax", pairwise_f32_log_softmax, cases.SCORING_CASE, "log_softmax"),
+        ("omnivoice_onnx.core.audio.reference_rms", sequential_rms, "clone-quiet-44k-stereo", "ref_rms"),
+    ],
+    ids=["sequential-f32-log-softmax", "pairwise-f32-log-softmax", "sequential-rms"],
+)
 def test_a_wrong_float_recipe_fails_its_vector(tts, monkeypatch, target, wrong, case, first_difference):
     """docs/runtime.md's recipes are not interchangeable with the obvious float32 ones: with one
     swapped into the runtime, the vector made to tell them apart no longer replays."""
@@ -338,8 +390,7 @@ def test_vectors_cli_check_replays_the_committed_vectors(export_dir, tmp_path):
     changed token: the case and its first difference named, exit 1."""
     folder = tmp_path / "vectors"
     folder.mkdir()
-    for name in ("auto-en.json", cases.decoded_file("auto-en", 0), "post-process-silences.json",
-                 cases.SILENCES_WAV):
+    for name in ("auto-en.json", cases.decoded_file("auto-en", 0), "post-process-silences.json", cases.SILENCES_WAV):
         shutil.copyfile(CONFORMANCE_DIR / name, folder / name)
     command = [
         sys.executable,
@@ -350,8 +401,12 @@ def test_vectors_cli_check_replays_the_committed_vectors(export_dir, tmp_path):
         "--check",
         str(folder),
     ]
-    run = lambda: subprocess.run(command, capture_output=True, text=True, timeout=600,  # noqa: E731
-                                 cwd=Path(__file__).resolve().parent.parent)
+
+    def run() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            command, capture_output=True, text=True, timeout=600, cwd=Path(__file__).resolve().parent.parent
+        )
+
     done = run()
     assert done.returncode == 0 and "OVERALL: PASS (2/2" in done.stdout, done.stdout + done.stderr
     vector = json.loads((folder / "auto-en.json").read_text(encoding="utf-8"))
@@ -373,18 +428,26 @@ def test_conformance_check_passes_with_any_thread_count(export_dir, tmp_path, th
     folder.mkdir()
     for name in ("clone-16k.json", cases.decoded_file("clone-16k", 0), cases.REF_16K):
         shutil.copyfile(CONFORMANCE_DIR / name, folder / name)
-    done = subprocess.run([sys.executable, "-m", "omnivoice_onnx.cli.vectors", "--onnx-dir", str(export_dir),
-                           "--check", str(folder)], capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "OMNIVOICE_ORT_THREADS": threads},
-                          cwd=Path(__file__).resolve().parent.parent)
+    done = subprocess.run(
+        [sys.executable, "-m", "omnivoice_onnx.cli.vectors", "--onnx-dir", str(export_dir), "--check", str(folder)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "OMNIVOICE_ORT_THREADS": threads},
+        cwd=Path(__file__).resolve().parent.parent,
+    )
     assert done.returncode == 0 and "OVERALL: PASS (1/1" in done.stdout, done.stdout + done.stderr
 
 
-@pytest.mark.parametrize("stop, code, words", [
-    (KeyboardInterrupt, 130, "interrupted"),
-    (lambda: Terminated(), 143, "terminated"),
-    (lambda: OSError(errno.ENOSPC, "No space left on device"), 2, "disk full"),
-], ids=["ctrl-c", "sigterm", "disk-full"])
+@pytest.mark.parametrize(
+    "stop, code, words",
+    [
+        (KeyboardInterrupt, 130, "interrupted"),
+        (lambda: Terminated(), 143, "terminated"),
+        (lambda: OSError(errno.ENOSPC, "No space left on device"), 2, "disk full"),
+    ],
+    ids=["ctrl-c", "sigterm", "disk-full"],
+)
 def test_vectors_cli_leaves_out_as_it_was(export_dir, tmp_path, monkeypatch, capsys, stop, code, words):
     """Writing stops in the third case: one line, the exit code, --out untouched, no temporary left."""
     out = tmp_path / "vectors"
@@ -401,8 +464,7 @@ def test_vectors_cli_leaves_out_as_it_was(export_dir, tmp_path, monkeypatch, cap
 
     monkeypatch.setattr("omnivoice_onnx.vectors.record.run_case", failing)
     with pytest.raises(SystemExit) as info:
-        run_main(vectors_cli.main, ["--onnx-dir", str(export_dir), "--out", str(out), "--threads", "1"],
-                 prog=COMMAND)
+        run_main(vectors_cli.main, ["--onnx-dir", str(export_dir), "--out", str(out), "--threads", "1"], prog=COMMAND)
     assert info.value.code == code
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and words in err, err
@@ -412,6 +474,7 @@ def test_vectors_cli_leaves_out_as_it_was(export_dir, tmp_path, monkeypatch, cap
 
 # ---- expected bad input: one-line UserErrors ---------------------------------------------------
 
+
 def one_line_user_error(call) -> str:
     with pytest.raises(UserError) as info:
         call()
@@ -420,19 +483,22 @@ def one_line_user_error(call) -> str:
     return message
 
 
-@pytest.mark.parametrize("kwargs, words", [
-    ({"text": ""}, "empty"),
-    ({"text": "   "}, "empty"),
-    ({"text": []}, "non-empty"),
-    ({"text": "Hi.", "language": "Klingon"}, "unknown language"),
-    ({"text": "Hi.", "instruct": "purple voice", "strict_instructions": True}, "voice-design vocabulary"),
-    ({"text": "Hi.", "instruct": "male, female"}, "Conflicting"),
-    ({"text": "Hi.", "generation_config": {"num_steps": 8}}, "unknown generation_config field"),
-    ({"text": "Hi.", "generation_config": {"num_step": 0}}, "num_step 0 is out of range [1,"),
-    ({"text": "Hi.", "seed": 2**64}, "seed"),
-    ({"text": ["a.", "b.", "c."], "language": ["en", "en"]}, "language has 2 values"),
-    ({"text": "Hi.", "ref_text": "no audio"}, "without ref_audio"),
-])
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [
+        ({"text": ""}, "empty"),
+        ({"text": "   "}, "empty"),
+        ({"text": []}, "non-empty"),
+        ({"text": "Hi.", "language": "Klingon"}, "unknown language"),
+        ({"text": "Hi.", "instruct": "purple voice", "strict_instructions": True}, "voice-design vocabulary"),
+        ({"text": "Hi.", "instruct": "male, female"}, "Conflicting"),
+        ({"text": "Hi.", "generation_config": {"num_steps": 8}}, "unknown generation_config field"),
+        ({"text": "Hi.", "generation_config": {"num_step": 0}}, "num_step 0 is out of range [1,"),
+        ({"text": "Hi.", "seed": 2**64}, "seed"),
+        ({"text": ["a.", "b.", "c."], "language": ["en", "en"]}, "language has 2 values"),
+        ({"text": "Hi.", "ref_text": "no audio"}, "without ref_audio"),
+    ],
+)
 def test_bad_requests_are_one_line_user_errors(tts, kwargs, words):
     assert words in one_line_user_error(lambda: tts.generate(**kwargs))
 

@@ -86,8 +86,9 @@ def check_installed(python: Path, export: Path, work: Path) -> None:
     command = python.parent / "omnivoice-onnx"
     done = subprocess.run([command, "--version"], capture_output=True, text=True, env=env, cwd=work)
     assert done.returncode == 0 and done.stdout.strip() == f"omnivoice-onnx {omnivoice_onnx.__version__}", done
-    done = subprocess.run([python, "-m", "omnivoice_onnx", "--version"], capture_output=True, text=True, env=env,
-                          cwd=work)
+    done = subprocess.run(
+        [python, "-m", "omnivoice_onnx", "--version"], capture_output=True, text=True, env=env, cwd=work
+    )
     assert done.stdout.strip() == f"omnivoice-onnx {omnivoice_onnx.__version__}", done.stderr
     speak = ["speak", "--out", "x.wav", "--num-step", "4", "--seed", "1"]
     done = subprocess.run([command, *speak], input="Hello.\n", capture_output=True, text=True, env=env, cwd=work)
@@ -114,8 +115,22 @@ def test_wheel_and_pip_install_dot_need_no_torch(pipeline, runtime_python: Path,
     python = runtime_python
     source = source_copy(tmp_path / "source")
     # The wheel is built by this venv's setuptools (no build isolation: no index needed for it).
-    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
-                            "-w", str(tmp_path / "dist"), str(source)], capture_output=True, text=True)
+    built = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(tmp_path / "dist"),
+            str(source),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert built.returncode == 0, built.stderr
     (wheel,) = (tmp_path / "dist").glob("omnivoice_onnx-*.whl")
     with zipfile.ZipFile(wheel) as archive:
@@ -129,10 +144,16 @@ def test_wheel_and_pip_install_dot_need_no_torch(pipeline, runtime_python: Path,
     assert "Description-Content-Type: text/markdown" in headers.splitlines()
     assert description.strip() == (REPO / PACKAGE_PAGE).read_text().strip()
     # The ranges the wheel declares admit the versions the tests pin (requirements-runtime.txt).
-    pins = [Requirement(line) for line in (REPO / "requirements-runtime.txt").read_text().splitlines()
-            if line and not line.startswith("#")]
-    declared = [Requirement(line.split(":", 1)[1].strip()) for line in metadata.splitlines()
-                if line.startswith("Requires-Dist:")]
+    pins = [
+        Requirement(line)
+        for line in (REPO / "requirements-runtime.txt").read_text().splitlines()
+        if line and not line.startswith("#")
+    ]
+    declared = [
+        Requirement(line.split(":", 1)[1].strip())
+        for line in metadata.splitlines()
+        if line.startswith("Requires-Dist:")
+    ]
     core = [req for req in declared if req.marker is None]
     assert sorted(req.name for req in core) == ["numpy", "onnxruntime", "soundfile", "tokenizers"]
     for req in core:
@@ -159,12 +180,18 @@ def test_infer_onnx_text_in_a_runtime_only_venv(pipeline, runtime_python: Path, 
     work.mkdir()
     (work / "onnx").symlink_to(pipeline.onnx)
     env = {**os.environ, "PYTHONPATH": str(work)}  # as the repository root on sys.path: onnx/ is importable
-    done = subprocess.run([python, REPO / "infer_onnx.py", "--text", "Hello.", "--out", "y.wav", "--num-step", "2",
-                           "--onnx-dir", "onnx"], capture_output=True, text=True, env=env, cwd=work)
+    done = subprocess.run(
+        [python, REPO / "infer_onnx.py", "--text", "Hello.", "--out", "y.wav", "--num-step", "2", "--onnx-dir", "onnx"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=work,
+    )
     assert done.returncode == 0, done.stderr
     assert soundfile.info(str(work / "y.wav")).subtype == "PCM_16"
-    done = subprocess.run([python, REPO / "infer_onnx.py", "--onnx-dir", "onnx"], capture_output=True, text=True,
-                          env=env, cwd=work)
+    done = subprocess.run(
+        [python, REPO / "infer_onnx.py", "--onnx-dir", "onnx"], capture_output=True, text=True, env=env, cwd=work
+    )
     assert done.returncode == 2, done.stderr
     (line,) = done.stderr.strip().splitlines()
     assert line.startswith("error: compare mode needs the toolchain") and "requirements.txt" in line

@@ -37,9 +37,13 @@ TRANSFORMER = quantize.TRANSFORMER_FILE
 
 
 def quantize_process(onnx_dir: Path, variants: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, str(REPO / "quantize_omnivoice.py"), "--onnx-dir", str(onnx_dir),
-                             "--variants", variants], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True)
+    return subprocess.Popen(
+        [sys.executable, str(REPO / "quantize_omnivoice.py"), "--onnx-dir", str(onnx_dir), "--variants", variants],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def assert_variants_as_reported(onnx_dir: Path, names) -> None:
@@ -52,6 +56,7 @@ def assert_variants_as_reported(onnx_dir: Path, names) -> None:
 
 
 # --- step 5: concurrent runs, kill -9, outputs checked first ---------------------------------------
+
 
 @pytest.mark.slow
 def test_ten_concurrent_runs_one_recipe_each_keep_every_entry(onnx_copy: Path) -> None:
@@ -78,8 +83,11 @@ def test_kill_9_leftovers_are_removed_by_the_next_run(onnx_copy: Path) -> None:
     input beside the fp32 sidecar (`.int8-unfused.tmp-<pid>-input.onnx`); the next run removes both."""
     proc = quantize_process(onnx_copy, "int8-unfused")
     deadline = time.monotonic() + 300
-    while (not list(onnx_copy.glob(".int8-unfused.tmp-*-input.onnx")) and proc.poll() is None
-           and time.monotonic() < deadline):
+    while (
+        not list(onnx_copy.glob(".int8-unfused.tmp-*-input.onnx"))
+        and proc.poll() is None
+        and time.monotonic() < deadline
+    ):
         time.sleep(0.02)
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=60)
@@ -100,17 +108,20 @@ def test_variant_folder_that_is_a_file_refused_before_building(onnx_copy: Path, 
 
 
 @pytest.mark.slow
-def test_quality_wav_dir_that_is_a_file_refused_before_measuring(pipeline, tmp_path: Path, monkeypatch,
-                                                                 capsys) -> None:
+def test_quality_wav_dir_that_is_a_file_refused_before_measuring(pipeline, tmp_path: Path, monkeypatch, capsys) -> None:
     wav_dir = tmp_path / "wavs"
     wav_dir.write_text("a file")
     monkeypatch.setattr(quality, "measure_variant", lambda *a: pytest.fail("measured before checking --wav-dir"))
-    result = run_inprocess(quality_omnivoice, ["--onnx-dir", pipeline.onnx, "--capture-dir", pipeline.capture,
-                                               "--wav-dir", wav_dir], capsys)
+    result = run_inprocess(
+        quality_omnivoice,
+        ["--onnx-dir", pipeline.onnx, "--capture-dir", pipeline.capture, "--wav-dir", wav_dir],
+        capsys,
+    )
     assert_one_line(result, EXIT_BAD_INPUT, f"--wav-dir {wav_dir} exists and is not a directory")
 
 
 # --- requests: one validation, before any model work ---------------------------------------------
+
 
 def _refuse_model_work(*args):
     raise AssertionError("model work before the request was refused")
@@ -127,8 +138,9 @@ def guarded(tts):
     """`tts` whose graphs fail the test if called: a refusal must come before any model work
     (and so before any array of the request's size is allocated)."""
     real = tts.model
-    tts.model = dataclasses.replace(real, transformer=_refuse_model_work, encode=_refuse_model_work,
-                                    decode=_refuse_model_work)
+    tts.model = dataclasses.replace(
+        real, transformer=_refuse_model_work, encode=_refuse_model_work, decode=_refuse_model_work
+    )
     yield tts
     tts.model = real
 
@@ -182,12 +194,18 @@ BAD_REQUESTS = {  # case -> (generate kwargs, words of the one line)
     "zero-width-text": ({"text": "\u200b\u200c\u2060"}, "holds nothing to speak"),
     "ref-text-empty": ({"ref_audio": (SPEECH, 24000), "ref_text": ""}, "ref_text is empty"),
     "ref-silent-short": ({"ref_audio": (np.zeros(2400, np.float32), 24000), "ref_text": "x"}, "is silent"),
-    "ref-too-short": ({"ref_audio": (SPEECH[:4800], 24000), "ref_text": "x", "generation_config":
-                       {"preprocess_prompt": False}}, "0.20 s long after preparation, under 0.5 s"),
-    "prompt-list-with-none": ({"text": ["One.", "Two."], "voice_clone_prompt": [None, "p"]},
-                              "voice_clone_prompt[0] must be a VoiceClonePrompt, got NoneType"),
-    "prompt-out-of-codebook": ({"voice_clone_prompt": _prompt(np.full((8, 30), 5000, np.int64))},
-                               "codes outside the codebook [0, 1024)"),
+    "ref-too-short": (
+        {"ref_audio": (SPEECH[:4800], 24000), "ref_text": "x", "generation_config": {"preprocess_prompt": False}},
+        "0.20 s long after preparation, under 0.5 s",
+    ),
+    "prompt-list-with-none": (
+        {"text": ["One.", "Two."], "voice_clone_prompt": [None, "p"]},
+        "voice_clone_prompt[0] must be a VoiceClonePrompt, got NoneType",
+    ),
+    "prompt-out-of-codebook": (
+        {"voice_clone_prompt": _prompt(np.full((8, 30), 5000, np.int64))},
+        "codes outside the codebook [0, 1024)",
+    ),
     "prompt-wrong-shape": ({"voice_clone_prompt": _prompt(np.zeros((30,), np.int64))}, "integer array [codebooks"),
     "prompt-float-tokens": ({"voice_clone_prompt": _prompt(np.zeros((8, 30), np.float32))}, "integer array"),
     # over a limit (each names the limit and the variable that raises it)
@@ -199,8 +217,10 @@ BAD_REQUESTS = {  # case -> (generate kwargs, words of the one line)
     "words-without-punctuation": ({"text": "word " * 1500}, "without punctuation (. , ; : ! ?) cannot be split"),
     "estimate-over": ({"text": "word " * 4000}, "would be 1191 s of audio"),
     "short-text-long-duration": ({"duration": 590.0}, "over MAX_SEQUENCE=4096"),
-    "ref-5-minutes": ({"ref_audio": (np.tile(SPEECH, 100), 24000), "ref_text": "x"},
-                      "300.0 s long (7200000 samples at 24000 Hz) (over MAX_REF_SECONDS=60)"),
+    "ref-5-minutes": (
+        {"ref_audio": (np.tile(SPEECH, 100), 24000), "ref_text": "x"},
+        "300.0 s long (7200000 samples at 24000 Hz) (over MAX_REF_SECONDS=60)",
+    ),
     "ref-at-1-hz": ({"ref_audio": (SPEECH, 1), "ref_text": "x"}, "72000.0 s long"),
     "ref-odd-rate": ({"ref_audio": (SPEECH, 24001), "ref_text": "x"}, "resample the reference to a common rate"),
 }
@@ -240,8 +260,9 @@ def test_limits_are_raised_and_checked_through_the_environment(guarded, tts, mon
     monkeypatch.setenv("OMNIVOICE_MAX_TEXT_CHARS", "5")
     assert "over MAX_TEXT_CHARS=5" in str(one_line(lambda: guarded.validate("Hello there.")))
     monkeypatch.setenv("OMNIVOICE_MAX_TEXT_CHARS", "lots")
-    assert "OMNIVOICE_MAX_TEXT_CHARS='lots' is not a positive number" in str(one_line(
-        lambda: guarded.validate("Hello there.")))
+    assert "OMNIVOICE_MAX_TEXT_CHARS='lots' is not a positive number" in str(
+        one_line(lambda: guarded.validate("Hello there."))
+    )
     monkeypatch.setenv("OMNIVOICE_MAX_TEXT_CHARS", "30000")
     monkeypatch.setenv("OMNIVOICE_MAX_DURATION_S", "2000")
     assert guarded.validate("Hello there. " * 1900).target_lens[0] > 600 * 25
@@ -251,8 +272,12 @@ def test_limits_are_raised_and_checked_through_the_environment(guarded, tts, mon
 def test_numpy_scalars_are_numbers(guarded) -> None:
     plain = guarded.validate("Hello there.", duration=2, speed=None, seed=3, generation_config={"num_step": 8})
     for kind in (np.float32, np.float64, np.int64):
-        request = guarded.validate("Hello there.", duration=kind(2), seed=np.int64(3),
-                                   generation_config={"num_step": np.int64(8), "t_shift": np.float32(0.1)})
+        request = guarded.validate(
+            "Hello there.",
+            duration=kind(2),
+            seed=np.int64(3),
+            generation_config={"num_step": np.int64(8), "t_shift": np.float32(0.1)},
+        )
         assert request.target_lens == plain.target_lens == [50]
         assert request.config.num_step == 8 and type(request.config.num_step) is int
     assert guarded.validate("Hello there.", speed=np.float32(1.5)).speed == [1.5]
@@ -271,18 +296,33 @@ def test_validate_loads_the_reference_without_encoding_it(guarded, pipeline) -> 
 def test_tiny_temperatures_leak_no_numpy_warning(tts) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        audio = tts.generate("Hello there.", seed=3, generation_config={
-            "num_step": 4, "position_temperature": limits.MIN_TEMPERATURE, "class_temperature": 1e-6})[0]
+        audio = tts.generate(
+            "Hello there.",
+            seed=3,
+            generation_config={
+                "num_step": 4,
+                "position_temperature": limits.MIN_TEMPERATURE,
+                "class_temperature": 1e-6,
+            },
+        )[0]
     assert np.isfinite(audio).all() and audio.size
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kwargs,words", [
-    ({"threads": "2"}, "threads must be a number, got str"), ({"threads": -1}, "threads -1 is out of range"),
-    ({"threads": 2.5}, "threads must be a whole number"), ({"threads": 100_000}, "over MAX_THREADS=256"),
-    ({"variant": 8}, "variant must be a variant's name"), ({"variant": "../int8"}, "variant must be a variant's name"),
-    ({"verify": "no"}, "verify must be True or False"), ({"resident_codecs": "yes"}, "resident_codecs must be True"),
-    ({"provider": 5}, "provider must be a string")])
+@pytest.mark.parametrize(
+    "kwargs,words",
+    [
+        ({"threads": "2"}, "threads must be a number, got str"),
+        ({"threads": -1}, "threads -1 is out of range"),
+        ({"threads": 2.5}, "threads must be a whole number"),
+        ({"threads": 100_000}, "over MAX_THREADS=256"),
+        ({"variant": 8}, "variant must be a variant's name"),
+        ({"variant": "../int8"}, "variant must be a variant's name"),
+        ({"verify": "no"}, "verify must be True or False"),
+        ({"resident_codecs": "yes"}, "resident_codecs must be True"),
+        ({"provider": 5}, "provider must be a string"),
+    ],
+)
 def test_from_dir_arguments_checked(kwargs: dict, words: str, pipeline) -> None:
     assert words in str(one_line(lambda: OmniVoiceOnnx.from_dir(pipeline.onnx, **kwargs)))
 
@@ -295,6 +335,7 @@ def test_ort_threads_env_over_the_limit_refused(pipeline, monkeypatch) -> None:
 
 # --- memory errors: one line, exit 2 ------------------------------------------------------------
 
+
 class _AllocatingSession:
     """A session whose run fails as onnxruntime's arena does when an allocation is refused."""
 
@@ -302,9 +343,11 @@ class _AllocatingSession:
         return [SimpleNamespace(name="logits")]
 
     def run(self, names, feeds):
-        raise RuntimeError("[ONNXRuntimeError] : 6 : RUNTIME_EXCEPTION : Non-zero status code returned while running "
-                           "MatMul node. Name:'m' Status Message: Failed to allocate memory for requested buffer of "
-                           "size 93458821120")
+        raise RuntimeError(
+            "[ONNXRuntimeError] : 6 : RUNTIME_EXCEPTION : Non-zero status code returned while running "
+            "MatMul node. Name:'m' Status Message: Failed to allocate memory for requested buffer of "
+            "size 93458821120"
+        )
 
 
 def test_onnxruntime_allocation_failure_is_a_memory_error() -> None:
@@ -313,8 +356,9 @@ def test_onnxruntime_allocation_failure_is_a_memory_error() -> None:
 
 
 @pytest.mark.slow
-def test_memory_error_is_one_user_error_in_the_api_and_exit_2_in_the_cli(pipeline, tmp_path, monkeypatch,
-                                                                          capsys) -> None:
+def test_memory_error_is_one_user_error_in_the_api_and_exit_2_in_the_cli(
+    pipeline, tmp_path, monkeypatch, capsys
+) -> None:
     def out_of_memory(*args, **kwargs):
         raise MemoryError("Unable to allocate 1.19 PiB for an array with shape (2, 8, 300000000, 1025)")
 
@@ -322,8 +366,11 @@ def test_memory_error_is_one_user_error_in_the_api_and_exit_2_in_the_cli(pipelin
     tts = OmniVoiceOnnx.from_dir(pipeline.onnx, verify=False)
     error = one_line(lambda: tts.generate("Hello there.", seed=1))
     assert "out of memory (Unable to allocate 1.19 PiB" in str(error) and "OMNIVOICE_MAX_SEQUENCE" in error.fix
-    result = run_inprocess(infer_onnx, ["--onnx-dir", pipeline.onnx, "--text", "Hello there.",
-                                        "--out", tmp_path / "out.wav", "--num-step", "2"], capsys)
+    result = run_inprocess(
+        infer_onnx,
+        ["--onnx-dir", pipeline.onnx, "--text", "Hello there.", "--out", tmp_path / "out.wav", "--num-step", "2"],
+        capsys,
+    )
     assert_one_line(result, EXIT_BAD_INPUT, "out of memory")
     assert not (tmp_path / "out.wav").exists()
 
@@ -351,8 +398,14 @@ def _zero(path: Path) -> None:
     path.write_bytes(bytes(path.stat().st_size))
 
 
-EXPORT_FILES = [GRAPH_FILES["transformer"] + ".data", GRAPH_FILES["encoder"] + ".data",
-                GRAPH_FILES["decoder"] + ".data", GRAPH_FILES["decoder"], "tokenizer.json", "runtime-config.json"]
+EXPORT_FILES = [
+    GRAPH_FILES["transformer"] + ".data",
+    GRAPH_FILES["encoder"] + ".data",
+    GRAPH_FILES["decoder"] + ".data",
+    GRAPH_FILES["decoder"],
+    "tokenizer.json",
+    "runtime-config.json",
+]
 
 
 @pytest.mark.slow
@@ -380,10 +433,17 @@ def test_zeroed_export_file_refused_naming_step_2(name: str, bundle: Path, tmp_p
 def test_infer_text_refuses_a_zeroed_default_variant(bundle: Path, tmp_path: Path, capsys) -> None:
     onnx_dir = _copy(bundle, tmp_path)
     _zero(onnx_dir / "fp32-fused" / (GRAPH_FILES["transformer"] + ".data"))
-    result = run_inprocess(infer_onnx, ["--onnx-dir", onnx_dir, "--text", "Hello there.", "--out",
-                                        tmp_path / "out.wav", "--num-step", "2"], capsys)
-    assert_one_line(result, EXIT_BAD_INPUT, "fp32-fused/omnivoice_transformer.onnx.data does not match the sha256",
-                    "run quantize_omnivoice.py --variants fp32-fused")
+    result = run_inprocess(
+        infer_onnx,
+        ["--onnx-dir", onnx_dir, "--text", "Hello there.", "--out", tmp_path / "out.wav", "--num-step", "2"],
+        capsys,
+    )
+    assert_one_line(
+        result,
+        EXIT_BAD_INPUT,
+        "fp32-fused/omnivoice_transformer.onnx.data does not match the sha256",
+        "run quantize_omnivoice.py --variants fp32-fused",
+    )
     assert not (tmp_path / "out.wav").exists()
 
 
@@ -418,11 +478,17 @@ def test_variant_of_another_model_blames_the_variant(bundle: Path, tmp_path: Pat
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("values,words", [
-    ({"sample_rate": 0}, "sample_rate=0 (must be > 0)"), ({"hop_length": 0}, "hop_length=0 (must be > 0)"),
-    ({"frame_rate": 0}, "frame_rate=0 (must be > 0)"), ({"audio_mask_id": 5000}, "audio_mask_id=5000 is not"),
-    ({"frame_rate": 24}, "sample_rate=24000 is not hop_length x frame_rate"),
-    ({"sample_rate": "fast"}, "non-integer metadata")])
+@pytest.mark.parametrize(
+    "values,words",
+    [
+        ({"sample_rate": 0}, "sample_rate=0 (must be > 0)"),
+        ({"hop_length": 0}, "hop_length=0 (must be > 0)"),
+        ({"frame_rate": 0}, "frame_rate=0 (must be > 0)"),
+        ({"audio_mask_id": 5000}, "audio_mask_id=5000 is not"),
+        ({"frame_rate": 24}, "sample_rate=24000 is not hop_length x frame_rate"),
+        ({"sample_rate": "fast"}, "non-integer metadata"),
+    ],
+)
 def test_impossible_graph_metadata_refused(values: dict, words: str, bundle: Path, tmp_path: Path) -> None:
     onnx_dir = _copy(bundle, tmp_path)
     _set_metadata(onnx_dir / GRAPH_FILES["decoder"], **values)
@@ -434,6 +500,7 @@ def test_impossible_graph_metadata_refused(values: dict, words: str, bundle: Pat
 def _edit_config(section: str, key: str, value):
     def edit(config: dict) -> None:
         config[section][key] = value
+
     return edit
 
 

@@ -13,8 +13,29 @@ from omnivoice_onnx.core.rng import TorchCpuRng, fresh_seed, init_genrand
 from omnivoice_onnx.errors import UserError
 from omnivoice_onnx.limits import check_seed
 
-EDGE_SEEDS = [0, 1, 2, 42, 1234, 2**31 - 1, 2**31, 2**32 - 1, 2**32, 2**32 + 1, 2**32 + 1234, 2**40 + 7,
-              2**63 - 1, 2**63, 2**64 - 1, -1, -2, -1234, -(2**31), -(2**32), -(2**63)]
+EDGE_SEEDS = [
+    0,
+    1,
+    2,
+    42,
+    1234,
+    2**31 - 1,
+    2**31,
+    2**32 - 1,
+    2**32,
+    2**32 + 1,
+    2**32 + 1234,
+    2**40 + 7,
+    2**63 - 1,
+    2**63,
+    2**64 - 1,
+    -1,
+    -2,
+    -1234,
+    -(2**31),
+    -(2**32),
+    -(2**63),
+]
 SEEDS = EDGE_SEEDS + [int(s) for s in np.random.default_rng(2026).integers(0, 2**63, 32)] + list(range(3, 13))
 SIZES = [1, 7, 15, 16, 17, 31, 32, 33, 1000, 8 * 300, 8 * 300 * 1025]
 
@@ -30,8 +51,9 @@ def torch_draws(seed: int, shapes: list[tuple[int, ...]], like: bool = False) ->
 def assert_bit_equal(ours: np.ndarray, theirs: np.ndarray, what: str) -> None:
     assert ours.dtype == np.float32 and theirs.dtype == np.float32, what
     assert ours.shape == theirs.shape, what
-    assert np.array_equal(ours.view(np.uint32), theirs.view(np.uint32)), \
+    assert np.array_equal(ours.view(np.uint32), theirs.view(np.uint32)), (
         f"{what}: {np.mean(ours != theirs):.2%} of elements differ"
+    )
 
 
 def test_seeds_cover_what_the_brief_names():

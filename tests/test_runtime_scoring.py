@@ -31,8 +31,7 @@ def upstream_schedule(target_len: int, num_step: int, t_shift: float) -> list[in
     rem = total_mask
     sched = []
     for step in range(num_step):
-        num = (rem if step == num_step - 1
-               else min(math.ceil(total_mask * (timesteps[step + 1] - timesteps[step])), rem))
+        num = rem if step == num_step - 1 else min(math.ceil(total_mask * (timesteps[step + 1] - timesteps[step])), rem)
         sched.append(int(num))
         rem -= int(num)
     return sched
@@ -48,6 +47,7 @@ def ulps(ours: np.ndarray, theirs: np.ndarray, scale: np.ndarray | float = 1.0) 
 
 
 # ---- schedule -------------------------------------------------------------------------------
+
 
 def test_linspace_is_torchs_fused_kernel():
     for steps in range(1, 258):
@@ -65,8 +65,12 @@ def test_time_steps_equal_get_time_steps(t_shift):
 
 def test_unmask_schedules_equal_upstream():
     rng = np.random.default_rng(7)
-    cases = [(t_len, n, s) for t_len in (1, 2, 3, 25, 67, 250, 259, 750, 1400) for n in (1, 2, 4, 16, 32, 64)
-             for s in (0.1, 0.5, 1.0)]
+    cases = [
+        (t_len, n, s)
+        for t_len in (1, 2, 3, 25, 67, 250, 259, 750, 1400)
+        for n in (1, 2, 4, 16, 32, 64)
+        for s in (0.1, 0.5, 1.0)
+    ]
     cases += [(int(rng.integers(1, 2000)), int(rng.integers(1, 80)), float(rng.uniform(0.01, 2.0))) for _ in range(150)]
     for t_len, num_step, t_shift in cases:
         ours = schedule.unmask_schedule(t_len, CODEBOOKS, num_step, t_shift)
@@ -75,6 +79,7 @@ def test_unmask_schedules_equal_upstream():
 
 
 # ---- real logits of the tiny model ----------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def real_logits(torch_model):
@@ -101,8 +106,10 @@ def real_logits(torch_model):
 
 def random_logits(seed: int, t_len: int, scale: float = 10.0) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
-    return (torch.randn(1, CODEBOOKS, t_len, VOCAB, generator=g) * scale,
-            torch.randn(1, CODEBOOKS, t_len, VOCAB, generator=g) * scale)
+    return (
+        torch.randn(1, CODEBOOKS, t_len, VOCAB, generator=g) * scale,
+        torch.randn(1, CODEBOOKS, t_len, VOCAB, generator=g) * scale,
+    )
 
 
 def test_log_softmax_is_the_documented_recipe(real_logits):
@@ -186,8 +193,9 @@ def test_layer_penalty_equals_upstream_expression():
     confidence = torch.randn(1, CODEBOOKS, 33) * 4
     layer_ids = torch.arange(CODEBOOKS).view(1, -1, 1)
     for factor in (5.0, 0.3, 2.5):
-        assert np.array_equal(scoring.layer_penalty(confidence.numpy(), factor),
-                              (confidence - layer_ids * factor).numpy())
+        assert np.array_equal(
+            scoring.layer_penalty(confidence.numpy(), factor), (confidence - layer_ids * factor).numpy()
+        )
 
 
 BASE = OmniVoiceGenerationConfig()
@@ -212,7 +220,8 @@ def test_predict_tokens_equal_upstream(torch_model, real_logits, name):
         torch.manual_seed(index)
         tokens, confidence = torch_model._predict_tokens_with_scoring(c, u, config)
         ours_tokens, ours_conf = scoring.predict_tokens(
-            c.numpy(), u.numpy(), config.guidance_scale, config.class_temperature, MASK_ID, TorchCpuRng(index))
+            c.numpy(), u.numpy(), config.guidance_scale, config.class_temperature, MASK_ID, TorchCpuRng(index)
+        )
         assert np.array_equal(ours_tokens, tokens.numpy()), index
         worst = max(worst, float(ulps(ours_conf, confidence.numpy()).max()))
     print(f"\nconfidence vs torch ({name}): max {worst:.1f} ULP")
@@ -247,14 +256,22 @@ def test_item_steps_equal_upstream(torch_model, real_logits, name):
         seed = 1000 + index
         torch.manual_seed(seed)
         state = torch.full((1, CODEBOOKS, t_len), MASK_ID, dtype=torch.long)
-        done = torch.randperm(CODEBOOKS * t_len)[:sum(counts[:step])]
+        done = torch.randperm(CODEBOOKS * t_len)[: sum(counts[:step])]
         state.view(-1)[done] = torch.randint(0, MASK_ID, (len(done),))
         torch.manual_seed(seed)
         theirs_tokens, theirs_cells = upstream_item_step(torch_model, c, u, state, counts[step], config)
         ours_tokens, ours_cells = scoring.unmask_step(
-            c.numpy(), u.numpy(), state.numpy(), counts[step], guidance_scale=config.guidance_scale,
-            class_temperature=config.class_temperature, layer_penalty_factor=config.layer_penalty_factor,
-            position_temperature=config.position_temperature, mask_id=MASK_ID, rng=TorchCpuRng(seed))
+            c.numpy(),
+            u.numpy(),
+            state.numpy(),
+            counts[step],
+            guidance_scale=config.guidance_scale,
+            class_temperature=config.class_temperature,
+            layer_penalty_factor=config.layer_penalty_factor,
+            position_temperature=config.position_temperature,
+            mask_id=MASK_ID,
+            rng=TorchCpuRng(seed),
+        )
         assert np.array_equal(ours_cells, theirs_cells), index
         assert np.array_equal(ours_tokens, theirs_tokens.numpy()), index
 

@@ -43,13 +43,19 @@ def expected_files(folder: Path, variant: str) -> list:
     return Bundle(Path(folder), variant, read_report(folder)).file_checks()
 
 
-def omnivoice(*args: str, env: dict[str, str] | None = None, stdin: bytes | None = None,
-              timeout: float = START_S) -> subprocess.CompletedProcess:
+def omnivoice(
+    *args: str, env: dict[str, str] | None = None, stdin: bytes | None = None, timeout: float = START_S
+) -> subprocess.CompletedProcess:
     """`python -m omnivoice_onnx ARGS` as a user runs it (text stderr, bytes stdin)."""
-    proc = subprocess.run([sys.executable, "-m", "omnivoice_onnx", *args], cwd=REPO, input=stdin,
-                          capture_output=True, env=env, timeout=timeout)
-    return subprocess.CompletedProcess(proc.args, proc.returncode, proc.stdout,
-                                       proc.stderr.decode("utf-8", "replace"))
+    proc = subprocess.run(
+        [sys.executable, "-m", "omnivoice_onnx", *args],
+        cwd=REPO,
+        input=stdin,
+        capture_output=True,
+        env=env,
+        timeout=timeout,
+    )
+    return subprocess.CompletedProcess(proc.args, proc.returncode, proc.stdout, proc.stderr.decode("utf-8", "replace"))
 
 
 def clean_env(**extra: str) -> dict[str, str]:
@@ -59,16 +65,21 @@ def clean_env(**extra: str) -> dict[str, str]:
 
 # --- 1. the server is never open by accident -------------------------------------------------------
 
-@pytest.mark.parametrize("flags,env,words", [
-    (["--host", "0.0.0.0"], {}, "refusing to serve 0.0.0.0 without an API key"),
-    (["--host", "::"], {}, "refusing to serve :: without an API key"),
-    (["--api-key", ""], {}, "--api-key is empty"),
-    (["--host", "0.0.0.0", "--api-key", " "], {}, "--api-key is empty"),
-    (["--host", "0.0.0.0"], {server_service.API_KEY_ENV: ""}, f"${server_service.API_KEY_ENV} is empty"),
-    (["--no-auth", "--api-key", "k"], {}, "contradict"),
-])
-def test_server_never_starts_open_by_accident(flags: list[str], env: dict[str, str], words: str,
-                                              tmp_path: Path) -> None:
+
+@pytest.mark.parametrize(
+    "flags,env,words",
+    [
+        (["--host", "0.0.0.0"], {}, "refusing to serve 0.0.0.0 without an API key"),
+        (["--host", "::"], {}, "refusing to serve :: without an API key"),
+        (["--api-key", ""], {}, "--api-key is empty"),
+        (["--host", "0.0.0.0", "--api-key", " "], {}, "--api-key is empty"),
+        (["--host", "0.0.0.0"], {server_service.API_KEY_ENV: ""}, f"${server_service.API_KEY_ENV} is empty"),
+        (["--no-auth", "--api-key", "k"], {}, "contradict"),
+    ],
+)
+def test_server_never_starts_open_by_accident(
+    flags: list[str], env: dict[str, str], words: str, tmp_path: Path
+) -> None:
     """An exposed host without a key, or an empty key (`--api-key "$KEY"` with KEY unset), used to
     start a server with authentication off and no word; now one line, exit 2, before any model load
     (the model folder here is empty: reaching the load would say so instead)."""
@@ -79,15 +90,24 @@ def test_server_never_starts_open_by_accident(flags: list[str], env: dict[str, s
 
 def test_no_auth_serves_an_exposed_host_on_purpose_loudly(tmp_path: Path) -> None:
     """--no-auth passes the check (the empty model folder is then what stops it) with a warning."""
-    proc = omnivoice("serve", "--model-dir", str(tmp_path), "--port", "0", "--host", "0.0.0.0", "--no-auth",
-                     env=clean_env())
+    proc = omnivoice(
+        "serve", "--model-dir", str(tmp_path), "--port", "0", "--host", "0.0.0.0", "--no-auth", env=clean_env()
+    )
     assert proc.returncode == 2
     assert "WITHOUT AUTHENTICATION" in proc.stderr and "refusing" not in proc.stderr
 
 
-@pytest.mark.parametrize("header,token", [
-    (b"Bearer k", b"k"), (b"bearer k", b"k"), (b"BEARER  k ", b"k"), (b"Basic k", b""), (b"Bearerk", b""), (b"", b""),
-])
+@pytest.mark.parametrize(
+    "header,token",
+    [
+        (b"Bearer k", b"k"),
+        (b"bearer k", b"k"),
+        (b"BEARER  k ", b"k"),
+        (b"Basic k", b""),
+        (b"Bearerk", b""),
+        (b"", b""),
+    ],
+)
 def test_bearer_scheme_is_case_insensitive(header: bytes, token: bytes) -> None:
     """RFC 7235: `bearer KEY` and `BEARER KEY` used to get 401."""
     assert middleware.bearer_token(header) == token
@@ -99,6 +119,7 @@ def test_loopback_hosts() -> None:
 
 
 # --- 2. no write through a planted link, nothing left on failure, bundle paths confined ------------
+
 
 def victim_and_links(folder: Path, name: str) -> Path:
     """A file another user wants overwritten, and symlinks to it under every temporary name an
@@ -130,8 +151,12 @@ def write_results(target: Path) -> None:
     log.close()
 
 
-WRITERS = {"report.json": write_report, "out.wav": write_speech, "alice.json": write_voice,
-           batch_lines.RESULTS_FILE: write_results}
+WRITERS = {
+    "report.json": write_report,
+    "out.wav": write_speech,
+    "alice.json": write_voice,
+    batch_lines.RESULTS_FILE: write_results,
+}
 
 
 @pytest.mark.parametrize("name", WRITERS)
@@ -191,9 +216,11 @@ def test_report_paths_outside_the_bundle_refused_before_opening(where: str, tmp_
     entry = {"sha256": "0" * 64, "bytes": 1}
     escape = f"{GRAPH_FILES['encoder']}/../../../outside.data" if where == "graph" else "../../outside.data"
     (tmp_path / "outside.data").write_bytes(b"x")
-    report = {"graphs": {name: {"files": {}} for name in GRAPH_FILES},
-              "runtime_assets": {"tokenizer.json": entry, "runtime-config.json": entry},
-              "variants": {"int8": {"dir": "int8", "files": {}}}}
+    report = {
+        "graphs": {name: {"files": {}} for name in GRAPH_FILES},
+        "runtime_assets": {"tokenizer.json": entry, "runtime-config.json": entry},
+        "variants": {"int8": {"dir": "int8", "files": {}}},
+    }
     report["graphs"]["encoder" if where == "graph" else "decoder"]["files"][escape] = entry
     report["variants"]["int8"]["files"] = {escape: entry} if where == "variant" else {}
     files.write_json_atomic(bundle / REPORT_FILE, report)
@@ -221,14 +248,19 @@ def test_voices_folder_resolved_once_and_kept_inside_the_bundle(tmp_path: Path, 
 
 # --- 3. every input bounded before it is read whole ------------------------------------------------
 
-@pytest.mark.parametrize("args,stdin", [
-    (["--text-file", "/dev/zero"], None),
-    ([], b"x" * 200_000),  # piped stdin over the bytes MAX_TEXT_CHARS can take
-])
+
+@pytest.mark.parametrize(
+    "args,stdin",
+    [
+        (["--text-file", "/dev/zero"], None),
+        ([], b"x" * 200_000),  # piped stdin over the bytes MAX_TEXT_CHARS can take
+    ],
+)
 def test_text_inputs_are_read_up_to_their_limit(args: list[str], stdin: bytes | None, tmp_path: Path) -> None:
     """`/dev/zero` as --text-file was read to 2.6 GB before "out of memory"."""
-    proc = omnivoice("speak", *args, "--out", str(tmp_path / "x.wav"), "--model-dir", str(tmp_path / "none"),
-                     stdin=stdin)
+    proc = omnivoice(
+        "speak", *args, "--out", str(tmp_path / "x.wav"), "--model-dir", str(tmp_path / "none"), stdin=stdin
+    )
     assert proc.returncode == 2 and "is larger than 80,000 bytes" in single_stderr_line(proc)
     assert list(tmp_path.iterdir()) == []
 
@@ -248,9 +280,11 @@ def deep_json_readers(tmp_path: Path, assets: Path, text: str = DEEP) -> dict[st
     shutil.copytree(assets, bundle)
     for name in ("runtime-config.json", REPORT_FILE, "alice.json"):
         (bundle / name).write_text(text)
-    return {"voice file": lambda: voices.read_voice(str(bundle / "alice.json"), bundle),
-            "runtime-config.json": lambda: runtime_config.load_runtime_config(bundle / "runtime-config.json"),
-            "export-report.json": lambda: expected_files(bundle, FP32_VARIANT)}
+    return {
+        "voice file": lambda: voices.read_voice(str(bundle / "alice.json"), bundle),
+        "runtime-config.json": lambda: runtime_config.load_runtime_config(bundle / "runtime-config.json"),
+        "export-report.json": lambda: expected_files(bundle, FP32_VARIANT),
+    }
 
 
 @pytest.mark.parametrize("reader", ["voice file", "runtime-config.json", "export-report.json"])
@@ -261,8 +295,10 @@ def test_deep_json_is_one_line(reader: str, tmp_path: Path, assets: Path) -> Non
         deep_json_readers(tmp_path, assets)[reader]()
 
 
-@pytest.mark.skipif(not getattr(sys, "get_int_max_str_digits", lambda: 0)(),
-                    reason="this Python has no integer conversion limit (before 3.10.7, or PYTHONINTMAXSTRDIGITS=0)")
+@pytest.mark.skipif(
+    not getattr(sys, "get_int_max_str_digits", lambda: 0)(),
+    reason="this Python has no integer conversion limit (before 3.10.7, or PYTHONINTMAXSTRDIGITS=0)",
+)
 @pytest.mark.parametrize("reader", ["voice file", "runtime-config.json", "export-report.json"])
 def test_an_integer_too_long_to_convert_is_one_line(reader: str, tmp_path: Path, assets: Path) -> None:
     """A 5,000-digit integer (past Python's int conversion limit) made json.loads raise ValueError,
@@ -295,20 +331,28 @@ def test_backtracking_regex_in_the_bundle_refused_at_load(pattern: str, tmp_path
 
 # --- 4. text decoded strictly ----------------------------------------------------------------------
 
-@pytest.mark.parametrize("args,stdin,words", [
-    (["speak", b"caf\xe9 au lait"], None, "command-line argument 2 is not valid text"),
-    (["voice", "add", "v", "--instruct", b"\xff"], None, "command-line argument 5 is not valid text"),
-    (["speak"], b"caf\xe9", "stdin is not UTF-8 text (byte 0xe9 on line 1, offset 3)"),
-    (["speak", "--text-file", "LATIN1"], None, "is not UTF-8 text (byte 0xe9 on line 2, offset 10)"),
-])
+
+@pytest.mark.parametrize(
+    "args,stdin,words",
+    [
+        (["speak", b"caf\xe9 au lait"], None, "command-line argument 2 is not valid text"),
+        (["voice", "add", "v", "--instruct", b"\xff"], None, "command-line argument 5 is not valid text"),
+        (["speak"], b"caf\xe9", "stdin is not UTF-8 text (byte 0xe9 on line 1, offset 3)"),
+        (["speak", "--text-file", "LATIN1"], None, "is not UTF-8 text (byte 0xe9 on line 2, offset 10)"),
+    ],
+)
 def test_invalid_utf8_is_one_line_naming_where(args: list, stdin: bytes | None, words: str, tmp_path: Path) -> None:
     """Latin-1 bytes in argv or stdin reached the tokenizer (`TextInputSequence must be str`) or
     the voice writer (`surrogates not allowed`, leaving an empty voices/)."""
     (tmp_path / "latin1.txt").write_bytes(b"Hello.\ncaf\xe9")
-    argv = [os.fsdecode(a) if isinstance(a, bytes) else a.replace("LATIN1", str(tmp_path / "latin1.txt"))
-            for a in args]
-    proc = omnivoice(*argv, "--model-dir", str(tmp_path / "none"), *(["--out", str(tmp_path / "x.wav")]
-                                                                      if argv[0] == "speak" else []), stdin=stdin)
+    argv = [os.fsdecode(a) if isinstance(a, bytes) else a.replace("LATIN1", str(tmp_path / "latin1.txt")) for a in args]
+    proc = omnivoice(
+        *argv,
+        "--model-dir",
+        str(tmp_path / "none"),
+        *(["--out", str(tmp_path / "x.wav")] if argv[0] == "speak" else []),
+        stdin=stdin,
+    )
     assert proc.returncode == 2 and words in single_stderr_line(proc), proc.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["latin1.txt"]
 
@@ -327,6 +371,7 @@ def test_lone_surrogate_escapes_refused_in_json_and_requests(tmp_path: Path) -> 
 
 
 # --- 7. voices validated on import as on use; booleans are not numbers -----------------------------
+
 
 def test_voice_longer_than_the_reference_limit_refused_when_read(tmp_path: Path) -> None:
     """`voice import` of a 703-byte .pt wrote a 15 MB voice of 40,000 s of codes (refused only
@@ -354,6 +399,7 @@ def test_true_is_not_a_version_or_a_number(tmp_path: Path) -> None:
 
 # --- 9 (issue). privacy: nothing under $HOME, no telemetry warning ---------------------------------
 
+
 def identity_graph(path: Path) -> Path:
     import onnx
     from onnx import TensorProto, helper
@@ -374,48 +420,69 @@ def test_sessions_write_nothing_under_home_and_print_no_telemetry_line(home: str
     home_dir.mkdir()
     env = {key: value for key, value in os.environ.items() if key not in ("ORT_DISABLE_TELEMETRY", "XDG_CACHE_HOME")}
     env["HOME"] = str(home_dir) if home == "writable" else "/dev/null"  # a HOME no folder can be made in
-    code = ("import numpy as np; from omnivoice_onnx.sessions import make_session; "
-            f"print(make_session({str(graph)!r}).run(None, {{'x': np.ones(1, np.float32)}})[0][0])")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, env=env,
-                          timeout=START_S)
+    code = (
+        "import numpy as np; from omnivoice_onnx.sessions import make_session; "
+        f"print(make_session({str(graph)!r}).run(None, {{'x': np.ones(1, np.float32)}})[0][0])"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, env=env, timeout=START_S
+    )
     assert (proc.returncode, proc.stdout.strip(), proc.stderr) == (0, "1.0", "")
     assert list(home_dir.rglob("*")) == []
 
 
 # --- 5. a closed pipe is exit 141, never 0 after a partial write -----------------------------------
 
-WHOLE_CLIP = ("import numpy as np; from omnivoice_onnx import audio_out\n"
-              "from omnivoice_onnx.cli.exits import run_main\n"
-              "def main(argv):\n"
-              "    with audio_out.open_output('-', 'wav', 24000) as sink:\n"
-              "        sink.write(np.zeros(484_800, np.float32))  # 20.2 s: 969,644 bytes, written whole at close\n"
-              "run_main(main)\n")
+WHOLE_CLIP = (
+    "import numpy as np; from omnivoice_onnx import audio_out\n"
+    "from omnivoice_onnx.cli.exits import run_main\n"
+    "def main(argv):\n"
+    "    with audio_out.open_output('-', 'wav', 24000) as sink:\n"
+    "        sink.write(np.zeros(484_800, np.float32))  # 20.2 s: 969,644 bytes, written whole at close\n"
+    "run_main(main)\n"
+)
 
 
 def test_stdout_closed_mid_write_exits_141() -> None:
     """`speak | head -c 1000` exited 0 after 65,536 of 969,644 bytes: a buffered write into a pipe
     whose reader left returns the short count instead of raising."""
-    proc = subprocess.run(f"{sys.executable} -c {shlex.quote(WHOLE_CLIP)} | head -c 1000 >/dev/null; "
-                          "echo ${PIPESTATUS[0]}", shell=True, executable="/bin/bash", cwd=REPO,
-                          capture_output=True, text=True, timeout=START_S)
+    proc = subprocess.run(
+        f"{sys.executable} -c {shlex.quote(WHOLE_CLIP)} | head -c 1000 >/dev/null; echo ${{PIPESTATUS[0]}}",
+        shell=True,
+        executable="/bin/bash",
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=START_S,
+    )
     assert (proc.stdout.strip(), proc.stderr) == ("141", "")
 
 
 # --- 6. concurrency: locked names and res-dirs, workers that die with their driver -----------------
 
-SAVE_ONE = ("import sys; from pathlib import Path; from omnivoice_onnx.cli.exits import run_main\n"
-            "from omnivoice_onnx.voices import Voice, save_voice\n"
-            "def main(argv):\n"
-            "    folder, tag = Path(argv[0]), argv[1]\n"
-            "    save_voice(folder, 'same', Voice('same', None, tag, 'fp', Path()), replace=False)\n"
-            "    print('saved', tag)\n"
-            "run_main(main, sys.argv[1:])\n")
+SAVE_ONE = (
+    "import sys; from pathlib import Path; from omnivoice_onnx.cli.exits import run_main\n"
+    "from omnivoice_onnx.voices import Voice, save_voice\n"
+    "def main(argv):\n"
+    "    folder, tag = Path(argv[0]), argv[1]\n"
+    "    save_voice(folder, 'same', Voice('same', None, tag, 'fp', Path()), replace=False)\n"
+    "    print('saved', tag)\n"
+    "run_main(main, sys.argv[1:])\n"
+)
 
 
 def test_simultaneous_adds_of_one_name_save_exactly_one(tmp_path: Path) -> None:
     """8 simultaneous `voice add same` without --force: five said "saved", one voice survived."""
-    procs = [subprocess.Popen([sys.executable, "-c", SAVE_ONE, str(tmp_path), f"voice {i}"], cwd=REPO, text=True,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for i in range(8)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", SAVE_ONE, str(tmp_path), f"voice {i}"],
+            cwd=REPO,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        for i in range(8)
+    ]
     results = [(proc.wait(START_S), *proc.communicate()) for proc in procs]
     saved = [out.split(" ", 1)[1].strip() for code, out, _ in results if code == 0]
     assert len(saved) == 1, results
@@ -440,15 +507,17 @@ def test_a_second_batch_run_into_a_busy_res_dir_is_refused(tmp_path: Path) -> No
         batch_run.run_batch(options, log=lambda message: None)
 
 
-DRIVER = ("import concurrent.futures, multiprocessing, os, signal, time\n"
-          "from omnivoice_onnx.batch import pool, run\n"
-          "if __name__ == '__main__':\n"
-          "    pool = concurrent.futures.ProcessPoolExecutor(2, mp_context=multiprocessing.get_context('spawn'),\n"
-          "        initializer=pool._pool_init, initargs=(run.Synthesizer.load, ('m', 'fp32', 1), os.getpid()))\n"
-          "    for future in [pool.submit(time.sleep, 0.5) for _ in range(2)]:\n"
-          "        future.result()  # both workers started and initialised\n"
-          "    print(' '.join(map(str, pool._processes)), flush=True)\n"
-          "    os.kill(os.getpid(), signal.SIGKILL)\n")
+DRIVER = (
+    "import concurrent.futures, multiprocessing, os, signal, time\n"
+    "from omnivoice_onnx.batch import pool, run\n"
+    "if __name__ == '__main__':\n"
+    "    pool = concurrent.futures.ProcessPoolExecutor(2, mp_context=multiprocessing.get_context('spawn'),\n"
+    "        initializer=pool._pool_init, initargs=(run.Synthesizer.load, ('m', 'fp32', 1), os.getpid()))\n"
+    "    for future in [pool.submit(time.sleep, 0.5) for _ in range(2)]:\n"
+    "        future.result()  # both workers started and initialised\n"
+    "    print(' '.join(map(str, pool._processes)), flush=True)\n"
+    "    os.kill(os.getpid(), signal.SIGKILL)\n"
+)
 
 
 def alive(pid: int) -> bool:
@@ -465,8 +534,14 @@ def test_workers_end_when_their_driver_is_killed(tmp_path: Path) -> None:
     running, ~260 MB each, 79 s later."""
     script = tmp_path / "driver.py"
     script.write_text(DRIVER)
-    proc = subprocess.run([sys.executable, str(script)], cwd=REPO, capture_output=True, text=True, timeout=START_S,
-                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    proc = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=START_S,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     assert proc.returncode == -9, proc.stderr
     workers = [int(pid) for pid in proc.stdout.split()]
     assert len(workers) == 2
@@ -478,10 +553,17 @@ def test_workers_end_when_their_driver_is_killed(tmp_path: Path) -> None:
 
 # --- 9 (brief). references named as what they are ---------------------------------------------------
 
-@pytest.mark.parametrize("kind,words", [
-    ("fifo", "is not a regular file"), ("device", "is not a regular file"), ("directory", "is a directory, not a file"),
-    ("loop", "cannot be reached (Too many levels of symbolic links)"), ("missing", "reference audio file not found"),
-])
+
+@pytest.mark.parametrize(
+    "kind,words",
+    [
+        ("fifo", "is not a regular file"),
+        ("device", "is not a regular file"),
+        ("directory", "is a directory, not a file"),
+        ("loop", "cannot be reached (Too many levels of symbolic links)"),
+        ("missing", "reference audio file not found"),
+    ],
+)
 def test_reference_that_is_not_a_file_is_named_as_what_it_is(kind: str, words: str, tmp_path: Path) -> None:
     """A FIFO, /dev/zero, a directory or a symlink loop as reference audio was "does not exist"."""
     path = {"device": Path("/dev/zero")}.get(kind, tmp_path / "ref.wav")
@@ -497,6 +579,7 @@ def test_reference_that_is_not_a_file_is_named_as_what_it_is(kind: str, words: s
 
 
 # --- 8. the server's connections bounded, every refusal in OpenAI's JSON shape ----------------------
+
 
 async def echo_length(scope: dict, receive, send) -> None:
     """An app that reads the body as the speech route does (connection.read_body) and says its length."""
@@ -519,9 +602,15 @@ def bounded_server(monkeypatch):
     monkeypatch.setattr(door, "BODY_TIMEOUT_S", 1.0)
     monkeypatch.setattr(door, "MAX_CONNECTIONS", 3)
     listener = server_service.bind("127.0.0.1", 0)
-    running = uvicorn.Server(uvicorn.Config(echo_length, lifespan="off", http=connection.http_protocol(),
-                                            log_level="critical",
-                                            h11_max_incomplete_event_size=door.MAX_HEADER_BYTES))
+    running = uvicorn.Server(
+        uvicorn.Config(
+            echo_length,
+            lifespan="off",
+            http=connection.http_protocol(),
+            log_level="critical",
+            h11_max_incomplete_event_size=door.MAX_HEADER_BYTES,
+        )
+    )
     thread = threading.Thread(target=running.run, kwargs={"sockets": [listener]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + START_S
@@ -547,18 +636,21 @@ def reply(port: int, *pieces: bytes, wait_s: float = 5.0) -> tuple[int, dict, fl
         return int(head.split()[1]), json.loads(body), time.monotonic() - start
 
 
-@pytest.mark.parametrize("pieces,status,code", [
-    ([b"GARBAGE\r\n\r\n"], 400, "invalid_http"),  # uvicorn's plain-text 400 before
-    ([b"GET / HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"a" * 17_000, b"\r\n\r\n"], 400, "invalid_http"),  # > 16 KiB
-    ([b"POST / HTTP/1.1\r\nHost: x\r\n"], 408, "header_timeout"),  # headers never finished: held forever before
-    ([b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n1"], 408, "body_timeout"),
-    ([], 408, "header_timeout"),  # an idle connection
-])
-def test_slow_idle_and_malformed_connections_end_with_a_json_error(pieces: list[bytes], status: int, code: str,
-                                                                    bounded_server: int) -> None:
+@pytest.mark.parametrize(
+    "pieces,status,code",
+    [
+        ([b"GARBAGE\r\n\r\n"], 400, "invalid_http"),  # uvicorn's plain-text 400 before
+        ([b"GET / HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"a" * 17_000, b"\r\n\r\n"], 400, "invalid_http"),  # > 16 KiB
+        ([b"POST / HTTP/1.1\r\nHost: x\r\n"], 408, "header_timeout"),  # headers never finished: held forever before
+        ([b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n1"], 408, "body_timeout"),
+        ([], 408, "header_timeout"),  # an idle connection
+    ],
+)
+def test_slow_idle_and_malformed_connections_end_with_a_json_error(
+    pieces: list[bytes], status: int, code: str, bounded_server: int
+) -> None:
     got, body, seconds = reply(bounded_server, *pieces)
-    assert (got, body["error"]["code"]) == (status, code) and set(body["error"]) == {"message", "type", "param",
-                                                                                       "code"}
+    assert (got, body["error"]["code"]) == (status, code) and set(body["error"]) == {"message", "type", "param", "code"}
     assert seconds < 4
 
 
@@ -579,16 +671,19 @@ def test_connections_over_the_limit_refused_with_a_json_503(bounded_server: int)
 
 # --- 10. Ray addresses checked, and bounded in time, before any output -------------------------------
 
-@pytest.mark.parametrize("address,env,words", [
-    ("garbage", {}, "is not a Ray address"),
-    ("10.0.0.1:99999", {}, "is not a Ray address"),
-    ("127.0.0.1:1", {}, "nothing answers at 127.0.0.1:1 within"),  # hung before
-    ("ray://127.0.0.1:10001", {}, "needs Ray Client"),
-    ("auto", {"RAY_ADDRESS": "127.0.0.1:1"}, "--ray auto: nothing answers at"),
-    ("auto", {}, "no running Ray cluster found"),
-])
-def test_bad_ray_addresses_refused(address: str, env: dict[str, str], words: str, tmp_path: Path,
-                                   monkeypatch) -> None:
+
+@pytest.mark.parametrize(
+    "address,env,words",
+    [
+        ("garbage", {}, "is not a Ray address"),
+        ("10.0.0.1:99999", {}, "is not a Ray address"),
+        ("127.0.0.1:1", {}, "nothing answers at 127.0.0.1:1 within"),  # hung before
+        ("ray://127.0.0.1:10001", {}, "needs Ray Client"),
+        ("auto", {"RAY_ADDRESS": "127.0.0.1:1"}, "--ray auto: nothing answers at"),
+        ("auto", {}, "no running Ray cluster found"),
+    ],
+)
+def test_bad_ray_addresses_refused(address: str, env: dict[str, str], words: str, tmp_path: Path, monkeypatch) -> None:
     """Every bad --ray address was a traceback (ray://... without ray[client], `auto` with no
     cluster, garbage) or a hang (127.0.0.1:1)."""
     pytest.importorskip("ray")
@@ -614,7 +709,16 @@ def test_a_dead_ray_address_refused_before_any_output(tmp_path: Path) -> None:
     pytest.importorskip("ray")
     listed = tmp_path / "list.jsonl"
     listed.write_text(json.dumps({"id": "a", "text": "Hi."}) + "\n")
-    proc = omnivoice("batch", "--test-list", str(listed), "--res-dir", str(tmp_path / "out"), "--ray", "127.0.0.1:1",
-                     "--model-dir", str(tmp_path))
+    proc = omnivoice(
+        "batch",
+        "--test-list",
+        str(listed),
+        "--res-dir",
+        str(tmp_path / "out"),
+        "--ray",
+        "127.0.0.1:1",
+        "--model-dir",
+        str(tmp_path),
+    )
     assert proc.returncode == 2 and "nothing answers at 127.0.0.1:1" in single_stderr_line(proc), proc.stderr
     assert not (tmp_path / "out").exists()

@@ -41,8 +41,10 @@ KEY = "test-key"
 SERVER_START_S = 60
 REQUEST_S = 120
 TEXT = "Hello there."
-LONG_TEXT = ("The first sentence is here. A second one follows it, somewhat longer than the first. "
-             "Then a third, so that a stream has several chunks to send. And a fourth to end it.")
+LONG_TEXT = (
+    "The first sentence is here. A second one follows it, somewhat longer than the first. "
+    "Then a third, so that a stream has several chunks to send. And a fourth to end it."
+)
 STREAM_TEXT = "The first sentence is here. A second one follows it, somewhat longer than the first."
 STREAM_STEPS = 8  # streams are checked for bytes, not quality: few steps keep the five streams cheap
 
@@ -56,8 +58,14 @@ class Server:
     def client(self, key: str = KEY, **kwargs) -> openai.OpenAI:
         return openai.OpenAI(base_url=self.launched.base_url, api_key=key, max_retries=0, timeout=REQUEST_S, **kwargs)
 
-    def request(self, method: str, path: str, body: bytes | dict | None = None, key: str | None = KEY,
-                headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: bytes | dict | None = None,
+        key: str | None = KEY,
+        headers: dict[str, str] | None = None,
+    ) -> tuple[int, dict[str, str], bytes]:
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=REQUEST_S)
         sent = {"Authorization": f"Bearer {key}"} if key else {}
         if isinstance(body, dict):
@@ -77,8 +85,9 @@ class Server:
 def start_server(onnx: Path, voices: Path, log: Path, *flags: str) -> Server:
     env = {**os.environ, "OMNIVOICE_ORT_THREADS": "1"}
     env.pop(server_service.API_KEY_ENV, None)
-    return Server(launch(onnx, log, "--voices", str(voices), "--threads", "1", *flags, env=env,
-                                start_timeout=SERVER_START_S))
+    return Server(
+        launch(onnx, log, "--voices", str(voices), "--threads", "1", *flags, env=env, start_timeout=SERVER_START_S)
+    )
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +102,7 @@ def voices(tts, tmp_path_factory) -> Path:
     fingerprint = tts.metadata["model_fingerprint"]
     save_voice(folder, "narrator", Voice("narrator", None, "female, low pitch", fingerprint, Path()))
     rng = np.random.default_rng(0)
-    reference = (0.3 * np.sin(np.arange(2 * tts.sample_rate) * 0.05) + 0.05 * rng.standard_normal(2 * tts.sample_rate))
+    reference = 0.3 * np.sin(np.arange(2 * tts.sample_rate) * 0.05) + 0.05 * rng.standard_normal(2 * tts.sample_rate)
     prompt = tts.create_voice_clone_prompt((reference.astype(np.float32), tts.sample_rate), "A short reference.")
     save_voice(folder, "clone", Voice("clone", prompt, None, fingerprint, Path()))
     return folder
@@ -101,8 +110,17 @@ def voices(tts, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def srv(pipeline, voices, tmp_path_factory):
-    running = start_server(pipeline.onnx, voices, tmp_path_factory.mktemp("server") / "server.log",
-                           "--api-key", KEY, "--queue", "2", "--default-format", "wav")
+    running = start_server(
+        pipeline.onnx,
+        voices,
+        tmp_path_factory.mktemp("server") / "server.log",
+        "--api-key",
+        KEY,
+        "--queue",
+        "2",
+        "--default-format",
+        "wav",
+    )
     yield running
     assert running.launched.stop(SERVER_START_S) == 0, running.log.read_text()[-3000:]
     assert "Traceback" not in running.log.read_text()
@@ -125,8 +143,13 @@ def test_routes(srv):
     assert [m.id for m in models.data][0] == "omnivoice"
     status, _, body = srv.request("GET", "/v1/audio/voices")
     listed = json.loads(body)
-    assert status == 200 and [item["id"] for item in listed["data"]] == ["auto", "design", "clone", "narrator",
-                                                                       *PRESETS]
+    assert status == 200 and [item["id"] for item in listed["data"]] == [
+        "auto",
+        "design",
+        "clone",
+        "narrator",
+        *PRESETS,
+    ]
     assert listed["voices"] == [{"id": item["id"], "name": item["name"]} for item in listed["data"]]
     health = srv.health()
     assert health["status"] == "ok" and health["workers"] == 1 and health["queue_size"] == 2
@@ -139,8 +162,9 @@ def test_every_format_decodes_and_seed_equals_generate(srv, tts):
     client = srv.client()
     want = pcm16(tts.generate(TEXT, seed=7)[0])
     for fmt in audio_formats.available_response_formats():
-        response = client.audio.speech.create(model="omnivoice", voice="auto", input=TEXT, response_format=fmt,
-                                              extra_body={"seed": 7})
+        response = client.audio.speech.create(
+            model="omnivoice", voice="auto", input=TEXT, response_format=fmt, extra_body={"seed": 7}
+        )
         data = response.read()
         assert response.response.headers["x-seed"] == "7"
         if fmt == "pcm":
@@ -157,21 +181,40 @@ def test_every_format_decodes_and_seed_equals_generate(srv, tts):
 def test_extensions_and_voices(srv, tts, voices):
     """language, num_step, guidance_scale, duration, speed and saved voices (design, clone) reach generate()."""
     client = srv.client()
-    response = client.audio.speech.create(model="omnivoice", voice="narrator", input=TEXT, response_format="pcm",
-                                          speed=1.5, extra_body={"seed": 3, "language": "English", "num_step": 8,
-                                                                 "guidance_scale": 1.0})
-    want = tts.generate(TEXT, seed=3, language="English", instruct="female, low pitch", speed=1.5,
-                        generation_config={"num_step": 8, "guidance_scale": 1.0})[0]
+    response = client.audio.speech.create(
+        model="omnivoice",
+        voice="narrator",
+        input=TEXT,
+        response_format="pcm",
+        speed=1.5,
+        extra_body={"seed": 3, "language": "English", "num_step": 8, "guidance_scale": 1.0},
+    )
+    want = tts.generate(
+        TEXT,
+        seed=3,
+        language="English",
+        instruct="female, low pitch",
+        speed=1.5,
+        generation_config={"num_step": 8, "guidance_scale": 1.0},
+    )[0]
     np.testing.assert_array_equal(np.frombuffer(response.read(), "<i2"), pcm16(want))
     clone = load_voice("clone", voices, tts.metadata["model_fingerprint"])
-    response = client.audio.speech.create(model="omnivoice", voice="clone", input=TEXT, response_format="pcm",
-                                          extra_body={"seed": 3, "num_step": 4})
+    response = client.audio.speech.create(
+        model="omnivoice", voice="clone", input=TEXT, response_format="pcm", extra_body={"seed": 3, "num_step": 4}
+    )
     want = tts.generate(TEXT, seed=3, voice_clone_prompt=clone.prompt, generation_config={"num_step": 4})[0]
     np.testing.assert_array_equal(np.frombuffer(response.read(), "<i2"), pcm16(want))
-    response = client.audio.speech.create(model="omnivoice", voice="auto", input=TEXT, response_format="pcm",
-                                          extra_body={"seed": 3, "duration": 2.0, "num_step": 4})
-    assert len(response.read()) // 2 == pcm16(tts.generate(TEXT, seed=3, duration=2.0,
-                                                           generation_config={"num_step": 4})[0]).size
+    response = client.audio.speech.create(
+        model="omnivoice",
+        voice="auto",
+        input=TEXT,
+        response_format="pcm",
+        extra_body={"seed": 3, "duration": 2.0, "num_step": 4},
+    )
+    assert (
+        len(response.read()) // 2
+        == pcm16(tts.generate(TEXT, seed=3, duration=2.0, generation_config={"num_step": 4})[0]).size
+    )
 
 
 def test_streams_concatenate(srv, tts):
@@ -183,8 +226,13 @@ def test_streams_concatenate(srv, tts):
     want = pcm16(np.concatenate([c.samples for c in chunks]))
     for fmt in ("pcm", "wav", "opus"):
         with client.audio.speech.with_streaming_response.create(
-                model="omnivoice", voice="auto", input=STREAM_TEXT, response_format=fmt, stream_format="audio",
-                extra_body={"seed": 5, "num_step": STREAM_STEPS}) as response:
+            model="omnivoice",
+            voice="auto",
+            input=STREAM_TEXT,
+            response_format=fmt,
+            stream_format="audio",
+            extra_body={"seed": 5, "num_step": STREAM_STEPS},
+        ) as response:
             pieces = list(response.iter_bytes())
         data = b"".join(pieces)
         if fmt == "opus":
@@ -193,11 +241,21 @@ def test_streams_concatenate(srv, tts):
             continue
         got = np.frombuffer(data, "<i2") if fmt == "pcm" else sf.read(io.BytesIO(data), dtype="int16")[0]
         np.testing.assert_array_equal(got, want, err_msg=fmt)
-    status, headers, body = srv.request("POST", "/v1/audio/speech", {
-        "model": "omnivoice", "voice": "auto", "input": STREAM_TEXT, "response_format": "pcm", "stream_format": "sse",
-        "seed": 5, "num_step": STREAM_STEPS})
+    status, headers, body = srv.request(
+        "POST",
+        "/v1/audio/speech",
+        {
+            "model": "omnivoice",
+            "voice": "auto",
+            "input": STREAM_TEXT,
+            "response_format": "pcm",
+            "stream_format": "sse",
+            "seed": 5,
+            "num_step": STREAM_STEPS,
+        },
+    )
     assert status == 200 and headers["content-type"].startswith("text/event-stream")
-    events = [json.loads(line[len("data: "):]) for line in body.decode().splitlines() if line.startswith("data: ")]
+    events = [json.loads(line[len("data: ") :]) for line in body.decode().splitlines() if line.startswith("data: ")]
     assert [e["type"] for e in events[:-1]] == ["speech.audio.delta"] * (len(events) - 1)
     assert events[-1]["type"] == "speech.audio.done" and events[-1]["usage"]["output_tokens"] > 0
     audio = b"".join(base64.b64decode(e["audio"]) for e in events[:-1])
@@ -258,15 +316,18 @@ def test_auth_and_body_limit(srv):
     assert status == 404 and error_of(body)["code"] == "not_found"
     for scheme in ("bearer", "BEARER"):  # RFC 7235: the scheme name is case-insensitive
         assert srv.request("GET", "/v1/models", key=None, headers={"Authorization": f"{scheme} {KEY}"})[0] == 200
-    big = json.dumps({"model": "omnivoice", "voice": "auto",
-                      "input": "x" * (door.MAX_BODY_BYTES + 1)}).encode()
+    big = json.dumps({"model": "omnivoice", "voice": "auto", "input": "x" * (door.MAX_BODY_BYTES + 1)}).encode()
     status, _, body = srv.request("POST", "/v1/audio/speech", big, headers={"Content-Type": "application/json"})
     assert status == 413 and error_of(body)["code"] == "body_too_large"
     # The same without Content-Length (chunked upload): refused while it is read, not after.
     conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=REQUEST_S)
-    conn.request("POST", "/v1/audio/speech", body=iter([big[i:i + 8192] for i in range(0, len(big), 8192)]),
-                 headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"},
-                 encode_chunked=True)
+    conn.request(
+        "POST",
+        "/v1/audio/speech",
+        body=iter([big[i : i + 8192] for i in range(0, len(big), 8192)]),
+        headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"},
+        encode_chunked=True,
+    )
     response = conn.getresponse()
     assert response.status == 413 and error_of(response.read())["code"] == "body_too_large"
     conn.close()
@@ -311,16 +372,18 @@ def open_request(srv: Server, body: dict) -> socket.socket:
     """A raw socket that has sent a speech request and not read the answer."""
     payload = json.dumps(body).encode()
     sock = socket.create_connection(("127.0.0.1", srv.port), timeout=REQUEST_S)
-    sock.sendall(b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                 + f"Authorization: Bearer {KEY}\r\nContent-Length: {len(payload)}\r\n\r\n".encode() + payload)
+    sock.sendall(
+        b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        + f"Authorization: Bearer {KEY}\r\nContent-Length: {len(payload)}\r\n\r\n".encode()
+        + payload
+    )
     return sock
 
 
 def test_disconnect_cancels(srv):
     """A client that leaves: its running request stops between steps, its queued one is dropped,
     and the worker is free for the next request."""
-    body = {"model": "omnivoice", "voice": "auto", "input": LONG_TEXT * 4, "response_format": "pcm",
-            "num_step": 256}
+    body = {"model": "omnivoice", "voice": "auto", "input": LONG_TEXT * 4, "response_format": "pcm", "num_step": 256}
     before = srv.health()
     running = open_request(srv, body)
     wait_for(lambda: srv.health()["running"] == 1, "the first request to run")
@@ -344,16 +407,38 @@ def test_timeout_then_sigterm_drains_and_exits_0(pipeline, voices, tmp_path):
     with a request in flight: the request completes, the process exits 0, the port closes."""
     srv = start_server(pipeline.onnx, voices, tmp_path / "server.log", "--timeout", "4")
     try:
-        busy = subprocess.run([sys.executable, "-m", "omnivoice_onnx", "serve", "--model-dir", str(pipeline.onnx),
-                               "--port", str(srv.port)], capture_output=True, text=True, timeout=SERVER_START_S)
+        busy = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "omnivoice_onnx",
+                "serve",
+                "--model-dir",
+                str(pipeline.onnx),
+                "--port",
+                str(srv.port),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=SERVER_START_S,
+        )
         assert busy.returncode == 2 and busy.stderr.count("\n") == 1 and "Address already in use" in busy.stderr
-        status, _, body = srv.request("POST", "/v1/audio/speech", {
-            "model": "omnivoice", "voice": "auto", "input": LONG_TEXT * 8, "response_format": "wav",
-            "num_step": 256}, None)
+        status, _, body = srv.request(
+            "POST",
+            "/v1/audio/speech",
+            {"model": "omnivoice", "voice": "auto", "input": LONG_TEXT * 8, "response_format": "wav", "num_step": 256},
+            None,
+        )
         assert status == 504 and error_of(body)["code"] == "timeout"
         wait_for(lambda: srv.health()["timed_out"] == 1 and srv.health()["running"] == 0, "the worker to stop")
-        body = {"model": "omnivoice", "voice": "auto", "input": STREAM_TEXT, "response_format": "wav", "num_step": 4,
-                "seed": 1}
+        body = {
+            "model": "omnivoice",
+            "voice": "auto",
+            "input": STREAM_TEXT,
+            "response_format": "wav",
+            "num_step": 4,
+            "seed": 1,
+        }
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             pending = pool.submit(srv.request, "POST", "/v1/audio/speech", body, None)
             wait_for(lambda: srv.health()["running"] == 1, "the request to run")

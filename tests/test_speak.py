@@ -28,13 +28,20 @@ from omnivoice_onnx.cli.exits import run_main
 from omnivoice_onnx.core.prompt import resolve_language
 from omnivoice_onnx.errors import UserError
 
-LONG = ("The first sentence sets the scene. A second one follows it closely, with a few more words. "
-        "And a third one ends the paragraph here.")
+LONG = (
+    "The first sentence sets the scene. A second one follows it closely, with a few more words. "
+    "And a third one ends the paragraph here."
+)
 
 
 def command(*args: str, stdin: bytes | None = b"", cwd: Path = REPO) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "omnivoice_onnx", *map(str, args)], input=stdin, cwd=cwd,
-                          capture_output=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    return subprocess.run(
+        [sys.executable, "-m", "omnivoice_onnx", *map(str, args)],
+        input=stdin,
+        cwd=cwd,
+        capture_output=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
 
 
 def one_error_line(done: subprocess.CompletedProcess, fragment: str) -> None:
@@ -49,26 +56,56 @@ def test_version_and_help() -> None:
     assert "wyoming" in top and "serve" in top and "seed" in top
     assert not [word for word in ("SUBCOMMANDS", "add_parser", "import their heavy") if word in top], top
     text = command("speak", "--help").stdout.decode()
-    for flag in ("--text-file", "--out", "--raw", "--stream", "--language", "--instruct", "--ref-audio", "--ref_audio",
-                 "--ref-text", "--ref_text", "--voice", "--voices", "--speed", "--duration", "--num-step",
-                 "--guidance-scale", "--seed", "--variant", "--threads", "--provider", "--model-dir", "--quiet",
-                 "--strict-instructions", ".mp3", "exit codes"):
+    for flag in (
+        "--text-file",
+        "--out",
+        "--raw",
+        "--stream",
+        "--language",
+        "--instruct",
+        "--ref-audio",
+        "--ref_audio",
+        "--ref-text",
+        "--ref_text",
+        "--voice",
+        "--voices",
+        "--speed",
+        "--duration",
+        "--num-step",
+        "--guidance-scale",
+        "--seed",
+        "--variant",
+        "--threads",
+        "--provider",
+        "--model-dir",
+        "--quiet",
+        "--strict-instructions",
+        ".mp3",
+        "exit codes",
+    ):
         assert flag in text, flag
     assert "docs/serving.md" in command("serve", "--help").stdout.decode()  # the reference, not module names
     assert "docs/drop-in.md" in command("wyoming", "--help").stdout.decode()
 
 
-@pytest.mark.parametrize("args,stdin,fragment", [
-    (["Hi.", "--out", "x.aac"], b"", "extension '.aac'"),
-    (["Hi.", "--speed", "5", "--out", "x.wav"], b"", "--speed: 5 is out of range: a finite number in [0.25, 4.0]"),
-    (["Hi.", "--raw", "--out", "x.wav"], b"", "--raw writes to stdout"),
-    (["--out", "x.wav"], b"  \n", "the text to speak is empty"),
-    (["Hi.", "--text-file", "t.txt", "--out", "x.wav"], b"", "both TEXT and --text-file"),
-    (["Hi.", "--ref-audio", "r.wav", "--out", "x.wav"], b"", "needs both --ref-audio and --ref-text"),
-    (["Hi.", "--num-step", "0", "--out", "x.wav"], b"", "--num_step: 0 is out of range"),
-    (["Hi.", "--out", "x.wav"], b"", "export folder not found: missing-model"),
-    (["Hi.", "--out", "no/such/x.wav"], b"", "the folder no/such does not exist; create it first (mkdir -p no/such)"),
-])
+@pytest.mark.parametrize(
+    "args,stdin,fragment",
+    [
+        (["Hi.", "--out", "x.aac"], b"", "extension '.aac'"),
+        (["Hi.", "--speed", "5", "--out", "x.wav"], b"", "--speed: 5 is out of range: a finite number in [0.25, 4.0]"),
+        (["Hi.", "--raw", "--out", "x.wav"], b"", "--raw writes to stdout"),
+        (["--out", "x.wav"], b"  \n", "the text to speak is empty"),
+        (["Hi.", "--text-file", "t.txt", "--out", "x.wav"], b"", "both TEXT and --text-file"),
+        (["Hi.", "--ref-audio", "r.wav", "--out", "x.wav"], b"", "needs both --ref-audio and --ref-text"),
+        (["Hi.", "--num-step", "0", "--out", "x.wav"], b"", "--num_step: 0 is out of range"),
+        (["Hi.", "--out", "x.wav"], b"", "export folder not found: missing-model"),
+        (
+            ["Hi.", "--out", "no/such/x.wav"],
+            b"",
+            "the folder no/such does not exist; create it first (mkdir -p no/such)",
+        ),
+    ],
+)
 def test_refused_before_any_work(args: list[str], stdin: bytes, fragment: str, tmp_path: Path) -> None:
     done = command("speak", *args, "--model-dir", "missing-model", stdin=stdin, cwd=tmp_path)
     one_error_line(done, fragment)
@@ -82,6 +119,7 @@ def test_text_sources(tmp_path: Path) -> None:
 
     def args(text=None, text_file=None):
         return type("Args", (), {"text": text, "text_file": text_file})
+
     (tmp_path / "t.txt").write_text("From a file.\n", encoding="utf-8")
     assert speak.read_text(args("Hello."), Stdin("")) == "Hello."
     assert speak.read_text(args("-"), Stdin("From stdin.\n")) == "From stdin."
@@ -95,8 +133,17 @@ def test_text_sources(tmp_path: Path) -> None:
 
 def test_language_tags() -> None:
     languages = {"ids": ["en", "pt", "zh", "he", "fil"], "name_to_id": {"english": "en"}}
-    for tag, expected in [("en-US", "en"), ("pt_BR", "pt"), ("zh-Hant-TW", "zh"), ("EN", "en"), ("iw", "he"),
-                          ("tl", "fil"), ("English", "en"), ("None", None), (None, None)]:
+    for tag, expected in [
+        ("en-US", "en"),
+        ("pt_BR", "pt"),
+        ("zh-Hant-TW", "zh"),
+        ("EN", "en"),
+        ("iw", "he"),
+        ("tl", "fil"),
+        ("English", "en"),
+        ("None", None),
+        (None, None),
+    ]:
         assert resolve_language(tag, languages) == expected, tag
     for bad in ("xx-US", "english-US", "e"):
         with pytest.raises(UserError, match="unknown language"):
@@ -135,6 +182,7 @@ def test_progress_line_and_summary() -> None:
 def test_error_mapping(raised: BaseException, code: int, fragment: str | None, capsys) -> None:
     def main(argv) -> None:
         raise raised
+
     with pytest.raises(SystemExit) as exit_:
         run_main(main, [], prog="omnivoice-onnx")
     assert exit_.value.code == code
@@ -152,17 +200,32 @@ def test_missing_subcommand_modules_are_skipped(monkeypatch) -> None:
 
 # --- speaking with the tiny export ---------------------------------------------------------------
 
+
 @pytest.mark.slow
 def test_speak_stdin_to_wav_is_generate(pipeline: Pipeline, tmp_path: Path) -> None:
-    done = command("speak", "--out", "x.wav", "--model-dir", pipeline.onnx, "--num-step", "4", "--seed", "9",
-                   "--language", "en-US", stdin=b"Hello there.\n", cwd=tmp_path)
+    done = command(
+        "speak",
+        "--out",
+        "x.wav",
+        "--model-dir",
+        pipeline.onnx,
+        "--num-step",
+        "4",
+        "--seed",
+        "9",
+        "--language",
+        "en-US",
+        stdin=b"Hello there.\n",
+        cwd=tmp_path,
+    )
     assert done.returncode == 0 and done.stdout == b"", done.stderr.decode()
     (line,) = done.stderr.decode().splitlines()  # stderr is a pipe: the summary, no progress line
     assert line.startswith("omnivoice-onnx: ") and line.endswith("seed 9 -> x.wav") and "\r" not in line, line
     info = soundfile.info(str(tmp_path / "x.wav"))
     assert (info.samplerate, info.channels, info.subtype) == (24000, 1, "PCM_16")
-    (expected,) = OmniVoiceOnnx.from_dir(pipeline.onnx).generate("Hello there.", language="en", seed=9,
-                                                                  generation_config={"num_step": 4})
+    (expected,) = OmniVoiceOnnx.from_dir(pipeline.onnx).generate(
+        "Hello there.", language="en", seed=9, generation_config={"num_step": 4}
+    )
     assert np.array_equal(soundfile.read(tmp_path / "x.wav", dtype="int16")[0], to_pcm16(expected))
 
 
@@ -171,9 +234,13 @@ def test_a_logged_seed_repeats_the_run(pipeline: Pipeline, tmp_path: Path) -> No
     """`speak "Hi." --out x.wav 2>log` leaves the drawn seed in the log; that seed gives the same file."""
     common = ["--model-dir", pipeline.onnx, "--num-step", "2"]
     with open(tmp_path / "log", "wb") as log:
-        done = subprocess.run([sys.executable, "-m", "omnivoice_onnx", "speak", "Hi.", "--out", "x.wav",
-                               *map(str, common)], stdin=subprocess.DEVNULL, stderr=log, cwd=tmp_path,
-                              env={**os.environ, "PYTHONPATH": str(REPO)})
+        done = subprocess.run(
+            [sys.executable, "-m", "omnivoice_onnx", "speak", "Hi.", "--out", "x.wav", *map(str, common)],
+            stdin=subprocess.DEVNULL,
+            stderr=log,
+            cwd=tmp_path,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+        )
     assert done.returncode == 0
     seed = re.search(r"seed (\d+) -> x\.wav$", (tmp_path / "log").read_text().strip()).group(1)
     again = command("speak", "Hi.", "--out", "y.wav", "--seed", seed, "--quiet", *common, cwd=tmp_path)
@@ -183,8 +250,9 @@ def test_a_logged_seed_repeats_the_run(pipeline: Pipeline, tmp_path: Path) -> No
 
 @pytest.mark.slow
 def test_speak_raw_stream_is_the_stream(pipeline: Pipeline, tmp_path: Path) -> None:
-    done = command("speak", LONG, "--raw", "--stream", "--model-dir", pipeline.onnx, "--num-step", "4", "--seed", "3",
-                   cwd=tmp_path)
+    done = command(
+        "speak", LONG, "--raw", "--stream", "--model-dir", pipeline.onnx, "--num-step", "4", "--seed", "3", cwd=tmp_path
+    )
     assert done.returncode == 0, done.stderr.decode()
     chunks = list(OmniVoiceOnnx.from_dir(pipeline.onnx).stream(LONG, seed=3, generation_config={"num_step": 4}))
     assert len(chunks) > 1

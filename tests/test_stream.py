@@ -18,8 +18,10 @@ from omnivoice_onnx.core import audio
 RATE = 24000
 RULES = host_sections()["audio"]  # runtime-config.json's audio section, as the export writes it
 # Three sentences: several chunks under STREAM_CHUNK_DEFAULTS, one under upstream's 30 s threshold.
-TEXT = ("The first sentence sets the scene. A second one follows it closely, with a few more words. "
-        "And a third one ends the paragraph here.")
+TEXT = (
+    "The first sentence sets the scene. A second one follows it closely, with a few more words. "
+    "And a third one ends the paragraph here."
+)
 
 
 def synthetic_chunks(seed: int, loud_last: float = 1.0) -> list[np.ndarray]:
@@ -28,7 +30,7 @@ def synthetic_chunks(seed: int, loud_last: float = 1.0) -> list[np.ndarray]:
     chunks = []
     for i, seconds in enumerate((1.3, 0.9, 1.7)):
         x = (0.3 * rng.standard_normal(int(seconds * RATE))).astype(np.float32)
-        x[RATE // 4: RATE // 4 + int(0.7 * RATE)] = 0  # a 700 ms pause
+        x[RATE // 4 : RATE // 4 + int(0.7 * RATE)] = 0  # a 700 ms pause
         chunks.append(x[np.newaxis] * (loud_last if i == 2 else 1.0))
     return chunks
 
@@ -79,8 +81,10 @@ def tts(pipeline: Pipeline) -> OmniVoiceOnnx:
 
 
 def clone(pipeline: Pipeline) -> dict:
-    return {"ref_audio": str(pipeline.capture / "ref_voice.wav"),
-            "ref_text": (pipeline.capture / "ref_voice.txt").read_text().strip()}
+    return {
+        "ref_audio": str(pipeline.capture / "ref_voice.wav"),
+        "ref_text": (pipeline.capture / "ref_voice.txt").read_text().strip(),
+    }
 
 
 @pytest.mark.slow
@@ -92,8 +96,9 @@ def test_stream_tokens_and_samples_equal_generate(mode: str, tts: OmniVoiceOnnx,
     config = {"num_step": 4, "postprocess_output": False}
     streamed_trace, whole_trace = Trace(), Trace()
     chunks = list(tts.stream(TEXT, seed=11, generation_config=config, trace=streamed_trace, **kwargs))
-    (full,) = tts.generate(TEXT, seed=11, generation_config={**tts.STREAM_CHUNK_DEFAULTS, **config},
-                           trace=whole_trace, **kwargs)
+    (full,) = tts.generate(
+        TEXT, seed=11, generation_config={**tts.STREAM_CHUNK_DEFAULTS, **config}, trace=whole_trace, **kwargs
+    )
     assert len(chunks) >= 3 and [c.index for c in chunks] == list(range(len(chunks)))
     assert all(c.count == len(chunks) and c.sample_rate == tts.sample_rate for c in chunks)
     assert len(streamed_trace.results[0]) == len(whole_trace.results[0]) == len(chunks)
@@ -124,8 +129,9 @@ def test_progress_and_cancel(tts: OmniVoiceOnnx) -> None:
     seen = []
     chunks = list(tts.stream(TEXT, seed=1, generation_config={"num_step": 3}, progress=seen.append))
     n = len(chunks)
-    assert [(p.chunk, p.chunks, p.step, p.steps) for p in seen] == [(c, n, s, 3) for c in range(1, n + 1)
-                                                                      for s in (1, 2, 3)]
+    assert [(p.chunk, p.chunks, p.step, p.steps) for p in seen] == [
+        (c, n, s, 3) for c in range(1, n + 1) for s in (1, 2, 3)
+    ]
     seen.clear()
     tts.generate("Hello there.", seed=1, generation_config={"num_step": 2}, progress=seen.append)
     assert [(p.chunk, p.chunks, p.step, p.steps) for p in seen] == [(1, 1, 1, 2), (1, 1, 2, 2)]
@@ -137,10 +143,13 @@ def test_progress_and_cancel(tts: OmniVoiceOnnx) -> None:
         calls.append(p)
         if len(calls) == 2:
             cancel.set()
-    for run in (lambda: list(tts.stream(TEXT, seed=1, generation_config={"num_step": 3}, progress=stop_after_two,
-                                        cancel=cancel)),
-                lambda: tts.generate(TEXT, seed=1, generation_config={"num_step": 3}, progress=stop_after_two,
-                                     cancel=cancel)):
+
+    for run in (
+        lambda: list(
+            tts.stream(TEXT, seed=1, generation_config={"num_step": 3}, progress=stop_after_two, cancel=cancel)
+        ),
+        lambda: tts.generate(TEXT, seed=1, generation_config={"num_step": 3}, progress=stop_after_two, cancel=cancel),
+    ):
         calls.clear()
         cancel.clear()
         with pytest.raises(Cancelled):

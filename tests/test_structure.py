@@ -88,8 +88,11 @@ def registry(name: str) -> set[str]:
     if name != REGISTRY:
         return set()
     tree = ast.parse(MODULES[name].read_text(encoding="utf-8"))
-    commands = next(node.value for node in ast.walk(tree) if isinstance(node, ast.Assign)
-                    and any(getattr(target, "id", None) == "SUBCOMMANDS" for target in node.targets))
+    commands = next(
+        node.value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Assign) and any(getattr(target, "id", None) == "SUBCOMMANDS" for target in node.targets)
+    )
     return {f"{COMMANDS}.{item.value}" for item in commands.elts} & set(MODULES)
 
 
@@ -108,7 +111,7 @@ def floors(deps: Callable[[str], set[str]]) -> dict[str, int]:
 
     def floor(name: str, path: tuple[str, ...]) -> int:
         if name in path:
-            circle = path[path.index(name):] + (name,)
+            circle = path[path.index(name) :] + (name,)
             raise AssertionError(f"import circle: {' -> '.join(map(short, circle))}")
         if name not in levels:
             levels[name] = 1 + max((floor(dep, path + (name,)) for dep in deps(name)), default=0)
@@ -140,8 +143,9 @@ def test_no_circle_and_at_most_eight_floors_by_a_readers_count() -> None:
     """Counting annotation imports and the command registry too: no circle, and no taller."""
     levels = floors(reader_imports)
     tallest = max(levels.values())
-    assert tallest <= MAX_FLOORS, (f"{tallest} floors by a reader's count (at most {MAX_FLOORS}): "
-                                   f"{climb(levels, reader_imports)}")
+    assert tallest <= MAX_FLOORS, (
+        f"{tallest} floors by a reader's count (at most {MAX_FLOORS}): {climb(levels, reader_imports)}"
+    )
 
 
 def test_what_is_held_stands_below_what_makes_it() -> None:
@@ -177,14 +181,21 @@ def test_only_the_entry_points_import_a_front_end() -> None:
     the servers (serve/) by nothing but themselves and the command line: the rooms below them (the
     vectors, batch, the model) hold no front end's code, and a front end's helpers live in it."""
     rooms = {"cli": {"cli", "__main__"}, "serve": {"serve", "cli"}}  # a front end -> the rooms that may import it
-    found = {f"{short(name)} -> {short(dep)}" for name in MODULES for dep in imports(name, annotations=True)[0]
-             if short(dep).split(".")[0] in rooms and short(name).split(".")[0] not in rooms[short(dep).split(".")[0]]}
+    found = {
+        f"{short(name)} -> {short(dep)}"
+        for name in MODULES
+        for dep in imports(name, annotations=True)[0]
+        if short(dep).split(".")[0] in rooms and short(name).split(".")[0] not in rooms[short(dep).split(".")[0]]
+    }
     assert not found, f"front ends imported from below them: {sorted(found)}"
 
 
 def test_no_module_over_600_lines() -> None:
-    long = {short(name): n for name, path in MODULES.items()
-            if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_LINES}
+    long = {
+        short(name): n
+        for name, path in MODULES.items()
+        if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_LINES
+    }
     assert not long, f"modules over {MAX_LINES} lines: {long}"
 
 
@@ -198,11 +209,14 @@ def test_the_graph_is_read_right() -> None:
     skips TYPE_CHECKING (a check that cannot see an import proves nothing)."""
     assert f"{PACKAGE}.batch.ray_engine" in imports(f"{PACKAGE}.batch.run")[0]  # imported inside load_ray_engine()
     assert f"{PACKAGE}.core.audio" in imports(f"{PACKAGE}.core.request")[0]  # from omnivoice_onnx.core import audio
-    annotated = ast.parse("import typing\nif typing.TYPE_CHECKING:\n    from omnivoice_onnx.api import X\n"
-                          "from omnivoice_onnx.core.shapes import Request\n")
+    annotated = ast.parse(
+        "import typing\nif typing.TYPE_CHECKING:\n    from omnivoice_onnx.api import X\n"
+        "from omnivoice_onnx.core.shapes import Request\n"
+    )
     skipped = _type_checking_only(annotated)  # under TYPE_CHECKING: skipped by what runs, followed by a reader
-    assert [node.module for node in ast.walk(annotated) if isinstance(node, ast.ImportFrom)
-            and id(node) in skipped] == [f"{PACKAGE}.api"]
+    assert [
+        node.module for node in ast.walk(annotated) if isinstance(node, ast.ImportFrom) and id(node) in skipped
+    ] == [f"{PACKAGE}.api"]
     assert f"{PACKAGE}.cli.speak" in reader_imports(REGISTRY) - imports(REGISTRY)[0]  # the registry
     assert "numpy" in imports(f"{PACKAGE}.core.rng")[1]
 
@@ -214,10 +228,22 @@ OWNERS = {"bundle", "contract"}  # bundle.Folder joins every path; contract.vari
 # `/` onto the folder (model_dir, onnx_dir, a Bundle's .dir), `/` with one of the bundle's file or
 # folder names (its constants or their literal spellings), a graph's file name from GRAPH_FILES
 # joined or suffixed, and the layout rule called directly.
-BUNDLE_FILE_NAMES = ("REPORT_FILE", "RUNTIME_CONFIG_FILE", "TOKENIZER_FILE", "MODEL_CARD_FILE", "VOICES_SUBDIR",
-                     "MANIFEST_FILE")
-BUNDLE_LITERALS = ("export-report.json", "runtime-config.json", "tokenizer.json", "README.md", "voices",
-                   "release-manifest.json")
+BUNDLE_FILE_NAMES = (
+    "REPORT_FILE",
+    "RUNTIME_CONFIG_FILE",
+    "TOKENIZER_FILE",
+    "MODEL_CARD_FILE",
+    "VOICES_SUBDIR",
+    "MANIFEST_FILE",
+)
+BUNDLE_LITERALS = (
+    "export-report.json",
+    "runtime-config.json",
+    "tokenizer.json",
+    "README.md",
+    "voices",
+    "release-manifest.json",
+)
 BUNDLE_JOINS = {
     "a join onto the bundle folder": r"\b(model_dir|onnx_dir|bundle_dir)\b\)?\s*/",
     "a join onto a Bundle's .dir": r"\.dir\)?\s*/",
@@ -230,27 +256,49 @@ BUNDLE_JOINS = {
 
 def bundle_joins(text: str) -> list[str]:
     """`text`'s lines that build a path inside a bundle folder (BUNDLE_JOINS), each with the rule it breaks."""
-    return [f"{number}: {why}: {line.strip()}" for number, line in enumerate(text.splitlines(), 1)
-            for why, pattern in BUNDLE_JOINS.items() if re.search(pattern, line)]
+    return [
+        f"{number}: {why}: {line.strip()}"
+        for number, line in enumerate(text.splitlines(), 1)
+        for why, pattern in BUNDLE_JOINS.items()
+        if re.search(pattern, line)
+    ]
 
 
 def test_no_module_but_the_bundle_joins_a_path_inside_the_bundle_folder() -> None:
     """Every path inside a bundle comes from bundle.Folder (a Bundle, or Folder(dir) where none is opened)."""
-    found = {short(name): joins for name, path in MODULES.items() if short(name) not in OWNERS
-             and (joins := bundle_joins(path.read_text(encoding="utf-8")))}
+    found = {
+        short(name): joins
+        for name, path in MODULES.items()
+        if short(name) not in OWNERS and (joins := bundle_joins(path.read_text(encoding="utf-8")))
+    }
     assert not found, f"paths joined inside the bundle folder outside bundle.Folder: {found}"
 
 
 def test_the_bundle_join_patterns_see_what_they_guard() -> None:
     """The guard itself: each way a path into the bundle was built finds its pattern; a path the
     bundle hands out, or a join in a folder that is not the bundle, finds none."""
-    built = ['Path(model_dir) / VOICES_SUBDIR', 'tts.model_dir / RUNTIME_CONFIG_FILE', 'bundle.dir / name',
-             'model_dir / MODEL_CARD_FILE', 'path = Path(directory) / TOKENIZER_FILE', 'onnx_dir / "tokenizer.json"',
-             'self.dir / "voices"', 'folder / GRAPH_FILES["encoder"]', 'GRAPH_FILES[graph] + ".data"',
-             'variant_path(onnx_dir, variant, name)', 'variants_present(service.config.model_dir)',
-             '(target / MANIFEST_FILE).read_bytes()']
+    built = [
+        "Path(model_dir) / VOICES_SUBDIR",
+        "tts.model_dir / RUNTIME_CONFIG_FILE",
+        "bundle.dir / name",
+        "model_dir / MODEL_CARD_FILE",
+        "path = Path(directory) / TOKENIZER_FILE",
+        'onnx_dir / "tokenizer.json"',
+        'self.dir / "voices"',
+        'folder / GRAPH_FILES["encoder"]',
+        'GRAPH_FILES[graph] + ".data"',
+        "variant_path(onnx_dir, variant, name)",
+        "variants_present(service.config.model_dir)",
+        "(target / MANIFEST_FILE).read_bytes()",
+    ]
     assert [line for line in built if not bundle_joins(line)] == []
-    fine = ['bundle.runtime_config_path', 'self.bundle.codec_paths(self.variant)',
-            'voices_dir(tts.bundle, args.voices)', 'Folder(target).manifest_path', 'out / "vectors.json"',
-            'options.res_dir / f"{line.id}.wav"', 'f"({file or GRAPH_FILES[graph]}.data) are damaged"']
+    fine = [
+        "bundle.runtime_config_path",
+        "self.bundle.codec_paths(self.variant)",
+        "voices_dir(tts.bundle, args.voices)",
+        "Folder(target).manifest_path",
+        'out / "vectors.json"',
+        'options.res_dir / f"{line.id}.wav"',
+        'f"({file or GRAPH_FILES[graph]}.data) are damaged"',
+    ]
     assert [line for line in fine if bundle_joins(line)] == []

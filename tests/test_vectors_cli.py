@@ -15,15 +15,24 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def vectors_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "omnivoice_onnx.cli.vectors", *args], capture_output=True,
-                          text=True, timeout=120, cwd=REPO)
+    return subprocess.run(
+        [sys.executable, "-m", "omnivoice_onnx.cli.vectors", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
 
 
-@pytest.mark.parametrize("flags, words", [
-    (["--threads", "-3"], "--threads"),
-    (["--threads", "two"], "--threads"),
-    ([], "--out"),  # neither --out nor --check
-], ids=["negative-threads", "word-threads", "no-mode"])
+@pytest.mark.parametrize(
+    "flags, words",
+    [
+        (["--threads", "-3"], "--threads"),
+        (["--threads", "two"], "--threads"),
+        ([], "--out"),  # neither --out nor --check
+    ],
+    ids=["negative-threads", "word-threads", "no-mode"],
+)
 def test_bad_flags_are_one_line(tmp_path, flags, words):
     done = vectors_cli("--onnx-dir", str(tmp_path), *(flags + ["--out", str(tmp_path / "v")] if flags else []))
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and words in done.stderr, done.stderr

@@ -42,6 +42,7 @@ def expected_of(record: dict, rule: str) -> list[Any]:
 
 # --- (a) the runtime equals upstream on every input ---------------------------------------------
 
+
 def upstream_value(rule: str, case: dict[str, Any], hf_tokenizer: Any, rate: int) -> Any:
     """Upstream's own function (omnivoice 0.2.1) on one input, in the vector's terms."""
     from omnivoice.models.omnivoice import _resolve_instruct, _tokenize_with_nonverbal_tags
@@ -84,6 +85,7 @@ def test_cross_fade_bits_equal_upstream(config: dict, rate: int) -> None:
 
 
 # --- (b) each competing reading fails the vector -------------------------------------------------
+
 
 def chunks_stripped_first(case: dict[str, Any], rules: dict[str, Any], separator: str) -> list[str]:
     """Reading: sentences are stripped before they are measured and merged, and joined by `separator`."""
@@ -131,14 +133,15 @@ def with_mark_last_visible(value: str, rules: dict[str, Any]) -> str:
 
 
 def test_end_mark_endswith_reading_is_equivalent(record: dict, config: dict) -> None:
-    """"……" against the last code point: no input tells them apart, because every entry longer
+    """ "……" against the last code point: no input tells them apart, because every entry longer
     than one code point ends in a code point that is itself an entry ("……" in "…"). docs/runtime.md
     says so; this pins the data fact it rests on."""
     rules = config["text"]
     marks = set(rules["end_punctuation"])
     assert "……" in marks and all(mark[-1] in marks for mark in marks)
-    assert [with_mark_endswith(case["text"], rules) for case in RULE_CASES["end_punctuation"]] == \
-        expected_of(record, "end_punctuation")
+    assert [with_mark_endswith(case["text"], rules) for case in RULE_CASES["end_punctuation"]] == expected_of(
+        record, "end_punctuation"
+    )
 
 
 def test_end_mark_last_visible_reading_fails(record: dict, config: dict) -> None:
@@ -165,45 +168,57 @@ def cross_fade_own_chunk(chunks: list[np.ndarray], rate: int, rules: dict[str, A
 
 
 def test_cross_fade_own_chunk_reading_fails(record: dict, config: dict, rate: int) -> None:
-    wrong = [audio_summary(cross_fade_own_chunk(chunks_input(case["chunks"]), rate, config["audio"])[0])
-             for case in RULE_CASES["cross_fade"]]
+    wrong = [
+        audio_summary(cross_fade_own_chunk(chunks_input(case["chunks"]), rate, config["audio"])[0])
+        for case in RULE_CASES["cross_fade"]
+    ]
     expected = expected_of(record, "cross_fade")
     assert wrong != expected
     # the lengths agree: only the gains differ, so the vector catches it by the samples' hash
     assert [w["samples"] for w in wrong] == [e["samples"] for e in expected]
 
 
-def instruct_checked_before_mapping(case: dict[str, Any], instruct_data: dict[str, Any], runtime_outcome: dict
-                                    ) -> dict[str, Any]:
+def instruct_checked_before_mapping(
+    case: dict[str, Any], instruct_data: dict[str, Any], runtime_outcome: dict
+) -> dict[str, Any]:
     """Reading: the one-item-per-category check runs on the items as written, before EN<->ZH mapping."""
-    items = [item.strip().lower() for item in re.split(instruct_data["split_pattern"], case["instruct"].strip())
-             if item]
-    conflicts = [hits for category in instruct_data["mutually_exclusive"]
-                 if len(hits := [item for item in items if item in category]) > 1]
+    items = [
+        item.strip().lower() for item in re.split(instruct_data["split_pattern"], case["instruct"].strip()) if item
+    ]
+    conflicts = [
+        hits
+        for category in instruct_data["mutually_exclusive"]
+        if len(hits := [item for item in items if item in category]) > 1
+    ]
     if not conflicts:
         return runtime_outcome
-    return {"error": "Conflicting instruct items within the same category: "
-            + "; ".join(" vs ".join(f"'{item}'" for item in group) for group in conflicts)
-            + ". Each category (gender, age, pitch, style, accent, dialect) allows at most one item."}
+    return {
+        "error": "Conflicting instruct items within the same category: "
+        + "; ".join(" vs ".join(f"'{item}'" for item in group) for group in conflicts)
+        + ". Each category (gender, age, pitch, style, accent, dialect) allows at most one item."
+    }
 
 
 def test_instruct_conflict_before_mapping_reading_fails(record: dict, config: dict) -> None:
     expected = expected_of(record, "instruct_conflict")
-    wrong = [instruct_checked_before_mapping(case, config["instruct"], outcome)
-             for case, outcome in zip(RULE_CASES["instruct_conflict"], expected)]
+    wrong = [
+        instruct_checked_before_mapping(case, config["instruct"], outcome)
+        for case, outcome in zip(RULE_CASES["instruct_conflict"], expected)
+    ]
     assert wrong != expected
     assert wrong[0] == {"error": expected[0]["error"].replace("'male' vs 'male'", "'male' vs '男'")}
 
 
-def instruct_conflict_named_otherwise(case: dict[str, Any], instruct_data: dict[str, Any], runtime_outcome: dict,
-                                      first_pair: bool) -> dict[str, Any]:
+def instruct_conflict_named_otherwise(
+    case: dict[str, Any], instruct_data: dict[str, Any], runtime_outcome: dict, first_pair: bool
+) -> dict[str, Any]:
     """Readings of which items the conflict message names: only the first two of a category
     (`first_pair`), or the categories in the order their first item appears in the instruct."""
     error = runtime_outcome.get("error", "")
     prefix = "Conflicting instruct items within the same category: "
     if not error.startswith(prefix):
         return runtime_outcome
-    groups, suffix = error[len(prefix):].split(". Each category", 1)
+    groups, suffix = error[len(prefix) :].split(". Each category", 1)
     parts = [group.split(" vs ") for group in groups.split("; ")]
     if first_pair:
         parts = [group[:2] for group in parts]
@@ -211,8 +226,11 @@ def instruct_conflict_named_otherwise(case: dict[str, Any], instruct_data: dict[
         items = [item.strip().lower() for item in re.split(instruct_data["split_pattern"], case["instruct"].strip())]
         first_seen = {item: i for i, item in reversed(list(enumerate(items)))}
         mapped = {**instruct_data["en_to_zh"], **instruct_data["zh_to_en"]}
-        parts.sort(key=lambda group: min(first_seen.get(g.strip("'"), first_seen.get(mapped.get(g.strip("'")), 99))
-                                         for g in group))
+        parts.sort(
+            key=lambda group: min(
+                first_seen.get(g.strip("'"), first_seen.get(mapped.get(g.strip("'")), 99)) for g in group
+            )
+        )
     return {"error": prefix + "; ".join(" vs ".join(group) for group in parts) + ". Each category" + suffix}
 
 
@@ -221,28 +239,35 @@ def test_instruct_conflict_naming_readings_fail(record: dict, config: dict, firs
     """All items of a conflicting category are named (three give three), and the categories in
     mutually_exclusive's order: a port naming a pair, or ordering by the instruct, fails the vector."""
     expected = expected_of(record, "instruct_conflict")
-    wrong = [instruct_conflict_named_otherwise(case, config["instruct"], outcome, first_pair)
-             for case, outcome in zip(RULE_CASES["instruct_conflict"], expected)]
+    wrong = [
+        instruct_conflict_named_otherwise(case, config["instruct"], outcome, first_pair)
+        for case, outcome in zip(RULE_CASES["instruct_conflict"], expected)
+    ]
     assert wrong != expected
 
 
 def fallback_without_special_tokens(tokenizer: TextTokenizer, value: str, pattern: str) -> list[int]:
     """Reading: the whole-text fallback tokenizes like the segments, without special tokens."""
     cuts = sorted({0, len(value)} | {edge for match in re.finditer(pattern, value) for edge in match.span()})
-    ids = [i for start, end in itertools.pairwise(cuts)
-           for i in tokenizer.encode(value[start:end], add_special_tokens=False)]
+    ids = [
+        i
+        for start, end in itertools.pairwise(cuts)
+        for i in tokenizer.encode(value[start:end], add_special_tokens=False)
+    ]
     return ids or tokenizer.encode(value, add_special_tokens=False)
 
 
-def test_tokenizer_fallback_readings_agree_for_omnivoice_tokenizer(record: dict, config: dict,
-                                                                   tokenizer: TextTokenizer) -> None:
+def test_tokenizer_fallback_readings_agree_for_omnivoice_tokenizer(
+    record: dict, config: dict, tokenizer: TextTokenizer
+) -> None:
     """OmniVoice's tokenizer (Qwen2 byte-level BPE, no BOS/EOS template) adds nothing for
     add_special_tokens=True, so both readings give the same ids: the vector cannot and need not
     separate them for this bundle (docs/runtime.md)."""
     pattern = config["prompt"]["nonverbal_pattern"]
     assert tokenizer.encode("ok", add_special_tokens=True) == tokenizer.encode("ok", add_special_tokens=False)
-    assert [fallback_without_special_tokens(tokenizer, case["text"], pattern)
-            for case in RULE_CASES["tokenizer_fallback"]] == expected_of(record, "tokenizer_fallback")
+    assert [
+        fallback_without_special_tokens(tokenizer, case["text"], pattern) for case in RULE_CASES["tokenizer_fallback"]
+    ] == expected_of(record, "tokenizer_fallback")
 
 
 def test_tokenizer_fallback_reading_fails_with_a_template(config: dict, tokenizer: TextTokenizer, rate: int) -> None:
@@ -252,14 +277,17 @@ def test_tokenizer_fallback_reading_fails_with_a_template(config: dict, tokenize
     bos = backend.backend.token_to_id(DENOISE)
     backend.backend.post_processor = TemplateProcessing(single=f"{DENOISE} $A", special_tokens=[(DENOISE, bos)])
     pattern = config["prompt"]["nonverbal_pattern"]
-    expected = [expected_value("tokenizer_fallback", case, config, backend, rate)
-                for case in RULE_CASES["tokenizer_fallback"]]
+    expected = [
+        expected_value("tokenizer_fallback", case, config, backend, rate) for case in RULE_CASES["tokenizer_fallback"]
+    ]
     assert expected[0] == [bos]
-    assert [fallback_without_special_tokens(backend, case["text"], pattern)
-            for case in RULE_CASES["tokenizer_fallback"]] != expected
+    assert [
+        fallback_without_special_tokens(backend, case["text"], pattern) for case in RULE_CASES["tokenizer_fallback"]
+    ] != expected
 
 
 # --- (c) the record is stable, and check_rules reads it back --------------------------------------
+
 
 def test_record_is_stable(record: dict, config: dict, tokenizer: TextTokenizer, rate: int) -> None:
     stored = json.loads(json.dumps(record, ensure_ascii=False))
@@ -269,17 +297,21 @@ def test_record_is_stable(record: dict, config: dict, tokenizer: TextTokenizer, 
     assert check_rules(stored, config, tokenizer, rate) == []
 
 
-def test_check_rules_names_the_first_difference(record: dict, config: dict, tokenizer: TextTokenizer,
-                                                rate: int) -> None:
+def test_check_rules_names_the_first_difference(
+    record: dict, config: dict, tokenizer: TextTokenizer, rate: int
+) -> None:
     stored = json.loads(json.dumps(record))
     index = next(i for i, entry in enumerate(stored["rules"]) if entry["rule"] == "instruct_conflict")
-    stored["rules"][index]["expected"] = {"error": "Conflicting instruct items within the same category: "
-                                          "'male' vs '男'. ..."}
+    stored["rules"][index]["expected"] = {
+        "error": "Conflicting instruct items within the same category: 'male' vs '男'. ..."
+    }
     problems = check_rules(stored, config, tokenizer, rate)
     assert len(problems) == 1 and problems[0].startswith(f"rules[{index}] instruct_conflict")
     assert check_rules({**stored, "format": "other"}, config, tokenizer, rate)[0].startswith("format")
     assert check_rules(record, config, tokenizer, rate + 1)[0].startswith("sample_rate")
-    renamed = {**stored, "rules": [{**entry, "rule": "other"} if entry["rule"] == "cross_fade" else entry
-                                   for entry in stored["rules"]]}
+    renamed = {
+        **stored,
+        "rules": [{**entry, "rule": "other"} if entry["rule"] == "cross_fade" else entry for entry in stored["rules"]],
+    }
     problems = check_rules(renamed, config, tokenizer, rate)
     assert problems[0].startswith("rules: no case of cross_fade") and "'other' is not one" in problems[1]

@@ -82,7 +82,8 @@ def real(paths) -> list[str]:
 
 @pytest.mark.slow
 def test_second_load_hashes_nothing_and_a_rewrite_keeping_size_and_mtime_is_caught(
-        pipeline, tmp_path: Path, cache: Path, hashed: list[Path], clock_ahead: None) -> None:
+    pipeline, tmp_path: Path, cache: Path, hashed: list[Path], clock_ahead: None
+) -> None:
     onnx_dir = Path(shutil.copytree(pipeline.onnx, tmp_path / "onnx"))
     Bundle.open(onnx_dir)
     first = list(hashed)
@@ -132,8 +133,9 @@ def test_the_record_is_private_and_used_whatever_the_umask(settled: Path, cache:
 
 
 @pytest.mark.slow
-def test_files_changed_moments_ago_or_while_hashed_are_not_remembered(pipeline, tmp_path: Path, cache: Path,
-                                                                     hashed: list[Path], monkeypatch) -> None:
+def test_files_changed_moments_ago_or_while_hashed_are_not_remembered(
+    pipeline, tmp_path: Path, cache: Path, hashed: list[Path], monkeypatch
+) -> None:
     """A file whose ctime is within RACY_NS of its hash is not remembered (a write in the same
     clock tick could leave its stat identity as it was), nor one that changed while it was read."""
     onnx_dir = Path(shutil.copytree(pipeline.onnx, tmp_path / "onnx"))
@@ -192,10 +194,12 @@ def planted_record(kind: str, cache: Path, onnx_dir: Path, elsewhere: Path, monk
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["garbage", "huge number", "foreign", "symlink", "folder", "planted temporary",
-                                  "shared", "another user's"])
+@pytest.mark.parametrize(
+    "kind", ["garbage", "huge number", "foreign", "symlink", "folder", "planted temporary", "shared", "another user's"]
+)
 def test_a_damaged_planted_or_foreign_record_costs_a_hash_never_an_error(
-        kind: str, settled: Path, tmp_path: Path, cache: Path, hashed: list[Path], monkeypatch) -> None:
+    kind: str, settled: Path, tmp_path: Path, cache: Path, hashed: list[Path], monkeypatch
+) -> None:
     elsewhere = tmp_path / "elsewhere.json"
     elsewhere.write_text("keep me\n")
     planted_record(kind, cache, settled, elsewhere, monkeypatch)
@@ -215,7 +219,8 @@ def test_a_damaged_planted_or_foreign_record_costs_a_hash_never_an_error(
 
 @pytest.mark.slow
 def test_full_and_info_hash_every_file_and_a_mismatch_they_find_drops_the_entry(
-        settled: Path, cache: Path, hashed: list[Path], monkeypatch, capsys) -> None:
+    settled: Path, cache: Path, hashed: list[Path], monkeypatch, capsys
+) -> None:
     from omnivoice_onnx.__main__ import main as cli_main
 
     Bundle.open(settled)
@@ -228,8 +233,11 @@ def test_full_and_info_hash_every_file_and_a_mismatch_they_find_drops_the_entry(
     # and the record must not vouch for the file afterwards.
     tokenizer = settled / "tokenizer.json"
     counting = verified_module.file_digest
-    monkeypatch.setattr(verified_module, "file_digest",
-                        lambda handle, data: "f" * 64 if Path(handle.name) == tokenizer else counting(handle, data))
+    monkeypatch.setattr(
+        verified_module,
+        "file_digest",
+        lambda handle, data: "f" * 64 if Path(handle.name) == tokenizer else counting(handle, data),
+    )
     monkeypatch.setenv(VERIFY_ENV, "full")
     hashed.clear()
     with pytest.raises(UserError, match="tokenizer.json does not match the sha256"):
@@ -243,8 +251,7 @@ def test_full_and_info_hash_every_file_and_a_mismatch_they_find_drops_the_entry(
 
 
 @pytest.mark.slow
-def test_the_record_keeps_the_most_recently_hashed(settled: Path, cache: Path, hashed: list[Path],
-                                                   monkeypatch) -> None:
+def test_the_record_keeps_the_most_recently_hashed(settled: Path, cache: Path, hashed: list[Path], monkeypatch) -> None:
     monkeypatch.setattr(verified_module, "VERIFIED_MAX", 3)
     Bundle.open(settled)
     assert sorted(record(cache)) == real(hashed[-3:])
@@ -252,8 +259,9 @@ def test_the_record_keeps_the_most_recently_hashed(settled: Path, cache: Path, h
 
 @pytest.mark.slow
 @pytest.mark.parametrize("where", ["under a file", "empty"])
-def test_no_usable_cache_folder_costs_a_hash_not_an_error(where: str, settled: Path, monkeypatch,
-                                                          hashed: list[Path]) -> None:
+def test_no_usable_cache_folder_costs_a_hash_not_an_error(
+    where: str, settled: Path, monkeypatch, hashed: list[Path]
+) -> None:
     monkeypatch.setenv(CACHE_ENV, "/dev/null/omnivoice" if where == "under a file" else "")
     Bundle.open(settled)
     once = len(hashed)
@@ -279,15 +287,23 @@ def test_cache_folder_follows_the_environment(monkeypatch, tmp_path: Path) -> No
 
 @pytest.mark.slow
 def test_a_load_writes_only_its_record_under_home_and_nothing_on_stderr_when_home_is_unwritable(
-        settled: Path, tmp_path: Path) -> None:
+    settled: Path, tmp_path: Path
+) -> None:
     home = tmp_path / "home"
     home.mkdir()
     base = {key: value for key, value in os.environ.items() if key not in (CACHE_ENV, "XDG_CACHE_HOME")}
     code = f"from omnivoice_onnx.bundle import Bundle; Bundle.open({str(settled)!r}); print('ok')"
     for home_dir in (str(home), "/dev/null"):
-        proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
-                              env={**base, "HOME": home_dir}, timeout=120)
+        proc = subprocess.run(
+            [sys.executable, "-c", code],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            env={**base, "HOME": home_dir},
+            timeout=120,
+        )
         assert (proc.returncode, proc.stdout, proc.stderr) == (0, "ok\n", "")
     assert [p.relative_to(home).as_posix() for p in home.rglob("*") if p.is_file()] == [
-        f".cache/omnivoice-onnx/{VERIFIED_FILE}"]
+        f".cache/omnivoice-onnx/{VERIFIED_FILE}"
+    ]
     assert oct((home / ".cache" / "omnivoice-onnx").stat().st_mode & 0o777) == "0o700"

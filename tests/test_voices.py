@@ -49,8 +49,14 @@ def _prompt(frames: int = 20, seed: int = 0) -> VoiceClonePrompt:
 
 
 def _cli(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "omnivoice_onnx", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)})
+    return subprocess.run(
+        [sys.executable, "-m", "omnivoice_onnx", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
 
 
 @pytest.mark.parametrize("name", ["../x", "/abs", "", ".", "..", "a.b", "a/b", "-x", "two words", "x" * 65])
@@ -130,7 +136,8 @@ def test_upstream_voice_file_loads_without_torch(tmp_path: Path) -> None:
     script = import_blocker(["torch", "omnivoice", "onnx", "omnivoice_export"]) + (
         "from omnivoice_onnx.voices import load_upstream_voice\n"
         f"v = load_upstream_voice({str(tmp_path / 'up.pt')!r})\n"
-        "import json; print(json.dumps([v.prompt.ref_audio_tokens.tolist(), v.prompt.ref_text, v.prompt.ref_rms]))\n")
+        "import json; print(json.dumps([v.prompt.ref_audio_tokens.tolist(), v.prompt.ref_text, v.prompt.ref_rms]))\n"
+    )
     done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == [tokens.tolist(), "Upstream words.", pytest.approx(0.07)]
@@ -161,15 +168,25 @@ def test_malicious_pickle_is_refused_and_never_run(tmp_path: Path) -> None:
     by the library and by `omnivoice-onnx voice import` (exit 2); the marker never appears."""
     marker = tmp_path / "marker"
     inside = {"format_version": 1, "ref_audio_tokens": RunsCode(marker), "ref_text": "x", "ref_rms": 0.1}
-    files = [_torch_zip(tmp_path / "zip.pt", pickle.dumps(RunsCode(marker), protocol=2)),
-             _torch_zip(tmp_path / "dict.pt", pickle.dumps(inside, protocol=2))]
+    files = [
+        _torch_zip(tmp_path / "zip.pt", pickle.dumps(RunsCode(marker), protocol=2)),
+        _torch_zip(tmp_path / "dict.pt", pickle.dumps(inside, protocol=2)),
+    ]
     (tmp_path / "bare.pt").write_bytes(pickle.dumps(RunsCode(marker)))
     files.append(tmp_path / "bare.pt")
     for path in files:
         with pytest.raises(UserError, match="refused|not a zip"):
             load_upstream_voice(path)
-    done = _cli("voice", "import", str(files[1]), "bob", "--voices", str(tmp_path / "voices"),
-                "--model-dir", str(tmp_path / "no-bundle"))
+    done = _cli(
+        "voice",
+        "import",
+        str(files[1]),
+        "bob",
+        "--voices",
+        str(tmp_path / "voices"),
+        "--model-dir",
+        str(tmp_path / "no-bundle"),
+    )
     assert done.returncode == 2
     line = single_stderr_line(done)
     assert "refused" in line and ("posix.system" in line or "os.system" in line), line
@@ -201,8 +218,10 @@ def test_saved_voice_speaks_as_its_reference(pipeline: Pipeline, tts, tmp_path: 
     # The same through `speak`: --voice NAME writes the file --ref-audio/--ref-text writes.
     outs = {name: tmp_path / f"{name}.wav" for name in ("voice", "reference")}
     common = ["speak", text, "--model-dir", str(pipeline.onnx), "--seed", "3", "--num-step", "4"]
-    for name, given in (("voice", ["--voice", "alice", "--voices", str(voices)]),
-                        ("reference", ["--ref-audio", ref_audio, "--ref-text", ref_text])):
+    for name, given in (
+        ("voice", ["--voice", "alice", "--voices", str(voices)]),
+        ("reference", ["--ref-audio", ref_audio, "--ref-text", ref_text]),
+    ):
         spoken = _cli(*common, *given, "--out", str(outs[name]))
         assert spoken.returncode == 0, spoken.stderr
     assert outs["voice"].read_bytes() == outs["reference"].read_bytes()
@@ -222,20 +241,31 @@ def test_upstream_voice_file_gives_the_prompts_tokens(pipeline: Pipeline, tts, t
     same tokens, text and RMS as the prompt itself, and speaks the same audio."""
     from omnivoice.models.omnivoice import VoiceClonePrompt as UpstreamPrompt
 
-    prompt = tts.create_voice_clone_prompt(str(pipeline.capture / "ref_voice.wav"),
-                                           (pipeline.capture / "ref_voice.txt").read_text().strip())
-    UpstreamPrompt(ref_audio_tokens=torch.from_numpy(prompt.ref_audio_tokens), ref_text=prompt.ref_text,
-                   ref_rms=prompt.ref_rms).save(str(tmp_path / "voice.pt"))
-    done = _cli("voice", "import", str(tmp_path / "voice.pt"), "bob", "--model-dir", str(pipeline.onnx),
-                "--voices", str(tmp_path / "voices"))
+    prompt = tts.create_voice_clone_prompt(
+        str(pipeline.capture / "ref_voice.wav"), (pipeline.capture / "ref_voice.txt").read_text().strip()
+    )
+    UpstreamPrompt(
+        ref_audio_tokens=torch.from_numpy(prompt.ref_audio_tokens), ref_text=prompt.ref_text, ref_rms=prompt.ref_rms
+    ).save(str(tmp_path / "voice.pt"))
+    done = _cli(
+        "voice",
+        "import",
+        str(tmp_path / "voice.pt"),
+        "bob",
+        "--model-dir",
+        str(pipeline.onnx),
+        "--voices",
+        str(tmp_path / "voices"),
+    )
     assert done.returncode == 0, done.stderr
     for spec in (str(tmp_path / "voice.pt"), "bob"):
         voice = load_voice(spec, tmp_path / "voices", tts.metadata["model_fingerprint"])
         assert np.array_equal(voice.prompt.ref_audio_tokens, prompt.ref_audio_tokens)
         assert (voice.prompt.ref_text, voice.prompt.ref_rms) == (prompt.ref_text, prompt.ref_rms)
     audio = tts.generate("Imported.", **voice.generate_kwargs(), generation_config=FEW_STEPS, seed=5)[0]
-    assert np.array_equal(audio, tts.generate("Imported.", voice_clone_prompt=prompt, generation_config=FEW_STEPS,
-                                              seed=5)[0])
+    assert np.array_equal(
+        audio, tts.generate("Imported.", voice_clone_prompt=prompt, generation_config=FEW_STEPS, seed=5)[0]
+    )
 
 
 @pytest.mark.slow
@@ -246,9 +276,17 @@ def test_info_describes_the_bundle(pipeline: Pipeline, tts, tmp_path: Path) -> N
     done = _cli("info", str(pipeline.onnx), "--voices", str(tmp_path))
     assert done.returncode == 0, done.stderr
     out = done.stdout
-    for expected in (f"fingerprint {tts.metadata['model_fingerprint']}", "licence     other",
-                     "higgs_decoder.onnx.data", "variants    fp32 (default)", "languages   646", "low pitch",
-                     "voices      1 in", "calm", f"cpu         {isa_line()}"):
+    for expected in (
+        f"fingerprint {tts.metadata['model_fingerprint']}",
+        "licence     other",
+        "higgs_decoder.onnx.data",
+        "variants    fp32 (default)",
+        "languages   646",
+        "low pitch",
+        "voices      1 in",
+        "calm",
+        f"cpu         {isa_line()}",
+    ):
         assert expected in out, (expected, out)
     languages = _cli("info", str(pipeline.onnx), "--languages")
     assert languages.returncode == 0 and len(languages.stdout.splitlines()) == 646
@@ -291,8 +329,7 @@ def test_voice_help_shows_only_real_defaults() -> None:
     assert "(default: None)" not in done.stdout and "(default: False)" not in done.stdout
 
 
-def test_a_server_request_lists_the_voices_folder_once_and_parses_only_its_voice(tmp_path: Path,
-                                                                                    monkeypatch) -> None:
+def test_a_server_request_lists_the_voices_folder_once_and_parses_only_its_voice(tmp_path: Path, monkeypatch) -> None:
     """Service.voice_kwargs through VoiceShelf: one listing per request, the named voice parsed once
     per version of its file (a replaced voice is read again), a damaged voice of another name is
     no obstacle, and another model's voice is refused as load_voice refuses it."""
@@ -310,8 +347,12 @@ def test_a_server_request_lists_the_voices_folder_once_and_parses_only_its_voice
     monkeypatch.setattr(store, "_read_json_voice", lambda path: parsed.append(path.name) or read(path))
     shelf = store.VoiceShelf(tmp_path)
     listing = shelf.listing
-    service = SimpleNamespace(shelf=SimpleNamespace(listing=lambda: listings.append(1) or listing()), references={},
-                              fingerprint=FINGERPRINT, scrub=str)
+    service = SimpleNamespace(
+        shelf=SimpleNamespace(listing=lambda: listings.append(1) or listing()),
+        references={},
+        fingerprint=FINGERPRINT,
+        scrub=str,
+    )
     service.voice_names = lambda saved=None: list(saved.files) if saved else []
 
     def ask(name: str) -> dict:

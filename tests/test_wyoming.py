@@ -50,9 +50,19 @@ def tts(pipeline) -> OmniVoiceOnnx:
 def port(pipeline, tmp_path_factory):
     folder = tmp_path_factory.mktemp("wyoming")
     log = folder / "wyoming.log"
-    launched = launch(pipeline.onnx, log, "--voices", str(folder / "voices"), "--threads", "1",
-                             "--seed", str(SEED), env={**os.environ, "OMNIVOICE_ORT_THREADS": "1"},
-                             start_timeout=START_S, command="wyoming")
+    launched = launch(
+        pipeline.onnx,
+        log,
+        "--voices",
+        str(folder / "voices"),
+        "--threads",
+        "1",
+        "--seed",
+        str(SEED),
+        env={**os.environ, "OMNIVOICE_ORT_THREADS": "1"},
+        start_timeout=START_S,
+        command="wyoming",
+    )
     yield launched.port
     assert launched.stop(START_S) == 0, log.read_text()[-3000:]
     text = log.read_text()
@@ -61,6 +71,7 @@ def port(pipeline, tmp_path_factory):
 
 def exchange(port: int, *events, until: tuple[str, ...] = ENDS) -> list[Event]:
     """Send `events` on one connection, then read events until one of type `until` (bounded)."""
+
     async def talk() -> list[Event]:
         async with AsyncTcpClient("127.0.0.1", port, connect_timeout=READ_S, read_timeout=READ_S) as client:
             for event in events:
@@ -116,10 +127,16 @@ def test_streaming_synthesis_speaks_each_sentence(port, tts) -> None:
     """SynthesizeStart/Chunk/Stop: a sentence is spoken once complete, the rest at the stop; a
     Synthesize sent alongside (for old servers) is ignored."""
     voice = SynthesizeVoice(name="onyx")
-    events = exchange(port, SynthesizeStart(voice=voice), SynthesizeChunk("The first sentence "),
-                      SynthesizeChunk("is here. A second one"), SynthesizeChunk(" ends it"),
-                      Synthesize("The first sentence is here. A second one ends it", voice=voice), SynthesizeStop(),
-                      until=("synthesize-stopped", "error"))
+    events = exchange(
+        port,
+        SynthesizeStart(voice=voice),
+        SynthesizeChunk("The first sentence "),
+        SynthesizeChunk("is here. A second one"),
+        SynthesizeChunk(" ends it"),
+        Synthesize("The first sentence is here. A second one ends it", voice=voice),
+        SynthesizeStop(),
+        until=("synthesize-stopped", "error"),
+    )
     assert SynthesizeStopped.is_type(events[-1].type)
     expected = pcm_of(tts, "The first sentence is here.", "onyx") + pcm_of(tts, "A second one ends it", "onyx")
     assert audio_of(events[:-1], tts.sample_rate) == expected
@@ -139,7 +156,20 @@ def test_refusals_are_error_events(port) -> None:
 
 
 def test_bad_uri_is_one_line(tmp_path: Path) -> None:
-    done = subprocess.run([sys.executable, "-m", "omnivoice_onnx", "wyoming", "--model-dir", str(tmp_path),
-                           "--uri", "http://127.0.0.1:10200"], capture_output=True, text=True, timeout=60,
-                          cwd=REPO)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "omnivoice_onnx",
+            "wyoming",
+            "--model-dir",
+            str(tmp_path),
+            "--uri",
+            "http://127.0.0.1:10200",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+    )
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and "is not tcp://HOST:PORT" in done.stderr

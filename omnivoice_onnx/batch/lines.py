@@ -31,8 +31,17 @@ from omnivoice_onnx.voices import is_voice_path
 
 RESULTS_FILE = "results.jsonl"
 # upstream read_test_list's fields; language_name is read there but only its eval scripts use it.
-UPSTREAM_FIELDS = ("id", "text", "ref_audio", "ref_text", "instruct", "language_id", "language_name",
-                   "duration", "speed")
+UPSTREAM_FIELDS = (
+    "id",
+    "text",
+    "ref_audio",
+    "ref_text",
+    "instruct",
+    "language_id",
+    "language_name",
+    "duration",
+    "speed",
+)
 OWN_FIELDS = ("seed", "voice")
 # An id becomes the file name <id>.wav, written as .<id>.wav.tmp-<pid> first: 200 bytes leave room
 # for both within the usual 255-byte name limit.
@@ -54,7 +63,7 @@ RESULT_FIELDS = {
     "audio_seconds": "seconds of audio",
     "synth_seconds": "wall seconds of its generate() call in its worker",
     "cpu_seconds": "CPU seconds of its worker process during that call (all its threads): unlike "
-                   "synth_seconds, not inflated by other work sharing the cores",
+    "synth_seconds, not inflated by other work sharing the cores",
     "rtf": "synth_seconds / audio_seconds",
     "seed": "the seed used",
     "seed_from": "'line' (given) or 'id' (seed_for_id)",
@@ -125,8 +134,16 @@ def check_id(value: Any) -> str:
 
 # The JSON type of each field parse_line reads (reading.schema_problem's notation; the id and the
 # seed have their own checks, check_id and generate()'s check_seed).
-LINE_SCHEMA = {"text": str, "ref_audio": Maybe(str), "ref_text": Maybe(str), "instruct": Maybe(str),
-               "language_id": Maybe(str), "voice": Maybe(str), "duration": Maybe(float), "speed": Maybe(float)}
+LINE_SCHEMA = {
+    "text": str,
+    "ref_audio": Maybe(str),
+    "ref_text": Maybe(str),
+    "instruct": Maybe(str),
+    "language_id": Maybe(str),
+    "voice": Maybe(str),
+    "duration": Maybe(float),
+    "speed": Maybe(float),
+}
 
 
 def _positive(obj: dict[str, Any], key: str) -> float | None:
@@ -174,12 +191,20 @@ def parse_line(obj: Any, number: int, base: Path, default_language: str | None) 
         raise ValueError("ref_text was given without ref_audio")
     if voice is not None and (ref_audio is not None or instruct is not None):
         raise ValueError("voice cannot be combined with ref_audio or instruct (a voice is one of them)")
-    return Line(number=number, id=line_id, text=text,
-                ref_audio=None if ref_audio is None else str((base / ref_audio).absolute()),
-                ref_text=ref_text, instruct=instruct, language=language,
-                duration=_positive(obj, "duration"), speed=_positive(obj, "speed"),
-                seed=seed_for_id(line_id) if seed is None else seed, seed_from="id" if seed is None else "line",
-                voice=voice)
+    return Line(
+        number=number,
+        id=line_id,
+        text=text,
+        ref_audio=None if ref_audio is None else str((base / ref_audio).absolute()),
+        ref_text=ref_text,
+        instruct=instruct,
+        language=language,
+        duration=_positive(obj, "duration"),
+        speed=_positive(obj, "speed"),
+        seed=seed_for_id(line_id) if seed is None else seed,
+        seed_from="id" if seed is None else "line",
+        voice=voice,
+    )
 
 
 @dataclass
@@ -225,8 +250,13 @@ def read_test_list(path: Path, default_language: str | None = None) -> TestList:
         numbers.setdefault(line.id, []).append(line.number)
     repeated = {i: n for i, n in numbers.items() if len(n) > 1}
     for line in (line for line in lines if line.id in repeated):
-        bad.append(BadLine(line.number, line.id,
-                           f"duplicate id (lines {', '.join(map(str, repeated[line.id]))}): ids name the output files"))
+        bad.append(
+            BadLine(
+                line.number,
+                line.id,
+                f"duplicate id (lines {', '.join(map(str, repeated[line.id]))}): ids name the output files",
+            )
+        )
     lines = [line for line in lines if line.id not in repeated]
     bad.sort(key=lambda b: b.number)
     return TestList(path, lines, bad, sorted(unknown))
@@ -246,22 +276,33 @@ class FileDigests:
         return self._cache[key]
 
 
-def request_hash(line: Line, generation_config: dict[str, Any], digests: FileDigests,
-                 voice_file: str | os.PathLike[str] | None) -> str:
+def request_hash(
+    line: Line, generation_config: dict[str, Any], digests: FileDigests, voice_file: str | os.PathLike[str] | None
+) -> str:
     """sha256 over everything that decides a line's WAV bytes, besides the model (recorded apart):
     the text and options, the seed, the whole generation config, the reference's and the voice's
     file contents (not their paths: moving a list with its files redoes nothing), OUTPUT_FORMAT."""
-    request = {"id": line.id, "text": line.text, "language": line.language, "instruct": line.instruct,
-               "duration": line.duration, "speed": line.speed, "seed": line.seed, "ref_text": line.ref_text,
-               "ref_audio": None if line.ref_audio is None else digests(line.ref_audio),
-               "voice": None if voice_file is None else digests(voice_file),
-               "generation_config": generation_config, "format": OUTPUT_FORMAT}
+    request = {
+        "id": line.id,
+        "text": line.text,
+        "language": line.language,
+        "instruct": line.instruct,
+        "duration": line.duration,
+        "speed": line.speed,
+        "seed": line.seed,
+        "ref_text": line.ref_text,
+        "ref_audio": None if line.ref_audio is None else digests(line.ref_audio),
+        "voice": None if voice_file is None else digests(voice_file),
+        "generation_config": generation_config,
+        "format": OUTPUT_FORMAT,
+    }
     text = json.dumps(request, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
     return "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def estimated_seconds(line: Line, frame_rate: int, duration_rules: dict[str, Any],
-                      voice_frames: int | None = None) -> float:
+def estimated_seconds(
+    line: Line, frame_rate: int, duration_rules: dict[str, Any], voice_frames: int | None = None
+) -> float:
     """Work estimate for ordering (upstream sorts by reference + generated seconds): the line's
     duration, or the runtime's rule-based estimate (omnivoice_onnx.core.duration), plus its reference."""
     ref_frames = voice_frames
@@ -272,6 +313,7 @@ def estimated_seconds(line: Line, frame_rate: int, duration_rules: dict[str, Any
     if line.duration is not None:
         target = line.duration * frame_rate
     else:
-        target = dur.estimate_target_tokens(line.text, ref_text, ref_frames if ref_text else None, duration_rules,
-                                            line.speed or 1.0)
+        target = dur.estimate_target_tokens(
+            line.text, ref_text, ref_frames if ref_text else None, duration_rules, line.speed or 1.0
+        )
     return (target + (ref_frames or 0)) / frame_rate

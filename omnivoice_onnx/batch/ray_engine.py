@@ -50,8 +50,10 @@ BLOCKS_PER_ACTOR = 4
 
 CONNECT_TIMEOUT_S = 10.0  # a cluster address must accept a TCP connection within this
 CLIENT_PREFIX = "ray://"
-ADDRESS_FIX = "pass --ray alone (a local Ray), --ray auto on a node of a running cluster, --ray HOST:PORT (its GCS) " \
-              "or --ray ray://HOST:10001 (Ray Client)"
+ADDRESS_FIX = (
+    "pass --ray alone (a local Ray), --ray auto on a node of a running cluster, --ray HOST:PORT (its GCS) "
+    "or --ray ray://HOST:10001 (Ray Client)"
+)
 
 
 def check_address(address: str) -> None:
@@ -72,8 +74,9 @@ def check_address(address: str) -> None:
         except Exception as exc:  # ray raises ConnectionError, ValueError or its own types here
             raise UserError(f"--ray auto: no running Ray cluster found on this node ({exc})", ADDRESS_FIX) from None
         if found is None:
-            raise UserError("--ray auto: no running Ray cluster found on this node (start one with `ray start "
-                            "--head`)", ADDRESS_FIX)
+            raise UserError(
+                "--ray auto: no running Ray cluster found on this node (start one with `ray start --head`)", ADDRESS_FIX
+            )
         target = found
     # ray 2.60 imports parse_address into services from ray._common.network_utils without re-exporting
     # it; older ray (the extra's >= 2.40) defines it in services itself
@@ -84,8 +87,10 @@ def check_address(address: str) -> None:
     try:
         socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S).close()
     except OSError as exc:
-        raise UserError(f"--ray {address}: nothing answers at {host}:{port} within {CONNECT_TIMEOUT_S:g} s "
-                        f"({exc.strerror or exc})", "start the cluster, or check the address and the network") from None
+        raise UserError(
+            f"--ray {address}: nothing answers at {host}:{port} within {CONNECT_TIMEOUT_S:g} s ({exc.strerror or exc})",
+            "start the cluster, or check the address and the network",
+        ) from None
 
 
 def connect(address: str, cpus_wanted: int) -> bool:
@@ -97,18 +102,29 @@ def connect(address: str, cpus_wanted: int) -> bool:
         return False
     local = address == "local"
     try:
-        ray.init(address=None if local else address,
-                 num_cpus=max(cpus_wanted, len(os.sched_getaffinity(0))) if local else None,
-                 logging_level=logging.WARNING, include_dashboard=False,
-                 runtime_env={"py_modules": [PACKAGE_DIR]})  # this package's code, to every worker
+        ray.init(
+            address=None if local else address,
+            num_cpus=max(cpus_wanted, len(os.sched_getaffinity(0))) if local else None,
+            logging_level=logging.WARNING,
+            include_dashboard=False,
+            runtime_env={"py_modules": [PACKAGE_DIR]},
+        )  # this package's code, to every worker
     except (ConnectionError, TimeoutError, ValueError) as exc:  # the cluster went away after check_address
-        raise UserError(f"--ray {address}: Ray could not connect ({str(exc).splitlines()[0][:200]})",
-                        ADDRESS_FIX) from None
+        raise UserError(
+            f"--ray {address}: Ray could not connect ({str(exc).splitlines()[0][:200]})", ADDRESS_FIX
+        ) from None
     return True
 
 
-def run_ray(address: str, actor: type, actor_kwargs: dict[str, Any], workers: int, tasks: list[dict[str, Any]],
-            estimates: list[float], threads: int) -> Iterator[dict[str, Any]]:
+def run_ray(
+    address: str,
+    actor: type,
+    actor_kwargs: dict[str, Any],
+    workers: int,
+    tasks: list[dict[str, Any]],
+    estimates: list[float],
+    threads: int,
+) -> Iterator[dict[str, Any]]:
     """The tasks (rows of str/bytes columns, already longest first; `estimates` their seconds,
     kept as a column for inspection) on `workers` instances of `actor` (built with `actor_kwargs`; the driver passes
     omnivoice_onnx.batch.run.SynthActor, so this engine knows nothing of the model) of `threads` CPUs
@@ -128,9 +144,13 @@ def run_ray(address: str, actor: type, actor_kwargs: dict[str, Any], workers: in
         blocks = max(1, math.ceil(len(items) / per_block))
         dataset: ray.data.Dataset = ray.data.from_items(items, override_num_blocks=blocks)
         dataset = dataset.map_batches(
-            actor, fn_constructor_kwargs=actor_kwargs,
-            batch_size=None, batch_format="numpy", compute=ray.data.ActorPoolStrategy(size=workers),
-            num_cpus=threads)
+            actor,
+            fn_constructor_kwargs=actor_kwargs,
+            batch_size=None,
+            batch_format="numpy",
+            compute=ray.data.ActorPoolStrategy(size=workers),
+            num_cpus=threads,
+        )
         # Retries: Ray Data gives a map_batches actor pool max_restarts=-1 and max_task_retries=-1
         # unless told otherwise (ray/data/_internal/execution/operators/actor_pool_map_operator.py;
         # passing them explicitly is deprecated since 2.60): a dead actor is restarted without limit

@@ -82,6 +82,7 @@ if TYPE_CHECKING:  # the batch extra's bar; without it a run has none
 
 # --- the worker side: one loaded model, used by the in-process loop, a pool process or a Ray actor ---
 
+
 class Synthesizer:
     """A loaded OmniVoiceOnnx that runs the driver's validated Requests. A reference used by many
     lines is encoded once: its prompt is cached by (path, mtime, size, ref_text, preprocess_prompt)."""
@@ -117,9 +118,17 @@ class Synthesizer:
         (RuntimeError) is this line's failure, recorded by the caller; the run goes on. Anything
         else is a bug and propagates."""
         task, req = json.loads(row["task"]), row["request"]
-        outcome = {"id": task["id"], "worker": self.worker, "model_fingerprint": self.tts.metadata["model_fingerprint"],
-                   "variant": self.tts.variant, "wav": None, "audio_seconds": None, "synth_seconds": None,
-                   "cpu_seconds": None, "error": None}
+        outcome = {
+            "id": task["id"],
+            "worker": self.worker,
+            "model_fingerprint": self.tts.metadata["model_fingerprint"],
+            "variant": self.tts.variant,
+            "wav": None,
+            "audio_seconds": None,
+            "synth_seconds": None,
+            "cpu_seconds": None,
+            "error": None,
+        }
         start, cpu_start = time.perf_counter(), time.process_time()
         try:
             samples = self.tts.generate(self.cached_reference(task, req))[0]
@@ -142,13 +151,18 @@ class SynthActor:
         self.synth = Synthesizer.load(model_dir, variant, threads)
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        outcomes = [self.synth.run({"task": task, "request": pickle.loads(req)})
-                    for task, req in zip(batch["task"], batch["request"])]
-        return {"wav": np.array([o.pop("wav") or b"" for o in outcomes], dtype=object),
-                "outcome": np.array([json.dumps(o) for o in outcomes], dtype=object)}
+        outcomes = [
+            self.synth.run({"task": task, "request": pickle.loads(req)})
+            for task, req in zip(batch["task"], batch["request"])
+        ]
+        return {
+            "wav": np.array([o.pop("wav") or b"" for o in outcomes], dtype=object),
+            "outcome": np.array([json.dumps(o) for o in outcomes], dtype=object),
+        }
 
 
 # --- the in-process engine ---------------------------------------------------------------------------
+
 
 def run_in_process(synth: Synthesizer, tasks: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
     """The tasks one after another in this process."""
@@ -157,6 +171,7 @@ def run_in_process(synth: Synthesizer, tasks: list[dict[str, Any]]) -> Iterator[
 
 
 # --- the driver side -------------------------------------------------------------------------------
+
 
 @dataclass
 class Options:
@@ -187,8 +202,9 @@ class Plan:
     tasks: dict[str, dict[str, Any]]  # id -> {"task": its JSON, "request": its validated Request}
 
 
-def check_lines(tts: OmniVoiceOnnx, test_list: TestList, options: Options,
-                voices: Path) -> tuple[list[BadLine], dict[str, Voice], dict[str, Request]]:
+def check_lines(
+    tts: OmniVoiceOnnx, test_list: TestList, options: Options, voices: Path
+) -> tuple[list[BadLine], dict[str, Voice], dict[str, Request]]:
     """OmniVoiceOnnx.validate on every parsed line, once (no model work: references read, not
     encoded); returns the lines that fail it as BadLines, the loaded Voice of each voice line by
     id, and each good line's Request by id (what its worker runs). Lines naming the same
@@ -251,8 +267,13 @@ def is_done(line: Line, request: str, record: dict[str, Any] | None, res_dir: Pa
     return wav.is_file() and "sha256:" + sha256_file(wav) == record.get("wav_sha256")
 
 
-def make_plan(tts: OmniVoiceOnnx, test_list: TestList, options: Options, records: dict[str, dict[str, Any]],
-              log: Callable[[str], None]) -> Plan:
+def make_plan(
+    tts: OmniVoiceOnnx,
+    test_list: TestList,
+    options: Options,
+    records: dict[str, dict[str, Any]],
+    log: Callable[[str], None],
+) -> Plan:
     """Check every line, hash it, and split the good ones into done and to do (longest first).
     Bad lines are logged one per line; unless options.skip_bad, they stop the run here (UserError)."""
     voices = voices_dir(tts.bundle, options.voices)
@@ -261,8 +282,10 @@ def make_plan(tts: OmniVoiceOnnx, test_list: TestList, options: Options, records
     for item in bad:
         log(f"bad line: {test_list.path}:{item}")
     if bad and not options.skip_bad:
-        raise UserError(f"{len(bad)} bad line(s) in {test_list.path} (listed above); nothing was synthesised",
-                        "fix them, or pass --skip-bad to run the rest and record these in results.jsonl")
+        raise UserError(
+            f"{len(bad)} bad line(s) in {test_list.path} (listed above); nothing was synthesised",
+            "fix them, or pass --skip-bad to run the rest and record these in results.jsonl",
+        )
     failed = {b.number for b in bad_model}
     config = dataclasses.asdict(tts.generation_config(options.generation_config))
     model = {"model_fingerprint": tts.metadata["model_fingerprint"], "variant": tts.variant}
@@ -276,8 +299,9 @@ def make_plan(tts: OmniVoiceOnnx, test_list: TestList, options: Options, records
             plan.done.append(line)
             continue
         voice_frames = None if voice is None or voice.prompt is None else voice.prompt.ref_audio_tokens.shape[-1]
-        plan.todo.append((line, request, estimated_seconds(line, tts.model.frame_rate, tts.runtime_config["duration"],
-                                                           voice_frames)))
+        plan.todo.append(
+            (line, request, estimated_seconds(line, tts.model.frame_rate, tts.runtime_config["duration"], voice_frames))
+        )
         plan.tasks[line.id] = {"task": line.as_task(), "request": requests[line.id]}
     plan.todo.sort(key=lambda item: -item[2])  # longest first: the last lines to start are short
     return plan
@@ -323,29 +347,47 @@ def bad_record(bad: BadLine) -> dict[str, Any]:
     return {"id": bad.id, "line": bad.number, "error": f"bad line, skipped: {bad.problem}"}
 
 
-def write_outcome(outcome: dict[str, Any], line: Line, request: str, res_dir: Path,
-                  model: dict[str, str]) -> dict[str, Any]:
+def write_outcome(
+    outcome: dict[str, Any], line: Line, request: str, res_dir: Path, model: dict[str, str]
+) -> dict[str, Any]:
     """Write a worker's WAV (atomically) and return its record; a worker that loaded another
     model (a cluster node with another bundle) stops the run."""
     if (outcome["model_fingerprint"], outcome["variant"]) != (model["model_fingerprint"], model["variant"]):
-        raise UserError(f"worker {outcome['worker']} loaded model {outcome['model_fingerprint'][:23]} variant "
-                        f"{outcome['variant']}, not {model['model_fingerprint'][:23]} {model['variant']}",
-                        "give every node the same export folder (--model-dir) and --variant")
-    record = {"id": line.id, "line": line.number, "wav": None, "wav_sha256": None,
-              "audio_seconds": outcome["audio_seconds"], "synth_seconds": outcome["synth_seconds"],
-              "cpu_seconds": outcome["cpu_seconds"], "rtf": None,
-              "seed": line.seed, "seed_from": line.seed_from, **model, "request_hash": request,
-              "worker": outcome["worker"], "error": outcome["error"]}
+        raise UserError(
+            f"worker {outcome['worker']} loaded model {outcome['model_fingerprint'][:23]} variant "
+            f"{outcome['variant']}, not {model['model_fingerprint'][:23]} {model['variant']}",
+            "give every node the same export folder (--model-dir) and --variant",
+        )
+    record = {
+        "id": line.id,
+        "line": line.number,
+        "wav": None,
+        "wav_sha256": None,
+        "audio_seconds": outcome["audio_seconds"],
+        "synth_seconds": outcome["synth_seconds"],
+        "cpu_seconds": outcome["cpu_seconds"],
+        "rtf": None,
+        "seed": line.seed,
+        "seed_from": line.seed_from,
+        **model,
+        "request_hash": request,
+        "worker": outcome["worker"],
+        "error": outcome["error"],
+    }
     if outcome["error"] is None:
         path = res_dir / f"{line.id}.wav"
         with atomic_path(path) as tmp:
             tmp.write_bytes(outcome["wav"])
-        record.update(wav=path.name, wav_sha256="sha256:" + hashlib.sha256(outcome["wav"]).hexdigest(),
-                      rtf=outcome["synth_seconds"] / outcome["audio_seconds"] if outcome["audio_seconds"] else None)
+        record.update(
+            wav=path.name,
+            wav_sha256="sha256:" + hashlib.sha256(outcome["wav"]).hexdigest(),
+            rtf=outcome["synth_seconds"] / outcome["audio_seconds"] if outcome["audio_seconds"] else None,
+        )
     return record
 
 
 # --- the run -----------------------------------------------------------------------------------------
+
 
 @dataclass
 class Summary:
@@ -362,17 +404,20 @@ class Summary:
     wall_seconds: float = 0.0  # this run, from model load to the last file
 
     def text(self) -> str:
-        speed = (f"RTF {self.wall_seconds / self.audio_seconds:.3f} (wall / audio), "
-                 f"{self.audio_seconds / self.wall_seconds if self.wall_seconds else 0:.2f} audio s per wall s"
-                 if self.audio_seconds else "no RTF: no audio made by this run")
-        return (f"batch: {self.lines} lines: {self.made} made, {self.already} already done, {self.failed} failed, "
-                f"{self.bad} bad skipped; {self.audio_seconds / 3600:.4f} h of audio ({self.audio_seconds:.1f} s) "
-                f"in {self.wall_seconds:.1f} s wall: {speed}")
+        speed = (
+            f"RTF {self.wall_seconds / self.audio_seconds:.3f} (wall / audio), "
+            f"{self.audio_seconds / self.wall_seconds if self.wall_seconds else 0:.2f} audio s per wall s"
+            if self.audio_seconds
+            else "no RTF: no audio made by this run"
+        )
+        return (
+            f"batch: {self.lines} lines: {self.made} made, {self.already} already done, {self.failed} failed, "
+            f"{self.bad} bad skipped; {self.audio_seconds / 3600:.4f} h of audio ({self.audio_seconds:.1f} s) "
+            f"in {self.wall_seconds:.1f} s wall: {speed}"
+        )
 
 
-def run_batch(
-    options: Options, log: Callable[[str], None] = lambda message: say(message, file=sys.stderr)
-) -> Summary:
+def run_batch(options: Options, log: Callable[[str], None] = lambda message: say(message, file=sys.stderr)) -> Summary:
     """Check the list, then synthesise every line not already done into options.res_dir.
 
     Raises UserError before any synthesis for bad lines (unless skip_bad), an unreadable list,
@@ -380,8 +425,7 @@ def run_batch(
     files.FolderLock: two runs would each rewrite results.jsonl without the other's records).
     Ctrl-C and SIGTERM (as KeyboardInterrupt) stop it with every finished line's WAV and record
     in place and nothing half-written."""
-    lock = FolderLock(resolved_folder(options.res_dir, "--res-dir", RES_DIR_FIX), RESULTS_FILE, "--res-dir",
-                      wait_s=0)
+    lock = FolderLock(resolved_folder(options.res_dir, "--res-dir", RES_DIR_FIX), RESULTS_FILE, "--res-dir", wait_s=0)
     try:
         return _run_batch(options, log, lock)
     finally:
@@ -394,8 +438,10 @@ def _run_batch(options: Options, log: Callable[[str], None], lock: FolderLock) -
     start = time.perf_counter()
     test_list = read_test_list(options.test_list, options.default_language)
     if test_list.unknown_fields:
-        log(f"note: {options.test_list} has field(s) {', '.join(test_list.unknown_fields)} that nothing reads "
-            f"(known: {', '.join(UPSTREAM_FIELDS + OWN_FIELDS)})")
+        log(
+            f"note: {options.test_list} has field(s) {', '.join(test_list.unknown_fields)} that nothing reads "
+            f"(known: {', '.join(UPSTREAM_FIELDS + OWN_FIELDS)})"
+        )
     # Resolved once: every WAV and record goes where --res-dir led now, whatever its links become.
     options = dataclasses.replace(options, res_dir=lock.path.parent)
     check_output(options.res_dir, "--res-dir", "dir")  # a read-only or unwritable folder: now, not after the model
@@ -417,8 +463,11 @@ def _run_batch(options: Options, log: Callable[[str], None], lock: FolderLock) -
 
     def listed_records() -> list[dict[str, Any]]:
         """This list's records in its order: good lines' latest, then each skipped bad line's."""
-        good = [results.records[line.id] for line in test_list.lines if line.id in results.records
-                and line.id in plan.hashes]
+        good = [
+            results.records[line.id]
+            for line in test_list.lines
+            if line.id in results.records and line.id in plan.hashes
+        ]
         return sorted(good + [bad_record(b) for b in plan.bad], key=lambda r: r["line"])
 
     make_folder(options.res_dir, "--res-dir", RES_DIR_FIX)  # only now: a refused list leaves no folder behind
@@ -432,13 +481,20 @@ def _run_batch(options: Options, log: Callable[[str], None], lock: FolderLock) -
     tasks = [plan.tasks[line.id] for line, _, _ in plan.todo]
     if engine is not None:  # --ray
         del tts
-        outcomes = engine.run_ray(options.ray, SynthActor, {"model_dir": os.fspath(options.model_dir.absolute()),
-                                                              "variant": model["variant"], "threads": threads},
-                                  options.workers, ray_rows(tasks), [e for _, _, e in plan.todo], threads)
+        outcomes = engine.run_ray(
+            options.ray,
+            SynthActor,
+            {"model_dir": os.fspath(options.model_dir.absolute()), "variant": model["variant"], "threads": threads},
+            options.workers,
+            ray_rows(tasks),
+            [e for _, _, e in plan.todo],
+            threads,
+        )
     elif options.workers > 1:
         del tts
-        outcomes = run_pool(Synthesizer.load, (os.fspath(options.model_dir), model["variant"], threads),
-                            options.workers, tasks)
+        outcomes = run_pool(
+            Synthesizer.load, (os.fspath(options.model_dir), model["variant"], threads), options.workers, tasks
+        )
     else:
         outcomes = run_in_process(Synthesizer(tts), tasks)  # the driver's model: no second load
     log(

@@ -46,9 +46,11 @@ GENERATION_FLAGS = (
     ("audio_chunk_duration", CHUNK_SECONDS, "seconds per chunk of a long text"),
     ("audio_chunk_threshold", CHUNK_SECONDS, "texts estimated longer than this (s) are chunked"),
 )
-BOOL_FLAGS = (("denoise", "put <|denoise|> in a cloning prompt"),
-              ("preprocess_prompt", "silence-trim the reference, punctuate its text"),
-              ("postprocess_output", "shorten long pauses of the output"))
+BOOL_FLAGS = (
+    ("denoise", "put <|denoise|> in a cloning prompt"),
+    ("preprocess_prompt", "silence-trim the reference, punctuate its text"),
+    ("postprocess_output", "shorten long pauses of the output"),
+)
 
 
 def str2bool(text: str) -> bool:
@@ -67,27 +69,64 @@ def _flag(name: str) -> list[str]:
 
 
 def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser("batch", help="synthesise a JSONL test list into a folder of WAVs (resumable)",
-                                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument(*_flag("test_list"), dest="test_list", type=Path, required=True, metavar="JSONL",
-                        help="the test list (upstream's format; relative ref_audio paths are against its folder)")
-    parser.add_argument(*_flag("res_dir"), dest="res_dir", type=Path, required=True, metavar="DIR",
-                        help="output folder: <id>.wav and results.jsonl (created if absent)")
+    parser = subparsers.add_parser(
+        "batch",
+        help="synthesise a JSONL test list into a folder of WAVs (resumable)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        *_flag("test_list"),
+        dest="test_list",
+        type=Path,
+        required=True,
+        metavar="JSONL",
+        help="the test list (upstream's format; relative ref_audio paths are against its folder)",
+    )
+    parser.add_argument(
+        *_flag("res_dir"),
+        dest="res_dir",
+        type=Path,
+        required=True,
+        metavar="DIR",
+        help="output folder: <id>.wav and results.jsonl (created if absent)",
+    )
     add_bundle_flags(parser)
-    parser.add_argument(*_flag("lang_id"), dest="lang_id", metavar="LANG",
-                        help="language for lines without language_id (a line's own language_id wins)")
-    parser.add_argument("--workers", type=int_range(1), default=1, metavar="N",
-                        help="local worker processes (default 1: in this process), or Ray actors with --ray")
-    parser.add_argument("--threads", type=THREADS, metavar="T",
-                        help="onnxruntime threads per worker (default: $OMNIVOICE_ORT_THREADS, else the "
-                             "usable cores divided by --workers)")
-    parser.add_argument(*_flag("skip_bad"), dest="skip_bad", action="store_true",
-                        help="run the good lines and record each bad one's reason in results.jsonl, "
-                             "instead of refusing to start")
-    parser.add_argument("--ray", nargs="?", const="local", metavar="ADDRESS",
-                        help="run on Ray Data (pip install 'omnivoice-onnx[ray]'): alone, a local Ray; "
-                             "'auto' or ray://HOST:10001 for a cluster (the export must be at the same "
-                             "path on every node)")
+    parser.add_argument(
+        *_flag("lang_id"),
+        dest="lang_id",
+        metavar="LANG",
+        help="language for lines without language_id (a line's own language_id wins)",
+    )
+    parser.add_argument(
+        "--workers",
+        type=int_range(1),
+        default=1,
+        metavar="N",
+        help="local worker processes (default 1: in this process), or Ray actors with --ray",
+    )
+    parser.add_argument(
+        "--threads",
+        type=THREADS,
+        metavar="T",
+        help="onnxruntime threads per worker (default: $OMNIVOICE_ORT_THREADS, else the "
+        "usable cores divided by --workers)",
+    )
+    parser.add_argument(
+        *_flag("skip_bad"),
+        dest="skip_bad",
+        action="store_true",
+        help="run the good lines and record each bad one's reason in results.jsonl, instead of refusing to start",
+    )
+    parser.add_argument(
+        "--ray",
+        nargs="?",
+        const="local",
+        metavar="ADDRESS",
+        help="run on Ray Data (pip install 'omnivoice-onnx[ray]'): alone, a local Ray; "
+        "'auto' or ray://HOST:10001 for a cluster (the export must be at the same "
+        "path on every node)",
+    )
     group = parser.add_argument_group("generation (upstream's flags; default: the export's defaults)")
     for name, kind, text in GENERATION_FLAGS:
         group.add_argument(*_flag(name), dest=name, type=kind, help=text)
@@ -102,12 +141,19 @@ def run(args: argparse.Namespace) -> int:
     from omnivoice_onnx.batch.run import Options, run_batch  # onnxruntime loads here, not for --help
 
     names = [name for name, _, _ in GENERATION_FLAGS] + [name for name, _ in BOOL_FLAGS]
-    options = Options(test_list=args.test_list, res_dir=args.res_dir, model_dir=args.model_dir,
-                      variant=args.variant, voices=args.voices,
-                      generation_config={n: getattr(args, n) for n in names if getattr(args, n) is not None},
-                      default_language=args.lang_id, workers=args.workers,
-                      threads=args.threads, skip_bad=args.skip_bad, ray=args.ray)
+    options = Options(
+        test_list=args.test_list,
+        res_dir=args.res_dir,
+        model_dir=args.model_dir,
+        variant=args.variant,
+        voices=args.voices,
+        generation_config={n: getattr(args, n) for n in names if getattr(args, n) is not None},
+        default_language=args.lang_id,
+        workers=args.workers,
+        threads=args.threads,
+        skip_bad=args.skip_bad,
+        ray=args.ray,
+    )
     summary = run_batch(options)
     say(summary.text())
     return EXIT_CHECK_FAILED if summary.failed else 0
-

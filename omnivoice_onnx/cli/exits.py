@@ -40,23 +40,26 @@ class CheckFailed(Exception):
     """A check ran to completion and failed; exit code 1."""
 
 
-EXIT_CODES_HELP = (f"exit codes: 0 success, {EXIT_CHECK_FAILED} a check ran and failed, {EXIT_BAD_INPUT} bad or "
-                   f"missing input (the message names the fix), {EXIT_INTERRUPTED} interrupted (Ctrl-C), "
-                   f"{EXIT_TERMINATED} terminated (SIGTERM), {EXIT_BROKEN_PIPE} output pipe closed; "
-                   "errors are one line on stderr, --debug shows the traceback")
-
+EXIT_CODES_HELP = (
+    f"exit codes: 0 success, {EXIT_CHECK_FAILED} a check ran and failed, {EXIT_BAD_INPUT} bad or "
+    f"missing input (the message names the fix), {EXIT_INTERRUPTED} interrupted (Ctrl-C), "
+    f"{EXIT_TERMINATED} terminated (SIGTERM), {EXIT_BROKEN_PIPE} output pipe closed; "
+    "errors are one line on stderr, --debug shows the traceback"
+)
 
 
 def prepare(parser: argparse.ArgumentParser, epilog: str = EXIT_CODES_HELP) -> argparse.ArgumentParser:
     """Add --debug and the exit codes (in the --help epilog) to a parser (a script's, or one
     subcommand's). A bad argument becomes a UserError like any other: one line naming the flag and
     the fix, exit 2 (argparse's own error prints the whole usage block first)."""
-    parser.add_argument("--debug", action="store_true",
-                        help="show the full traceback of an error instead of its one-line summary")
+    parser.add_argument(
+        "--debug", action="store_true", help="show the full traceback of an error instead of its one-line summary"
+    )
     parser.epilog = epilog
 
     def refuse(message: str) -> NoReturn:
         raise UserError(message, f"see {parser.prog} --help")
+
     # The instance's own error(): argparse has no hook for it, and each script and subcommand
     # builds its parser itself (a subclass would have to reach every one of them).
     parser.error = refuse  # type: ignore[method-assign]
@@ -101,6 +104,7 @@ def sigterm_raises() -> Iterator[Sigterm]:
     def terminate(signum: int, frame: FrameType | None) -> NoReturn:
         state.received = True
         raise Terminated()
+
     previous = signal.signal(signal.SIGTERM, terminate)
     try:
         yield state
@@ -136,8 +140,10 @@ def run_main(main: Callable[[list[str] | None], None], argv: list[str] | None = 
         with sigterm_raises() as sigterm:
             main(argv)
         if sigterm.received:  # swallowed where it was raised (see sigterm_raises): the run completed
-            say(f"{lead}terminated (SIGTERM): too late to stop the run, which completed; its artefacts are "
-                "complete", file=sys.stderr)
+            say(
+                f"{lead}terminated (SIGTERM): too late to stop the run, which completed; its artefacts are complete",
+                file=sys.stderr,
+            )
             sys.exit(EXIT_TERMINATED)
     except (UserError, CheckFailed) as exc:
         if debug:
@@ -147,8 +153,11 @@ def run_main(main: Callable[[list[str] | None], None], argv: list[str] | None = 
         sys.exit(code)
     except KeyboardInterrupt as exc:
         terminated = isinstance(exc, Terminated)
-        say(f"{lead}{'terminated (SIGTERM)' if terminated else 'interrupted'}: nothing half-written was kept; "
-            "earlier artefacts are intact", file=sys.stderr)
+        say(
+            f"{lead}{'terminated (SIGTERM)' if terminated else 'interrupted'}: nothing half-written was kept; "
+            "earlier artefacts are intact",
+            file=sys.stderr,
+        )
         sys.exit(EXIT_TERMINATED if terminated else EXIT_INTERRUPTED)
     except BrokenPipeError:
         if debug:
@@ -160,8 +169,10 @@ def run_main(main: Callable[[list[str] | None], None], argv: list[str] | None = 
         # transformer batch that does not fit): the process itself is still usable to say so.
         if debug:
             raise
-        say(f"{lead}error: out of memory; ask for less at once (shorter text or duration, fewer items), or "
-            "free memory", file=sys.stderr)
+        say(
+            f"{lead}error: out of memory; ask for less at once (shorter text or duration, fewer items), or free memory",
+            file=sys.stderr,
+        )
         sys.exit(EXIT_BAD_INPUT)
     except Exception as exc:  # only the machine's errors are expected here; anything else is a bug: re-raised
         found = environment_error(exc)

@@ -42,14 +42,29 @@ NO_LICENSE = "not recorded (exported before licences were recorded: re-run expor
 
 
 def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser("info", help="what a bundle holds: model, graphs, variants, languages, licence",
-                                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("model_dir", nargs="?", type=Path, default=DEFAULT_MODEL_DIR, metavar="DIR",
-                        help="the export folder (default: onnx)")
+    parser = subparsers.add_parser(
+        "info",
+        help="what a bundle holds: model, graphs, variants, languages, licence",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "model_dir",
+        nargs="?",
+        type=Path,
+        default=DEFAULT_MODEL_DIR,
+        metavar="DIR",
+        help="the export folder (default: onnx)",
+    )
     add_bundle_flags(parser, variant=False, model_dest="model_dir_flag", model_default=None)
     parser.add_argument("--languages", action="store_true", help="list every language id and its names, then stop")
-    parser.add_argument("--no-verify", "--no_verify", dest="verify", action="store_false",
-                        help="do not check the files against export-report.json (a bundle without a report)")
+    parser.add_argument(
+        "--no-verify",
+        "--no_verify",
+        dest="verify",
+        action="store_false",
+        help="do not check the files against export-report.json (a bundle without a report)",
+    )
     return parser
 
 
@@ -59,8 +74,11 @@ def _size(path: Path) -> str:
 
 def _verdicts(report: dict[str, Any], damaged: bool) -> str:
     """The verdicts the pipeline recorded; void when the files are not the ones they were made on."""
-    found = [f"{section.replace('_', ' ')} {provider} {entry.get('verdict')}"  # bundle.REPORT_SCHEMA's shape
-             for section in ("parity", "end_to_end") for provider, entry in (report.get(section) or {}).items()]
+    found = [
+        f"{section.replace('_', ' ')} {provider} {entry.get('verdict')}"  # bundle.REPORT_SCHEMA's shape
+        for section in ("parity", "end_to_end")
+        for provider, entry in (report.get(section) or {}).items()
+    ]
     if not found:
         return "none recorded (run parity_check.py and infer_onnx.py)"
     return "; ".join(found) + (" - NOT for these files: they differ from those checked (above)" if damaged else "")
@@ -98,8 +116,7 @@ def run(args: argparse.Namespace) -> int:
     say(f"bundle      {model_dir}")
     say(f"model       fingerprint {meta['model_fingerprint']}")
     say(f"source      {meta.get('source', 'not recorded')}")
-    say(f"licence     {meta.get('license') or card_license(bundle.dir) or NO_LICENSE}"
-        f"  (terms: {bundle.card_path})")
+    say(f"licence     {meta.get('license') or card_license(bundle.dir) or NO_LICENSE}  (terms: {bundle.card_path})")
     verify = verify_requested(args.verify)
     problems: list[tuple[str, str | None]] = []  # (problem, fix)
     if verify:
@@ -107,8 +124,10 @@ def run(args: argparse.Namespace) -> int:
         say("files       (checked against export-report.json)")
         for check, problem in checked:
             verdict = "OK" if problem is None else ("MISSING" if not check.path.is_file() else "DAMAGED")
-            say(f"  {check.path.relative_to(model_dir)}  {_size(check.path)}  sha256 "
-                f"{check.entry['sha256'].removeprefix('sha256:')[:12]}  {verdict}")
+            say(
+                f"  {check.path.relative_to(model_dir)}  {_size(check.path)}  sha256 "
+                f"{check.entry['sha256'].removeprefix('sha256:')[:12]}  {verdict}"
+            )
             if problem is not None:
                 problems.append((problem, check.fix))
         for variant, exc in unvouched.items():
@@ -125,8 +144,10 @@ def run(args: argparse.Namespace) -> int:
         label = metadata_props(bundle.path("transformer", variant)).get("variant", "?")
         say(f"  {variant}: metadata variant {label}")
     say(f"verdicts    {_verdicts(bundle.report or {}, bool(problems))}")
-    say(f"languages   {len(languages['ids'])} (list them: omnivoice-onnx info --languages; --language takes a "
-        "name or an id)")
+    say(
+        f"languages   {len(languages['ids'])} (list them: omnivoice-onnx info --languages; --language takes a "
+        "name or an id)"
+    )
     instruct = config["instruct"]
     say(f"instruct    {', '.join(instruct['valid_en'])} (and {len(instruct['valid_zh'])} Chinese items)")
     voices = voices_dir(bundle, args.voices)

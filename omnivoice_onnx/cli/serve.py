@@ -33,36 +33,81 @@ INSTALL_FIX = "install the server's extra: pip install 'omnivoice-onnx[serve]'"
 
 
 def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser("serve", help="run an OpenAI-compatible speech server and a page to try voices",
-                                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = subparsers.add_parser(
+        "serve",
+        help="run an OpenAI-compatible speech server and a page to try voices",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add_model_flags(parser)
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)")
     parser.add_argument("--port", type=int_range(0, 65535), default=8000, help="TCP port (default: 8000; 0: any free)")
-    parser.add_argument("--api-key", "--api_key", dest="api_key", default=None,
-                        help=f"require `Authorization: Bearer KEY` (default: ${API_KEY_ENV}; unset: no key, "
-                             "allowed on a loopback --host only; empty: an error)")
-    parser.add_argument("--no-auth", "--no_auth", dest="no_auth", action="store_true",
-                        help="serve a non-loopback --host without a key, on purpose (logged as a warning)")
-    parser.add_argument("--default-format", "--default_format", dest="default_format", choices=tuple(RESPONSE_FORMATS),
-                        default=None, help="response_format when a request names none (default: mp3 as OpenAI, where "
-                                           "libsndfile writes it; else wav)")
-    parser.add_argument("--model-alias", "--model_alias", dest="model_aliases", action="append", default=[],
-                        metavar="ID", type=model_alias,
-                        help="another `model` id that names the served variant (repeatable; tts-1, tts-1-hd and "
-                             "gpt-4o-mini-tts always do)")
-    parser.add_argument("--allow-voice-save", "--allow_voice_save", dest="allow_voice_save", action="store_true",
-                        help="let POST /v1/audio/references?save_as=NAME (and the page) save a voice into the voices "
-                             "folder (default: off; uploaded references are then kept in memory only)")
-    parser.add_argument("--cors-origin", "--cors_origin", dest="cors_origins", action="append", default=[],
-                        metavar="ORIGIN", type=flag_type(check_origin_flag),
-                        help="a web page origin (scheme://host[:port]) whose requests are answered, with a CORS "
-                             "preflight (repeatable; default: none: only the server's own page at / may send "
-                             "requests from a browser)")
-    parser.add_argument("--allowed-host", "--allowed_host", dest="allowed_hosts", action="append", default=[],
-                        metavar="NAME", type=flag_type(check_host_flag),
-                        help="a Host name the server answers besides loopback ones (repeatable; default: a server "
-                             "without a key on loopback answers only localhost, 127.0.0.1 and [::1], refusing "
-                             "DNS-rebinding pages; naming one turns the check on for any server)")
+    parser.add_argument(
+        "--api-key",
+        "--api_key",
+        dest="api_key",
+        default=None,
+        help=f"require `Authorization: Bearer KEY` (default: ${API_KEY_ENV}; unset: no key, "
+        "allowed on a loopback --host only; empty: an error)",
+    )
+    parser.add_argument(
+        "--no-auth",
+        "--no_auth",
+        dest="no_auth",
+        action="store_true",
+        help="serve a non-loopback --host without a key, on purpose (logged as a warning)",
+    )
+    parser.add_argument(
+        "--default-format",
+        "--default_format",
+        dest="default_format",
+        choices=tuple(RESPONSE_FORMATS),
+        default=None,
+        help="response_format when a request names none (default: mp3 as OpenAI, where libsndfile writes it; else wav)",
+    )
+    parser.add_argument(
+        "--model-alias",
+        "--model_alias",
+        dest="model_aliases",
+        action="append",
+        default=[],
+        metavar="ID",
+        type=model_alias,
+        help="another `model` id that names the served variant (repeatable; tts-1, tts-1-hd and "
+        "gpt-4o-mini-tts always do)",
+    )
+    parser.add_argument(
+        "--allow-voice-save",
+        "--allow_voice_save",
+        dest="allow_voice_save",
+        action="store_true",
+        help="let POST /v1/audio/references?save_as=NAME (and the page) save a voice into the voices "
+        "folder (default: off; uploaded references are then kept in memory only)",
+    )
+    parser.add_argument(
+        "--cors-origin",
+        "--cors_origin",
+        dest="cors_origins",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        type=flag_type(check_origin_flag),
+        help="a web page origin (scheme://host[:port]) whose requests are answered, with a CORS "
+        "preflight (repeatable; default: none: only the server's own page at / may send "
+        "requests from a browser)",
+    )
+    parser.add_argument(
+        "--allowed-host",
+        "--allowed_host",
+        dest="allowed_hosts",
+        action="append",
+        default=[],
+        metavar="NAME",
+        type=flag_type(check_host_flag),
+        help="a Host name the server answers besides loopback ones (repeatable; default: a server "
+        "without a key on loopback answers only localhost, 127.0.0.1 and [::1], refusing "
+        "DNS-rebinding pages; naming one turns the check on for any server)",
+    )
     return parser
 
 
@@ -70,18 +115,21 @@ def model_alias(value: str) -> str:
     """A --model-alias id: printable, no spaces, not empty (it is listed in /v1/models and matched
     against a request's `model` exactly)."""
     if not value or not value.isprintable() or any(char.isspace() for char in value):
-        raise argparse.ArgumentTypeError(f"{value!r} is not a model id (printable, no spaces, not "
-                                         "empty), e.g. --model-alias my-tts")
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not a model id (printable, no spaces, not empty), e.g. --model-alias my-tts"
+        )
     return value
 
 
 def flag_type(check: Callable[[str], str]) -> Callable[[str], str]:
     """An argparse type of a ValueError-raising check (the check's message is the error line)."""
+
     def parse(value: str) -> str:
         try:
             return check(value)
         except ValueError as exc:
             raise argparse.ArgumentTypeError(str(exc)) from None
+
     return parse
 
 
@@ -94,9 +142,16 @@ def run(args: argparse.Namespace) -> int:
     except ModuleNotFoundError as exc:
         raise UserError(f"omnivoice-onnx serve needs {exc.name}, which is not installed", INSTALL_FIX) from None
     config = server_config(
-        args, host=args.host, port=args.port, api_key=api_key_from(args.api_key, os.environ),
-        no_auth=args.no_auth, default_format=args.default_format, model_aliases=tuple(args.model_aliases),
-        allow_voice_save=args.allow_voice_save, cors_origins=tuple(args.cors_origins),
-        allowed_hosts=tuple(args.allowed_hosts))
+        args,
+        host=args.host,
+        port=args.port,
+        api_key=api_key_from(args.api_key, os.environ),
+        no_auth=args.no_auth,
+        default_format=args.default_format,
+        model_aliases=tuple(args.model_aliases),
+        allow_voice_save=args.allow_voice_save,
+        cors_origins=tuple(args.cors_origins),
+        allowed_hosts=tuple(args.allowed_hosts),
+    )
     log_lines()
     return server.serve(config)

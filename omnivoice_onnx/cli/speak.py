@@ -68,53 +68,124 @@ PROG = "omnivoice-onnx"
 
 
 def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser("speak", help="speak text to a file, stdout or a pipe", description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("text", nargs="?", metavar="TEXT",
-                        help="the text to speak; '-' (or nothing, with stdin a pipe) reads stdin")
-    parser.add_argument("--text-file", "--text_file", dest="text_file", type=Path, metavar="FILE",
-                        help="read the text from a UTF-8 file instead")
+    parser = subparsers.add_parser(
+        "speak",
+        help="speak text to a file, stdout or a pipe",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "text", nargs="?", metavar="TEXT", help="the text to speak; '-' (or nothing, with stdin a pipe) reads stdin"
+    )
+    parser.add_argument(
+        "--text-file",
+        "--text_file",
+        dest="text_file",
+        type=Path,
+        metavar="FILE",
+        help="read the text from a UTF-8 file instead",
+    )
     out = parser.add_argument_group("output")
-    out.add_argument("--out", "-o", "--output-file", "--output_file", dest="out", metavar="FILE",
-                     help="where the audio goes: a .wav (16-bit PCM), .flac, .pcm/.raw (s16le), .mp3 or .opus file, "
-                          "or '-' for WAV on stdout (default: stdout when it is a pipe)")
-    out.add_argument("--raw", "--output-raw", "--output_raw", dest="raw", action="store_true",
-                     help="raw 16-bit little-endian mono PCM on stdout (no header; 24 kHz: aplay -r 24000 -f S16_LE)")
-    out.add_argument("--stream", action="store_true",
-                     help="write each sentence-sized chunk as soon as it is ready (pair with --raw or a pipe)")
+    out.add_argument(
+        "--out",
+        "-o",
+        "--output-file",
+        "--output_file",
+        dest="out",
+        metavar="FILE",
+        help="where the audio goes: a .wav (16-bit PCM), .flac, .pcm/.raw (s16le), .mp3 or .opus file, "
+        "or '-' for WAV on stdout (default: stdout when it is a pipe)",
+    )
+    out.add_argument(
+        "--raw",
+        "--output-raw",
+        "--output_raw",
+        dest="raw",
+        action="store_true",
+        help="raw 16-bit little-endian mono PCM on stdout (no header; 24 kHz: aplay -r 24000 -f S16_LE)",
+    )
+    out.add_argument(
+        "--stream",
+        action="store_true",
+        help="write each sentence-sized chunk as soon as it is ready (pair with --raw or a pipe)",
+    )
     out.add_argument("--quiet", "-q", action="store_true", help="no progress line and no summary on stderr")
     gen = parser.add_argument_group("generation (as OmniVoiceOnnx.generate)")
-    gen.add_argument("--language", default=None,
-                     help="language name (English), id (en) or tag (en-US, pt_BR); default: none, as upstream "
-                          "(the model infers it)")
-    gen.add_argument("--instruct", default=None,
-                     help="voice design, e.g. 'female, low pitch, british accent' (prose: its vocabulary words are "
-                          "applied, the rest ignored and named on stderr)")
-    gen.add_argument("--strict-instructions", "--strict_instructions", dest="strict_instructions",
-                     action="store_true", help="refuse an --instruct with words outside the vocabulary")
-    gen.add_argument("--ref-audio", "--ref_audio", dest="ref_audio", type=Path, metavar="WAV",
-                     help="voice cloning: a reference recording (3-10 s of clear speech; any rate, mono or stereo)")
-    gen.add_argument("--ref-text", "--ref_text", dest="ref_text", metavar="TEXT",
-                     help="voice cloning: the words spoken in --ref-audio (required with it: no speech recogniser)")
-    gen.add_argument("--voice", metavar="NAME|FILE",
-                     help="a saved voice: a name in the voices folder or a voice file's path (omnivoice-onnx voice)")
+    gen.add_argument(
+        "--language",
+        default=None,
+        help="language name (English), id (en) or tag (en-US, pt_BR); default: none, as upstream (the model infers it)",
+    )
+    gen.add_argument(
+        "--instruct",
+        default=None,
+        help="voice design, e.g. 'female, low pitch, british accent' (prose: its vocabulary words are "
+        "applied, the rest ignored and named on stderr)",
+    )
+    gen.add_argument(
+        "--strict-instructions",
+        "--strict_instructions",
+        dest="strict_instructions",
+        action="store_true",
+        help="refuse an --instruct with words outside the vocabulary",
+    )
+    gen.add_argument(
+        "--ref-audio",
+        "--ref_audio",
+        dest="ref_audio",
+        type=Path,
+        metavar="WAV",
+        help="voice cloning: a reference recording (3-10 s of clear speech; any rate, mono or stereo)",
+    )
+    gen.add_argument(
+        "--ref-text",
+        "--ref_text",
+        dest="ref_text",
+        metavar="TEXT",
+        help="voice cloning: the words spoken in --ref-audio (required with it: no speech recogniser)",
+    )
+    gen.add_argument(
+        "--voice",
+        metavar="NAME|FILE",
+        help="a saved voice: a name in the voices folder or a voice file's path (omnivoice-onnx voice)",
+    )
     gen.add_argument(
         "--speed", type=SPEED, default=None, help=f"speaking rate factor (1.0 normal, {MIN_SPEED:g}-{MAX_SPEED:g})"
     )
     gen.add_argument(
         "--duration", type=DURATION, default=None, help="length of the speech in seconds (overrides --speed)"
     )
-    gen.add_argument("--num-step", "--num_step", dest="num_step", type=NUM_STEP, default=None,
-                     help="unmasking steps (default: the export's, upstream's 32); fewer is faster and rougher")
-    gen.add_argument("--guidance-scale", "--guidance_scale", dest="guidance_scale", type=SCORE_FACTOR, default=None,
-                     help="classifier-free guidance scale (default: the export's, upstream's 2.0)")
-    gen.add_argument("--seed", type=SEED, default=None,
-                     help="random seed, as torch.manual_seed before upstream's generate() (default: a fresh one, "
-                          "printed in the summary)")
+    gen.add_argument(
+        "--num-step",
+        "--num_step",
+        dest="num_step",
+        type=NUM_STEP,
+        default=None,
+        help="unmasking steps (default: the export's, upstream's 32); fewer is faster and rougher",
+    )
+    gen.add_argument(
+        "--guidance-scale",
+        "--guidance_scale",
+        dest="guidance_scale",
+        type=SCORE_FACTOR,
+        default=None,
+        help="classifier-free guidance scale (default: the export's, upstream's 2.0)",
+    )
+    gen.add_argument(
+        "--seed",
+        type=SEED,
+        default=None,
+        help="random seed, as torch.manual_seed before upstream's generate() (default: a fresh one, "
+        "printed in the summary)",
+    )
     run = parser.add_argument_group("model and runtime")
     add_bundle_flags(run)
-    run.add_argument("--threads", type=THREADS, default=None,
-                     help="onnxruntime intra-op threads (default: $OMNIVOICE_ORT_THREADS, else one per core)")
+    run.add_argument(
+        "--threads",
+        type=THREADS,
+        default=None,
+        help="onnxruntime intra-op threads (default: $OMNIVOICE_ORT_THREADS, else one per core)",
+    )
     run.add_argument("--provider", default="cpu", choices=PROVIDERS, help="onnxruntime provider")
     return parser
 
@@ -148,13 +219,16 @@ def output_spec(args: argparse.Namespace) -> tuple[str, str | None]:
     """(destination, format) from --out/--raw; checked at once (audio_out.check_destination)."""
     if args.raw:
         if args.out not in (None, audio_out.STDOUT):
-            raise UserError("--raw writes to stdout, and --out names a file", "drop --out, or name a .pcm file with "
-                            "--out instead of --raw")
+            raise UserError(
+                "--raw writes to stdout, and --out names a file",
+                "drop --out, or name a .pcm file with --out instead of --raw",
+            )
         dest, fmt = audio_out.STDOUT, "pcm"
     elif args.out is None:
         if sys.stdout.isatty():
-            raise UserError("no output given", "pass --out FILE (.wav, .flac, .pcm, .mp3, .opus), or pipe stdout "
-                            "(--out - or --raw)")
+            raise UserError(
+                "no output given", "pass --out FILE (.wav, .flac, .pcm, .mp3, .opus), or pipe stdout (--out - or --raw)"
+            )
         dest, fmt = audio_out.STDOUT, None
     else:
         dest, fmt = args.out, None
@@ -165,8 +239,10 @@ def generation_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     """validate()'s keywords the flags give, the seed included (None flags are left to the API's
     defaults)."""
     if (args.ref_audio is None) != (args.ref_text is None):
-        raise UserError("voice cloning needs both --ref-audio and --ref-text",
-                        "pass the reference and its transcript, or a saved --voice")
+        raise UserError(
+            "voice cloning needs both --ref-audio and --ref-text",
+            "pass the reference and its transcript, or a saved --voice",
+        )
     if args.voice is not None and args.ref_audio is not None:
         raise UserError("--voice and --ref-audio both give a voice", "pass one of them")
     return request.keywords(vars(args))  # the one builder, as the server's body and batch's lines use
@@ -182,8 +258,10 @@ def voice_kwargs(args: argparse.Namespace, tts: OmniVoiceOnnx, kwargs: dict[str,
     except ModuleNotFoundError as exc:
         if exc.name != "omnivoice_onnx.voices":
             raise
-        raise UserError("this omnivoice-onnx has no saved voices (omnivoice_onnx.voices)",
-                        "use --ref-audio and --ref-text, or install a version with `omnivoice-onnx voice`") from exc
+        raise UserError(
+            "this omnivoice-onnx has no saved voices (omnivoice_onnx.voices)",
+            "use --ref-audio and --ref-text, or install a version with `omnivoice-onnx voice`",
+        ) from exc
 
     folder = voices.voices_dir(tts.bundle, args.voices)
     given = voices.load_voice(args.voice, folder, tts.metadata["model_fingerprint"]).generate_kwargs()
@@ -229,9 +307,14 @@ class Reporter:
         now = time.monotonic()
         generation, load = now - self.generation_start, self.generation_start - self.start
         rtf = f"RTF {generation / seconds:.2f}" if seconds > 0 else "no RTF: no audio"
-        self.err.write(("\r\x1b[K" if self.drawn else "") + printable(  # the line's own text: one safe line
-            f"{PROG}: {seconds:.2f} s of audio in {generation:.2f} s ({rtf}; model loaded in {load:.2f} s), seed "
-            f"{seed} -> {dest}") + "\n")
+        self.err.write(
+            ("\r\x1b[K" if self.drawn else "")
+            + printable(  # the line's own text: one safe line
+                f"{PROG}: {seconds:.2f} s of audio in {generation:.2f} s ({rtf}; model loaded in {load:.2f} s), seed "
+                f"{seed} -> {dest}"
+            )
+            + "\n"
+        )
         self.err.flush()
 
 
@@ -248,8 +331,9 @@ class Spoken:
         return self.samples / self.sample_rate
 
 
-def speak(tts: OmniVoiceOnnx, req: Request, sink: audio_out.AudioSink, stream: bool,
-          reporter: Reporter | None = None) -> Spoken:
+def speak(
+    tts: OmniVoiceOnnx, req: Request, sink: audio_out.AudioSink, stream: bool, reporter: Reporter | None = None
+) -> Spoken:
     """Run a validated request (tts.validate, with `stream` as given there) and write it to `sink`
     (closed on success, aborted on any error): whole with generate(), or chunk by chunk with
     stream(). The one synthesis path of the command line (omnivoice-onnx speak, infer_onnx.py --text)."""

@@ -44,18 +44,24 @@ def _common(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 
 def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser("voice", help="keep voices by name: add, list, show, remove, import",
-                                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = subparsers.add_parser(
+        "voice",
+        help="keep voices by name: add, list, show, remove, import",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     actions = parser.add_subparsers(dest="voice_command", metavar="ACTION", required=True)
     fmt = DefaultsHelpFormatter
 
-    add = _common(actions.add_parser("add", help="encode a reference (or keep an instruct) as a named voice",
-                                     formatter_class=fmt))
+    add = _common(
+        actions.add_parser("add", help="encode a reference (or keep an instruct) as a named voice", formatter_class=fmt)
+    )
     add.add_argument("name", help="the voice's name (letters, digits, '_' and '-')")
     add.add_argument("--ref-audio", "--ref_audio", dest="ref_audio", help="the reference recording (wav/flac)")
     add.add_argument("--ref-text", "--ref_text", dest="ref_text", help="what the reference says (its transcript)")
-    add.add_argument("--instruct", help="a voice-design instruct instead of (or with) a reference, e.g. "
-                                        "'female, low pitch'")
+    add.add_argument(
+        "--instruct", help="a voice-design instruct instead of (or with) a reference, e.g. 'female, low pitch'"
+    )
     add.add_argument("--force", action="store_true", help="replace a voice of that name")
 
     _common(actions.add_parser("list", help="the saved voices", formatter_class=fmt))
@@ -63,8 +69,13 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
     show.add_argument("name", help="a voice's name, or a voice file's path (.json, or upstream .pt)")
     remove = _common(actions.add_parser("remove", help="delete a saved voice", formatter_class=fmt))
     remove.add_argument("name", help="the voice's name")
-    imp = _common(actions.add_parser("import", help="keep an upstream VoiceClonePrompt.save (.pt) file as a named "
-                                                    "voice of this bundle", formatter_class=fmt))
+    imp = _common(
+        actions.add_parser(
+            "import",
+            help="keep an upstream VoiceClonePrompt.save (.pt) file as a named voice of this bundle",
+            formatter_class=fmt,
+        )
+    )
     imp.add_argument("file", type=Path, help="the .pt file (read without torch; its pickle is never executed)")
     imp.add_argument("name", help="the voice's name")
     imp.add_argument("--force", action="store_true", help="replace a voice of that name")
@@ -82,12 +93,17 @@ def _target(args: argparse.Namespace, voices: Path) -> Path:
 
 def _add(args: argparse.Namespace, voices: Path) -> Voice:
     if args.ref_audio is None and args.instruct is None:
-        raise UserError("voice add needs a reference (--ref-audio F --ref-text T) or an --instruct",
-                        "pass --ref-audio and --ref-text, or --instruct 'female, low pitch'")
+        raise UserError(
+            "voice add needs a reference (--ref-audio F --ref-text T) or an --instruct",
+            "pass --ref-audio and --ref-text, or --instruct 'female, low pitch'",
+        )
     if (args.ref_audio is None) != (args.ref_text is None):
-        raise UserError("--ref-audio and --ref-text go together (this runtime has no speech recogniser)",
-                        "pass the reference's transcript with --ref-text" if args.ref_text is None
-                        else "pass the recording with --ref-audio")
+        raise UserError(
+            "--ref-audio and --ref-text go together (this runtime has no speech recogniser)",
+            "pass the reference's transcript with --ref-text"
+            if args.ref_text is None
+            else "pass the recording with --ref-audio",
+        )
     _target(args, voices)
     if args.ref_audio is None:  # a designed voice: no graph needs to run, only the instruct checked
         from omnivoice_onnx.core.instruct import resolve_instruct
@@ -103,8 +119,9 @@ def _add(args: argparse.Namespace, voices: Path) -> Voice:
 
         resolve_instruct(args.instruct, False, tts.runtime_config["instruct"])
     prompt = tts.create_voice_clone_prompt(args.ref_audio, args.ref_text)
-    return Voice(args.name, prompt, args.instruct.strip() if args.instruct else None,
-                 tts.metadata["model_fingerprint"], Path())
+    return Voice(
+        args.name, prompt, args.instruct.strip() if args.instruct else None, tts.metadata["model_fingerprint"], Path()
+    )
 
 
 def describe(voice: Voice, frame_rate: int) -> str:
@@ -126,8 +143,9 @@ def run(args: argparse.Namespace) -> int:
             # Read (or refused) first: a crafted file is stopped before anything else happens.
             upstream = load_upstream_voice(args.file)
             _target(args, voices)
-            voice = Voice(args.name, upstream.prompt, None, Bundle.open(args.model_dir, verify=False).fingerprint,
-                          Path())
+            voice = Voice(
+                args.name, upstream.prompt, None, Bundle.open(args.model_dir, verify=False).fingerprint, Path()
+            )
         else:
             voice = _add(args, voices)
         path = save_voice(voices, args.name, voice, replace=args.force)  # checked again under the name's lock
@@ -135,8 +153,10 @@ def run(args: argparse.Namespace) -> int:
     elif args.voice_command == "list":
         found = list_voices(voices)
         if not found:
-            say(f"no voices in {voices} (add one with `omnivoice-onnx voice add NAME --ref-audio F --ref-text T`)",
-                file=sys.stderr)
+            say(
+                f"no voices in {voices} (add one with `omnivoice-onnx voice add NAME --ref-audio F --ref-text T`)",
+                file=sys.stderr,
+            )
         width = max((len(v.name) for v in found), default=0)
         for voice in found:
             say(f"{voice.name:<{width}}  {describe(voice, FRAME_RATE)}  model {voice.model_fingerprint}")

@@ -28,22 +28,47 @@ INSTALL_FIX = "install the Wyoming extra: pip install 'omnivoice-onnx[wyoming]'"
 def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
     from omnivoice_onnx.serve import wyoming as wyoming_server
 
-    parser = subparsers.add_parser("wyoming", help="run a Wyoming server (Home Assistant's local voice protocol)",
-                                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = subparsers.add_parser(
+        "wyoming",
+        help="run a Wyoming server (Home Assistant's local voice protocol)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add_model_flags(parser)
-    parser.add_argument("--uri", default=wyoming_server.DEFAULT_URI,
-                        help=f"where to listen, tcp://HOST:PORT (default: {wyoming_server.DEFAULT_URI}; port 0: any)")
-    parser.add_argument("--voice", default=wyoming_server.DEFAULT_VOICE,
-                        help=f"the voice of a request that names none (default: {wyoming_server.DEFAULT_VOICE})")
-    parser.add_argument("--seed", type=SEED, default=None,
-                        help="every request's seed (default: a preset's own, else a fresh one per request, logged)")
-    parser.add_argument("--allow-remote", "--allow_remote", dest="allow_remote", action="store_true",
-                        help="listen on a --uri other machines can reach (default: refused; the protocol has no key, "
-                             "so anyone who can reach the port can use it)")
-    parser.add_argument("--zeroconf", nargs="?", const=wyoming_server.ZEROCONF_NAME, default=None, metavar="NAME",
-                        help=f"announce the server over mDNS (_wyoming._tcp) for Home Assistant to discover, as NAME "
-                             f"(default name: {wyoming_server.ZEROCONF_NAME}); needs the zeroconf package (the "
-                             "wyoming extra)")
+    parser.add_argument(
+        "--uri",
+        default=wyoming_server.DEFAULT_URI,
+        help=f"where to listen, tcp://HOST:PORT (default: {wyoming_server.DEFAULT_URI}; port 0: any)",
+    )
+    parser.add_argument(
+        "--voice",
+        default=wyoming_server.DEFAULT_VOICE,
+        help=f"the voice of a request that names none (default: {wyoming_server.DEFAULT_VOICE})",
+    )
+    parser.add_argument(
+        "--seed",
+        type=SEED,
+        default=None,
+        help="every request's seed (default: a preset's own, else a fresh one per request, logged)",
+    )
+    parser.add_argument(
+        "--allow-remote",
+        "--allow_remote",
+        dest="allow_remote",
+        action="store_true",
+        help="listen on a --uri other machines can reach (default: refused; the protocol has no key, "
+        "so anyone who can reach the port can use it)",
+    )
+    parser.add_argument(
+        "--zeroconf",
+        nargs="?",
+        const=wyoming_server.ZEROCONF_NAME,
+        default=None,
+        metavar="NAME",
+        help=f"announce the server over mDNS (_wyoming._tcp) for Home Assistant to discover, as NAME "
+        f"(default name: {wyoming_server.ZEROCONF_NAME}); needs the zeroconf package (the "
+        "wyoming extra)",
+    )
     return parser
 
 
@@ -60,7 +85,8 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"omnivoice-onnx wyoming needs {exc.name}, which is not installed", INSTALL_FIX) from None
     config = server_config(args)
     log_lines()
-    settings = wyoming_server.WyomingConfig(uri=args.uri, seed=args.seed, voice=args.voice,
-                                            allow_remote=args.allow_remote, zeroconf=args.zeroconf)
+    settings = wyoming_server.WyomingConfig(
+        uri=args.uri, seed=args.seed, voice=args.voice, allow_remote=args.allow_remote, zeroconf=args.zeroconf
+    )
     listener = wyoming_server.listen(settings)  # a bad --uri or a busy port is named before the models load
     return wyoming_server.serve(load_service(config), settings, listener)

@@ -52,8 +52,9 @@ def kernel_width(orig: int, new: int, lowpass_filter_width: int, rolloff: float)
     return math.ceil(lowpass_filter_width * orig / (min(orig, new) * rolloff))
 
 
-def sinc_kernel(orig: int, new: int, dtype: type[np.floating], lowpass_filter_width: int, rolloff: float
-                ) -> tuple[np.ndarray, int]:
+def sinc_kernel(
+    orig: int, new: int, dtype: type[np.floating], lowpass_filter_width: int, rolloff: float
+) -> tuple[np.ndarray, int]:
     """The filter bank [new, 2*width + orig] and `width`, for gcd-reduced rates `orig` -> `new`."""
     base_freq = min(orig, new) * rolloff
     width = kernel_width(orig, new, lowpass_filter_width, rolloff)
@@ -84,8 +85,9 @@ def dot_sequential(frames: np.ndarray, kernel: np.ndarray) -> np.ndarray:
     return out
 
 
-def resample(waveform: np.ndarray, orig_freq: int, new_freq: int, lowpass_filter_width: int, rolloff: float
-             ) -> np.ndarray:
+def resample(
+    waveform: np.ndarray, orig_freq: int, new_freq: int, lowpass_filter_width: int, rolloff: float
+) -> np.ndarray:
     """[C, T] float32/float64 at `orig_freq` -> [C, ceil(T * new / orig)] at `new_freq`, same dtype."""
     if orig_freq == new_freq:
         return waveform
@@ -93,9 +95,11 @@ def resample(waveform: np.ndarray, orig_freq: int, new_freq: int, lowpass_filter
     orig, new = orig_freq // gcd, new_freq // gcd
     taps = new * (2 * kernel_width(orig, new, lowpass_filter_width, rolloff) + orig)
     if taps > MAX_KERNEL_TAPS:
-        raise UserError(f"resampling {orig_freq} Hz to {new_freq} Hz needs a {taps}-tap filter bank (rates with a "
-                        f"large ratio after reduction by their gcd {gcd})",
-                        "resample the reference to a common rate (16000, 22050, 24000, 44100 or 48000 Hz) first")
+        raise UserError(
+            f"resampling {orig_freq} Hz to {new_freq} Hz needs a {taps}-tap filter bank (rates with a "
+            f"large ratio after reduction by their gcd {gcd})",
+            "resample the reference to a common rate (16000, 22050, 24000, 44100 or 48000 Hz) first",
+        )
     dtype = waveform.dtype.type
     kernel, width = sinc_kernel(orig, new, dtype, lowpass_filter_width, rolloff)
     length = waveform.shape[-1]

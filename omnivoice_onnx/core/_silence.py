@@ -93,8 +93,7 @@ class Int16Segment:
         return Int16Segment(self.samples[::-1].copy(), self.rate)
 
 
-def detect_silence(seg: Int16Segment, min_silence_len: int, silence_thresh: float, seek_step: int
-                   ) -> list[list[int]]:
+def detect_silence(seg: Int16Segment, min_silence_len: int, silence_thresh: float, seek_step: int) -> list[list[int]]:
     """pydub.silence.detect_silence: silent [start_ms, end_ms] ranges."""
     seg_len = len(seg)
     if seg_len < min_silence_len:
@@ -122,8 +121,7 @@ def detect_silence(seg: Int16Segment, min_silence_len: int, silence_thresh: floa
     return silent_ranges
 
 
-def detect_nonsilent(seg: Int16Segment, min_silence_len: int, silence_thresh: float, seek_step: int
-                     ) -> list[list[int]]:
+def detect_nonsilent(seg: Int16Segment, min_silence_len: int, silence_thresh: float, seek_step: int) -> list[list[int]]:
     """pydub.silence.detect_nonsilent: the [start_ms, end_ms] ranges between the silent ones."""
     silent_ranges = detect_silence(seg, min_silence_len, silence_thresh, seek_step)
     seg_len = len(seg)
@@ -143,11 +141,14 @@ def detect_nonsilent(seg: Int16Segment, min_silence_len: int, silence_thresh: fl
     return nonsilent_ranges
 
 
-def split_on_silence(seg: Int16Segment, min_silence_len: int, silence_thresh: float, keep_silence: int,
-                     seek_step: int) -> list[Int16Segment]:
+def split_on_silence(
+    seg: Int16Segment, min_silence_len: int, silence_thresh: float, keep_silence: int, seek_step: int
+) -> list[Int16Segment]:
     """pydub.silence.split_on_silence with an integer keep_silence (ms kept on each side)."""
-    output_ranges = [[start - keep_silence, end + keep_silence]
-                     for start, end in detect_nonsilent(seg, min_silence_len, silence_thresh, seek_step)]
+    output_ranges = [
+        [start - keep_silence, end + keep_silence]
+        for start, end in detect_nonsilent(seg, min_silence_len, silence_thresh, seek_step)
+    ]
     for range_i, range_ii in zip(output_ranges, output_ranges[1:]):
         if range_ii[0] < range_i[1]:
             range_i[1] = (range_i[1] + range_ii[0]) // 2
@@ -170,8 +171,9 @@ def _dbfs(rms: int) -> float:
     return 20 * math.log(rms / INT16_SCALE, 10)
 
 
-def remove_silence_edges(seg: Int16Segment, lead_sil: int, trail_sil: int, silence_threshold: float,
-                         chunk_ms: int) -> Int16Segment:
+def remove_silence_edges(
+    seg: Int16Segment, lead_sil: int, trail_sil: int, silence_threshold: float, chunk_ms: int
+) -> Int16Segment:
     """upstream remove_silence_edges: keep at most lead_sil / trail_sil ms of edge silence.
 
     start = max(0, leading_silence_ms - lead_sil); seg = seg[start:] reversed; the same with
@@ -188,8 +190,17 @@ def to_int16(audio: np.ndarray) -> np.ndarray:
     return (audio * INT16_SCALE).clip(-32768, 32767).astype(np.int16)
 
 
-def remove_silence(audio: np.ndarray, sample_rate: int, mid_sil: int, lead_sil: int, trail_sil: int, *,
-                   silence_thresh: float, seek_step: int, leading_chunk: int) -> np.ndarray:
+def remove_silence(
+    audio: np.ndarray,
+    sample_rate: int,
+    mid_sil: int,
+    lead_sil: int,
+    trail_sil: int,
+    *,
+    silence_thresh: float,
+    seek_step: int,
+    leading_chunk: int,
+) -> np.ndarray:
     """upstream remove_silence on mono audio: float [1, T] -> float32 [1, T'] on the int16 grid.
 
     Silences longer than mid_sil ms (at silence_thresh dBFS, windows every seek_step ms) shrink to
@@ -199,8 +210,9 @@ def remove_silence(audio: np.ndarray, sample_rate: int, mid_sil: int, lead_sil: 
     if audio.ndim != 2 or audio.shape[0] != 1:
         raise ValueError(f"remove_silence takes mono audio [1, T], got shape {audio.shape}")
     if mid_sil > 0 and sample_rate < PYDUB_JOIN_RATE:
-        raise ValueError(f"remove_silence needs a sample rate >= {PYDUB_JOIN_RATE} Hz (pydub resamples "
-                         f"below it), got {sample_rate}")
+        raise ValueError(
+            f"remove_silence needs a sample rate >= {PYDUB_JOIN_RATE} Hz (pydub resamples below it), got {sample_rate}"
+        )
     seg = Int16Segment(to_int16(audio[0]), sample_rate)
     if mid_sil > 0:
         pieces = split_on_silence(seg, mid_sil, silence_thresh, keep_silence=mid_sil, seek_step=seek_step)

@@ -58,8 +58,12 @@ from omnivoice_onnx.reading import existing_file
 #   resample {lowpass_filter_width 6, rolloff 0.99}   torchaudio.functional.resample's defaults
 
 
-def load_reference(ref_audio: str | os.PathLike[str] | tuple[np.ndarray, int], sample_rate: int, rules: dict[str, Any],
-                   max_seconds: float | None = None) -> np.ndarray:
+def load_reference(
+    ref_audio: str | os.PathLike[str] | tuple[np.ndarray, int],
+    sample_rate: int,
+    rules: dict[str, Any],
+    max_seconds: float | None = None,
+) -> np.ndarray:
     """float32 [1, T] mono at sample_rate (upstream load_audio / the tuple branch).
 
     A file is read with soundfile; a tuple is `(waveform [T] or [C, T], rate)`. Channels are
@@ -70,8 +74,7 @@ def load_reference(ref_audio: str | os.PathLike[str] | tuple[np.ndarray, int], s
     """
     if isinstance(ref_audio, tuple):
         if len(ref_audio) != 2:
-            raise UserError(f"reference audio tuple has {len(ref_audio)} items",
-                            "pass (waveform, sample_rate)")
+            raise UserError(f"reference audio tuple has {len(ref_audio)} items", "pass (waveform, sample_rate)")
         rate = _checked_rate(ref_audio[1])
         if max_seconds is not None:
             _check_length(np.shape(ref_audio[0])[-1] if np.ndim(ref_audio[0]) else 0, rate, max_seconds)
@@ -97,9 +100,11 @@ def load_reference(ref_audio: str | os.PathLike[str] | tuple[np.ndarray, int], s
 
 def _check_length(samples: int, rate: int, max_seconds: float) -> None:
     if samples / rate > max_seconds:
-
-        raise too_large(f"the reference audio is {samples / rate:.1f} s long ({samples} samples at {rate} Hz)",
-                        "MAX_REF_SECONDS", "cut it to 3-10 s of clear speech")
+        raise too_large(
+            f"the reference audio is {samples / rate:.1f} s long ({samples} samples at {rate} Hz)",
+            "MAX_REF_SECONDS",
+            "cut it to 3-10 s of clear speech",
+        )
 
 
 def resample(waveform: np.ndarray, orig_freq: int, new_freq: int, rules: dict[str, Any]) -> np.ndarray:
@@ -116,8 +121,14 @@ def reference_rms(wav: np.ndarray) -> float:
     return float(np.sqrt(np.mean(wav**2)))
 
 
-def prepare_reference(wav: np.ndarray, sample_rate: int, hop_length: int, rules: dict[str, Any],
-                      preprocess: bool = True, min_seconds: float = 0.0) -> tuple[np.ndarray, float]:
+def prepare_reference(
+    wav: np.ndarray,
+    sample_rate: int,
+    hop_length: int,
+    rules: dict[str, Any],
+    preprocess: bool = True,
+    min_seconds: float = 0.0,
+) -> tuple[np.ndarray, float]:
     """(wav [1, T'] ready for the encoder: RMS-boosted, silence-removed if preprocess, clipped to a
     multiple of hop_length; ref_rms measured BEFORE the boost) = create_voice_clone_prompt's steps
     between loading and encode (with ref_text given).
@@ -134,25 +145,38 @@ def prepare_reference(wav: np.ndarray, sample_rate: int, hop_length: int, rules:
     if 0 < ref_rms < target_rms:
         wav = wav * target_rms / ref_rms
     if not np.abs(wav).max() >= 10 ** (rules["silence_thresh_dbfs"] / 20):  # boosted: only all-zero audio is
-        raise UserError("the reference audio is silent (all samples are zero)",
-                        "pass a reference with clearly audible speech")
+        raise UserError(
+            "the reference audio is silent (all samples are zero)", "pass a reference with clearly audible speech"
+        )
     if preprocess:
         mid, lead, trail = rules["reference_silence_ms"]
         wav = remove_silence(wav, sample_rate, mid, lead, trail, rules)
         if wav.shape[-1] == 0:
-            raise UserError("the reference audio is silent or too quiet: nothing is left after "
-                            "silence removal (-50 dBFS)", "pass a reference with clearly audible speech")
+            raise UserError(
+                "the reference audio is silent or too quiet: nothing is left after silence removal (-50 dBFS)",
+                "pass a reference with clearly audible speech",
+            )
     clip_size = wav.shape[-1] % hop_length
     if clip_size:
         wav = wav[:, :-clip_size]
     if wav.shape[-1] == 0 or wav.shape[-1] < min_seconds * sample_rate:
-        raise UserError(f"the reference audio is {wav.shape[-1] / sample_rate:.2f} s long after preparation, under "
-                        f"{max(min_seconds, hop_length / sample_rate):g} s", "pass a reference of 3-10 s of speech")
+        raise UserError(
+            f"the reference audio is {wav.shape[-1] / sample_rate:.2f} s long after preparation, under "
+            f"{max(min_seconds, hop_length / sample_rate):g} s",
+            "pass a reference of 3-10 s of speech",
+        )
     return wav.astype(np.float32), ref_rms  # a copy: never a view of the caller's array
 
 
-def post_process(audio: np.ndarray, ref_rms: float | None, sample_rate: int, rules: dict[str, Any],
-                 postprocess_output: bool, pad_duration: float, fade_duration: float) -> np.ndarray:
+def post_process(
+    audio: np.ndarray,
+    ref_rms: float | None,
+    sample_rate: int,
+    rules: dict[str, Any],
+    postprocess_output: bool,
+    pad_duration: float,
+    fade_duration: float,
+) -> np.ndarray:
     """[1, T] -> [1, T'] as upstream _post_process_audio.
 
     Long pauses shrink (if postprocess_output: rules["output_silence_ms"]), the level follows the
@@ -221,14 +245,22 @@ def cross_fade_chunks(chunks: list[np.ndarray], sample_rate: int, rules: dict[st
     return merged
 
 
-def remove_silence(audio: np.ndarray, sample_rate: int, mid_sil: int, lead_sil: int, trail_sil: int,
-                   rules: dict[str, Any]) -> np.ndarray:
+def remove_silence(
+    audio: np.ndarray, sample_rate: int, mid_sil: int, lead_sil: int, trail_sil: int, rules: dict[str, Any]
+) -> np.ndarray:
     """Upstream utils/audio.remove_silence on mono [1, T] audio -> float32 [1, T'] (see _silence.py):
     silences over mid_sil ms (rules' -50 dBFS) keep mid_sil ms on each side; edges keep
     lead_sil/trail_sil ms."""
-    return _silence.remove_silence(audio, sample_rate, mid_sil, lead_sil, trail_sil,
-                                   silence_thresh=rules["silence_thresh_dbfs"], seek_step=rules["seek_step_ms"],
-                                   leading_chunk=rules["leading_chunk_ms"])
+    return _silence.remove_silence(
+        audio,
+        sample_rate,
+        mid_sil,
+        lead_sil,
+        trail_sil,
+        silence_thresh=rules["silence_thresh_dbfs"],
+        seek_step=rules["seek_step_ms"],
+        leading_chunk=rules["leading_chunk_ms"],
+    )
 
 
 def _fade_and_pad(audio: np.ndarray, pad_duration: float, fade_duration: float, sample_rate: int) -> np.ndarray:
@@ -259,8 +291,10 @@ def _read_file(path: str | os.PathLike[str]) -> tuple[np.ndarray, int]:
     try:
         data, rate = sf.read(path, dtype="float32", always_2d=True)
     except sf.LibsndfileError as exc:
-        raise UserError(f"cannot read {os.fspath(path)} as audio ({exc})",
-                        "convert it to WAV or FLAC (soundfile/libsndfile reads those)") from exc
+        raise UserError(
+            f"cannot read {os.fspath(path)} as audio ({exc})",
+            "convert it to WAV or FLAC (soundfile/libsndfile reads those)",
+        ) from exc
     return _checked_array(data.T), rate  # (T, C) -> (C, T), a transposed view as upstream's
 
 
@@ -283,10 +317,17 @@ def _checked_array(waveform: object) -> np.ndarray:
 
 def _checked_rate(rate: object) -> int:
     """A positive whole sample rate as int (upstream accepts 16000.0 too); UserError otherwise."""
-    if (isinstance(rate, bool) or not isinstance(rate, numbers.Real) or not math.isfinite(rate) or rate <= 0
-            or not float(rate).is_integer()):
-        raise UserError(f"reference sample rate {rate!r} is not a positive whole number of Hz",
-                        "pass the rate as an int, e.g. 16000")
+    if (
+        isinstance(rate, bool)
+        or not isinstance(rate, numbers.Real)
+        or not math.isfinite(rate)
+        or rate <= 0
+        or not float(rate).is_integer()
+    ):
+        raise UserError(
+            f"reference sample rate {rate!r} is not a positive whole number of Hz",
+            "pass the rate as an int, e.g. 16000",
+        )
     # int() of a Real that is not Integral needs its __int__, which numbers.Real does not promise
     return int(rate) if isinstance(rate, numbers.Integral) else int(float(rate))
 
@@ -315,8 +356,15 @@ class StreamAssembler:
     fade to have its full length.
     """
 
-    def __init__(self, sample_rate: int, rules: dict[str, Any], ref_rms: float | None, postprocess_output: bool,
-                 pad_duration: float, fade_duration: float) -> None:
+    def __init__(
+        self,
+        sample_rate: int,
+        rules: dict[str, Any],
+        ref_rms: float | None,
+        postprocess_output: bool,
+        pad_duration: float,
+        fade_duration: float,
+    ) -> None:
         self.sample_rate, self.rules, self.ref_rms = sample_rate, rules, ref_rms
         self.postprocess_output = postprocess_output
         self.fade_n = int(rules["cross_fade_silence_s"] * sample_rate) // 3  # cross_fade_chunks' fade and silence
@@ -372,8 +420,8 @@ class StreamAssembler:
         # k as _fade_and_pad takes it: min(fade, T // 2); before the end, T >= 2 * fade is ensured (add)
         k = min(self.edge_n, total // 2) if total is not None else self.edge_n
         if k > 0 and begin < k:
-            out[..., :k - begin] *= np.linspace(0, 1, k, dtype=np.float32)[np.newaxis, begin:min(k, end)]
+            out[..., : k - begin] *= np.linspace(0, 1, k, dtype=np.float32)[np.newaxis, begin : min(k, end)]
         if total is not None and k > 0:
             first = max(begin, total - k)
-            out[..., first - begin:] *= np.linspace(1, 0, k, dtype=np.float32)[np.newaxis, first - (total - k):]
+            out[..., first - begin :] *= np.linspace(1, 0, k, dtype=np.float32)[np.newaxis, first - (total - k) :]
         return out

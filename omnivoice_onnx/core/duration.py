@@ -110,8 +110,9 @@ def rate_reference(ref_text: str | None, num_ref_audio_tokens: int | None, rules
     return ref_text, num_ref_audio_tokens
 
 
-def estimate_target_tokens(text: str, ref_text: str | None, num_ref_audio_tokens: int | None, rules: dict[str, Any],
-                           speed: float = 1.0) -> int:
+def estimate_target_tokens(
+    text: str, ref_text: str | None, num_ref_audio_tokens: int | None, rules: dict[str, Any], speed: float = 1.0
+) -> int:
     """Frames to generate for `text` (OmniVoice._estimate_target_tokens).
 
     Without a reference (no frame count, or an empty/None transcript) the rate is that of
@@ -133,14 +134,22 @@ def _per_item(value: float | Sequence[float | None] | None, batch_size: int, nam
         return [float(value)] * batch_size
     values = list(value)
     if len(values) < batch_size:  # upstream indexes the list per item and fails with an IndexError
-        raise UserError(f"{name} has {len(values)} value(s) for {batch_size} text(s)",
-                        f"pass one {name} for all texts or one per text")
+        raise UserError(
+            f"{name} has {len(values)} value(s) for {batch_size} text(s)",
+            f"pass one {name} for all texts or one per text",
+        )
     return values
 
 
-def target_lengths(texts: Sequence[str], ref_texts: Sequence[str | None], ref_token_counts: Sequence[int | None],
-                   speed: float | Sequence[float | None] | None, duration: float | Sequence[float | None] | None,
-                   frame_rate: int, rules: dict[str, Any]) -> tuple[list[int], list[float] | None]:
+def target_lengths(
+    texts: Sequence[str],
+    ref_texts: Sequence[str | None],
+    ref_token_counts: Sequence[int | None],
+    speed: float | Sequence[float | None] | None,
+    duration: float | Sequence[float | None] | None,
+    frame_rate: int,
+    rules: dict[str, Any],
+) -> tuple[list[int], list[float] | None]:
     """(target_lens, speed_list) for a batch, as OmniVoice._preprocess_all derives them.
 
     texts, ref_texts, ref_token_counts: one per item (None where an item has no reference).
@@ -160,8 +169,9 @@ def target_lengths(texts: Sequence[str], ref_texts: Sequence[str | None], ref_to
         has_duration = durations is not None and durations[i] is not None
         item_speed = 1.0 if has_duration else (user_speed[i] if user_speed else 1.0)
         if item_speed is None:  # upstream compares None > 0 and fails with a TypeError
-            raise UserError(f"speed of text {i} is None and it has no duration",
-                            "give every text a speed, or omit speed")
+            raise UserError(
+                f"speed of text {i} is None and it has no duration", "give every text a speed, or omit speed"
+            )
         lengths.append(estimate_target_tokens(texts[i], ref_texts[i], ref_token_counts[i], rules, speed=item_speed))
 
     speed_list: list[float] | None = None

@@ -95,12 +95,16 @@ class Task:
 
     def slice(self, indices: Sequence[int]) -> Task:
         """The items at `indices`, in that order (upstream slice_task)."""
-        return Task(texts=[self.texts[i] for i in indices], target_lens=[self.target_lens[i] for i in indices],
-                    langs=[self.langs[i] for i in indices], instructs=[self.instructs[i] for i in indices],
-                    ref_texts=[self.ref_texts[i] for i in indices],
-                    ref_audio_tokens=[self.ref_audio_tokens[i] for i in indices],
-                    ref_rms=[self.ref_rms[i] for i in indices],
-                    speed=[self.speed[i] for i in indices] if self.speed else None)
+        return Task(
+            texts=[self.texts[i] for i in indices],
+            target_lens=[self.target_lens[i] for i in indices],
+            langs=[self.langs[i] for i in indices],
+            instructs=[self.instructs[i] for i in indices],
+            ref_texts=[self.ref_texts[i] for i in indices],
+            ref_audio_tokens=[self.ref_audio_tokens[i] for i in indices],
+            ref_rms=[self.ref_rms[i] for i in indices],
+            speed=[self.speed[i] for i in indices] if self.speed else None,
+        )
 
 
 @dataclass
@@ -135,8 +139,9 @@ class Trace:
 def encode_reference(model: Model, reference: Reference) -> VoiceClonePrompt:
     """The prompt of a prepared reference: its codes from the encoder graph."""
     tokens = model.encode(reference.wav[np.newaxis])[0]
-    return VoiceClonePrompt(ref_audio_tokens=tokens.astype(np.int64), ref_text=reference.ref_text,
-                            ref_rms=reference.ref_rms)
+    return VoiceClonePrompt(
+        ref_audio_tokens=tokens.astype(np.int64), ref_text=reference.ref_text, ref_rms=reference.ref_rms
+    )
 
 
 def task_of(model: Model, req: Request) -> Task:
@@ -149,21 +154,46 @@ def task_of(model: Model, req: Request) -> Task:
                 encoded[id(reference)] = encode_reference(model, reference)
             reference = encoded[id(reference)]
         prompts.append(reference)
-    return Task(texts=req.texts, target_lens=req.target_lens, langs=req.langs, instructs=req.instructs,
-                ref_texts=[p.ref_text if p is not None else None for p in prompts],
-                ref_audio_tokens=[p.ref_audio_tokens if p is not None else None for p in prompts],
-                ref_rms=[p.ref_rms if p is not None else None for p in prompts], speed=req.speed)
+    return Task(
+        texts=req.texts,
+        target_lens=req.target_lens,
+        langs=req.langs,
+        instructs=req.instructs,
+        ref_texts=[p.ref_text if p is not None else None for p in prompts],
+        ref_audio_tokens=[p.ref_audio_tokens if p is not None else None for p in prompts],
+        ref_rms=[p.ref_rms if p is not None else None for p in prompts],
+        speed=req.speed,
+    )
 
 
-def generate_iterative(model: Model, task: Task, config: GenerationConfig, rng: TorchCpuRng,
-                       trace: Trace | None = None, monitor: Monitor | None = None) -> list[np.ndarray]:
+def generate_iterative(
+    model: Model,
+    task: Task,
+    config: GenerationConfig,
+    rng: TorchCpuRng,
+    trace: Trace | None = None,
+    monitor: Monitor | None = None,
+) -> list[np.ndarray]:
     """num_step model calls, each unmasking a scheduled number of cells per item -> tokens [C, T_i]."""
     monitor = monitor or Monitor()
     monitor.begin_chunk()
     batch, codebooks, mask_id = len(task.texts), model.num_codebooks, model.mask_id
-    items = [prompt.build_item_inputs(model.tokenizer, task.texts[i], task.target_lens[i], task.ref_texts[i],
-                                      task.ref_audio_tokens[i], task.langs[i], task.instructs[i], config.denoise,
-                                      codebooks, mask_id, model.runtime_config) for i in range(batch)]
+    items = [
+        prompt.build_item_inputs(
+            model.tokenizer,
+            task.texts[i],
+            task.target_lens[i],
+            task.ref_texts[i],
+            task.ref_audio_tokens[i],
+            task.langs[i],
+            task.instructs[i],
+            config.denoise,
+            codebooks,
+            mask_id,
+            model.runtime_config,
+        )
+        for i in range(batch)
+    ]
     input_ids, audio_mask, attention_mask, c_lens = prompt.batch_inputs(items, task.target_lens, codebooks, mask_id)
     tokens = [np.full((1, codebooks, t_len), mask_id, dtype=np.int64) for t_len in task.target_lens]
     schedules = [unmask_schedule(t_len, codebooks, config.num_step, config.t_shift) for t_len in task.target_lens]
@@ -171,10 +201,17 @@ def generate_iterative(model: Model, task: Task, config: GenerationConfig, rng: 
     if trace is not None:
         ref_frames = [t.shape[-1] if t is not None else 0 for t in task.ref_audio_tokens]
         record = IterativeTrace(
-            texts=list(task.texts), ref_texts=list(task.ref_texts), target_lens=list(task.target_lens),
-            c_lens=c_lens, schedules=schedules, ref_frames=ref_frames,
-            prompt_ids=[ids[0, 0, :c_len - t_len - r].tolist()
-                        for (ids, _), c_len, t_len, r in zip(items, c_lens, task.target_lens, ref_frames)])
+            texts=list(task.texts),
+            ref_texts=list(task.ref_texts),
+            target_lens=list(task.target_lens),
+            c_lens=c_lens,
+            schedules=schedules,
+            ref_frames=ref_frames,
+            prompt_ids=[
+                ids[0, 0, : c_len - t_len - r].tolist()
+                for (ids, _), c_len, t_len, r in zip(items, c_lens, task.target_lens, ref_frames)
+            ],
+        )
         trace.iterations.append(record)
 
     for step in range(config.num_step):
@@ -188,11 +225,18 @@ def generate_iterative(model: Model, task: Task, config: GenerationConfig, rng: 
                 continue
             c_len, t_len = c_lens[i], task.target_lens[i]
             tokens[i], cells = unmask_step(
-                logits[i:i + 1, :, c_len - t_len:c_len], logits[batch + i:batch + i + 1, :, :t_len], tokens[i], k,
-                guidance_scale=config.guidance_scale, class_temperature=config.class_temperature,
+                logits[i : i + 1, :, c_len - t_len : c_len],
+                logits[batch + i : batch + i + 1, :, :t_len],
+                tokens[i],
+                k,
+                guidance_scale=config.guidance_scale,
+                class_temperature=config.class_temperature,
                 layer_penalty_factor=config.layer_penalty_factor,
-                position_temperature=config.position_temperature, mask_id=mask_id, rng=rng)
-            input_ids[i, :, c_len - t_len:c_len] = tokens[i][0]
+                position_temperature=config.position_temperature,
+                mask_id=mask_id,
+                rng=rng,
+            )
+            input_ids[i, :, c_len - t_len : c_len] = tokens[i][0]
             input_ids[batch + i, :, :t_len] = tokens[i][0]
             step_cells.append(cells)
         if record is not None:
@@ -207,35 +251,62 @@ def generate_iterative(model: Model, task: Task, config: GenerationConfig, rng: 
 def chunk_plan(model: Model, task: Task, config: GenerationConfig) -> tuple[list[list[str]], list[plan.ChunkBatch]]:
     """(per long item, its text split at punctuation into ~audio_chunk_duration pieces; the
     batches that generate them): plan.plan_chunks, which request.validate() measured."""
-    return plan.plan_chunks(task.texts, task.target_lens, task.ref_texts,
-                            [t.shape[-1] if t is not None else None for t in task.ref_audio_tokens], task.speed,
-                            config.audio_chunk_duration, model.frame_rate, model.runtime_config)
+    return plan.plan_chunks(
+        task.texts,
+        task.target_lens,
+        task.ref_texts,
+        [t.shape[-1] if t is not None else None for t in task.ref_audio_tokens],
+        task.speed,
+        config.audio_chunk_duration,
+        model.frame_rate,
+        model.runtime_config,
+    )
 
 
-def iter_chunked(model: Model, task: Task, config: GenerationConfig, rng: TorchCpuRng,
-                 batches: list[plan.ChunkBatch], trace: Trace | None = None, monitor: Monitor | None = None
-                 ) -> Iterator[tuple[int, dict[int, np.ndarray]]]:
+def iter_chunked(
+    model: Model,
+    task: Task,
+    config: GenerationConfig,
+    rng: TorchCpuRng,
+    batches: list[plan.ChunkBatch],
+    trace: Trace | None = None,
+    monitor: Monitor | None = None,
+) -> Iterator[tuple[int, dict[int, np.ndarray]]]:
     """Long items' chunks (`batches`, from chunk_plan), generated chunk index by chunk index, in
     upstream _generate_chunked's order: yields (chunk index, {item: its tokens [C, T]}) as each
     index is done, so a stream can decode chunk 0 while later ones are still to come."""
     first: dict[int, np.ndarray] = {}
     for call in batches:
         # without a reference, chunk 0's tokens (and raw text, in the plan) are the later chunks' reference
-        refs = [task.ref_audio_tokens[i] if call.own_reference else first[i] if call.chunk > 0 else None
-                for i in call.indices]
-        sub_task = Task(texts=call.texts, target_lens=call.target_lens, langs=[task.langs[i] for i in call.indices],
-                        instructs=[task.instructs[i] for i in call.indices], ref_texts=call.ref_texts,
-                        ref_audio_tokens=refs, ref_rms=[task.ref_rms[i] for i in call.indices],
-                        speed=[task.speed[i] for i in call.indices] if task.speed else None)
+        refs = [
+            task.ref_audio_tokens[i] if call.own_reference else first[i] if call.chunk > 0 else None
+            for i in call.indices
+        ]
+        sub_task = Task(
+            texts=call.texts,
+            target_lens=call.target_lens,
+            langs=[task.langs[i] for i in call.indices],
+            instructs=[task.instructs[i] for i in call.indices],
+            ref_texts=call.ref_texts,
+            ref_audio_tokens=refs,
+            ref_rms=[task.ref_rms[i] for i in call.indices],
+            speed=[task.speed[i] for i in call.indices] if task.speed else None,
+        )
         done = dict(zip(call.indices, generate_iterative(model, sub_task, config, rng, trace, monitor)))
         if call.chunk == 0:
             first = done
         yield call.chunk, done
 
 
-def generate_chunked(model: Model, task: Task, config: GenerationConfig, rng: TorchCpuRng,
-                     trace: Trace | None = None, item_ids: Sequence[int] | None = None,
-                     monitor: Monitor | None = None) -> list[list[np.ndarray]]:
+def generate_chunked(
+    model: Model,
+    task: Task,
+    config: GenerationConfig,
+    rng: TorchCpuRng,
+    trace: Trace | None = None,
+    item_ids: Sequence[int] | None = None,
+    monitor: Monitor | None = None,
+) -> list[list[np.ndarray]]:
     """Long items, text split at punctuation into ~audio_chunk_duration pieces, generated chunk
     index by chunk index as batches -> per item, its chunks' tokens. `item_ids` (the items'
     indices in the whole call) only label the trace."""
@@ -254,24 +325,33 @@ def decode(model: Model, tokens: np.ndarray | list[np.ndarray]) -> np.ndarray:
     """Tokens [C, T] -> the decoder's audio [1, 960*T] float32; a list of chunks' tokens is decoded
     chunk by chunk and cross-faded (audio.cross_fade_chunks)."""
     if isinstance(tokens, list):
-        return audio.cross_fade_chunks([model.decode(t[np.newaxis])[0] for t in tokens], model.sample_rate,
-                                       model.runtime_config["audio"])
+        return audio.cross_fade_chunks(
+            [model.decode(t[np.newaxis])[0] for t in tokens], model.sample_rate, model.runtime_config["audio"]
+        )
     decoded: np.ndarray = model.decode(tokens[np.newaxis])[0]
     return decoded
 
 
-def decode_and_post_process(model: Model, tokens: np.ndarray | list[np.ndarray], ref_rms: float | None,
-                            config: GenerationConfig) -> np.ndarray:
+def decode_and_post_process(
+    model: Model, tokens: np.ndarray | list[np.ndarray], ref_rms: float | None, config: GenerationConfig
+) -> np.ndarray:
     """Tokens [C, T] (or a list of chunks' tokens, cross-faded) -> post-processed audio [T'] float32."""
-    waveform = audio.post_process(decode(model, tokens), ref_rms, model.sample_rate, model.runtime_config["audio"],
-                                  postprocess_output=config.postprocess_output,
-                                  pad_duration=config.pad_duration, fade_duration=config.fade_duration)
+    waveform = audio.post_process(
+        decode(model, tokens),
+        ref_rms,
+        model.sample_rate,
+        model.runtime_config["audio"],
+        postprocess_output=config.postprocess_output,
+        pad_duration=config.pad_duration,
+        fade_duration=config.fade_duration,
+    )
     samples: np.ndarray = waveform[0]
     return samples
 
 
-def generate(model: Model, req: Request, trace: Trace | None = None,
-             monitor: Monitor | None = None) -> list[np.ndarray]:
+def generate(
+    model: Model, req: Request, trace: Trace | None = None, monitor: Monitor | None = None
+) -> list[np.ndarray]:
     """upstream generate() after its config handling, for a validated request (request.validate:
     upstream's _preprocess_all checks, done once): its references encoded, then the unmasking
     loop with one TorchCpuRng(req.seed) shared in upstream's order -> one audio [T] float32 per text."""
@@ -280,8 +360,9 @@ def generate(model: Model, req: Request, trace: Trace | None = None,
     short_idx, long_idx = plan.split_short_long(task.target_lens, config.audio_chunk_threshold, model.frame_rate)
     monitor = monitor or Monitor()
     long_task = task.slice(long_idx)
-    monitor.chunks = (1 if short_idx else 0) + (max(map(len, chunk_plan(model, long_task, config)[0])) if long_idx
-                                                  else 0)
+    monitor.chunks = (1 if short_idx else 0) + (
+        max(map(len, chunk_plan(model, long_task, config)[0])) if long_idx else 0
+    )
     results: list[Any] = [None] * len(task.texts)
     if short_idx:
         for i, tokens in zip(short_idx, generate_iterative(model, task.slice(short_idx), config, rng, trace, monitor)):
@@ -295,9 +376,9 @@ def generate(model: Model, req: Request, trace: Trace | None = None,
     return [decode_and_post_process(model, results[i], task.ref_rms[i], config) for i in range(len(task.texts))]
 
 
-
-def stream(model: Model, req: Request, trace: Trace | None = None,
-           monitor: Monitor | None = None) -> Iterator[AudioChunk]:
+def stream(
+    model: Model, req: Request, trace: Trace | None = None, monitor: Monitor | None = None
+) -> Iterator[AudioChunk]:
     """generate() for a validated request of one text, yielding each chunk's audio as soon as it
     is decoded.
 
@@ -310,15 +391,21 @@ def stream(model: Model, req: Request, trace: Trace | None = None,
     the task, chunks and results as generate()'s does.
     """
     if len(req.texts) != 1:
-        raise UserError(f"stream() speaks one text, the request holds {len(req.texts)}",
-                        "call generate() for a batch of texts")
+        raise UserError(
+            f"stream() speaks one text, the request holds {len(req.texts)}", "call generate() for a batch of texts"
+        )
     monitor = monitor or Monitor()
     config, rng = req.config, TorchCpuRng(req.seed)
     task = task_of(model, req)
     _, long_idx = plan.split_short_long(task.target_lens, config.audio_chunk_threshold, model.frame_rate)
-    assembler = audio.StreamAssembler(model.sample_rate, model.runtime_config["audio"], task.ref_rms[0],
-                                      config.postprocess_output,
-                                      config.pad_duration, config.fade_duration)
+    assembler = audio.StreamAssembler(
+        model.sample_rate,
+        model.runtime_config["audio"],
+        task.ref_rms[0],
+        config.postprocess_output,
+        config.pad_duration,
+        config.fade_duration,
+    )
     if trace is not None:
         trace.task, trace.seed = task, req.seed
         trace.short_idx, trace.long_idx = ([], [0]) if long_idx else ([0], [])

@@ -20,12 +20,15 @@ from omnivoice_onnx.core import duration, text
 from omnivoice_onnx.errors import UserError
 
 
-def split_short_long(target_lens: Sequence[int], audio_chunk_threshold: float,
-                     frame_rate: int) -> tuple[list[int], list[int]]:
+def split_short_long(
+    target_lens: Sequence[int], audio_chunk_threshold: float, frame_rate: int
+) -> tuple[list[int], list[int]]:
     """(short, long) item indices: long ones exceed int(audio_chunk_threshold * frame_rate) frames."""
     threshold = int(audio_chunk_threshold * frame_rate)
-    return ([i for i, n in enumerate(target_lens) if n <= threshold],
-            [i for i, n in enumerate(target_lens) if n > threshold])
+    return (
+        [i for i, n in enumerate(target_lens) if n <= threshold],
+        [i for i, n in enumerate(target_lens) if n > threshold],
+    )
 
 
 @dataclass(frozen=True)
@@ -42,9 +45,16 @@ class ChunkBatch:
     own_reference: bool  # the items' own references (else chunk 0's tokens, or none for chunk 0)
 
 
-def plan_chunks(texts: Sequence[str], target_lens: Sequence[int], ref_texts: Sequence[str | None],
-                ref_frames: Sequence[int | None], speeds: Sequence[float] | None, audio_chunk_duration: float,
-                frame_rate: int, config: dict[str, Any]) -> tuple[list[list[str]], list[ChunkBatch]]:
+def plan_chunks(
+    texts: Sequence[str],
+    target_lens: Sequence[int],
+    ref_texts: Sequence[str | None],
+    ref_frames: Sequence[int | None],
+    speeds: Sequence[float] | None,
+    audio_chunk_duration: float,
+    frame_rate: int,
+    config: dict[str, Any],
+) -> tuple[list[list[str]], list[ChunkBatch]]:
     """(each long item's chunk texts, the batches in generation order), as _generate_chunked makes them.
 
     Texts are split at punctuation into ~audio_chunk_duration pieces; chunk index ci of every item
@@ -65,13 +75,20 @@ def plan_chunks(texts: Sequence[str], target_lens: Sequence[int], ref_texts: Seq
         all_chunks.append(chunks)
     has_ref = [frames is not None for frames in ref_frames]
     if any(has_ref) and not all(has_ref):
-        raise UserError("long texts (chunked) in one call must all have a reference or all have none",
-                        "generate them in separate calls")
+        raise UserError(
+            "long texts (chunked) in one call must all have a reference or all have none",
+            "generate them in separate calls",
+        )
 
-    def batch_of(ci: int, chunk_texts: list[str], refs: list[str | None], frames: list[int | None],
-                 indices: list[int], own: bool) -> ChunkBatch:
-        lens = [duration.estimate_target_tokens(chunk_texts[j], refs[j], frames[j], config["duration"],
-                                                speed=speeds[i] if speeds else 1.0) for j, i in enumerate(indices)]
+    def batch_of(
+        ci: int, chunk_texts: list[str], refs: list[str | None], frames: list[int | None], indices: list[int], own: bool
+    ) -> ChunkBatch:
+        lens = [
+            duration.estimate_target_tokens(
+                chunk_texts[j], refs[j], frames[j], config["duration"], speed=speeds[i] if speeds else 1.0
+            )
+            for j, i in enumerate(indices)
+        ]
         return ChunkBatch(ci, indices, chunk_texts, refs, frames, lens, own)
 
     batches = []
@@ -79,13 +96,29 @@ def plan_chunks(texts: Sequence[str], target_lens: Sequence[int], ref_texts: Seq
     if all(has_ref):
         for ci in range(max_chunks):
             indices = [i for i in range(batch) if ci < len(all_chunks[i])]
-            batches.append(batch_of(ci, [all_chunks[i][ci] for i in indices], [ref_texts[i] for i in indices],
-                                    [ref_frames[i] for i in indices], indices, True))
+            batches.append(
+                batch_of(
+                    ci,
+                    [all_chunks[i][ci] for i in indices],
+                    [ref_texts[i] for i in indices],
+                    [ref_frames[i] for i in indices],
+                    indices,
+                    True,
+                )
+            )
     else:
         first = batch_of(0, [c[0] for c in all_chunks], [None] * batch, [None] * batch, list(range(batch)), False)
         batches.append(first)
         for ci in range(1, max_chunks):
             indices = [i for i in range(batch) if ci < len(all_chunks[i])]
-            batches.append(batch_of(ci, [all_chunks[i][ci] for i in indices], [all_chunks[i][0] for i in indices],
-                                    [first.target_lens[i] for i in indices], indices, False))
+            batches.append(
+                batch_of(
+                    ci,
+                    [all_chunks[i][ci] for i in indices],
+                    [all_chunks[i][0] for i in indices],
+                    [first.target_lens[i] for i in indices],
+                    indices,
+                    False,
+                )
+            )
     return all_chunks, batches

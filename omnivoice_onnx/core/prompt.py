@@ -64,13 +64,24 @@ BCP47_TAG = re.compile(r"([A-Za-z]{2,3})(?:[-_][A-Za-z0-9]{1,8})*")
 # (cmn, zh's main member) and Norwegian Bokmal's 639-2 code; and the two-letter codes of Arabic and
 # Odia, whose model ids are the ISO 639-3 individual languages (Standard Arabic arb, Odia ory).
 TWO_LETTER_ALIASES = {"ar": "arb", "or": "ory"}
-LANGUAGE_ALIASES = {"iw": "he", "in": "id", "ji": "yi", "jw": "jv", "tl": "fil", "cmn": "zh", "nob": "nb",
-                    **TWO_LETTER_ALIASES}
+LANGUAGE_ALIASES = {
+    "iw": "he",
+    "in": "id",
+    "ji": "yi",
+    "jw": "jv",
+    "tl": "fil",
+    "cmn": "zh",
+    "nob": "nb",
+    **TWO_LETTER_ALIASES,
+}
 # Model ids with no two-letter code that BCP-47 tags (and so Home Assistant) still name: Cantonese.
 NAMED_THREE_LETTER = ("yue",)
 
-LANGUAGE_FIX = ("pass a language name (English, Chinese, ...), id (en, zh, ...) or tag (en-US, pt_BR), or None "
-                "for language-agnostic mode")
+LANGUAGE_FIX = (
+    "pass a language name (English, Chinese, ...), id (en, zh, ...) or tag (en-US, pt_BR), or None "
+    "for language-agnostic mode"
+)
+
 
 def language_names(languages: dict[str, Any]) -> dict[str, list[str]]:
     """runtime-config.json's languages section as id -> its names (sorted), in the config's id order:
@@ -98,12 +109,14 @@ class TextTokenizer:
         try:
             backend = Tokenizer.from_file(str(path)) if data is None else Tokenizer.from_buffer(data)
         except Exception as exc:  # the Rust library raises a bare Exception for any parse error
-            raise UserError(f"text tokenizer {path} cannot be loaded ({str(exc).splitlines()[0][:200]})",
-                            RERUN_EXPORT) from exc
+            raise UserError(
+                f"text tokenizer {path} cannot be loaded ({str(exc).splitlines()[0][:200]})", RERUN_EXPORT
+            ) from exc
         missing = [token for token in CONTROL_TOKENS if backend.token_to_id(token) is None]
         if missing:
-            raise UserError(f"text tokenizer {path} lacks OmniVoice's control token(s) {', '.join(missing)}",
-                            RERUN_EXPORT)
+            raise UserError(
+                f"text tokenizer {path} lacks OmniVoice's control token(s) {', '.join(missing)}", RERUN_EXPORT
+            )
         return cls(backend)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
@@ -119,7 +132,7 @@ class TextTokenizer:
         last_end = 0
         for match in re.finditer(nonverbal_pattern, text):
             if match.start() > last_end:
-                parts.extend(self.encode(text[last_end:match.start()], add_special_tokens=False))
+                parts.extend(self.encode(text[last_end : match.start()], add_special_tokens=False))
             parts.extend(self.encode(match.group(), add_special_tokens=False))
             last_end = match.end()
         if last_end < len(text):
@@ -169,9 +182,16 @@ def resolve_language(language: str | None, languages: dict[str, Any]) -> str | N
     raise UserError(f"unknown language {language!r}", LANGUAGE_FIX)
 
 
-def prompt_text_ids(tokenizer: shapes.Tokenizer, text: str, ref_text: str | None, has_reference: bool,
-                    lang: str | None, instruct: str | None, denoise: bool, config: dict[str, Any]
-                    ) -> tuple[np.ndarray, np.ndarray]:
+def prompt_text_ids(
+    tokenizer: shapes.Tokenizer,
+    text: str,
+    ref_text: str | None,
+    has_reference: bool,
+    lang: str | None,
+    instruct: str | None,
+    denoise: bool,
+    config: dict[str, Any],
+) -> tuple[np.ndarray, np.ndarray]:
     """(style ids, text ids) int64 of one item's prompt: everything before its audio positions
     (build_item_inputs' layout). Also what request.py measures a prompt's length with, before any
     array of the request's size is made. `config` is runtime-config.json."""
@@ -181,14 +201,25 @@ def prompt_text_ids(tokenizer: shapes.Tokenizer, text: str, ref_text: str | None
     style_text += f"{INSTRUCT_START}{instruct if instruct else no_value}{INSTRUCT_END}"
     style_ids = np.asarray(tokenizer.encode(style_text), dtype=np.int64)
     wrapped_text = f"{TEXT_START}{combine_text(text, config['text'], ref_text=ref_text)}{TEXT_END}"
-    text_ids = np.asarray(tokenizer.encode_with_nonverbal_tags(wrapped_text, config["prompt"]["nonverbal_pattern"]),
-                          dtype=np.int64)
+    text_ids = np.asarray(
+        tokenizer.encode_with_nonverbal_tags(wrapped_text, config["prompt"]["nonverbal_pattern"]), dtype=np.int64
+    )
     return style_ids, text_ids
 
 
-def build_item_inputs(tokenizer: shapes.Tokenizer, text: str, num_target_tokens: int, ref_text: str | None,
-                      ref_audio_tokens: np.ndarray | None, lang: str | None, instruct: str | None, denoise: bool,
-                      num_codebooks: int, mask_id: int, config: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+def build_item_inputs(
+    tokenizer: shapes.Tokenizer,
+    text: str,
+    num_target_tokens: int,
+    ref_text: str | None,
+    ref_audio_tokens: np.ndarray | None,
+    lang: str | None,
+    instruct: str | None,
+    denoise: bool,
+    num_codebooks: int,
+    mask_id: int,
+    config: dict[str, Any],
+) -> tuple[np.ndarray, np.ndarray]:
     """One item's prompt (_prepare_inference_inputs):
     input_ids [1,C,N] int64, audio_mask [1,N] bool.
 
@@ -200,8 +231,9 @@ def build_item_inputs(tokenizer: shapes.Tokenizer, text: str, num_target_tokens:
     `lang` and `instruct` are already resolved (resolve_language, resolve_instruct); an absent
     one is written as prompt.no_value ("None"). `config` is runtime-config.json.
     """
-    style_ids, text_ids = prompt_text_ids(tokenizer, text, ref_text, ref_audio_tokens is not None, lang, instruct,
-                                          denoise, config)
+    style_ids, text_ids = prompt_text_ids(
+        tokenizer, text, ref_text, ref_audio_tokens is not None, lang, instruct, denoise, config
+    )
     parts = [np.tile(style_ids, (num_codebooks, 1)), np.tile(text_ids, (num_codebooks, 1))]
     if ref_audio_tokens is not None:
         parts.append(np.asarray(ref_audio_tokens, dtype=np.int64))
@@ -215,8 +247,9 @@ def build_item_inputs(tokenizer: shapes.Tokenizer, text: str, num_target_tokens:
     return input_ids, audio_mask
 
 
-def batch_inputs(items: Sequence[tuple[np.ndarray, np.ndarray]], target_lens: Sequence[int], num_codebooks: int,
-                 mask_id: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[int]]:
+def batch_inputs(
+    items: Sequence[tuple[np.ndarray, np.ndarray]], target_lens: Sequence[int], num_codebooks: int, mask_id: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[int]]:
     """The classifier-free-guidance batch of _generate_iterative, from B items of build_item_inputs:
     input_ids [2B,C,S] int64, audio_mask [2B,S] bool, attention_mask [2B,1,S,S] bool, c_lens.
 

@@ -56,8 +56,13 @@ def linspace_f32(start: float, end: float, steps: int) -> np.ndarray:
         return np.array([start32], dtype=F32)
     step = F32(end32 - start32) / F32(steps - 1)
     halfway = steps // 2
-    return np.array([fma_f32(step, F32(i), start32) if i < halfway else fma_f32(-step, F32(steps - 1 - i), end32)
-                     for i in range(steps)], dtype=F32)
+    return np.array(
+        [
+            fma_f32(step, F32(i), start32) if i < halfway else fma_f32(-step, F32(steps - 1 - i), end32)
+            for i in range(steps)
+        ],
+        dtype=F32,
+    )
 
 
 def time_steps(num_step: int, t_shift: float) -> list[float]:

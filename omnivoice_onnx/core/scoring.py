@@ -107,8 +107,14 @@ def guided_log_probs(c_logits: np.ndarray, u_logits: np.ndarray, guidance_scale:
     return log_probs
 
 
-def predict_tokens(c_logits: np.ndarray, u_logits: np.ndarray, guidance_scale: float, class_temperature: float,
-                   mask_id: int, rng: TorchCpuRng) -> tuple[np.ndarray, np.ndarray]:
+def predict_tokens(
+    c_logits: np.ndarray,
+    u_logits: np.ndarray,
+    guidance_scale: float,
+    class_temperature: float,
+    mask_id: int,
+    rng: TorchCpuRng,
+) -> tuple[np.ndarray, np.ndarray]:
     """`_predict_tokens_with_scoring`: (tokens [1, C, T] int64, confidence [1, C, T] float32).
 
     Greedy (class_temperature 0) takes the argmax of the guided log-probs; otherwise the argmax of
@@ -147,9 +153,19 @@ def unmask(item_tokens: np.ndarray, predicted: np.ndarray, cells: np.ndarray) ->
     return tokens
 
 
-def unmask_step(c_logits: np.ndarray, u_logits: np.ndarray, item_tokens: np.ndarray, k: int, *,
-                guidance_scale: float, class_temperature: float, layer_penalty_factor: float,
-                position_temperature: float, mask_id: int, rng: TorchCpuRng) -> tuple[np.ndarray, np.ndarray]:
+def unmask_step(
+    c_logits: np.ndarray,
+    u_logits: np.ndarray,
+    item_tokens: np.ndarray,
+    k: int,
+    *,
+    guidance_scale: float,
+    class_temperature: float,
+    layer_penalty_factor: float,
+    position_temperature: float,
+    mask_id: int,
+    rng: TorchCpuRng,
+) -> tuple[np.ndarray, np.ndarray]:
     """One item's share of one step of `_generate_iterative`: (new tokens [1, C, T], cells unmasked).
 
     Random draws, in upstream's order: the class draw [1, C, T, V] (class_temperature > 0), then

@@ -129,8 +129,9 @@ def create_app(service: Service) -> FastAPI:
 
     # No generated schema or docs pages (GET /openapi.json is a JSON 404 like any unknown route):
     # the routes are OpenAI's, documented in the README, and the speech route reads its body itself.
-    app = FastAPI(title="omnivoice-onnx", description=__doc__, lifespan=lifespan, docs_url=None, redoc_url=None,
-                  openapi_url=None)
+    app = FastAPI(
+        title="omnivoice-onnx", description=__doc__, lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
+    )
     add_error_handlers(app)
     add_middleware(app, service)
     add_info_routes(app, service)
@@ -144,8 +145,11 @@ def create_app(service: Service) -> FastAPI:
 def browser_policy(config: ServerConfig) -> BrowserPolicy:
     """A keyless loopback server checks Host (a page rebinding a name to 127.0.0.1 has no key to
     show); any server does once --allowed-host names one."""
-    return BrowserPolicy(check_host=bool(config.allowed_hosts) or (config.api_key is None and is_loopback(config.host)),
-                         allowed_hosts=frozenset(config.allowed_hosts), cors_origins=frozenset(config.cors_origins))
+    return BrowserPolicy(
+        check_host=bool(config.allowed_hosts) or (config.api_key is None and is_loopback(config.host)),
+        allowed_hosts=frozenset(config.allowed_hosts),
+        cors_origins=frozenset(config.cors_origins),
+    )
 
 
 class LastWord:
@@ -198,19 +202,50 @@ def add_info_routes(app: FastAPI, service: Service) -> None:
     @app.get("/health")
     async def health() -> JSONResponse:
         pool = service.pool
-        body = {"status": "draining" if pool.draining else "ok", "workers": pool.workers, "running": pool.running,
-                "queued": pool.queue.qsize(), "queue_size": pool.queue_size, **pool.counts}
+        body = {
+            "status": "draining" if pool.draining else "ok",
+            "workers": pool.workers,
+            "running": pool.running,
+            "queued": pool.queue.qsize(),
+            "queue_size": pool.queue_size,
+            **pool.counts,
+        }
         return JSONResponse(body, status_code=503 if pool.draining else 200)
 
     def model_list() -> list[dict[str, Any]]:
         present = service.pool.models[0].bundle.variants
-        data = [{"id": MODEL_ID, "object": "model", "created": service.created, "owned_by": "omnivoice-onnx",
-                 "variant": service.variant, "served": True}]
-        data += [{"id": f"{MODEL_ID}-{name}", "object": "model", "created": service.created,
-                  "owned_by": "omnivoice-onnx", "variant": name, "served": name == service.variant}
-                 for name in present]
-        data += [{"id": alias, "object": "model", "created": service.created, "owned_by": "omnivoice-onnx",
-                  "variant": service.variant, "served": True} for alias in service.model_ids()[2:]]
+        data = [
+            {
+                "id": MODEL_ID,
+                "object": "model",
+                "created": service.created,
+                "owned_by": "omnivoice-onnx",
+                "variant": service.variant,
+                "served": True,
+            }
+        ]
+        data += [
+            {
+                "id": f"{MODEL_ID}-{name}",
+                "object": "model",
+                "created": service.created,
+                "owned_by": "omnivoice-onnx",
+                "variant": name,
+                "served": name == service.variant,
+            }
+            for name in present
+        ]
+        data += [
+            {
+                "id": alias,
+                "object": "model",
+                "created": service.created,
+                "owned_by": "omnivoice-onnx",
+                "variant": service.variant,
+                "served": True,
+            }
+            for alias in service.model_ids()[2:]
+        ]
         return data
 
     @app.get("/v1/models")
@@ -223,8 +258,11 @@ def add_info_routes(app: FastAPI, service: Service) -> None:
         for item in model_list():
             if item["id"] == model_id:
                 return item
-        raise refuse("model_not_found", "model", detail=f"model {model_id!r} does not exist; this server has "
-                     f"{', '.join(service.model_ids())}")
+        raise refuse(
+            "model_not_found",
+            "model",
+            detail=f"model {model_id!r} does not exist; this server has {', '.join(service.model_ids())}",
+        )
 
     @app.get("/v1/audio/models")
     async def speech_models() -> dict[str, Any]:
@@ -268,8 +306,9 @@ def add_voice_routes(app: FastAPI, service: Service) -> None:
         for entry in service.voice_catalogue():
             if entry.name.casefold() == name.casefold():
                 return voice_item(entry)
-        raise refuse("voice_not_found", "voice", detail=f"no voice {name!r}; voices: "
-                     f"{', '.join(service.voice_names())}")
+        raise refuse(
+            "voice_not_found", "voice", detail=f"no voice {name!r}; voices: {', '.join(service.voice_names())}"
+        )
 
     def require_save(param: str | None = None) -> None:
         if not service.config.allow_voice_save:
@@ -294,8 +333,11 @@ def add_voice_routes(app: FastAPI, service: Service) -> None:
         instruct = form_text(form, "instruct")
         upload = form.get("ref_audio")
         if upload is None and instruct is None:
-            raise refuse("missing_required_parameter", "ref_audio",
-                         detail="a voice needs ref_audio (a recording) + ref_text, or an instruct")
+            raise refuse(
+                "missing_required_parameter",
+                "ref_audio",
+                detail="a voice needs ref_audio (a recording) + ref_text, or an instruct",
+            )
         if voice_store.find_saved(service.voices, name) is not None:
             raise refuse("voice_exists", "name", detail=f"voice {name!r} already exists; rename or delete it first")
         if instruct is not None:
@@ -354,8 +396,11 @@ def add_reference_routes(app: FastAPI, service: Service) -> None:
         voice id to name in speech requests: NAME when saved, else an in-memory "ref-..." id."""
         ref_text, save_as = request.query_params.get("ref_text"), request.query_params.get("save_as")
         if not ref_text or not ref_text.strip():
-            raise refuse("missing_required_parameter", "ref_text",
-                         detail="ref_text (the words spoken in the reference) is required")
+            raise refuse(
+                "missing_required_parameter",
+                "ref_text",
+                detail="ref_text (the words spoken in the reference) is required",
+            )
         if save_as is not None and not service.config.allow_voice_save:
             raise refuse("voice_save_disabled", "save_as")
         if save_as is not None:
@@ -443,8 +488,11 @@ def add_speech_routes(app: FastAPI, service: Service) -> None:
         if parsed.stream_format == "sse":
             tts = service.pool.models[0]
             input_tokens = len(tts.tokenizer.encode(job.request.texts[0], add_special_tokens=False))
-            return StreamingResponse(sse_events(chunks, job, input_tokens, tts.model.hop_length),
-                                     media_type="text/event-stream", headers=headers)
+            return StreamingResponse(
+                sse_events(chunks, job, input_tokens, tts.model.hop_length),
+                media_type="text/event-stream",
+                headers=headers,
+            )
         return StreamingResponse(chunks, media_type=service.formats[fmt].media_type, headers=headers)
 
     # A plain Starlette route: the handler reads and validates the body itself (size limit first,
@@ -455,14 +503,18 @@ def add_speech_routes(app: FastAPI, service: Service) -> None:
 
 # --- running it ----------------------------------------------------------------------------------
 
+
 def load_service(config: ServerConfig) -> Service:
     """Load one OmniVoiceOnnx per worker and check the voices folder, before the port opens."""
     threads = worker_threads(config.workers, config.threads)
     # The first load checks the bundle's files against its report (OmniVoiceOnnx's verify); the
     # other workers load the same files just checked, so they skip the re-hash (~3.7 GB at full size).
-    models = [OmniVoiceOnnx.from_dir(config.model_dir, threads=threads, resident_codecs=True, variant=config.variant,
-                                     verify=i == 0)
-              for i in range(config.workers)]
+    models = [
+        OmniVoiceOnnx.from_dir(
+            config.model_dir, threads=threads, resident_codecs=True, variant=config.variant, verify=i == 0
+        )
+        for i in range(config.workers)
+    ]
     formats = available_response_formats()
     default = config.default_format or ("mp3" if "mp3" in formats else "wav")
     if default not in formats:
@@ -476,9 +528,17 @@ def load_service(config: ServerConfig) -> Service:
     except UserError as exc:
         raise UserError(f"--num-step/--guidance-scale/--language: {exc.problem}", exc.fix) from None
     folders = {"<voices>": voices, "<model>": Path(config.model_dir)}
-    return Service(config=config, pool=WorkerPool(list(models), config.queue_size, folders), voices=voices, shelf=shelf,
-                   formats=formats, default_format=default, fingerprint=first.metadata["model_fingerprint"],
-                   variant=first.variant, sample_rate=first.sample_rate)
+    return Service(
+        config=config,
+        pool=WorkerPool(list(models), config.queue_size, folders),
+        voices=voices,
+        shelf=shelf,
+        formats=formats,
+        default_format=default,
+        fingerprint=first.metadata["model_fingerprint"],
+        variant=first.variant,
+        sample_rate=first.sample_rate,
+    )
 
 
 def serve(config: ServerConfig) -> int:
@@ -488,15 +548,29 @@ def serve(config: ServerConfig) -> int:
     check_auth(config)
     listener = bind(config.host, config.port)  # a busy port is named before the models load
     service = load_service(config)
-    server = make_server(uvicorn.Config(create_app(service), host=config.host, port=config.port, log_level="info",
-                                        timeout_graceful_shutdown=math.ceil(config.drain_s), lifespan="on",
-                                        http=http_protocol(), timeout_keep_alive=math.ceil(door.KEEP_ALIVE_S),
-                                        h11_max_incomplete_event_size=door.MAX_HEADER_BYTES),
-                         on_stop=lambda: setattr(service.pool, "draining", True))
+    server = make_server(
+        uvicorn.Config(
+            create_app(service),
+            host=config.host,
+            port=config.port,
+            log_level="info",
+            timeout_graceful_shutdown=math.ceil(config.drain_s),
+            lifespan="on",
+            http=http_protocol(),
+            timeout_keep_alive=math.ceil(door.KEEP_ALIVE_S),
+            h11_max_incomplete_event_size=door.MAX_HEADER_BYTES,
+        ),
+        on_stop=lambda: setattr(service.pool, "draining", True),
+    )
     host, port = listener.getsockname()[:2]
-    LOG.info("omnivoice-onnx serve: %d worker(s) x %d thread(s), queue %d, default format %s, voices %s",
-             service.pool.workers, worker_threads(config.workers, config.threads), config.queue_size,
-             service.default_format, service.voices)
+    LOG.info(
+        "omnivoice-onnx serve: %d worker(s) x %d thread(s), queue %d, default format %s, voices %s",
+        service.pool.workers,
+        worker_threads(config.workers, config.threads),
+        config.queue_size,
+        service.default_format,
+        service.voices,
+    )
     # uvicorn prints no address for a socket it is given; this line has the real port (--port 0).
     LOG.info("%s%s", LISTENING, f"http://{f'[{host}]' if ':' in host else host}:{port}/v1")
     server.run(sockets=[listener])

@@ -47,9 +47,13 @@ def raw_error(error: ApiError) -> bytes:
     there is no request to answer through the app (malformed HTTP, headers too slow, too many
     connections): the same JSON body as every other error, never uvicorn's plain text."""
     body = json.dumps(error.body()).encode()
-    head = [f"HTTP/1.1 {error.status} {HTTPStatus(error.status).phrase}", "content-type: application/json",
-            f"content-length: {len(body)}", "connection: close",
-            *(f"{name}: {value}" for name, value in error.headers.items())]
+    head = [
+        f"HTTP/1.1 {error.status} {HTTPStatus(error.status).phrase}",
+        "content-type: application/json",
+        f"content-length: {len(body)}",
+        "connection: close",
+        *(f"{name}: {value}" for name, value in error.headers.items()),
+    ]
     return ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body
 
 

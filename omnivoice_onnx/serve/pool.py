@@ -88,8 +88,10 @@ class WorkerPool(Generic[SpeakerT]):
         # Called from the worker with (seconds of work, samples made) of each completed request: /metrics.
         self.on_synthesis: Callable[[float, int], None] | None = None
         self._lock = threading.Lock()
-        self._threads = [threading.Thread(target=self._work, args=(model,), name=f"omnivoice-worker-{i}", daemon=True)
-                         for i, model in enumerate(models)]
+        self._threads = [
+            threading.Thread(target=self._work, args=(model,), name=f"omnivoice-worker-{i}", daemon=True)
+            for i, model in enumerate(models)
+        ]
         for thread in self._threads:
             thread.start()
 
@@ -111,8 +113,13 @@ class WorkerPool(Generic[SpeakerT]):
             self.queue.put_nowait(job)
         except queue.Full:
             retry = self.retry_after()
-            raise refuse("queue_full", running=self.workers, queued=self.queue_size, retry=retry,
-                         headers={"Retry-After": str(retry)}) from None
+            raise refuse(
+                "queue_full",
+                running=self.workers,
+                queued=self.queue_size,
+                retry=retry,
+                headers={"Retry-After": str(retry)},
+            ) from None
 
     def close(self) -> None:
         """Stop the workers after the jobs already queued (the drain has let them finish)."""

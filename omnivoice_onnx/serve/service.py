@@ -53,11 +53,14 @@ class ServedModel(Speaker, Protocol):
     @property
     def model(self) -> Model: ...
 
-    def validate(self, text: str | list[str], *, stream: bool = False,
-                 **keywords: Unpack[RequestKeywords]) -> Request: ...
+    def validate(
+        self, text: str | list[str], *, stream: bool = False, **keywords: Unpack[RequestKeywords]
+    ) -> Request: ...
 
-    def create_voice_clone_prompt(self, ref_audio: Any, ref_text: str,
-                                  preprocess_prompt: bool = True) -> VoiceClonePrompt: ...
+    def create_voice_clone_prompt(
+        self, ref_audio: Any, ref_text: str, preprocess_prompt: bool = True
+    ) -> VoiceClonePrompt: ...
+
 
 LOG = logging.getLogger("omnivoice_onnx.server")
 
@@ -69,7 +72,7 @@ DEFAULT_TIMEOUT_S = 300.0  # per request, queue wait included
 DEFAULT_DRAIN_S = 60.0  # SIGTERM: how long requests in flight may take to finish
 BUILTIN_VOICES = {
     "auto": "upstream's auto mode: a voice the model picks; with `instructions`, voice design",
-    "design": "voice design from `instructions` (required), e.g. \"female, low pitch, british accent\"",
+    "design": 'voice design from `instructions` (required), e.g. "female, low pitch, british accent"',
 }
 REFERENCE_PREFIX = "ref-"  # the voice id of an uploaded reference: "ref-" + the first hex of its sha256
 REFERENCES_KEPT = 32  # uploaded references held in memory (the least recently used goes first)
@@ -87,6 +90,7 @@ class VoiceEntry:
 
 
 # --- requests ------------------------------------------------------------------------------------
+
 
 def speech_request_model() -> type[BaseModel]:
     """The pydantic model of a POST /v1/audio/speech body (built on first use: pydantic is the
@@ -122,8 +126,14 @@ def speech_request_model() -> type[BaseModel]:
 
 
 # pydantic's type errors, as the front door's `invalid_type` (the words Wyoming's checks use too)
-PYDANTIC_TYPES = {"string_type": "a string", "int_type": "an integer", "float_type": "a number",
-                  "bool_type": "true or false", "model_type": "an object", "dict_type": "an object"}
+PYDANTIC_TYPES = {
+    "string_type": "a string",
+    "int_type": "an integer",
+    "float_type": "a number",
+    "bool_type": "true or false",
+    "model_type": "an object",
+    "dict_type": "an object",
+}
 UNION_TAGS = {"str", "VoiceId"}  # pydantic's loc names the member of `str | VoiceId` that failed
 
 
@@ -141,7 +151,7 @@ def validation_error(exc: Any) -> ApiError:
     if first["type"] in PYDANTIC_TYPES:
         if param is None:
             return refuse("invalid_type", field="the request body", expected="a JSON object")
-        expected = "a string or an object {\"id\": ...}" if param == "voice" else PYDANTIC_TYPES[first["type"]]
+        expected = 'a string or an object {"id": ...}' if param == "voice" else PYDANTIC_TYPES[first["type"]]
         return refuse("invalid_type", param, field=param, expected=expected)
     return refuse("invalid_value", param, detail=f"{param}: {first['msg']}")
 
@@ -196,8 +206,9 @@ class Service:
     def model_ids(self) -> list[str]:
         """Every `model` a request may name: ours, OpenAI's speech models and --model-alias ids all
         name the served variant (an OpenAI client's "tts-1" works unchanged)."""
-        return list(dict.fromkeys([MODEL_ID, f"{MODEL_ID}-{self.variant}", *OPENAI_MODEL_IDS,
-                                   *self.config.model_aliases]))
+        return list(
+            dict.fromkeys([MODEL_ID, f"{MODEL_ID}-{self.variant}", *OPENAI_MODEL_IDS, *self.config.model_aliases])
+        )
 
     def saved_voices(self, listing: voice_store.SavedVoices | None = None) -> list[Any]:
         """The saved voices of `listing` (None: the folder as it is now); 500 when one is damaged."""
@@ -218,16 +229,22 @@ class Service:
         if name.casefold() in BUILTIN_VOICES:
             name = name.casefold()
             if name == "design" and not instructions:
-                raise refuse("missing_required_parameter", "instructions",
-                             detail="voice 'design' needs `instructions` describing the voice, e.g. "
-                                    "\"female, low pitch\"")
+                raise refuse(
+                    "missing_required_parameter",
+                    "instructions",
+                    detail="voice 'design' needs `instructions` describing the voice, e.g. \"female, low pitch\"",
+                )
             return {}, None  # a mode designs from the request's instructions alone
         listing = self.shelf.listing()  # this request's one read of the voices folder
         try:
             voice_store.check_name(name)
         except UserError:
-            raise refuse("invalid_voice", "voice", detail=f"voice {name!r} is not a voice name (names are names, not "
-                         f"paths); voices: {', '.join(self.voice_names(listing))}") from None
+            raise refuse(
+                "invalid_voice",
+                "voice",
+                detail=f"voice {name!r} is not a voice name (names are names, not "
+                f"paths); voices: {', '.join(self.voice_names(listing))}",
+            ) from None
         seed = None
         try:
             saved = None if name in self.references else listing.find(name)
@@ -243,10 +260,16 @@ class Service:
         elif (preset := find_preset(name)) is not None:
             kwargs, seed = preset.generate_kwargs(), preset.seed
         else:
-            hint = " (uploaded references are kept in memory only: upload it again)" \
-                if name.startswith(REFERENCE_PREFIX) else ""
-            raise refuse("invalid_voice", "voice",
-                         detail=f"unknown voice {name!r}{hint}; voices: {', '.join(self.voice_names(listing))}")
+            hint = (
+                " (uploaded references are kept in memory only: upload it again)"
+                if name.startswith(REFERENCE_PREFIX)
+                else ""
+            )
+            raise refuse(
+                "invalid_voice",
+                "voice",
+                detail=f"unknown voice {name!r}{hint}; voices: {', '.join(self.voice_names(listing))}",
+            )
         return kwargs, seed
 
     def voice_catalogue(self, listing: voice_store.SavedVoices | None = None) -> list[VoiceEntry]:
@@ -258,11 +281,15 @@ class Service:
         found = self.saved_voices() if listing is None else self.saved_voices(listing)
         saved = [voice for voice in found if voice.name.casefold() not in BUILTIN_VOICES]
         entries = [VoiceEntry(name, "builtin", text) for name, text in BUILTIN_VOICES.items()]
-        entries += [VoiceEntry(voice.name, "clone" if voice.prompt is not None else "design", voice.instruct)
-                    for voice in saved]
+        entries += [
+            VoiceEntry(voice.name, "clone" if voice.prompt is not None else "design", voice.instruct) for voice in saved
+        ]
         hidden = {voice.name.casefold() for voice in saved}
-        return entries + [VoiceEntry(name, "preset", preset.instruct, preset.seed)
-                          for name, preset in PRESETS.items() if name not in hidden]
+        return entries + [
+            VoiceEntry(name, "preset", preset.instruct, preset.seed)
+            for name, preset in PRESETS.items()
+            if name not in hidden
+        ]
 
     def voice_names(self, listing: voice_store.SavedVoices | None = None) -> list[str]:
         """The names of voice_catalogue(), in its order."""
@@ -347,17 +374,27 @@ def build_job(service: Service, request: Any, loop: asyncio.AbstractEventLoop) -
     """The validated work of one request and its response_format; ApiError (400) for anything
     the runtime would refuse, found before the request takes a place in the queue."""
     if request.model not in service.model_ids():
-        raise refuse("model_not_found", "model", detail=f"model {request.model!r} does not exist; this server has "
-                     f"{', '.join(service.model_ids())}")
+        raise refuse(
+            "model_not_found",
+            "model",
+            detail=f"model {request.model!r} does not exist; this server has {', '.join(service.model_ids())}",
+        )
     fmt = request.response_format or service.default_format
     if fmt not in service.formats:
-        raise refuse("unsupported_format", "response_format", detail=f"response_format {fmt!r} is not available "
-                     f"here; choose one of {', '.join(service.formats)}")
+        raise refuse(
+            "unsupported_format",
+            "response_format",
+            detail=f"response_format {fmt!r} is not available here; choose one of {', '.join(service.formats)}",
+        )
     if request.stream_format and not service.formats[fmt].streams:
         streamable = [name for name, spec in service.formats.items() if spec.streams]
-        raise refuse("unsupported_format", "response_format", detail=f"response_format {fmt!r} cannot be streamed; "
-                     f"with stream_format use one of {', '.join(streamable)}, or drop stream_format to get the whole "
-                     f"{fmt} file")
+        raise refuse(
+            "unsupported_format",
+            "response_format",
+            detail=f"response_format {fmt!r} cannot be streamed; "
+            f"with stream_format use one of {', '.join(streamable)}, or drop stream_format to get the whole "
+            f"{fmt} file",
+        )
     return plan_job(service, request, loop, stream=request.stream_format is not None), fmt
 
 
@@ -370,12 +407,15 @@ def bind(host: str, port: int) -> socket.socket:
         listener.bind((host, port))
         listener.listen(2048)  # uvicorn's backlog; a client that connects before the loop runs waits in it
     except OSError as exc:
-        raise UserError(f"cannot listen on {host}:{port} ({exc.strerror or exc})",
-                        "choose another --port (0: any free one) or --host, or stop what uses it") from None
+        raise UserError(
+            f"cannot listen on {host}:{port} ({exc.strerror or exc})",
+            "choose another --port (0: any free one) or --host, or stop what uses it",
+        ) from None
     return listener
 
 
 # --- who may call: the key ---------------------------------------------------------------------
+
 
 def api_key_from(flag: str | None, environ: Mapping[str, str]) -> str | None:
     """The key the server requires: --api-key if given, else $OMNIVOICE_API_KEY, else None. An empty
@@ -383,8 +423,10 @@ def api_key_from(flag: str | None, environ: Mapping[str, str]) -> str | None:
     server with authentication off and no word."""
     source, key = ("--api-key", flag) if flag is not None else (f"${API_KEY_ENV}", environ.get(API_KEY_ENV))
     if key is not None and not key.strip():
-        raise UserError(f"{source} is empty (an unset shell variable?)",
-                        "pass the key the clients will send, or leave the option out for a loopback-only server")
+        raise UserError(
+            f"{source} is empty (an unset shell variable?)",
+            "pass the key the clients will send, or leave the option out for a loopback-only server",
+        )
     return key
 
 
@@ -401,12 +443,17 @@ def check_auth(config: ServerConfig) -> None:
     """Refuse to serve a host other machines can reach without a key, unless --no-auth says so
     knowingly (then warn, loudly); a key and --no-auth together contradict each other."""
     if config.no_auth and config.api_key is not None:
-        raise UserError("--no-auth and an API key contradict each other",
-                        f"drop --no-auth, or drop --api-key / unset ${API_KEY_ENV}")
+        raise UserError(
+            "--no-auth and an API key contradict each other",
+            f"drop --no-auth, or drop --api-key / unset ${API_KEY_ENV}",
+        )
     if config.api_key is None and not is_loopback(config.host):
         if not config.no_auth:
-            raise UserError(f"refusing to serve {config.host} without an API key: anyone who can reach it could use it",
-                            f"pass --api-key KEY (or set ${API_KEY_ENV}), bind --host 127.0.0.1, or pass --no-auth "
-                            "to serve it open on purpose")
-        LOG.warning("--no-auth: serving %s WITHOUT AUTHENTICATION; anyone who can reach this address can use it",
-                    config.host)
+            raise UserError(
+                f"refusing to serve {config.host} without an API key: anyone who can reach it could use it",
+                f"pass --api-key KEY (or set ${API_KEY_ENV}), bind --host 127.0.0.1, or pass --no-auth "
+                "to serve it open on purpose",
+            )
+        LOG.warning(
+            "--no-auth: serving %s WITHOUT AUTHENTICATION; anyone who can reach this address can use it", config.host
+        )

@@ -108,8 +108,9 @@ def voice_entries(service: server_service.Service) -> list[server_service.VoiceE
     """The voices a client may pick: saved, presets, then auto ("design" needs a description,
     which the protocol cannot send)."""
     catalogue = service.voice_catalogue()
-    return ([entry for entry in catalogue if entry.kind != "builtin"]
-            + [entry for entry in catalogue if entry.kind == "builtin" and entry.name == "auto"])
+    return [entry for entry in catalogue if entry.kind != "builtin"] + [
+        entry for entry in catalogue if entry.kind == "builtin" and entry.name == "auto"
+    ]
 
 
 def voice_names(service: server_service.Service) -> list[str]:
@@ -123,7 +124,7 @@ def description(entry: server_service.VoiceEntry) -> str:
     line = f"{entry.name}: {what}"
     while len(line) > MAX_DESCRIPTION_CHARS and ", " in line:
         line = line.rsplit(", ", 1)[0]
-    return line if len(line) <= MAX_DESCRIPTION_CHARS else line[:MAX_DESCRIPTION_CHARS - 1] + "\u2026"
+    return line if len(line) <= MAX_DESCRIPTION_CHARS else line[: MAX_DESCRIPTION_CHARS - 1] + "\u2026"
 
 
 def describe(service: server_service.Service) -> Any:
@@ -133,11 +134,26 @@ def describe(service: server_service.Service) -> Any:
 
     attribution = Attribution(*ATTRIBUTION)
     languages = advertised_languages(service.pool.models[0].runtime_config["languages"])
-    voices = [TtsVoice(name=entry.name, attribution=attribution, installed=True, description=description(entry),
-                       version=None, languages=languages) for entry in voice_entries(service)]
-    program = TtsProgram(name="omnivoice-onnx", attribution=attribution, installed=True, version=__version__,
-                         description="OmniVoice text to speech (ONNX, no torch)", voices=voices,
-                         supports_synthesize_streaming=True)
+    voices = [
+        TtsVoice(
+            name=entry.name,
+            attribution=attribution,
+            installed=True,
+            description=description(entry),
+            version=None,
+            languages=languages,
+        )
+        for entry in voice_entries(service)
+    ]
+    program = TtsProgram(
+        name="omnivoice-onnx",
+        attribution=attribution,
+        installed=True,
+        version=__version__,
+        description="OmniVoice text to speech (ONNX, no torch)",
+        voices=voices,
+        supports_synthesize_streaming=True,
+    )
     return Info(tts=[program])
 
 
@@ -170,8 +186,13 @@ class Stream:
 class Session:
     """One client connection: its events in, audio and errors out."""
 
-    def __init__(self, service: server_service.Service, config: WyomingConfig, reader: asyncio.StreamReader,
-                 writer: asyncio.StreamWriter) -> None:
+    def __init__(
+        self,
+        service: server_service.Service,
+        config: WyomingConfig,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+    ) -> None:
         self.service, self.config, self.reader, self.writer = service, config, reader, writer
         self.peer = writer.get_extra_info("peername")
         self.stream: Stream | None = None
@@ -232,8 +253,9 @@ class Session:
             self.writer.write_eof()
         deadline = asyncio.get_running_loop().time() + LINGER_S
         with contextlib.suppress(asyncio.TimeoutError, ConnectionError):
-            while await asyncio.wait_for(self.reader.read(door.MAX_BODY_BYTES),
-                                         max(0.0, deadline - asyncio.get_running_loop().time())):
+            while await asyncio.wait_for(
+                self.reader.read(door.MAX_BODY_BYTES), max(0.0, deadline - asyncio.get_running_loop().time())
+            ):
                 pass
 
     async def last_word(self) -> None:
@@ -270,8 +292,9 @@ class Session:
         stream.text += chunk
         await self.speak_sentences(stream, final=False)
         if len(stream.text) > door.MAX_INPUT_CHARS:
-            raise door.too_long("streamed text without a sentence end",
-                                fix="end a sentence (. ! ? and a space) before that")
+            raise door.too_long(
+                "streamed text without a sentence end", fix="end a sentence (. ! ? and a space) before that"
+            )
 
     async def speak_sentences(self, stream: Stream, final: bool) -> None:
         """Speak the streamed text's completed sentences (all of it when `final`); the text is
@@ -281,8 +304,9 @@ class Session:
         ready, stream.text = stream.text[:cut], stream.text[cut:]
         stream.scanned = resume_at(stream.text)
         if ready.strip():
-            stream.seed = await self.speak(ready.strip(), stream.voice, stream.seed, start=not stream.started,
-                                           stop=False)
+            stream.seed = await self.speak(
+                ready.strip(), stream.voice, stream.seed, start=not stream.started, stop=False
+            )
             stream.started = True
 
     async def finish_stream(self, stream: Stream) -> None:
@@ -293,8 +317,9 @@ class Session:
             await self.write(AudioStart(rate=self.service.sample_rate, width=SAMPLE_WIDTH, channels=1))
         await self.write(AudioStop())
 
-    async def speak(self, text: str, voice: tuple[str | None, str | None], seed: int | None, start: bool,
-                    stop: bool) -> int:
+    async def speak(
+        self, text: str, voice: tuple[str | None, str | None], seed: int | None, start: bool, stop: bool
+    ) -> int:
         """Synthesize `text` and send its audio as it is decoded -> the seed used. ApiError (no
         audio sent) for what the HTTP server answers 4xx/5xx."""
         from wyoming.audio import AudioChunk, AudioStart, AudioStop
@@ -318,8 +343,9 @@ class Session:
             while True:
                 kind, payload = await job.events.get()
                 if kind == "chunk":
-                    await self.write(AudioChunk(rate=rate, width=SAMPLE_WIDTH, channels=1,
-                                                audio=to_pcm16(payload).tobytes()))
+                    await self.write(
+                        AudioChunk(rate=rate, width=SAMPLE_WIDTH, channels=1, audio=to_pcm16(payload).tobytes())
+                    )
                 elif kind == "done":
                     break
                 else:
@@ -334,6 +360,7 @@ class Session:
 
 
 # --- the server ----------------------------------------------------------------------------------
+
 
 def announced_address(host: str) -> str:
     """The address to announce for a server bound to `host`: itself, or for a wildcard bind the
@@ -356,17 +383,26 @@ async def announce(name: str, host: str, port: int) -> Any:
     try:
         address = announced_address(host)
         family = socket.AF_INET6 if ":" in address else socket.AF_INET
-        info = AsyncServiceInfo(ZEROCONF_TYPE, f"{name}.{ZEROCONF_TYPE}", port=port,
-                                addresses=[socket.inet_pton(family, address)],
-                                properties={"version": __version__})
+        info = AsyncServiceInfo(
+            ZEROCONF_TYPE,
+            f"{name}.{ZEROCONF_TYPE}",
+            port=port,
+            addresses=[socket.inet_pton(family, address)],
+            properties={"version": __version__},
+        )
         zeroconf = AsyncZeroconf(ip_version=IPVersion.V6Only if family == socket.AF_INET6 else IPVersion.V4Only)
         await zeroconf.async_register_service(info)
     except (OSError, ValueError, ZeroconfError) as exc:  # no multicast route; a name mDNS cannot carry
-        raise UserError(f"--zeroconf: cannot announce {name!r} over mDNS ({exc})",
-                        "check the network allows multicast, or leave out --zeroconf") from None
+        raise UserError(
+            f"--zeroconf: cannot announce {name!r} over mDNS ({exc})",
+            "check the network allows multicast, or leave out --zeroconf",
+        ) from None
     if ipaddress.ip_address(address).is_loopback:
-        LOG.warning("--zeroconf announces %s, a loopback address other machines cannot reach; bind --uri to this "
-                    "machine's address for Home Assistant to find it", address)
+        LOG.warning(
+            "--zeroconf announces %s, a loopback address other machines cannot reach; bind --uri to this "
+            "machine's address for Home Assistant to find it",
+            address,
+        )
     LOG.info("zeroconf: announced %s at %s:%d", info.name, address, port)
     return zeroconf, info
 
@@ -402,8 +438,12 @@ async def serve_async(service: server_service.Service, config: WyomingConfig, li
         loop.add_signal_handler(sig, stopping, sig)
     listening = await asyncio.start_server(connected, sock=listener, limit=door.MAX_HEADER_BYTES)
     bound_host, bound_port = listener.getsockname()[:2]
-    LOG.info("omnivoice-onnx wyoming: %d voice(s), %d language(s); seed %s", len(voice_names(service)),
-             len(service.languages()), "per request" if config.seed is None else config.seed)
+    LOG.info(
+        "omnivoice-onnx wyoming: %d voice(s), %d language(s); seed %s",
+        len(voice_names(service)),
+        len(service.languages()),
+        "per request" if config.seed is None else config.seed,
+    )
     LOG.info("%s%s", LISTENING, f"tcp://{f'[{bound_host}]' if ':' in bound_host else bound_host}:{bound_port}")
     announced = await announce(config.zeroconf, bound_host, bound_port) if config.zeroconf else None
     async with listening:
@@ -450,11 +490,16 @@ def listen(config: WyomingConfig) -> socket.socket:
     host, port = parse_uri(config.uri)
     if not server_service.is_loopback(host):
         if not config.allow_remote:
-            raise UserError(f"refusing to serve Wyoming on {host}: the protocol has no key, so anyone who can reach "
-                            "it could use it", "bind --uri tcp://127.0.0.1:PORT, or pass --allow-remote to serve a "
-                            "trusted network on purpose")
-        LOG.warning("--allow-remote: serving Wyoming on %s WITHOUT AUTHENTICATION (the protocol has none); anyone "
-                    "who can reach this address can use it", host)
+            raise UserError(
+                f"refusing to serve Wyoming on {host}: the protocol has no key, so anyone who can reach "
+                "it could use it",
+                "bind --uri tcp://127.0.0.1:PORT, or pass --allow-remote to serve a trusted network on purpose",
+            )
+        LOG.warning(
+            "--allow-remote: serving Wyoming on %s WITHOUT AUTHENTICATION (the protocol has none); anyone "
+            "who can reach this address can use it",
+            host,
+        )
     return server_service.bind(host, port)
 
 
@@ -463,8 +508,10 @@ def serve(service: server_service.Service, config: WyomingConfig, listener: sock
     SIGTERM/SIGINT -> 0 when the drain let every request finish, else 128 + the signal (as `serve`)."""
     try:
         if config.voice not in voice_names(service):
-            raise UserError(f"--voice {config.voice} is not one of this server's voices",
-                            f"choose one of {', '.join(voice_names(service))}")
+            raise UserError(
+                f"--voice {config.voice} is not one of this server's voices",
+                f"choose one of {', '.join(voice_names(service))}",
+            )
         stopped_by = asyncio.run(serve_async(service, config, listener))
     finally:
         service.pool.close()

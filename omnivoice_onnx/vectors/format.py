@@ -22,7 +22,7 @@ ENVELOPE_BLOCK = 480  # samples per envelope block: 20 ms at 24 kHz
 def audio_summary(samples: np.ndarray) -> dict[str, Any]:
     """Sample count, exact hash and tolerance-friendly statistics of one signal [T] float32."""
     samples = np.asarray(samples, dtype=np.float32)
-    blocks = [samples[i:i + ENVELOPE_BLOCK] for i in range(0, samples.size, ENVELOPE_BLOCK)]
+    blocks = [samples[i : i + ENVELOPE_BLOCK] for i in range(0, samples.size, ENVELOPE_BLOCK)]
     return {
         "samples": int(samples.size),
         "sha256_f32le": hashlib.sha256(samples.astype("<f4").tobytes()).hexdigest(),

@@ -112,11 +112,17 @@ def unmask_steps(iteration: IterativeTrace, item: int) -> list[str]:
 
 def iteration_record(iteration: IterativeTrace) -> dict[str, Any]:
     return {
-        "texts": iteration.texts, "ref_texts": iteration.ref_texts, "target_lens": iteration.target_lens,
-        "c_lens": iteration.c_lens, "ref_frames": iteration.ref_frames, "prompt_ids": iteration.prompt_ids,
+        "texts": iteration.texts,
+        "ref_texts": iteration.ref_texts,
+        "target_lens": iteration.target_lens,
+        "c_lens": iteration.c_lens,
+        "ref_frames": iteration.ref_frames,
+        "prompt_ids": iteration.prompt_ids,
         "schedules": iteration.schedules,
-        "items": [{"unmask_step": unmask_steps(iteration, i), "tokens": iteration.tokens[i].tolist()}
-                  for i in range(len(iteration.texts))],
+        "items": [
+            {"unmask_step": unmask_steps(iteration, i), "tokens": iteration.tokens[i].tolist()}
+            for i in range(len(iteration.texts))
+        ],
     }
 
 
@@ -124,10 +130,18 @@ def reference_record(tts: OmniVoiceOnnx, path: Path, preprocess: bool) -> dict[s
     """A reference file as the clone path prepares it (audio.load_reference, audio.prepare_reference)."""
     info = sf.info(str(path))
     loaded = audio.load_reference(str(path), tts.sample_rate, tts.runtime_config["audio"])
-    prepared, ref_rms = audio.prepare_reference(loaded, tts.sample_rate, tts.model.hop_length,
-                                                tts.runtime_config["audio"], preprocess=preprocess)
-    return {"file": path.name, "sample_rate": info.samplerate, "channels": info.channels, "frames": info.frames,
-            "loaded": audio_summary(loaded[0]), "ref_rms": ref_rms, "prepared": audio_summary(prepared[0])}
+    prepared, ref_rms = audio.prepare_reference(
+        loaded, tts.sample_rate, tts.model.hop_length, tts.runtime_config["audio"], preprocess=preprocess
+    )
+    return {
+        "file": path.name,
+        "sample_rate": info.samplerate,
+        "channels": info.channels,
+        "frames": info.frames,
+        "loaded": audio_summary(loaded[0]),
+        "ref_rms": ref_rms,
+        "prepared": audio_summary(prepared[0]),
+    }
 
 
 def duration_records(task: Any, rules: dict[str, Any]) -> list[dict[str, Any]]:
@@ -135,16 +149,29 @@ def duration_records(task: Any, rules: dict[str, Any]) -> list[dict[str, Any]]:
     estimate_duration): the speaking rate's reference and the estimate before speed and int()."""
     records = []
     for text, ref_text, tokens in zip(task.texts, task.ref_texts, task.ref_audio_tokens):
-        rate_text, rate_frames = duration.rate_reference(ref_text, tokens.shape[-1] if tokens is not None else None,
-                                                         rules)
-        records.append({"text_weight": duration.text_weight(text, rules),
-                        "ref_weight": duration.text_weight(rate_text, rules), "ref_frames": rate_frames,
-                        "estimate": duration.estimate_duration(text, rate_text, rate_frames, rules)})
+        rate_text, rate_frames = duration.rate_reference(
+            ref_text, tokens.shape[-1] if tokens is not None else None, rules
+        )
+        records.append(
+            {
+                "text_weight": duration.text_weight(text, rules),
+                "ref_weight": duration.text_weight(rate_text, rules),
+                "ref_frames": rate_frames,
+                "estimate": duration.estimate_duration(text, rate_text, rate_frames, rules),
+            }
+        )
     return records
 
 
-def output_record(tts: OmniVoiceOnnx, result: Any, final: np.ndarray, ref_rms: float | None, config: Any,
-                  decoded_path: Path, write: bool) -> dict[str, Any]:
+def output_record(
+    tts: OmniVoiceOnnx,
+    result: Any,
+    final: np.ndarray,
+    ref_rms: float | None,
+    config: Any,
+    decoded_path: Path,
+    write: bool,
+) -> dict[str, Any]:
     """The final audio's summary with its stages (the decoder's audio, chunks cross-faded; after
     silence removal) and `post_process`: post-processing of `decoded_path`, the decoded audio at
     16 bits (written first when `write`), exact on any machine whatever its decoder gives."""
@@ -154,14 +181,24 @@ def output_record(tts: OmniVoiceOnnx, result: Any, final: np.ndarray, ref_rms: f
         stages["silence_removed"] = _silence_removed(tts, decoded)
     if write:
         write_decoded(decoded_path, decoded[0], tts.sample_rate)
-    settings = {"ref_rms": ref_rms, "postprocess_output": config.postprocess_output,
-                "pad_duration": config.pad_duration, "fade_duration": config.fade_duration}
+    settings = {
+        "ref_rms": ref_rms,
+        "postprocess_output": config.postprocess_output,
+        "pad_duration": config.pad_duration,
+        "fade_duration": config.fade_duration,
+    }
     if not decoded_path.is_file():
         return {**audio_summary(final), "stages": stages, "post_process": None}
     stored = _read_float32(decoded_path)
-    return {**audio_summary(final), "stages": stages,
-            "post_process": {"input": decoded_path.name, "input_audio": audio_summary(stored[0]),
-                             **post_process_run(tts, stored, settings)}}
+    return {
+        **audio_summary(final),
+        "stages": stages,
+        "post_process": {
+            "input": decoded_path.name,
+            "input_audio": audio_summary(stored[0]),
+            **post_process_run(tts, stored, settings),
+        },
+    }
 
 
 def write_decoded(path: Path, samples: np.ndarray, rate: int) -> None:
@@ -179,10 +216,14 @@ def post_process_run(tts: OmniVoiceOnnx, decoded: np.ndarray, settings: dict[str
     trim = settings["postprocess_output"]
     mid, lead, trail = rules["output_silence_ms"]
     removed = audio.remove_silence(decoded, tts.sample_rate, mid, lead, trail, rules) if trim else decoded
-    output = audio.post_process(removed, settings["ref_rms"], tts.sample_rate, rules, False,
-                                settings["pad_duration"], settings["fade_duration"])
-    return {**settings, "silence_removed": audio_summary(removed[0]) if trim else None,
-            "output": audio_summary(output[0])}
+    output = audio.post_process(
+        removed, settings["ref_rms"], tts.sample_rate, rules, False, settings["pad_duration"], settings["fade_duration"]
+    )
+    return {
+        **settings,
+        "silence_removed": audio_summary(removed[0]) if trim else None,
+        "output": audio_summary(output[0]),
+    }
 
 
 def _read_float32(path: Path) -> np.ndarray:
@@ -198,8 +239,9 @@ def _silence_removed(tts: OmniVoiceOnnx, decoded: np.ndarray) -> dict[str, Any]:
     return audio_summary(audio.remove_silence(decoded, tts.sample_rate, mid, lead, trail, rules)[0])
 
 
-def run_case(tts: OmniVoiceOnnx, name: str, case: dict[str, Any], folder: Path, write: bool = False
-             ) -> tuple[dict[str, Any], list[np.ndarray]]:
+def run_case(
+    tts: OmniVoiceOnnx, name: str, case: dict[str, Any], folder: Path, write: bool = False
+) -> tuple[dict[str, Any], list[np.ndarray]]:
     """Generate one case (ref_audio names a file in `folder`) -> (its JSON record, its audio);
     `write` also writes each output's decoded audio into `folder` (decoded_file)."""
     kwargs = {key: value for key, value in case.items() if key != "seed"}
@@ -217,20 +259,32 @@ def run_case(tts: OmniVoiceOnnx, name: str, case: dict[str, Any], folder: Path, 
         "case": name,
         "export": _export_hashes(tts),
         "request": {**case, "seed": str(case["seed"]), "generation_config": asdict(config)},
-        "rng": {"seed": str(case["seed"]), "first_words": TorchCpuRng(case["seed"]).words(RNG_PREVIEW).tolist(),
-                "first_floats": [float(x) for x in TorchCpuRng(case["seed"]).rand(RNG_PREVIEW)],
-                "words_drawn": trace.words_drawn},
+        "rng": {
+            "seed": str(case["seed"]),
+            "first_words": TorchCpuRng(case["seed"]).words(RNG_PREVIEW).tolist(),
+            "first_floats": [float(x) for x in TorchCpuRng(case["seed"]).rand(RNG_PREVIEW)],
+            "words_drawn": trace.words_drawn,
+        },
         "references": [reference_record(tts, folder / file, config.preprocess_prompt) for file in ref_files],
-        "task": {"texts": task.texts, "target_lens": task.target_lens, "langs": task.langs,
-                 "instructs": task.instructs, "ref_texts": task.ref_texts, "ref_rms": task.ref_rms,
-                 "speed": task.speed,
-                 "ref_audio_tokens": [t.tolist() if t is not None else None for t in task.ref_audio_tokens]},
+        "task": {
+            "texts": task.texts,
+            "target_lens": task.target_lens,
+            "langs": task.langs,
+            "instructs": task.instructs,
+            "ref_texts": task.ref_texts,
+            "ref_rms": task.ref_rms,
+            "speed": task.speed,
+            "ref_audio_tokens": [t.tolist() if t is not None else None for t in task.ref_audio_tokens],
+        },
         "durations": duration_records(task, tts.runtime_config["duration"]),
-        "short_idx": trace.short_idx, "long_idx": trace.long_idx,
+        "short_idx": trace.short_idx,
+        "long_idx": trace.long_idx,
         "chunks": {str(item): chunks for item, chunks in trace.chunks.items()},
         "iterations": [iteration_record(it) for it in trace.iterations],
-        "outputs": [output_record(tts, result, final, task.ref_rms[i], config, folder / decoded_file(name, i), write)
-                    for i, (result, final) in enumerate(zip(trace.results, audios))],
+        "outputs": [
+            output_record(tts, result, final, task.ref_rms[i], config, folder / decoded_file(name, i), write)
+            for i, (result, final) in enumerate(zip(trace.results, audios))
+        ],
     }
     return record, audios
 
@@ -250,12 +304,26 @@ def scoring_record(tts: OmniVoiceOnnx, stored: dict[str, Any] | None = None) -> 
     for cond, uncond in rows:
         guided = scoring.guided_log_probs(cond[None], uncond[None], SCORING_GUIDANCE, mask_id)[0]
         c_lp, u_lp = scoring.log_softmax(cond), scoring.log_softmax(uncond)
-        records.append({"cond_logits": _floats(cond), "uncond_logits": _floats(uncond),
-                        "cond_log_softmax": _floats(c_lp), "uncond_log_softmax": _floats(u_lp),
-                        "guided_log_probs": _floats(np.where(np.isinf(guided), 0.0, guided).astype(np.float32)),
-                        "token": int(guided.argmax()), "confidence": float(guided.max())})
-    return {"format": FORMAT, "kind": "scoring", "case": SCORING_CASE, "export": _export_hashes(tts),
-            "guidance_scale": SCORING_GUIDANCE, "mask_id": mask_id, "rows": records}
+        records.append(
+            {
+                "cond_logits": _floats(cond),
+                "uncond_logits": _floats(uncond),
+                "cond_log_softmax": _floats(c_lp),
+                "uncond_log_softmax": _floats(u_lp),
+                "guided_log_probs": _floats(np.where(np.isinf(guided), 0.0, guided).astype(np.float32)),
+                "token": int(guided.argmax()),
+                "confidence": float(guided.max()),
+            }
+        )
+    return {
+        "format": FORMAT,
+        "kind": "scoring",
+        "case": SCORING_CASE,
+        "export": _export_hashes(tts),
+        "guidance_scale": SCORING_GUIDANCE,
+        "mask_id": mask_id,
+        "rows": records,
+    }
 
 
 def _floats(values: np.ndarray) -> list[float]:
@@ -265,9 +333,11 @@ def _floats(values: np.ndarray) -> list[float]:
 
 def _export_hashes(tts: OmniVoiceOnnx) -> dict[str, str]:
     """The export a vector was made from: the graphs' model fingerprint, the host files' sha256."""
-    return {"model_fingerprint": tts.metadata["model_fingerprint"],
-            "runtime_config_sha256": _file_sha256(tts.bundle.runtime_config_path),
-            "tokenizer_sha256": _file_sha256(tts.bundle.tokenizer_path)}
+    return {
+        "model_fingerprint": tts.metadata["model_fingerprint"],
+        "runtime_config_sha256": _file_sha256(tts.bundle.runtime_config_path),
+        "tokenizer_sha256": _file_sha256(tts.bundle.tokenizer_path),
+    }
 
 
 def _file_sha256(path: Path) -> str:
@@ -284,10 +354,14 @@ def _sha256_of_version(path: str, *identity: int) -> str:
 def post_process_case(tts: OmniVoiceOnnx, name: str, runs: list[dict[str, Any]], folder: Path) -> dict[str, Any]:
     """One POST_PROCESS_CASES entry: audio.post_process on SILENCES_WAV with each run's settings."""
     decoded = _read_float32(folder / SILENCES_WAV)
-    return {"format": FORMAT, "kind": "post_process", "case": name,
-            "export": {"runtime_config_sha256": _file_sha256(tts.bundle.runtime_config_path)},
-            "input": {"file": SILENCES_WAV, **audio_summary(decoded[0])},
-            "runs": [post_process_run(tts, decoded, run) for run in runs]}
+    return {
+        "format": FORMAT,
+        "kind": "post_process",
+        "case": name,
+        "export": {"runtime_config_sha256": _file_sha256(tts.bundle.runtime_config_path)},
+        "input": {"file": SILENCES_WAV, **audio_summary(decoded[0])},
+        "runs": [post_process_run(tts, decoded, run) for run in runs],
+    }
 
 
 def write_vectors(onnx_dir: Path, out: Path, threads: int | None = None) -> list[Path]:
@@ -299,13 +373,16 @@ def write_vectors(onnx_dir: Path, out: Path, threads: int | None = None) -> list
         for name, case in CASES.items():
             record, audios = run_case(tts, name, case, folder, write=True)
             if name == "design-reference":
-                names += [p.name for p in write_references(folder, audios[0], tts.sample_rate,
-                                                           tts.runtime_config["audio"])]
+                names += [
+                    p.name for p in write_references(folder, audios[0], tts.sample_rate, tts.runtime_config["audio"])
+                ]
             path = folder / f"{name}.json"
             path.write_text(json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n", encoding="utf-8")
             names += [decoded_file(name, i) for i in range(len(record["outputs"]))] + [path.name]
-            say(f"{out / path.name}  {path.stat().st_size / 1024:.0f} kB  {len(record['iterations'])} run(s), "
-                f"target_lens {record['task']['target_lens']}")
+            say(
+                f"{out / path.name}  {path.stat().st_size / 1024:.0f} kB  {len(record['iterations'])} run(s), "
+                f"target_lens {record['task']['target_lens']}"
+            )
         for name, runs in POST_PROCESS_CASES.items():
             path = folder / f"{name}.json"
             record = post_process_case(tts, name, runs, folder)
@@ -317,8 +394,7 @@ def write_vectors(onnx_dir: Path, out: Path, threads: int | None = None) -> list
         path.write_text(json.dumps(record, separators=(",", ":")) + "\n", encoding="utf-8")
         names.append(path.name)
         path = folder / f"{RULES_CASE}.json"
-        record = {**rules_record(tts.runtime_config, tts.tokenizer, tts.sample_rate),
-                  "export": _export_hashes(tts)}
+        record = {**rules_record(tts.runtime_config, tts.tokenizer, tts.sample_rate), "export": _export_hashes(tts)}
         path.write_text(json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n", encoding="utf-8")
         names.append(path.name)
         say(f"{out / path.name}  {path.stat().st_size / 1024:.0f} kB  {len(record['rules'])} rule inputs")
@@ -332,8 +408,9 @@ def check_vectors(onnx_dir: Path, folder: Path, threads: int | None = None) -> d
     tts = OmniVoiceOnnx.from_dir(onnx_dir, threads=threads, variant=FP32_VARIANT)
     results = {}
     for path in sorted(folder.glob("*.json")):
-        stored = read_json(path, "conformance vector", f"write the vectors again ({COMMAND} --out)",
-                           schema={"case": Maybe(str)})
+        stored = read_json(
+            path, "conformance vector", f"write the vectors again ({COMMAND} --out)", schema={"case": Maybe(str)}
+        )
         name = stored.get("case", path.stem)
         if name in CASES:
             record, _ = run_case(tts, name, CASES[name], folder)

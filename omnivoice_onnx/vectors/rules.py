@@ -112,12 +112,14 @@ def instruct_outcome(instruct: str, target_text: str, instruct_data: dict[str, A
         return {"error": error.problem}
 
 
-def expected_value(rule: str, case: dict[str, Any], runtime_config: dict[str, Any], tokenizer: TextTokenizer,
-                   sample_rate: int) -> Any:
+def expected_value(
+    rule: str, case: dict[str, Any], runtime_config: dict[str, Any], tokenizer: TextTokenizer, sample_rate: int
+) -> Any:
     """What the runtime computes for one input of one rule (the vector's `expected`)."""
     if rule == "chunk_merge":
-        return text.chunk_text_punctuation(case["text"], case["chunk_len"], runtime_config["text"],
-                                           case["min_chunk_len"])
+        return text.chunk_text_punctuation(
+            case["text"], case["chunk_len"], runtime_config["text"], case["min_chunk_len"]
+        )
     if rule == "end_punctuation":
         return text.add_punctuation(case["text"], runtime_config["text"])
     if rule == "cross_fade":
@@ -141,14 +143,21 @@ def rules_record(runtime_config: dict[str, Any], tokenizer: TextTokenizer, sampl
         "kind": "rules",
         "case": RULES_CASE,
         "sample_rate": sample_rate,
-        "rules": [{"rule": rule, "input": case,
-                   "expected": expected_value(rule, case, runtime_config, tokenizer, sample_rate)}
-                  for rule, cases in RULE_CASES.items() for case in cases],
+        "rules": [
+            {
+                "rule": rule,
+                "input": case,
+                "expected": expected_value(rule, case, runtime_config, tokenizer, sample_rate),
+            }
+            for rule, cases in RULE_CASES.items()
+            for case in cases
+        ],
     }
 
 
-def check_rules(stored: dict[str, Any], runtime_config: dict[str, Any], tokenizer: TextTokenizer,
-                sample_rate: int) -> list[str]:
+def check_rules(
+    stored: dict[str, Any], runtime_config: dict[str, Any], tokenizer: TextTokenizer, sample_rate: int
+) -> list[str]:
     """Differences between a stored rules vector and this runtime, one line each (a rule the vector
     lacks first, then its entries in order: the first line is where to look); [] when it conforms.
     Every `expected` must be JSON-equal, the cross-fade's audio summaries included: given the same
@@ -158,15 +167,21 @@ def check_rules(stored: dict[str, Any], runtime_config: dict[str, Any], tokenize
     if stored.get("sample_rate") != sample_rate:
         return [f"sample_rate {stored.get('sample_rate')!r}, the bundle's is {sample_rate}"]
     entries = stored.get("rules", [])
-    problems = [f"rules: no case of {rule} (an older vector: regenerate it)"
-                for rule in RULE_CASES if rule not in {entry.get("rule") for entry in entries}]
+    problems = [
+        f"rules: no case of {rule} (an older vector: regenerate it)"
+        for rule in RULE_CASES
+        if rule not in {entry.get("rule") for entry in entries}
+    ]
     for i, entry in enumerate(entries):
         if entry.get("rule") not in RULE_CASES:
-            problems.append(f"rules[{i}]: rule {entry.get('rule')!r} is not one this replay knows "
-                            f"({', '.join(RULE_CASES)})")
+            problems.append(
+                f"rules[{i}]: rule {entry.get('rule')!r} is not one this replay knows ({', '.join(RULE_CASES)})"
+            )
             continue
         ours = expected_value(entry["rule"], entry["input"], runtime_config, tokenizer, sample_rate)
         if ours != entry["expected"]:
-            problems.append(f"rules[{i}] {entry['rule']} {short(entry['input'])}: expected "
-                            f"{short(entry['expected'])}, got {short(ours)}")
+            problems.append(
+                f"rules[{i}] {entry['rule']} {short(entry['input'])}: expected "
+                f"{short(entry['expected'])}, got {short(ours)}"
+            )
     return problems
