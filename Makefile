@@ -9,6 +9,7 @@
 #   make test-fast            the quick subset: skips tests marked slow (pytest.ini), i.e. all that need steps 0-2
 #   make test-container       the container test alone (podman, runc and container/make_base.sh's base image)
 #   make typecheck            mypy, strict on the runtime package (pyproject.toml [tool.mypy]); .ci/run runs it
+#   make format               ruff format over the repo (.ci/run checks it with ruff format --check)
 #   make bench                PyTorch vs ONNX Runtime benchmark of the demo's export (README: Performance)
 #   make quality MODEL=PATH   quantized variants of the transformer and their quality table (steps 5-6)
 #   make venv-gpu             .venv for an NVIDIA machine (requirements-gpu.txt)
@@ -36,7 +37,7 @@ STEP := scripts/demo_step.sh $(DEMO_LOG)
 # file, or another PROVIDER, re-runs them).
 DEMO_DONE := $(CAPTURE)/.demo-$(PROVIDER).done
 
-.PHONY: demo test test-fast test-container typecheck venv venv-gpu bench quality clean gpu-check FORCE
+.PHONY: demo test test-fast test-container typecheck format venv venv-gpu bench quality clean gpu-check FORCE
 # A step that fails must not leave a target that looks up to date: make deletes a target its
 # failed recipe changed, so the next `make demo` re-runs the step instead of going on with it.
 .DELETE_ON_ERROR:
@@ -76,6 +77,9 @@ test: $(STAMP)
 # scratch, about a minute of CPU; later runs reuse .mypy_cache.
 typecheck: $(STAMP)
 	$(PY) -m mypy
+
+format: $(STAMP)
+	.venv/bin/ruff format .
 
 test-container: $(STAMP)
 	$(PY) -m pytest -q -m container tests/test_container.py
