@@ -46,20 +46,28 @@ def documented() -> list[str]:
     return [line for line in body.splitlines() if line.strip()]
 
 
-def test_the_floor_table_is_the_code_s() -> None:
-    want = floor_table()
+def documented_table(header: str) -> list[str]:
+    """The page's table under that header row, whole: from the header to the last `|` line after it."""
     lines = documented()
-    start = lines.index(want[0]) if want[0] in lines else None
-    got = lines[start : start + len(want)] if start is not None else []
-    assert got == want, f"docs/runtime.md's floor table is stale; paste this under '{SECTION}':\n" + "\n".join(want)
+    if header not in lines:
+        return []
+    start = lines.index(header)
+    end = next((at for at in range(start, len(lines)) if not lines[at].startswith("|")), len(lines))
+    return lines[start:end]
+
+
+def assert_on_page(want: list[str], what: str) -> None:
+    assert documented_table(want[0]) == want, (
+        f"docs/runtime.md's {what} table is stale; paste this under '{SECTION}':\n" + "\n".join(want)
+    )
+
+
+def test_the_floor_table_is_the_code_s() -> None:
+    assert_on_page(floor_table(), "floor")
 
 
 def test_the_room_table_is_the_code_s() -> None:
-    want = room_table()
-    lines = documented()
-    start = lines.index(want[0]) if want[0] in lines else None
-    got = lines[start : start + len(want)] if start is not None else []
-    assert got == want, f"docs/runtime.md's room table is stale; paste this under '{SECTION}':\n" + "\n".join(want)
+    assert_on_page(room_table(), "room")
 
 
 def test_every_room_says_its_job() -> None:
