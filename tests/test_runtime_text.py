@@ -843,3 +843,17 @@ def test_runtime_modules_import_no_torch():
     )
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"
+
+
+def test_the_same_tokenizer_bytes_are_parsed_once(assets, tmp_path):
+    """Bundles opened in one process share the parse of equal tokenizer.json bytes (prompt._parsed);
+    other bytes, even of the same vocabulary, are parsed anew, and a damaged file is still refused."""
+    data = (assets / "tokenizer.json").read_bytes()
+    first = prompt.TextTokenizer.from_file(assets / "tokenizer.json", data)
+    (tmp_path / "tokenizer.json").write_bytes(data)
+    again = prompt.TextTokenizer.from_file(tmp_path / "tokenizer.json")
+    other = prompt.TextTokenizer.from_file(tmp_path / "tokenizer.json", data + b"\n")
+    assert again.backend is first.backend and other.backend is not first.backend
+    assert other.encode("<|text_start|>hi<|text_end|>") == first.encode("<|text_start|>hi<|text_end|>")
+    (tmp_path / "tokenizer.json").write_bytes(data[: len(data) // 2])
+    _expect_user_error(lambda: prompt.TextTokenizer.from_file(tmp_path / "tokenizer.json"), "cannot be loaded")

@@ -35,6 +35,7 @@ Subtle points, for a port:
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -92,6 +93,20 @@ def language_names(languages: dict[str, Any]) -> dict[str, list[str]]:
     return {lang_id: sorted(found) for lang_id, found in names.items()}
 
 
+PARSED_TOKENIZERS = 2  # tokenizer.json contents kept parsed per process (a bundle and one other)
+
+
+@functools.lru_cache(maxsize=PARSED_TOKENIZERS)
+def _parsed(data: bytes) -> Tokenizer:
+    """The tokenizer of these tokenizer.json bytes, parsed once per process: parsing a Qwen
+    tokenizer.json costs more than the rest of opening a bundle (the investigation log measures
+    it), and a process that opens several bundles or variants of one model (a comparison, a bench,
+    the tests) reads the same bytes each time. Keyed by the bytes themselves, so other content is
+    parsed anew; the TextTokenizers sharing the result only encode with it (the library's encode
+    is thread-safe and changes nothing)."""
+    return Tokenizer.from_buffer(data)
+
+
 class TextTokenizer:
     """The text tokenizer: `encode(s)` equals upstream's `text_tokenizer(s).input_ids`."""
 
@@ -107,8 +122,8 @@ class TextTokenizer:
         if data is None and not path.is_file():
             raise UserError(f"text tokenizer not found: {path}", RERUN_EXPORT)
         try:
-            backend = Tokenizer.from_file(str(path)) if data is None else Tokenizer.from_buffer(data)
-        except Exception as exc:  # the Rust library raises a bare Exception for any parse error
+            backend = _parsed(path.read_bytes() if data is None else data)
+        except Exception as exc:  # the Rust library raises a bare Exception for any parse error; OSError: unreadable
             raise UserError(
                 f"text tokenizer {path} cannot be loaded ({str(exc).splitlines()[0][:200]})", RERUN_EXPORT
             ) from exc
