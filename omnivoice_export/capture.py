@@ -52,7 +52,7 @@ from omnivoice_export.files import (
     atomic_path,
     existing_file,
     file_entry,
-    matches_entry,
+    first_mismatch,
     read_artefact,
     sha256_file,
     write_json_atomic,
@@ -420,20 +420,24 @@ def _values_problem(manifest: dict[str, Any]) -> str | None:
 
 
 def load_manifest(capture_dir: Path, verify_hashes: bool = True) -> dict[str, Any]:
-    """The capture manifest, after checking every listed file exists (and matches its entry)."""
+    """The capture manifest, after checking every listed file exists (and matches its entry:
+    files.first_mismatch, which hashes only what changed since this user's processes hashed it)."""
     capture_dir = Path(capture_dir)
     manifest = read_artefact(
         capture_dir / MANIFEST_NAME, "capture manifest", RECAPTURE_FIX, CAPTURE_FORMAT, MANIFEST_SCHEMA, _values_problem
     )
-    for mode, entry in manifest["modes"].items():
-        for name, info in entry["files"].items():
-            path = capture_dir / mode / name
-            if not path.is_file():
-                raise UserError(f"capture is incomplete: {path} is missing", RECAPTURE_FIX)
-            if verify_hashes and not matches_entry(path, info):
-                raise UserError(
-                    f"capture file {path} does not match its recorded sha256 (modified or corrupt)", RECAPTURE_FIX
-                )
+    files = [
+        (capture_dir / mode / name, info)
+        for mode, entry in manifest["modes"].items()
+        for name, info in entry["files"].items()
+    ]
+    for path, _ in files:
+        if not path.is_file():
+            raise UserError(f"capture is incomplete: {path} is missing", RECAPTURE_FIX)
+    if verify_hashes and (changed := first_mismatch(files)) is not None:
+        raise UserError(
+            f"capture file {changed} does not match its recorded sha256 (modified or corrupt)", RECAPTURE_FIX
+        )
     return manifest
 
 

@@ -1,8 +1,13 @@
 """Artefact files for the toolchain: the runtime's omnivoice_onnx.files (atomic writes),
 omnivoice_onnx.hashing (sha256, `{sha256, bytes}` entries) and omnivoice_onnx.reading (JSON
-artefacts and their schemas), re-exported so there is one copy."""
+artefacts and their schemas), re-exported so there is one copy; and first_mismatch, the check of
+listed files that the capture, the export and its variants share with the runtime's bundle."""
 
 from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
 
 from omnivoice_onnx.files import (  # noqa: F401
     atomic_dir,
@@ -13,7 +18,7 @@ from omnivoice_onnx.files import (  # noqa: F401
     umask_mode,
     write_json_atomic,
 )
-from omnivoice_onnx.hashing import FILE_ENTRY_SCHEMA, file_entry, matches_entry, sha256_file  # noqa: F401
+from omnivoice_onnx.hashing import FILE_ENTRY_SCHEMA, file_entry, sha256_file  # noqa: F401
 from omnivoice_onnx.reading import (  # noqa: F401
     PERMISSION_FIX,
     Each,
@@ -22,3 +27,20 @@ from omnivoice_onnx.reading import (  # noqa: F401
     read_json,
     schema_problem,
 )
+from omnivoice_onnx.verified import VerifiedFiles
+
+
+def first_mismatch(files: Iterable[tuple[Path, Mapping[str, Any]]]) -> Path | None:
+    """The first of `files` ((path, `{sha256, bytes}` entry) pairs, each an existing file) that is
+    not the file its entry lists, or None when all are.
+
+    A file is hashed unless this user's processes already hashed it unchanged (the runtime's
+    VerifiedFiles record: same stat identity, same expected sha256), as a bundle's files are when
+    it opens; OMNIVOICE_VERIFY=full hashes every one. Steps 3, 4 and 6 read a capture of hundreds
+    of files and an export of gigabytes again at every run: each file's bytes are hashed once
+    after it is written, not by every script that checks it."""
+    record = VerifiedFiles.in_cache()
+    try:
+        return next((Path(path) for path, entry in files if record.matches(Path(path), dict(entry)) is None), None)
+    finally:
+        record.save()

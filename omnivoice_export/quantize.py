@@ -77,7 +77,7 @@ from onnx import helper, numpy_helper
 
 from omnivoice_export import fp16, fusion, report, rowwise
 from omnivoice_export.cli import check_output
-from omnivoice_export.files import file_entry, matches_entry, sha256_file, temporary_dir, umask_mode
+from omnivoice_export.files import file_entry, first_mismatch, sha256_file, temporary_dir, umask_mode
 from omnivoice_export.measure import PeakRss
 from omnivoice_export.report import read_graph_metadata, save_with_sidecar
 from omnivoice_onnx.contract import GRAPH_FILES, variant_dir, variant_path
@@ -723,12 +723,12 @@ def verify_variant(onnx_dir: Path, export: dict[str, Any], name: str) -> Path:
         known = ", ".join(export.get("variants", {})) or "none"
         raise UserError(f"the export report has no variant {name!r} (made so far: {known})", fix)
     folder = variant_dir(onnx_dir, name)
-    for file, info in entry["files"].items():
-        path = folder / file
-        if not path.is_file():
-            raise UserError(f"{path} is missing", fix)
-        if not matches_entry(path, info):
-            raise UserError(f"{path} does not match the export report's sha256 (modified or from another export)", fix)
+    for file in entry["files"]:
+        if not (folder / file).is_file():
+            raise UserError(f"{folder / file} is missing", fix)
+    changed = first_mismatch((folder / file, info) for file, info in entry["files"].items())
+    if changed is not None:
+        raise UserError(f"{changed} does not match the export report's sha256 (modified or from another export)", fix)
     meta = read_graph_metadata(folder / TRANSFORMER_FILE)
     if meta.get("variant") != name or meta.get("model_fingerprint") != export["model"]["fingerprint"]:
         raise UserError(

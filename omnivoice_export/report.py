@@ -39,7 +39,7 @@ from omnivoice_export.files import (
     Each,
     existing_file,
     file_entry,
-    matches_entry,
+    first_mismatch,
     read_artefact,
     sha256_file,
     write_json_atomic,
@@ -305,13 +305,12 @@ def verify_graphs(onnx_dir: Path, export: dict[str, Any], graphs: list[str]) -> 
                 REEXPORT_FIX,
             )
         check_graph_metadata(onnx_dir / entry["file"], graph, entry, export["model"]["fingerprint"])
-        for name, info in entry["files"].items():
-            path = onnx_dir / name
-            if not matches_entry(path, info):
-                raise UserError(
-                    f"{path} does not match the export report's sha256 (truncated, modified or from another export)",
-                    REEXPORT_FIX,
-                )
+        changed = first_mismatch((onnx_dir / name, info) for name, info in entry["files"].items())
+        if changed is not None:
+            raise UserError(
+                f"{changed} does not match the export report's sha256 (truncated, modified or from another export)",
+                REEXPORT_FIX,
+            )
 
 
 def verify_against_capture(capture_dir: Path, onnx_dir: Path, graphs: list[str]) -> tuple[dict, dict]:

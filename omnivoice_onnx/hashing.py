@@ -1,7 +1,7 @@
 """Hashing: sha256 of a file read in chunks, and the `{sha256, bytes}` entry with which every
 artefact lists its files (file_entry), so a later stage can prove it reads what was written
-(matches_entry). Shared by the runtime (the bundle's verification, fetch, batch, conformance) and the
-toolchain (omnivoice_export.files re-exports it).
+(verified.VerifiedFiles.matches). Shared by the runtime (the bundle's verification, fetch, batch,
+conformance) and the toolchain (omnivoice_export.files re-exports it).
 
 A module of its own because proving a file is the one listed is a different job from writing it
 (files) or parsing it (reading): the bundle's check hashes GBs and parses nothing.
@@ -10,7 +10,6 @@ A module of its own because proving a file is the one listed is a different job 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -35,8 +34,3 @@ def file_entry(path: Path) -> dict[str, Any]:
 
 
 FILE_ENTRY_SCHEMA = {"sha256": str, "bytes": int}  # file_entry() in schema_problem's notation
-
-
-def matches_entry(path: Path, entry: Mapping[str, object]) -> bool:
-    """Whether `path` is the file `entry` lists (size first: a truncated file costs no hashing)."""
-    return Path(path).stat().st_size == entry["bytes"] and sha256_file(path) == entry["sha256"]

@@ -23,10 +23,10 @@ CACHE_ENV = "OMNIVOICE_CACHE_DIR"  # where VerifiedFiles keeps its record; "" ke
 CACHE_SUBDIR = "omnivoice-onnx"  # the folder under $XDG_CACHE_HOME or ~/.cache
 VERIFIED_FILE = "verified-files.json"
 VERIFIED_FORMAT, VERIFIED_VERSION = "omnivoice-onnx verified files", 1
-VERIFIED_MAX = 256  # files remembered (a variant loads 8); the least recently hashed go first
+VERIFIED_MAX = 1024  # files remembered (a variant loads 8, the toolchain checks a capture of ~150); oldest go first
 VERIFIED_LOCK_S = 2.0  # another process saving the record holds its lock for milliseconds
 VERIFIED_SCHEMA = {"format": str, "version": int, "files": Each({"stat": [int], "sha256": str})}
-VERIFIED_MAX_BYTES = 2 << 20  # 256 entries of 4,096-character paths are ~1.1 MB; a larger record is not ours
+VERIFIED_MAX_BYTES = 8 << 20  # 1,024 entries of 4,096-character paths are ~4.4 MB; a larger record is not ours
 # A file whose inode changed (ctime) less than this before its hash began is hashed but not
 # remembered: file times tick coarsely (a kernel tick), so a write in the same tick as that ctime
 # could leave the stat identity unchanged. A file older than this that changes later gets a later
@@ -92,7 +92,8 @@ def _private(status: os.stat_result) -> bool:
 
 
 class VerifiedFiles:
-    """The files this user's processes hashed and found as an export report lists them, each with
+    """The files this user's processes hashed and found as an export report (or the toolchain's
+    capture manifest) lists them, each with
     its stat identity: a later check of the same path with the same identity and the same
     expected sha256 is answered without reading the file (a full-size int8 `speak` spent 4.5 of
     its 6.2 s load hashing files that had not changed since the last one).

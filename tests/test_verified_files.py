@@ -307,3 +307,25 @@ def test_a_load_writes_only_its_record_under_home_and_nothing_on_stderr_when_hom
         f".cache/omnivoice-onnx/{VERIFIED_FILE}"
     ]
     assert oct((home / ".cache" / "omnivoice-onnx").stat().st_mode & 0o777) == "0o700"
+
+
+def test_the_toolchain_checks_through_the_same_record(
+    tmp_path: Path, cache: Path, hashed: list[Path], clock_ahead, monkeypatch
+) -> None:
+    """files.first_mismatch, the check of capture files, graphs and variants in steps 2-6: a second
+    check of unchanged files hashes nothing; a file rewritten with other bytes of its size is
+    hashed again and named; OMNIVOICE_VERIFY=full hashes every file."""
+    from omnivoice_export.files import file_entry, first_mismatch
+
+    files = []
+    for name in ("a.npz", "b.npz"):
+        (tmp_path / name).write_bytes(name.encode() * 1000)
+        files.append((tmp_path / name, file_entry(tmp_path / name)))
+    assert first_mismatch(files) is None and real(hashed) == real(path for path, _ in files)
+    hashed.clear()
+    assert first_mismatch(files) is None and hashed == []
+    (tmp_path / "b.npz").write_bytes(b"B" * len(b"b.npz" * 1000))
+    assert first_mismatch(files) == tmp_path / "b.npz" and real(hashed) == real([tmp_path / "b.npz"])
+    hashed.clear()
+    monkeypatch.setenv(VERIFY_ENV, "full")
+    assert first_mismatch(files[:1]) is None and real(hashed) == real([tmp_path / "a.npz"])
