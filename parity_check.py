@@ -14,8 +14,9 @@ call (one size per axis name, 960*frames samples per `frames` codes) are checked
 contract table (omnivoice_onnx.contract). Before comparing anything, the capture manifest and the
 export report must name the same model fingerprint, the capture must be the one the export was made
 from (its manifest sha256, recorded in the report), each graph's metadata must name the report's
-exporter and opset, and every capture and ONNX file must match its recorded sha256; otherwise it
-stops with one line (exit 2).
+exporter and opset, and every capture and ONNX file must match its recorded sha256 (hashed, or
+unchanged since this user's runs hashed it: docs/export.md); otherwise it stops with one line
+(exit 2).
 
 Providers: cpu (default), cuda-fp32 (CUDA EP, TF32 off, read back from the session) and cuda-tf32
 (CUDA EP defaults). cpu and cuda-fp32 are parity verdicts on the export; cuda-tf32 is reported as a
