@@ -395,28 +395,37 @@ def assert_same_bits_on_captured_calls(capture_dir: Path, session, reference, ev
     assert calls == len(capture.MODES) * len(range(0, 32, every))
 
 
-# The files that need the session pipeline, longest first (investigation log: `--durations=0` summed per
-# file on two workers; the first also builds the pipeline, ~65 s).
+# The files that need the session pipeline, longest in wall time first (investigation log: each
+# file's wall time on two workers, summed from a per-test timeline; the first also builds the
+# pipeline). Wall, not CPU: test_front_door waits on the server's real timeouts more than it computes.
 LONGEST_FILES = (
     "test_script_errors.py",
-    "test_runtime_generate.py",
-    "test_docs.py",
     "test_quantize.py",
-    "test_batch.py",
     "test_pipeline_safeguards.py",
-    "test_runtime_refusals.py",
+    "test_front_door.py",
+    "test_docs.py",
+    "test_runtime_generate.py",
     "test_parity.py",
+    "test_batch.py",
+    "test_runtime_refusals.py",
     "test_runtime_cli.py",
-    "test_export.py",
     "test_fusion.py",
     "test_infer.py",
+    "test_clients.py",
     "test_runtime_install.py",
     "test_server.py",
+    "test_fetch.py",
+    "test_checkpoints.py",
+    "test_speak.py",
+    "test_hostile_files.py",
+    "test_capture.py",
+    "test_voices.py",
+    "test_wyoming_ha.py",
     "test_dropin.py",
     "test_wyoming.py",
+    "test_export.py",
+    "test_verified_files.py",
     "test_stream.py",
-    "test_voices.py",
-    "test_speak.py",
     "test_model_card.py",
 )
 
