@@ -21,6 +21,7 @@ CLI (build one by hand): python -m omnivoice_export.checkpoints NAME [--out DIR]
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import os
@@ -218,19 +219,55 @@ def model_fingerprint(path: Path) -> str:
     return _FINGERPRINTS[key]
 
 
+@functools.lru_cache(maxsize=4)
+def _text_tokenizer(model_path: str, files_state: tuple):
+    """The checkpoint's text tokenizer, parsed once per process and state of its files (its
+    AutoTokenizer load parses the Qwen tokenizer.json three times, more than the rest of loading
+    tiny). `files_state` (each file's size and mtime) keys the cache, so a changed file is read
+    again. Shared by every model loaded from the checkpoint, which only call it: read-only."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_path)
+
+
+def _files_state(directory: Path) -> tuple:
+    """(name, size, mtime) of each file directly in `directory`: the key of _text_tokenizer's cache."""
+    stats = ((path.name, path.stat()) for path in sorted(Path(directory).iterdir()) if path.is_file())
+    return tuple((name, stat.st_size, stat.st_mtime_ns) for name, stat in stats)
+
+
+def text_tokenizer(model_path: Path):
+    """AutoTokenizer.from_pretrained(model_path), from this process's cache while the files are unchanged."""
+    return _text_tokenizer(str(Path(model_path).resolve()), _files_state(model_path))
+
+
 def load_omnivoice(path: Path):
     """OmniVoice.from_pretrained on CPU in fp32 with sdpa attention, in eval mode.
 
     sdpa is the contract: with `eager`, transformers adds OmniVoice's bool 4-D mask to the float
     scores, so the mask is effectively ignored (facts sheet: max diff 15 vs sdpa).
+
+    from_pretrained(train=True) loads the weights only; the parts it adds for inference are then
+    set as it sets them (omnivoice 0.2.1: the text tokenizer, the Higgs audio tokenizer and its
+    feature extractor from `audio_tokenizer/`, the sampling rate, the duration estimator), the
+    text tokenizer from this process's cache (text_tokenizer). tests/test_checkpoints.py holds the
+    result equal to upstream's own load.
     """
     from omnivoice.models.omnivoice import OmniVoice
+    from omnivoice.utils.duration import RuleDurationEstimator
     from safetensors import SafetensorError
+    from transformers import AutoFeatureExtractor, HiggsAudioV2TokenizerModel
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # per-tensor "Loading weights" bars drown the pipeline's own progress
     try:
-        model = OmniVoice.from_pretrained(str(path), attn_implementation="sdpa", dtype="float32")
+        model = OmniVoice.from_pretrained(str(path), train=True, attn_implementation="sdpa", dtype="float32")
+        audio_tokenizer = str(Path(path) / "audio_tokenizer")
+        model.text_tokenizer = text_tokenizer(Path(path))
+        model.audio_tokenizer = HiggsAudioV2TokenizerModel.from_pretrained(audio_tokenizer, device_map=model.device)
+        model.feature_extractor = AutoFeatureExtractor.from_pretrained(audio_tokenizer)
+        model.sampling_rate = model.feature_extractor.sampling_rate
+        model.duration_estimator = RuleDurationEstimator()
     except (SafetensorError, OSError, ValueError, RuntimeError) as exc:  # damaged or mismatched weights
         if environment_error(exc) is not None:  # a full disk or a denied file: run_main names it
             raise

@@ -7,7 +7,6 @@ and an OmniVoice built on the meta device around them.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -16,6 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from omnivoice_export.checkpoints import text_tokenizer
 from omnivoice_export.report import read_graph_metadata
 from omnivoice_onnx.contract import CONTRACTS, FP32_VARIANT, GRAPH_FILES, codec_paths
 from omnivoice_onnx.sessions import (
@@ -95,22 +95,6 @@ class OrtGraphs:
         return OrtAudioTokenizer(self.codec, self.codec_config())
 
 
-@functools.lru_cache(maxsize=4)
-def _text_tokenizer(model_path: str, files_state: tuple):
-    """The checkpoint's text tokenizer, parsed once per process and state of its files: the Qwen
-    tokenizer.json takes ~1.2 s to load, and step 6 loads one model per variant. `files_state`
-    (each file's size and mtime) keys the cache, so a changed file is read again. Read-only."""
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(model_path)
-
-
-def _files_state(directory: Path) -> tuple:
-    """(name, size, mtime) of each file directly in `directory`: the key of _text_tokenizer's cache."""
-    stats = ((path.name, path.stat()) for path in sorted(Path(directory).iterdir()) if path.is_file())
-    return tuple((name, stat.st_size, stat.st_mtime_ns) for name, stat in stats)
-
-
 def load_onnx_omnivoice(model_path: Path, graphs: OrtGraphs, split: bool = True):
     """An OmniVoice whose generate() runs on the ONNX graphs, without the PyTorch weights.
 
@@ -129,7 +113,7 @@ def load_onnx_omnivoice(model_path: Path, graphs: OrtGraphs, split: bool = True)
     config = OmniVoiceConfig.from_pretrained(str(model_path))
     with torch.device("meta"):
         model = OnnxOmniVoice(config)
-    model.text_tokenizer = _text_tokenizer(str(Path(model_path).resolve()), _files_state(model_path))
+    model.text_tokenizer = text_tokenizer(model_path)
     model.audio_tokenizer = graphs.audio_tokenizer()
     model.sampling_rate = model.audio_tokenizer.config.sample_rate
     model.duration_estimator = RuleDurationEstimator()

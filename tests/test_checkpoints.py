@@ -47,6 +47,28 @@ def test_tiny_loads_through_from_pretrained(torch_model) -> None:
     assert all(p.dtype == torch.float32 for p in torch_model.parameters())
 
 
+def test_load_omnivoice_is_upstreams_own_load(tiny_model: Path, torch_model) -> None:
+    """load_omnivoice (weights by from_pretrained(train=True), the inference parts set as upstream
+    sets them, the text tokenizer from the process's cache) gives what OmniVoice.from_pretrained
+    gives: the same weights, tokenizers, feature extractor, sampling rate and duration estimator."""
+    from omnivoice.models.omnivoice import OmniVoice
+
+    upstream = OmniVoice.from_pretrained(str(tiny_model), attn_implementation="sdpa", dtype="float32").eval()
+    ours = checkpoints.load_omnivoice(tiny_model)
+    assert ours.text_tokenizer is torch_model.text_tokenizer  # parsed once for both loads
+    theirs, mine = upstream.state_dict(), ours.state_dict()  # the audio tokenizer's weights included
+    assert list(theirs) == list(mine) and any(k.startswith("audio_tokenizer.") for k in mine)
+    assert all(torch.equal(theirs[key], mine[key]) for key in theirs)
+    assert type(ours.text_tokenizer) is type(upstream.text_tokenizer)
+    text = "<|text_start|>Hello there, 你好.<|text_end|>"
+    assert ours.text_tokenizer(text).input_ids == upstream.text_tokenizer(text).input_ids
+    assert ours.feature_extractor.to_dict() == upstream.feature_extractor.to_dict()
+    assert ours.sampling_rate == upstream.sampling_rate
+    assert type(ours.duration_estimator) is type(upstream.duration_estimator)
+    assert ours.audio_tokenizer.device == upstream.audio_tokenizer.device
+    assert [m.training for m in ours.modules()] == [m.training for m in upstream.modules()]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["clone", "design", "auto"])
 def test_generate_runs_in_every_mode(torch_model, pipeline: Pipeline, mode: str) -> None:

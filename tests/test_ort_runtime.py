@@ -110,12 +110,12 @@ def test_session_threads_environment_must_be_a_count(pipeline, monkeypatch, env)
 
 
 def test_text_tokenizer_is_parsed_once_per_state_of_its_files(tiny_model, tmp_path) -> None:
-    """Step 6 loads one OmniVoice per variant; the ~1.2 s tokenizer parse is shared while the
-    checkpoint's files are unchanged, and read again once one of them changes."""
+    """Step 6 loads one OmniVoice per variant, the tests many: the tokenizer parse is shared while
+    the checkpoint's files are unchanged, and read again once one of them changes."""
     import os
     import shutil
 
-    from omnivoice_export.ort_runtime import _files_state, _text_tokenizer
+    from omnivoice_export.checkpoints import _files_state, _text_tokenizer
 
     checkpoint = tmp_path / "checkpoint"
     shutil.copytree(tiny_model, checkpoint, ignore=shutil.ignore_patterns("audio_tokenizer", "*.safetensors"))
