@@ -80,9 +80,13 @@ def limit(name: str) -> float:
     """The current value of limit `name`: $OMNIVOICE_<name> when set, else the module constant."""
     if name not in LIMITS:
         raise KeyError(f"{name} is not one of limits.LIMITS")
-    env = LIMIT_ENV_PREFIX + name
+    return env_number(LIMIT_ENV_PREFIX + name, globals()[name])  # one of the module's constants (LIMITS)
+
+
+def env_number(env: str, default: float) -> float:
+    """$`env` as a positive finite number of `default`'s type (an int limit takes "1e5"), else
+    `default` when it is unset or blank; a UserError naming the variable for anything else."""
     raw = os.environ.get(env, "").strip()
-    default: float = globals()[name]  # one of the module's constants, by name (LIMITS)
     if not raw:
         return default
     try:

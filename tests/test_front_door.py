@@ -50,8 +50,13 @@ CHROMIUM = Path("/usr/bin/chromium")
 ALLOWED_ORIGIN = "http://127.0.0.1:1"  # a --cors-origin no page here is served from
 
 
-def start(onnx: Path, voices: Path, log: Path, command: str, *flags: str) -> Launched:
-    env = {**os.environ, "OMNIVOICE_ORT_THREADS": "1"}
+# The Wyoming server's door timeouts, set through the environment as an operator sets them: short,
+# so that the slow-peer test waits seconds for the cut-offs, not the defaults' 10 and 30.
+WY_TIMEOUTS = {"HEADER_TIMEOUT_S": 2.0, "BODY_TIMEOUT_S": 3.0}
+
+
+def start(onnx: Path, voices: Path, log: Path, command: str, *flags: str, **env_more: str) -> Launched:
+    env = {**os.environ, "OMNIVOICE_ORT_THREADS": "1", **env_more}
     env.pop(API_KEY_ENV, None)
     return launch(
         onnx, log, "--voices", str(voices), "--threads", "1", *flags, env=env, start_timeout=START_S, command=command
@@ -77,7 +82,10 @@ def voices(tts, tmp_path_factory) -> Path:  # noqa: F811
 
 @pytest.fixture(scope="module")
 def wy(pipeline, voices, tmp_path_factory) -> Launched:
-    server = start(pipeline.onnx, voices, tmp_path_factory.mktemp("door-wy") / "wyoming.log", "wyoming", "--seed", "7")
+    timeouts = {f"OMNIVOICE_{name}": str(value) for name, value in WY_TIMEOUTS.items()}
+    server = start(
+        pipeline.onnx, voices, tmp_path_factory.mktemp("door-wy") / "wyoming.log", "wyoming", "--seed", "7", **timeouts
+    )
     yield server
     stopped_cleanly(server)
 
@@ -235,12 +243,14 @@ def test_wyoming_bad_field_gets_an_error_and_the_connection_goes_on(wy: Launched
 
 def test_wyoming_slow_and_lying_peers_are_cut_off_while_others_are_served(wy: Launched) -> None:
     """A half-sent header ends in header_timeout, a data_length larger than what follows in
-    body_timeout; meanwhile another client's describe is answered at once."""
+    body_timeout, each after the time the server's environment set (WY_TIMEOUTS); meanwhile
+    another client's describe is answered at once."""
     results: dict[str, tuple[list[dict], bool, float]] = {}
+    body_limit = WY_TIMEOUTS["BODY_TIMEOUT_S"] + 100 / door.MIN_BODY_RATE
 
     def hold(name: str, data: bytes) -> None:
         started = time.monotonic()
-        events, closed = raw_wyoming(wy.port, data, wait_s=door.body_timeout(100) + 15)
+        events, closed = raw_wyoming(wy.port, data, wait_s=body_limit + 15)
         results[name] = (events, closed, time.monotonic() - started)
 
     threads = [
@@ -256,12 +266,13 @@ def test_wyoming_slow_and_lying_peers_are_cut_off_while_others_are_served(wy: La
     for thread in threads:
         thread.join()
     for name, code, limit in (
-        ("half", "header_timeout", door.HEADER_TIMEOUT_S),
-        ("lie", "body_timeout", door.body_timeout(100)),
+        ("half", "header_timeout", WY_TIMEOUTS["HEADER_TIMEOUT_S"]),
+        ("lie", "body_timeout", body_limit),
     ):
         events, closed, seconds = results[name]
         assert [e["data"].get("code") for e in events] == [code] and closed, (name, events)
-        assert limit - 1 < seconds < limit + 10, (name, seconds)
+        assert events[0]["data"]["text"] == door.refuse(code, seconds=limit).message  # the time set
+        assert limit - 0.5 < seconds < limit + 10, (name, seconds)
 
 
 def test_wyoming_connections_are_capped(wy: Launched) -> None:
@@ -409,6 +420,22 @@ def test_wyoming_off_loopback_needs_allow_remote(tmp_path: Path) -> None:
         timeout=START_S,
     )
     assert done.returncode == 2 and "--allow-remote" in single_stderr_line(done), done.stderr
+
+
+@pytest.mark.parametrize("command", ["serve", "wyoming"])
+def test_a_bad_door_timeout_stops_the_server_in_one_line(pipeline, command: str) -> None:
+    """OMNIVOICE_BODY_TIMEOUT_S that is not a positive number: exit 2 and one line naming the
+    variable, before any model loads or port opens, on both surfaces."""
+    done = subprocess.run(
+        [sys.executable, "-m", "omnivoice_onnx", command, "--model-dir", str(pipeline.onnx)],
+        capture_output=True,
+        text=True,
+        timeout=START_S,
+        env={**os.environ, "OMNIVOICE_BODY_TIMEOUT_S": "soon"},
+    )
+    line = single_stderr_line(done)
+    assert done.returncode == 2 and "OMNIVOICE_BODY_TIMEOUT_S='soon' is not a positive number" in line, line
+    assert "listening on" not in done.stdout + done.stderr
 
 
 def test_wyoming_allow_remote_says_so_at_start(pipeline, voices, tmp_path: Path) -> None:

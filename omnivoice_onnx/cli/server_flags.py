@@ -10,6 +10,7 @@ from typing import Any
 
 from omnivoice_onnx.bundle import check_folder
 from omnivoice_onnx.cli.flags import NUM_STEP, SCORE_FACTOR, THREADS, add_bundle_flags, float_range, int_range
+from omnivoice_onnx.serve import door
 from omnivoice_onnx.serve.service import (
     DEFAULT_DRAIN_S,
     DEFAULT_QUEUE,
@@ -81,8 +82,11 @@ def add_model_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def server_config(args: argparse.Namespace, **more: Any) -> ServerConfig:
-    """The ServerConfig of add_model_flags' flags (and `more` fields); the model folder checked."""
+    """The ServerConfig of add_model_flags' flags (and `more` fields); the model folder and the
+    door's timeouts (a bad OMNIVOICE_HEADER_TIMEOUT_S, say) checked before any model loads."""
     check_folder(args.model_dir)
+    for name in door.TIMEOUTS:
+        door.timeout(name)
     defaults = {name: getattr(args, name) for name in REQUEST_DEFAULT_FIELDS if getattr(args, name) is not None}
     return ServerConfig(
         model_dir=args.model_dir,

@@ -81,13 +81,13 @@ def http_protocol() -> type:
         def arm_header_timer(self) -> None:
             if self.header_timer is not None:
                 self.header_timer.cancel()
-            self.header_timer = self.loop.call_later(door.HEADER_TIMEOUT_S, self.headers_too_slow)
+            self.header_timer = self.loop.call_later(door.header_timeout(), self.headers_too_slow)
 
         def headers_too_slow(self) -> None:
             if self.cycle is not None and not self.cycle.response_complete:
                 return  # a request is being answered (its body has a timeout of its own)
             if self.conn.their_state is h11.IDLE:
-                self.reject(refuse("header_timeout", seconds=door.HEADER_TIMEOUT_S))
+                self.reject(refuse("header_timeout", seconds=door.header_timeout()))
 
         def on_response_complete(self) -> None:
             super().on_response_complete()

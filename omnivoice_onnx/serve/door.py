@@ -18,6 +18,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, TypeGuard, TypeVar, overload
 
+from omnivoice_onnx.limits import LIMIT_ENV_PREFIX, env_number
+
 LOG = logging.getLogger("omnivoice_onnx.server")
 
 # --- limits: one set for every surface -----------------------------------------------------------
@@ -34,6 +36,9 @@ MAX_CONNECTIONS = 512  # open connections at once per server; one more is refuse
 # <= 64 KiB body in well under a second.
 HEADER_TIMEOUT_S = 10.0  # from a request's first byte (HTTP: from the connection) to its complete headers
 BODY_TIMEOUT_S = 30.0  # from the headers to the complete body, plus its length at MIN_BODY_RATE
+# Each set per server process by OMNIVOICE_<name> (docs/serving.md), as the request limits are:
+# longer for clients on a slow link, shorter for a server that must shed idle peers sooner.
+TIMEOUTS = ("HEADER_TIMEOUT_S", "BODY_TIMEOUT_S")
 MIN_BODY_RATE = 64 * 1024  # bytes/s a client must at least send: 16 MiB of reference audio get 256 s more
 KEEP_ALIVE_S = 5.0  # HTTP: an idle keep-alive connection is closed after this (uvicorn's default, stated)
 # Wyoming: a connection with no event in flight is closed after this. Longer than HTTP's keep-alive:
@@ -42,9 +47,22 @@ KEEP_ALIVE_S = 5.0  # HTTP: an idle keep-alive connection is closed after this (
 IDLE_TIMEOUT_S = 60.0
 
 
+def timeout(name: str) -> float:
+    """Timeout `name` (one of TIMEOUTS): $OMNIVOICE_<name> when set, else the constant. A server
+    reads each at start (cli.server_flags.server_config), so a bad value stops it before it listens."""
+    if name not in TIMEOUTS:
+        raise KeyError(f"{name} is not one of door.TIMEOUTS")
+    return env_number(LIMIT_ENV_PREFIX + name, globals()[name])
+
+
+def header_timeout() -> float:
+    """Seconds from a request's first byte (HTTP: from the connection) to its complete headers."""
+    return timeout("HEADER_TIMEOUT_S")
+
+
 def body_timeout(length: int) -> float:
     """Seconds a body of `length` bytes may take to arrive (any surface)."""
-    return BODY_TIMEOUT_S + length / MIN_BODY_RATE
+    return timeout("BODY_TIMEOUT_S") + length / MIN_BODY_RATE
 
 
 # --- the error table -----------------------------------------------------------------------------

@@ -4,7 +4,7 @@ of payload) and every limit on it, so that nothing a peer sends ends in a traceb
 server. The header line is at most door.MAX_HEADER_BYTES and must be a JSON object with a
 "type"; data_length and payload_length are byte counts whose sum is at most door.MAX_BODY_BYTES
 (declared, so a 256 MB payload is refused before it is read); an event must arrive whole within
-door.HEADER_TIMEOUT_S (its header) and door.body_timeout (the rest) of its first byte; none
+door.header_timeout() (its header) and door.body_timeout (the rest) of its first byte; none
 beginning within door.IDLE_TIMEOUT_S is Idle. What is not an event is Unframed: its peer gets one
 Error event and the connection is closed.
 
@@ -68,9 +68,9 @@ async def read_event(reader: asyncio.StreamReader) -> Incoming | None:
     if not first:
         return None
     try:
-        line = first + await asyncio.wait_for(reader.readline(), door.HEADER_TIMEOUT_S)
+        line = first + await asyncio.wait_for(reader.readline(), door.header_timeout())
     except asyncio.TimeoutError:
-        raise Unframed(refuse("header_timeout", seconds=door.HEADER_TIMEOUT_S)) from None
+        raise Unframed(refuse("header_timeout", seconds=door.header_timeout())) from None
     except ValueError:  # the StreamReader's limit: no newline within MAX_HEADER_BYTES
         raise Unframed(
             refuse("invalid_event", detail=f"its header line is longer than {door.MAX_HEADER_BYTES} bytes")
