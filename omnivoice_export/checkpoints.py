@@ -33,6 +33,7 @@ from omnivoice_export.builder import BUILD_STAMP, BUILDER_VERSION, DIMS, build_c
 from omnivoice_export.cli import REPO_ROOT, check_output, environment_error, int_range, parse, run_main
 from omnivoice_export.files import sha256_file
 from omnivoice_onnx.errors import UserError
+from omnivoice_onnx.verified import stat_identity
 
 MODEL_ENV = "OMNIVOICE_MODEL"
 DEFAULT_MODEL_PATH = "/mnt/data/models/omnivoice/k2-fsa-OmniVoice"
@@ -223,7 +224,7 @@ def model_fingerprint(path: Path) -> str:
 def _text_tokenizer(model_path: str, files_state: tuple):
     """The checkpoint's text tokenizer, parsed once per process and state of its files (its
     AutoTokenizer load parses the Qwen tokenizer.json three times, more than the rest of loading
-    tiny). `files_state` (each file's size and mtime) keys the cache, so a changed file is read
+    tiny). `files_state` (each file's stat identity) keys the cache, so a changed file is read
     again. Shared by every model loaded from the checkpoint, which only call it: read-only."""
     from transformers import AutoTokenizer
 
@@ -231,9 +232,10 @@ def _text_tokenizer(model_path: str, files_state: tuple):
 
 
 def _files_state(directory: Path) -> tuple:
-    """(name, size, mtime) of each file directly in `directory`: the key of _text_tokenizer's cache."""
+    """(name, stat identity) of each file directly in `directory`: the key of _text_tokenizer's
+    cache (verified.stat_identity: a rewrite that keeps size and mtime still changes ctime)."""
     stats = ((path.name, path.stat()) for path in sorted(Path(directory).iterdir()) if path.is_file())
-    return tuple((name, stat.st_size, stat.st_mtime_ns) for name, stat in stats)
+    return tuple((name, *stat_identity(stat)) for name, stat in stats)
 
 
 def text_tokenizer(model_path: Path):

@@ -37,8 +37,9 @@ def first_mismatch(files: Iterable[tuple[Path, Mapping[str, Any]]]) -> Path | No
     A file is hashed unless this user's processes already hashed it unchanged (the runtime's
     VerifiedFiles record: same stat identity, same expected sha256), as a bundle's files are when
     it opens; OMNIVOICE_VERIFY=full hashes every one. Steps 3, 4 and 6 read a capture of hundreds
-    of files and an export of gigabytes again at every run: each file's bytes are hashed once
-    after it is written, not by every script that checks it."""
+    of files and an export of gigabytes again at every run: a file is hashed again only when its
+    stat identity changes (once the first check, more than 2 s after the write, remembered it),
+    not by every script that checks it."""
     record = VerifiedFiles.in_cache()
     try:
         return next((Path(path) for path, entry in files if record.matches(Path(path), dict(entry)) is None), None)

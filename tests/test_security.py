@@ -598,6 +598,8 @@ async def echo_length(scope: dict, receive, send) -> None:
 def bounded_server(monkeypatch):
     """uvicorn with connection.http_protocol() on a free loopback port, in a thread; short limits."""
     uvicorn = pytest.importorskip("uvicorn")
+    for name in door.TIMEOUTS:  # the constants below, not a developer's own OMNIVOICE_<timeout>
+        monkeypatch.delenv(f"OMNIVOICE_{name}", raising=False)
     monkeypatch.setattr(door, "HEADER_TIMEOUT_S", 1.0)
     monkeypatch.setattr(door, "BODY_TIMEOUT_S", 1.0)
     monkeypatch.setattr(door, "MAX_CONNECTIONS", 3)

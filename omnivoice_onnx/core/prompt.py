@@ -111,7 +111,7 @@ class TextTokenizer:
     """The text tokenizer: `encode(s)` equals upstream's `text_tokenizer(s).input_ids`."""
 
     def __init__(self, backend: Tokenizer) -> None:
-        self.backend = backend
+        self.backend = backend  # shared by every TextTokenizer of the same bytes (_parsed): read-only
 
     @classmethod
     def from_file(cls, path: Path, data: bytes | None = None) -> TextTokenizer:

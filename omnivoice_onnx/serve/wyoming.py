@@ -477,7 +477,7 @@ async def drain(service: server_service.Service, sessions: dict[Session, asyncio
             for session in list(sessions):
                 for job in session.jobs:
                     job.cancel.set()
-            _, late = await asyncio.wait(late, timeout=door.header_timeout())
+            _, late = await asyncio.wait(late, timeout=door.HEADER_TIMEOUT_S)
         for task in late:
             task.cancel()
         await asyncio.gather(*late, return_exceptions=True)
