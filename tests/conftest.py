@@ -134,13 +134,15 @@ def legacy_export(pipeline: Pipeline, tmp_path_factory) -> Pipeline:
 
 def copy_pipeline(pipeline: Pipeline, root: Path) -> Pipeline:
     """Copy capture/ and onnx/ of `pipeline` under `root`: onnx/ as real copies (tests damage graphs
-    in place, and onnx refuses a sidecar reached through a link); capture/'s files as hard links
+    in place, and onnx refuses a sidecar reached through a link); capture/'s files as symlinks
     (~650 MB on tiny, read-only inputs: every script replaces a file by rename, never writes into
     one, so a new or rewritten file in the copy stays the copy's; a test that must damage a
     capture file replaces it the same way). A write through a link would change the shared
-    capture, and every later reader would refuse it by its manifest sha256, loudly."""
+    capture, and every later reader would refuse it by its manifest sha256, loudly. Symlinks, not
+    hard links: a hard link changes the shared files' ctime, so every worker's verification record
+    would hash the whole capture again after each copy (investigation log)."""
     capture, onnx = root / "capture", root / "onnx"
-    shutil.copytree(pipeline.capture, capture, copy_function=os.link)
+    shutil.copytree(pipeline.capture, capture, copy_function=os.symlink)
     shutil.copytree(pipeline.onnx, onnx)
     return Pipeline(pipeline.model, capture, onnx)
 
