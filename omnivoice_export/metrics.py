@@ -54,16 +54,20 @@ def _comparable(reference: np.ndarray, candidate: np.ndarray, what: str) -> None
 
 
 def logit_stats(reference: np.ndarray, candidate: np.ndarray) -> LogitStats:
-    """Compare logits [..., V] row by row (reference = PyTorch)."""
+    """Compare logits [..., V] row by row (reference = PyTorch).
+
+    Differences are taken in float64 (exact for float32 inputs). Argmax runs on the inputs as they
+    are (widening to float64 keeps every value, so the order and the first of tied maxima are the
+    same), and a flipped row's top-2 margin comes from a partition, not a sort: the same figures,
+    at a fraction of the time on a vocabulary of 8 x 1025."""
     _comparable(reference, candidate, "logit_stats")
-    ref = reference.reshape(-1, reference.shape[-1]).astype(np.float64)
-    got = candidate.reshape(-1, candidate.shape[-1]).astype(np.float64)
-    diff = np.abs(ref - got)
-    ref_arg, got_arg = ref.argmax(-1), got.argmax(-1)
-    disagree = ref_arg != got_arg
+    ref = reference.reshape(-1, reference.shape[-1])
+    got = candidate.reshape(-1, candidate.shape[-1])
+    diff = np.abs(ref.astype(np.float64) - got)
+    disagree = ref.argmax(-1) != got.argmax(-1)
     margins = None
     if disagree.any():
-        top2 = np.sort(ref[disagree], axis=-1)[:, -2:]
+        top2 = np.partition(ref[disagree].astype(np.float64), -2, axis=-1)[:, -2:]
         margins = top2[:, 1] - top2[:, 0]
     return LogitStats(
         rows=int(ref.shape[0]),

@@ -165,6 +165,29 @@ def test_metrics_refuse_mismatched_or_empty_arrays(metric, reference, candidate,
         metric(reference, candidate)
 
 
+def test_logit_stats_are_the_float64_sorted_figures() -> None:
+    """logit_stats (argmax on the inputs' dtype, top-2 by partition) gives exactly the figures of
+    the plain float64 computation (argmax and a full sort of float64 copies), on float32 rows with
+    flips, exact ties (the first maximum wins in both) and a row whose two largest are equal."""
+    rng = np.random.default_rng(7)
+    ref = rng.standard_normal((300, 8 * 1025)).astype(np.float32)
+    got = ref + (rng.standard_normal(ref.shape) * 1e-3).astype(np.float32)
+    ref[5, [10, 20]] = got[5, [10, 20]] = 9.0  # a tie: index 10 wins on both sides
+    ref[6, [30, 40]] = 8.0  # the top two equal: margin 0 if the row flips
+    got[6, 40] = 8.5
+    stats = metrics.logit_stats(ref, got)
+    ref64, got64 = ref.astype(np.float64), got.astype(np.float64)
+    disagree = ref64.argmax(-1) != got64.argmax(-1)
+    top2 = np.sort(ref64[disagree], axis=-1)[:, -2:]
+    margins = top2[:, 1] - top2[:, 0]
+    diff = np.abs(ref64 - got64)
+    assert disagree[6] and not disagree[5] and disagree.sum() > 1
+    assert (stats.flips, stats.argmax_agreement) == (int(disagree.sum()), float(1.0 - disagree.mean()))
+    assert (stats.max_abs, stats.mean_abs) == (float(diff.max()), float(diff.mean()))
+    assert (stats.flip_margin_min, stats.flip_margin_max) == (float(margins.min()), float(margins.max()))
+    assert stats.flip_margin_min == 0.0  # row 6
+
+
 @pytest.mark.slow
 def test_encoder_with_nothing_to_compare_is_an_error(pipeline: Pipeline, tmp_path: Path, capsys) -> None:
     """A capture without clone mode holds no encoder input: parity of the encoder is refused with
