@@ -42,6 +42,6 @@ def first_mismatch(files: Iterable[tuple[Path, Mapping[str, Any]]]) -> Path | No
     not by every script that checks it."""
     record = VerifiedFiles.in_cache()
     try:
-        return next((Path(path) for path, entry in files if record.matches(Path(path), dict(entry)) is None), None)
+        return next((path for path, entry in files if record.matches(path, entry) is None), None)
     finally:
         record.save()

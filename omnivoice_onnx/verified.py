@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -150,7 +151,7 @@ class VerifiedFiles:
         self.updates.pop(key, None)
         self.updates[key] = entry
 
-    def matches(self, path: Path, entry: dict[str, Any], whole: bool = False) -> Seen | None:
+    def matches(self, path: Path, entry: Mapping[str, Any], whole: bool = False) -> Seen | None:
         """What `path` was, when it is the file `entry` ({sha256, bytes}) lists (its size, then the
         record, then its sha256); None when it is not. One open: the identity is the opened file's
         (fstat) and the hash is of what that file object reads; with `whole`, the file is read
