@@ -14,18 +14,22 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 LAB_NOTE = re.compile(r"\b(Run|issue) [0-9]+")
 LOG = REPO / "docs" / "omnivoice_onnx_investigation.md"
+TEXT = {".py", ".json", ".md", ".txt", ".html", ".sh"}
 
 
 def sources() -> list[Path]:
-    """Every Python file of the packages, scripts, bench and tests, the top-level scripts, and
-    the README and docs pages except the investigation log."""
-    python = [
+    """Every text file of the packages, scripts and bench (the notes in bench/results included: the
+    log entry cites the results file, not the other way round), the tests' Python, the top-level
+    scripts, and the README and docs pages except the investigation log."""
+    text = [
         path
-        for folder in ("omnivoice_onnx", "omnivoice_export", "scripts", "bench", "tests")
-        for path in sorted((REPO / folder).rglob("*.py"))
+        for folder in ("omnivoice_onnx", "omnivoice_export", "scripts", "bench")
+        for path in sorted((REPO / folder).rglob("*"))
+        if path.suffix in TEXT and "__pycache__" not in path.parts
     ]
+    tests = sorted((REPO / "tests").rglob("*.py"))
     pages = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
-    return python + sorted(REPO.glob("*.py")) + [page for page in pages if page != LOG]
+    return text + tests + sorted(REPO.glob("*.py")) + [page for page in pages if page != LOG]
 
 
 def test_no_run_or_issue_numbers_outside_the_log() -> None:
