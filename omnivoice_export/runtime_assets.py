@@ -202,10 +202,12 @@ def runtime_config(model_dir: Path) -> dict[str, Any]:
 
 
 def tokenizer_json(model_dir: Path) -> str:
-    """The tokenizer OmniVoice.from_pretrained loads for `model_dir`, as tokenizer.json text."""
-    from transformers import AutoTokenizer
+    """The tokenizer OmniVoice.from_pretrained loads for `model_dir`, as tokenizer.json text (the
+    process's parsed copy, checkpoints.text_tokenizer: an export has just loaded the model, which
+    parsed it)."""
+    from omnivoice_export.checkpoints import text_tokenizer
 
-    return AutoTokenizer.from_pretrained(str(model_dir)).backend_tokenizer.to_str()
+    return text_tokenizer(model_dir).backend_tokenizer.to_str()
 
 
 def _write(path: Path, data: bytes) -> dict[str, Any]:
