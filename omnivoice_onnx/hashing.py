@@ -14,17 +14,24 @@ from pathlib import Path
 from typing import Any
 
 
-def sha256_stream(handle: Any, chunk: int = 16 << 20) -> str:
-    """Hex sha256 of the rest of an open binary file, read in chunks (graphs and checkpoints are GBs)."""
+CHUNK_BYTES = 1 << 20
+
+
+def sha256_stream(handle: Any) -> str:
+    """Hex sha256 of the rest of an open binary file, read in chunks (graphs and checkpoints are
+    GBs) into one reused buffer: a fresh buffer per chunk is fresh memory the kernel must map and
+    the read must fill, page by page, at every chunk."""
     digest = hashlib.sha256()
-    while block := handle.read(chunk):
-        digest.update(block)
+    buffer = bytearray(CHUNK_BYTES)
+    view = memoryview(buffer)
+    while size := handle.readinto(buffer):
+        digest.update(view[:size])
     return digest.hexdigest()
 
 
-def sha256_file(path: Path, chunk: int = 16 << 20) -> str:
+def sha256_file(path: Path) -> str:
     with open(path, "rb") as handle:
-        return sha256_stream(handle, chunk)
+        return sha256_stream(handle)
 
 
 def file_entry(path: Path) -> dict[str, Any]:
