@@ -52,6 +52,7 @@ from omnivoice_export.cli import (
 from omnivoice_export.files import atomic_path, sha256_file, temporary_dir
 from omnivoice_export.generation import REFERENCE_TEXT, GenerationRequest, check_reference_audio, write_wav
 from omnivoice_onnx.errors import UserError
+from omnivoice_onnx.verified import stat_identity
 
 DECODER = "higgs_decoder.onnx"
 
@@ -112,8 +113,17 @@ def edit_json(path: Path, change) -> None:
 
 
 def snapshot(directory: Path) -> dict[str, str]:
-    """Every file under `directory` (hidden ones included) -> sha256."""
-    return {str(p.relative_to(directory)): sha256_file(p) for p in sorted(directory.rglob("*")) if p.is_file()}
+    """Every file under `directory` (hidden ones included) -> its sha256; a symlink (linked_copy)
+    -> its target and the target's stat identity, not a hash of the shared file: a write through
+    the link changes the target's mtime and ctime (what the runtime's verified record trusts), and
+    a file put in the link's place changes the entry."""
+    return {
+        str(p.relative_to(directory)): (
+            f"-> {os.readlink(p)} {stat_identity(p.stat())}" if p.is_symlink() else sha256_file(p)
+        )
+        for p in sorted(directory.rglob("*"))
+        if p.is_file()
+    }
 
 
 @pytest.fixture
