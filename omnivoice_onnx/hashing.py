@@ -13,7 +13,6 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
-
 CHUNK_BYTES = 1 << 20
 
 
