@@ -26,6 +26,7 @@ import quantize_omnivoice
 from omnivoice_export import capture, quality, quantize, rowwise
 from omnivoice_export.builder import OUTLIERS, build_checkpoint, trigger_token_ids
 from omnivoice_export.checkpoints import load_omnivoice
+from omnivoice_export.files import sha256_file
 from omnivoice_export.report import save_with_sidecar
 from omnivoice_onnx.sessions import make_session
 
@@ -35,16 +36,27 @@ SPEC = OUTLIERS[NAME]
 MEASURED = ("int8", "int8-pertensor")
 
 
+CODEC_FILES = ("audio_tokenizer/config.json", "audio_tokenizer/model.safetensors")
+
+
 @pytest.fixture(scope="session")
-def outliers(tmp_path_factory) -> Pipeline:
+def outliers(tiny_model: Path, tmp_path_factory) -> Pipeline:
     """tiny-outliers built into this run's temporary tree, steps 0-2 on it, and step 5's int8 and
-    int8-pertensor (read-only for the tests)."""
+    int8-pertensor (read-only for the tests).
+
+    Step 2 in two runs, as a user adds graphs to an export: the transformer (where the outliers
+    are, what step 5 quantizes) by dynamo, the codecs by the legacy exporter. The proxy's codec is
+    tiny's, file for file (asserted): its dynamo graphs are the session pipeline's, proven there;
+    the legacy exporter writes the same function here at a third of dynamo's cost."""
 
     def build(root: Path) -> None:
         model = build_checkpoint(NAME, root / "model")
+        for name in CODEC_FILES:
+            assert sha256_file(model / name) == sha256_file(tiny_model / name), name
         make_reference.main(["--model", str(model), "--out-dir", str(root / "capture")])
         capture_reference.main(["--model", str(model), "--capture-dir", str(root / "capture")])
-        export_as_user(model, root / "capture", root / "onnx")
+        export_as_user(model, root / "capture", root / "onnx", "--graphs", "transformer")
+        export_as_user(model, root / "capture", root / "onnx", "--graphs", "encoder,decoder", "--no-dynamo")
         quantize_omnivoice.main(["--onnx-dir", str(root / "onnx"), "--variants", ",".join(MEASURED)])
 
     root = shared_build(tmp_path_factory, "outliers-pipeline", build)
