@@ -20,7 +20,8 @@ TEXT = {".py", ".json", ".md", ".txt", ".html", ".sh"}
 def sources() -> list[Path]:
     """Every text file of the packages, scripts and bench (the notes in bench/results included: the
     log entry cites the results file, not the other way round), the tests' Python, the top-level
-    scripts, and the README and docs pages except the investigation log."""
+    scripts, pyproject.toml and the requirements, the Makefile, .ci/run and pytest.ini, and the
+    README and docs pages except the investigation log."""
     text = [
         path
         for folder in ("omnivoice_onnx", "omnivoice_export", "scripts", "bench")
@@ -28,8 +29,10 @@ def sources() -> list[Path]:
         if path.suffix in TEXT and "__pycache__" not in path.parts
     ]
     tests = sorted((REPO / "tests").rglob("*.py"))
+    top = [*sorted(REPO.glob("*.py")), *sorted(REPO.glob("*.toml")), *sorted(REPO.glob("*.txt"))]
+    build = [path for path in (REPO / "Makefile", REPO / ".ci" / "run", REPO / "pytest.ini") if path.is_file()]
     pages = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
-    return text + tests + sorted(REPO.glob("*.py")) + [page for page in pages if page != LOG]
+    return text + tests + top + build + [page for page in pages if page != LOG]
 
 
 def test_no_run_or_issue_numbers_outside_the_log() -> None:
