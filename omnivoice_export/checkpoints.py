@@ -200,11 +200,12 @@ def model_fingerprint(path: Path) -> str:
 
     Every artefact (capture, export, report) records it, so tensors from different models are
     never compared silently. It hashes the files' bytes (safetensors are written
-    deterministically), memoised per process on (path, size, mtime).
+    deterministically), memoised per process on each file's path and stat identity (a rewrite that keeps
+    size and mtime still changes ctime).
     """
     path = Path(path).resolve()
     files = [path / f for f in REQUIRED_FILES]
-    key = tuple((str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in files)
+    key = tuple((str(f), *stat_identity(f.stat())) for f in files)
     if key not in _FINGERPRINTS:
         digest = hashlib.sha256()
         for rel, file in zip(REQUIRED_FILES, files):

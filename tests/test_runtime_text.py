@@ -730,6 +730,8 @@ def test_chunk_plan_matches_generate_chunked(torch_model, config, with_ref, spee
 def test_write_runtime_assets_entries(tiny_model, assets, config, tmp_path):
     import hashlib
 
+    from transformers import AutoTokenizer
+
     entries = write_runtime_assets(tiny_model, tmp_path)
     assert sorted(entries) == sorted([bundle.TOKENIZER_FILE, bundle.RUNTIME_CONFIG_FILE])
     for name, entry in entries.items():
@@ -737,6 +739,10 @@ def test_write_runtime_assets_entries(tiny_model, assets, config, tmp_path):
         assert entry == {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
         assert data == (assets / name).read_bytes()  # deterministic
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(entries)  # no temporary file left
+    # written from the process's parsed tokenizer (checkpoints.text_tokenizer), which models loaded
+    # earlier in this process share: still what a fresh load of the checkpoint gives
+    fresh = AutoTokenizer.from_pretrained(str(tiny_model)).backend_tokenizer.to_str()
+    assert (tmp_path / bundle.TOKENIZER_FILE).read_text(encoding="utf-8") == fresh
 
 
 def test_runtime_config_model_and_generation_defaults(tiny_model, config):
