@@ -46,8 +46,9 @@ def outliers(tiny_model: Path, tmp_path_factory) -> Pipeline:
 
     Step 2 in two runs, as a user adds graphs to an export: the transformer (where the outliers
     are, what step 5 quantizes) by dynamo, the codecs by the legacy exporter. The proxy's codec is
-    tiny's, file for file (asserted): its dynamo graphs are the session pipeline's, proven there;
-    the legacy exporter writes the same function here at a third of dynamo's cost."""
+    tiny's, file for file (asserted): its dynamo graphs are the session pipeline's, proven there on
+    tiny's captured calls (here the legacy graphs are proven on the proxy's); the legacy exporter
+    writes the same function at a third of dynamo's cost."""
 
     def build(root: Path) -> None:
         model = build_checkpoint(NAME, root / "model")
