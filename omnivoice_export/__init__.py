@@ -17,6 +17,9 @@ omnivoice_onnx.contract, read by all of these):
     measure        wall time and peak RSS of a block
     quantize       transformer variants (quantization recipes, the unmasked fp32 graph), one sidecar each
     fusion         graph surgery for the fused variants (attention -> Attention, RoPE, RMSNorm)
+    rowwise        per-row int8 MatMuls (MatMulIntegerToFloat), with an fp32 switch per MatMul for measuring
+    smoothing      int8's scales: every MatMul input measured on the capture, SmoothQuant folded exactly
+    sensitivity    int8's mixed precision: each MatMul's share of the logit error, the fewest kept fp32
     quality        per-step and end-to-end measurements of a variant against the PyTorch capture
     files          atomic writes, sha256 and {sha256, bytes} entries, JSON artefacts
     cli            argparse ending (--debug), one-line errors, exit codes

@@ -15,6 +15,9 @@ checkpoints.REQUIRED_FILES).
               channels at the first position and the delimiter tokens, written by an early
               layer's MLP (its down_proj input spikes there), and outlier channels in the normed
               input of every linear layer; the check of an int8 recipe (docs/variants.md cites each).
+`tiny-outliers2`  proxy 2: tiny-outliers plus what the trained model's int8 reports point to
+              (OmniVoice#152: the error lives at the down_proj input): outlier channels in the
+              residual stream read with ordinary weights, and GLU units that fire at every position.
 
 The library's default init makes degenerate models (zero codebooks: every code identical; a DAC
 decoder whose output is almost constant; std-0.02 audio heads whose argmax is a near-tie
@@ -144,6 +147,19 @@ class Outliers:
     outlier_gain: float
     heads_outlier_gain: float  # the final norm's (the audio heads' input)
     compensation: float
+    # Proxy 2 (OmniVoice#152 puts the trained model's int8 error at the down_proj input):
+    # residual outlier channels (Bondarenko et al. 2021; Puccetti et al. 2022): `residual_value` added to
+    # every embedding on `residual_channels` (audio rows 1/8 per codebook: 8 are summed), read by the flat
+    # norms and the ordinary weights of every layer, so every MatMul input that follows a norm carries them
+    residual_channels: tuple[int, ...] = ()
+    residual_value: float = 0.0
+    # persistent GLU units (Yang et al. 2024, activation spikes in GLU-based LLMs): in every layer, the
+    # up_proj rows of `glu_units` times `glu_gain`, so silu(gate) * up, the down_proj input, carries those
+    # units ~glu_gain x the median unit at every position; their down_proj columns divided by
+    # glu_gain ** `glu_compensation` (1: the fp32 function unchanged; below 1 they carry more of the output)
+    glu_units: tuple[int, ...] = ()
+    glu_gain: float = 1.0
+    glu_compensation: float = 1.0
 
 
 OUTLIERS = {
@@ -159,6 +175,27 @@ OUTLIERS = {
         outlier_gain=70.0,
         heads_outlier_gain=120.0,
         compensation=1.0,
+    ),
+    # Proxy 2: tiny-outliers plus residual outlier channels and persistent GLU units (the down_proj input
+    # ~250x the median unit at every position); the trigger raised so the massive rows still fire through
+    # norms that the residual channels now dominate. Calibrated to OmniVoice#152 (docs/variants.md).
+    "tiny-outliers2": Outliers(
+        massive_layer=0,
+        trigger_channel=7,
+        trigger_value=15.0,
+        units=(5, 77),
+        unit_weight=10.0,
+        massive_channels=(21, 50),
+        massive_weights=(5.0, -3.5),
+        outlier_channels=(11, 36),
+        outlier_gain=70.0,
+        heads_outlier_gain=120.0,
+        compensation=1.0,
+        residual_channels=(3, 44),
+        residual_value=30.0,
+        glu_units=(9, 60, 101),
+        glu_gain=250.0,
+        glu_compensation=1.0,
     ),
     "full-random-outliers": Outliers(
         massive_layer=1,
@@ -183,10 +220,16 @@ FINGERPRINTS = {
     "full-random": "sha256:5fa67c4b46c00e4d",
     "tiny-outliers": "sha256:8bc614ee5deb9039",
     "full-random-outliers": "sha256:f0962600f722c621",
+    "tiny-outliers2": "sha256:b0acee6cdab76243",
 }
 
 # Each of these is its base (same dims, so the same per-name draws and codec scales) plus LARGE_ACTIVATIONS or OUTLIERS.
-BASE_OF = {"tiny-large-act": "tiny", "tiny-outliers": "tiny", "full-random-outliers": "full-random"}
+BASE_OF = {
+    "tiny-large-act": "tiny",
+    "tiny-outliers": "tiny",
+    "tiny-outliers2": "tiny",
+    "full-random-outliers": "full-random",
+}
 for _name, _base in BASE_OF.items():
     DIMS[_name] = DIMS[_base]
 
@@ -376,6 +419,15 @@ def add_outliers(omnivoice, spec: Outliers) -> None:
             norm.weight[outliers] *= gain
             for linear in readers:
                 linear.weight[:, outliers] /= gain**spec.compensation
+        if spec.residual_channels:
+            residual = list(spec.residual_channels)
+            llm.embed_tokens.weight[:, residual] += spec.residual_value
+            omnivoice.audio_embeddings.weight[:, residual] += spec.residual_value / NUM_CODEBOOKS
+        if spec.glu_units:
+            glu = list(spec.glu_units)
+            for each in llm.layers:
+                each.mlp.up_proj.weight[glu, :] *= spec.glu_gain
+                each.mlp.down_proj.weight[:, glu] /= spec.glu_gain**spec.glu_compensation
 
 
 def norm_readers(omnivoice) -> list[tuple[object, list]]:

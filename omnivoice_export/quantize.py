@@ -48,13 +48,16 @@ Why the recipes are what they are (the quality table measures each):
   stay Attention in fp32: at the real dims they are 38 % of int8's kernel time on two threads, the
   bound on what int8 projections can gain. `int8-unfused` is the same quantization of the
   faithful graph (valid for any mask), kept to measure what the rewrites gain.
-- `int8` is int8-pertensor's graph quantized by omnivoice_export.rowwise instead: each norm's
-  outlier channels folded into the MatMuls that read it (SmoothQuant's migration, powers of two:
-  the fp32 graph's bits unchanged), one scale per row of every activation (a massive row no longer
-  sets the scale of the others), and fp32 for the MatMuls whose input spikes on the capture's calls
-  (the down_proj that writes the massive activations). Per-tensor scales are what a trained
-  model's outliers break (docs/variants.md: the outlier proxy, tiny-outliers); `int8-rows` is the
-  per-row scales alone, kept to measure what the fold and the fp32 spikes add.
+- `int8` is int8-pertensor's graph quantized by omnivoice_export.rowwise instead, calibrated on
+  the capture's calls: every MatMul input's channel ranges measured and its outlier channels
+  folded into the weights that read it (omnivoice_export.smoothing: SmoothQuant with alpha chosen
+  per input, powers of two, the fp32 graph's bits unchanged; into the norms, up_proj's and
+  v_proj's output columns), one scale per row of every activation (a massive row no longer sets
+  the scale of the others), and fp32 for the fewest MatMuls whose measured share of the logit
+  error reaches the target (omnivoice_export.sensitivity). Per-tensor scales are what a trained
+  model's outliers break (docs/variants.md: the outlier proxies); `int8-normfold` is phase 5's
+  rule (scales read from the norm weights, spiking rows fp32), `int8-rows` the per-row scales
+  alone, kept to measure what each part adds.
 - `MatMulNBits` keeps weights block-wise (block along K, one scale and zero point per block);
   `accuracy_level` 0 dequantizes to fp32 and runs an fp32 GEMM, 4 quantizes activations to int8
   per block and runs an int8 GEMM (faster; the kind of error that flipped argmaxes on Qwen3-0.6B,
@@ -75,7 +78,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from omnivoice_export import fp16, fusion, report, rowwise
+from omnivoice_export import fp16, fusion, report, rowwise, sensitivity, smoothing
 from omnivoice_export.cli import check_output
 from omnivoice_export.files import file_entry, first_mismatch, sha256_file, temporary_dir, umask_mode
 from omnivoice_export.measure import PeakRss
@@ -104,8 +107,11 @@ class Recipe:
     fusions: tuple[str, ...] = ()  # unmasked, dynamic: omnivoice_export.fusion passes applied after drop_mask_work
     keep_fp32: tuple[str, ...] = ()  # fp16: the float32 islands of the transformer (fp16.TRANSFORMER_KEEP groups)
     codecs: tuple[str, ...] = ()  # codec graphs the variant converts and carries itself (else the export's fp32 ones)
-    fold_norms: bool = False  # dynamic, rowwise: rowwise.fold_norm_scales before quantizing (SmoothQuant's migration)
-    spikes_fp32: bool = False  # rowwise: the MatMuls whose input spikes on the capture's calls stay fp32
+    fold_norms: bool = False  # rowwise: smoothing.fold_norm_scales before quantizing (phase 5: scales from the norms)
+    spikes_fp32: bool = False  # rowwise: the MatMuls whose input spikes on the capture's calls stay fp32 (phase 5)
+    # rowwise: scales of every MatMul input measured on the capture's calls and folded (smoothing.smooth),
+    # then the fewest MatMuls kept fp32 that reach sensitivity's target (sensitivity.select_fp32)
+    calibrate: bool = False
     summary: str = ""
 
     def as_dict(self) -> dict[str, Any]:
@@ -159,12 +165,24 @@ RECIPES: dict[str, Recipe] = {
             True,
             "fp16",
             fusions=("attention", "rotary", "rms_norm"),
+            calibrate=True,
+            summary="int8-pertensor's graph with every MatMul input's outlier channels measured on the capture's "
+            "calls and folded into the weights (SmoothQuant, alpha measured per input, exact in fp32: into the "
+            "norms, up_proj, v_proj), a scale per row of each activation (MatMulIntegerToFloat), and fp32 for "
+            "the fewest MatMuls whose measured share of the logit error reaches the target",
+        ),
+        Recipe(
+            "int8-normfold",
+            "rowwise",
+            8,
+            True,
+            "fp16",
+            fusions=("attention", "rotary", "rms_norm"),
             fold_norms=True,
             spikes_fp32=True,
-            summary="int8-pertensor's graph with the norms' outlier channels folded into the weights (SmoothQuant, "
-            "exact in fp32), a scale per row of each activation (MatMulIntegerToFloat), and fp32 for the "
-            "MatMuls whose input spikes on the capture's calls: holds where a trained model's outlier "
-            "channels and massive rows break per-tensor scales",
+            summary="phase 5's int8, kept to compare: scales read from the norms' weights (not measured), a scale "
+            "per row, fp32 for the MatMuls whose input rows spike; breaks where outlier channels are not "
+            "in the norm weights (down_proj and o_proj inputs, residual channels)",
         ),
         Recipe(
             "int8-rows",
@@ -173,7 +191,7 @@ RECIPES: dict[str, Recipe] = {
             True,
             "fp16",
             fusions=("attention", "rotary", "rms_norm"),
-            summary="int8 without the fold and the fp32 spikes: per-row activation scales alone (what the others add)",
+            summary="per-row activation scales alone, nothing folded, nothing kept fp32 (what the others add)",
         ),
         Recipe(
             "int8-pertensor",
@@ -325,25 +343,67 @@ def quantize_dynamic_variant(source: Path, staging: Path, recipe: Recipe, exclud
     return model
 
 
-def prepared_graph(source: Path, recipe: Recipe, exclude: list[str]) -> onnx.ModelProto:
-    """The fp32 graph without the mask work, with `recipe.fusions` applied and, for a recipe that
-    folds, the norms' channel scales moved into the MatMuls that will be quantized (not `exclude`)."""
+def prepared_graph(source: Path, recipe: Recipe) -> onnx.ModelProto:
+    """The fp32 graph without the mask work, with `recipe.fusions` applied: what a fused recipe
+    quantizes (the fused Attention nodes stay fp32, as in fp32-fused)."""
     model = onnx.load(str(source))
     drop_mask_work(model)
     fusion.apply_fusions(model, recipe.fusions)
-    if recipe.fold_norms:
-        rowwise.fold_norm_scales(model, exclude)
     return model
 
 
-def unmasked_source(source: Path, staging: Path, recipe: Recipe, exclude: list[str]) -> Path:
-    """prepared_graph saved with its own sidecar under `staging`: the input of a fused int8 recipe
-    (quantize_dynamic then quantizes the projections' MatMuls; the fused Attention nodes stay fp32,
-    as in fp32-fused)."""
-    path = staging / "unmasked" / TRANSFORMER_FILE
-    path.parent.mkdir()
-    save_with_sidecar(prepared_graph(source, recipe, exclude), path)
-    return path
+def quantize_prepared(
+    model: onnx.ModelProto,
+    recipe: Recipe,
+    exclude: list[str],
+    calls: list[dict[str, np.ndarray]],
+    workdir: Path,
+) -> tuple[onnx.ModelProto, dict[str, Any]]:
+    """Quantize an fp32 graph already prepared for `recipe` (a "dynamic" or "rowwise" one), keeping
+    `exclude` fp32; `calls` (feeds of the graph) calibrate the recipes that measure. Returns the
+    quantized model and what it measured (the report entry's `calibration`). Any graph of the same
+    building blocks works (tests and bench/bench_int8_judge.py run it on a trained LLaMA-family
+    model); `workdir` holds the probe graphs (a graph over 2 GB has to be a file)."""
+    workdir = Path(workdir)
+    details: dict[str, Any] = {}
+    if recipe.method == "dynamic":
+        path = workdir / "unmasked" / TRANSFORMER_FILE
+        path.parent.mkdir()
+        save_with_sidecar(model, path)
+        return quantize_dynamic_variant(path, workdir, recipe, exclude), details
+    if recipe.method != "rowwise":
+        raise ValueError(f"quantize_prepared takes dynamic and rowwise recipes, not {recipe.method}")
+    fp32: list[str] = []
+    if recipe.fold_norms:
+        details["norms_folded"] = smoothing.fold_norm_scales(model, exclude)
+    if recipe.spikes_fp32:
+        ratios = smoothing.spike_ratios(model, exclude, calls, workdir)
+        spikes = {name: round(ratio, 1) for name, ratio in ratios.items() if ratio > smoothing.SPIKE_RATIO}
+        details["spikes"] = {
+            "threshold": smoothing.SPIKE_RATIO,
+            "largest_ratio": round(max(ratios.values()), 1),
+            "fp32": spikes,
+        }
+        fp32 += list(spikes)
+    if recipe.calibrate:
+        details["inputs"] = smoothing.smooth(model, exclude, calls, workdir)
+        selection = sensitivity.select_fp32(model, exclude, calls, workdir)
+        details["fp32"] = {
+            "target": {"mean": sensitivity.TARGET_MEAN, "min": sensitivity.TARGET_MIN},
+            "max_share": sensitivity.MAX_FP32_SHARE,
+            "reached": selection.reached,
+            "kept": selection.kept,
+            "share": round(selection.fp32_share, 4),
+            "agreement_mean": round(float(np.mean(selection.agreement)), 6),
+            "agreement_min": round(min(selection.agreement), 6),
+            "all_int8_mean": round(float(np.mean(selection.all_int8)), 6),
+            "all_int8_min": round(min(selection.all_int8), 6),
+            "contribution": {name: float(f"{selection.contribution[name]:.4g}") for name in selection.order},
+        }
+        fp32 += selection.kept
+        details["calls"] = len(calls)
+    rowwise.quantize_rowwise(model, exclude + fp32)
+    return model, details
 
 
 def quantize_nbits_variant(source: Path, recipe: Recipe, exclude: list[str]) -> onnx.ModelProto:
@@ -558,7 +618,7 @@ def build_variant(
     so an interruption leaves a variant complete (old or new) or absent, never mixed. `seconds`
     is the whole build, install and hashing included: the time the user waits for the variant.
 
-    `capture_dir` (a recipe with spikes_fp32): the capture whose calls calibrate it, of the export's model.
+    `capture_dir` (a recipe that calibrates): the capture whose calls calibrate it, of the export's model.
 
     Runs building into one onnx/ at once build in their own staging directories; installing,
     hashing the installed files and merging the entry into the report happen under the report's
@@ -572,22 +632,14 @@ def build_variant(
     heads, embeddings = weight_nodes(onnx.load(str(source), load_external_data=False), heads_width)
     exclude = (heads if recipe.keep_heads_fp32 else []) + (embeddings if recipe.embeddings != "dynamic" else [])
     kept: dict[str, list[str]] = {}
-    spikes: dict[str, float] = {}
-    spike_peak = None
+    calibration: dict[str, Any] = {}
     with temporary_dir(variant_dir(onnx_dir, recipe.name)) as staging:
         with PeakRss() as peak:
-            if recipe.method == "dynamic":
-                graph = unmasked_source(source, staging, recipe, exclude) if recipe.fusions else source
-                model = quantize_dynamic_variant(graph, staging, recipe, exclude)
-            elif recipe.method == "rowwise":
-                model = prepared_graph(source, recipe, exclude)
-                if recipe.spikes_fp32:
-                    ratios = rowwise.spike_ratios(
-                        model, exclude, calibration_calls(capture_dir, fp32_metadata), staging
-                    )
-                    spikes = {name: round(ratio, 1) for name, ratio in ratios.items() if ratio > rowwise.SPIKE_RATIO}
-                    spike_peak = round(max(ratios.values()), 1)
-                rowwise.quantize_rowwise(model, exclude + list(spikes))
+            if recipe.method == "rowwise" or (recipe.method == "dynamic" and recipe.fusions):
+                calls = calibration_calls(capture_dir, fp32_metadata) if recipe.spikes_fp32 or recipe.calibrate else []
+                model, calibration = quantize_prepared(prepared_graph(source, recipe), recipe, exclude, calls, staging)
+            elif recipe.method == "dynamic":
+                model = quantize_dynamic_variant(source, staging, recipe, exclude)
             elif recipe.method == "unmasked":
                 model = onnx.load(str(source))
                 drop_mask_work(model)
@@ -629,13 +681,13 @@ def build_variant(
             }
             if recipe.method == "fp16":
                 entry["fp32_nodes"] = kept
-            if recipe.spikes_fp32:
-                entry["spikes"] = {"threshold": rowwise.SPIKE_RATIO, "largest_ratio": spike_peak, "fp32": spikes}
+            if calibration:
+                entry["calibration"] = calibration
             report.merge_section(onnx_dir, ("variants", recipe.name), entry)
     return entry
 
 
-# Captured calls per mode that calibrate a spikes_fp32 recipe: evenly spaced over its steps.
+# Captured calls per mode that calibrate a recipe that measures (calibrate, spikes_fp32): evenly spaced over its steps.
 CALIBRATION_STEPS = 4
 
 
@@ -757,7 +809,7 @@ def quantize_variants(
 ) -> dict[str, dict[str, Any]]:
     """Build each named variant from the verified fp32 export; merge each entry into the report
     as soon as it is written (an interrupted run keeps the entries of the finished variants).
-    `capture_dir` calibrates the spikes_fp32 recipes (default: the capture the export was made from)."""
+    `capture_dir` calibrates the recipes that measure (default: the capture the export was made from)."""
     export = report.load_report(onnx_dir)
     report.verify_graphs(onnx_dir, export, ["transformer"])
     check_variant_outputs(onnx_dir, names)

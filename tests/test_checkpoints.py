@@ -218,10 +218,10 @@ print(json.dumps({"capability": torch.backends.cpu.get_cpu_capability(),
 
 @pytest.mark.slow
 def test_builds_need_no_cpu_dispatched_kernel(tmp_path: Path) -> None:
-    """tiny, tiny-large-act and tiny-outliers built with every dispatch this machine has switched off
+    """tiny, tiny-large-act, tiny-outliers and tiny-outliers2 built with every dispatch this machine has switched off
     (torch's scalar code, SSE4 oneDNN/MKL, no numpy SIMD, one thread) have the recorded fingerprints:
     the recipe's bits come from integer draws and IEEE elementwise arithmetic alone."""
-    names = ("tiny", "tiny-large-act", "tiny-outliers")
+    names = ("tiny", "tiny-large-act", "tiny-outliers", "tiny-outliers2")
     done = subprocess.run(
         [sys.executable, "-c", _BUILD_AND_REPORT, str(tmp_path), *names],
         env={**os.environ, **NO_DISPATCH_ENV},
