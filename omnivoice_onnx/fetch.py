@@ -14,10 +14,14 @@ folder keeps a manifest too, with where it came from, so a second download of th
 finds it in place and fetches nothing.
 
 Nothing half-downloaded is ever used: an archive is fetched to `.<dir>.<hash>.part` beside the
-folder (an interrupted fetch resumes from there with an HTTP Range request, or restarts when the
-server ignores it), checked against the sha256 the user gave, then extracted into a temporary
+folder (files.open_regular: a link or anything else planted at that name is refused, never written
+through; an interrupted fetch resumes from there with an HTTP Range request, or restarts when the
+server ignores it), at most MAX_DOWNLOAD_BYTES whatever the server announces or sends, checked
+against the sha256 the user gave, then extracted from that same open file into a temporary
 sibling folder (files.atomic_dir), each file hashed as it is written and checked against the
-manifest and the export report, and only then renamed onto the folder. A Hugging Face repo is read
+manifest and the export report, and only then renamed onto the folder. The `.part` is kept only
+when the fetch itself was interrupted (a dropped connection, Ctrl-C, SIGTERM), and the message says
+so; every other end removes it, and the folders the download made for --dir. A Hugging Face repo is read
 through huggingface_hub (its cache, its resumable downloads, HF_HUB_OFFLINE / local_files_only),
 only the variant's files, then copied the same way. Extraction takes regular files and folders
 only, at names inside the folder: an absolute name, a `..` part, a link, a device or a member
@@ -41,7 +45,7 @@ import urllib.request
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any, Literal
+from typing import IO, Any, BinaryIO, Literal, NoReturn
 
 from omnivoice_onnx.bundle import (
     DEFAULT_VARIANT_ORDER,
@@ -55,8 +59,17 @@ from omnivoice_onnx.bundle import (
 )
 from omnivoice_onnx.contract import FP32_VARIANT, REPORT_FILE
 from omnivoice_onnx.errors import UserError
-from omnivoice_onnx.files import FolderLock, atomic_dir, atomic_path, confined
-from omnivoice_onnx.hashing import FILE_ENTRY_SCHEMA, sha256_file
+from omnivoice_onnx.files import (
+    FolderLock,
+    atomic_dir,
+    atomic_path,
+    confined,
+    made_folders,
+    open_regular,
+    resolved_folder,
+)
+from omnivoice_onnx.hashing import FILE_ENTRY_SCHEMA, sha256_file, sha256_stream
+from omnivoice_onnx.limits import LIMIT_ENV_PREFIX, env_number
 from omnivoice_onnx.reading import Each, parse_json, schema_problem
 from omnivoice_onnx.verified import VerifiedFiles
 
@@ -74,12 +87,29 @@ MAX_MANIFEST_BYTES = 1 << 20  # a manifest lists a dozen files
 MAX_MEMBER_BYTES = 16 << 30
 MAX_MEMBERS = 64  # a variant has at most a dozen files
 HF_PREFIX = "hf:"  # --model-dir hf:ORG/NAME (__main__.resolve_hub_model_dirs looks for it)
-HF_REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
+# A Hugging Face repo id as huggingface_hub.utils.validate_repo_id accepts it (2.x; tests hold the
+# two to the same verdicts), namespace required: each part 1-96 of A-Z a-z 0-9 . _ -, starting and
+# ending with a letter, digit or _, no `--` or `..` anywhere, not ending in `.git`. Checked here so
+# that huggingface_hub's HFValidationError (a traceback) is never reached.
+HF_NAME_PART = r"(?=[A-Za-z0-9._-]{1,96}(?:/|$))[A-Za-z0-9_](?:[A-Za-z0-9._-]*[A-Za-z0-9_])?"
+HF_REPO_ID = re.compile(rf"(?!.*(?:--|\.\.))(?!.*\.git$){HF_NAME_PART}/{HF_NAME_PART}")
+HF_REPO_FIX = (
+    "pass ORG/NAME as the Hub shows it (letters, digits, '-', '_', '.'; each part at most 96, starting "
+    "and ending with a letter or digit; no '--' or '..')"
+)
+# A --revision: a branch, tag or commit as git names them (git check-ref-format's main rules).
+REVISION = re.compile(r"(?!.*(?:\.\.|@\{|//))(?!/)(?!.*[/.]$)(?!.*\.lock(?:/|$))[^\x00-\x20\x7f~^:?*\[\\]{1,256}")
 # pack's -o suffixes (weights barely compress)
 ARCHIVE_MODES: dict[str, Literal["w", "w:gz"]] = {".tar": "w", ".tar.gz": "w:gz", ".tgz": "w:gz"}
 SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 HTTP_TIMEOUT_S = 60.0  # per socket operation, not per download
 CHUNK = 1 << 20
+# The most an archive download writes, whatever the server announces or sends (an endless body, a
+# Content-Length of a terabyte): twice the largest archive (the real model's fp32 variant, ~3.7 GB)
+# rounded up. OMNIVOICE_MAX_DOWNLOAD_BYTES sets it per process (docs/download.md).
+MAX_DOWNLOAD_BYTES = 8 << 30
+DOWNLOAD_LIMIT_ENV = LIMIT_ENV_PREFIX + "MAX_DOWNLOAD_BYTES"
+HTTP_SCHEMES = ("http", "https")  # what a download fetches, first URL and every redirect alike
 
 
 def release_files(report: dict[str, Any], variant: str) -> list[str]:
@@ -251,13 +281,14 @@ def _member_bytes(archive: tarfile.TarFile, member: tarfile.TarInfo) -> IO[bytes
     return handle
 
 
-def extract(archive_path: Path, folder: Path, where: str) -> dict[str, Any]:
-    """Extract the release archive at `archive_path` into the empty `folder`, checking every
-    member (_safe_member) and its bytes against the manifest (the first member) as it is written;
-    the manifest."""
+def extract(source: IO[bytes], folder: Path, where: str) -> dict[str, Any]:
+    """Extract the release archive read from `source` (an open file, at its start: the one the
+    download wrote and hashed, never its name looked up again) into the empty `folder`, checking
+    every member (_safe_member) and its bytes against the manifest (the first member) as it is
+    written; the manifest."""
     fix = "get the archive from its publisher again (damaged, or not written by omnivoice-onnx pack)"
     try:
-        with tarfile.open(archive_path, "r:*") as archive:
+        with tarfile.open(fileobj=source, mode="r:*") as archive:
             first = archive.next()
             if first is None or first.name != MANIFEST_FILE or not first.isfile():
                 raise UserError(
@@ -365,8 +396,12 @@ def download(
     target = Path(target)
     if variant is not None and not VARIANT_NAME.fullmatch(variant):
         raise UserError(f"--variant {variant!r:.60} is not a variant name", "pass e.g. int8, fp32-fused or fp32")
-    is_url = urllib.parse.urlsplit(source).scheme in ("http", "https")
-    if is_url:
+    if "://" in source:
+        if urllib.parse.urlsplit(source).scheme.lower() not in HTTP_SCHEMES:
+            raise UserError(
+                f"{source!r:.120} is not an http(s) URL: a download fetches http(s) only",
+                "pass https://.../ARCHIVE.tar with --sha256 HEX, or a Hugging Face repo id ORG/NAME",
+            )
         if sha256 is None or not SHA256_HEX.fullmatch(sha256.lower().removeprefix("sha256:")):
             raise UserError(
                 f"an archive URL needs its sha256: got {sha256!r:.80}",
@@ -375,16 +410,15 @@ def download(
         sha256 = sha256.lower().removeprefix("sha256:")
         origin = {"url_sha256": sha256}
     else:
-        if not HF_REPO_ID.fullmatch(source):
-            raise UserError(
-                f"{source!r:.80} is neither a Hugging Face repo id (ORG/NAME) nor an http(s) URL",
-                "pass ORG/NAME, or https://.../ARCHIVE.tar with --sha256 HEX",
-            )
+        check_hub_repo(source, "SOURCE")
+        check_revision(revision)
         if sha256 is not None:
             raise UserError("--sha256 is for an archive URL", "leave it out for a Hugging Face repo")
         origin = {"hf_repo": source, "revision": revision or "main"}
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with FolderLock(target.parent, target.name, f"the download into {target}"):
+    # A --dir that is a link is the folder it names, resolved once: the lock, the .part and the
+    # staging folder lie beside that folder, and a link swapped later redirects nothing.
+    target = resolved_folder(target, "--dir", "pass a folder (or a path to create one at)")
+    with made_folders(target.parent), FolderLock(target.parent, target.name, f"the download into {target}"):
         done = installed(target, origin, variant)
         if done is not None:
             return done, False
@@ -396,23 +430,49 @@ def download(
         return manifest, True
 
 
+def check_hub_repo(repo: str, what: str) -> str:
+    """`repo` if it is a Hugging Face repo id ORG/NAME that huggingface_hub accepts (HF_REPO_ID),
+    else one line naming `what`: the one check of a repo id, for `download` and `--model-dir hf:`."""
+    if not HF_REPO_ID.fullmatch(repo):
+        raise UserError(f"{what} {repo!r:.120} is not a Hugging Face repo id ORG/NAME", HF_REPO_FIX)
+    return repo
+
+
+def check_revision(revision: str | None) -> str | None:
+    """`revision` if it is None or a name git and the Hub accept (REVISION), else one line."""
+    if revision is not None and not REVISION.fullmatch(revision):
+        raise UserError(
+            f"--revision {revision!r:.120} is not a branch, tag or commit name",
+            "pass a branch, tag or commit as the Hub shows it (no spaces, '..', '~', '^', ':' or control characters)",
+        )
+    return revision
+
+
 def _download_archive(url: str, sha256: str, target: Path, variant: str | None) -> dict[str, Any]:
+    """Fetch, check and extract the archive; its `.part` is removed however this ends once the fetch
+    is whole (the bytes are the ones asked for, or refused: fetching them again gives the same)."""
     part = target.with_name(f".{target.name}.{sha256[:16]}.part")
-    fetch_resumable(url, part)
-    got = sha256_file(part)
+    fd = open_regular(part, os.O_RDWR | os.O_CREAT, "the partial download")
+    with open(fd, "r+b") as handle:
+        fetch_resumable(url, handle, part)
+        try:
+            return _install_archive(url, sha256, handle, target, variant)
+        finally:
+            part.unlink(missing_ok=True)
+
+
+def _install_archive(url: str, sha256: str, handle: BinaryIO, target: Path, variant: str | None) -> dict[str, Any]:
+    handle.seek(0)
+    got = sha256_stream(handle)
     if got != sha256:
-        part.unlink(missing_ok=True)
         raise UserError(
             f"the archive at {url} has sha256 {got}, not the {sha256} given (changed, damaged in transit, "
             "or a wrong hash); nothing was kept",
             "check the hash its publisher gives, then run again",
         )
+    handle.seek(0)
     with atomic_dir(target) as tmp:  # renamed onto target (an earlier download replaced whole) only if all passes
-        try:
-            manifest = extract(part, tmp, url)
-        except UserError:
-            part.unlink(missing_ok=True)  # the bytes are the ones asked for: fetching them again gives the same
-            raise
+        manifest = extract(handle, tmp, url)
         if variant not in (None, manifest["variant"]):
             raise UserError(
                 f"the archive at {url} holds variant {manifest['variant']}, not {variant}",
@@ -426,47 +486,124 @@ def _download_archive(url: str, sha256: str, target: Path, variant: str | None) 
             )
         result = {**manifest, "source": {"url_sha256": sha256}}
         Folder(tmp).manifest_path.write_bytes(_manifest_bytes(result))
-    part.unlink(missing_ok=True)
     return result
 
 
-def fetch_resumable(url: str, part: Path) -> None:
-    """Fetch `url` into `part`, continuing what `part` holds with a Range request; a server that
-    answers with the whole file (200) restarts it, one that cannot serve the range (416) too. An
-    interrupted fetch leaves `part` for the next run and is a UserError saying so."""
-    have = part.stat().st_size if part.is_file() else 0
+def max_download_bytes() -> int:
+    """The most one archive download writes: $OMNIVOICE_MAX_DOWNLOAD_BYTES, else MAX_DOWNLOAD_BYTES."""
+    return int(env_number(DOWNLOAD_LIMIT_ENV, MAX_DOWNLOAD_BYTES))
+
+
+class _HttpRedirects(urllib.request.HTTPRedirectHandler):
+    """urllib's redirects, refused when they lead anywhere but http(s) (urllib follows ftp:// and
+    refuses file:// naming only the URL asked for), naming where the server sent it."""
+
+    def http_error_302(
+        self, req: urllib.request.Request, fp: IO[bytes], code: int, msg: str, headers: Any
+    ) -> IO[bytes] | None:
+        location = headers.get("location") or headers.get("uri")
+        target = urllib.parse.urljoin(req.full_url, location or "")
+        if urllib.parse.urlsplit(target).scheme.lower() not in HTTP_SCHEMES:
+            raise UserError(
+                f"{req.full_url} redirects to {target!r:.200}, which is not an http(s) URL: refused",
+                "ask the publisher for the archive's http(s) URL",
+            )
+        return super().http_error_302(req, fp, code, msg, headers)
+
+    http_error_301 = http_error_303 = http_error_307 = http_error_308 = http_error_302
+
+
+def _too_large(url: str, size: int, how: str) -> NoReturn:
+    raise UserError(
+        f"{url} {how} {size:,} bytes, more than any release archive (the limit, {DOWNLOAD_LIMIT_ENV}, "
+        f"is {max_download_bytes():,}): stopped, nothing was kept",
+        f"check the URL; if the archive really is that large, raise {DOWNLOAD_LIMIT_ENV}",
+    )
+
+
+def fetch_resumable(url: str, handle: BinaryIO, part: Path) -> None:
+    """Fetch `url` into `handle` (the open `.part` file at `part`), continuing what it holds with a
+    Range request; a server that answers with the whole file (200) restarts it, one that cannot
+    serve the range (416) too. At most max_download_bytes(): a larger announced size is refused
+    before a byte is written, a body that runs past it is cut there. An interrupted fetch (the
+    connection, Ctrl-C, SIGTERM) keeps the `.part` for the next run and says so; any other refusal
+    (a bound, a full disk, a range that does not continue it) removes it."""
+    limit = max_download_bytes()
+    try:
+        _fetch_into(url, handle, part, limit)
+    except (_Kept, KeyboardInterrupt):
+        raise
+    except BaseException:
+        part.unlink(missing_ok=True)
+        raise
+
+
+class _Kept(UserError):
+    """The fetch was interrupted and its `.part` kept on purpose (the message says so): resumable."""
+
+
+def _fetch_into(url: str, handle: BinaryIO, part: Path, limit: int) -> None:
+    handle.seek(0, os.SEEK_END)
+    have = handle.tell()
+    if have > limit:
+        handle.truncate(0)
+        have = 0
     request = urllib.request.Request(url, headers={"Range": f"bytes={have}-"} if have else {})
     try:
-        response = urllib.request.urlopen(request, timeout=HTTP_TIMEOUT_S)
+        response = urllib.request.build_opener(_HttpRedirects).open(request, timeout=HTTP_TIMEOUT_S)
     except urllib.error.HTTPError as exc:
         if exc.code == 416 and have:
-            part.unlink()
-            return fetch_resumable(url, part)
-        raise UserError(f"{url} answered HTTP {exc.code} {exc.reason}", "check the URL") from None
+            handle.truncate(0)
+            return _fetch_into(url, handle, part, limit)
+        raise UserError(f"{exc.url or url} answered HTTP {exc.code} {exc.reason}", "check the URL") from None
     except (urllib.error.URLError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
         raise UserError(f"cannot reach {url} ({reason})", "check the URL and the network, then run again") from None
     with response:
         resumed = response.status == 206 and _range_start(response.headers.get("Content-Range")) == have
         if response.status == 206 and not resumed:
-            part.unlink(missing_ok=True)
             raise UserError(f"{url} answered a range that does not continue the partial download", "run again")
+        if not resumed:
+            handle.seek(0)
+            handle.truncate(0)
+        start = have if resumed else 0
         length = response.headers.get("Content-Length")
-        expected = (have if resumed else 0) + int(length) if length and length.isdigit() else None
-        with open(part, "ab" if resumed else "wb") as out:
-            try:
-                while block := response.read(CHUNK):
-                    out.write(block)
-            except (http.client.IncompleteRead, OSError) as exc:
-                raise UserError(
-                    f"the download of {url} was interrupted after {out.tell()} bytes ({exc})",
-                    "run the same command again: it resumes",
-                ) from None
-            if expected is not None and out.tell() < expected:
-                raise UserError(
-                    f"the download of {url} was interrupted after {out.tell()} of {expected} bytes",
-                    "run the same command again: it resumes",
-                )
+        expected = start + int(length) if length and length.isdigit() else None
+        if expected is not None and expected > limit:
+            _too_large(url, expected, "announces")
+        _copy_body(url, response, handle, part, limit)
+        if expected is not None and handle.tell() < expected:
+            raise _Kept(
+                f"the download of {url} was interrupted after {handle.tell()} of {expected} bytes; "
+                f"{part} was kept for the next run",
+                "run the same command again: it resumes",
+            )
+
+
+def _copy_body(url: str, response: Any, handle: BinaryIO, part: Path, limit: int) -> None:
+    """The response's body appended to `handle`, at most `limit` bytes in all: reads and writes
+    apart, so a dropped connection (kept, resumable) is never mistaken for a full disk (removed)."""
+    while True:
+        try:
+            block = response.read1(min(CHUNK, limit + 1 - handle.tell()))  # what has arrived: kept if cut
+        except (http.client.IncompleteRead, OSError) as exc:
+            raise _Kept(
+                f"the download of {url} was interrupted after {handle.tell()} bytes ({exc}); {part} was kept "
+                "for the next run",
+                "run the same command again: it resumes",
+            ) from None
+        except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM (cli.exits' Terminated): the run's last line says why
+            raise type(exc)(
+                f"the partial download {part} ({handle.tell()} bytes) was kept: the same command resumes it"
+            ) from None
+        if not block:
+            return
+        if handle.tell() + len(block) > limit:
+            _too_large(url, handle.tell() + len(block), "sent more than")
+        try:
+            handle.write(block)
+        except OSError as exc:
+            raise OSError(exc.errno, exc.strerror, str(part)) from None
 
 
 def _range_start(content_range: str | None) -> int | None:
@@ -481,6 +618,11 @@ def _hub_errors(repo: str) -> Iterator[None]:
 
     try:
         yield
+    except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM mid-fetch: the run's last line says what stays
+        raise type(exc)(
+            f"huggingface_hub keeps what it had fetched of {repo} in its cache (HF_HUB_CACHE): the same "
+            "command resumes it"
+        ) from None
     except errors.LocalEntryNotFoundError:
         raise UserError(
             f"{repo} is not in the Hugging Face cache and may not be fetched (offline: HF_HUB_OFFLINE "
@@ -512,6 +654,8 @@ def hub_snapshot(
     those (release_files of the repo's export report); (the snapshot folder, the variant)."""
     from huggingface_hub import hf_hub_download, snapshot_download
 
+    check_hub_repo(repo, "the Hugging Face repo id")
+    check_revision(revision)
     with _hub_errors(repo):
         report_path = hf_hub_download(repo, REPORT_FILE, revision=revision, local_files_only=local_files_only)
         report = read_report(Path(report_path).parent)
@@ -553,9 +697,5 @@ def resolve_model_dir(
     text = os.fspath(model_dir)
     if not text.startswith(HF_PREFIX):
         return Path(model_dir)
-    repo = text.removeprefix(HF_PREFIX)
-    if not HF_REPO_ID.fullmatch(repo):
-        raise UserError(
-            f"--model-dir {text!r:.80}: after hf: comes a Hugging Face repo id ORG/NAME", "pass e.g. hf:ORG/NAME"
-        )
+    repo = check_hub_repo(text.removeprefix(HF_PREFIX), "--model-dir hf:")
     return hub_snapshot(repo, variant, local_files_only)[0]

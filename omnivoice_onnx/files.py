@@ -21,6 +21,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import tempfile
 import time
 from collections.abc import Iterator
@@ -69,11 +70,54 @@ def replace_into(temp: Path, path: Path) -> None:
         raise OSError(exc.errno, exc.strerror, str(path)) from None
 
 
+# How open_regular opens: never through a link at the name itself (O_NOFOLLOW), never blocking on a
+# fifo planted there (O_NONBLOCK: fstat then tells what it is), never inherited by a child process.
+_REGULAR_FLAGS = getattr(os, "O_NOFOLLOW", 0) | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+
+
+def open_regular(path: Path, flags: int, what: str) -> int:
+    """A descriptor of the regular file `path` (os.open `flags`, O_CREAT to make it), for a file this
+    program writes at a fixed name beside the user's (a lock, a download's `.part`, a results file):
+    a link, a folder, a fifo, a device or a second name of another file (a hard link) planted at
+    that name is a UserError naming it, never written through. The one place such files are opened."""
+    path = Path(path)
+    try:
+        with _errors_name(path):
+            fd = os.open(path, flags | _REGULAR_FLAGS, 0o666)  # os.open applies the umask itself
+    except OSError as exc:
+        if exc.errno not in (errno.ELOOP, errno.EISDIR, errno.ENXIO):  # ENXIO: a fifo with no reader
+            raise
+        raise _planted(path, what, os.lstat(path).st_mode if os.path.lexists(path) else 0) from None
+    status = os.fstat(fd)
+    if not stat.S_ISREG(status.st_mode) or status.st_nlink > 1:
+        os.close(fd)
+        raise _planted(path, what, status.st_mode)
+    os.set_blocking(fd, True)
+    return fd
+
+
+def _planted(path: Path, what: str, mode: int) -> UserError:
+    kind = (
+        "a symbolic link"
+        if stat.S_ISLNK(mode)
+        else "a folder"
+        if stat.S_ISDIR(mode)
+        else "a second name of another file (a hard link)"
+        if stat.S_ISREG(mode)
+        else "a fifo, device or socket"
+    )
+    return UserError(
+        f"{path} ({what}) is {kind}, not a file this program made: refused, never written through",
+        f"remove {path} (something else put it there), then run again",
+    )
+
+
 def open_append(path: Path) -> TextIO:
-    """`path` opened to append text lines (O_NOFOLLOW: a symlink planted in its place is refused,
+    """`path` opened to append text lines (open_regular: a link planted in its place is refused,
     not written through)."""
-    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
-    return os.fdopen(os.open(path, flags, 0o666), "a", encoding="utf-8")
+    return os.fdopen(
+        open_regular(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, "a file it appends to"), "a", encoding="utf-8"
+    )
 
 
 def _process_alive(pid: int) -> bool:
@@ -101,13 +145,13 @@ def remove_stale_temporaries(path: Path) -> None:
     path = Path(path)
     if not path.parent.is_dir():
         return
-    pattern = re.compile(rf"\.{re.escape(path.name)}\.(tmp-(\d+)(?:-[^/]+)?|old-(\d+))")
+    pattern = re.compile(rf"\.{re.escape(path.name)}\.(tmp-(\d+)(?:-[^/]+)?|old-(\d+)(?:-[^/]+)?)")
     for sibling in path.parent.iterdir():
         match = pattern.fullmatch(sibling.name)
         if match is None or _process_alive(int(match.group(2) or match.group(3))):
             continue
-        if match.group(3) and not os.path.lexists(path):
-            os.replace(sibling, path)
+        if match.group(3) and not os.path.lexists(path) and sibling.is_dir() and not sibling.is_symlink():
+            os.replace(sibling, path)  # only a real folder: atomic_dir never sets a link aside
         elif sibling.is_dir() and not sibling.is_symlink():
             shutil.rmtree(sibling, ignore_errors=True)
         else:
@@ -173,16 +217,45 @@ def atomic_dir(path: Path) -> Iterator[Path]:
     """Yield a fresh directory to fill; it replaces the directory `path` only if the block succeeds.
 
     Until then an interrupted run has touched nothing in `path`. The old directory is renamed
-    aside before the new one is renamed in, so `path` is absent for an instant but never mixed.
+    aside before the new one is renamed in, so `path` is absent for an instant but never mixed:
+    onto a fresh empty folder of a random name (`.<name>.old-<pid>-...`, made by mkdtemp; rename(2)
+    replaces an empty folder), so a link planted at a fixed name cannot receive it. A link at `path`
+    itself is removed (never its target) and replaced by the directory: callers that write into a
+    user's linked folder resolve it first (resolved_folder).
     """
     path = Path(path)
     with temporary_dir(path) as tmp:
         yield tmp
-        old = path.with_name(f".{path.name}.old-{os.getpid()}")
-        if path.exists():
+        if os.path.islink(path):
+            os.unlink(path)
+            replace_into(tmp, path)
+        elif os.path.isdir(path):
+            old = tempfile.mkdtemp(prefix=f".{path.name}.old-{os.getpid()}-", dir=path.parent)
             os.replace(path, old)
-        replace_into(tmp, path)
-        shutil.rmtree(old, ignore_errors=True)
+            replace_into(tmp, path)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            replace_into(tmp, path)
+
+
+@contextlib.contextmanager
+def made_folders(folder: Path) -> Iterator[None]:
+    """Make `folder` and its missing parents for the block; when the block fails, remove again the
+    ones it made, deepest first, and only while empty (os.rmdir never removes what another wrote
+    there): a refused run leaves the tree as it found it."""
+    missing = []
+    current = Path(os.path.abspath(folder))
+    while not os.path.lexists(current) and current != current.parent:
+        missing.append(current)
+        current = current.parent
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    try:
+        yield
+    except BaseException:
+        for made in missing:
+            with contextlib.suppress(OSError):
+                os.rmdir(made)
+        raise
 
 
 def resolved_folder(path: Path, what: str, fix: str, within: Path | None = None) -> Path:
@@ -266,10 +339,8 @@ class FolderLock:
 
     def acquire(self) -> None:
         deadline = time.monotonic() + self.wait_s
-        flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
         while True:
-            with _errors_name(self.path):
-                fd = os.open(self.path, flags, 0o666)  # os.open applies the umask itself
+            fd = open_regular(self.path, os.O_RDWR | os.O_CREAT, f"the lock of {self.what}")
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -289,9 +360,14 @@ class FolderLock:
             if current == os.fstat(fd).st_ino:
                 break
             os.close(fd)  # the holder removed this file as it released it: lock the new one
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self._fd = fd
+        try:
+            with _errors_name(self.path):  # a full disk fails here, on the pid: the lock goes with it
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        except BaseException:
+            self.release()
+            raise
 
     def release(self) -> None:
         if self._fd is not None:

@@ -482,3 +482,24 @@ def assert_hardware_recorded(meta: dict, results: Path) -> None:
     assert check["amx_ran"] is not True or meta["cpu"]["isa"]["amx_int8"]
     text = results.with_suffix(".md").read_text()
     assert "ISA: " in text and "int8 GEMM check" in text and hardware["onnxruntime"] in text
+
+
+@pytest.fixture
+def small_mount(tmp_path):
+    """mount(size) -> a tmpfs of `size` ("ro" for read-only) at a fresh folder, unmounted after the
+    test: a real full or read-only file system. Needs root (skipped otherwise)."""
+    mounted = []
+
+    def mount(size: str, read_only: bool = False) -> Path:
+        point = tmp_path / f"mnt{len(mounted)}"
+        point.mkdir()
+        flags = f"size={size}" + (",ro" if read_only else "")
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", flags, "tmpfs", str(point)], capture_output=True)
+        if done.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here ({done.stderr.decode().strip()}): needs root")
+        mounted.append(point)
+        return point
+
+    yield mount
+    for point in mounted:
+        subprocess.run(["umount", str(point)], check=True)

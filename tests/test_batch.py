@@ -359,27 +359,6 @@ def test_bad_lines_refused_then_skipped(pipeline, corpus, tmp_path, capsys):
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["fine.wav", RESULTS_FILE]
 
 
-@pytest.fixture
-def small_mount(tmp_path):
-    """mount(size) -> a tmpfs of `size` ("ro" for read-only) at a fresh folder, unmounted after the
-    test: a real full or read-only file system. Needs root (skipped otherwise)."""
-    mounted = []
-
-    def mount(size: str, read_only: bool = False) -> Path:
-        point = tmp_path / f"mnt{len(mounted)}"
-        point.mkdir()
-        flags = f"size={size}" + (",ro" if read_only else "")
-        done = subprocess.run(["mount", "-t", "tmpfs", "-o", flags, "tmpfs", str(point)], capture_output=True)
-        if done.returncode != 0:
-            pytest.skip(f"cannot mount a tmpfs here ({done.stderr.decode().strip()}): needs root")
-        mounted.append(point)
-        return point
-
-    yield mount
-    for point in mounted:
-        subprocess.run(["umount", str(point)], check=True)
-
-
 def test_read_only_res_dir(corpus, pipeline, small_mount, tmp_path):
     """Refused before the model loads, one line. Root (whom mode bits do not stop) gets a read-only
     tmpfs; another user a folder without write permission."""

@@ -1,21 +1,28 @@
 """`omnivoice-onnx pack` and `download` (omnivoice_onnx.fetch): a release archive of the tiny export,
 served by a real HTTP server on loopback (interrupted and resumed, restarted, a wrong hash, a
-truncated archive, members that reach outside the folder), and the real huggingface_hub reading a
-repo laid out in its own cache format, offline. Each ends with the same speech for a seed as the
-original bundle, or with one line and nothing left behind."""
+truncated archive, members that reach outside the folder; and one that lies: an endless body, a
+terabyte announced, a redirect to another scheme, a stalled body cut by SIGTERM), links and
+special files planted beside --dir, a full tmpfs, and the real huggingface_hub reading a repo laid
+out in its own cache format, offline, or refusing an id. Each ends with the same speech for a
+seed as the original bundle, or with one line and nothing left behind (or a `.part` the line
+says is kept, and why)."""
 
 from __future__ import annotations
 
+import contextlib
+import gzip
 import hashlib
 import http.server
 import io
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -54,14 +61,22 @@ def spoken(model_dir: str | Path, out: Path, env: dict[str, str] | None = None) 
 
 class Archives(http.server.BaseHTTPRequestHandler):
     """Serves `files` ({path: bytes}) with HTTP Range support; `cut` paths send only their first
-    half on the first request (the whole length announced), `no_range` paths ignore Range."""
+    half on the first request (the whole length announced), `no_range` paths ignore Range. The
+    liars: /endless (bytes until the client leaves, no length), /chunked (the same in chunked
+    transfer), /terabyte (a Content-Length of 1 TB, then bytes), /stall (a length, 256 KiB, then
+    nothing until `release` is set), and `redirects` ({path: Location})."""
 
     files: dict[str, bytes] = {}
     cut: set[str] = set()
     no_range: set[str] = set()
+    redirects: dict[str, str] = {}
+    release = threading.Event()
     seen: list[tuple[str, str | None]] = []  # (path, Range header) of every request
 
     def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        if self.path in ("/endless", "/chunked", "/terabyte", "/stall") or self.path in self.redirects:
+            self.lie()
+            return
         data = self.files.get(self.path)
         rng = self.headers.get("Range")
         self.seen.append((self.path, rng))
@@ -85,6 +100,36 @@ class Archives(http.server.BaseHTTPRequestHandler):
             self.close_connection = True
             return
         self.wfile.write(body)
+
+    def lie(self) -> None:
+        if self.path in self.redirects:
+            self.send_response(302)
+            self.send_header("Location", self.redirects[self.path])
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        if self.path == "/chunked":
+            self.protocol_version = "HTTP/1.1"
+        self.send_response(200)
+        if self.path == "/chunked":
+            self.send_header("Transfer-Encoding", "chunked")
+        elif self.path == "/terabyte":
+            self.send_header("Content-Length", str(10**12))
+        elif self.path == "/stall":
+            self.send_header("Content-Length", str(10 << 20))
+        self.end_headers()
+        block = b"\0" * 65536
+        try:
+            if self.path == "/stall":
+                self.wfile.write(block * 4)
+                self.wfile.flush()
+                self.release.wait(60)
+                return
+            for _ in range(1 << 16):  # 4 GiB at most: the client stops long before
+                self.wfile.write(b"10000\r\n" + block + b"\r\n" if self.path == "/chunked" else block)
+        except OSError:  # the client left: what every case here expects
+            pass
+        self.close_connection = True
 
     def log_message(self, *args) -> None:
         pass
@@ -257,11 +302,11 @@ def test_oversized_and_unlisted_members_are_refused(tmp_path: Path) -> None:
     with tarfile.open(archive, "a") as tar:
         tar.addfile(big)
     (tmp_path / "out").mkdir()
-    with pytest.raises(UserError, match="larger than any file"):
-        fetch.extract(archive, tmp_path / "out", "a.tar")
+    with pytest.raises(UserError, match="larger than any file"), open(archive, "rb") as handle:
+        fetch.extract(handle, tmp_path / "out", "a.tar")
     archive.write_bytes(crafted([(tarfile.TarInfo("extra.txt"), b"")], {}))
-    with pytest.raises(UserError, match="does not list"):
-        fetch.extract(archive, tmp_path / "out", "a.tar")
+    with pytest.raises(UserError, match="does not list"), open(archive, "rb") as handle:
+        fetch.extract(handle, tmp_path / "out", "a.tar")
     assert leftovers(tmp_path / "out") == []
 
 
@@ -318,3 +363,184 @@ def test_hugging_face_repo_offline(release: Path, original: bytes, tmp_path: Pat
         "no variant 'int8'",
     )
     assert not (tmp_path / "x").exists()
+
+
+# --- issue 58: planted links, lying servers, leftovers, hub ids -------------------------------------
+
+
+def nothing_beside(folder: Path, *kept: str) -> None:
+    """`folder` holds `kept` and nothing else: no .part, lock, staging, .old or made parent left."""
+    assert leftovers(folder) == sorted(kept), leftovers(folder)
+
+
+@pytest.mark.parametrize("planted", ["part-link", "part-hardlink", "part-fifo", "lock-link", "lock-folder"])
+def test_a_planted_link_or_special_file_beside_dir_is_never_written_through(
+    planted: str, server: str, tmp_path: Path
+) -> None:
+    """What a download writes at a fixed name beside --dir (its `.part`, its `.lock`) is opened
+    without following a link (files.open_regular): a symlink, a hard link to another file, a fifo
+    or a folder planted there is one line naming it, the file it points at untouched."""
+    data = b"archive bytes " * 1000
+    Archives.files["/planted.tar"] = data
+    digest = hashlib.sha256(data).hexdigest()
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious")
+    name = f".model.{digest[:16]}.part" if planted.startswith("part") else ".model.lock"
+    spot = tmp_path / name
+    if planted.endswith("-link"):
+        spot.symlink_to(victim)
+    elif planted == "part-hardlink":
+        os.link(victim, spot)
+    elif planted == "part-fifo":
+        os.mkfifo(spot)
+    else:
+        spot.mkdir()
+    done = command("download", f"{server}/planted.tar", "--sha256", digest, "--dir", tmp_path / "model")
+    kind = {"link": "a symbolic link", "hardlink": "a hard link", "fifo": "a fifo", "folder": "a folder"}
+    one_error_line(done, kind[planted.split("-")[1]])
+    assert victim.read_bytes() == b"precious"
+    nothing_beside(tmp_path, "victim", name)
+
+
+@pytest.mark.parametrize(
+    "path,env,words",
+    [
+        ("/endless", {fetch.DOWNLOAD_LIMIT_ENV: "1000000"}, "sent more than 1,0"),
+        ("/chunked", {fetch.DOWNLOAD_LIMIT_ENV: "1000000"}, "sent more than 1,0"),
+        ("/terabyte", {}, "announces 1,000,000,000,000 bytes"),
+        ("/missing.tar", {}, "HTTP 404"),
+    ],
+)
+def test_endless_or_lying_bodies_stop_at_the_bound_and_leave_nothing(
+    path: str, env: dict[str, str], words: str, server: str, tmp_path: Path
+) -> None:
+    """A body without end (no length, or chunked) stops at OMNIVOICE_MAX_DOWNLOAD_BYTES, a length
+    over it is refused before a byte is written; a 404 too leaves nothing: no .part, and not the
+    parent folders of --dir the run made."""
+    target = tmp_path / "made" / "for" / "model"
+    done = command("download", f"{server}{path}", "--sha256", "0" * 64, "--dir", target, env=env)
+    line = one_error_line(done, words)
+    assert "nothing was kept" in line or path == "/missing.tar", line
+    nothing_beside(tmp_path)
+
+
+def test_a_full_disk_leaves_no_part_and_no_lock(server: str, small_mount) -> None:
+    """A tmpfs of 1 MiB: an endless body fills it (one line naming the .part, which goes); a disk
+    already full fails on the lock's pid, which goes too."""
+    disk = small_mount("1M")
+    done = command("download", f"{server}/endless", "--sha256", "0" * 64, "--dir", disk / "model")
+    one_error_line(done, "disk full while writing")
+    nothing_beside(disk)
+    with open(disk / "filler", "wb", buffering=0) as filler, contextlib.suppress(OSError):
+        while filler.write(b"\0" * 4096):  # until ENOSPC: the disk is full
+            pass
+    done = command("download", f"{server}/endless", "--sha256", "0" * 64, "--dir", disk / "model")
+    one_error_line(done, "disk full while writing")
+    nothing_beside(disk, "filler")
+
+
+@pytest.mark.parametrize("location", ["ftp://127.0.0.1:1/x.tar", "file:///etc/passwd"])
+def test_a_redirect_to_another_scheme_is_refused_naming_where(location: str, server: str, tmp_path: Path) -> None:
+    Archives.redirects["/moved.tar"] = location
+    done = command("download", f"{server}/moved.tar", "--sha256", "0" * 64, "--dir", tmp_path / "model")
+    line = one_error_line(done, f"redirects to '{location}', which is not an http(s) URL")
+    assert f"{server}/moved.tar" in line
+    nothing_beside(tmp_path)
+
+
+def test_sigterm_keeps_the_partial_download_and_says_so(server: str, tmp_path: Path) -> None:
+    """SIGTERM while the body arrives: exit 143, and the last line says the `.part` is kept for the
+    next run (it is: a resumable download), not that nothing half-written was kept."""
+    Archives.release.clear()
+    part = tmp_path / f".model.{'0' * 16}.part"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "omnivoice_onnx", "download", f"{server}/stall", "--sha256", "0" * 64, "--dir"]
+        + [str(tmp_path / "model")],
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not (part.exists() and part.stat().st_size > 0) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=60)
+    finally:
+        Archives.release.set()
+        if process.poll() is None:
+            process.kill()
+    lines = stderr.strip().splitlines()
+    assert process.returncode == 143 and len(lines) == 1, stderr
+    assert f"terminated (SIGTERM): the partial download {part} (" in lines[0] and "resumes it" in lines[0], lines[0]
+    assert "nothing half-written" not in lines[0]
+    nothing_beside(tmp_path, part.name)
+
+
+HUB_REFUSED = ["a..b/c", "org/na..me", "a--b/c", "org/name.", "org./name", "org/-name", "org/name.git", "o/" + "n" * 97]
+
+
+def test_the_hub_id_check_agrees_with_huggingface_hub() -> None:
+    """fetch.HF_REPO_ID accepts an ORG/NAME exactly when huggingface_hub's own validator does."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    for repo in [*HUB_REFUSED, "org/name", "Org_1/name-2.b", "_a/b_", "o/" + "n" * 96, "org/name.gitx", "a/b/c"]:
+        try:
+            validate_repo_id(repo)
+            accepted = True
+        except HFValidationError:
+            accepted = False
+        assert bool(fetch.HF_REPO_ID.fullmatch(repo)) == accepted, repo
+
+
+def test_hub_ids_huggingface_refuses_are_one_line(tmp_path: Path, monkeypatch) -> None:
+    """Ids that pass a loose ORG/NAME pattern but that huggingface_hub refuses (its HFValidationError
+    was a traceback): refused by the one check, for `download` and --model-dir hf: alike, before
+    anything is made; from the command line one line and exit 2, a bad --revision too."""
+    env = {"HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HOME": str(tmp_path / "hf-home")}
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    for repo in HUB_REFUSED:
+        with pytest.raises(UserError, match="not a Hugging Face repo id"):
+            fetch.download(repo, tmp_path / "x" / "model")
+        with pytest.raises(UserError, match="not a Hugging Face repo id"):
+            fetch.resolve_model_dir(f"hf:{repo}")
+    one_error_line(command("download", "a..b/c", "--dir", tmp_path / "x" / "model", env=env), "not a Hugging Face")
+    one_error_line(
+        command(*SPEAK, "--model-dir", "hf:org/name.", "--out", tmp_path / "a.wav", env=env), "not a Hugging Face"
+    )
+    one_error_line(
+        command("download", "org/name", "--revision", "../main", "--dir", tmp_path / "x", env=env),
+        "not a branch, tag or commit name",
+    )
+    nothing_beside(tmp_path)
+
+
+@pytest.mark.slow
+def test_a_linked_dir_is_the_folder_it_names_and_refusals_keep_no_part(
+    release: Path, server: str, original: bytes, tmp_path: Path
+) -> None:
+    """--dir a link to a folder: the bundle lands in that folder, the link stays, nothing is left
+    beside either (an `.old` of a fixed name planted as a link is neither restored nor followed).
+    A refused variant keeps no `.part` of the (verified) archive: the line says nothing was kept."""
+    data = release.read_bytes()
+    Archives.files["/linked.tar"] = data
+    digest = hashlib.sha256(data).hexdigest()
+    real, link = tmp_path / "real", tmp_path / "link"
+    real.mkdir()
+    link.symlink_to(real)
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (tmp_path / ".real.old-999999999").symlink_to(victim)  # a pid no process has: "stale"
+    Archives.files["/linked.tar.gz"] = gzip.compress(data)  # another archive of the same bundle
+    for url, sha in ((f"{server}/linked.tar", digest), (f"{server}/linked.tar.gz", None)):
+        sha = sha or hashlib.sha256(Archives.files["/linked.tar.gz"]).hexdigest()
+        done = command("download", url, "--sha256", sha, "--dir", link)  # the second replaces the first
+        assert done.returncode == 0, done.stderr
+    assert link.is_symlink() and spoken(link, tmp_path / "b.wav") == original
+    (tmp_path / "b.wav").unlink()
+    nothing_beside(tmp_path, "link", "real", "victim")
+    assert leftovers(victim) == []
+    done = command("download", f"{server}/linked.tar", "--sha256", digest, "--dir", tmp_path / "m", "--variant", "int8")
+    one_error_line(done, "not int8")
+    nothing_beside(tmp_path, "link", "real", "victim")

@@ -181,7 +181,7 @@ def test_results_append_refuses_a_link_planted_in_its_place(tmp_path: Path) -> N
     log.rewrite([])
     (tmp_path / batch_lines.RESULTS_FILE).unlink()
     (tmp_path / batch_lines.RESULTS_FILE).symlink_to(victim)
-    with pytest.raises(OSError):
+    with pytest.raises(UserError, match="is a symbolic link, not a file this program made"):
         log.append({"id": "a", "line": 1})
     assert victim.read_text() == "precious"
 

@@ -10,14 +10,19 @@ report and the model card. HF_HUB_OFFLINE=1 or --local-files-only reads the cach
 `--model-dir hf:ORG/NAME` on any command reads the same files straight from that cache.
 
 A release archive (omnivoice-onnx pack) needs the sha256 its publisher gives. It is fetched beside
---dir as a hidden .part file; an interrupted fetch is resumed by running the same command again
-(an HTTP Range request; a server that ignores ranges restarts it).
+--dir as a hidden .part file, at most $OMNIVOICE_MAX_DOWNLOAD_BYTES (default 8 GiB) whatever the
+server announces or sends; an interrupted fetch (a dropped connection, Ctrl-C, SIGTERM) keeps it,
+says so, and is resumed by running the same command again (an HTTP Range request; a server that
+ignores ranges restarts it). Any other end removes it. Redirects are followed to http(s) only.
 
 Either way every file is checked against the bundle's export report (and an archive's manifest)
 in a hidden folder beside --dir, which is renamed onto --dir only when all of it is right: a
 failed or interrupted download leaves --dir as it was. A second download of the same source
 into the same --dir finds it in place (each file checked) and fetches nothing. An earlier
-download in --dir is replaced whole; a --dir holding anything else (saved voices) is refused.
+download in --dir is replaced whole; a --dir holding anything else (saved voices) is refused. A
+--dir that is a link is the folder it names. A link or special file planted where the download
+writes (its .part, its lock) is refused, never written through; a refused download removes the
+folders it made for --dir.
 Licence: the bundle's README.md (its model card) states the terms it inherits.
 """
 

@@ -152,10 +152,12 @@ def run_main(main: Callable[[list[str] | None], None], argv: list[str] | None = 
         say(f"{lead}{label}: {exc}", file=sys.stderr)
         sys.exit(code)
     except KeyboardInterrupt as exc:
+        # A command that keeps something on purpose (download's resumable .part) says so in the
+        # interrupt it raises again: the line must tell what is left, not a general promise.
         terminated = isinstance(exc, Terminated)
         say(
-            f"{lead}{'terminated (SIGTERM)' if terminated else 'interrupted'}: nothing half-written was kept; "
-            "earlier artefacts are intact",
+            f"{lead}{'terminated (SIGTERM)' if terminated else 'interrupted'}: "
+            f"{exc or 'nothing half-written was kept'}; earlier artefacts are intact",
             file=sys.stderr,
         )
         sys.exit(EXIT_TERMINATED if terminated else EXIT_INTERRUPTED)
