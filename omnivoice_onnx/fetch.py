@@ -105,8 +105,8 @@ SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 HTTP_TIMEOUT_S = 60.0  # per socket operation, not per download
 CHUNK = 1 << 20
 # The most an archive download writes, whatever the server announces or sends (an endless body, a
-# Content-Length of a terabyte): twice the largest archive (the real model's fp32 variant, ~3.7 GB)
-# rounded up. OMNIVOICE_MAX_DOWNLOAD_BYTES sets it per process (docs/download.md).
+# Content-Length of a terabyte): over twice the largest archive (the real model's fp32 variants,
+# ~3 GiB of files: docs/performance.md). OMNIVOICE_MAX_DOWNLOAD_BYTES sets it per process (docs/download.md).
 MAX_DOWNLOAD_BYTES = 8 << 30
 DOWNLOAD_LIMIT_ENV = LIMIT_ENV_PREFIX + "MAX_DOWNLOAD_BYTES"
 HTTP_SCHEMES = ("http", "https")  # what a download fetches, first URL and every redirect alike
