@@ -174,6 +174,12 @@ def checked_number(
     return number
 
 
+def check_speed(speed: Any, label: str = "speed") -> float:
+    """`speed` in the one closed range [MIN_SPEED, MAX_SPEED] every front end states (OpenAI's
+    0.25-4.0, both ends included); UserError naming `label` otherwise."""
+    return checked_number(speed, label, MIN_SPEED, MAX_SPEED)
+
+
 def check_threads(threads: Any) -> int | None:
     """onnxruntime intra-op threads: None (onnxruntime decides) or a whole number in [1, MAX_THREADS]."""
     if threads is None:

@@ -54,11 +54,10 @@ from omnivoice_onnx.core.shapes import (
 from omnivoice_onnx.errors import UserError, check_path, check_unicode
 from omnivoice_onnx.limits import (
     MAX_SCORE_FACTOR,
-    MAX_SPEED,
     MIN_REF_SECONDS,
-    MIN_SPEED,
     MIN_TEMPERATURE,
     check_seed,
+    check_speed,
     checked_number,
     is_number,
     limit,
@@ -234,17 +233,19 @@ def _optional_str(value: Any, label: str) -> str | None:
     return value if value is None else check_unicode(value, label, f"pass {label.split('[')[0]} as UTF-8 text")
 
 
-def _optional_number(
-    low: float, high_limit: str | None, high: float | None = None
-) -> Callable[[Any, str], float | None]:
+def _optional_number(low: float, high_limit: str) -> Callable[[Any, str], float | None]:
     def check(value: Any, label: str) -> float | None:
         if value is None:
             return None
-        if high_limit and is_number(value) and math.isfinite(value) and value > limit(high_limit):
+        if is_number(value) and math.isfinite(value) and value > limit(high_limit):
             raise too_large(f"{label}={value!r} s", high_limit)
-        return checked_number(value, label, low, limit(high_limit) if high_limit else high, low_open=True)
+        return checked_number(value, label, low, limit(high_limit), low_open=True)
 
     return check
+
+
+def _optional_speed(value: Any, label: str) -> float | None:
+    return None if value is None else check_speed(value, label)
 
 
 def _ref_audio(value: Any, label: str) -> Any:
@@ -368,7 +369,7 @@ def validate(
     ]
     instructs = [reading.instruct for reading in readings]
     durations = _per_item(duration_s, batch, "duration", _optional_number(0, "MAX_DURATION_S"))
-    speeds = _per_item(speed, batch, "speed", _optional_number(MIN_SPEED, None, MAX_SPEED))
+    speeds = _per_item(speed, batch, "speed", _optional_speed)
 
     if voice_clone_prompt is not None and (ref_text is not None or ref_audio is not None):
         # Upstream logs a warning and ignores ref_text/ref_audio.
