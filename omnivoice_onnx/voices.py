@@ -65,6 +65,14 @@ MAX_UPSTREAM_BYTES = 64 << 20
 # ~60 KB at the default 60 s. Its reader stops well above that, before reading a huge file whole.
 MAX_VOICE_BYTES = 16 << 20
 NAME_PATTERN = re.compile(r"[^\W_][\w-]{0,63}")  # letters/digits first, then letters, digits, _ and -
+# Names a request reads as something other than a saved voice, whatever their case: the server's
+# modes (voice "auto", "design") and the prefix of an uploaded reference's id ("ref-" + hex). A
+# voice saved under one could never be asked for, so none is written (check_new_name) or listed.
+MODES = {
+    "auto": "upstream's auto mode: a voice the model picks; with `instructions`, voice design",
+    "design": 'voice design from `instructions` (required), e.g. "female, low pitch, british accent"',
+}
+REFERENCE_PREFIX = "ref-"  # the voice id of an uploaded reference: "ref-" + the first hex of its sha256
 REPLACE_FIX = "pass --force to replace it, or choose another name"
 # The JSON type of each field a voice file's reader uses (reading.schema_problem's notation; the
 # values are checked after: the version, a non-empty fingerprint, the tokens' shape and range).
@@ -118,6 +126,42 @@ def check_name(name: str) -> str:
             "pass a name like 'alice' or 'narrator_2'",
         )
     return name
+
+
+def is_reserved(name: str) -> bool:
+    """Whether `name` (any case) means a mode or an uploaded reference rather than a saved voice."""
+    folded = name.casefold()
+    return folded in MODES or folded.startswith(REFERENCE_PREFIX)
+
+
+def check_new_name(name: str) -> str:
+    """`name` if a voice may be saved under it: a plain name (check_name) that no request reads
+    as something else (is_reserved); a UserError before anything is written otherwise. The one
+    rule for every writer: voice add/import, POST /v1/audio/voices, a rename, save_as."""
+    check_name(name)
+    if is_reserved(name):
+        raise UserError(
+            f"voice name {name!r} is reserved: {' and '.join(map(repr, MODES))} are modes and "
+            f"{REFERENCE_PREFIX}... names uploaded references, so a voice saved under it could never be asked for",
+            "choose another name",
+        )
+    return name
+
+
+def is_askable(name: str) -> bool:
+    """Whether a request can name the saved voice `name`: a plain name, not reserved. A voice file
+    under any other name (`my voice.json`, `auto.json` copied in by hand) is not listed."""
+    return NAME_PATTERN.fullmatch(name) is not None and not is_reserved(name)
+
+
+def voice_files(voices: Path) -> dict[str, Path]:
+    """The voice files of the folder `voices` that a request can ask for (is_askable), by name as
+    spelled, sorted; none when the folder does not exist. The one listing every reader uses."""
+    folder = Path(voices)
+    if not folder.is_dir():
+        return {}
+    found = sorted(folder.glob(f"*{VOICE_SUFFIX}"))
+    return {path.name[: -len(VOICE_SUFFIX)]: path for path in found if is_askable(path.name[: -len(VOICE_SUFFIX)])}
 
 
 def voice_path(voices: Path, name: str) -> Path:
@@ -306,27 +350,31 @@ class VoiceShelf:
         self._lock = threading.Lock()  # requests are planned on the event loop and in worker threads
 
     def listing(self) -> SavedVoices:
-        """The folder's voice files as they are now (one directory read)."""
-        files = sorted(self.folder.glob(f"*{VOICE_SUFFIX}")) if self.folder.is_dir() else []
+        """The folder's voice files as they are now (one directory read: voice_files)."""
+        files = voice_files(self.folder)
         with self._lock:  # a removed voice's parse is forgotten
-            for gone in set(self._parsed) - set(files):
+            for gone in set(self._parsed) - set(files.values()):
                 del self._parsed[gone]
-        return SavedVoices(
-            self, {path.name[: -len(VOICE_SUFFIX)]: path for path in files if not path.name.startswith(".")}
-        )
+        return SavedVoices(self, files)
 
-    def read(self, path: Path) -> Voice:
-        """The voice file at `path`, parsed unless this very file (by identity) was parsed before."""
+    def read(self, path: Path) -> Voice | None:
+        """The voice file at `path`, parsed unless this very file (by identity) was parsed before;
+        None when it is gone since the listing (a concurrent remove or rename: no voice, not a
+        damaged one)."""
         try:
             identity = stat_identity(os.stat(path))
+        except FileNotFoundError:
+            return None
         except OSError:
-            return _read_json_voice(path)  # gone since the listing: the reader names it
+            return _read_json_voice(path)  # the reader names what is wrong with it
         with self._lock:
             cached = self._parsed.get(path)
         if cached is None or cached[0] != identity:
             try:
                 result: Voice | UserError = _read_json_voice(path)
             except UserError as exc:
+                if not os.path.lexists(path):  # removed between the stat and the read
+                    return None
                 result = exc
             with self._lock:
                 self._parsed[path] = (identity, result)
@@ -353,24 +401,24 @@ class SavedVoices:
         return None if path is None else self.shelf.read(path)
 
     def voices(self) -> list[Voice]:
-        """Every saved voice, by name (list_voices: a damaged file is a UserError naming it)."""
-        return [self.shelf.read(path) for path in self.files.values()]
+        """Every saved voice, by name (list_voices: a damaged file is a UserError naming it; one
+        removed since the listing is left out)."""
+        return [voice for path in self.files.values() if (voice := self.shelf.read(path)) is not None]
 
 
 def list_voices(voices: Path) -> list[Voice]:
-    """The saved voices in `voices`, by name (none when the folder does not exist). A damaged file
-    is a UserError naming it (`omnivoice-onnx voice remove NAME` deletes it)."""
-    voices = Path(voices)
-    if not voices.is_dir():
-        return []
-    return [_read_json_voice(path) for path in sorted(voices.glob(f"*{VOICE_SUFFIX}")) if not path.name.startswith(".")]
+    """The saved voices in `voices` a request can ask for (voice_files), by name (none when the
+    folder does not exist). A damaged file is a UserError naming it (`omnivoice-onnx voice remove
+    NAME` deletes it)."""
+    return [_read_json_voice(path) for path in voice_files(voices).values()]
 
 
 def save_voice(voices: Path, name: str, voice: Voice, replace: bool = True) -> Path:
     """Write `voice` as <voices>/<name>.json (atomically) -> its path. An existing voice of that
     name is replaced, or with `replace` False refused; the check and the write hold the name's
-    lock (files.FolderLock), so of two writers without replace one saves and one is refused."""
-    path = voice_path(voices, name)
+    lock (files.FolderLock), so of two writers without replace one saves and one is refused. A
+    reserved name is refused first (check_new_name)."""
+    path = voice_path(voices, check_new_name(name))
     if not voice.model_fingerprint or (voice.prompt is None and voice.instruct is None):
         # What _read_json_voice would refuse is never written.
         raise UserError(
@@ -409,8 +457,9 @@ def remove_voice(voices: Path, name: str) -> Path:
 
 def rename_voice(voices: Path, name: str, new_name: str) -> Path:
     """Give the saved voice `name` the name `new_name` -> its new file. Refused when there is no
-    voice `name`, or another voice already has `new_name` (a change of case alone is allowed)."""
-    check_name(new_name)
+    voice `name`, or another voice already has `new_name` (a change of case alone is allowed), or
+    `new_name` is reserved (check_new_name)."""
+    check_new_name(new_name)
     check_name(name)
     locks = sorted({_lock_name(name), _lock_name(new_name)})  # always taken in one order: no deadlock
     with contextlib.ExitStack() as held:

@@ -57,10 +57,11 @@ def test_the_docs_table_is_the_presets() -> None:
         assert f"| `{preset.name}` | {preset.instruct} | {preset.seed} |" in page, preset.name
 
 
-def test_voice_catalogue_hides_presets_under_saved_names_and_unreachable_saved_voices() -> None:
+def test_voice_catalogue_hides_presets_under_saved_names() -> None:
     """Service.voice_catalogue, read by GET /v1/audio/voices and Wyoming's Info: built-in modes,
-    saved voices, then the presets no saved voice hides; a saved voice named like a built-in mode
-    (which resolves first) is not listed. Wyoming's list: saved, presets, then "auto" once."""
+    saved voices, then the presets no saved voice hides (a voice file named like a built-in mode,
+    which resolves first, is never listed: voices.voice_files, test_voices). Wyoming's list: saved,
+    presets, then "auto" once."""
     from types import SimpleNamespace
 
     from omnivoice_onnx.serve.service import BUILTIN_VOICES, Service
@@ -68,7 +69,6 @@ def test_voice_catalogue_hides_presets_under_saved_names_and_unreachable_saved_v
 
     saved = [
         SimpleNamespace(name="alloy", prompt=None, instruct="male, elderly"),
-        SimpleNamespace(name="auto", prompt=object(), instruct=None),
         SimpleNamespace(name="mine", prompt=object(), instruct=None),
     ]
     service = SimpleNamespace(saved_voices=lambda: saved)

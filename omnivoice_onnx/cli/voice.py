@@ -27,6 +27,7 @@ from omnivoice_onnx.errors import UserError, say
 from omnivoice_onnx.voices import (
     REPLACE_FIX,
     Voice,
+    check_new_name,
     find_saved,
     list_voices,
     load_upstream_voice,
@@ -139,6 +140,7 @@ def run(args: argparse.Namespace) -> int:
     voices = voices_dir(Folder(args.model_dir), args.voices)
 
     if args.voice_command in ("add", "import"):
+        check_new_name(args.name)  # a reserved name is refused before any file is read
         if args.voice_command == "import":
             # Read (or refused) first: a crafted file is stopped before anything else happens.
             upstream = load_upstream_voice(args.file)

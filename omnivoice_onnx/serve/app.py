@@ -71,33 +71,35 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
+import dataclasses
 import logging
 import math
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from omnivoice_onnx import voices as voice_store
 from omnivoice_onnx.api import OmniVoiceOnnx
 from omnivoice_onnx.audio_formats import StreamEncoder, available_response_formats, encode_audio
 from omnivoice_onnx.core.instruct import resolve_instruct
 from omnivoice_onnx.core.request import keywords
+from omnivoice_onnx.core.shapes import VoiceClonePrompt
 from omnivoice_onnx.errors import UserError
 from omnivoice_onnx.serve import door
 from omnivoice_onnx.serve.browser import BrowserGuard, BrowserPolicy
-from omnivoice_onnx.serve.connection import http_protocol, make_server, read_body
-from omnivoice_onnx.serve.door import refuse
+from omnivoice_onnx.serve.connection import http_protocol, make_server, read_body, spooled_body
+from omnivoice_onnx.serve.door import ApiError, refuse
 from omnivoice_onnx.serve.forms import form_text, form_upload, form_value, instruction_headers, read_form, voice_item
 from omnivoice_onnx.serve.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from omnivoice_onnx.serve.metrics import Metrics
 from omnivoice_onnx.serve.middleware import Measured, RequireKey, add_error_handlers, error_response, route_templates
 from omnivoice_onnx.serve.page import add_page_routes
-from omnivoice_onnx.serve.pool import WorkerPool, job_failure, time_out
+from omnivoice_onnx.serve.pool import Task, WorkerPool, job_failure, time_out
 from omnivoice_onnx.serve.service import (
     MODEL_ID,
     ServerConfig,
     Service,
+    VoiceEntry,
     bind,
     build_job,
     check_auth,
@@ -293,13 +295,6 @@ def add_voice_routes(app: FastAPI, service: Service) -> None:
     from fastapi import Request
     from fastapi.responses import JSONResponse
 
-    def saved_entry(name: str) -> dict[str, Any]:
-        """The saved voice `name` (any case) as GET /v1/audio/voices lists it; 404 if there is none."""
-        for entry in service.voice_catalogue():
-            if entry.kind in ("clone", "design") and entry.name.casefold() == name.casefold():
-                return voice_item(entry)
-        raise refuse("voice_not_found", "voice", detail=f"no saved voice {name!r}")
-
     @app.get("/v1/audio/voices/{name}")
     async def get_voice(name: str) -> dict[str, Any]:
         """One voice: a saved one, a preset or a mode (any case)."""
@@ -314,22 +309,30 @@ def add_voice_routes(app: FastAPI, service: Service) -> None:
         if not service.config.allow_voice_save:
             raise refuse("voices_read_only", param)
 
-    def checked_name(name: Any, param: str) -> str:
-        try:
-            return voice_store.check_name(name)
-        except UserError as exc:
-            raise refuse("invalid_voice", param, detail=str(exc)) from None
-
-    def must_exist(name: str) -> None:
-        if voice_store.find_saved(service.voices, name) is None:
+    def saved(name: str) -> voice_store.Voice:
+        """The saved voice `name` (any case); 404 if there is none, 500 if its file is damaged."""
+        found = service.saved_voice(name)
+        if found is None:
             raise refuse("voice_not_found", "voice", detail=f"no saved voice {name!r}")
+        return found
+
+    def changed(exc: UserError, name: str) -> ApiError:
+        """A write refused under the voice's lock: 404 when the voice `name` went meanwhile (a
+        concurrent delete or rename), else 409 (a concurrent writer took the name)."""
+        if voice_store.find_saved(service.voices, name) is None:
+            return refuse("voice_not_found", "voice", detail=f"no saved voice {name!r}")
+        return refuse("voice_exists", "name", detail=service.scrub(str(exc)))
 
     async def create_voice(request: Request) -> JSONResponse:
         """Multipart: name, and ref_audio (a file) + ref_text, and/or instruct (voice design in the
         vocabulary). 201 with the voice; 409 if the name is taken (any case)."""
         require_save("name")
+        with service.pool.upload_slot():
+            return await created_voice(request)
+
+    async def created_voice(request: Request) -> JSONResponse:
         form = await read_form(request)
-        name = checked_name(form_text(form, "name", required=True), "name")
+        name = new_voice_name(form_text(form, "name", required=True), "name")
         instruct = form_text(form, "instruct")
         upload = form.get("ref_audio")
         if upload is None and instruct is None:
@@ -347,35 +350,38 @@ def add_voice_routes(app: FastAPI, service: Service) -> None:
                 raise refuse("invalid_instruct", "instruct", detail=str(exc)) from None
         prompt = None
         if upload is not None:
-            data, ref_text = await form_upload(form)
-            prompt = await asyncio.to_thread(service.encode_reference, data, ref_text)
+            upload, ref_text = await form_upload(form)
+            prompt = (await encoded_reference(service, request, upload, ref_text))[0]
         voice = voice_store.Voice(name, prompt, instruct.strip() if instruct else None, service.fingerprint, Path())
         try:
             await asyncio.to_thread(voice_store.save_voice, service.voices, name, voice, False)
         except UserError as exc:  # a concurrent create of the same name won the lock
             raise refuse("voice_exists", "name", detail=service.scrub(str(exc))) from None
         LOG.info("saved voice %s (POST /v1/audio/voices)", name)
-        return JSONResponse(saved_entry(name), status_code=201)
+        return JSONResponse(voice_item(VoiceEntry.saved(voice)), status_code=201)
 
     async def rename_voice(request: Request) -> JSONResponse:
         """JSON {"name": NEW}: the saved voice renamed (a change of case alone included)."""
         require_save("name")
         old = request.path_params["name"]
         body = door.json_object(await read_body(request, service.config.max_body_bytes), "the request body")
-        new = checked_name(door.typed(body, "name", str, required=True), "name")
-        must_exist(old)
+        new = new_voice_name(door.typed(body, "name", str, required=True), "name")
+        voice = saved(old)
         try:
             await asyncio.to_thread(voice_store.rename_voice, service.voices, old, new)
         except UserError as exc:
-            raise refuse("voice_exists", "name", detail=service.scrub(str(exc))) from None
+            raise changed(exc, old) from None
         LOG.info("renamed voice %s to %s (PATCH /v1/audio/voices)", old, new)
-        return JSONResponse(saved_entry(new))
+        return JSONResponse(voice_item(VoiceEntry.saved(dataclasses.replace(voice, name=new))))
 
     async def delete_voice(request: Request) -> JSONResponse:
         require_save()
         name = request.path_params["name"]
-        must_exist(name)
-        path = await asyncio.to_thread(voice_store.remove_voice, service.voices, name)
+        saved(name)
+        try:
+            path = await asyncio.to_thread(voice_store.remove_voice, service.voices, name)
+        except UserError as exc:
+            raise changed(exc, name) from None
         LOG.info("deleted voice %s (DELETE /v1/audio/voices)", path.stem)
         return JSONResponse({"id": path.stem, "object": "voice.deleted", "deleted": True})
 
@@ -404,15 +410,13 @@ def add_reference_routes(app: FastAPI, service: Service) -> None:
         if save_as is not None and not service.config.allow_voice_save:
             raise refuse("voice_save_disabled", "save_as")
         if save_as is not None:
-            try:
-                voice_store.check_name(save_as)
-            except UserError as exc:
-                raise refuse("invalid_voice", "save_as", detail=str(exc)) from None
-        body = await read_body(request, door.MAX_REFERENCE_BYTES)
-        if not body:
-            raise refuse("empty_body")
-        digest = hashlib.sha256(body + b"\0" + ref_text.encode()).hexdigest()
-        prompt = await asyncio.to_thread(service.encode_reference, body, ref_text)
+            new_voice_name(save_as, "save_as")
+        with service.pool.upload_slot():
+            with await spooled_body(request, door.MAX_REFERENCE_BYTES) as body:
+                if not body.read(1):
+                    raise refuse("empty_body")
+                body.seek(0)
+                prompt, digest = await encoded_reference(service, request, body, ref_text)
         if save_as is None:
             return JSONResponse({"id": service.add_reference(prompt, digest), "saved": False})
         voice = voice_store.Voice(save_as, prompt, None, service.fingerprint, Path())
@@ -446,21 +450,27 @@ def add_speech_routes(app: FastAPI, service: Service) -> None:
         Multipart: input, ref_audio (a file), ref_text, and the speech fields (response_format,
         speed, seed, stream_format, language, instructions, num_step, guidance_scale, duration,
         model). The fields are checked before the reference is encoded."""
-        form = await read_form(request)
-        if form.get("voice") is not None:
-            raise refuse("unknown_parameter", "voice", field="voice (a clone request's voice is its ref_audio)")
-        fields: dict[str, Any] = {"model": MODEL_ID, "voice": "auto"}
-        for name, value in form.multi_items():
-            if name not in ("ref_audio", "ref_text"):
-                fields[name] = form_value(name, value)
-        try:
-            parsed = SpeechRequest.model_validate(fields)
-        except ValidationError as exc:
-            raise validation_error(exc) from None
-        data, ref_text = await form_upload(form)
-        prompt = await asyncio.to_thread(service.encode_reference, data, ref_text)
-        voice = service.add_reference(prompt, hashlib.sha256(data + b"\0" + ref_text.encode()).hexdigest())
+        parsed, voice = await cloned_voice(request)
         return await run_speech(request, parsed.model_copy(update={"voice": voice}))
+
+    async def cloned_voice(request: Request) -> tuple[Any, str]:
+        """A clone form's speech fields as a checked SpeechRequest, and the voice id of its recording,
+        encoded within an upload slot (its bytes are let go before the synthesis queues)."""
+        with service.pool.upload_slot():
+            form = await read_form(request)
+            if form.get("voice") is not None:
+                raise refuse("unknown_parameter", "voice", field="voice (a clone request's voice is its ref_audio)")
+            fields: dict[str, Any] = {"model": MODEL_ID, "voice": "auto"}
+            for name, value in form.multi_items():
+                if name not in ("ref_audio", "ref_text"):
+                    fields[name] = form_value(name, value)
+            try:
+                parsed = SpeechRequest.model_validate(fields)
+            except ValidationError as exc:
+                raise validation_error(exc) from None
+            upload, ref_text = await form_upload(form)
+            prompt, digest = await encoded_reference(service, request, upload, ref_text)
+        return parsed, service.add_reference(prompt, digest)
 
     async def run_speech(request: Request, parsed: Any) -> Any:
         """A checked speech request queued, run and answered (whole, streamed or as SSE)."""
@@ -499,6 +509,35 @@ def add_speech_routes(app: FastAPI, service: Service) -> None:
     # then OpenAI-shaped 400s), so FastAPI's parameter injection has nothing to do here.
     app.router.add_route("/v1/audio/speech", speech, methods=["POST"])
     app.router.add_route("/v1/audio/speech/clone", speech_clone, methods=["POST"])  # reads its form itself
+
+
+def new_voice_name(name: Any, param: str) -> str:
+    """A name a voice may be saved under (voices.check_new_name: plain, not reserved), else the
+    table's invalid_voice naming `param`: checked before anything is read further or written."""
+    try:
+        return voice_store.check_new_name(name)
+    except UserError as exc:
+        raise refuse("invalid_voice", param, detail=str(exc)) from None
+
+
+async def encoded_reference(
+    service: Service, request: Any, source: bytes | IO[bytes], ref_text: str
+) -> tuple[VoiceClonePrompt, str]:
+    """An uploaded recording encoded as a cloning prompt by a worker, and its digest
+    (Service.encode_reference; a pool.Task: it waits its turn like a synthesis, within the request
+    timeout; a client that leaves drops it from the queue)."""
+    loop = asyncio.get_running_loop()
+    task = Task(run=lambda tts: service.encode_reference(tts, source, ref_text), loop=loop)
+    service.pool.submit(task)  # queue_full / shutting_down: the table's, with Retry-After
+    timer = loop.call_at(loop.time() + service.config.timeout_s, time_out, task)
+    try:
+        kind, payload = await first_event(task, request)
+    finally:
+        timer.cancel()
+    if kind != "result":
+        raise job_failure(task, kind, payload, service.pool.draining)
+    encoded: tuple[VoiceClonePrompt, str] = payload
+    return encoded
 
 
 # --- running it ----------------------------------------------------------------------------------
@@ -545,7 +584,7 @@ def serve(config: ServerConfig) -> int:
     """Run the server until SIGTERM/SIGINT; the exit code (0 drained, 143/130 requests cut off)."""
     import uvicorn
 
-    check_auth(config)
+    open_warning = check_auth(config)
     listener = bind(config.host, config.port)  # a busy port is named before the models load
     service = load_service(config)
     server = make_server(
@@ -573,6 +612,8 @@ def serve(config: ServerConfig) -> int:
     )
     # uvicorn prints no address for a socket it is given; this line has the real port (--port 0).
     LOG.info("%s%s", LISTENING, f"http://{f'[{host}]' if ':' in host else host}:{port}/v1")
+    if open_warning is not None:
+        LOG.warning("%s", open_warning)
     server.run(sockets=[listener])
     stopped_by: int | None = server.stopped_by  # make_server's Server (a class it builds: uvicorn is imported there)
     if stopped_by is not None and service.pool.cut_off:

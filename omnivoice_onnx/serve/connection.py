@@ -10,36 +10,66 @@ import asyncio
 import contextlib
 import json
 import signal
+import tempfile
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncGenerator, Callable, Iterator
 from http import HTTPStatus
-from typing import Any
+from typing import IO, Any
 
 from omnivoice_onnx.serve import door
 from omnivoice_onnx.serve.door import ApiError, refuse
 
+SPOOL_BYTES = 1 << 20  # an upload's bytes kept in memory before its file goes to disk (starlette's too)
 
-async def read_body(request: Any, limit: int, timeout_s: float | None = None) -> bytes:
-    """The request body, refused (413) as soon as it passes `limit` bytes (declared or sent), and
-    (408) when it has not all come within `timeout_s` (default: door.body_timeout of `limit`; a
-    client trickling it would hold a connection and a task for as long as it likes)."""
+
+async def body_pieces(request: Any, limit: int, timeout_s: float | None = None) -> AsyncGenerator[bytes, None]:
+    """The request body's pieces as they arrive, refused (413) as soon as it passes `limit` bytes
+    (declared or sent), and (408) when it has not all come within `timeout_s` (default:
+    door.body_timeout of `limit`; a client trickling it would hold a connection and a task for as
+    long as it likes); a client gone before its body ended is the table's `cancelled` (its log line,
+    never a traceback). The one reader of a body: read_body, spooled_body and the form parser."""
+    from starlette.requests import ClientDisconnect  # the serve extra's, as the app that calls this
+
     timeout_s = door.body_timeout(limit) if timeout_s is None else timeout_s
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdecimal() and int(declared) > limit:
         raise refuse("body_too_large", limit=limit)
-    body = bytearray()
+    received = 0
     pieces = request.stream().__aiter__()
     deadline = asyncio.get_running_loop().time() + timeout_s
     while True:
         try:
             piece = await asyncio.wait_for(pieces.__anext__(), max(0.0, deadline - asyncio.get_running_loop().time()))
         except StopAsyncIteration:
-            return bytes(body)
+            return
         except asyncio.TimeoutError:
             raise refuse("body_timeout", seconds=timeout_s, headers={"Connection": "close"}) from None
-        body += piece
-        if len(body) > limit:
+        except ClientDisconnect:
+            raise refuse("cancelled", headers={"Connection": "close"}) from None
+        received += len(piece)
+        if received > limit:
             raise refuse("body_too_large", limit=limit)
+        yield piece
+
+
+async def read_body(request: Any, limit: int, timeout_s: float | None = None) -> bytes:
+    """The whole request body, within body_pieces' limits: for the small ones (JSON, 64 KiB)."""
+    return b"".join([piece async for piece in body_pieces(request, limit, timeout_s)])
+
+
+async def spooled_body(request: Any, limit: int) -> IO[bytes]:
+    """The request body, within body_pieces' limits, in a file at its start (memory up to
+    SPOOL_BYTES, then disk): an upload of 16 MiB waiting for a worker holds no copy in memory."""
+    spool = tempfile.SpooledTemporaryFile(max_size=SPOOL_BYTES)
+    try:
+        async for piece in body_pieces(request, limit):
+            spool.write(piece)
+    except BaseException:
+        spool.close()
+        raise
+    spool.seek(0)
+    file: IO[bytes] = spool
+    return file
 
 
 def raw_error(error: ApiError) -> bytes:

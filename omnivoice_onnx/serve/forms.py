@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import logging
 import urllib.parse
-from collections.abc import AsyncGenerator
-from typing import Any
+from typing import IO, Any
 
 from omnivoice_onnx.core.instruct import instructions_note
 from omnivoice_onnx.core.shapes import InstructReading
 from omnivoice_onnx.serve import door
-from omnivoice_onnx.serve.connection import read_body
+from omnivoice_onnx.serve.connection import body_pieces
 from omnivoice_onnx.serve.door import refuse
 
 LOG = logging.getLogger("omnivoice_onnx.server")
@@ -41,24 +40,20 @@ def instruction_headers(reading: InstructReading) -> dict[str, str]:
 
 async def read_form(request: Any) -> Any:
     """A multipart/form-data body (or a url-encoded one, which has no file: what a client sends for
-    a form of text fields alone), MAX_FORM_BYTES at most, read as read_body reads (413, 408) and
-    parsed by starlette's parsers (python-multipart); 400 for another content type or a broken body."""
+    a form of text fields alone), MAX_FORM_BYTES at most, read as every body is (body_pieces: 413,
+    408) and parsed as it arrives by starlette's parsers (python-multipart: a file part past 1 MiB
+    is spooled to disk); 400 for another content type or a broken body."""
     from starlette.formparsers import FormParser, MultiPartException, MultiPartParser
 
     kind = request.headers.get("content-type", "")
     if not kind.startswith(("multipart/form-data", "application/x-www-form-urlencoded")):
         raise refuse("invalid_content_type")
-    body = await read_body(request, MAX_FORM_BYTES)
-
-    async def replay() -> AsyncGenerator[bytes, None]:
-        yield body
-        yield b""
-
+    body = body_pieces(request, MAX_FORM_BYTES)  # parsed as it arrives: the file part spools to disk
     try:
         if kind.startswith("application/x-www-form-urlencoded"):
-            return await FormParser(request.headers, replay()).parse()
+            return await FormParser(request.headers, body).parse()
         return await MultiPartParser(
-            request.headers, replay(), max_files=1, max_fields=32, max_part_size=MAX_FORM_FIELD_BYTES
+            request.headers, body, max_files=1, max_fields=32, max_part_size=MAX_FORM_FIELD_BYTES
         ).parse()
     except MultiPartException as exc:
         raise refuse("invalid_multipart", detail=exc.message) from None
@@ -92,8 +87,9 @@ def form_value(name: str, value: Any) -> Any:
     return value
 
 
-async def form_upload(form: Any) -> tuple[bytes, str]:
-    """The form's ref_audio file's bytes and its ref_text; 400 naming what is missing."""
+async def form_upload(form: Any) -> tuple[IO[bytes], str]:
+    """The form's ref_audio file (as the parser spooled it: on disk past 1 MiB, so a waiting upload
+    holds no copy of its bytes in memory) and its ref_text; 400 naming what is missing."""
     upload = form.get("ref_audio")
     if upload is None or isinstance(upload, str):
         raise refuse(
@@ -106,10 +102,11 @@ async def form_upload(form: Any) -> tuple[bytes, str]:
         raise refuse(
             "missing_required_parameter", "ref_text", detail="ref_text (the words spoken in ref_audio) is required"
         )
-    data = await upload.read()
-    if not data:
+    if not await upload.read(1):
         raise refuse("invalid_reference", "ref_audio", detail="ref_audio is an empty file")
-    return data, ref_text
+    await upload.seek(0)
+    file: IO[bytes] = upload.file
+    return file, ref_text
 
 
 def voice_item(entry: Any) -> dict[str, Any]:

@@ -9,9 +9,10 @@
     omnivoice_audio_seconds_total                             seconds of audio synthesised
     omnivoice_synthesis_rtf                                   worker seconds / audio seconds per request
 
-Routes are labelled by their template (/v1/audio/voices/{name}), unknown paths as "other", so a
-scanner's requests cannot grow the label set. Each app has its own registry (no process-wide
-state: tests run several servers in one process).
+Routes are labelled by their template (/v1/audio/voices/{name}), unknown paths as "other", and
+methods by name when HTTP defines them (METHODS), any other as "other", so a scanner's requests
+cannot grow the label set: at most routes x (METHODS + 1) x the statuses the server answers. Each
+app has its own registry (no process-wide state: tests run several servers in one process).
 """
 
 from __future__ import annotations
@@ -27,6 +28,10 @@ LATENCY_BUCKETS = (0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
 # Real-time factor: below 1 keeps up with playback, the line an operator watches.
 RTF_BUCKETS = (0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 4.0, 8.0, 16.0)
 OTHER_ROUTE = "other"
+# The methods of RFC 9110 and PATCH (RFC 5789), labelled as sent; a made-up one (HTTP allows any
+# token) is OTHER_METHOD, or each would add a label set for as long as the server runs.
+METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "CONNECT", "TRACE"})
+OTHER_METHOD = "other"
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 
@@ -104,7 +109,8 @@ class Metrics:
             finally:
                 route = route_of(scope) or OTHER_ROUTE
                 now = time.monotonic()
-                self.requests.labels(route, scope["method"], str(status)).inc()
+                method = scope["method"] if scope["method"] in METHODS else OTHER_METHOD
+                self.requests.labels(route, method, str(status)).inc()
                 self.latency.labels(route).observe(now - started)
                 self.first_byte.labels(route).observe((first or now) - started)
 

@@ -1,5 +1,8 @@
 """The server's worker pool: a bounded queue in front of N worker threads, each with its own
-loaded model (an OmniVoiceOnnx, own sessions), and the Job a request hands it. The pool knows a
+loaded model (an OmniVoiceOnnx, own sessions), and the work a request hands it: a Job (a
+synthesis) or a Task (any other model work: an uploaded reference's decoding and encoding, which
+takes hundreds of MB for a long recording, so it queues like a synthesis rather than running
+beside the workers). Uploads hold a place too from before their body is read (upload_slot). The pool knows a
 model only as a Speaker, the two calls a worker makes; the app that loads the models knows more.
 The app (omnivoice_onnx.serve.app) loads the models and submits jobs; a worker runs generate()
 or stream() with the job's `cancel` Event, so a client that leaves or a request past its timeout
@@ -42,24 +45,39 @@ class Speaker(Protocol):
 SpeakerT = TypeVar("SpeakerT", bound=Speaker)
 
 
-@dataclass
-class Job:
-    """One request's work, shared by its handler (event loop) and a worker thread."""
+@dataclass(kw_only=True)
+class Work:
+    """What a request hands the pool, shared by its handler (event loop) and a worker thread."""
 
-    request: Request  # validated by the handler (OmniVoiceOnnx.validate), run as it is: never re-checked
-    stream: bool  # stream() (the request was validated with stream=True), else generate()
     loop: asyncio.AbstractEventLoop
-    # ("chunk"|"audio", samples) ... ("done", None) | ("error", ApiError) | ("timeout", None)
+    # Job: ("chunk"|"audio", samples) ... ("done", None); Task: ("result", value), ("done", None);
+    # either: ("error", ApiError) | ("timeout", None) | ("cancelled", None)
     events: asyncio.Queue[tuple[str, Any]] = field(default_factory=asyncio.Queue)
     cancel: threading.Event = field(default_factory=threading.Event)
     timed_out: bool = False
-    finished: bool = False
-    samples_out: int = 0  # audio samples streamed so far (the SSE usage's output tokens)
 
     def emit(self, kind: str, payload: Any = None) -> None:
         """From the worker thread: hand an event to the handler's loop (dropped if the loop is gone)."""
         with contextlib.suppress(RuntimeError):  # the loop closed: the server is gone, nobody is listening
             self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, payload))
+
+
+@dataclass(kw_only=True)
+class Job(Work):
+    """One synthesis."""
+
+    request: Request  # validated by the handler (OmniVoiceOnnx.validate), run as it is: never re-checked
+    stream: bool  # stream() (the request was validated with stream=True), else generate()
+    finished: bool = False
+    samples_out: int = 0  # audio samples streamed so far (the SSE usage's output tokens)
+
+
+@dataclass(kw_only=True)
+class Task(Work):
+    """Other model work, run by a worker with its own model: `run(model)`'s value is the result
+    (an ApiError it raises is the client's answer)."""
+
+    run: Callable[[Any], Any]
 
 
 def scrub_paths(message: str, folders: dict[str, Path]) -> str:
@@ -77,9 +95,10 @@ class WorkerPool(Generic[SpeakerT]):
     def __init__(self, models: list[SpeakerT], queue_size: int, folders: dict[str, Path]) -> None:
         self.models = models
         self.folders = folders  # label -> folder, kept out of what clients see (scrub_paths)
-        self.queue: queue.Queue[Job | None] = queue.Queue(maxsize=queue_size)
+        self.queue: queue.Queue[Job | Task | None] = queue.Queue(maxsize=queue_size)
         self.queue_size = queue_size
         self.running = 0
+        self.uploads = 0  # upload_slot()s held: bodies being read, waiting or encoded
         self.draining = False
         self.cut_off = 0  # requests cancelled while draining (exit 143 when > 0)
         # Outcomes since start, in /health: what an operator (and the tests) can see of cancellation.
@@ -104,7 +123,13 @@ class WorkerPool(Generic[SpeakerT]):
         ahead = self.queue.qsize() + self.running
         return max(1, math.ceil(self.mean_seconds * ahead / self.workers))
 
-    def submit(self, job: Job) -> None:
+    @property
+    def max_uploads(self) -> int:
+        """Uploads held at once (upload_slot): one per worker and queue place. With each body at
+        most forms.MAX_FORM_BYTES, the bodies in memory are bounded by this many of them."""
+        return self.workers + self.queue_size
+
+    def submit(self, job: Job | Task) -> None:
         """Queue `job`; the table's `shutting_down` (503) once draining, `queue_full` (429) when
         there is no room, each with its Retry-After."""
         if self.draining:
@@ -112,14 +137,28 @@ class WorkerPool(Generic[SpeakerT]):
         try:
             self.queue.put_nowait(job)
         except queue.Full:
-            retry = self.retry_after()
-            raise refuse(
-                "queue_full",
-                running=self.workers,
-                queued=self.queue_size,
-                retry=retry,
-                headers={"Retry-After": str(retry)},
-            ) from None
+            raise self._full() from None
+
+    def _full(self) -> ApiError:
+        retry = self.retry_after()
+        return refuse(
+            "queue_full", running=self.workers, queued=self.queue_size, retry=retry, headers={"Retry-After": str(retry)}
+        )
+
+    @contextlib.contextmanager
+    def upload_slot(self) -> Iterator[None]:
+        """A place for one upload (a reference recording, up to 16 MiB), taken BEFORE its body is
+        read and held until its encoding is done: past max_uploads the request is the table's
+        queue_full (429), so uploads wait like work instead of piling up in memory. Event loop only."""
+        if self.draining:
+            raise refuse("shutting_down", headers={"Retry-After": "5"})
+        if self.uploads >= self.max_uploads:
+            raise self._full()
+        self.uploads += 1
+        try:
+            yield
+        finally:
+            self.uploads -= 1
 
     def close(self) -> None:
         """Stop the workers after the jobs already queued (the drain has let them finish)."""
@@ -155,24 +194,27 @@ class WorkerPool(Generic[SpeakerT]):
         with self._lock:
             self.counts[outcome] += 1
 
-    def _cancelled(self, job: Job) -> tuple[str, Any]:
+    def _cancelled(self, job: Work) -> tuple[str, Any]:
         if self.draining and not job.timed_out:
             with self._lock:
                 self.cut_off += 1
         self._count("timed_out" if job.timed_out else "cancelled")
         return ("timeout" if job.timed_out else "cancelled"), None
 
-    def _run(self, tts: SpeakerT, job: Job) -> list[tuple[str, Any]]:
-        """Run the job, emitting its chunks as they come -> its final events (the whole clip and
-        "done", or its failure), which _work emits once the worker counts as free."""
+    def _run(self, tts: SpeakerT, job: Job | Task) -> list[tuple[str, Any]]:
+        """Run the job, emitting its chunks as they come -> its final events (the whole clip, or a
+        task's result, and "done"; or its failure), which _work emits once the worker counts as free."""
         started, samples = time.monotonic(), 0
         try:
-            if job.stream:
+            final: list[tuple[str, Any]]
+            if isinstance(job, Task):
+                final = [("result", job.run(tts))]
+            elif job.stream:
                 for chunk in tts.stream(job.request, cancel=job.cancel):
                     samples += chunk.samples.size
                     job.emit("chunk", chunk.samples)
                 self._synthesized(time.monotonic() - started, samples)
-                final: list[tuple[str, Any]] = []
+                final = []
             else:
                 audio = tts.generate(job.request, cancel=job.cancel)[0]
                 self._synthesized(time.monotonic() - started, audio.size)
@@ -181,6 +223,9 @@ class WorkerPool(Generic[SpeakerT]):
             return [*final, ("done", None)]
         except Cancelled:
             return [self._cancelled(job)]
+        except ApiError as exc:  # a task's own refusal (an uploaded reference that cannot be read)
+            self._count("failed")
+            return [("error", exc)]
         except UserError as exc:
             self._count("failed")
             return [("error", refuse("invalid_value", detail=scrub_paths(str(exc), self.folders)))]
@@ -190,7 +235,7 @@ class WorkerPool(Generic[SpeakerT]):
             return [("error", refuse("internal_error"))]
 
 
-def time_out(job: Job) -> None:
+def time_out(job: Work) -> None:
     """The request's time is up: its handler answers now (a queued job would otherwise wait for a
     worker to reach it), and the worker drops it or stops it before its next step."""
     job.timed_out = True
@@ -198,7 +243,7 @@ def time_out(job: Job) -> None:
     job.events.put_nowait(("timeout", None))
 
 
-def job_failure(job: Job, kind: str, payload: Any, draining: bool = False) -> ApiError:
+def job_failure(job: Work, kind: str, payload: Any, draining: bool = False) -> ApiError:
     """The refusal a job that ended without its audio gets: its error, the timeout, or (cancelled)
     `shutting_down` when the drain cut it off, else `cancelled` (its client left: only logs see it)."""
     if kind == "error" and isinstance(payload, ApiError):

@@ -8,16 +8,18 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import dataclasses
+import hashlib
 import ipaddress
 import logging
 import socket
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import IO, TYPE_CHECKING, Any, Literal, Protocol
 
 from omnivoice_onnx import voices as voice_store
 from omnivoice_onnx.audio_formats import AudioFormat
@@ -26,6 +28,7 @@ from omnivoice_onnx.core.prompt import language_names
 from omnivoice_onnx.core.request import keywords
 from omnivoice_onnx.core.shapes import Model, Request, RequestKeywords, Tokenizer, VoiceClonePrompt
 from omnivoice_onnx.errors import UserError
+from omnivoice_onnx.hashing import CHUNK_BYTES
 from omnivoice_onnx.limits import MAX_SPEED, MIN_SPEED, SEED_MAX, SEED_MIN
 from omnivoice_onnx.presets import OPENAI_MODEL_IDS, PRESETS, find_preset
 from omnivoice_onnx.serve.door import MAX_BODY_BYTES, MAX_INPUT_CHARS, ApiError, refuse, too_long
@@ -70,11 +73,10 @@ MAX_INSTRUCTIONS_CHARS = 4096
 DEFAULT_QUEUE = 16  # waiting requests beyond the ones running; more get 429
 DEFAULT_TIMEOUT_S = 300.0  # per request, queue wait included
 DEFAULT_DRAIN_S = 60.0  # SIGTERM: how long requests in flight may take to finish
-BUILTIN_VOICES = {
-    "auto": "upstream's auto mode: a voice the model picks; with `instructions`, voice design",
-    "design": 'voice design from `instructions` (required), e.g. "female, low pitch, british accent"',
-}
-REFERENCE_PREFIX = "ref-"  # the voice id of an uploaded reference: "ref-" + the first hex of its sha256
+# The voice names that mean a mode, and the prefix of an uploaded reference's id: the voice store's
+# (voices.MODES), where the same names are refused to every writer of a saved voice.
+BUILTIN_VOICES = voice_store.MODES
+REFERENCE_PREFIX = voice_store.REFERENCE_PREFIX
 REFERENCES_KEPT = 32  # uploaded references held in memory (the least recently used goes first)
 
 
@@ -87,6 +89,11 @@ class VoiceEntry:
     kind: Literal["builtin", "clone", "design", "preset"]  # clone/design: a saved voice
     text: str | None  # builtin: what the mode does; a saved voice's or preset's instruct (None: none)
     seed: int | None = None  # a preset's fixed seed
+
+    @staticmethod
+    def saved(voice: voice_store.Voice) -> VoiceEntry:
+        """A saved voice's entry: a clone when it holds a reference, else a design."""
+        return VoiceEntry(voice.name, "clone" if voice.prompt is not None else "design", voice.instruct)
 
 
 # --- requests ------------------------------------------------------------------------------------
@@ -212,11 +219,16 @@ class Service:
 
     def saved_voices(self, listing: voice_store.SavedVoices | None = None) -> list[Any]:
         """The saved voices of `listing` (None: the folder as it is now); 500 when one is damaged."""
-        try:
+        with _voices_read():
             return (listing or self.shelf.listing()).voices()
-        except UserError as exc:
-            LOG.error("voices folder: %s", exc)
-            raise refuse("voices_unreadable") from exc
+
+    def saved_voice(self, name: str) -> voice_store.Voice | None:
+        """The saved voice `name` (any case) as the folder is now; None when there is none (or no
+        request could name one so: voices.is_askable), 500 when its file is damaged."""
+        if not voice_store.is_askable(name):
+            return None
+        with _voices_read():
+            return self.shelf.listing().find(name)
 
     def voice_kwargs(self, voice: Any, instructions: str | None) -> tuple[dict[str, Any], int | None]:
         """generate() keywords for the request's voice (a name, never a path; plan_job lays the
@@ -275,15 +287,12 @@ class Service:
     def voice_catalogue(self, listing: voice_store.SavedVoices | None = None) -> list[VoiceEntry]:
         """What `voice` may name (uploaded references aside), in the order every list shows it: the
         built-in modes, the saved voices, then the presets no saved voice of the same name hides
-        (the one place that rule is written; voice_kwargs resolves a name in the same order, so a
-        saved voice called "auto" or "design" cannot be reached and is not listed). The voices
-        folder is read once (or `listing` is this request's read of it)."""
-        found = self.saved_voices() if listing is None else self.saved_voices(listing)
-        saved = [voice for voice in found if voice.name.casefold() not in BUILTIN_VOICES]
+        (the one place that rule is written; voice_kwargs resolves a name in the same order; no
+        saved voice takes a mode's name: voices.check_new_name). The voices folder is read once (or
+        `listing` is this request's read of it)."""
+        saved = self.saved_voices() if listing is None else self.saved_voices(listing)
         entries = [VoiceEntry(name, "builtin", text) for name, text in BUILTIN_VOICES.items()]
-        entries += [
-            VoiceEntry(voice.name, "clone" if voice.prompt is not None else "design", voice.instruct) for voice in saved
-        ]
+        entries += [VoiceEntry.saved(voice) for voice in saved]
         hidden = {voice.name.casefold() for voice in saved}
         return entries + [
             VoiceEntry(name, "preset", preset.instruct, preset.seed)
@@ -300,15 +309,29 @@ class Service:
         table = language_names(self.pool.models[0].runtime_config["languages"])
         return [{"id": lang_id, "names": names} for lang_id, names in table.items()]
 
-    def encode_reference(self, data: bytes, ref_text: str) -> VoiceClonePrompt:
-        """An uploaded recording (a file's bytes) encoded as a cloning prompt by the runtime's own
-        reader (length checked from the header, then read, resampled, trimmed: request.py's
-        limits); ApiError 400 naming the problem. Runs on the caller's thread (not a worker's)."""
+    def encode_reference(
+        self, tts: ServedModel, source: bytes | IO[bytes], ref_text: str
+    ) -> tuple[VoiceClonePrompt, str]:
+        """An uploaded recording (a body's bytes, or an open file the form parser spooled) encoded
+        as a cloning prompt by the runtime's own reader (length checked from the header, then read,
+        resampled, trimmed: request.py's limits) with the model `tts`, and the upload's digest
+        (sha256 of its bytes, NUL, ref_text: add_reference's id); ApiError 400 naming the problem.
+        A worker's Task (pool.Task): decoding a long recording takes hundreds of MB, so it runs
+        where a synthesis would; the bytes are copied to the reader's file in chunks."""
+        digest = hashlib.sha256()
         with tempfile.TemporaryDirectory(prefix="omnivoice-ref-") as folder:
             path = Path(folder) / "reference"
-            path.write_bytes(data)
+            with open(path, "wb") as out:
+                if isinstance(source, bytes):
+                    digest.update(source)
+                    out.write(source)
+                else:
+                    while block := source.read(CHUNK_BYTES):
+                        digest.update(block)
+                        out.write(block)
+            digest.update(b"\0" + ref_text.encode())
             try:
-                return self.pool.models[0].create_voice_clone_prompt(str(path), ref_text)
+                return tts.create_voice_clone_prompt(str(path), ref_text), digest.hexdigest()
             except UserError as exc:
                 message = scrub_paths(str(exc), {"the uploaded reference": path, **self.pool.folders})
                 raise refuse("invalid_reference", detail=message) from exc
@@ -321,6 +344,16 @@ class Service:
         while len(self.references) > REFERENCES_KEPT:
             self.references.popitem(last=False)
         return name
+
+
+@contextlib.contextmanager
+def _voices_read() -> Iterator[None]:
+    """A damaged voice file met while reading the folder: logged by name, the table's 500 to the client."""
+    try:
+        yield
+    except UserError as exc:
+        LOG.error("voices folder: %s", exc)
+        raise refuse("voices_unreadable") from exc
 
 
 REQUEST_DEFAULT_FIELDS = ("num_step", "guidance_scale", "language")  # ServerConfig.request_defaults' keys
@@ -439,9 +472,11 @@ def is_loopback(host: str) -> bool:
     return bool(found) and all(ipaddress.ip_address(str(info[4][0]).split("%")[0]).is_loopback for info in found)
 
 
-def check_auth(config: ServerConfig) -> None:
+def check_auth(config: ServerConfig) -> str | None:
     """Refuse to serve a host other machines can reach without a key, unless --no-auth says so
-    knowingly (then warn, loudly); a key and --no-auth together contradict each other."""
+    knowingly: then the loud warning to log beside the listening line, once every other check has
+    passed (a refusal after it would be two messages for one refusal); a key and --no-auth
+    together contradict each other."""
     if config.no_auth and config.api_key is not None:
         raise UserError(
             "--no-auth and an API key contradict each other",
@@ -454,6 +489,5 @@ def check_auth(config: ServerConfig) -> None:
                 f"pass --api-key KEY (or set ${API_KEY_ENV}), bind --host 127.0.0.1, or pass --no-auth "
                 "to serve it open on purpose",
             )
-        LOG.warning(
-            "--no-auth: serving %s WITHOUT AUTHENTICATION; anyone who can reach this address can use it", config.host
-        )
+        return f"--no-auth: serving {config.host} WITHOUT AUTHENTICATION; anyone who can reach this address can use it"
+    return None

@@ -12,11 +12,11 @@ from typing import Any
 
 from omnivoice_onnx.audio_formats import StreamEncoder
 from omnivoice_onnx.serve.connection import wait_disconnect
-from omnivoice_onnx.serve.pool import Job, job_failure
+from omnivoice_onnx.serve.pool import Job, Work, job_failure
 
 
-async def first_event(job: Job, request: Any) -> tuple[str, Any]:
-    """The job's first event; if the client goes away first, the job is cancelled (dropped from the
+async def first_event(job: Work, request: Any) -> tuple[str, Any]:
+    """The job's (or task's) first event; if the client goes away first, the job is cancelled (dropped from the
     queue, or stopped between steps) and this returns ("gone", None)."""
     getter = asyncio.ensure_future(job.events.get())
     watcher = asyncio.ensure_future(wait_disconnect(request))
