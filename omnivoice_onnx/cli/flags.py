@@ -126,6 +126,18 @@ TEMPERATURE = float_range(0.0)  # 0: greedy; (0, MIN_TEMPERATURE) is refused by 
 CHUNK_SECONDS = float_range(0.0, low_open=True)  # audio_chunk_duration, audio_chunk_threshold
 
 
+def flag_type(check: Callable[[str], str]) -> Callable[[str], str]:
+    """An argparse type of a ValueError-raising check (the check's message is the error line)."""
+
+    def parse(value: str) -> str:
+        try:
+            return check(value)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return parse
+
+
 class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """argparse's "(default: X)" after a flag's help, only where there is a default to show: a
     flag that is off or unset (False, None) says nothing rather than "(default: None)"."""

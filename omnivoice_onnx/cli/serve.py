@@ -20,12 +20,11 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Callable
 
 from omnivoice_onnx.audio_formats import RESPONSE_FORMATS
-from omnivoice_onnx.cli.flags import Subparsers, int_range
-from omnivoice_onnx.cli.server_flags import add_model_flags, server_config
-from omnivoice_onnx.errors import UserError, log_lines
+from omnivoice_onnx.cli.flags import Subparsers, flag_type, int_range
+from omnivoice_onnx.cli.server_flags import add_model_flags, import_extras, server_config
+from omnivoice_onnx.errors import log_lines
 from omnivoice_onnx.serve.browser import check_host_flag, check_origin_flag
 from omnivoice_onnx.serve.service import API_KEY_ENV, api_key_from
 
@@ -121,26 +120,10 @@ def model_alias(value: str) -> str:
     return value
 
 
-def flag_type(check: Callable[[str], str]) -> Callable[[str], str]:
-    """An argparse type of a ValueError-raising check (the check's message is the error line)."""
-
-    def parse(value: str) -> str:
-        try:
-            return check(value)
-        except ValueError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
-
-    return parse
-
-
 def run(args: argparse.Namespace) -> int:
-    try:
-        import fastapi  # noqa: F401  (the extra's packages, named now rather than at the first request)
-        import uvicorn  # noqa: F401
+    import_extras("serve", ("fastapi", "uvicorn", "prometheus_client"), INSTALL_FIX)
+    from omnivoice_onnx.serve import app as server
 
-        from omnivoice_onnx.serve import app as server
-    except ModuleNotFoundError as exc:
-        raise UserError(f"omnivoice-onnx serve needs {exc.name}, which is not installed", INSTALL_FIX) from None
     config = server_config(
         args,
         host=args.host,

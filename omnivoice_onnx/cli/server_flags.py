@@ -6,10 +6,12 @@ that neither command imports the other, nor the HTTP server to read its defaults
 from __future__ import annotations
 
 import argparse
+import importlib
 from typing import Any
 
 from omnivoice_onnx.bundle import check_folder
 from omnivoice_onnx.cli.flags import NUM_STEP, SCORE_FACTOR, THREADS, add_bundle_flags, float_range, int_range
+from omnivoice_onnx.errors import UserError
 from omnivoice_onnx.serve import door
 from omnivoice_onnx.serve.service import (
     DEFAULT_DRAIN_S,
@@ -100,3 +102,20 @@ def server_config(args: argparse.Namespace, **more: Any) -> ServerConfig:
         request_defaults=defaults,
         **more,
     )
+
+
+def import_extras(command: str, packages: tuple[str, ...], fix: str) -> None:
+    """Import an extra's `packages` now, before any model loads, so that one missing (named, with
+    `fix`) or installed but broken (its own import fails: a wheel for another Python, a damaged
+    install) is one line rather than a traceback at the first client."""
+    for package in packages:
+        try:
+            importlib.import_module(package)
+        except ModuleNotFoundError as exc:
+            raise UserError(f"omnivoice-onnx {command} needs {exc.name}, which is not installed", fix) from None
+        except Exception as exc:  # any failure of a third-party package's own import code
+            raise UserError(
+                f"omnivoice-onnx {command} needs {package}, which is installed but fails to import "
+                f"({type(exc).__name__}: {str(exc)[:200]})",
+                f"reinstall it (pip install --force-reinstall {package}), or {fix}",
+            ) from None

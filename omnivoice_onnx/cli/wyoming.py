@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import argparse
 
-from omnivoice_onnx.cli.flags import SEED, Subparsers
-from omnivoice_onnx.cli.server_flags import add_model_flags, server_config
-from omnivoice_onnx.errors import UserError, log_lines
+from omnivoice_onnx.cli.flags import SEED, Subparsers, flag_type
+from omnivoice_onnx.cli.server_flags import add_model_flags, import_extras, server_config
+from omnivoice_onnx.errors import log_lines
 
 INSTALL_FIX = "install the Wyoming extra: pip install 'omnivoice-onnx[wyoming]'"
 
@@ -64,6 +64,7 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
         nargs="?",
         const=wyoming_server.ZEROCONF_NAME,
         default=None,
+        type=flag_type(wyoming_server.check_zeroconf_name),
         metavar="NAME",
         help=f"announce the server over mDNS (_wyoming._tcp) for Home Assistant to discover, as NAME "
         f"(default name: {wyoming_server.ZEROCONF_NAME}); needs the zeroconf package (the "
@@ -73,16 +74,10 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        import wyoming  # noqa: F401  (the extra's package, named now rather than at the first client)
+    import_extras("wyoming", ("wyoming", "zeroconf") if args.zeroconf is not None else ("wyoming",), INSTALL_FIX)
+    from omnivoice_onnx.serve import wyoming as wyoming_server
+    from omnivoice_onnx.serve.app import load_service
 
-        if args.zeroconf:
-            import zeroconf  # noqa: F401
-
-        from omnivoice_onnx.serve import wyoming as wyoming_server
-        from omnivoice_onnx.serve.app import load_service
-    except ModuleNotFoundError as exc:
-        raise UserError(f"omnivoice-onnx wyoming needs {exc.name}, which is not installed", INSTALL_FIX) from None
     config = server_config(args)
     log_lines()
     settings = wyoming_server.WyomingConfig(

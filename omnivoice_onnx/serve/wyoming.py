@@ -73,6 +73,7 @@ LINGER_S = 1.0  # how long a refused peer's remaining bytes are read and dropped
 # browses this type and offers each server it finds under its name.
 ZEROCONF_TYPE = "_wyoming._tcp.local."
 ZEROCONF_NAME = "omnivoice-onnx"  # --zeroconf without a name
+MAX_ZEROCONF_BYTES = 63  # a DNS-SD service instance name is one DNS label (RFC 6763 4.1.1)
 MDNS_GROUP = "224.0.0.251"  # a UDP socket "connected" here names the interface mDNS leaves by (sends nothing)
 # A sentence is complete once its end mark (and any closing quote or bracket) is followed by
 # whitespace: "Dr. Smith" may still split early, which costs a pause, never words.
@@ -373,6 +374,17 @@ def announced_address(host: str) -> str:
         return address
 
 
+def check_zeroconf_name(name: str) -> str:
+    """A --zeroconf NAME: the service instance name Home Assistant lists, one DNS-SD label (1-63
+    bytes of UTF-8, printable). An empty one would announce nothing, and say nothing."""
+    if not name.strip() or not name.isprintable() or len(name.encode("utf-8")) > MAX_ZEROCONF_BYTES:
+        raise ValueError(
+            f"--zeroconf {name!r:.80} is not a service name: 1-{MAX_ZEROCONF_BYTES} bytes of printable text "
+            f"(or --zeroconf alone: {ZEROCONF_NAME})"
+        )
+    return name
+
+
 async def announce(name: str, host: str, port: int) -> Any:
     """Register `name` as a _wyoming._tcp service at host:port over mDNS -> (the AsyncZeroconf,
     its service info) to unregister at stop; a UserError when it cannot be announced."""
@@ -445,7 +457,13 @@ async def serve_async(service: server_service.Service, config: WyomingConfig, li
         "per request" if config.seed is None else config.seed,
     )
     LOG.info("%s%s", LISTENING, f"tcp://{f'[{bound_host}]' if ':' in bound_host else bound_host}:{bound_port}")
-    announced = await announce(config.zeroconf, bound_host, bound_port) if config.zeroconf else None
+    if not server_service.is_loopback(bound_host):  # listen() let it through: --allow-remote
+        LOG.warning(  # here, once every check passed: a refusal is one message, never after this one
+            "--allow-remote: serving Wyoming on %s WITHOUT AUTHENTICATION (the protocol has none); anyone "
+            "who can reach this address can use it",
+            bound_host,
+        )
+    announced = await announce(config.zeroconf, bound_host, bound_port) if config.zeroconf is not None else None
     async with listening:
         await stop.wait()
         if announced is not None:  # gone from Home Assistant's list before the port closes
@@ -486,19 +504,12 @@ async def drain(service: server_service.Service, sessions: dict[Session, asyncio
 def listen(config: WyomingConfig) -> socket.socket:
     """The listening socket of --uri: a bad URI, a busy port or an address other machines reach
     without --allow-remote is named before any model loads (the protocol has no key: anyone who
-    can reach the port can use it, as `serve --no-auth`)."""
+    can reach the port can use it, as `serve --no-auth`; serve_async warns so once listening)."""
     host, port = parse_uri(config.uri)
-    if not server_service.is_loopback(host):
-        if not config.allow_remote:
-            raise UserError(
-                f"refusing to serve Wyoming on {host}: the protocol has no key, so anyone who can reach "
-                "it could use it",
-                "bind --uri tcp://127.0.0.1:PORT, or pass --allow-remote to serve a trusted network on purpose",
-            )
-        LOG.warning(
-            "--allow-remote: serving Wyoming on %s WITHOUT AUTHENTICATION (the protocol has none); anyone "
-            "who can reach this address can use it",
-            host,
+    if not server_service.is_loopback(host) and not config.allow_remote:
+        raise UserError(
+            f"refusing to serve Wyoming on {host}: the protocol has no key, so anyone who can reach it could use it",
+            "bind --uri tcp://127.0.0.1:PORT, or pass --allow-remote to serve a trusted network on purpose",
         )
     return server_service.bind(host, port)
 
