@@ -26,7 +26,8 @@ holds the package to no import circle, at most 8 floors, no module over 600 line
     model        sessions (onnxruntime, providers, split execution), bundle (the export folder:
                  paths, variants, the report, hashes against it, metadata; runtime_config: its
                  runtime-config.json's schema and loader; verified: the record of files already
-                 hashed), api (OmniVoiceOnnx), voices (saved voices), audio_formats (samples to
+                 hashed), api (OmniVoiceOnnx), voices (saved voices), fetch (pack and download,
+                 with resumable: a bounded, resumable HTTP GET), audio_formats (samples to
                  each format's bytes), audio_out (the one audio writer: files, devices, pipes,
                  stdout)
     vectors/     the conformance vectors a port replays: format, cases, record (write and

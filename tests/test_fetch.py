@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO, Pipeline
 
-from omnivoice_onnx import fetch
+from omnivoice_onnx import fetch, resumable
 from omnivoice_onnx.errors import UserError
 
 SPEAK = ("speak", "Hello there.", "--seed", "7", "--num-step", "2", "--quiet")
@@ -365,7 +365,7 @@ def test_hugging_face_repo_offline(release: Path, original: bytes, tmp_path: Pat
     assert not (tmp_path / "x").exists()
 
 
-# --- issue 58: planted links, lying servers, leftovers, hub ids -------------------------------------
+# --- round 6: planted links, lying servers, leftovers, hub ids ---------------------------------------
 
 
 def nothing_beside(folder: Path, *kept: str) -> None:
@@ -405,8 +405,8 @@ def test_a_planted_link_or_special_file_beside_dir_is_never_written_through(
 @pytest.mark.parametrize(
     "path,env,words",
     [
-        ("/endless", {fetch.DOWNLOAD_LIMIT_ENV: "1000000"}, "sent more than 1,0"),
-        ("/chunked", {fetch.DOWNLOAD_LIMIT_ENV: "1000000"}, "sent more than 1,0"),
+        ("/endless", {resumable.DOWNLOAD_LIMIT_ENV: "1000000"}, "sent more than 1,0"),
+        ("/chunked", {resumable.DOWNLOAD_LIMIT_ENV: "1000000"}, "sent more than 1,0"),
         ("/terabyte", {}, "announces 1,000,000,000,000 bytes"),
         ("/missing.tar", {}, "HTTP 404"),
     ],
