@@ -36,7 +36,6 @@ import pickle
 import re
 import threading
 import zipfile
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -65,9 +64,8 @@ MAX_UPSTREAM_BYTES = 64 << 20
 # ~60 KB at the default 60 s. Its reader stops well above that, before reading a huge file whole.
 MAX_VOICE_BYTES = 16 << 20
 NAME_PATTERN = re.compile(r"[^\W_][\w-]{0,63}")  # letters/digits first, then letters, digits, _ and -
-# Names a request reads as something other than a saved voice, whatever their case: the server's
-# modes (voice "auto", "design") and the prefix of an uploaded reference's id ("ref-" + hex). A
-# voice saved under one could never be asked for, so none is written (check_new_name) or listed.
+# Names a request reads as something else, in any case: the server's modes and the prefix of an uploaded
+# reference's id. A voice saved under one could never be asked for: none is written or listed.
 MODES = {
     "auto": "upstream's auto mode: a voice the model picks; with `instructions`, voice design",
     "design": 'voice design from `instructions` (required), e.g. "female, low pitch, british accent"',
@@ -130,38 +128,30 @@ def check_name(name: str) -> str:
 
 def is_reserved(name: str) -> bool:
     """Whether `name` (any case) means a mode or an uploaded reference rather than a saved voice."""
-    folded = name.casefold()
-    return folded in MODES or folded.startswith(REFERENCE_PREFIX)
+    return name.casefold() in MODES or name.casefold().startswith(REFERENCE_PREFIX)
 
 
 def check_new_name(name: str) -> str:
-    """`name` if a voice may be saved under it: a plain name (check_name) that no request reads
-    as something else (is_reserved); a UserError before anything is written otherwise. The one
-    rule for every writer: voice add/import, POST /v1/audio/voices, a rename, save_as."""
-    check_name(name)
-    if is_reserved(name):
+    """`name` if a voice may be saved under it (check_name, not is_reserved), else a UserError before
+    anything is written: the one rule for every writer (voice add/import, HTTP, a rename, save_as)."""
+    if is_reserved(check_name(name)):
+        modes = " and ".join(map(repr, MODES))
         raise UserError(
-            f"voice name {name!r} is reserved: {' and '.join(map(repr, MODES))} are modes and "
-            f"{REFERENCE_PREFIX}... names uploaded references, so a voice saved under it could never be asked for",
-            "choose another name",
+            f"voice name {name!r} is reserved: {modes} are modes, {REFERENCE_PREFIX}... uploaded references",
+            "choose another name (no request could ask for a voice saved under it)",
         )
     return name
 
 
 def is_askable(name: str) -> bool:
-    """Whether a request can name the saved voice `name`: a plain name, not reserved. A voice file
-    under any other name (`my voice.json`, `auto.json` copied in by hand) is not listed."""
+    """Whether a request can name the saved voice `name` (plain, not reserved): else not listed."""
     return NAME_PATTERN.fullmatch(name) is not None and not is_reserved(name)
 
 
 def voice_files(voices: Path) -> dict[str, Path]:
-    """The voice files of the folder `voices` that a request can ask for (is_askable), by name as
-    spelled, sorted; none when the folder does not exist. The one listing every reader uses."""
-    folder = Path(voices)
-    if not folder.is_dir():
-        return {}
-    found = sorted(folder.glob(f"*{VOICE_SUFFIX}"))
-    return {path.name[: -len(VOICE_SUFFIX)]: path for path in found if is_askable(path.name[: -len(VOICE_SUFFIX)])}
+    """The voice files in `voices` a request can ask for (is_askable), by name: every reader's listing."""
+    found = sorted(Path(voices).glob(f"*{VOICE_SUFFIX}")) if Path(voices).is_dir() else []
+    return {path.stem: path for path in found if is_askable(path.stem)}
 
 
 def voice_path(voices: Path, name: str) -> Path:
@@ -358,31 +348,34 @@ class VoiceShelf:
         return SavedVoices(self, files)
 
     def read(self, path: Path) -> Voice | None:
-        """The voice file at `path`, parsed unless this very file (by identity) was parsed before;
-        None when it is gone since the listing (a concurrent remove or rename: no voice, not a
-        damaged one)."""
-        try:
-            identity = stat_identity(os.stat(path))
-        except FileNotFoundError:
+        """The voice file at `path`, parsed once per identity; None when it is gone since the listing
+        (a concurrent remove or rename: no voice, not a damaged one); replaced while read: read again."""
+        identity = _identity(path)
+        if identity is None:
             return None
-        except OSError:
-            return _read_json_voice(path)  # the reader names what is wrong with it
         with self._lock:
             cached = self._parsed.get(path)
-        if cached is None or cached[0] != identity:
+        if cached is not None and cached[0] == identity:
+            result = cached[1]
+        else:
             try:
-                result: Voice | UserError = _read_json_voice(path)
+                result = _read_json_voice(path)
             except UserError as exc:
-                if not os.path.lexists(path):  # removed between the stat and the read
-                    return None
+                if _identity(path) != identity:  # removed or replaced while it was read
+                    return self.read(path)
                 result = exc
             with self._lock:
                 self._parsed[path] = (identity, result)
-        else:
-            result = cached[1]
         if isinstance(result, UserError):
             raise UserError(result.problem, result.fix)
         return result
+
+
+def _identity(path: Path) -> list[int] | None:
+    """The stat identity of the file at `path` (verified.stat_identity), None when there is none."""
+    with contextlib.suppress(FileNotFoundError):
+        return stat_identity(os.stat(path))
+    return None
 
 
 @dataclass(frozen=True)
@@ -447,7 +440,8 @@ def remove_voice(voices: Path, name: str) -> Path:
     """Delete the saved voice `name` (whatever its case) -> the file removed; UserError when there
     is none."""
     check_name(name)
-    with FolderLock(voices, _lock_name(name), f"voice {name!r}") if Path(voices).is_dir() else _no_lock():
+    # No folder, no voice to lock (find_saved then finds none).
+    with FolderLock(voices, _lock_name(name), f"voice {name!r}") if Path(voices).is_dir() else contextlib.nullcontext():
         path = find_saved(voices, name)
         if path is None:
             raise UserError(f"no voice named {name!r} in {voices}", "see `omnivoice-onnx voice list`")
@@ -475,12 +469,6 @@ def rename_voice(voices: Path, name: str, new_name: str) -> Path:
         target = voice_path(voices, new_name)
         os.replace(source, target)
     return target
-
-
-@contextlib.contextmanager
-def _no_lock() -> Iterator[None]:
-    """No folder, no voice to lock (the caller then finds none)."""
-    yield
 
 
 # --- upstream .pt files, without torch ---------------------------------------------------------

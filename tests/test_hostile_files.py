@@ -95,16 +95,18 @@ def test_log_lines_are_escaped() -> None:
 
 
 def test_voice_list_prints_a_hostile_file_name_escaped(tmp_path: Path) -> None:
-    """A voice file named with escape sequences retitled and cleared the terminal through `voice list`."""
+    """A voice file named with escape sequences retitled and cleared the terminal through `voice list`.
+    No request can name it, so it is not listed: the note that says so shows its name escaped."""
     voices = tmp_path / "voices"
     save_voice(voices, "alice", Voice("alice", None, "female, low pitch", FINGERPRINT, Path()))
     name = "\x1b]0;owned\x07\x1b[2J\u202eevil"
     shutil.copy(voices / "alice.json", voices / f"{name}.json")
     done = _cli("voice", "list", "--voices", voices, "--model-dir", tmp_path / "no-model")
     assert done.returncode == 0, done.stderr
-    assert "\x1b" not in done.stdout and "\u202e" not in done.stdout and "\x07" not in done.stdout
-    assert r"\x1b]0;owned\x07\x1b[2J\u202eevil" in done.stdout and "alice" in done.stdout
-    assert len(done.stdout.splitlines()) == 2
+    shown = done.stdout + done.stderr
+    assert "\x1b" not in shown and "\u202e" not in shown and "\x07" not in shown
+    assert r"\x1b]0;owned\x07\x1b[2J\u202eevil" in done.stderr and "not listed" in done.stderr
+    assert done.stdout.splitlines() == [f"alice  design 'female, low pitch'  model {FINGERPRINT}"]
 
 
 def test_an_error_naming_a_hostile_path_is_one_escaped_line(tmp_path: Path) -> None:

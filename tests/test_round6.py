@@ -1,4 +1,4 @@
-"""Issue 58 (reliability and security, round 6): the server's, the voice store's and the small cases,
+"""Reliability and security, round 6: the server's, the voice store's and the small cases,
 each at its root, met the way a user or an attacker meets them: a real server process on a free
 loopback port, real concurrent clients, real voice files, real processes for the command line.
 The download's cases (planted links, lying bodies, leftovers, hub ids) are in test_fetch.py.

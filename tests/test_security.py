@@ -90,8 +90,8 @@ def test_server_never_starts_open_by_accident(
 
 def test_no_auth_passes_the_key_check_and_warns_only_once_serving(tmp_path: Path) -> None:
     """--no-auth passes the check; the empty model folder is then what stops it, in one line: the
-    warning about serving without authentication is logged once the server listens (issue 58:
-    a warning then a refusal were two messages for one refusal; test_round6 holds the warning)."""
+    warning about serving without authentication is logged once the server listens (a warning
+    then a refusal were two messages for one refusal; test_round6 holds the warning)."""
     proc = omnivoice(
         "serve", "--model-dir", str(tmp_path), "--port", "0", "--host", "0.0.0.0", "--no-auth", env=clean_env()
     )

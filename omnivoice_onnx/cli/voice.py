@@ -20,12 +20,13 @@ import sys
 from pathlib import Path
 
 from omnivoice_onnx.bundle import Bundle, Folder
-from omnivoice_onnx.cli.exits import prepare
+from omnivoice_onnx.cli.exits import note, prepare
 from omnivoice_onnx.cli.flags import DefaultsHelpFormatter, Subparsers, add_bundle_flags
 from omnivoice_onnx.contract import FRAME_RATE
 from omnivoice_onnx.errors import UserError, say
 from omnivoice_onnx.voices import (
     REPLACE_FIX,
+    VOICE_SUFFIX,
     Voice,
     check_new_name,
     find_saved,
@@ -34,6 +35,7 @@ from omnivoice_onnx.voices import (
     read_voice,
     remove_voice,
     save_voice,
+    voice_files,
     voice_path,
     voices_dir,
 )
@@ -162,6 +164,12 @@ def run(args: argparse.Namespace) -> int:
         width = max((len(v.name) for v in found), default=0)
         for voice in found:
             say(f"{voice.name:<{width}}  {describe(voice, FRAME_RATE)}  model {voice.model_fingerprint}")
+        unlisted = sorted(set(voices.glob(f"*{VOICE_SUFFIX}")) - set(voice_files(voices).values()))
+        if unlisted:
+            note(
+                f"not listed: {', '.join(path.name for path in unlisted)}: no request can name a voice so "
+                "(a letter or digit, then letters, digits, '_' or '-'; not auto, design or ref-...); rename or remove"
+            )
     elif args.voice_command == "show":
         voice = read_voice(args.name, voices)
         say(f"name               {voice.name}")

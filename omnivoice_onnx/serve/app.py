@@ -85,7 +85,7 @@ from omnivoice_onnx.core.instruct import resolve_instruct
 from omnivoice_onnx.core.request import keywords
 from omnivoice_onnx.core.shapes import VoiceClonePrompt
 from omnivoice_onnx.errors import UserError
-from omnivoice_onnx.serve import door
+from omnivoice_onnx.serve import door, forms
 from omnivoice_onnx.serve.browser import BrowserGuard, BrowserPolicy
 from omnivoice_onnx.serve.connection import http_protocol, make_server, read_body, spooled_body
 from omnivoice_onnx.serve.door import ApiError, refuse
@@ -94,7 +94,7 @@ from omnivoice_onnx.serve.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from omnivoice_onnx.serve.metrics import Metrics
 from omnivoice_onnx.serve.middleware import Measured, RequireKey, add_error_handlers, error_response, route_templates
 from omnivoice_onnx.serve.page import add_page_routes
-from omnivoice_onnx.serve.pool import Task, WorkerPool, job_failure, time_out
+from omnivoice_onnx.serve.pool import WorkerPool, job_failure, time_out
 from omnivoice_onnx.serve.service import (
     MODEL_ID,
     ServerConfig,
@@ -107,7 +107,7 @@ from omnivoice_onnx.serve.service import (
     speech_request_model,
     validation_error,
 )
-from omnivoice_onnx.serve.streaming import StreamFailed, first_event, sse_events, stream_bytes
+from omnivoice_onnx.serve.streaming import StreamFailed, first_event, sse_events, stream_bytes, task_result
 from omnivoice_onnx.sessions import worker_threads
 
 if TYPE_CHECKING:  # the serve extra's packages, imported where the app is built
@@ -317,8 +317,7 @@ def add_voice_routes(app: FastAPI, service: Service) -> None:
         return found
 
     def changed(exc: UserError, name: str) -> ApiError:
-        """A write refused under the voice's lock: 404 when the voice `name` went meanwhile (a
-        concurrent delete or rename), else 409 (a concurrent writer took the name)."""
+        """A write refused under the voice's lock: 404 if `name` went meanwhile, else 409 (taken)."""
         if voice_store.find_saved(service.voices, name) is None:
             return refuse("voice_not_found", "voice", detail=f"no saved voice {name!r}")
         return refuse("voice_exists", "name", detail=service.scrub(str(exc)))
@@ -332,7 +331,7 @@ def add_voice_routes(app: FastAPI, service: Service) -> None:
 
     async def created_voice(request: Request) -> JSONResponse:
         form = await read_form(request)
-        name = new_voice_name(form_text(form, "name", required=True), "name")
+        name = forms.new_voice_name(form_text(form, "name", required=True), "name")
         instruct = form_text(form, "instruct")
         upload = form.get("ref_audio")
         if upload is None and instruct is None:
@@ -351,7 +350,7 @@ def add_voice_routes(app: FastAPI, service: Service) -> None:
         prompt = None
         if upload is not None:
             upload, ref_text = await form_upload(form)
-            prompt = (await encoded_reference(service, request, upload, ref_text))[0]
+            prompt = (await encoded_upload(service, request, upload, ref_text))[0]
         voice = voice_store.Voice(name, prompt, instruct.strip() if instruct else None, service.fingerprint, Path())
         try:
             await asyncio.to_thread(voice_store.save_voice, service.voices, name, voice, False)
@@ -365,7 +364,7 @@ def add_voice_routes(app: FastAPI, service: Service) -> None:
         require_save("name")
         old = request.path_params["name"]
         body = door.json_object(await read_body(request, service.config.max_body_bytes), "the request body")
-        new = new_voice_name(door.typed(body, "name", str, required=True), "name")
+        new = forms.new_voice_name(door.typed(body, "name", str, required=True), "name")
         voice = saved(old)
         try:
             await asyncio.to_thread(voice_store.rename_voice, service.voices, old, new)
@@ -410,13 +409,13 @@ def add_reference_routes(app: FastAPI, service: Service) -> None:
         if save_as is not None and not service.config.allow_voice_save:
             raise refuse("voice_save_disabled", "save_as")
         if save_as is not None:
-            new_voice_name(save_as, "save_as")
+            forms.new_voice_name(save_as, "save_as")
         with service.pool.upload_slot():
             with await spooled_body(request, door.MAX_REFERENCE_BYTES) as body:
                 if not body.read(1):
                     raise refuse("empty_body")
                 body.seek(0)
-                prompt, digest = await encoded_reference(service, request, body, ref_text)
+                prompt, digest = await encoded_upload(service, request, body, ref_text)
         if save_as is None:
             return JSONResponse({"id": service.add_reference(prompt, digest), "saved": False})
         voice = voice_store.Voice(save_as, prompt, None, service.fingerprint, Path())
@@ -469,7 +468,7 @@ def add_speech_routes(app: FastAPI, service: Service) -> None:
             except ValidationError as exc:
                 raise validation_error(exc) from None
             upload, ref_text = await form_upload(form)
-            prompt, digest = await encoded_reference(service, request, upload, ref_text)
+            prompt, digest = await encoded_upload(service, request, upload, ref_text)
         return parsed, service.add_reference(prompt, digest)
 
     async def run_speech(request: Request, parsed: Any) -> Any:
@@ -511,33 +510,12 @@ def add_speech_routes(app: FastAPI, service: Service) -> None:
     app.router.add_route("/v1/audio/speech/clone", speech_clone, methods=["POST"])  # reads its form itself
 
 
-def new_voice_name(name: Any, param: str) -> str:
-    """A name a voice may be saved under (voices.check_new_name: plain, not reserved), else the
-    table's invalid_voice naming `param`: checked before anything is read further or written."""
-    try:
-        return voice_store.check_new_name(name)
-    except UserError as exc:
-        raise refuse("invalid_voice", param, detail=str(exc)) from None
-
-
-async def encoded_reference(
+async def encoded_upload(
     service: Service, request: Any, source: bytes | IO[bytes], ref_text: str
 ) -> tuple[VoiceClonePrompt, str]:
-    """An uploaded recording encoded as a cloning prompt by a worker, and its digest
-    (Service.encode_reference; a pool.Task: it waits its turn like a synthesis, within the request
-    timeout; a client that leaves drops it from the queue)."""
-    loop = asyncio.get_running_loop()
-    task = Task(run=lambda tts: service.encode_reference(tts, source, ref_text), loop=loop)
-    service.pool.submit(task)  # queue_full / shutting_down: the table's, with Retry-After
-    timer = loop.call_at(loop.time() + service.config.timeout_s, time_out, task)
-    try:
-        kind, payload = await first_event(task, request)
-    finally:
-        timer.cancel()
-    if kind != "result":
-        raise job_failure(task, kind, payload, service.pool.draining)
-    encoded: tuple[VoiceClonePrompt, str] = payload
-    return encoded
+    """An uploaded recording encoded by a worker (Service.encode_reference as a task), and its digest."""
+    run = lambda tts: service.encode_reference(tts, source, ref_text)  # noqa: E731 (a worker's task)
+    return await task_result(service.pool, run, request, service.config.timeout_s)
 
 
 # --- running it ----------------------------------------------------------------------------------

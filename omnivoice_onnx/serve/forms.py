@@ -1,6 +1,6 @@
 """Form bodies and the small pieces the speech, clone and voice routes share: a multipart or
 url-encoded body read within its limit, its fields as the JSON body would carry them, a voice as
-the voice routes list it, and the headers that report how prose instructions were read."""
+the voice routes list it, a new voice's name checked, and the headers that report how prose instructions were read."""
 
 from __future__ import annotations
 
@@ -8,8 +8,10 @@ import logging
 import urllib.parse
 from typing import IO, Any
 
+from omnivoice_onnx import voices as voice_store
 from omnivoice_onnx.core.instruct import instructions_note
 from omnivoice_onnx.core.shapes import InstructReading
+from omnivoice_onnx.errors import UserError
 from omnivoice_onnx.serve import door
 from omnivoice_onnx.serve.connection import body_pieces
 from omnivoice_onnx.serve.door import refuse
@@ -120,3 +122,12 @@ def voice_item(entry: Any) -> dict[str, Any]:
     if entry.kind == "preset":
         item["seed"] = entry.seed
     return item
+
+
+def new_voice_name(name: Any, param: str) -> str:
+    """A name a voice may be saved under (voices.check_new_name: plain, not reserved), else the
+    table's invalid_voice naming `param`: checked before anything is read further or written."""
+    try:
+        return voice_store.check_new_name(name)
+    except UserError as exc:
+        raise refuse("invalid_voice", param, detail=str(exc)) from None

@@ -1,5 +1,6 @@
 """A streamed speech response: the job's first event (or the client gone), the encoded audio bytes
-as chunks are decoded, and OpenAI's SSE events around them. A failure after the headers went out
+as chunks are decoded, and OpenAI's SSE events around them; and a worker's task awaited the same
+way (task_result). A failure after the headers went out
 cannot become a status code: it closes the response early (audio) or ends in an `error` event (SSE)."""
 
 from __future__ import annotations
@@ -7,12 +8,14 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Callable
+from typing import Any, TypeVar
 
 from omnivoice_onnx.audio_formats import StreamEncoder
 from omnivoice_onnx.serve.connection import wait_disconnect
-from omnivoice_onnx.serve.pool import Job, Work, job_failure
+from omnivoice_onnx.serve.pool import Job, Task, Work, WorkerPool, job_failure, time_out
+
+ResultT = TypeVar("ResultT")
 
 
 async def first_event(job: Work, request: Any) -> tuple[str, Any]:
@@ -29,6 +32,24 @@ async def first_event(job: Work, request: Any) -> tuple[str, Any]:
         job.cancel.set()
         return "gone", None
     return getter.result()
+
+
+async def task_result(pool: WorkerPool[Any], run: Callable[[Any], ResultT], request: Any, timeout_s: float) -> ResultT:
+    """`run(model)` on a worker as a pool.Task, in turn with the syntheses, within `timeout_s`
+    (queue wait included); its client gone, it is dropped from the queue. Its value, or the
+    refusal it ended with (its own ApiError, the timeout, the queue's)."""
+    loop = asyncio.get_running_loop()
+    task = Task(run=run, loop=loop)
+    pool.submit(task)  # queue_full / shutting_down: the table's, with Retry-After
+    timer = loop.call_at(loop.time() + timeout_s, time_out, task)
+    try:
+        kind, payload = await first_event(task, request)
+    finally:
+        timer.cancel()
+    if kind != "result":
+        raise job_failure(task, kind, payload, pool.draining)
+    result: ResultT = payload
+    return result
 
 
 class StreamFailed(Exception):
