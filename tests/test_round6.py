@@ -29,7 +29,7 @@ import soundfile as sf
 from conftest import REPO, single_stderr_line
 from test_fetch import command as omnivoice
 
-from omnivoice_onnx import voices
+from omnivoice_onnx import files, voices
 from omnivoice_onnx.errors import UserError
 from omnivoice_onnx.limits import MAX_SPEED, MIN_SPEED, check_speed
 from omnivoice_onnx.serve import metrics as server_metrics
@@ -123,6 +123,33 @@ def test_listing_while_writers_remove_never_fails(tmp_path: Path) -> None:
     for thread in threads:
         thread.join(30)
     assert not failures, failures[0]
+
+
+# --- folders replaced whole -------------------------------------------------------------------------
+
+
+def test_a_folder_replaced_whole_is_set_aside_where_no_link_can_wait(tmp_path: Path) -> None:
+    """files.atomic_dir sets the old folder aside onto a fresh folder of a random name: a link planted
+    at the fixed `.<name>.old-<pid>` receives nothing (the rename onto it failed, a traceback). A
+    link at the path itself is replaced by the new folder, its target untouched (it was renamed aside
+    and left as `.<name>.old-<pid>`)."""
+    target, victim = tmp_path / "m", tmp_path / "victim"
+    target.mkdir()
+    (target / "a").write_text("old")
+    victim.mkdir()
+    (victim / "keep").write_text("precious")
+    planted = tmp_path / f".m.old-{os.getpid()}"
+    planted.symlink_to(victim)
+    with files.atomic_dir(target) as tmp:
+        (tmp / "b").write_text("new")
+    assert sorted(p.name for p in target.iterdir()) == ["b"]
+    link = tmp_path / "link"
+    link.symlink_to(victim)
+    with files.atomic_dir(link) as tmp:
+        (tmp / "c").write_text("new")
+    assert not link.is_symlink() and sorted(p.name for p in link.iterdir()) == ["c"]
+    assert sorted(p.name for p in victim.iterdir()) == ["keep"] and (victim / "keep").read_text() == "precious"
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["m", "link", "victim", planted.name])
 
 
 # --- the speed range ------------------------------------------------------------------------------
