@@ -157,7 +157,7 @@ def run_main(main: Callable[[list[str] | None], None], argv: list[str] | None = 
         terminated = isinstance(exc, Terminated)
         say(
             f"{lead}{'terminated (SIGTERM)' if terminated else 'interrupted'}: "
-            f"{exc or 'nothing half-written was kept'}; earlier artefacts are intact",
+            f"{str(exc) or 'nothing half-written was kept'}; earlier artefacts are intact",
             file=sys.stderr,
         )
         sys.exit(EXIT_TERMINATED if terminated else EXIT_INTERRUPTED)
