@@ -145,6 +145,23 @@ def per_call_agreement(pipeline: Pipeline) -> dict[str, list[float]]:
     }
 
 
+def run_first_clone_call(model, capture_dir: Path, hooks: list) -> dict[str, np.ndarray]:
+    """Run the first captured clone call's cond row through the torch model, then remove `hooks`
+    (which recorded what the test reads); returns the captured step."""
+    data = capture.load_step(capture_dir, "clone", 0)
+    try:
+        with torch.no_grad():
+            model(
+                input_ids=torch.from_numpy(data["input_ids"][:1]),
+                audio_mask=torch.from_numpy(data["audio_mask"][:1]),
+                attention_mask=torch.from_numpy(data["attention_mask"][:1]),
+            )
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return data
+
+
 def test_the_proxy_carries_the_documented_outliers(outliers: Pipeline) -> None:
     """On a captured clone call: massive residual values (hundreds to thousands) in the massive
     channels at the delimiter positions and nowhere else, a spike at that layer's down_proj input
@@ -159,15 +176,7 @@ def test_the_proxy_carries_the_documented_outliers(outliers: Pipeline) -> None:
             lambda _m, _args, out: seen.__setitem__("normed", out)
         ),
     ]
-    data = capture.load_step(outliers.capture, "clone", 0)
-    with torch.no_grad():
-        model(
-            input_ids=torch.from_numpy(data["input_ids"][:1]),
-            audio_mask=torch.from_numpy(data["audio_mask"][:1]),
-            attention_mask=torch.from_numpy(data["attention_mask"][:1]),
-        )
-    for hook in hooks:
-        hook.remove()
+    data = run_first_clone_call(model, outliers.capture, hooks)
     ids = data["input_ids"][0, 0]
     triggers = np.isin(ids, trigger_token_ids()) & ~data["audio_mask"][0]
     assert triggers[0] and 3 <= triggers.sum() <= 8  # the first position and the delimiters
@@ -272,15 +281,7 @@ def test_proxy2_carries_its_outliers(outliers2: Pipeline) -> None:
         hooks.append(
             layer.self_attn.q_proj.register_forward_pre_hook(lambda _m, a, i=index: seen.__setitem__(f"q{i}", a[0]))
         )
-    data = capture.load_step(outliers2.capture, "clone", 0)
-    with torch.no_grad():
-        model(
-            input_ids=torch.from_numpy(data["input_ids"][:1]),
-            audio_mask=torch.from_numpy(data["audio_mask"][:1]),
-            attention_mask=torch.from_numpy(data["attention_mask"][:1]),
-        )
-    for hook in hooks:
-        hook.remove()
+    run_first_clone_call(model, outliers2.capture, hooks)
     for index in range(len(model.llm.layers)):
         down = seen[f"down{index}"][0].abs().numpy()
         typical = np.median(down, axis=0)  # each unit's median |x| over the positions
