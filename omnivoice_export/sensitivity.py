@@ -64,14 +64,12 @@ class SwitchGraph:
         from omnivoice_export.report import save_with_sidecar
         from omnivoice_onnx.sessions import make_session
 
+        inits = {init.name: init for init in model.graph.initializer}
+        matmuls = rowwise.weight_matmuls(model.graph, set(exclude))  # the switch input's order
+        self.names = [node.name for node in matmuls]
+        self.sizes = {node.name: int(np.prod(inits[node.input[1]].dims)) for node in matmuls}
         switch = onnx.ModelProto()
         switch.CopyFrom(model)
-        self.names = [node.name for node in rowwise.weight_matmuls(switch.graph, set(exclude))]
-        inits = {init.name: init for init in model.graph.initializer}
-        self.sizes = {
-            node.name: int(np.prod(inits[node.input[1]].dims))
-            for node in rowwise.weight_matmuls(model.graph, set(exclude))
-        }
         rowwise.quantize_rowwise(switch, exclude, switch=True)
         path = Path(workdir) / "sensitivity-switch.onnx"
         save_with_sidecar(switch, path)
