@@ -74,7 +74,7 @@ from omnivoice_export.measure import cpu_description, hardware_lines, hardware_r
 from omnivoice_export.report import DEFAULT_ONNX_DIR  # noqa: E402
 from omnivoice_onnx.contract import GRAPH_NAMES, SAMPLE_RATE, codec_paths, variant_path  # noqa: E402
 from omnivoice_onnx.errors import UserError  # noqa: E402
-from omnivoice_onnx.sessions import THREADS_ENV, default_threads  # noqa: E402
+from omnivoice_onnx.limits import THREADS_ENV, default_threads  # noqa: E402
 
 RESULTS = REPO / "bench" / "results"
 # Target texts giving S ~ 200 / 435 / 800 in clone mode with the ~5 s reference (real tokenizer).

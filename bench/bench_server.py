@@ -48,10 +48,13 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from omnivoice_onnx.cli.exits import parse, run_main  # noqa: E402
-from omnivoice_onnx.cli.flags import int_range  # noqa: E402
 from omnivoice_onnx.contract import SAMPLE_RATE  # noqa: E402
 from omnivoice_onnx.errors import UserError  # noqa: E402
+from omnivoice_onnx.program import (  # noqa: E402
+    int_range,  # noqa: E402
+    parse,
+    run_main,
+)
 
 STREAM_TEXT = (
     "The first sentence is here. A second one follows it, somewhat longer than the first. "

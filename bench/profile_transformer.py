@@ -49,7 +49,7 @@ from omnivoice_export.measure import (
     rate,
     results_stem,
 )
-from omnivoice_onnx.sessions import default_threads
+from omnivoice_onnx.limits import default_threads
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

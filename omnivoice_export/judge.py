@@ -592,7 +592,7 @@ def run(options: JudgeOptions, progress: Any = print) -> dict[str, Any]:
 def _session_threads(threads: int) -> Iterator[None]:
     """Step 5's own sessions (smoothing's probe, sensitivity's switch graph) take their thread count
     from $OMNIVOICE_ORT_THREADS (omnivoice_onnx.sessions): set to `threads` for the run, restored."""
-    from omnivoice_onnx.sessions import THREADS_ENV
+    from omnivoice_onnx.limits import THREADS_ENV
 
     before = os.environ.get(THREADS_ENV)
     os.environ[THREADS_ENV] = str(threads)

@@ -28,7 +28,7 @@ import os
 import sys
 from types import ModuleType
 
-from omnivoice_onnx.cli.exits import (
+from omnivoice_onnx.program import (
     EXIT_BAD_INPUT,
     EXIT_BROKEN_PIPE,
     EXIT_INTERRUPTED,
@@ -90,7 +90,7 @@ def resolve_hub_model_dirs(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """The `omnivoice-onnx` console script: parse, run the command, map errors to one line + exit code
-    (omnivoice_onnx.cli.exits.run_main). Returns the command's exit code."""
+    (omnivoice_onnx.program.run_main). Returns the command's exit code."""
     code = 0
 
     def run(argv: list[str] | None) -> None:

@@ -25,6 +25,7 @@ import numpy as np
 
 from omnivoice_onnx.errors import UserError
 
+THREADS_ENV = "OMNIVOICE_ORT_THREADS"  # onnxruntime intra-op threads for every session of the process
 LIMIT_ENV_PREFIX = "OMNIVOICE_"  # OMNIVOICE_<limit name> overrides a limit for the process
 # --- limits (raise them with OMNIVOICE_<NAME>) ---
 MAX_TEXT_CHARS = 20_000  # code points per text: ~20 min of English at ~15 characters per second
@@ -194,6 +195,16 @@ def check_threads(threads: Any) -> int | None:
         integer=True,
         fix="pass a whole number of threads >= 1, or None for onnxruntime's default",
     )
+
+
+def default_threads() -> int | None:
+    """$OMNIVOICE_ORT_THREADS as a thread count (None when unset or empty: onnxruntime decides)."""
+    value = os.environ.get(THREADS_ENV, "").strip()
+    if not value:
+        return None
+    if not value.isdecimal() or int(value) < 1:
+        raise UserError(f"{THREADS_ENV}={value!r} is not a thread count", "set it to an integer >= 1, or unset it")
+    return check_threads(int(value))
 
 
 def check_seed(seed: int) -> int:

@@ -139,7 +139,7 @@ def _copy_body(url: str, response: Any, handle: BinaryIO, part: Path, limit: int
                 "for the next run",
                 "run the same command again: it resumes",
             ) from None
-        except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM (cli.exits' Terminated): the run's last line says why
+        except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM (program's Terminated): the run's last line says why
             raise type(exc)(
                 f"the partial download {part} ({handle.tell()} bytes) was kept: the same command resumes it"
             ) from None

@@ -48,7 +48,7 @@ import numpy as np
 from omnivoice_onnx.contract import GRAPH_FILES
 from omnivoice_onnx.errors import UserError
 from omnivoice_onnx.hardware import cpu_name
-from omnivoice_onnx.limits import check_threads
+from omnivoice_onnx.limits import check_threads, default_threads
 
 # onnxruntime's Linux wheels carry Microsoft's 1DS telemetry: at import (when its environment is
 # made) it writes a device id and an event database under ~/.cache/Microsoft/DeveloperTools, and
@@ -64,7 +64,6 @@ PROVIDERS = ("cpu", "cuda-fp32", "cuda-tf32", "openvino-bf16", "openvino-f32")
 # OpenVINO's CPU plugin precision per provider (its INFERENCE_PRECISION_HINT).
 OPENVINO_PRECISION = {"openvino-bf16": "bf16", "openvino-f32": "f32"}
 OPENVINO_INSTALL_HINT = "pip install onnxruntime-ep-openvino (the [openvino] extra), or use --provider cpu"
-THREADS_ENV = "OMNIVOICE_ORT_THREADS"
 GPU_INSTALL_HINT = (
     "install the GPU requirements (pip install --no-deps -r requirements-gpu.txt) on a machine with an NVIDIA GPU"
 )
@@ -140,16 +139,6 @@ def openvino_options(options: Any, provider: str, threads: int | None) -> None:
         }
     }
     options.add_provider_for_devices([openvino_device()], {"load_config": json.dumps(config)})
-
-
-def default_threads() -> int | None:
-    """$OMNIVOICE_ORT_THREADS as a thread count (None when unset or empty: onnxruntime decides)."""
-    value = os.environ.get(THREADS_ENV, "").strip()
-    if not value:
-        return None
-    if not value.isdecimal() or int(value) < 1:
-        raise UserError(f"{THREADS_ENV}={value!r} is not a thread count", "set it to an integer >= 1, or unset it")
-    return check_threads(int(value))
 
 
 def cores() -> int:

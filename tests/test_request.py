@@ -17,8 +17,8 @@ import pytest
 
 from omnivoice_onnx import OmniVoiceOnnx, UserError, limits, sessions
 from omnivoice_onnx import __main__ as program
+from omnivoice_onnx import program as edge
 from omnivoice_onnx.batch.run import Options, run_batch
-from omnivoice_onnx.cli import flags
 from omnivoice_onnx.core import request, shapes
 from omnivoice_onnx.serve.app import load_service
 from omnivoice_onnx.serve.service import ServerConfig, build_job, speech_request_model
@@ -195,10 +195,10 @@ def test_batch_validates_each_line_once(pipeline, validations, tmp_path: Path) -
 def test_worker_threads_one_rule(monkeypatch) -> None:
     """serve and batch: --threads, else $OMNIVOICE_ORT_THREADS (serve used to ignore it), else the
     cores split over the workers; over MAX_THREADS refused (serve used to take up to 1024)."""
-    monkeypatch.delenv(sessions.THREADS_ENV, raising=False)
+    monkeypatch.delenv(limits.THREADS_ENV, raising=False)
     assert sessions.worker_threads(2, 3) == 3
     assert sessions.worker_threads(2, None) == max(1, sessions.cores() // 2)
-    monkeypatch.setenv(sessions.THREADS_ENV, "5")
+    monkeypatch.setenv(limits.THREADS_ENV, "5")
     assert sessions.worker_threads(2, None) == 5
     with pytest.raises(UserError, match="MAX_THREADS"):
         sessions.worker_threads(1, limits.MAX_THREADS + 1)
@@ -207,15 +207,15 @@ def test_worker_threads_one_rule(monkeypatch) -> None:
 @pytest.mark.parametrize(
     ("flag", "text", "ok"),
     [
-        (flags.T_SHIFT, "0", False),  # batch took 0, which validate refuses
-        (flags.T_SHIFT, "0.1", True),
-        (flags.SCORE_FACTOR, str(limits.MAX_SCORE_FACTOR), True),  # speak stopped at 100
-        (flags.SCORE_FACTOR, str(-limits.MAX_SCORE_FACTOR), True),
-        (flags.SCORE_FACTOR, str(limits.MAX_SCORE_FACTOR * 1.01), False),
-        (flags.SPEED, str(limits.MIN_SPEED), True),
-        (flags.SPEED, str(limits.MAX_SPEED * 1.01), False),
-        (flags.DURATION, "0", False),
-        (flags.CHUNK_SECONDS, "0", False),
+        (edge.T_SHIFT, "0", False),  # batch took 0, which validate refuses
+        (edge.T_SHIFT, "0.1", True),
+        (edge.SCORE_FACTOR, str(limits.MAX_SCORE_FACTOR), True),  # speak stopped at 100
+        (edge.SCORE_FACTOR, str(-limits.MAX_SCORE_FACTOR), True),
+        (edge.SCORE_FACTOR, str(limits.MAX_SCORE_FACTOR * 1.01), False),
+        (edge.SPEED, str(limits.MIN_SPEED), True),
+        (edge.SPEED, str(limits.MAX_SPEED * 1.01), False),
+        (edge.DURATION, "0", False),
+        (edge.CHUNK_SECONDS, "0", False),
     ],
 )
 def test_flag_ranges_are_the_apis(flag, text: str, ok: bool) -> None:

@@ -158,7 +158,7 @@ def test_a_folder_replaced_whole_is_set_aside_where_no_link_can_wait(tmp_path: P
 def test_speed_is_one_closed_range() -> None:
     """OpenAI's documented 0.25-4.0, both ends in, for the API (limits.check_speed, which
     request.validate uses), the command line's flag and the server's request model alike."""
-    from omnivoice_onnx.cli.flags import SPEED
+    from omnivoice_onnx.program import SPEED
     from omnivoice_onnx.serve.service import speech_request_model
 
     model = speech_request_model()

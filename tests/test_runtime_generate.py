@@ -27,8 +27,8 @@ from omnivoice.models.omnivoice import OmniVoiceGenerationConfig
 from omnivoice_onnx import OmniVoiceOnnx, Trace, UserError
 from omnivoice_onnx.bundle import RUNTIME_CONFIG_FILE, TOKENIZER_FILE
 from omnivoice_onnx.cli import vectors as vectors_cli
-from omnivoice_onnx.cli.exits import Terminated, run_main
 from omnivoice_onnx.contract import GRAPH_FILES
+from omnivoice_onnx.program import Terminated, run_main
 from omnivoice_onnx.vectors import cases
 from omnivoice_onnx.vectors.compare import compare_records
 from omnivoice_onnx.vectors.format import COMMAND, FOLDER_README, audio_summary

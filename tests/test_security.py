@@ -437,7 +437,7 @@ def test_sessions_write_nothing_under_home_and_print_no_telemetry_line(home: str
 
 WHOLE_CLIP = (
     "import numpy as np; from omnivoice_onnx import audio_out\n"
-    "from omnivoice_onnx.cli.exits import run_main\n"
+    "from omnivoice_onnx.program import run_main\n"
     "def main(argv):\n"
     "    with audio_out.open_output('-', 'wav', 24000) as sink:\n"
     "        sink.write(np.zeros(484_800, np.float32))  # 20.2 s: 969,644 bytes, written whole at close\n"
@@ -463,7 +463,7 @@ def test_stdout_closed_mid_write_exits_141() -> None:
 # --- 6. concurrency: locked names and res-dirs, workers that die with their driver -----------------
 
 SAVE_ONE = (
-    "import sys; from pathlib import Path; from omnivoice_onnx.cli.exits import run_main\n"
+    "import sys; from pathlib import Path; from omnivoice_onnx.program import run_main\n"
     "from omnivoice_onnx.voices import Voice, save_voice\n"
     "def main(argv):\n"
     "    folder, tag = Path(argv[0]), argv[1]\n"

@@ -24,9 +24,9 @@ from omnivoice_onnx import OmniVoiceOnnx, Progress, __version__
 from omnivoice_onnx import __main__ as program
 from omnivoice_onnx.audio_formats import to_pcm16
 from omnivoice_onnx.cli import speak
-from omnivoice_onnx.cli.exits import run_main
 from omnivoice_onnx.core.prompt import resolve_language
 from omnivoice_onnx.errors import UserError
+from omnivoice_onnx.program import run_main
 
 LONG = (
     "The first sentence sets the scene. A second one follows it closely, with a few more words. "

@@ -1,6 +1,7 @@
 """The command line's room: one module per `omnivoice-onnx` subcommand, the helpers commands
-share (flags: the shared flags and argument types; exits: exit codes and the one-line error frame;
-server_flags: serve's and wyoming's), and the conformance vectors' command (vectors).
+share (flags: the bundle's flags and the help formatter; server_flags: serve's and wyoming's)
+and the conformance vectors' command (vectors). Exit codes, the one-line error frame and the range
+types are the program edge's (omnivoice_onnx.program), below this room, which the toolchain uses too.
 
 Each command module exposes `add_parser(subparsers) -> argparse.ArgumentParser` (its flags and
 --help) and `run(args) -> int | None` (the command, on a validated request; its exit code). The

@@ -20,19 +20,18 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from omnivoice_onnx.cli.exits import EXIT_CHECK_FAILED
-from omnivoice_onnx.cli.flags import (
+from omnivoice_onnx.cli.flags import Subparsers, add_bundle_flags
+from omnivoice_onnx.errors import say
+from omnivoice_onnx.program import (
     CHUNK_SECONDS,
+    EXIT_CHECK_FAILED,
     NUM_STEP,
     SCORE_FACTOR,
     T_SHIFT,
     TEMPERATURE,
     THREADS,
-    Subparsers,
-    add_bundle_flags,
     int_range,
 )
-from omnivoice_onnx.errors import say
 
 # Generation flags: upstream omnivoice-infer-batch's, (name, type, help). Unset ones keep the
 # export's defaults (runtime-config.json: upstream's OmniVoiceGenerationConfig defaults).

@@ -22,9 +22,10 @@ import argparse
 import os
 
 from omnivoice_onnx.audio_formats import RESPONSE_FORMATS
-from omnivoice_onnx.cli.flags import Subparsers, flag_type, int_range
+from omnivoice_onnx.cli.flags import Subparsers, flag_type
 from omnivoice_onnx.cli.server_flags import add_model_flags, import_extras, server_config
 from omnivoice_onnx.errors import log_lines
+from omnivoice_onnx.program import int_range
 from omnivoice_onnx.serve.browser import check_host_flag, check_origin_flag
 from omnivoice_onnx.serve.service import API_KEY_ENV, api_key_from
 

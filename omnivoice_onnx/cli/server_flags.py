@@ -10,8 +10,9 @@ import importlib
 from typing import Any
 
 from omnivoice_onnx.bundle import check_folder
-from omnivoice_onnx.cli.flags import NUM_STEP, SCORE_FACTOR, THREADS, add_bundle_flags, float_range, int_range
+from omnivoice_onnx.cli.flags import add_bundle_flags
 from omnivoice_onnx.errors import UserError
+from omnivoice_onnx.program import NUM_STEP, SCORE_FACTOR, THREADS, float_range, int_range
 from omnivoice_onnx.serve import door
 from omnivoice_onnx.serve.service import (
     DEFAULT_DRAIN_S,

@@ -42,22 +42,13 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from omnivoice_onnx import audio_out
 from omnivoice_onnx.bundle import check_folder
-from omnivoice_onnx.cli.exits import note
-from omnivoice_onnx.cli.flags import (
-    DURATION,
-    NUM_STEP,
-    SCORE_FACTOR,
-    SEED,
-    SPEED,
-    THREADS,
-    Subparsers,
-    add_bundle_flags,
-)
+from omnivoice_onnx.cli.flags import Subparsers, add_bundle_flags
 from omnivoice_onnx.core import request
 from omnivoice_onnx.core.instruct import instructions_note
 from omnivoice_onnx.core.shapes import Progress, Request
 from omnivoice_onnx.errors import UserError, printable
 from omnivoice_onnx.limits import LIMIT_ENV_PREFIX, MAX_SPEED, MIN_SPEED, limit
+from omnivoice_onnx.program import DURATION, NUM_STEP, SCORE_FACTOR, SEED, SPEED, THREADS, note
 from omnivoice_onnx.reading import decode_text, read_bounded, read_limited
 from omnivoice_onnx.sessions import PROVIDERS
 

@@ -18,10 +18,10 @@ import argparse
 from pathlib import Path
 
 from omnivoice_onnx.bundle import check_folder
-from omnivoice_onnx.cli.exits import CheckFailed, parse, run_main
-from omnivoice_onnx.cli.flags import THREADS, add_bundle_flags
+from omnivoice_onnx.cli.flags import add_bundle_flags
 from omnivoice_onnx.errors import UserError, say
 from omnivoice_onnx.files import check_output
+from omnivoice_onnx.program import THREADS, CheckFailed, parse, run_main
 from omnivoice_onnx.vectors.format import COMMAND
 from omnivoice_onnx.vectors.record import check_vectors, write_vectors
 

@@ -20,10 +20,10 @@ import sys
 from pathlib import Path
 
 from omnivoice_onnx.bundle import Bundle, Folder
-from omnivoice_onnx.cli.exits import note, prepare
 from omnivoice_onnx.cli.flags import DefaultsHelpFormatter, Subparsers, add_bundle_flags
 from omnivoice_onnx.contract import FRAME_RATE
 from omnivoice_onnx.errors import UserError, say
+from omnivoice_onnx.program import note, prepare
 from omnivoice_onnx.voices import (
     REPLACE_FIX,
     VOICE_SUFFIX,

@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import argparse
 
-from omnivoice_onnx.cli.flags import SEED, Subparsers, flag_type
+from omnivoice_onnx.cli.flags import Subparsers, flag_type
 from omnivoice_onnx.cli.server_flags import add_model_flags, import_extras, server_config
 from omnivoice_onnx.errors import log_lines
+from omnivoice_onnx.program import SEED
 
 INSTALL_FIX = "install the Wyoming extra: pip install 'omnivoice-onnx[wyoming]'"
 

@@ -1,18 +1,22 @@
-"""How every command ends: exit codes, one-line errors, Ctrl-C and SIGTERM (run_main), --debug.
+"""The program's edge, for every command of the house: how it ends (exit codes, one-line errors,
+Ctrl-C and SIGTERM: run_main, --debug) and the argparse types that refuse a value out of range.
 
-Used by the runtime's `omnivoice-onnx` command and by every toolchain script (omnivoice_export.cli
-re-exports it), so there is one copy. Users run these commands by hand for minutes at a time. An
+Not a front end: the runtime's `omnivoice-onnx` command (cli/), every toolchain script and the
+bench stand on it, so there is one copy, and it imports nothing heavy (errors and limits only).
+
+Users run these commands by hand for minutes at a time. An
 expected problem (a wrong path, a stale capture, a missing provider, a flag out of range, a folder
 it may not write, a full disk, `kill`, a closed pipe, memory running out) must end in one line on
 stderr that names the problem and the fix, with a documented exit code; files.py makes sure it
-never leaves a half-written artefact behind. What can be checked before the work (flags: cli.flags,
-the folders it will write) is checked before the work. Standard library and the runtime only.
+never leaves a half-written artefact behind. What can be checked before the work (flags: the range
+types below, the folders it will write) is checked before the work. Standard library and the runtime only.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import os
 import signal
 import sys
@@ -23,7 +27,7 @@ from types import FrameType
 from typing import NoReturn
 
 from omnivoice_onnx.errors import UserError, check_unicode, environment_error, environment_message, say
-from omnivoice_onnx.sessions import default_threads
+from omnivoice_onnx.limits import MAX_SCORE_FACTOR, MAX_SPEED, MIN_SPEED, SEED_MAX, SEED_MIN, default_threads
 
 EXIT_CHECK_FAILED = 1  # a parity/end-to-end check ran and failed: a finding, not a crash
 EXIT_BAD_INPUT = 2  # the user's input is wrong or missing; the message says how to fix it
@@ -182,3 +186,67 @@ def run_main(main: Callable[[list[str] | None], None], argv: list[str] | None = 
             raise
         say(f"{lead}error: {environment_message(found)}", file=sys.stderr)
         sys.exit(EXIT_BAD_INPUT)
+
+
+# --- the range types: argparse refuses a value out of range when the arguments are parsed ---
+
+
+def _bounds(low: float | None, high: float | None, low_open: bool = False) -> str:
+    if high is None:
+        return f"{'>' if low_open else '>='} {low}"
+    if low is None:
+        return f"<= {high}"
+    return f"in {'(' if low_open else '['}{low}, {high}]"
+
+
+def int_range(low: int | None = None, high: int | None = None) -> Callable[[str], int]:
+    """argparse `type=` for an integer flag within [low, high] (None: unbounded on that side).
+
+    A value out of range is refused when the arguments are parsed, before any model is loaded:
+    `--num-step 0` would otherwise reach onnxruntime as a Gather index error minutes later.
+    """
+
+    def parse_int(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if (low is not None and value < low) or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"{value} is out of range: an integer {_bounds(low, high)} is needed")
+        return value
+
+    return parse_int
+
+
+def float_range(low: float | None = None, high: float | None = None, low_open: bool = False) -> Callable[[str], float]:
+    """argparse `type=` for a finite number within [low, high] ((low, high] when `low_open`; nan
+    and inf are refused: a threshold of nan would fail every comparison silently)."""
+
+    def parse_float(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        below = low is not None and (value <= low if low_open else value < low)
+        if not math.isfinite(value) or below or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(
+                f"{text} is out of range: a finite number {_bounds(low, high, low_open)} is needed"
+            )
+        return value
+
+    return parse_float
+
+
+# The request's flags, for every command (speak, batch, the toolchain's scripts): their ranges are
+# omnivoice_onnx.limits', the API's own, so a value argparse takes is one validate() takes. The
+# raisable limits (MAX_NUM_STEP, MAX_DURATION_S, MAX_THREADS: $OMNIVOICE_<NAME>) are left to
+# validate(), which names the variable that raises them.
+SEED = int_range(SEED_MIN, SEED_MAX)
+NUM_STEP = int_range(1)  # generate()'s unmasking steps: at least one
+THREADS = int_range(1)  # onnxruntime intra-op threads
+SPEED = float_range(MIN_SPEED, MAX_SPEED)
+DURATION = float_range(0.0, low_open=True)  # seconds of speech asked for (overrides the estimate)
+SCORE_FACTOR = float_range(-MAX_SCORE_FACTOR, MAX_SCORE_FACTOR)  # guidance_scale, layer_penalty_factor
+T_SHIFT = float_range(0.0, low_open=True)
+TEMPERATURE = float_range(0.0)  # 0: greedy; (0, MIN_TEMPERATURE) is refused by validate, with its reason
+CHUNK_SECONDS = float_range(0.0, low_open=True)  # audio_chunk_duration, audio_chunk_threshold
