@@ -32,19 +32,31 @@ from __future__ import annotations
 
 import argparse
 import time
-from pathlib import Path
 
 from tqdm import tqdm
 
-from omnivoice_export import capture
-from omnivoice_export.capture import REF_TXT, REF_WAV
-from omnivoice_export.checkpoints import add_model_arg, load_omnivoice, model_fingerprint, resolve_model
-from omnivoice_export.cli import NUM_STEP, SEED, check_output, parse, parse_subset, run_main
-from omnivoice_export.files import atomic_dir, file_entry
-from omnivoice_export.generation import DEFAULT_SEED, check_reference_audio, generate_waveforms, mode_request, write_wav
-from omnivoice_export.report import package_versions
+from omnivoice_export.common.edge import add_capture_dir, parse_subset
+from omnivoice_export.step0_checkpoints.checkpoints import (
+    add_model_arg,
+    load_omnivoice,
+    model_fingerprint,
+    resolve_model,
+)
+from omnivoice_export.step1_capture import capture
+from omnivoice_export.step1_capture.capture import REF_TXT, REF_WAV
+from omnivoice_export.step1_capture.generation import (
+    DEFAULT_SEED,
+    check_reference_audio,
+    generate_waveforms,
+    mode_request,
+    write_wav,
+)
+from omnivoice_export.step2_export.report import package_versions
 from omnivoice_onnx.contract import SAMPLE_RATE
 from omnivoice_onnx.errors import UserError
+from omnivoice_onnx.files import atomic_dir, check_output
+from omnivoice_onnx.hashing import file_entry
+from omnivoice_onnx.program import NUM_STEP, SEED, parse, run_main
 
 
 def parse_steps(text: str, num_step: int) -> set[int] | None:
@@ -80,7 +92,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--seed", type=SEED, default=DEFAULT_SEED, help="torch seed before each generate()")
     parser.add_argument("--num-step", type=NUM_STEP, default=32, help="unmasking steps of generate()")
-    parser.add_argument("--capture-dir", type=Path, default=capture.DEFAULT_DIR, help="where the capture is written")
+    add_capture_dir(parser, "where the capture is written")
     return parse(parser, argv)
 
 

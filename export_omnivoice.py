@@ -31,13 +31,21 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from omnivoice_export import capture, exporting, model_card, report, wrappers
-from omnivoice_export.checkpoints import add_model_arg, load_omnivoice, model_fingerprint, resolve_model
-from omnivoice_export.cli import CheckFailed, check_input_dir, check_output, int_range, parse, parse_subset, run_main
-from omnivoice_export.files import sha256_file, temporary_dir
-from omnivoice_export.runtime_assets import write_runtime_assets
+from omnivoice_export.common.edge import add_capture_dir, add_onnx_dir, parse_subset
+from omnivoice_export.step0_checkpoints.checkpoints import (
+    add_model_arg,
+    load_omnivoice,
+    model_fingerprint,
+    resolve_model,
+)
+from omnivoice_export.step1_capture import capture
+from omnivoice_export.step2_export import exporting, model_card, report, wrappers
+from omnivoice_export.step2_export.runtime_assets import write_runtime_assets
 from omnivoice_onnx.contract import CONTRACTS, GRAPH_FILES, GRAPH_NAMES, HOP_LENGTH
 from omnivoice_onnx.errors import UserError
+from omnivoice_onnx.files import check_input_dir, check_output, temporary_dir
+from omnivoice_onnx.hashing import sha256_file
+from omnivoice_onnx.program import CheckFailed, int_range, parse, run_main
 from omnivoice_onnx.sessions import make_session
 
 TRANSFORMER_INPUTS = CONTRACTS["transformer"].input_names
@@ -57,15 +65,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "RotaryEmbedding nodes that ORT refuses to run at other shapes)",
     )
     parser.add_argument("--no-dynamo", action="store_true", help="use the legacy TorchScript exporter only")
-    parser.add_argument("--capture-dir", type=Path, default=capture.DEFAULT_DIR, help="step 1's capture")
-    parser.add_argument(
-        "--model-dir",
-        "--onnx-dir",
-        dest="onnx_dir",
-        type=Path,
-        default=report.DEFAULT_ONNX_DIR,
-        help="where the graphs go",
-    )
+    add_capture_dir(parser, "step 1's capture")
+    add_onnx_dir(parser, "where the graphs go")
     return parse(parser, argv)
 
 

@@ -36,8 +36,8 @@ named, else fp32-fused when step 5 made it for this export (the faithful graph's
 else the faithful graph, and a variant is checked by its own metadata (variant name, model).
 Long text is split into chunks as upstream does. A reference WAV at another rate or with several
 channels is resampled/averaged (a note says so); an unknown --language is an error ('None'
-selects upstream's language-agnostic mode). It shares the runtime command's synthesis path and
-audio writer (omnivoice_onnx.cli.speak, omnivoice_onnx.audio_out): --out's extension picks 16-bit
+selects upstream's language-agnostic mode). It writes with the runtime's audio writer
+(omnivoice_onnx.audio_out, which `omnivoice-onnx speak` uses too): --out's extension picks 16-bit
 PCM WAV, FLAC or raw PCM, '-' is stdout, and the file is written atomically. In a venv with the
 runtime alone (requirements-runtime.txt, or `pip install .`), --text works and compare mode says
 in one line which install it needs; `omnivoice-onnx speak` is the same synthesis with every flag.
@@ -53,16 +53,17 @@ import argparse
 import sys
 from pathlib import Path
 
-from omnivoice_export import report
-from omnivoice_export.cli import DEFAULT_CAPTURE_DIR, NUM_STEP, SEED, THREADS, check_input_dir, parse, run_main
-from omnivoice_export.generation import DEFAULT_SEED, LANGUAGE, GenerationRequest, check_reference_audio
+from omnivoice_export.common.edge import add_capture_dir, add_onnx_dir
+from omnivoice_export.step1_capture.generation import DEFAULT_SEED, LANGUAGE, GenerationRequest, check_reference_audio
+from omnivoice_export.step2_export import report
 from omnivoice_onnx import OmniVoiceOnnx, audio_out
 from omnivoice_onnx.bundle import Bundle
-from omnivoice_onnx.cli.speak import speak
 from omnivoice_onnx.contract import FP32_VARIANT
 from omnivoice_onnx.core.instruct import instruct_use_zh, resolve_instruct
 from omnivoice_onnx.core.prompt import resolve_language
 from omnivoice_onnx.errors import UserError
+from omnivoice_onnx.files import check_input_dir
+from omnivoice_onnx.program import NUM_STEP, SEED, THREADS, parse, run_main
 from omnivoice_onnx.runtime_config import load_runtime_config
 from omnivoice_onnx.sessions import PROVIDERS, check_provider
 
@@ -73,10 +74,8 @@ TOOLCHAIN_MODULES = ("torch", "torchaudio", "transformers", "omnivoice", "pydub"
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--provider", default="cpu", help=f"one of {', '.join(PROVIDERS)}")
-    parser.add_argument("--capture-dir", type=Path, default=DEFAULT_CAPTURE_DIR, help="step 1's capture")
-    parser.add_argument(
-        "--model-dir", "--onnx-dir", dest="onnx_dir", type=Path, default=report.DEFAULT_ONNX_DIR, help="step 2's export"
-    )
+    add_capture_dir(parser, "step 1's capture")
+    add_onnx_dir(parser, "step 2's export")
     parser.add_argument(
         "--model",
         default=None,
@@ -172,7 +171,6 @@ def synthesize(args) -> None:
     mode = "clone" if args.ref_audio else "design" if args.instruct else "auto"
     tts = OmniVoiceOnnx.from_dir(args.onnx_dir, provider=args.provider, threads=args.threads, variant=variant)
     num_step = GenerationRequest.num_step if args.num_step is None else args.num_step
-    # The command line's one synthesis path (omnivoice-onnx speak) and its one audio writer.
     kwargs = {
         "language": language,
         "ref_text": args.ref_text,
@@ -181,10 +179,12 @@ def synthesize(args) -> None:
         "generation_config": {"num_step": num_step},
     }
     req = tts.validate(args.text, **kwargs, seed=DEFAULT_SEED if args.seed is None else args.seed)
-    sink = audio_out.open_output(args.out, fmt, tts.sample_rate, what="--out")
-    spoken = speak(tts, req, sink, stream=False)
+    # The runtime command's audio writer: atomic, closed on success, aborted (nothing left) on an error.
+    with audio_out.open_output(args.out, fmt, tts.sample_rate, what="--out") as sink:
+        (audio,) = tts.generate(req)
+        sink.write(audio)
     print(
-        f"[synthesis] {mode}: {spoken.seconds:.2f} s of audio -> {args.out} "
+        f"[synthesis] {mode}: {sink.frames / tts.sample_rate:.2f} s of audio -> {args.out} "
         f"(omnivoice_onnx, transformer {variant}, no PyTorch)",
         file=sys.stderr if str(args.out) == "-" else sys.stdout,
     )
@@ -197,7 +197,7 @@ def main(argv: list[str] | None = None) -> None:
         synthesize(args)
     else:
         try:
-            from omnivoice_export.end_to_end import compare  # torch and omnivoice: compare mode only
+            from omnivoice_export.step34_proof.end_to_end import compare  # torch and omnivoice: compare mode only
         except ImportError as exc:
             # Not installed; or, for onnx, the export folder onnx/ in the repository taken as an empty
             # namespace package (`cannot import name 'helper' from 'onnx' (unknown location)`).

@@ -19,11 +19,15 @@ import argparse
 import time
 from pathlib import Path
 
-from omnivoice_export.capture import DEFAULT_DIR, REF_TXT, REF_WAV
-from omnivoice_export.checkpoints import add_model_arg, load_omnivoice, model_fingerprint, resolve_model
-from omnivoice_export.cli import NUM_STEP, SEED, check_output, parse, run_main
-from omnivoice_export.files import atomic_path
-from omnivoice_export.generation import (
+from omnivoice_export.common.edge import DEFAULT_CAPTURE_DIR
+from omnivoice_export.step0_checkpoints.checkpoints import (
+    add_model_arg,
+    load_omnivoice,
+    model_fingerprint,
+    resolve_model,
+)
+from omnivoice_export.step1_capture.capture import REF_TXT, REF_WAV
+from omnivoice_export.step1_capture.generation import (
     DEFAULT_SEED,
     REFERENCE_INSTRUCT,
     REFERENCE_TEXT,
@@ -32,6 +36,8 @@ from omnivoice_export.generation import (
     write_wav,
 )
 from omnivoice_onnx.contract import SAMPLE_RATE
+from omnivoice_onnx.files import atomic_path, check_output
+from omnivoice_onnx.program import NUM_STEP, SEED, parse, run_main
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -46,7 +52,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--seed", type=SEED, default=DEFAULT_SEED, help="torch seed for generate()")
     parser.add_argument("--num-step", type=NUM_STEP, default=32, help="unmasking steps of generate()")
     parser.add_argument(
-        "--out-dir", type=Path, default=DEFAULT_DIR, help="where ref_voice.wav and ref_voice.txt are written"
+        "--out-dir", type=Path, default=DEFAULT_CAPTURE_DIR, help="where ref_voice.wav and ref_voice.txt are written"
     )
     return parse(parser, argv)
 

@@ -39,11 +39,12 @@ variant (fp32-unmasked) the transformer's verdict; results under variants.<name>
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
-from omnivoice_export import capture, parity, report
-from omnivoice_export.cli import THREADS, check_input_dir, check_output, float_range, parse, parse_subset, run_main
+from omnivoice_export.common.edge import add_capture_dir, add_onnx_dir, parse_subset
+from omnivoice_export.step34_proof import parity
 from omnivoice_onnx.contract import CONTRACTS, GRAPH_NAMES, THRESHOLDS
+from omnivoice_onnx.files import check_input_dir, check_output
+from omnivoice_onnx.program import THREADS, float_range, parse, run_main
 from omnivoice_onnx.sessions import PROVIDERS, check_provider
 
 # The flag overriding each graph's parity tolerance (contract.tolerances) for one run, and its help.
@@ -64,10 +65,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--provider", default="cpu", help=f"one of {', '.join(PROVIDERS)}")
     parser.add_argument("--graphs", default=",".join(GRAPH_NAMES), help="comma-separated subset to check")
-    parser.add_argument("--capture-dir", type=Path, default=capture.DEFAULT_DIR, help="step 1's capture")
-    parser.add_argument(
-        "--model-dir", "--onnx-dir", dest="onnx_dir", type=Path, default=report.DEFAULT_ONNX_DIR, help="step 2's export"
-    )
+    add_capture_dir(parser, "step 1's capture")
+    add_onnx_dir(parser, "step 2's export")
     parser.add_argument(
         "--threads", type=THREADS, default=None, help="onnxruntime intra-op threads (default: all cores)"
     )

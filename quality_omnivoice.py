@@ -27,29 +27,20 @@ import argparse
 import time
 from pathlib import Path
 
-from omnivoice_export import capture, quality, report
-from omnivoice_export.checkpoints import resolve_model, validate_checkpoint_dir
-from omnivoice_export.cli import THREADS, check_output, parse, parse_subset, run_main
-from omnivoice_export.measure import cpu_line
+from omnivoice_export.common.edge import add_capture_dir, add_onnx_dir, parse_subset
+from omnivoice_export.common.measure import cpu_line
+from omnivoice_export.step0_checkpoints.checkpoints import resolve_model, validate_checkpoint_dir
+from omnivoice_export.step2_export import report
+from omnivoice_export.step56_variants import quality
 from omnivoice_onnx.errors import UserError
+from omnivoice_onnx.files import check_output
+from omnivoice_onnx.program import THREADS, parse, run_main
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument(
-        "--capture-dir",
-        type=Path,
-        default=capture.DEFAULT_DIR,
-        help="step 1's capture, the one the export was made from (default: capture/)",
-    )
-    parser.add_argument(
-        "--model-dir",
-        "--onnx-dir",
-        dest="onnx_dir",
-        type=Path,
-        default=report.DEFAULT_ONNX_DIR,
-        help="step 2's export with step 5's variants in it (default: onnx/)",
-    )
+    add_capture_dir(parser, "step 1's capture, the one the export was made from (default: capture/)")
+    add_onnx_dir(parser, "step 2's export with step 5's variants in it (default: onnx/)")
     parser.add_argument(
         "--variants",
         default=None,

@@ -10,7 +10,7 @@ encoder and decoder from onnx/), except for fp16, which converts them too and ca
 float16 encoder and decoder in onnx/fp16/ (loaders take those). Files are written to a hidden
 staging directory and renamed into place only when complete.
 
-Recipes (omnivoice_export/quantize.py says why each is what it is):
+Recipes (omnivoice_export/step56_variants/quantize.py says why each is what it is):
 {recipes}
 
 Measure them with quality_omnivoice.py (per-step argmax agreement and relative logit error,
@@ -24,34 +24,26 @@ end-to-end token agreement, LSD): variants are measurements, never parity verdic
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
-from omnivoice_export import quantize, report
-from omnivoice_export.cli import parse, parse_subset, run_main
+from omnivoice_export.common.edge import add_capture_dir, add_onnx_dir, parse_subset
+from omnivoice_export.step56_variants import quantize, recipes
+from omnivoice_onnx.program import parse, run_main
 
-__doc__ = __doc__.format(recipes="\n".join(f"    {r.name:<15}{r.summary}" for r in quantize.RECIPES.values()))
+__doc__ = __doc__.format(recipes="\n".join(f"    {r.name:<15}{r.summary}" for r in recipes.RECIPES.values()))
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument(
-        "--model-dir",
-        "--onnx-dir",
-        dest="onnx_dir",
-        type=Path,
-        default=report.DEFAULT_ONNX_DIR,
-        help="step 2's export; variants are written into subdirectories of it (default: onnx/)",
-    )
-    parser.add_argument(
-        "--capture-dir",
-        type=Path,
-        default=None,
-        help="the capture whose calls calibrate int8 (which MatMuls stay fp32); default: the one "
+    add_onnx_dir(parser, "step 2's export; variants are written into subdirectories of it (default: onnx/)")
+    add_capture_dir(
+        parser,
+        "the capture whose calls calibrate int8 (which MatMuls stay fp32); default: the one "
         "the export was made from, as its report records",
+        default=None,
     )
     parser.add_argument(
         "--variants",
-        default=",".join(quantize.DEFAULT_VARIANTS),
+        default=",".join(recipes.DEFAULT_VARIANTS),
         help="comma-separated recipes to build (default: all of them)",
     )
     return parse(parser, argv)
@@ -59,7 +51,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    names = parse_subset(args.variants, "--variants", tuple(quantize.RECIPES))
+    names = parse_subset(args.variants, "--variants", tuple(recipes.RECIPES))
     entries = quantize.quantize_variants(args.onnx_dir, names, capture_dir=args.capture_dir)
     print()
     print(f"{'variant':<15}{'MB':>9}{'of fp32':>9}{'seconds':>9}{'peak MB':>9}  quantized nodes")

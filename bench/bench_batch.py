@@ -57,21 +57,13 @@ INSTRUCTS = ("female, low pitch", "male, high pitch", "female, whisper")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    from omnivoice_export.capture import DEFAULT_DIR
-    from omnivoice_export.cli import NUM_STEP, int_range, parse
-    from omnivoice_export.report import DEFAULT_ONNX_DIR
+    from omnivoice_export.common.edge import add_capture_dir, add_onnx_dir
+    from omnivoice_onnx.program import NUM_STEP, int_range, parse
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--model", default="tiny", help="the model's name, for the results' file name")
-    parser.add_argument(
-        "--model-dir", "--onnx-dir", dest="onnx_dir", type=Path, default=DEFAULT_ONNX_DIR, help="the export to run"
-    )
-    parser.add_argument(
-        "--capture-dir",
-        type=Path,
-        default=DEFAULT_DIR,
-        help="step 0's folder: its ref_voice.wav/.txt are the clone lines' reference",
-    )
+    add_onnx_dir(parser, "the export to run")
+    add_capture_dir(parser, "step 0's folder: its ref_voice.wav/.txt are the clone lines' reference")
     parser.add_argument("--lines", type=int_range(3), default=50, help="lines in the list")
     parser.add_argument("--num-step", type=NUM_STEP, default=32, help="unmasking steps per line")
     parser.add_argument(
@@ -179,7 +171,7 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 
 def markdown(result: dict[str, Any]) -> str:
-    from omnivoice_export.measure import hardware_lines
+    from omnivoice_export.common.measure import hardware_lines
 
     meta, cpu, load = result["meta"], result["meta"]["cpu"], result["meta"]["load_average"]
     shared = (
@@ -246,10 +238,10 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     from bench_omnivoice import cpu_description
 
-    from omnivoice_export.capture import REF_TXT, REF_WAV
-    from omnivoice_export.cli import CheckFailed
-    from omnivoice_export.files import atomic_path, write_json_atomic
-    from omnivoice_export.measure import hardware_record, results_stem
+    from omnivoice_export.common.measure import hardware_record, results_stem
+    from omnivoice_export.step1_capture.capture import REF_TXT, REF_WAV
+    from omnivoice_onnx.files import atomic_path, write_json_atomic
+    from omnivoice_onnx.program import CheckFailed
 
     load_start = os.getloadavg()
     hardware = hardware_record()
@@ -298,6 +290,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    from omnivoice_export.cli import run_main
+    from omnivoice_onnx.program import run_main
 
     run_main(main)

@@ -2,7 +2,7 @@
 """The int8 recipes judged on a trained model: SmolLM2-135M-Instruct, causal, through step 5's own code.
 
 The project's checkpoints are random or built; this one was trained, so its activation outliers are
-the ones training makes. omnivoice_export.judge exports its decoder stack to ONNX (dynamo, opset 18,
+the ones training makes. omnivoice_export.step56_variants.judge exports its decoder stack to ONNX (dynamo, opset 18,
 cached under checkpoints/smollm2/), prepares it as step 5 does (RMSNorm fused; `fused` also makes each
 attention one causal ONNX Attention and RoPE a RotaryEmbedding, the int8 graph's own structure),
 quantizes it with each recipe by quantize.quantize_prepared (every linear layer but lm_head; scales
@@ -27,10 +27,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from omnivoice_export import judge, quantize  # noqa: E402
-from omnivoice_export.cli import int_range, parse, parse_subset, run_main  # noqa: E402
-from omnivoice_export.measure import cpu_description  # noqa: E402
+from omnivoice_export.common.edge import parse_subset  # noqa: E402
+from omnivoice_export.common.measure import cpu_description  # noqa: E402
+from omnivoice_export.step56_variants import judge, judge_model, recipes  # noqa: E402
 from omnivoice_onnx.files import write_json_atomic  # noqa: E402
+from omnivoice_onnx.program import int_range, parse, run_main  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "int8_judge.json"
 # The issue's bar: the shipped recipe agrees with fp32 on >= 0.95 of the argmaxes, over >= 300
@@ -41,11 +42,13 @@ MIN_POSITIONS = 300
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    present = ",".join(name for name in judge.DEFAULT_RECIPES if name in quantize.RECIPES)
-    parser.add_argument("--recipes", default=present, help="comma-separated quantize.RECIPES names")
+    present = ",".join(name for name in judge.DEFAULT_RECIPES if name in recipes.RECIPES)
+    parser.add_argument("--recipes", default=present, help="comma-separated recipes.RECIPES names")
     parser.add_argument("--forms", default=",".join(judge.GRAPH_FORMS), help="graph forms: plain, fused")
-    parser.add_argument("--calibration-text", type=Path, default=judge.CALIBRATION_TEXT, help="scales come from it")
-    parser.add_argument("--evaluation-text", type=Path, default=judge.EVALUATION_TEXT, help="judged on it")
+    parser.add_argument(
+        "--calibration-text", type=Path, default=judge_model.CALIBRATION_TEXT, help="scales come from it"
+    )
+    parser.add_argument("--evaluation-text", type=Path, default=judge_model.EVALUATION_TEXT, help="judged on it")
     parser.add_argument("--length", type=int_range(8, 2048), default=96, help="tokens per sequence")
     parser.add_argument("--calibration-sequences", type=int_range(1, 64), default=4, help="calibration calls")
     parser.add_argument("--evaluation-sequences", type=int_range(1, 64), default=20, help="evaluation sequences")
@@ -101,7 +104,7 @@ def verdict(results: dict[str, Any]) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     options = judge.JudgeOptions(
-        recipes=tuple(parse_subset(args.recipes, "--recipes", tuple(quantize.RECIPES))),
+        recipes=tuple(parse_subset(args.recipes, "--recipes", tuple(recipes.RECIPES))),
         forms=tuple(parse_subset(args.forms, "--forms", judge.GRAPH_FORMS)),
         calibration_text=args.calibration_text,
         evaluation_text=args.evaluation_text,

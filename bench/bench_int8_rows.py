@@ -5,7 +5,7 @@ seven projections at the real dims (random weights; no export needed).
 The graph: x [S, 1024] -> q (2048), k, v (1024 each) -> o_proj (2048 -> 1024) -> + x -> gate, up
 (3072) -> gate * up -> down_proj (3072 -> 1024), summed into one output. Three forms of it: fp32,
 quantize_dynamic per channel (int8-pertensor's quantization: DynamicQuantizeLinear +
-MatMulIntegerToFloat after onnxruntime's fusions) and omnivoice_export.rowwise.quantize_rowwise
+MatMulIntegerToFloat after onnxruntime's fusions) and omnivoice_export.step56_variants.rowwise.quantize_rowwise
 (int8's: a scale per row, MatMulInteger, two scale multiplies). Each round runs every form once per
 shape, in turn (interleaved, so load drifts hit all alike); the median over rounds is reported, with
 the CPU and its load.
@@ -30,9 +30,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from omnivoice_export import rowwise  # noqa: E402
-from omnivoice_export.cli import parse, run_main  # noqa: E402
-from omnivoice_export.measure import cpu_description  # noqa: E402
+from omnivoice_export.common.measure import cpu_description  # noqa: E402
+from omnivoice_export.step56_variants import rowwise  # noqa: E402
+from omnivoice_onnx.program import parse, run_main  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 HIDDEN, QUERY, KV, MLP = 1024, 2048, 1024, 3072  # the real Qwen3 dims (16 x 128 query, 8 x 128 kv)

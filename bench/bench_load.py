@@ -48,17 +48,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """The orchestrator's flags (a worker's are worker_main's)."""
     from bench_omnivoice import RESULTS
 
-    from omnivoice_export.cli import int_range, parse
+    from omnivoice_export.common.edge import add_onnx_dir
+    from omnivoice_onnx.program import int_range, parse
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument(
-        "--model-dir",
-        "--onnx-dir",
-        dest="onnx_dir",
-        type=Path,
-        default=REPO / "onnx",
-        help="the export to load (default: ./onnx)",
-    )
+    add_onnx_dir(parser, "the export to load (default: ./onnx)")
     parser.add_argument(
         "--variants",
         default="int8,fp32-fused",
@@ -85,10 +79,12 @@ def worker(onnx_dir: Path, variant: str, launched: float) -> dict[str, float]:
 
 def worker_main(argv: list[str]) -> None:
     """`--worker VARIANT --launched T --onnx-dir D` (internal): the two times as JSON on the last stdout line."""
+    from omnivoice_export.common.edge import add_onnx_dir
+
     parser = argparse.ArgumentParser()
     parser.add_argument("--worker", required=True)
     parser.add_argument("--launched", type=float, required=True)
-    parser.add_argument("--onnx-dir", type=Path, required=True)
+    add_onnx_dir(parser, "the export to load", required=True)
     args = parser.parse_args(argv)
     print(json.dumps(worker(args.onnx_dir, args.worker, args.launched)))
 
@@ -109,7 +105,7 @@ def spawn(onnx_dir: Path, variant: str, cache: str) -> dict[str, float]:
 
 def markdown(summary: dict[str, Any], meta: dict[str, Any]) -> str:
     """The results page: the CPU and its hardware lines, then one row per variant and figure."""
-    from omnivoice_export.measure import cpu_line, hardware_lines
+    from omnivoice_export.common.measure import cpu_line, hardware_lines
 
     lines = [
         f"# omnivoice_onnx load time: {meta['onnx_dir']} on {meta['host']} ({meta['date']})",
@@ -147,10 +143,10 @@ def main(argv: list[str] | None = None) -> None:
         return
     from bench_omnivoice import spread
 
-    from omnivoice_export.files import atomic_path, write_json_atomic
-    from omnivoice_export.measure import cpu_description, hardware_record, results_stem
+    from omnivoice_export.common.measure import cpu_description, hardware_record, results_stem
     from omnivoice_onnx.bundle import Bundle
     from omnivoice_onnx.errors import UserError
+    from omnivoice_onnx.files import atomic_path, write_json_atomic
     from omnivoice_onnx.verified import CACHE_ENV, RACY_NS, VERIFIED_FILE, VerifiedFiles
 
     args = parse_args(argv)
@@ -219,6 +215,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    from omnivoice_export.cli import run_main  # the standard library only, as every script's one-line errors
+    from omnivoice_onnx.program import run_main  # the standard library only, as every script's one-line errors
 
     run_main(main)

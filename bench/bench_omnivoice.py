@@ -65,16 +65,17 @@ sys.path.insert(0, str(REPO))
 
 import numpy as np  # noqa: E402
 
-from omnivoice_export import quantize, report  # noqa: E402
-from omnivoice_export.capture import DEFAULT_DIR, REF_TXT, REF_WAV  # noqa: E402
-from omnivoice_export.checkpoints import model_fingerprint, resolve_model  # noqa: E402
-from omnivoice_export.cli import NUM_STEP, CheckFailed, float_range, int_range, parse, parse_subset, run_main  # noqa: E402
-from omnivoice_export.files import atomic_path, write_json_atomic  # noqa: E402
-from omnivoice_export.measure import cpu_description, hardware_lines, hardware_record, rate, results_stem  # noqa: E402
-from omnivoice_export.report import DEFAULT_ONNX_DIR  # noqa: E402
+from omnivoice_export.common.edge import add_capture_dir, add_onnx_dir, parse_subset  # noqa: E402
+from omnivoice_export.common.measure import cpu_description, hardware_lines, hardware_record, rate, results_stem  # noqa: E402
+from omnivoice_export.step0_checkpoints.checkpoints import model_fingerprint, resolve_model  # noqa: E402
+from omnivoice_export.step1_capture.capture import REF_TXT, REF_WAV  # noqa: E402
+from omnivoice_export.step2_export import report  # noqa: E402
+from omnivoice_export.step56_variants import quantize  # noqa: E402
 from omnivoice_onnx.contract import GRAPH_NAMES, SAMPLE_RATE, codec_paths, variant_path  # noqa: E402
 from omnivoice_onnx.errors import UserError  # noqa: E402
+from omnivoice_onnx.files import atomic_path, write_json_atomic  # noqa: E402
 from omnivoice_onnx.limits import THREADS_ENV, default_threads  # noqa: E402
+from omnivoice_onnx.program import NUM_STEP, CheckFailed, float_range, int_range, parse, run_main  # noqa: E402
 
 RESULTS = REPO / "bench" / "results"
 # Target texts giving S ~ 200 / 435 / 800 in clone mode with the ~5 s reference (real tokenizer).
@@ -115,15 +116,8 @@ def export_parser(description: str) -> argparse.ArgumentParser:
     """A parser with the flags every bench script shares: the model, its export and step 0's reference."""
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--model", default="tiny", help="tiny | full-random | PATH (must match the export)")
-    parser.add_argument(
-        "--model-dir", "--onnx-dir", dest="onnx_dir", type=Path, default=DEFAULT_ONNX_DIR, help="the export to measure"
-    )
-    parser.add_argument(
-        "--capture-dir",
-        type=Path,
-        default=DEFAULT_DIR,
-        help="where ref_voice.wav/.txt (step 0) are: the clone reference",
-    )
+    add_onnx_dir(parser, "the export to measure")
+    add_capture_dir(parser, "where ref_voice.wav/.txt (step 0) are: the clone reference")
     return parser
 
 
@@ -197,8 +191,8 @@ class _Stop(Exception):
 
 def first_forward_inputs(model, request) -> dict[str, np.ndarray]:
     """The exact transformer inputs generate() builds for `request` (its real cond/uncond layout)."""
-    from omnivoice_export.capture import patched
-    from omnivoice_export.generation import run_generate
+    from omnivoice_export.step1_capture.capture import patched
+    from omnivoice_export.step1_capture.generation import run_generate
 
     seen: dict[str, np.ndarray] = {}
 
@@ -346,8 +340,8 @@ def timed(fn, calls: int) -> list[float]:
 def load_variant(args, runtime: str, variant: str | None = None):
     """(model, graphs or None): PyTorch eager OmniVoice, or the ONNX graphs inside generate()
     (`variant`'s transformer; default: the worker's --variant)."""
-    from omnivoice_export.checkpoints import load_omnivoice
-    from omnivoice_export.ort_runtime import OrtGraphs, load_onnx_omnivoice
+    from omnivoice_export.step0_checkpoints.checkpoints import load_omnivoice
+    from omnivoice_export.step2_export.ort_runtime import OrtGraphs, load_onnx_omnivoice
 
     if runtime == "torch":
         return load_omnivoice(resolve_model(args.model)), None
@@ -358,7 +352,7 @@ def load_variant(args, runtime: str, variant: str | None = None):
 
 def clone_request(capture_dir: Path, text: str, num_step: int):
     """A voice clone of `text` from step 0's reference in `capture_dir`."""
-    from omnivoice_export.generation import GenerationRequest
+    from omnivoice_export.step1_capture.generation import GenerationRequest
 
     return GenerationRequest(
         mode="clone",
@@ -381,7 +375,7 @@ def torch_calls_worker(args) -> dict[str, Any]:
     torch import, no weights: their peak RSS is ORT's)."""
     import torch
 
-    from omnivoice_export.capture import read_rows
+    from omnivoice_export.step1_capture.capture import read_rows
     from omnivoice_onnx.sessions import prefix_lengths
 
     config = json.loads((resolve_model(args.model) / "config.json").read_text())
@@ -426,8 +420,8 @@ def onnx_calls_worker(args) -> dict[str, Any]:
     torch-calls worker's inputs; logits against its. A variant's worker times its transformer
     split only (fp32-unmasked and fp32-fused are valid only there) and compares its logits with
     fp32 ORT's and torch's; the codec graphs are fp32's, not retimed."""
-    from omnivoice_export.capture import read_rows
-    from omnivoice_export.metrics import logit_stats
+    from omnivoice_export.common.metrics import logit_stats
+    from omnivoice_export.step1_capture.capture import read_rows
     from omnivoice_onnx.sessions import TRANSFORMER_ARENA, CodecSessions, make_session, prefix_lengths, run, run_split
 
     fp32 = args.variant == "fp32"
@@ -467,8 +461,8 @@ def e2e_worker(args, runtime: str) -> dict[str, Any]:
     peak RSS (taken by the caller) is then what a user running this once sees."""
     import torch
 
-    from omnivoice_export.capture import Recorder
-    from omnivoice_export.generation import run_generate
+    from omnivoice_export.step1_capture.capture import Recorder
+    from omnivoice_export.step1_capture.generation import run_generate
 
     started = time.perf_counter()
     model, _ = load_variant(args, runtime)
@@ -532,7 +526,7 @@ def runtime_e2e_worker(args) -> dict[str, Any]:
 def worker(args) -> dict[str, Any]:
     """One worker's measurements, in this process; printed as JSON on the last stdout line. The
     runtime-e2e worker never imports torch, so its peak RSS is the torch-free runtime's own."""
-    from omnivoice_export.measure import PeakRss
+    from omnivoice_export.common.measure import PeakRss
 
     global CLOCK
     CLOCK = CLOCKS[args.clock]

@@ -14,7 +14,7 @@ Clock: one thread is timed by the process's CPU time (the cores here are shared:
 call costs a free core); more threads by wall time, which on a shared machine includes the
 neighbours (the results file records the load average). Configurations run interleaved over
 --repeats rounds; figures are medians. Results: bench/results/<date>-<host>-<cpu>-<model>-rtf.json
-and .md, with the hardware (omnivoice_export.measure.hardware_record). Random weights speak noise:
+and .md, with the hardware (omnivoice_export.common.measure.hardware_record). Random weights speak noise:
 the figures are speed, not quality (the quality cost of fewer steps is the paper's: docs/performance.md).
 
     python bench/bench_rtf.py --model full-random --onnx-dir bench/out/full/onnx \\
@@ -37,11 +37,11 @@ from typing import Any
 # bench/ (this script's directory) is on sys.path; importing bench_omnivoice puts the repository there.
 from bench_omnivoice import E2E_TEXT, RESULTS, export_parser, spread, time_calls
 
-from omnivoice_export.capture import REF_TXT, REF_WAV
-from omnivoice_export.cli import NUM_STEP, int_range, parse, run_main
-from omnivoice_export.files import atomic_path, write_json_atomic
-from omnivoice_export.measure import cpu_description, cpu_line, hardware_lines, hardware_record, results_stem
+from omnivoice_export.common.measure import cpu_description, cpu_line, hardware_lines, hardware_record, results_stem
+from omnivoice_export.step1_capture.capture import REF_TXT, REF_WAV
 from omnivoice_onnx.errors import UserError
+from omnivoice_onnx.files import atomic_path, write_json_atomic
+from omnivoice_onnx.program import NUM_STEP, int_range, parse, run_main
 
 REF_SECONDS = (3, 10)
 STEPS = (32, 16, 8)  # the RTF table's columns; the paper's quality figures exist for these

@@ -8,7 +8,7 @@ step 0's reference, the same seed) and the same split transformer calls, so what
 host: numpy against torch + transformers + omnivoice.
 
     runtime    omnivoice_onnx.OmniVoiceOnnx.from_dir(onnx_dir, variant="fp32").generate(...)
-    upstream   OmniVoice built around the ONNX graphs (omnivoice_export.ort_runtime), then
+    upstream   OmniVoice built around the ONNX graphs (omnivoice_export.step2_export.ort_runtime), then
                torch.manual_seed + OmniVoice.generate(...), as infer_onnx.py's compare mode runs it
 
 Each run is a fresh process (`--worker`), in the order runtime, upstream, runtime, upstream, ...
@@ -55,7 +55,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """The orchestrator's flags (a worker's are worker_main's)."""
     from bench_omnivoice import RESULTS, export_parser
 
-    from omnivoice_export.cli import NUM_STEP, int_range, parse
+    from omnivoice_onnx.program import NUM_STEP, int_range, parse
 
     parser = export_parser(__doc__)
     parser.add_argument(
@@ -109,8 +109,8 @@ def upstream_worker(args, request: dict[str, Any]) -> tuple[float, float, Callab
     import transformers  # noqa: F401
     from bench_omnivoice import load_variant
 
-    from omnivoice_export.capture import Recorder
-    from omnivoice_export.generation import GenerationRequest, run_generate
+    from omnivoice_export.step1_capture.capture import Recorder
+    from omnivoice_export.step1_capture.generation import GenerationRequest, run_generate
 
     imported = time.perf_counter() - started
     model, _ = load_variant(args, "onnx", variant="fp32")
@@ -146,12 +146,14 @@ def worker(side: str, launched: float, args) -> dict[str, Any]:
 
 def worker_main(argv: list[str]) -> None:
     """`--worker SIDE --launched T --model M --onnx-dir D --capture-dir C --request JSON` (internal)."""
+    from omnivoice_export.common.edge import add_capture_dir, add_onnx_dir
+
     parser = argparse.ArgumentParser()
     parser.add_argument("--worker", choices=SIDES, required=True)
     parser.add_argument("--launched", type=float, required=True)
     parser.add_argument("--model", required=True)
-    parser.add_argument("--model-dir", "--onnx-dir", dest="onnx_dir", type=Path, required=True)
-    parser.add_argument("--capture-dir", type=Path, required=True)
+    add_onnx_dir(parser, "the export to run", required=True)
+    add_capture_dir(parser, "step 1's capture", required=True)
     parser.add_argument("--request", required=True)
     args = parser.parse_args(argv)
     print(json.dumps(worker(args.worker, args.launched, args)))
@@ -200,7 +202,7 @@ def summarise(rounds: list[dict[str, dict[str, Any]]]) -> dict[str, Any]:
 
 
 def markdown(summary: dict[str, Any], meta: dict[str, Any]) -> str:
-    from omnivoice_export.measure import hardware_lines
+    from omnivoice_export.common.measure import hardware_lines
 
     cpu, load = meta["cpu"], meta["load_average"]
     # Only the start says whether other work shared the cores: at the end the 1-minute average
@@ -247,12 +249,12 @@ def main(argv: list[str] | None = None) -> None:
         return
     from bench_omnivoice import E2E_TEXT, check_export, clone_request
 
-    from omnivoice_export.capture import REF_WAV
-    from omnivoice_export.cli import CheckFailed
-    from omnivoice_export.files import atomic_path, write_json_atomic
-    from omnivoice_export.measure import cpu_description, hardware_record, results_stem
+    from omnivoice_export.common.measure import cpu_description, hardware_record, results_stem
+    from omnivoice_export.step1_capture.capture import REF_WAV
     from omnivoice_onnx.core.prompt import TextTokenizer
     from omnivoice_onnx.errors import UserError
+    from omnivoice_onnx.files import atomic_path, write_json_atomic
+    from omnivoice_onnx.program import CheckFailed
     from omnivoice_onnx.runtime_config import load_runtime_config
 
     args = parse_args(argv)
@@ -304,6 +306,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    from omnivoice_export.cli import run_main  # the standard library only, as every script's one-line errors
+    from omnivoice_onnx.program import run_main  # the standard library only, as every script's one-line errors
 
     run_main(main)

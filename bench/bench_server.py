@@ -12,7 +12,7 @@ What a deployment asks of the server, measured as its users' client sees it:
     batching   in-process: generate() on a batch of 4 texts vs 4 single calls, the only way
                this runtime could batch queued requests (the server does not: see the result)
 
-The server is started by this script (omnivoice_export.serving.launch) from --onnx-dir, one worker
+The server is started by this script (tests/serving.py.launch) from --onnx-dir, one worker
 per --workers with threads = cores // workers.
 
     engines    with --engines 1x1,1x2,2x1 (WORKERSxTHREADS): only the levels, once per server shape,
@@ -47,7 +47,9 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
+sys.path.insert(0, str(REPO / "tests"))  # tests/serving.py: the server as a child process
 
+from omnivoice_export.common.edge import add_onnx_dir  # noqa: E402
 from omnivoice_onnx.contract import SAMPLE_RATE  # noqa: E402
 from omnivoice_onnx.errors import UserError  # noqa: E402
 from omnivoice_onnx.program import (  # noqa: E402
@@ -234,7 +236,7 @@ def batching(onnx_dir: Path, threads: int, variant: str | None, repeats: int = 3
 
 def header_lines(meta: dict[str, Any], what: str, note: str = "") -> list[str]:
     """A results page's title ("# omnivoice-onnx serve" + `what`), CPU, load average and hardware record."""
-    from omnivoice_export.measure import hardware_lines
+    from omnivoice_export.common.measure import hardware_lines
 
     title = f"# omnivoice-onnx serve{what} — {meta['model']} ({meta['date']})"
     return [
@@ -333,7 +335,7 @@ def variant_flags(args: argparse.Namespace) -> list[str]:
 
 def run_engines(args: argparse.Namespace, env: dict[str, str], tmp: Path) -> list[dict[str, Any]]:
     """The levels once per --engines server shape, each server started and stopped in turn."""
-    from omnivoice_export.serving import launch
+    from serving import launch
 
     found = []
     for workers, threads in args.engines:
@@ -365,9 +367,7 @@ def run_engines(args: argparse.Namespace, env: dict[str, str], tmp: Path) -> lis
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument(
-        "--model-dir", "--onnx-dir", dest="onnx_dir", type=Path, default=REPO / "onnx", help="the export to serve"
-    )
+    add_onnx_dir(parser, "the export to serve")
     parser.add_argument(
         "--model", default="tiny", help="label of the export's model in the results (tiny, full-random)"
     )
@@ -398,9 +398,9 @@ def main(argv: list[str] | None = None) -> None:
     if not (args.onnx_dir / "runtime-config.json").is_file():
         raise UserError(f"--onnx-dir {args.onnx_dir} holds no export", "pass the folder export_omnivoice.py wrote")
     import openai
+    from serving import launch
 
-    from omnivoice_export.measure import hardware_record, results_stem
-    from omnivoice_export.serving import launch
+    from omnivoice_export.common.measure import hardware_record, results_stem
     from omnivoice_onnx import sessions
     from omnivoice_onnx.serve import service as server_service
 
@@ -506,7 +506,7 @@ def run_meta(
 ) -> dict[str, Any]:
     """A results file's meta, both runs: model, UTC time, host, CPU, cores, steps, client version,
     the load average at start and now, the hardware record; then the run's own `extra` fields."""
-    from omnivoice_export.measure import cpu_description
+    from omnivoice_export.common.measure import cpu_description
 
     now = datetime.datetime.now(datetime.timezone.utc)
     return {
@@ -526,7 +526,7 @@ def run_meta(
 
 def write_results(out_dir: Path, stem: str, result: dict[str, Any], text: str) -> None:
     """The .json and .md results, each written to a temporary name and renamed into place."""
-    from omnivoice_export.files import atomic_path, write_json_atomic
+    from omnivoice_onnx.files import atomic_path, write_json_atomic
 
     out_dir.mkdir(parents=True, exist_ok=True)
     write_json_atomic(out_dir / f"{stem}.json", result)

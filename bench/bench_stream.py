@@ -40,9 +40,10 @@ sys.path[:0] = [str(REPO), str(BENCH)]
 
 from bench_omnivoice import RESULTS, cpu_description  # noqa: E402
 
-from omnivoice_export.cli import NUM_STEP, THREADS, int_range, parse, run_main  # noqa: E402
-from omnivoice_export.files import atomic_path, write_json_atomic  # noqa: E402
-from omnivoice_export.measure import hardware_lines, hardware_record, results_stem  # noqa: E402
+from omnivoice_export.common.edge import add_onnx_dir  # noqa: E402
+from omnivoice_export.common.measure import hardware_lines, hardware_record, results_stem  # noqa: E402
+from omnivoice_onnx.files import atomic_path, write_json_atomic  # noqa: E402
+from omnivoice_onnx.program import NUM_STEP, THREADS, int_range, parse, run_main  # noqa: E402
 
 # Six sentences, ~18 s of speech by the duration estimate: several chunks at 3 s each.
 TEXT = (
@@ -59,7 +60,7 @@ SAMPLE_BYTES = 2  # s16le
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model-dir", type=Path, default=REPO / "onnx", help="the export folder (default: ./onnx)")
+    add_onnx_dir(parser, "the export folder (default: ./onnx)")
     parser.add_argument("--label", default="tiny", help="names the results file (the export's model)")
     parser.add_argument("--text", default=TEXT, help="the text (default: six sentences, several chunks)")
     parser.add_argument("--num-step", type=NUM_STEP, default=32, help="unmasking steps (upstream's 32)")
@@ -84,7 +85,7 @@ def run_once(args: argparse.Namespace, mode: str) -> dict[str, float]:
         "--num-step",
         str(args.num_step),
         "--model-dir",
-        str(args.model_dir),
+        str(args.onnx_dir),
     ]
     command += ["--stream"] if mode == "stream" else []
     command += ["--threads", str(args.threads)] if args.threads else []
@@ -106,7 +107,7 @@ def chunk_count(args: argparse.Namespace) -> int:
     """How many chunks the stream has (the runtime's chunking of this text with the stream defaults)."""
     from omnivoice_onnx import OmniVoiceOnnx
 
-    tts = OmniVoiceOnnx.from_dir(args.model_dir)
+    tts = OmniVoiceOnnx.from_dir(args.onnx_dir)
     return sum(1 for _ in tts.stream(args.text, seed=1, generation_config={"num_step": 1}))
 
 
@@ -127,7 +128,7 @@ def main(argv: list[str] | None = None) -> None:
         "host": socket.gethostname(),
         "cpu": cpu_description(),
         "label": args.label,
-        "model_dir": str(args.model_dir),
+        "model_dir": str(args.onnx_dir),
         "num_step": args.num_step,
         "threads": args.threads,
         "repeats": args.repeats,

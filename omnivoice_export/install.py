@@ -90,7 +90,6 @@ def verify() -> None:
                 else "; rm -rf .venv and re-run make venv"
             )
         )
-    import omnivoice_export.cli  # noqa: F401  (its import silences pydub's harmless "Couldn't find ffmpeg")
     from omnivoice_export import torchaudio_cpu
 
     torchaudio_cpu.main()

@@ -64,7 +64,7 @@ from omnivoice_onnx.sessions import PROVIDERS, TRANSFORMER_ARENA, CodecSessions,
 if TYPE_CHECKING:
     from typing_extensions import Unpack  # typing's own from Python 3.11
 
-# Graph metadata (omnivoice_export.exporting.graph_metadata) the runtime reads, as ints.
+# Graph metadata (omnivoice_export.step2_export.exporting.graph_metadata) the runtime reads, as ints.
 INT_METADATA = ("sample_rate", "hop_length", "frame_rate", "num_codebooks", "audio_vocab_size", "audio_mask_id")
 # runtime-config.json's model section -> the graph metadata key that must agree with it (a port
 # reads the config instead of the graphs' metadata_props, so both must say the same).

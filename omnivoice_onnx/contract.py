@@ -139,7 +139,7 @@ def contract_table() -> dict[str, Any]:
 
 GRAPH_NAMES = tuple(CONTRACTS)
 
-# The export report (omnivoice_export.report writes it; the runtime reads only its `variants` keys).
+# The export report (omnivoice_export.step2_export.report writes it; the runtime reads only its `variants` keys).
 REPORT_FILE = "export-report.json"
 
 # Transformer variants (quantize_omnivoice.py, step 5): onnx/<name>/omnivoice_transformer.onnx and

@@ -2,7 +2,7 @@
 the machine's errors (a full disk, a denied permission) that are told as one line too.
 
 Defined in the runtime so that the runtime raises it without importing the toolchain; the
-toolchain's scripts (omnivoice_export.cli.run_main) catch the same class and exit 2. Here too
+toolchain's scripts (omnivoice_export.common.edge.run_main) catch the same class and exit 2. Here too
 the two checks every raw value a front end takes passes before anything else touches it
 (check_unicode for text, check_path for a path), so each refusal reads the same everywhere.
 Ground floor: imports nothing of the package.

@@ -1,7 +1,7 @@
 """Files the runtime and the toolchain write: atomic writes of files and folders, folders made
 without following a planted link, locks, modes, and the checks that an output can be written
 before any work. Shared by the runtime (audio output, voices, batch) and the toolchain
-(omnivoice_export.files re-exports it): one copy. Hashing is in omnivoice_onnx.hashing, reading
+(omnivoice_export.common.files re-exports it): one copy. Hashing is in omnivoice_onnx.hashing, reading
 (bounded, strict, checked against a schema) in omnivoice_onnx.reading.
 
 Users run the scripts for minutes at a time on multi-GB files. An interrupted run must never

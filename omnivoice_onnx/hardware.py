@@ -5,7 +5,7 @@ onnxruntime's MLAS picks its int8 GEMM by ISA (AMX tiles where the OS grants the
 VNNI, else AVX-VNNI, else AVX2), and its fp32 GEMM by AVX-512F vs AVX2. Every results file of the
 bench records `cpu_isa()`; `omnivoice-onnx info` prints `isa_line()`. Read from /proc/cpuinfo
 (Linux); elsewhere the flags are None (unknown, not absent). Whether the AMX kernel actually ran
-is a measurement, not a flag: omnivoice_export.measure.amx_check.
+is a measurement, not a flag: omnivoice_export.common.measure.amx_check.
 
 Imports nothing outside the standard library (a ground-floor module).
 """

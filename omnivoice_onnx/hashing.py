@@ -1,7 +1,7 @@
 """Hashing: sha256 of a file read in chunks, and the `{sha256, bytes}` entry with which every
 artefact lists its files (file_entry), so a later stage can prove it reads what was written
 (verified.VerifiedFiles.matches). Shared by the runtime (the bundle's verification, fetch, batch,
-conformance) and the toolchain (omnivoice_export.files re-exports it).
+conformance) and the toolchain (omnivoice_export.common.files re-exports it).
 
 A module of its own because proving a file is the one listed is a different job from writing it
 (files) or parsing it (reading): the bundle's check hashes GBs and parses nothing.

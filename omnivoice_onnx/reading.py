@@ -4,7 +4,7 @@ permission denied" a path is; reads are bounded in size (`/dev/zero` is refused 
 never read whole), text is strict UTF-8, JSON is bounded in depth, and each artefact's reader
 checks it against a schema (schema_problem), so a hand-edited or damaged file is one line naming
 the field, never a KeyError deep in a stage. Shared by the runtime and the toolchain
-(omnivoice_export.files re-exports it).
+(omnivoice_export.common.files re-exports it).
 
 A module of its own because reading hostile input is a different job from writing atomically
 (files) or proving a file is the one listed (hashing): each is read and changed on its own.

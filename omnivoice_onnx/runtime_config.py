@@ -4,7 +4,7 @@ one loader, which the bundle calls on the bytes it verified (Bundle.runtime_conf
 
 Data: the language map, the instruct vocabularies, mappings and rules, the Chinese regex, the
 non-verbal tag pattern, the duration weights, the text and audio settings and the generation
-defaults, which omnivoice_export/runtime_assets.py writes from the installed upstream package;
+defaults, which omnivoice_export/step2_export/runtime_assets.py writes from the installed upstream package;
 docs/runtime.md says what each key means. The core reads these tables as the dict it is handed
 (Model.runtime_config), never the file.
 """
@@ -115,7 +115,7 @@ def _positive(value: Any) -> bool:
 
 
 # runtime-config.json: section -> key -> (check, what it must be). docs/runtime.md says what each
-# key means; omnivoice_export/runtime_assets.py writes them.
+# key means; omnivoice_export/step2_export/runtime_assets.py writes them.
 CONFIG_SCHEMA: dict[str, dict[str, tuple[Callable[[Any], bool], str]]] = {
     "model": {
         **{

@@ -1,7 +1,7 @@
 """The record of the files this user's processes already hashed (VerifiedFiles), so that opening
 an unchanged bundle again hashes nothing; and how a file's version is told (stat_identity), which
 the voices store uses too. bundle.Bundle.verify asks it about each file it loads, and the
-toolchain's checks of capture files, graphs and variants (omnivoice_export.files.first_mismatch)
+toolchain's checks of capture files, graphs and variants (omnivoice_export.common.files.first_mismatch)
 about each file they list.
 """
 

@@ -35,15 +35,15 @@ step() {  # run one step, timed; remember the first failure and go on
     return "$rc"
 }
 
-step "$PY" -m omnivoice_export.device_check env || exit $?
+step "$PY" -m omnivoice_export.step34_proof.device_check env || exit $?
 mkdir -p "$OUT"
 step "$PY" make_reference.py --model tiny --out-dir "$OUT/cpu" || exit $status
 mkdir -p "$OUT/cuda" && cp "$OUT"/cpu/ref_voice.* "$OUT/cuda/"
 step "$PY" capture_reference.py --model tiny --device cpu --capture-dir "$OUT/cpu" || exit $status
 step "$PY" capture_reference.py --model tiny --device cuda --capture-dir "$OUT/cuda" || exit $status
-step "$PY" -m omnivoice_export.device_check compare "$OUT/cpu" "$OUT/cuda"
-step "$PY" -m omnivoice_export.device_check replay "$OUT/cpu" --device cuda
-step "$PY" -m omnivoice_export.device_check replay "$OUT/cpu" --device cuda --tf32
+step "$PY" -m omnivoice_export.step34_proof.device_check compare "$OUT/cpu" "$OUT/cuda"
+step "$PY" -m omnivoice_export.step34_proof.device_check replay "$OUT/cpu" --device cuda
+step "$PY" -m omnivoice_export.step34_proof.device_check replay "$OUT/cpu" --device cuda --tf32
 
 if ! "$PY" -c 'import onnxruntime, sys; sys.exit("CUDAExecutionProvider" not in onnxruntime.get_available_providers())'; then
     echo "== ORT CUDA part skipped: onnxruntime $("$PY" -c 'import onnxruntime; print(onnxruntime.__version__, onnxruntime.get_available_providers())') has no CUDAExecutionProvider (install requirements-gpu.txt: onnxruntime-gpu)"

@@ -44,10 +44,10 @@ os.environ["OMNIVOICE_CACHE_DIR"] = tempfile.mkdtemp(prefix="omnivoice-test-cach
 atexit.register(shutil.rmtree, os.environ["OMNIVOICE_CACHE_DIR"], True)
 sys.path.insert(0, str(REPO))
 
-from omnivoice_export import exporting, model_card, report, wrappers  # noqa: E402
-from omnivoice_export.checkpoints import ensure_built, load_omnivoice, model_fingerprint  # noqa: E402
-from omnivoice_export.files import write_json_atomic  # noqa: E402
+from omnivoice_export.step0_checkpoints.checkpoints import ensure_built, load_omnivoice, model_fingerprint  # noqa: E402
+from omnivoice_export.step2_export import exporting, model_card, report, wrappers  # noqa: E402
 from omnivoice_onnx.contract import GRAPH_FILES  # noqa: E402
+from omnivoice_onnx.files import write_json_atomic  # noqa: E402
 
 
 @dataclass
@@ -174,7 +174,7 @@ def torch_model(tiny_model: Path):
 @pytest.fixture(scope="session")
 def assets(tiny_model: Path, tmp_path_factory) -> Path:
     """tokenizer.json and runtime-config.json of the tiny checkpoint (runtime_assets alone, no export)."""
-    from omnivoice_export.runtime_assets import write_runtime_assets
+    from omnivoice_export.step2_export.runtime_assets import write_runtime_assets
 
     out = tmp_path_factory.mktemp("runtime_assets")
     write_runtime_assets(tiny_model, out)
@@ -242,7 +242,7 @@ def export_wrong_transformer(pipeline: Pipeline, module: torch.nn.Module, out: P
     and costs an eighth of its time on tiny (investigation log); the metadata names dynamo, as the
     report does, so only the numbers can give the graph away."""
     import export_omnivoice
-    from omnivoice_export import capture
+    from omnivoice_export.step1_capture import capture
 
     example, _ = export_omnivoice.transformer_examples(pipeline.capture, capture.load_manifest(pipeline.capture))
     exporting.export_graph(module.eval(), "transformer", example, out, dynamo=False, opset=exporting.DEFAULT_OPSET)
@@ -378,7 +378,7 @@ def import_blocker(modules) -> str:
 def captured_calls(capture_dir: Path, every: int = 1):
     """(mode, step, (input_ids, audio_mask, attention_mask)) of every `every`-th captured
     transformer call of each mode, as generate() made them (run_split's arguments)."""
-    from omnivoice_export import capture
+    from omnivoice_export.step1_capture import capture
 
     manifest = capture.load_manifest(capture_dir)
     for mode in manifest["modes"]:
@@ -390,7 +390,7 @@ def captured_calls(capture_dir: Path, every: int = 1):
 def assert_same_bits_on_captured_calls(capture_dir: Path, session, reference, every: int = 1) -> None:
     """`session` and `reference` give the same bits through run_split on every `every`-th captured
     call of every mode, as generate() makes them (the batch mode's padded rows included)."""
-    from omnivoice_export import capture
+    from omnivoice_export.step1_capture import capture
     from omnivoice_onnx.sessions import run_split
 
     calls = 0

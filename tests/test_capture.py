@@ -15,11 +15,12 @@ import torch
 from conftest import Pipeline, run_script, single_stderr_line
 
 import capture_reference
-from omnivoice_export import capture, wrappers
-from omnivoice_export.checkpoints import model_fingerprint
-from omnivoice_export.files import sha256_file
-from omnivoice_export.generation import GenerationRequest, generate_waveforms, read_wav
+from omnivoice_export.step0_checkpoints.checkpoints import model_fingerprint
+from omnivoice_export.step1_capture import capture
+from omnivoice_export.step1_capture.generation import GenerationRequest, generate_waveforms, read_wav
+from omnivoice_export.step2_export import wrappers
 from omnivoice_onnx.contract import CONTRACTS
+from omnivoice_onnx.hashing import sha256_file
 
 NUM_STEP = 32  # upstream's default, which the session capture runs at
 # Fresh forwards are checked at the first step (all targets masked), the first with tokens filled

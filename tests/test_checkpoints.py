@@ -21,11 +21,13 @@ import torch
 from conftest import Pipeline
 from safetensors.torch import load_file, save_file
 
-from omnivoice_export import capture, checkpoints, weights_recipe, wrappers
-from omnivoice_export.builder import FINGERPRINTS, build_checkpoint, count_parameters
-from omnivoice_export.calibration import check_codec_scales
-from omnivoice_export.checkpoints import model_fingerprint
-from omnivoice_export.generation import mode_request, read_wav, run_generate
+from omnivoice_export.step0_checkpoints import checkpoints, weights_recipe
+from omnivoice_export.step0_checkpoints.builder import FINGERPRINTS, build_checkpoint, count_parameters
+from omnivoice_export.step0_checkpoints.calibration import check_codec_scales
+from omnivoice_export.step0_checkpoints.checkpoints import model_fingerprint
+from omnivoice_export.step1_capture import capture
+from omnivoice_export.step1_capture.generation import mode_request, read_wav, run_generate
+from omnivoice_export.step2_export import wrappers
 from omnivoice_onnx.contract import CONTRACTS, HOP_LENGTH, SAMPLE_RATE
 
 # The real k2-fsa/OmniVoice parameter count (facts sheet), the full-random builder's target.
@@ -207,8 +209,8 @@ NO_DISPATCH_ENV = {
 _BUILD_AND_REPORT = """
 import json, sys, numpy, torch
 from pathlib import Path
-from omnivoice_export.builder import build_checkpoint
-from omnivoice_export.checkpoints import model_fingerprint
+from omnivoice_export.step0_checkpoints.builder import build_checkpoint
+from omnivoice_export.step0_checkpoints.checkpoints import model_fingerprint
 out = Path(sys.argv[1])
 print(json.dumps({"capability": torch.backends.cpu.get_cpu_capability(),
                   "numpy_simd": numpy._core._multiarray_umath.__cpu_features__["X86_V3"],

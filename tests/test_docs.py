@@ -226,7 +226,7 @@ class Checkout:
 
     def serve(self) -> int:
         """The port of this copy's `omnivoice-onnx serve` (started on first use)."""
-        from omnivoice_export.serving import launch
+        from serving import launch
 
         if self.server is None:
             self.server = launch(

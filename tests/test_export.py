@@ -18,12 +18,13 @@ import torch
 from conftest import CausalTransformerWrapper, Pipeline, read_report
 
 import export_omnivoice
-from omnivoice_export import capture, exporting
-from omnivoice_export.checkpoints import model_fingerprint
-from omnivoice_export.files import sha256_file
+from omnivoice_export.step0_checkpoints.checkpoints import model_fingerprint
+from omnivoice_export.step1_capture import capture
+from omnivoice_export.step2_export import exporting
 from omnivoice_onnx.bundle import MODEL_CARD_FILE, RUNTIME_CONFIG_FILE, TOKENIZER_FILE, card_license
 from omnivoice_onnx.contract import CONTRACTS, GRAPH_FILES, GRAPH_NAMES, THRESHOLDS, ort_signature, signature_problems
 from omnivoice_onnx.core.prompt import TextTokenizer
+from omnivoice_onnx.hashing import sha256_file
 from omnivoice_onnx.runtime_config import load_runtime_config
 from omnivoice_onnx.sessions import make_session
 
@@ -156,7 +157,7 @@ def test_metadata_props(export: tuple[str, Path], pipeline: Pipeline, graph: str
     # The licence and source travel with a graph copied out of its bundle (tiny: random weights).
     assert (meta["license"], meta["source"]) == (
         "other",
-        "random-weight tiny checkpoint (omnivoice_export.builder, seed 0)",
+        "random-weight tiny checkpoint (omnivoice_export.step0_checkpoints.builder, seed 0)",
     )
 
 

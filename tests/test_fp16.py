@@ -22,9 +22,10 @@ import pytest
 import torch
 from conftest import shared_build
 
-from omnivoice_export import exporting, fp16, model_card, quantize, report, wrappers
-from omnivoice_export.builder import LARGE_ACTIVATIONS, build_checkpoint
-from omnivoice_export.checkpoints import load_omnivoice, model_fingerprint
+from omnivoice_export.step0_checkpoints.builder import LARGE_ACTIVATIONS, build_checkpoint
+from omnivoice_export.step0_checkpoints.checkpoints import load_omnivoice, model_fingerprint
+from omnivoice_export.step2_export import exporting, model_card, report, wrappers
+from omnivoice_export.step56_variants import fp16, quantize, recipes
 from omnivoice_onnx.contract import AUDIO_VOCAB_SIZE, NUM_CODEBOOKS, THRESHOLDS
 from omnivoice_onnx.sessions import run
 
@@ -93,7 +94,7 @@ def large_act(tmp_path_factory) -> Path:
         )
         # The fp16 recipe's transformer conversion, as step 5 makes it (this export has no report and no codecs).
         source = onnx_dir / TRANSFORMER
-        recipe = quantize.RECIPES["fp16"]
+        recipe = recipes.RECIPES["fp16"]
         heads, _ = quantize.weight_nodes(
             onnx.load(str(source), load_external_data=False), NUM_CODEBOOKS * AUDIO_VOCAB_SIZE
         )

@@ -30,6 +30,7 @@ pytest.importorskip("fastapi")
 pytest.importorskip("wyoming")
 
 from conftest import single_stderr_line  # noqa: E402
+from serving import Launched, launch  # noqa: E402
 from test_server import tts  # noqa: E402,F401  (the runtime in-process: the voices' fingerprint)
 from wyoming.client import AsyncTcpClient  # noqa: E402
 from wyoming.error import Error  # noqa: E402
@@ -37,7 +38,6 @@ from wyoming.event import Event  # noqa: E402
 from wyoming.info import Describe, Info  # noqa: E402
 from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeVoice  # noqa: E402
 
-from omnivoice_export.serving import Launched, launch  # noqa: E402
 from omnivoice_onnx.serve import door  # noqa: E402
 from omnivoice_onnx.serve.service import API_KEY_ENV  # noqa: E402
 from omnivoice_onnx.voices import Voice, save_voice  # noqa: E402

@@ -1,4 +1,4 @@
-"""The fused fp32 transformer (`fp32-fused`, omnivoice_export/fusion.py) on tiny.
+"""The fused fp32 transformer (`fp32-fused`, omnivoice_export/step56_variants/fusion.py) on tiny.
 
 It must pass the same fp32 verdicts as the faithful export (parity_check.py --variant: argmax
 1.000000 and max |d| within the fp32 threshold on every captured call; infer_onnx.py --variant:
@@ -21,7 +21,8 @@ from conftest import assert_same_bits_on_captured_calls, captured_calls, read_re
 
 import parity_check
 import quantize_omnivoice
-from omnivoice_export import capture, fusion, quantize
+from omnivoice_export.step1_capture import capture
+from omnivoice_export.step56_variants import fusion, quantize, recipes
 from omnivoice_onnx.errors import UserError
 from omnivoice_onnx.sessions import make_session, run, run_split
 
@@ -60,7 +61,7 @@ def test_one_attention_per_layer_and_no_softmax(pipeline, fused):
     assert config["num_key_value_heads"] < config["num_attention_heads"]  # grouped-query: the repeat mattered
     entry = read_report(fused)["variants"][FUSED]
     assert entry["node_counts"]["Attention"] == layers(pipeline) and "Softmax" not in entry["node_counts"]
-    assert entry["recipe"] == quantize.RECIPES[FUSED].as_dict() and entry["recipe"]["fusions"] == ["attention"]
+    assert entry["recipe"] == recipes.RECIPES[FUSED].as_dict() and entry["recipe"]["fusions"] == ["attention"]
 
 
 @pytest.mark.slow

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from omnivoice_export import measure
+from omnivoice_export.common import measure
 from omnivoice_onnx import hardware
 
 SAPPHIRE_RAPIDS = {

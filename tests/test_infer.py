@@ -11,9 +11,9 @@ import soundfile
 from conftest import Pipeline, copy_pipeline, install_graph, read_report, run_script, single_stderr_line
 
 import infer_onnx
-from omnivoice_export import capture
-from omnivoice_export.cli import CheckFailed
+from omnivoice_export.step1_capture import capture
 from omnivoice_onnx.contract import SAMPLE_RATE, THRESHOLDS
+from omnivoice_onnx.program import CheckFailed
 
 pytestmark = pytest.mark.slow  # every test here uses the session pipeline (steps 0-2, ~100 s)
 NUM_STEP = 32

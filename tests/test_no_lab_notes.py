@@ -13,7 +13,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 LAB_NOTE = re.compile(r"\b(Run|issue) [0-9]+")
-LOG = REPO / "docs" / "omnivoice_onnx_investigation.md"
+LOG = REPO / "lab" / "investigation.md"
 TEXT = {".py", ".json", ".md", ".txt", ".html", ".sh"}
 
 
@@ -45,3 +45,9 @@ def test_no_run_or_issue_numbers_outside_the_log() -> None:
         if LAB_NOTE.search(line)
     ]
     assert hits == [], "\n".join(hits)
+
+
+def test_the_docs_shelf_holds_pages_not_a_notebook() -> None:
+    """docs/ is what a user reads: no page over 1,000 lines (the investigation log lives in lab/)."""
+    long = {page.name: n for page in (REPO / "docs").glob("*.md") if (n := len(page.read_text().splitlines())) > 1000}
+    assert not long, f"docs pages over 1,000 lines: {long}"

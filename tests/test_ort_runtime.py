@@ -9,8 +9,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from omnivoice_export import capture
-from omnivoice_export.ort_runtime import OrtGraphs
+from omnivoice_export.step1_capture import capture
+from omnivoice_export.step2_export.ort_runtime import OrtGraphs
 from omnivoice_onnx.contract import GRAPH_FILES
 from omnivoice_onnx.errors import UserError
 from omnivoice_onnx.sessions import make_session, prefix_lengths, run, run_split
@@ -115,7 +115,7 @@ def test_text_tokenizer_is_parsed_once_per_state_of_its_files(tiny_model, tmp_pa
     import os
     import shutil
 
-    from omnivoice_export.checkpoints import _files_state, _text_tokenizer
+    from omnivoice_export.step0_checkpoints.checkpoints import _files_state, _text_tokenizer
 
     checkpoint = tmp_path / "checkpoint"
     shutil.copytree(tiny_model, checkpoint, ignore=shutil.ignore_patterns("audio_tokenizer", "*.safetensors"))

@@ -25,11 +25,12 @@ import infer_onnx
 import make_reference
 import parity_check
 import quantize_omnivoice
-from omnivoice_export import capture, quality, quantize, smoothing
-from omnivoice_export.builder import OUTLIERS, build_checkpoint, trigger_token_ids
-from omnivoice_export.checkpoints import load_omnivoice
-from omnivoice_export.files import sha256_file
-from omnivoice_export.report import read_graph_metadata, save_with_sidecar
+from omnivoice_export.step0_checkpoints.builder import OUTLIERS, build_checkpoint, trigger_token_ids
+from omnivoice_export.step0_checkpoints.checkpoints import load_omnivoice
+from omnivoice_export.step1_capture import capture
+from omnivoice_export.step2_export.report import read_graph_metadata, save_with_sidecar
+from omnivoice_export.step56_variants import quality, quantize, recipes, smoothing
+from omnivoice_onnx.hashing import sha256_file
 from omnivoice_onnx.sessions import make_session
 
 pytestmark = pytest.mark.slow  # one tiny-outliers pipeline: steps 0-2, then step 5 for two recipes
@@ -211,7 +212,7 @@ def test_every_fold_is_exact_in_fp32(checkpoint: str, request, tmp_path: Path) -
     v_proj), and where the checkpoint's outliers sit (the norm inputs of tiny-outliers, the o_proj
     input of the reparametrized tiny) the channel ratio after the fold is a fraction of before."""
     pipeline: Pipeline = request.getfixturevalue(checkpoint)
-    recipe = quantize.RECIPES["int8"]
+    recipe = recipes.RECIPES["int8"]
     source = pipeline.onnx / quantize.TRANSFORMER_FILE
     export = read_report(pipeline.onnx)
     exclude = export["variants"]["int8"]["excluded_nodes"]

@@ -16,9 +16,10 @@ import pytest
 from conftest import Pipeline, install_graph, read_report, rehash_graph, run_script, single_stderr_line
 
 import parity_check
-from omnivoice_export import capture, report
-from omnivoice_export.cli import CheckFailed
+from omnivoice_export.step1_capture import capture
+from omnivoice_export.step2_export import report
 from omnivoice_onnx.contract import CONTRACTS, GRAPH_FILES, GRAPH_NAMES, THRESHOLDS
+from omnivoice_onnx.program import CheckFailed
 
 pytestmark = pytest.mark.slow  # every test here uses the session pipeline (steps 0-2, ~100 s)
 NUM_STEP = 32

@@ -31,12 +31,13 @@ import export_omnivoice
 import infer_onnx
 import parity_check
 import quantize_omnivoice
-from omnivoice_export import capture, metrics
-from omnivoice_export.checkpoints import REQUIRED_FILES, load_omnivoice, model_fingerprint
-from omnivoice_export.cli import EXIT_BAD_INPUT, EXIT_CHECK_FAILED
-from omnivoice_export.files import sha256_file
+from omnivoice_export.common import metrics
+from omnivoice_export.step0_checkpoints.checkpoints import REQUIRED_FILES, load_omnivoice, model_fingerprint
+from omnivoice_export.step1_capture import capture
 from omnivoice_onnx.contract import GRAPH_FILES
 from omnivoice_onnx.errors import UserError
+from omnivoice_onnx.hashing import sha256_file
+from omnivoice_onnx.program import EXIT_BAD_INPUT, EXIT_CHECK_FAILED
 from omnivoice_onnx.sessions import make_session, run
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs torch with a CUDA device")
@@ -291,7 +292,7 @@ def test_compare_captures_finds_the_first_step_with_other_inputs(pipeline: Pipel
     capture's does: step 0's inputs are equal and so are its logits, bit for bit; the inputs part
     at step 1."""
     import capture_reference
-    from omnivoice_export import device_check
+    from omnivoice_export.step34_proof import device_check
 
     other = tmp_path / "capture"
 
@@ -311,7 +312,7 @@ def test_compare_captures_finds_the_first_step_with_other_inputs(pipeline: Pipel
 def test_replay_on_the_capture_device_is_exact(pipeline: Pipeline) -> None:
     """device_check.replay on the device the capture was made on reproduces it exactly: logits of
     every mode (steps 0 and 31), encoder codes and decoder audio."""
-    from omnivoice_export import device_check
+    from omnivoice_export.step34_proof import device_check
 
     result = device_check.replay(pipeline.capture, "cpu", steps=[0, 31])
     assert set(result["modes"]) == set(capture.MODES)
@@ -347,7 +348,7 @@ def test_gpu_check_stops_with_one_line_without_cuda(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_cuda_replay_of_the_cpu_capture_is_fp32(pipeline: Pipeline) -> None:
     """torch on CUDA with TF32 off reproduces the CPU reference within the fp32 parity thresholds."""
-    from omnivoice_export import device_check
+    from omnivoice_export.step34_proof import device_check
     from omnivoice_onnx.contract import THRESHOLDS
 
     result = device_check.replay(pipeline.capture, "cuda")
@@ -568,7 +569,7 @@ def test_hub_repo_id_resolves_from_the_cache_offline(tiny_model: Path, tmp_path:
     its snapshot without network, validated, and fingerprinted as the very files tiny is."""
     snapshot_dir = _hub_cache(tmp_path / "hub", tiny_model)
     probe = (
-        "from omnivoice_export.checkpoints import model_fingerprint, resolve_model; "
+        "from omnivoice_export.step0_checkpoints.checkpoints import model_fingerprint, resolve_model; "
         "path = resolve_model('k2-fsa/OmniVoice'); print(path); print(model_fingerprint(path))"
     )
     done = subprocess.run(

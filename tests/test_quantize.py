@@ -20,7 +20,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 import quality_omnivoice
 import quantize_omnivoice
-from omnivoice_export import capture, quality, quantize, report, sensitivity
+from omnivoice_export.step1_capture import capture
+from omnivoice_export.step2_export import report
+from omnivoice_export.step56_variants import quality, quantize, recipes, sensitivity
 from omnivoice_onnx.errors import UserError
 from omnivoice_onnx.sessions import make_session, run, run_split
 
@@ -76,23 +78,23 @@ def test_every_recipe_writes_one_graph_and_one_sidecar(variants):
     """One transformer graph and its sidecar per variant, plus each codec graph (and sidecar) the
     recipe converts itself (fp16)."""
     entries = read_report(variants)["variants"]
-    assert set(entries) == set(quantize.RECIPES)
+    assert set(entries) == set(recipes.RECIPES)
     for name, entry in entries.items():
         folder = variants / name
-        graphs = quantize.recipe_files(quantize.RECIPES[name])
+        graphs = quantize.recipe_files(recipes.RECIPES[name])
         assert sorted(p.name for p in folder.iterdir()) == sorted(
             g + suffix for g in graphs for suffix in ("", ".data")
         )
         for file, info in entry["files"].items():
             assert (folder / file).stat().st_size == info["bytes"]
-        assert entry["recipe"] == quantize.RECIPES[name].as_dict()
+        assert entry["recipe"] == recipes.RECIPES[name].as_dict()
         assert quantize.verify_variant(variants, report.load_report(variants), name) == folder / TRANSFORMER
 
 
 @pytest.mark.slow
 def test_variant_metadata_is_the_fp32_graphs_plus_variant_and_recipe(variants):
     fp32 = {p.key: p.value for p in onnx.load(str(variants / TRANSFORMER), load_external_data=False).metadata_props}
-    for name, recipe in quantize.RECIPES.items():
+    for name, recipe in recipes.RECIPES.items():
         meta = {
             p.key: p.value
             for p in onnx.load(str(variants / name / TRANSFORMER), load_external_data=False).metadata_props
@@ -106,7 +108,7 @@ def test_heads_and_embeddings_stay_fp32_where_the_recipe_says(variants):
     fp32 = onnx.load(str(variants / TRANSFORMER), load_external_data=False)
     heads_width = 8 * 1025
     heads, embeddings = quantize.weight_nodes(fp32, heads_width)
-    for name, recipe in quantize.RECIPES.items():
+    for name, recipe in recipes.RECIPES.items():
         model = onnx.load(str(variants / name / TRANSFORMER), load_external_data=False)
         nodes = {node.name: node for node in model.graph.node}
         float_weights = {i.name for i in model.graph.initializer if i.data_type == TensorProto.FLOAT}
@@ -156,7 +158,7 @@ def test_int8_holds_its_three_rewrites(pipeline, variants, name: str):
         ops.count("Transpose"),
         ops.count("Expand"),
     ) == (layers, 2 * layers, 7 * layers, 4 * layers + 1, 0, 0, 0, 1, 0)
-    assert quantize.RECIPES[name].fusions == ("attention", "rotary", "rms_norm")
+    assert recipes.RECIPES[name].fusions == ("attention", "rotary", "rms_norm")
 
 
 @pytest.mark.slow
@@ -235,12 +237,12 @@ def make_session_from_model(model: onnx.ModelProto):
 @pytest.mark.slow
 def test_variant_sessions_keep_the_transformer_contract(pipeline, variants):
     """Same inputs and output as the fp32 graph; finite logits as generate() calls them (run_split)."""
-    from omnivoice_export import capture
+    from omnivoice_export.step1_capture import capture
     from omnivoice_onnx.sessions import run_split
 
     data = capture.load_step(pipeline.capture, "clone", 0)
     fp32 = make_session(variants / TRANSFORMER)
-    for name in quantize.RECIPES:
+    for name in recipes.RECIPES:
         session = make_session(variants / name / TRANSFORMER)
         assert [(i.name, i.type) for i in session.get_inputs()] == [(i.name, i.type) for i in fp32.get_inputs()]
         assert [(o.name, o.type) for o in session.get_outputs()] == [(o.name, o.type) for o in fp32.get_outputs()]
@@ -265,7 +267,7 @@ def test_a_damaged_or_unknown_variant_is_refused(variants, tmp_path):
 
 def test_script_help_and_unknown_variant():
     help_text = run_script("quantize_omnivoice.py", "--help").stdout
-    for name in quantize.RECIPES:
+    for name in recipes.RECIPES:
         assert name in help_text
     proc = run_script("quantize_omnivoice.py", "--variants", "int3")
     assert proc.returncode == 2 and proc.stderr.startswith("error: --variants: unknown value(s) int3")
@@ -275,8 +277,8 @@ def test_script_help_and_unknown_variant():
 def test_each_recipe_method_runs_generate_in_every_mode(measured, pipeline):
     manifest = json.loads((pipeline.capture / "manifest.json").read_text())
     assert set(measured["variants"]) == {"fp32", *MEASURED}
-    assert {quantize.RECIPES[name].method for name in MEASURED} == {
-        r.method for r in quantize.RECIPES.values() if r.bits < 32
+    assert {recipes.RECIPES[name].method for name in MEASURED} == {
+        r.method for r in recipes.RECIPES.values() if r.bits < 32
     }
     for name, result in measured["variants"].items():
         assert set(result["end_to_end"]) == set(manifest["modes"]), name
@@ -335,7 +337,7 @@ def test_unmasked_fp32_is_bit_identical_through_run_split(pipeline, variants):
 @pytest.mark.slow
 def test_unmasked_fp32_gives_nan_for_rows_whose_mask_is_not_all_true(pipeline, variants):
     """A padded call (upstream's layout) on the unmasked graph is loud: NaN rows, never wrong numbers."""
-    from omnivoice_export import capture
+    from omnivoice_export.step1_capture import capture
 
     data = capture.load_step(pipeline.capture, "design", 5)
     feeds = {k: data[k] for k in ("input_ids", "audio_mask", "attention_mask")}

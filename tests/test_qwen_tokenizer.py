@@ -22,7 +22,7 @@ import tiktoken
 from tiktoken.load import load_tiktoken_bpe
 from transformers import AutoTokenizer, Qwen2Tokenizer
 
-from omnivoice_export.qwen_tokenizer import (
+from omnivoice_export.step0_checkpoints.qwen_tokenizer import (
     OMNIVOICE_SPECIAL_TOKENS,
     QWEN3_ADDED_TOKENS,
     QWEN_SPLIT_PATTERN,

@@ -301,7 +301,7 @@ class Web:
 
 @pytest.fixture(scope="module")
 def web(pipeline, tmp_path_factory):
-    from omnivoice_export.serving import launch
+    from serving import launch
 
     env = {key: value for key, value in os.environ.items() if key != "OMNIVOICE_API_KEY"}
     env["OMNIVOICE_ORT_THREADS"] = "1"
@@ -430,7 +430,7 @@ def test_uploads_queue_like_work_within_their_memory_bound(web: Web) -> None:
 
 @pytest.mark.slow
 def test_no_auth_warns_once_listening(pipeline, tmp_path: Path) -> None:
-    from omnivoice_export.serving import launch
+    from serving import launch
 
     env = {key: value for key, value in os.environ.items() if key != "OMNIVOICE_API_KEY"}
     log = tmp_path / "server.log"

@@ -32,7 +32,7 @@ with warnings.catch_warnings():  # pydub warns at import that ffmpeg is missing;
 import torchaudio
 from torchaudio.functional.functional import _get_sinc_resample_kernel
 
-from omnivoice_export.runtime_assets import host_sections
+from omnivoice_export.step2_export.runtime_assets import host_sections
 from omnivoice_onnx.core import _resample, audio
 from omnivoice_onnx.errors import UserError
 

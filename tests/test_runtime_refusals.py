@@ -27,11 +27,13 @@ from test_script_errors import assert_one_line, run_inprocess, snapshot
 import infer_onnx
 import quality_omnivoice
 import quantize_omnivoice
-from omnivoice_export import quality, quantize, report
-from omnivoice_export.cli import EXIT_BAD_INPUT
+from omnivoice_export.step2_export import report
+from omnivoice_export.step56_variants import quality, quantize, recipes
 from omnivoice_onnx import OmniVoiceOnnx, UserError, VoiceClonePrompt, limits, sessions
+from omnivoice_onnx.bundle import variant_fix
 from omnivoice_onnx.contract import GRAPH_FILES
 from omnivoice_onnx.core import generate as gen
+from omnivoice_onnx.program import EXIT_BAD_INPUT
 
 TRANSFORMER = quantize.TRANSFORMER_FILE
 
@@ -61,10 +63,10 @@ def assert_variants_as_reported(onnx_dir: Path, names) -> None:
 @pytest.mark.slow
 def test_ten_concurrent_runs_one_recipe_each_keep_every_entry(onnx_copy: Path) -> None:
     """The report's read-modify-write used to lose 1-2 of 10 entries (all runs exit 0)."""
-    procs = {name: quantize_process(onnx_copy, name) for name in quantize.RECIPES}
+    procs = {name: quantize_process(onnx_copy, name) for name in recipes.RECIPES}
     for name, proc in procs.items():
         assert proc.wait(timeout=600) == 0, (name, proc.stderr.read()[-2000:])
-    assert_variants_as_reported(onnx_copy, quantize.RECIPES)
+    assert_variants_as_reported(onnx_copy, recipes.RECIPES)
 
 
 @pytest.mark.slow
@@ -415,7 +417,7 @@ def test_zeroed_weights_of_every_variant_refused_naming_step_5(variant: str, bun
     _zero(onnx_dir / variant / (GRAPH_FILES["transformer"] + ".data"))
     error = one_line(lambda: OmniVoiceOnnx.from_dir(onnx_dir, variant=variant))
     assert f"{variant}/omnivoice_transformer.onnx.data does not match the sha256" in str(error)
-    assert error.fix == f"run quantize_omnivoice.py --variants {variant}"
+    assert error.fix == variant_fix(variant) and "omnivoice-onnx download" in error.fix  # a pip user's way too
     if variant == "fp32-fused":  # the default: infer_onnx.py --text takes it unnamed
         assert "does not match the sha256" in str(one_line(lambda: OmniVoiceOnnx.from_dir(onnx_dir)))
 
@@ -474,7 +476,7 @@ def test_variant_of_another_model_blames_the_variant(bundle: Path, tmp_path: Pat
     _set_metadata(onnx_dir / "int8" / GRAPH_FILES["transformer"], model_fingerprint="0" * 64)
     error = one_line(lambda: OmniVoiceOnnx.from_dir(onnx_dir, variant="int8", verify=False))
     assert "int8/omnivoice_transformer.onnx was made from another export" in str(error)
-    assert error.fix == "run quantize_omnivoice.py --variants int8" and "higgs_encoder" not in str(error)
+    assert error.fix == variant_fix("int8") and "higgs_encoder" not in str(error)
 
 
 @pytest.mark.slow

@@ -24,8 +24,8 @@ from omnivoice.utils import voice_design
 from omnivoice.utils.duration import RuleDurationEstimator
 from omnivoice.utils.lang_map import LANG_IDS, LANG_NAME_TO_ID, lang_display_name
 
-from omnivoice_export.checkpoints import model_fingerprint
-from omnivoice_export.runtime_assets import write_runtime_assets
+from omnivoice_export.step0_checkpoints.checkpoints import model_fingerprint
+from omnivoice_export.step2_export.runtime_assets import write_runtime_assets
 from omnivoice_onnx import bundle
 from omnivoice_onnx.core import duration, prompt, text
 from omnivoice_onnx.core.instruct import instruct_use_zh, resolve_instruct

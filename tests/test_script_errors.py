@@ -39,9 +39,19 @@ import export_omnivoice
 import infer_onnx
 import make_reference
 import parity_check
-from omnivoice_export import capture, exporting, generation, report
-from omnivoice_export.checkpoints import REQUIRED_FILES
-from omnivoice_export.cli import (
+from omnivoice_export.step0_checkpoints.checkpoints import REQUIRED_FILES
+from omnivoice_export.step1_capture import capture, generation
+from omnivoice_export.step1_capture.generation import (
+    REFERENCE_TEXT,
+    GenerationRequest,
+    check_reference_audio,
+    write_wav,
+)
+from omnivoice_export.step2_export import exporting, report
+from omnivoice_onnx.errors import UserError
+from omnivoice_onnx.files import atomic_path, temporary_dir
+from omnivoice_onnx.hashing import sha256_file
+from omnivoice_onnx.program import (
     EXIT_BAD_INPUT,
     EXIT_BROKEN_PIPE,
     EXIT_CHECK_FAILED,
@@ -49,9 +59,6 @@ from omnivoice_export.cli import (
     EXIT_TERMINATED,
     run_main,
 )
-from omnivoice_export.files import atomic_path, sha256_file, temporary_dir
-from omnivoice_export.generation import REFERENCE_TEXT, GenerationRequest, check_reference_audio, write_wav
-from omnivoice_onnx.errors import UserError
 from omnivoice_onnx.verified import stat_identity
 
 DECODER = "higgs_decoder.onnx"
@@ -713,7 +720,8 @@ def test_seed_range_is_torchs() -> None:
     """The seed flags accept exactly what torch.manual_seed accepts."""
     import torch
 
-    from omnivoice_export.cli import SEED, SEED_MAX, SEED_MIN
+    from omnivoice_onnx.limits import SEED_MAX, SEED_MIN
+    from omnivoice_onnx.program import SEED
 
     for seed in (SEED_MIN, SEED_MAX):
         torch.manual_seed(SEED(str(seed)))

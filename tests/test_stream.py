@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from conftest import Pipeline
 
-from omnivoice_export.runtime_assets import host_sections
+from omnivoice_export.step2_export.runtime_assets import host_sections
 from omnivoice_onnx import Cancelled, OmniVoiceOnnx, Trace
 from omnivoice_onnx.core import audio
 

@@ -315,7 +315,8 @@ def test_the_toolchain_checks_through_the_same_record(
     """files.first_mismatch, the check of capture files, graphs and variants in steps 2-6: a second
     check of unchanged files hashes nothing; a file rewritten with other bytes of its size is
     hashed again and named; OMNIVOICE_VERIFY=full hashes every file."""
-    from omnivoice_export.files import file_entry, first_mismatch
+    from omnivoice_export.common.files import first_mismatch
+    from omnivoice_onnx.hashing import file_entry
 
     files = []
     for name in ("a.npz", "b.npz"):

@@ -47,7 +47,7 @@ from omnivoice_onnx.limits import too_large
 from omnivoice_onnx.reading import existing_file
 
 # The settings (`rules`: runtime-config.json's audio section, written by
-# omnivoice_export/runtime_assets.py from upstream; docs/runtime.md states each):
+# omnivoice_export/step2_export/runtime_assets.py from upstream; docs/runtime.md states each):
 #   target_rms 0.1            references quieter than this are boosted to it; outputs scaled back down
 #   peak_level 0.5, min_peak 1e-6   without a reference the output peak is set to peak_level,
 #                             unless it is <= min_peak (near silent)

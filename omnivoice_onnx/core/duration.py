@@ -22,7 +22,7 @@ Subtle points, for a port:
   Python 3.11); a port on another Unicode version may weigh newly assigned characters otherwise.
 - Data: the weight table, the Unicode ranges, the special code points, the lift's threshold and
   strength and the fallback reference are the `duration` section of the export's
-  runtime-config.json (passed in as `rules`); omnivoice_export/runtime_assets.py writes it from
+  runtime-config.json (passed in as `rules`); omnivoice_export/step2_export/runtime_assets.py writes it from
   upstream's RuleDurationEstimator. docs/runtime.md states the rules.
 """
 

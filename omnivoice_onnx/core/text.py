@@ -22,7 +22,7 @@ Subtle points, for a port:
 
 Data: every set and number here (split punctuation, closing marks, end punctuation,
 abbreviations, the Chinese range and full stops, min_chunk_len) is the `text` section of the
-export's runtime-config.json, passed in as `rules`; omnivoice_export/runtime_assets.py writes it
+export's runtime-config.json, passed in as `rules`; omnivoice_export/step2_export/runtime_assets.py writes it
 from upstream's utils/text.py.
 """
 
