@@ -36,14 +36,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from omnivoice_onnx.bundle import RERUN_EXPORT, TOKENIZER_FILE, Bundle, variant_fix
-from omnivoice_onnx.contract import (
-    AUDIO_VOCAB_SIZE,
-    FP32_VARIANT,
-    NUM_CODEBOOKS,
-    contract_table,
-    ort_signature,
-    signature_problems,
-)
 from omnivoice_onnx.core import generate as gen
 from omnivoice_onnx.core import request
 from omnivoice_onnx.core.prompt import TextTokenizer
@@ -63,69 +55,6 @@ from omnivoice_onnx.sessions import PROVIDERS, TRANSFORMER_ARENA, CodecSessions,
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack  # typing's own from Python 3.11
-
-# Graph metadata (omnivoice_export.step2_export.exporting.graph_metadata) the runtime reads, as ints.
-INT_METADATA = ("sample_rate", "hop_length", "frame_rate", "num_codebooks", "audio_vocab_size", "audio_mask_id")
-# runtime-config.json's model section -> the graph metadata key that must agree with it (a port
-# reads the config instead of the graphs' metadata_props, so both must say the same).
-CONFIG_VS_METADATA = {
-    "audio_mask_id": "audio_mask_id",
-    "num_audio_codebook": "num_codebooks",
-    "audio_vocab_size": "audio_vocab_size",
-    "sample_rate": "sample_rate",
-    "hop_length": "hop_length",
-    "frame_rate": "frame_rate",
-    "model_fingerprint": "model_fingerprint",
-}
-
-
-def graph_metadata(session: Any, path: Path, graph: str) -> dict[str, Any]:
-    """A session's OmniVoice metadata (ints parsed), checked to describe `graph` and its inputs
-    and outputs checked against the contract table."""
-    meta = dict(session.get_modelmeta().custom_metadata_map)
-    if meta.get("graph") != graph:
-        raise UserError(
-            f"{path} is not an OmniVoice {graph} graph (its metadata says graph={meta.get('graph')!r})", RERUN_EXPORT
-        )
-    problems = signature_problems(graph, *ort_signature(session))
-    if problems:
-        raise UserError(f"{path} does not meet the {graph} contract: {'; '.join(problems)}", RERUN_EXPORT)
-    missing = [key for key in INT_METADATA + ("model_fingerprint",) if key not in meta]
-    if missing:
-        raise UserError(f"{path} lacks metadata {', '.join(missing)}", RERUN_EXPORT)
-    try:
-        values = {key: int(meta[key]) for key in INT_METADATA}
-    except ValueError as exc:
-        raise UserError(f"{path} has non-integer metadata ({exc})", RERUN_EXPORT) from exc
-    problem = metadata_problem(values)
-    if problem:
-        raise UserError(f"{path} has impossible metadata: {problem}", RERUN_EXPORT)
-    return {**meta, **values}
-
-
-def metadata_problem(values: dict[str, int]) -> str | None:
-    """What is wrong with a graph's int metadata, as the runtime's arithmetic uses it (None if
-    nothing): rates and sizes positive, sample_rate = hop_length x frame_rate (frames <-> samples),
-    the contract's codebooks and vocabulary, the mask id the vocabulary's last entry (the codes
-    are [0, mask id): request.check_prompt)."""
-    for key in ("sample_rate", "hop_length", "frame_rate"):
-        if values[key] <= 0:
-            return f"{key}={values[key]} (must be > 0)"
-    if values["sample_rate"] != values["hop_length"] * values["frame_rate"]:
-        return (
-            f"sample_rate={values['sample_rate']} is not hop_length x frame_rate = "
-            f"{values['hop_length']} x {values['frame_rate']}"
-        )
-    if (values["num_codebooks"], values["audio_vocab_size"]) != (NUM_CODEBOOKS, AUDIO_VOCAB_SIZE):
-        return (
-            f"num_codebooks={values['num_codebooks']}, audio_vocab_size={values['audio_vocab_size']} (the graphs "
-            f"take {NUM_CODEBOOKS} and {AUDIO_VOCAB_SIZE})"
-        )
-    if values["audio_mask_id"] != values["audio_vocab_size"] - 1:
-        return (
-            f"audio_mask_id={values['audio_mask_id']} is not the vocabulary's last id {values['audio_vocab_size'] - 1}"
-        )
-    return None
 
 
 class OmniVoiceOnnx:
@@ -159,67 +88,21 @@ class OmniVoiceOnnx:
         path = self.bundle.transformer_path()
         self.runtime_config = self.bundle.runtime_config
         self.tokenizer = TextTokenizer.from_file(self.bundle.tokenizer_path, self.bundle.asset(TOKENIZER_FILE))
-        fix = variant_fix(self.variant)
-        self.transformer = make_session(path, provider, threads, arena=TRANSFORMER_ARENA, fix=fix)
+        self.transformer = make_session(path, provider, threads, arena=TRANSFORMER_ARENA, fix=variant_fix(self.variant))
         self.bundle.check_loaded(path)  # the session holds the bytes that were hashed
-        self.metadata = graph_metadata(self.transformer, path, "transformer")
-        if self.metadata.get("variant", FP32_VARIANT) != self.variant:
-            raise UserError(
-                f"{path} is variant {self.metadata.get('variant', FP32_VARIANT)!r}, not {self.variant!r}",
-                f"run quantize_omnivoice.py --variants {self.variant}",
-            )
+        self.metadata = self.bundle.transformer_metadata(self.transformer)
         self.codecs = CodecSessions(
             self.bundle.codec_paths(self.variant), provider, threads, resident_codecs, self.bundle.check_loaded
         )
-        for name in ("encoder", "decoder"):
-            # Opened once here (then released unless resident) so a foreign graph fails now, not
-            # after the whole transformer loop.
-            session = self.codecs.held.get(name) or self.codecs.open(name)
-            codec_meta = graph_metadata(session, self.codecs.paths[name], name)
-            if codec_meta.get("variant", FP32_VARIANT) not in (FP32_VARIANT, self.variant):
-                raise UserError(
-                    f"{self.codecs.paths[name]} is variant {codec_meta['variant']!r}'s {name}, not {self.variant!r}'s",
-                    f"run quantize_omnivoice.py --variants {self.variant}",
-                )
-            if codec_meta["model_fingerprint"] != self.metadata["model_fingerprint"]:
-                if self.variant != FP32_VARIANT:  # the codecs are the export's own: the variant is the stranger
-                    raise UserError(
-                        f"{path} was made from another export (model "
-                        f"{self.metadata['model_fingerprint'][:16]}; this export's graphs are of "
-                        f"{codec_meta['model_fingerprint'][:16]})",
-                        fix,
-                    )
-                raise UserError(
-                    f"{self.codecs.paths[name]} belongs to another export (model "
-                    f"{codec_meta['model_fingerprint'][:16]}, the transformer's is "
-                    f"{self.metadata['model_fingerprint'][:16]})",
-                    RERUN_EXPORT,
-                )
-            differ = [key for key in INT_METADATA if codec_meta[key] != self.metadata[key]]
-            if differ:
-                raise UserError(
-                    f"{self.codecs.paths[name]} says {differ[0]}={codec_meta[differ[0]]} but {path} says "
-                    f"{self.metadata[differ[0]]}",
-                    RERUN_EXPORT,
-                )
+        # Each codec opened once here (then released unless resident), so a foreign graph fails
+        # now, not after the whole transformer loop; the bundle checks the graphs agree.
+        self.bundle.check_graphs(self.metadata, lambda name: self.codecs.held.get(name) or self.codecs.open(name))
         try:  # the export's own generation defaults, checked as a request's are
             request.generation_config(None, self.runtime_config["generation"])
         except UserError as exc:
             raise UserError(
                 f"{self.bundle.runtime_config_path}: its generation defaults are wrong ({exc.problem})", RERUN_EXPORT
             ) from exc
-        if self.runtime_config["graphs"] != contract_table():
-            raise UserError(
-                "runtime-config.json's graphs section is not this runtime's I/O contract (omnivoice_onnx.contract)",
-                RERUN_EXPORT,
-            )
-        for key, meta_key in CONFIG_VS_METADATA.items():
-            if self.runtime_config["model"][key] != self.metadata[meta_key]:
-                raise UserError(
-                    f"runtime-config.json says {key}={self.runtime_config['model'][key]} but the graphs "
-                    f"say {self.metadata[meta_key]}",
-                    RERUN_EXPORT,
-                )
         decoder_path = self.codecs.paths["decoder"]
         self.model = Model(
             transformer=lambda ids, audio_mask, attention: finite_output(

@@ -23,7 +23,8 @@ files must keep the identity they were hashed under once onnxruntime has loaded 
 every call (check_loaded: onnxruntime maps a sidecar, it does not copy it). A bundle without a report
 (assembled by hand, a port's test folder) is refused unless the check is skipped (verify=False, or
 OMNIVOICE_VERIFY=0); the graphs' metadata and runtime-config.json's values are checked either
-way (api.py, runtime_config.load_runtime_config).
+way (Bundle.transformer_metadata and check_graphs once the sessions are made,
+runtime_config.load_runtime_config).
 
 Metadata is read from the .onnx protobuf (omnivoice_onnx.graphmeta; the weights are in the
 sidecar): no onnxruntime session, no `onnx` package. Licence: each graph's metadata carries
@@ -35,15 +36,21 @@ from __future__ import annotations
 import functools
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
 from omnivoice_onnx.contract import (
+    AUDIO_VOCAB_SIZE,
     FP32_VARIANT,
     GRAPH_FILES,
+    NUM_CODEBOOKS,
     REPORT_FILE,
     codec_paths,
+    contract_table,
+    ort_signature,
+    signature_problems,
     variant_dir,
     variant_path,
     variants_present,
@@ -101,8 +108,14 @@ def verify_requested(verify: Any) -> bool:
 
 
 def variant_fix(variant: str) -> str:
-    """The step that remakes `variant`'s files."""
-    return RERUN_EXPORT if variant == FP32_VARIANT else f"run quantize_omnivoice.py --variants {variant}"
+    """What gets `variant`'s files (missing or damaged): a pip user downloads a bundle that holds
+    it; in the export toolchain's checkout, the step that remakes it (step 5)."""
+    if variant == FP32_VARIANT:
+        return RERUN_EXPORT
+    return (
+        f"download a bundle that holds variant {variant} (omnivoice-onnx download), or, in the export "
+        f"toolchain's checkout, run quantize_omnivoice.py --variants {variant}"
+    )
 
 
 def metadata_props(path: Path) -> dict[str, str]:
@@ -225,6 +238,70 @@ class Folder:
 
     def member(self, name: str) -> Path:  # a file the report or a release manifest lists, by relative path
         return self.dir / name
+
+
+# Graph metadata (omnivoice_export.step2_export.exporting.graph_metadata) the runtime reads, as ints.
+INT_METADATA = ("sample_rate", "hop_length", "frame_rate", "num_codebooks", "audio_vocab_size", "audio_mask_id")
+# runtime-config.json's model section -> the graph metadata key that must agree with it (a port
+# reads the config instead of the graphs' metadata_props, so both must say the same).
+CONFIG_VS_METADATA = {
+    "audio_mask_id": "audio_mask_id",
+    "num_audio_codebook": "num_codebooks",
+    "audio_vocab_size": "audio_vocab_size",
+    "sample_rate": "sample_rate",
+    "hop_length": "hop_length",
+    "frame_rate": "frame_rate",
+    "model_fingerprint": "model_fingerprint",
+}
+
+
+def graph_metadata(session: Any, path: Path, graph: str) -> dict[str, Any]:
+    """A session's OmniVoice metadata (ints parsed), checked to describe `graph` and its inputs
+    and outputs checked against the contract table."""
+    meta = dict(session.get_modelmeta().custom_metadata_map)
+    if meta.get("graph") != graph:
+        raise UserError(
+            f"{path} is not an OmniVoice {graph} graph (its metadata says graph={meta.get('graph')!r})", RERUN_EXPORT
+        )
+    problems = signature_problems(graph, *ort_signature(session))
+    if problems:
+        raise UserError(f"{path} does not meet the {graph} contract: {'; '.join(problems)}", RERUN_EXPORT)
+    missing = [key for key in INT_METADATA + ("model_fingerprint",) if key not in meta]
+    if missing:
+        raise UserError(f"{path} lacks metadata {', '.join(missing)}", RERUN_EXPORT)
+    try:
+        values = {key: int(meta[key]) for key in INT_METADATA}
+    except ValueError as exc:
+        raise UserError(f"{path} has non-integer metadata ({exc})", RERUN_EXPORT) from exc
+    problem = metadata_problem(values)
+    if problem:
+        raise UserError(f"{path} has impossible metadata: {problem}", RERUN_EXPORT)
+    return {**meta, **values}
+
+
+def metadata_problem(values: dict[str, int]) -> str | None:
+    """What is wrong with a graph's int metadata, as the runtime's arithmetic uses it (None if
+    nothing): rates and sizes positive, sample_rate = hop_length x frame_rate (frames <-> samples),
+    the contract's codebooks and vocabulary, the mask id the vocabulary's last entry (the codes
+    are [0, mask id): request.check_prompt)."""
+    for key in ("sample_rate", "hop_length", "frame_rate"):
+        if values[key] <= 0:
+            return f"{key}={values[key]} (must be > 0)"
+    if values["sample_rate"] != values["hop_length"] * values["frame_rate"]:
+        return (
+            f"sample_rate={values['sample_rate']} is not hop_length x frame_rate = "
+            f"{values['hop_length']} x {values['frame_rate']}"
+        )
+    if (values["num_codebooks"], values["audio_vocab_size"]) != (NUM_CODEBOOKS, AUDIO_VOCAB_SIZE):
+        return (
+            f"num_codebooks={values['num_codebooks']}, audio_vocab_size={values['audio_vocab_size']} (the graphs "
+            f"take {NUM_CODEBOOKS} and {AUDIO_VOCAB_SIZE})"
+        )
+    if values["audio_mask_id"] != values["audio_vocab_size"] - 1:
+        return (
+            f"audio_mask_id={values['audio_mask_id']} is not the vocabulary's last id {values['audio_vocab_size'] - 1}"
+        )
+    return None
 
 
 class Bundle(Folder):
@@ -393,6 +470,62 @@ class Bundle(Folder):
                 for name, info in entry["files"].items()
             ]
         return checks
+
+    def transformer_metadata(self, session: Any) -> dict[str, Any]:
+        """The loaded transformer's metadata (graph_metadata), checked to name the bundle's variant."""
+        path = self.transformer_path()
+        meta = graph_metadata(session, path, "transformer")
+        if meta.get("variant", FP32_VARIANT) != self.variant:
+            raise UserError(
+                f"{path} is variant {meta.get('variant', FP32_VARIANT)!r}, not {self.variant!r}",
+                variant_fix(self.variant),
+            )
+        return meta
+
+    def check_graphs(self, transformer: dict[str, Any], open_codec: Callable[[str], Any]) -> None:
+        """The graphs a variant loads are one export's: each codec session (`open_codec(name)`) is
+        an encoder/decoder graph (graph_metadata) of this variant or the export's own, of the
+        transformer's model (`transformer`: transformer_metadata's) with its constants; and
+        runtime-config.json says what the graphs say (a port reads the config, not the graphs).
+        A UserError naming the stranger and the step that remakes it."""
+        path = self.transformer_path()
+        for name, codec_path in self.codec_paths(self.variant).items():
+            meta = graph_metadata(open_codec(name), codec_path, name)
+            if meta.get("variant", FP32_VARIANT) not in (FP32_VARIANT, self.variant):
+                raise UserError(
+                    f"{codec_path} is variant {meta['variant']!r}'s {name}, not {self.variant!r}'s",
+                    variant_fix(self.variant),
+                )
+            if meta["model_fingerprint"] != transformer["model_fingerprint"]:
+                if self.variant != FP32_VARIANT:  # the codecs are the export's own: the variant is the stranger
+                    raise UserError(
+                        f"{path} was made from another export (model {transformer['model_fingerprint'][:16]}; "
+                        f"this export's graphs are of {meta['model_fingerprint'][:16]})",
+                        variant_fix(self.variant),
+                    )
+                raise UserError(
+                    f"{codec_path} belongs to another export (model {meta['model_fingerprint'][:16]}, the "
+                    f"transformer's is {transformer['model_fingerprint'][:16]})",
+                    RERUN_EXPORT,
+                )
+            differ = [key for key in INT_METADATA if meta[key] != transformer[key]]
+            if differ:
+                raise UserError(
+                    f"{codec_path} says {differ[0]}={meta[differ[0]]} but {path} says {transformer[differ[0]]}",
+                    RERUN_EXPORT,
+                )
+        config = self.runtime_config
+        if config["graphs"] != contract_table():
+            raise UserError(
+                "runtime-config.json's graphs section is not this runtime's I/O contract (omnivoice_onnx.contract)",
+                RERUN_EXPORT,
+            )
+        for key, meta_key in CONFIG_VS_METADATA.items():
+            if config["model"][key] != transformer[meta_key]:
+                raise UserError(
+                    f"runtime-config.json says {key}={config['model'][key]} but the graphs say {transformer[meta_key]}",
+                    RERUN_EXPORT,
+                )
 
     def listed_variants(self) -> dict[str, Any]:
         """The report's `variants` section (empty without a report)."""

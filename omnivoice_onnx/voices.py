@@ -1,41 +1,41 @@
-"""Saved voices: a cloning reference (or a voice-design instruct) kept as a small file, by name.
+"""Voices by name: saved ones (a cloning reference, or a voice-design instruct and its seed, kept as
+a small file) and the built-in presets (OpenAI's voice names, each a designed voice with a fixed seed).
 
     voices = voices_dir(tts.bundle)                         # --voices > $OMNIVOICE_VOICES > onnx/voices
     prompt = tts.create_voice_clone_prompt("ref.wav", "The reference's words.")
     save_voice(voices, "alice", Voice("alice", prompt, None, tts.metadata["model_fingerprint"], Path()))
-    voice = load_voice("alice", voices, tts.metadata["model_fingerprint"])
-    audios = tts.generate("Hello.", **voice.generate_kwargs(), seed=1)
+    voice = load_voice("alice", voices, tts.metadata["model_fingerprint"])   # a saved voice, else a preset
+    audios = tts.generate("Hello.", **voice.generate_kwargs(), seed=voice.seed)
+
+Every front end resolves a name here, the same way: a saved voice of that name first (whatever
+its case), else the preset (PRESETS). A designed voice is an instruct AND a seed: the same
+instruct with another seed is another speaker, so a saved designed voice keeps the seed it was
+made with (drawn at save time when none is given: new_voice), and a request that gives no seed
+of its own speaks with the voice's, the same bytes for the same text on every request.
 
 A voice file `<voices>/<name>.json` (format documented in docs/runtime.md, "Voice files") holds
 what generate() needs instead of the reference audio: the encoded reference tokens (int64 [C, T]),
-its transcript and RMS, and/or a voice-design instruct, with the fingerprint of the model whose
-encoder made the tokens and a format version. JSON, not npz, because a port (C#, Swift, JS) reads
-it with its standard JSON library, where npz needs a zip reader and an .npy header parser; the
-tokens of a 5 s reference are 8 x 125 small ints (~5 KB of text), and the file stays readable
-and diffable. Tokens are codes of one model's audio tokenizer: a voice of another model (another
-fingerprint) is refused, not silently misread.
+its transcript and RMS, and/or a voice-design instruct, the seed that speaks it, with the
+fingerprint of the model whose encoder made the tokens and a format version. JSON, not npz,
+because a port (C#, Swift, JS) reads it with its standard JSON library, where npz needs a zip
+reader and an .npy header parser; the tokens of a 5 s reference are 8 x 125 small ints (~5 KB of
+text), and the file stays readable and diffable. Tokens are codes of one model's audio
+tokenizer: a voice of another model (another fingerprint) is refused, not silently misread.
 
-Upstream's `VoiceClonePrompt.save(path)` files (.pt: torch.save of a dict) load too, WITHOUT torch
-and without executing the pickle inside: an allow-list unpickler (UpstreamUnpickler) builds only
-the dict of a version, a string, a float and one int64 tensor (read from the zip's data/ entry);
-a pickle that asks for any other global (os.system, builtins.eval, ...) is refused with one line
-before anything it names is called. An upstream file carries no fingerprint: that it was made by
-the same model cannot be checked (`omnivoice-onnx voice import` stamps the bundle's).
+Upstream's `VoiceClonePrompt.save(path)` files (.pt) load too, WITHOUT torch and without executing
+the pickle inside (omnivoice_onnx.upstream_voice). An upstream file carries no fingerprint: that
+it was made by the same model cannot be checked (`omnivoice-onnx voice import` stamps the bundle's).
 
 Writes are atomic (temp + rename): an interrupted `voice add` leaves the old voice or the new one.
 """
 
 from __future__ import annotations
 
-import collections
 import contextlib
-import io
 import json
 import os
-import pickle
 import re
 import threading
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -43,33 +43,37 @@ from typing import Any, Protocol
 import numpy as np
 
 from omnivoice_onnx.contract import AUDIO_VOCAB_SIZE, FRAME_RATE, NUM_CODEBOOKS
+from omnivoice_onnx.core.rng import fresh_seed
 from omnivoice_onnx.core.shapes import VoiceClonePrompt
 from omnivoice_onnx.errors import UserError, check_path, check_unicode
 from omnivoice_onnx.files import FolderLock, atomic_path, make_folder, resolved_folder
-from omnivoice_onnx.limits import limit, too_large
+from omnivoice_onnx.limits import check_seed, limit, too_large
 from omnivoice_onnx.reading import Maybe, checked, read_json
+from omnivoice_onnx.upstream_voice import read_upstream_prompt
 from omnivoice_onnx.verified import stat_identity
 
 VOICES_ENV = "OMNIVOICE_VOICES"  # the voices folder when no --voices is given (voices_dir)
 VOICE_SUFFIX = ".json"
 UPSTREAM_SUFFIX = ".pt"
 VOICE_FORMAT = "omnivoice-onnx voice"  # the file's "format" field: what it is, for a reader that finds it alone
-VOICE_FORMAT_VERSION = 1
-UPSTREAM_FORMAT_VERSION = 1  # omnivoice 0.2.1 _VOICE_CLONE_PROMPT_FORMAT_VERSION
+# 2 added "seed" (the speaker of a designed voice); a version-1 file (no seed) still reads, as a
+# voice without one. A runtime that reads only 1 refuses a 2: it would speak another speaker.
+VOICE_FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 MAX_CODE = AUDIO_VOCAB_SIZE - 2  # codes 0..1023; 1024 is the mask id, never an encoder output
-# An upstream voice file is ~10 KB (8 x T int64 codes + a few strings); anything near this size
-# is not one, and the cap bounds what a crafted zip can make the reader inflate.
-MAX_UPSTREAM_BYTES = 64 << 20
 # A voice file holds at most MAX_REF_SECONDS x 25 frames x 8 codes of <= 5 characters ("1023,"):
 # ~60 KB at the default 60 s. Its reader stops well above that, before reading a huge file whole.
 MAX_VOICE_BYTES = 16 << 20
 NAME_PATTERN = re.compile(r"[^\W_][\w-]{0,63}")  # letters/digits first, then letters, digits, _ and -
-# Names a request reads as something else, in any case: the server's modes and the prefix of an uploaded
+# Names a request reads as something else, in any case: the modes and the prefix of an uploaded
 # reference's id. A voice saved under one could never be asked for: none is written or listed.
 MODES = {
     "auto": "upstream's auto mode: a voice the model picks; with `instructions`, voice design",
     "design": 'voice design from `instructions` (required), e.g. "female, low pitch, british accent"',
 }
+# The modes a voice list offers: "design" is left out, since it speaks only with a description
+# (which Open WebUI and Wyoming cannot send); "auto" with instructions designs the same voice.
+LISTED_MODES = ("auto",)
 REFERENCE_PREFIX = "ref-"  # the voice id of an uploaded reference: "ref-" + the first hex of its sha256
 REPLACE_FIX = "pass --force to replace it, or choose another name"
 # The JSON type of each field a voice file's reader uses (reading.schema_problem's notation; the
@@ -81,6 +85,7 @@ VOICE_SCHEMA = {
     "ref_text": Maybe(str),
     "ref_rms": Maybe(float),
     "ref_audio_tokens": Maybe([[int]]),
+    "seed": Maybe(int),
 }
 ADD_FIX = "re-create it with `omnivoice-onnx voice add NAME --ref-audio F --ref-text T` for this model"
 
@@ -188,11 +193,20 @@ class Voice:
     name: str
     prompt: VoiceClonePrompt | None  # the encoded reference (clone), or None for a designed voice
     instruct: str | None  # a voice-design instruct ("female, low pitch"), as the user wrote it
-    model_fingerprint: str  # the model whose encoder made the tokens; "" = unknown (an upstream .pt)
-    path: Path  # the file it was read from (Path() for one not yet saved)
+    model_fingerprint: str  # the model whose encoder made the tokens; "": any (a preset) or unknown (a .pt)
+    path: Path  # the file it was read from (Path() for a preset, or one not yet saved)
+    # The seed a request without one speaks it with (None: the request's own, else a fresh one).
+    # For a designed voice it IS the speaker: new_voice always gives one a seed.
+    seed: int | None = None
+
+    @property
+    def is_preset(self) -> bool:
+        """Whether it is a built-in preset (PRESETS), not a saved voice."""
+        return PRESETS.get(self.name.casefold()) is self
 
     def generate_kwargs(self) -> dict[str, Any]:
-        """The generate()/stream() keywords that speak in this voice."""
+        """The generate()/stream() keywords that speak in this voice (its seed apart: the caller's
+        request seed wins over `seed`)."""
         kwargs: dict[str, Any] = {}
         if self.prompt is not None:
             kwargs["voice_clone_prompt"] = self.prompt
@@ -211,7 +225,52 @@ class Voice:
             "ref_text": prompt.ref_text if prompt else None,
             "ref_rms": float(prompt.ref_rms) if prompt else None,
             "ref_audio_tokens": np.asarray(prompt.ref_audio_tokens).tolist() if prompt else None,
+            "seed": self.seed,
         }
+
+
+# --- the presets: OpenAI's voice names as designed voices -----------------------------------------
+#
+# Open WebUI, Home Assistant's OpenAI TTS integration and most SDK examples send a voice such as
+# `alloy`. OmniVoice has no named speakers: without a reference it designs a voice from a
+# description (an instruct) and the seed. A preset is therefore a designed voice with a fixed
+# seed, as a saved designed voice is: the seed is what makes `alloy` the same voice on every
+# request (a request's own `seed` still wins). A saved voice of the same name hides the preset
+# (save one called `alloy` to replace it). These are the current `openai` SDK's thirteen (marin
+# and cedar the newest); each has a design no other preset uses, in upstream's English instruct
+# vocabulary only (runtime-config.json's instruct.valid_en; tests/test_presets.py resolves each
+# one as generate() does). With random weights (the test bundles) every preset speaks noise: the
+# descriptions say what the real checkpoint is asked for. A preset holds no model's codes, so it
+# speaks with any model (model_fingerprint "").
+
+
+def _preset(name: str, instruct: str, seed: int) -> Voice:
+    return Voice(name, None, instruct, "", Path(), seed)
+
+
+PRESETS: dict[str, Voice] = {
+    preset.name: preset
+    for preset in (
+        _preset("alloy", "female, young adult, moderate pitch, american accent", 1001),
+        _preset("ash", "male, young adult, moderate pitch, american accent", 1002),
+        _preset("ballad", "male, middle-aged, low pitch, british accent", 1003),
+        _preset("coral", "female, middle-aged, moderate pitch, american accent", 1004),
+        _preset("echo", "male, middle-aged, moderate pitch, canadian accent", 1005),
+        _preset("fable", "male, young adult, moderate pitch, british accent", 1006),
+        _preset("nova", "female, young adult, high pitch, american accent", 1007),
+        _preset("onyx", "male, middle-aged, very low pitch, american accent", 1008),
+        _preset("sage", "female, middle-aged, low pitch, british accent", 1009),
+        _preset("shimmer", "female, young adult, moderate pitch, australian accent", 1010),
+        _preset("verse", "male, young adult, high pitch, american accent", 1011),
+        _preset("marin", "female, middle-aged, low pitch, american accent", 1012),
+        _preset("cedar", "male, middle-aged, low pitch, american accent", 1013),
+    )
+}
+
+
+def find_preset(name: str) -> Voice | None:
+    """The preset called `name`, whatever its case (None: no preset of that name)."""
+    return PRESETS.get(name.casefold()) if isinstance(name, str) else None
 
 
 def check_tokens(tokens: Any, where: str) -> np.ndarray:
@@ -251,12 +310,18 @@ def _read_json_voice(path: Path) -> Voice:
     if not isinstance(data, dict) or data.get("format") != VOICE_FORMAT:
         raise UserError(f'{path} is not an omnivoice-onnx voice file (no "format": "{VOICE_FORMAT}")', ADD_FIX)
     checked(data, VOICE_SCHEMA, f"voice file {path}", ADD_FIX)
-    if data["format_version"] != VOICE_FORMAT_VERSION:
+    if data["format_version"] not in READABLE_VERSIONS:
         raise UserError(
             f"voice file {path} has format_version {data.get('format_version')!r}; this runtime reads "
-            f"{VOICE_FORMAT_VERSION}",
-            ADD_FIX,
+            f"{' and '.join(map(str, READABLE_VERSIONS))}",
+            "upgrade omnivoice-onnx to read it, or " + ADD_FIX,
         )
+    seed = data.get("seed") if data["format_version"] >= 2 else None
+    if seed is not None:
+        try:
+            seed = check_seed(seed)
+        except UserError as exc:
+            raise UserError(f"voice file {path}: {exc.problem}", ADD_FIX) from None
     fingerprint, instruct = data["model_fingerprint"], data.get("instruct")
     if not fingerprint:
         raise UserError(f"voice file {path} has no model_fingerprint", ADD_FIX)
@@ -275,21 +340,27 @@ def _read_json_voice(path: Path) -> Voice:
         instruct,
         fingerprint,
         path,
+        seed,
     )
 
 
 def read_voice(spec: str, voices: Path) -> Voice:
     """The voice `spec` names, its fingerprint not compared: a saved voice's name
-    (<voices>/<name>.json), or a file's path (an omnivoice-onnx .json voice, or an upstream
-    VoiceClonePrompt.save .pt). For `voice show`, which must open another model's voice too."""
+    (<voices>/<name>.json), else a preset's (PRESETS), or a file's path (an omnivoice-onnx .json
+    voice, or an upstream VoiceClonePrompt.save .pt). For `voice show`, which must open another
+    model's voice too."""
     if not is_voice_path(spec):
         path = find_saved(voices, spec)
-        if path is None:
+        if path is not None:
+            return _read_json_voice(path)
+        preset = find_preset(spec)
+        if preset is None:
             raise UserError(
-                f"no voice named {spec!r} in {voices}",
-                "see `omnivoice-onnx voice list`, or make it with `omnivoice-onnx voice add`",
+                f"no voice named {spec!r} (no saved voice in {voices}, and no preset of that name)",
+                f"choose one of {', '.join(voice_names(voices))} (`omnivoice-onnx voice list`), or make it with "
+                "`omnivoice-onnx voice add`",
             )
-        return _read_json_voice(path)
+        return preset
     path = Path(check_path(spec, "voice"))
     if not path.is_file():
         raise UserError(
@@ -304,6 +375,31 @@ def read_voice(spec: str, voices: Path) -> Voice:
             "pass a .json or .pt voice file",
         )
     return _read_json_voice(path)
+
+
+def new_voice(
+    name: str, prompt: VoiceClonePrompt | None, instruct: str | None, model_fingerprint: str, seed: int | None
+) -> Voice:
+    """A voice to save (voice add, POST /v1/audio/voices): `seed` checked; a designed voice (no
+    reference) given none gets one drawn now, so it is one speaker on every request, as a preset
+    is. A clone keeps `seed` as given (its speaker is the reference's; a seed fixes the bytes)."""
+    if seed is None and prompt is None:
+        seed = fresh_seed()
+    return Voice(name, prompt, instruct, model_fingerprint, Path(), None if seed is None else check_seed(seed))
+
+
+def design_needs(what: str) -> str:
+    """The one line for voice 'design' asked for without a description (`what`: the front end's
+    name for it: `instructions`, --instruct)."""
+    return f"voice 'design' needs {what} describing the voice, e.g. \"female, low pitch, british accent\""
+
+
+def voice_names(voices: Path) -> list[str]:
+    """Every name a --voice may give besides a file: the saved voices of `voices`, then the presets
+    no saved voice hides, then the modes a list offers (LISTED_MODES): the CLI's "choose from"."""
+    saved = list(voice_files(voices))
+    hidden = {name.casefold() for name in saved}
+    return saved + [name for name in PRESETS if name not in hidden] + list(LISTED_MODES)
 
 
 def for_model(voice: Voice, model_fingerprint: str) -> Voice:
@@ -321,8 +417,9 @@ def for_model(voice: Voice, model_fingerprint: str) -> Voice:
 
 
 def load_voice(spec: str, voices: Path, model_fingerprint: str) -> Voice:
-    """The voice `spec` names (read_voice: a saved voice's name, or a voice file's path), checked
-    for the model `model_fingerprint` (for_model); its generate_kwargs() are what a request takes."""
+    """The voice `spec` names (read_voice: a saved voice's name, a preset's, or a voice file's
+    path), checked for the model `model_fingerprint` (for_model); its generate_kwargs() are what a
+    request takes, and its seed the request's when the request gives none."""
     return for_model(read_voice(spec, voices), model_fingerprint)
 
 
@@ -471,130 +568,10 @@ def rename_voice(voices: Path, name: str, new_name: str) -> Path:
     return target
 
 
-# --- upstream .pt files, without torch ---------------------------------------------------------
-
-
-class Refused(pickle.UnpicklingError):
-    """The pickle asked for something an upstream voice file never holds."""
-
-
-class _LongStorage:
-    """Stands for torch.LongStorage, the one storage type an int64 tensor is saved with."""
-
-
-def _rebuild_tensor(
-    storage: Any,
-    offset: Any,
-    size: Any,
-    stride: Any,
-    requires_grad: Any = False,
-    backward_hooks: Any = None,
-    metadata: Any = None,
-) -> np.ndarray:
-    """torch._utils._rebuild_tensor_v2 for a CPU int64 tensor: a bounds-checked strided view of
-    the storage, copied. Anything but plain ints and an in-range view is refused."""
-    if not isinstance(storage, np.ndarray) or not all(isinstance(v, int) and v >= 0 for v in (offset, *size, *stride)):
-        raise Refused("a tensor with a storage or shape an upstream voice file never has")
-    if len(size) != len(stride) or (
-        size and all(size) and offset + sum((n - 1) * s for n, s in zip(size, stride)) >= storage.size
-    ):
-        raise Refused("a tensor view outside its storage")
-    tensor: np.ndarray = np.lib.stride_tricks.as_strided(
-        storage[offset:], shape=tuple(size), strides=tuple(s * storage.itemsize for s in stride)
-    ).copy()
-    return tensor
-
-
-class UpstreamUnpickler(pickle.Unpickler):
-    """Reads the pickle of torch.save({"format_version", "ref_audio_tokens", "ref_text", "ref_rms"})
-    and nothing else: find_class answers exactly the three globals that dict's pickle names (the
-    tensor rebuild, its storage type, the empty hooks OrderedDict) with local stand-ins; any other
-    global is Refused before it is looked up, so no callable of the file's choosing ever runs
-    (Python's "Restricting Globals" pattern). persistent_load reads a storage from the zip's
-    data/<key> entry as int64 of the file's byte order."""
-
-    ALLOWED = {
-        ("torch._utils", "_rebuild_tensor_v2"): _rebuild_tensor,
-        ("torch", "LongStorage"): _LongStorage,
-        ("collections", "OrderedDict"): collections.OrderedDict,
-    }
-
-    def __init__(self, data: bytes, archive: zipfile.ZipFile, prefix: str, byteorder: str) -> None:
-        super().__init__(io.BytesIO(data))
-        self.archive, self.prefix, self.dtype = archive, prefix, np.dtype("<i8" if byteorder == "little" else ">i8")
-
-    def find_class(self, module: str, name: str) -> Any:
-        allowed = self.ALLOWED.get((module, name))
-        if allowed is None:
-            raise Refused(f"it asks for {module}.{name}")
-        return allowed
-
-    def persistent_load(self, pid: Any) -> np.ndarray:
-        if not (
-            isinstance(pid, tuple)
-            and len(pid) == 5
-            and pid[0] == "storage"
-            and pid[1] is _LongStorage
-            and isinstance(pid[2], str)
-            and isinstance(pid[4], int)
-        ):
-            raise Refused(f"it asks for a storage that is not an int64 one ({str(pid)[:80]})")
-        entry = _entry(self.archive, f"{self.prefix}data/{pid[2]}")
-        raw = self.archive.read(entry)
-        if len(raw) < pid[4] * self.dtype.itemsize:
-            raise Refused(f"storage {pid[2]} is shorter than the {pid[4]} values it declares")
-        return np.frombuffer(raw, self.dtype, count=pid[4]).astype(np.int64)
-
-
-def _entry(archive: zipfile.ZipFile, name: str) -> zipfile.ZipInfo:
-    try:
-        info = archive.getinfo(name)
-    except KeyError as exc:
-        raise Refused(f"its zip has no {name}") from exc
-    if info.file_size > MAX_UPSTREAM_BYTES:
-        raise Refused(f"{name} inflates to {info.file_size} bytes")
-    return info
-
-
 def load_upstream_voice(path: Path) -> Voice:
     """An upstream VoiceClonePrompt.save file as a Voice (model_fingerprint "": a .pt carries none),
-    read without torch; anything but that dict is a UserError and its pickle is never executed."""
-    path = Path(path)
-    fix = "pass a file written by upstream's VoiceClonePrompt.save, or add the voice with `omnivoice-onnx voice add`"
-    try:
-        if path.stat().st_size > MAX_UPSTREAM_BYTES:
-            raise UserError(f"{path} is {path.stat().st_size} bytes: not an upstream voice file (~10 KB)", fix)
-        with zipfile.ZipFile(path) as archive:
-            pickles = [n for n in archive.namelist() if n.count("/") == 1 and n.endswith("/data.pkl")]
-            if len(pickles) != 1:
-                raise UserError(f"{path} is not a torch.save file (no single <name>/data.pkl in its zip)", fix)
-            prefix = pickles[0][: -len("data.pkl")]
-            names = set(archive.namelist())
-            byteorder = archive.read(prefix + "byteorder").decode() if prefix + "byteorder" in names else "little"
-            data = UpstreamUnpickler(archive.read(_entry(archive, pickles[0])), archive, prefix, byteorder).load()
-    except UserError:
-        raise
-    except Refused as exc:
-        raise UserError(
-            f"refused {path}: {exc}, which an upstream voice file never holds (nothing in it was run)", fix
-        ) from exc
-    except zipfile.BadZipFile as exc:
-        raise UserError(f"{path} is not an upstream voice file (not a zip: {exc})", fix) from exc
-    except OSError as exc:
-        raise UserError(f"cannot read {path} ({exc.strerror or exc})", "check the path") from exc
-    except Exception as exc:  # a damaged or crafted pickle can fail in any opcode; none of it ran user code
-        raise UserError(f"{path} is not a readable upstream voice file ({type(exc).__name__}: {exc})", fix) from exc
-    expected = {"format_version", "ref_audio_tokens", "ref_text", "ref_rms"}
-    if not isinstance(data, dict) or set(data) != expected:
-        keys = sorted(map(str, data)) if isinstance(data, dict) else type(data).__name__
-        raise UserError(f"{path} holds {keys}, not upstream's voice dict {sorted(expected)}", fix)
-    if type(data["format_version"]) is not int or data["format_version"] != UPSTREAM_FORMAT_VERSION:
-        raise UserError(
-            f"{path} has upstream format_version {data['format_version']!r}; this runtime reads "
-            f"{UPSTREAM_FORMAT_VERSION}",
-            fix,
-        )
-    if not isinstance(data["ref_audio_tokens"], np.ndarray):
-        raise UserError(f"{path}: ref_audio_tokens is not a tensor", fix)
+    read without torch (upstream_voice.read_upstream_prompt) and its values checked as a voice
+    file's are."""
+    data = read_upstream_prompt(path)
     prompt = _prompt(data["ref_audio_tokens"], data["ref_text"], data["ref_rms"], str(path))
-    return Voice(path.stem, prompt, None, "", path)
+    return Voice(Path(path).stem, prompt, None, "", Path(path))

@@ -33,8 +33,7 @@ from test_dropin import reference_wav  # noqa: E402
 from test_server import LONG_TEXT, REQUEST_S, SERVER_START_S, Server, start_server, tts  # noqa: E402,F401
 
 from omnivoice_onnx import OmniVoiceOnnx, audio_formats  # noqa: E402
-from omnivoice_onnx.presets import PRESETS  # noqa: E402
-from omnivoice_onnx.voices import Voice, save_voice  # noqa: E402
+from omnivoice_onnx.voices import PRESETS, Voice, save_voice  # noqa: E402
 
 pytestmark = pytest.mark.slow  # the session pipeline's tiny export
 
@@ -194,6 +193,7 @@ def test_open_webui_reads_voices_and_models(srv: Server, voices: Path) -> None:
     data = requests.get(f"{base}/audio/voices", headers=auth, timeout=REQUEST_S).json()
     listed = {voice["id"]: voice["name"] for voice in data["voices"]}  # backend/open_webui/routers/audio.py
     assert set(PRESETS) | {SAVED} <= set(listed) and listed["marin"] == "marin"
+    assert "design" not in listed  # Open WebUI sends no instructions, without which it cannot speak
     assert [item["id"] for item in data["data"]] == list(listed)  # the full entries, as before
     models = requests.get(f"{base}/audio/models", headers=auth, timeout=REQUEST_S).json().get("models", [])
     assert {"tts-1", "tts-1-hd", "gpt-4o-mini-tts", "omnivoice"} <= {model["id"] for model in models}
@@ -304,6 +304,49 @@ def test_saved_voices_created_renamed_and_deleted_over_http(srv: Server, tts: Om
     assert requests.delete(f"{base}/audio/voices/soft", headers=auth, timeout=REQUEST_S).status_code == 404
     assert requests.get(f"{base}/audio/voices/storyteller", headers=auth, timeout=REQUEST_S).status_code == 404
     assert sorted(path.name for path in voices.glob("*.json")) == [f"{SAVED}.json"]
+
+
+def test_a_saved_designed_voice_keeps_its_seed(srv: Server, voices: Path) -> None:
+    """POST /v1/audio/voices with instruct and seed saves the seed; every request naming the voice
+    without a seed speaks with it (the same bytes, x-seed the saved one), a request's own seed still
+    wins; a designed voice saved without a seed gets one drawn at save time, kept the same way."""
+    base, auth = srv.launched.base_url, {"Authorization": f"Bearer {KEY}"}
+    kept = requests.post(
+        f"{base}/audio/voices",
+        data={"name": "keeper", "instruct": "male, low pitch", "seed": "7"},
+        headers=auth,
+        timeout=REQUEST_S,
+    )
+    assert kept.status_code == 201 and kept.json()["seed"] == 7, kept.text
+    assert json.loads((voices / "keeper.json").read_text())["seed"] == 7
+    drawn = requests.post(
+        f"{base}/audio/voices", data={"name": "drawn", "instruct": "female"}, headers=auth, timeout=REQUEST_S
+    )
+    assert drawn.status_code == 201 and isinstance(drawn.json()["seed"], int), drawn.text
+    bad = requests.post(
+        f"{base}/audio/voices",
+        data={"name": "x", "instruct": "male", "seed": str(2**64)},
+        headers=auth,
+        timeout=REQUEST_S,
+    )
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "seed" and not (voices / "x.json").exists()
+    listed = {
+        item["id"]: item
+        for item in requests.get(f"{base}/audio/voices", headers=auth, timeout=REQUEST_S).json()["data"]
+    }
+    assert listed["keeper"]["seed"] == 7 and listed["drawn"]["seed"] == drawn.json()["seed"]
+    speech = client(srv).audio.speech.with_raw_response
+    for name, seed in (("keeper", 7), ("Drawn", drawn.json()["seed"])):
+        first, second = (
+            speech.create(model="tts-1", voice=name, input="Hi there.", response_format="wav", extra_body=few_steps())
+            for _ in range(2)
+        )
+        assert first.content == second.content, name
+        assert first.headers["x-seed"] == second.headers["x-seed"] == str(seed)
+    own = speech.create(model="tts-1", voice="keeper", input="Hi.", response_format="wav", extra_body=few_steps(seed=3))
+    assert own.headers["x-seed"] == "3"
+    for name in ("keeper", "drawn"):
+        assert requests.delete(f"{base}/audio/voices/{name}", headers=auth, timeout=REQUEST_S).status_code == 200
 
 
 def test_metrics_parse_with_prometheus_client(srv: Server) -> None:

@@ -27,7 +27,7 @@ from omnivoice_onnx.errors import OneLineFormatter, UserError, check_path, print
 from omnivoice_onnx.files import make_folder
 from omnivoice_onnx.runtime_config import load_runtime_config
 from omnivoice_onnx.verified import CACHE_ENV, VERIFIED_FILE, VERIFY_ENV, VerifiedFiles
-from omnivoice_onnx.voices import Voice, list_voices, save_voice
+from omnivoice_onnx.voices import PRESETS, Voice, list_voices, save_voice
 
 FINGERPRINT = "sha256:0123456789abcdef"
 HOSTILE = "\x1b]0;owned\x07\x1b[2J\r\u202eevil\x00\x9b\ud800"  # retitle, clear, CR, bidi, NUL, C1 CSI, surrogate
@@ -106,7 +106,9 @@ def test_voice_list_prints_a_hostile_file_name_escaped(tmp_path: Path) -> None:
     shown = done.stdout + done.stderr
     assert "\x1b" not in shown and "\u202e" not in shown and "\x07" not in shown
     assert r"\x1b]0;owned\x07\x1b[2J\u202eevil" in done.stderr and "not listed" in done.stderr
-    assert done.stdout.splitlines() == [f"alice  design 'female, low pitch'  model {FINGERPRINT}"]
+    listed = done.stdout.splitlines()  # the saved voice, then the presets
+    assert [line.split()[0] for line in listed] == ["alice", *PRESETS]
+    assert listed[0].endswith(f"  design 'female, low pitch'  model {FINGERPRINT}")
 
 
 def test_an_error_naming_a_hostile_path_is_one_escaped_line(tmp_path: Path) -> None:

@@ -1,13 +1,14 @@
-"""The OpenAI-named presets (omnivoice_onnx.presets) are voices the runtime accepts: each
+"""The OpenAI-named presets (omnivoice_onnx.voices.PRESETS) are voices the runtime accepts: each
 instruct resolves as generate() resolves it (upstream's vocabulary, no conflicting items), and each
 preset is a distinct (instruct, seed) pair. Fast: the runtime config alone, no model run."""
 
 from __future__ import annotations
 
 from omnivoice_onnx.core.instruct import resolve_instruct
-from omnivoice_onnx.presets import OPENAI_MODEL_IDS, PRESETS, find_preset
+from omnivoice_onnx.serve.service import OPENAI_MODEL_IDS
+from omnivoice_onnx.voices import PRESETS, find_preset
 
-# The voices of the `openai` package's speech API (its type hints), in presets.py's order.
+# The voices of the `openai` package's speech API (its type hints), in PRESETS' order.
 OPENAI_VOICES = (
     "alloy",
     "ash",
@@ -49,7 +50,7 @@ def test_the_installed_openai_sdk_names_no_voice_without_a_preset() -> None:
 
 
 def test_the_docs_table_is_the_presets() -> None:
-    """docs/drop-in.md's preset table lists every preset as presets.py defines it."""
+    """docs/drop-in.md's preset table lists every preset as voices.PRESETS defines it."""
     from conftest import REPO
 
     page = (REPO / "docs" / "drop-in.md").read_text()
@@ -58,26 +59,25 @@ def test_the_docs_table_is_the_presets() -> None:
 
 
 def test_voice_catalogue_hides_presets_under_saved_names() -> None:
-    """Service.voice_catalogue, read by GET /v1/audio/voices and Wyoming's Info: built-in modes,
-    saved voices, then the presets no saved voice hides (a voice file named like a built-in mode,
-    which resolves first, is never listed: voices.voice_files, test_voices). Wyoming's list: saved,
-    presets, then "auto" once."""
+    """Service.voice_catalogue, read by GET /v1/audio/voices and Wyoming's Info: "auto" (never
+    "design", which speaks only with instructions), saved voices with their seeds, then the presets
+    no saved voice hides (a voice file named like a built-in mode, which resolves first, is never
+    listed: voices.voice_files, test_voices). Wyoming's list: saved, presets, then "auto" once."""
+    from pathlib import Path
     from types import SimpleNamespace
 
-    from omnivoice_onnx.serve.service import BUILTIN_VOICES, Service
+    from omnivoice_onnx.serve.service import Service
     from omnivoice_onnx.serve.wyoming import AUTO_DESCRIPTION, description, voice_entries
+    from omnivoice_onnx.voices import Voice
 
-    saved = [
-        SimpleNamespace(name="alloy", prompt=None, instruct="male, elderly"),
-        SimpleNamespace(name="mine", prompt=object(), instruct=None),
-    ]
+    saved = [Voice("alloy", None, "male, elderly", "f", Path(), 7), Voice("mine", object(), None, "f", Path())]  # type: ignore[arg-type]
     service = SimpleNamespace(saved_voices=lambda: saved)
     service.voice_catalogue = lambda: Service.voice_catalogue(service)
     catalogue = service.voice_catalogue()
     presets = [name for name in PRESETS if name != "alloy"]
-    assert [entry.name for entry in catalogue] == [*BUILTIN_VOICES, "alloy", "mine", *presets]
-    assert [entry.kind for entry in catalogue[:4]] == ["builtin", "builtin", "design", "clone"]
-    assert all(entry.kind == "preset" and entry.seed == PRESETS[entry.name].seed for entry in catalogue[4:])
+    assert [entry.name for entry in catalogue] == ["auto", "alloy", "mine", *presets]
+    assert [(entry.kind, entry.seed) for entry in catalogue[:3]] == [("builtin", None), ("design", 7), ("clone", None)]
+    assert all(entry.kind == "preset" and entry.seed == PRESETS[entry.name].seed for entry in catalogue[3:])
     entries = voice_entries(service)
     assert [entry.name for entry in entries] == ["alloy", "mine", *presets, "auto"]
     assert [description(entry) for entry in entries[:2]] == ["alloy: male, elderly", "mine: cloned voice"]

@@ -22,8 +22,9 @@ from conftest import REPO, Pipeline, assert_hardware_recorded, import_blocker, s
 
 import infer_onnx
 import quantize_omnivoice
-from omnivoice_export.step1_capture.generation import DEFAULT_SEED, LANGUAGE
-from omnivoice_export.step56_variants import quantize
+from omnivoice_export import quantize
+from omnivoice_export.cli import EXIT_BAD_INPUT, run_main
+from omnivoice_export.generation import DEFAULT_SEED, LANGUAGE
 from omnivoice_onnx import OmniVoiceOnnx, UserError
 from omnivoice_onnx.audio_formats import to_pcm16
 from omnivoice_onnx.bundle import Bundle
@@ -35,7 +36,6 @@ from omnivoice_onnx.contract import (
     variant_path,
     variants_present,
 )
-from omnivoice_onnx.program import EXIT_BAD_INPUT, run_main
 
 BLOCKED = ("torch", "torchaudio", "transformers", "omnivoice", "pydub")
 # Runs infer_onnx.py as `python infer_onnx.py ARGS` would, with BLOCKED unimportable; prints which
@@ -167,7 +167,8 @@ def test_missing_or_mislabelled_variant_is_one_error(variants_export: Path, tmp_
         OmniVoiceOnnx.from_dir(variants_export, variant="int4-b32")
     assert str(missing.value) == (
         f"the export in {variants_export} has no transformer variant 'int4-b32' (present: "
-        "fp32, fp32-fused, fp32-unmasked, int8); run quantize_omnivoice.py --variants int4-b32"
+        "fp32, fp32-fused, fp32-unmasked, int8); download a bundle that holds variant int4-b32 (omnivoice-onnx "
+        "download), or, in the export toolchain's checkout, run quantize_omnivoice.py --variants int4-b32"
     )
     # A folder holding another variant's graph under a new name: its metadata names the real one.
     onnx = tmp_path / "onnx"
@@ -180,7 +181,7 @@ def test_missing_or_mislabelled_variant_is_one_error(variants_export: Path, tmp_
     with pytest.raises(
         UserError,
         match=r"int8-plain/omnivoice_transformer.onnx is variant 'int8', not 'int8-plain'; "
-        r"run quantize_omnivoice.py --variants int8-plain",
+        r"download a bundle that holds variant int8-plain .*run quantize_omnivoice.py --variants int8-plain",
     ):
         OmniVoiceOnnx.from_dir(onnx, variant="int8-plain", verify=False)
     # The export's own graph where a variant should be: it names no variant.

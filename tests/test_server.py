@@ -28,13 +28,11 @@ import soundfile as sf
 openai = pytest.importorskip("openai")
 pytest.importorskip("fastapi")
 
-from serving import Launched, launch  # noqa: E402
-
+from omnivoice_export.serving import Launched, launch  # noqa: E402
 from omnivoice_onnx import OmniVoiceOnnx, audio_formats  # noqa: E402
-from omnivoice_onnx.presets import PRESETS  # noqa: E402
 from omnivoice_onnx.serve import door  # noqa: E402
 from omnivoice_onnx.serve import service as server_service  # noqa: E402
-from omnivoice_onnx.voices import Voice, load_voice, save_voice  # noqa: E402
+from omnivoice_onnx.voices import PRESETS, Voice, load_voice, save_voice  # noqa: E402
 
 pytestmark = pytest.mark.slow  # the session pipeline's tiny export
 
@@ -51,7 +49,7 @@ STREAM_STEPS = 8  # streams are checked for bytes, not quality: few steps keep t
 
 
 class Server:
-    """A running `omnivoice-onnx serve` (tests/serving.py.launch) and how to reach it."""
+    """A running `omnivoice-onnx serve` (omnivoice_export.serving.launch) and how to reach it."""
 
     def __init__(self, launched: Launched) -> None:
         self.launched, self.proc, self.port, self.log = launched, launched.process, launched.port, launched.log
@@ -146,7 +144,6 @@ def test_routes(srv):
     listed = json.loads(body)
     assert status == 200 and [item["id"] for item in listed["data"]] == [
         "auto",
-        "design",
         "clone",
         "narrator",
         *PRESETS,
@@ -267,7 +264,7 @@ def test_bad_requests(srv, voices, tmp_path):
     """400s name the field; none carries a server path."""
     base = {"model": "omnivoice", "voice": "auto", "input": TEXT}
     cases = [
-        ({"voice": "nobody"}, "voice", "auto, design, clone, narrator"),
+        ({"voice": "nobody"}, "voice", "auto, clone, narrator"),
         ({"voice": "../etc/passwd"}, "voice", "not a voice name"),
         ({"voice": {"id": "nobody"}}, "voice", "unknown voice"),
         ({"voice": "design"}, "instructions", "needs `instructions`"),

@@ -27,7 +27,7 @@ from omnivoice_onnx.errors import UserError, check_path
 from omnivoice_onnx.hashing import sha256_file
 from omnivoice_onnx.limits import check_seed
 from omnivoice_onnx.reading import MAX_JSON_DEPTH, Maybe, decode_text, parse_json, read_bounded, schema_problem
-from omnivoice_onnx.voices import is_voice_path
+from omnivoice_onnx.voices import Voice, is_voice_path
 
 RESULTS_FILE = "results.jsonl"
 # upstream read_test_list's fields; language_name is read there but only its eval scripts use it.
@@ -66,7 +66,7 @@ RESULT_FIELDS = {
     "synth_seconds, not inflated by other work sharing the cores",
     "rtf": "synth_seconds / audio_seconds",
     "seed": "the seed used",
-    "seed_from": "'line' (given) or 'id' (seed_for_id)",
+    "seed_from": "'line' (given), 'voice' (the saved voice's or preset's) or 'id' (seed_for_id)",
     "model_fingerprint": "the export's checkpoint fingerprint",
     "variant": "the transformer variant",
     "request_hash": "request_hash() of the line",
@@ -95,8 +95,8 @@ class Line:
     language: str | None  # language_id, else the default language given to read_test_list
     duration: float | None  # seconds
     speed: float | None
-    seed: int  # the line's seed, else seed_for_id(id)
-    seed_from: str  # "line" or "id"
+    seed: int  # the line's seed, else its voice's (batch.run.check_lines), else seed_for_id(id)
+    seed_from: str  # "line", "voice" or "id"
     voice: str | None  # a saved voice's name, or its file (absolute, as ref_audio)
 
     def as_task(self) -> str:
@@ -275,13 +275,19 @@ class FileDigests:
             self._cache[key] = "sha256:" + sha256_file(Path(path))
         return self._cache[key]
 
+    def voice(self, voice: Voice) -> str:
+        """A voice's digest: its file's, or a preset's content (it has no file)."""
+        if not voice.is_preset:
+            return self(voice.path)
+        text = json.dumps(voice.to_json(), sort_keys=True, separators=(",", ":"))
+        return "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
 
-def request_hash(
-    line: Line, generation_config: dict[str, Any], digests: FileDigests, voice_file: str | os.PathLike[str] | None
-) -> str:
+
+def request_hash(line: Line, generation_config: dict[str, Any], digests: FileDigests, voice: Voice | None) -> str:
     """sha256 over everything that decides a line's WAV bytes, besides the model (recorded apart):
     the text and options, the seed, the whole generation config, the reference's and the voice's
-    file contents (not their paths: moving a list with its files redoes nothing), OUTPUT_FORMAT."""
+    file contents (not their paths: moving a list with its files redoes nothing; a preset, which
+    has no file, by its content), OUTPUT_FORMAT."""
     request = {
         "id": line.id,
         "text": line.text,
@@ -292,7 +298,7 @@ def request_hash(
         "seed": line.seed,
         "ref_text": line.ref_text,
         "ref_audio": None if line.ref_audio is None else digests(line.ref_audio),
-        "voice": None if voice_file is None else digests(voice_file),
+        "voice": None if voice is None else digests.voice(voice),
         "generation_config": generation_config,
         "format": OUTPUT_FORMAT,
     }

@@ -207,18 +207,22 @@ def check_lines(
 ) -> tuple[list[BadLine], dict[str, Voice], dict[str, Request]]:
     """OmniVoiceOnnx.validate on every parsed line, once (no model work: references read, not
     encoded); returns the lines that fail it as BadLines, the loaded Voice of each voice line by
-    id, and each good line's Request by id (what its worker runs). Lines naming the same
-    reference file and transcript share one prepared Reference (its waveform held once, however
-    many lines use it)."""
+    id, and each good line's Request by id (what its worker runs). A voice line without a seed of
+    its own takes its voice's (seed_from "voice": a designed voice is its instruct and its seed),
+    written back into test_list.lines. Lines naming the same reference file and transcript share
+    one prepared Reference (its waveform held once, however many lines use it)."""
     bad: list[BadLine] = []
     voice_of: dict[str, Voice] = {}
     requests: dict[str, Request] = {}
     shared: dict[tuple[str, str | None], list[Reference | VoiceClonePrompt | None]] = {}
-    for line in test_list.lines:
-        kwargs = keywords(dataclasses.asdict(line), options.generation_config)  # the one builder
+    for at, line in enumerate(test_list.lines):
         try:
             if line.voice is not None:
-                voice_of[line.id] = load_voice(line.voice, voices, tts.metadata["model_fingerprint"])
+                voice = voice_of[line.id] = load_voice(line.voice, voices, tts.metadata["model_fingerprint"])
+                if line.seed_from == "id" and voice.seed is not None:
+                    line = test_list.lines[at] = dataclasses.replace(line, seed=voice.seed, seed_from="voice")
+            kwargs = keywords(dataclasses.asdict(line), options.generation_config)  # the one builder
+            if line.voice is not None:
                 kwargs.update(voice_of[line.id].generate_kwargs())
             req = tts.validate(line.text, **kwargs)
             if line.ref_audio is not None:
@@ -293,7 +297,7 @@ def make_plan(
     plan = Plan([], [], bad, {}, {})
     for line in (line for line in test_list.lines if line.number not in failed):
         voice = voice_of.get(line.id)
-        request = request_hash(line, config, digests, None if voice is None else voice.path)
+        request = request_hash(line, config, digests, voice)
         plan.hashes[line.id] = request
         if is_done(line, request, records.get(line.id), options.res_dir, model):
             plan.done.append(line)

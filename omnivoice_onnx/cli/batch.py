@@ -9,8 +9,9 @@ The list is upstream omnivoice-infer-batch's (one JSON object per line: id, text
 ref_text; instruct; language_id; duration; speed), plus `seed` and `voice`. Every line is checked
 first; bad ones are listed with their line numbers and nothing runs (or --skip-bad runs the rest).
 Writes res-dir/<id>.wav (16-bit PCM) and res-dir/results.jsonl; run the same command again after an
-interruption (Ctrl-C, kill) and it does only what is left. A line without a seed gets the first 8
-bytes of sha256(id) >> 1, so every WAV is the same bytes on any engine, worker count or order.
+interruption (Ctrl-C, kill) and it does only what is left. A line without a seed gets its voice's
+(a saved voice's or a preset's), else the first 8 bytes of sha256(id) >> 1, so every WAV is the
+same bytes on any engine, worker count or order.
 Upstream's underscore spellings (--test_list, --res_dir, --num_step, --lang_id, ...) are accepted.
 Exit 1 when some lines failed while synthesising (each recorded with its error; the rest written).
 """

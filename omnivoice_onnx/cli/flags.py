@@ -42,7 +42,8 @@ def add_bundle_flags(
             type=Path,
             default=model_default,
             metavar="DIR",
-            help=f"the bundle (export folder){hub_help} (default: {model_default or 'DIR'})",
+            # %(default)s: the help formatters add no second "(default: ...)" after it
+            help=f"the bundle (export folder){hub_help} (default: {'%(default)s' if model_default else 'DIR'})",
         )
     if variant:
         parser.add_argument(

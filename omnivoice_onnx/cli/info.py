@@ -1,6 +1,6 @@
 """What a bundle (an export folder) holds: model, graphs, variants, languages, instruct items, licence,
 voices; whether its files are the ones the export recorded; and the CPU it would run on, with the
-ISA flags its speed depends on (docs/performance.md).
+ISA flags its speed depends on.
 
     omnivoice-onnx info                 # the bundle in ./onnx
     omnivoice-onnx info path/to/onnx
@@ -8,7 +8,7 @@ ISA flags its speed depends on (docs/performance.md).
 
 Read from the graphs' metadata (no session is opened), runtime-config.json, the export report
 and the model card. Every file a variant in the folder loads is checked against export-report.json
-(omnivoice_onnx.bundle: size, then sha256; the first 12 hex digits shown), each hashed anew, where
+(size, then sha256; the first 12 hex digits shown), each hashed anew, where
 loading skips a file hashed before and unchanged since (info refreshes that record): a missing,
 truncated or replaced file is listed, and the command ends with one line naming it and
 exit 2. --no-verify (or OMNIVOICE_VERIFY=0) describes a bundle without a report. The licence is

@@ -8,7 +8,7 @@ runtime-config.json), the export report and the model card (README.md: the licen
 inherits), after a manifest of every file's sha256 and size. Each file is checked against the
 export report first and hashed again as it is written. The same bundle gives the same bytes.
 `.tar` (the weights barely compress) or `.tar.gz`. `omnivoice-onnx download URL --sha256 HEX
---dir DIR` gets it back, verified (docs/download.md). A folder laid out as the extracted archive
+--dir DIR` gets it back, verified. A folder laid out as the extracted archive
 is also a Hugging Face repo `download ORG/NAME` reads.
 """
 

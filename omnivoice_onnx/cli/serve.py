@@ -8,10 +8,9 @@
 Binds 127.0.0.1 unless --host says otherwise; another host needs a key (--api-key or
 $OMNIVOICE_API_KEY; an empty one is an error) or, to serve it open on purpose, --no-auth.
 Browsers: requests from another page's origin are refused (--cors-origin allows one), and a
-keyless loopback server answers only loopback Host names (--allowed-host adds one); see
-docs/serving.md.
-Routes, formats, errors, streaming, metrics and how it stops: docs/serving.md; OpenAI clients,
-Open WebUI and the page at /: docs/drop-in.md.
+keyless loopback server answers only loopback Host names (--allowed-host adds one).
+Routes: OpenAI's speech API (POST /v1/audio/speech, GET /v1/audio/voices, GET /v1/models), so
+OpenAI clients and Open WebUI work unchanged; /health, /metrics, and a page to try voices at /.
 SIGTERM or Ctrl-C drains the requests in flight and exits 0; 143 (130) only if --drain-timeout
 cut some off.
 """

@@ -33,7 +33,7 @@ def add_model_flags(parser: argparse.ArgumentParser) -> None:
         type=NUM_STEP,
         default=None,
         help="unmasking steps of a request that sets none (default: the bundle's, upstream's 32; "
-        "fewer is faster: docs/performance.md)",
+        "fewer is faster and rougher)",
     )
     parser.add_argument(
         "--guidance-scale",
@@ -46,8 +46,7 @@ def add_model_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--language",
         default=None,
-        help="language of a request that names none: a name, id or tag (default: none, the model's "
-        "language-agnostic mode)",
+        help="language of a request that names none: a name, id or tag (default: none: the model infers it)",
     )
     parser.add_argument(
         "--workers",

@@ -16,13 +16,14 @@ s16le, .mp3, .opus/.ogg: every format the server answers, in the same bytes for 
 file or none); devices, pipes and stdout are written in place; a symlink's target is written.
 
 --stream writes each chunk as soon as it is decoded: the text is cut into sentence-sized chunks
-(OmniVoiceOnnx.STREAM_CHUNK_DEFAULTS, 3 s of speech each) instead of upstream's 30 s threshold,
-so the first audio comes after the first chunk. Its tokens are those of the non-streamed run with
-the same chunking and --seed; its level is fixed from the first chunk when there is no reference
-(see OmniVoiceOnnx.stream). Without --stream, the output is upstream generate()'s for the seed.
+(about 3 s of speech each) instead of upstream's 30 s threshold, so the first audio comes after
+the first chunk. Its tokens are those of the non-streamed run with the same chunking and --seed;
+its level is fixed from the first chunk when there is no reference. Without --stream, the output
+is upstream generate()'s for the seed.
 
 Modes: voice cloning (--ref-audio + --ref-text, or --voice NAME|FILE saved with `omnivoice-onnx
-voice add`), voice design (--instruct), or neither (a voice the model chooses). An --instruct in
+voice add`), voice design (--instruct, or a designed --voice: a preset such as alloy or marin, or
+one saved with its seed), or neither (a voice the model chooses). An --instruct in
 prose ("a deep, calm male voice") has its vocabulary words applied and the rest ignored, both
 named in a note on stderr; --strict-instructions refuses it instead. A one-line summary
 (audio length, RTF, seed, destination) goes to stderr, a terminal or a log alike; a progress line
@@ -101,7 +102,7 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
         help="write each sentence-sized chunk as soon as it is ready (pair with --raw or a pipe)",
     )
     out.add_argument("--quiet", "-q", action="store_true", help="no progress line and no summary on stderr")
-    gen = parser.add_argument_group("generation (as OmniVoiceOnnx.generate)")
+    gen = parser.add_argument_group("generation (upstream generate()'s arguments)")
     gen.add_argument(
         "--language",
         default=None,
@@ -138,7 +139,8 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
     gen.add_argument(
         "--voice",
         metavar="NAME|FILE",
-        help="a saved voice: a name in the voices folder or a voice file's path (omnivoice-onnx voice)",
+        help="a voice by name, a saved one else a preset (alloy, marin, ...: `omnivoice-onnx voice list` shows "
+        "both), or a voice file's path; its seed is used unless --seed is given",
     )
     gen.add_argument(
         "--speed", type=SPEED, default=None, help=f"speaking rate factor (1.0 normal, {MIN_SPEED:g}-{MAX_SPEED:g})"
@@ -189,7 +191,7 @@ def read_text(args: argparse.Namespace, stdin: TextIO | None = None) -> str:
     if args.text is not None and args.text_file is not None:
         raise UserError("both TEXT and --text-file were given", "pass one of them")
     most = int(limit("MAX_TEXT_CHARS")) * 4
-    too_long = f"split the text, or raise {LIMIT_ENV_PREFIX}MAX_TEXT_CHARS (docs/runtime.md, Request limits)"
+    too_long = f"split the text, or raise the limit with the environment variable {LIMIT_ENV_PREFIX}MAX_TEXT_CHARS"
     if args.text_file is not None:
         data = read_bounded(args.text_file, most, "--text-file", too_long)
         text = decode_text(data, f"--text-file {args.text_file}", "save it as UTF-8")
@@ -240,26 +242,26 @@ def generation_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def voice_kwargs(args: argparse.Namespace, tts: OmniVoiceOnnx, kwargs: dict[str, Any]) -> dict[str, Any]:
-    """`kwargs` with --voice's (a saved clone prompt or instruct) merged in; a flag that gives the
-    same thing twice is refused. The voices module is imported here, when a voice is asked for."""
+    """`kwargs` with --voice's merged in, as the server resolves a voice's name: a mode (auto:
+    nothing; design: --instruct required), a saved voice (its clone prompt or instruct), else a
+    preset; or a voice file. A flag that gives the same thing twice is refused; the voice's seed
+    is the run's when --seed gives none (a designed voice is its instruct AND its seed)."""
     if args.voice is None:
         return kwargs
-    try:
-        from omnivoice_onnx import voices
-    except ModuleNotFoundError as exc:
-        if exc.name != "omnivoice_onnx.voices":
-            raise
-        raise UserError(
-            "this omnivoice-onnx has no saved voices (omnivoice_onnx.voices)",
-            "use --ref-audio and --ref-text, or install a version with `omnivoice-onnx voice`",
-        ) from exc
+    from omnivoice_onnx import voices
 
+    if args.voice.casefold() in voices.MODES:
+        if args.voice.casefold() == "design" and kwargs.get("instruct") is None:
+            raise UserError(voices.design_needs("--instruct"), "pass --instruct, or choose another --voice")
+        return kwargs
     folder = voices.voices_dir(tts.bundle, args.voices)
-    given = voices.load_voice(args.voice, folder, tts.metadata["model_fingerprint"]).generate_kwargs()
+    voice = voices.load_voice(args.voice, folder, tts.metadata["model_fingerprint"])
+    given = voice.generate_kwargs()
     clash = [key for key in given if kwargs.get(key) is not None]
     if clash:
         raise UserError(f"--voice {args.voice} already sets {', '.join(clash)}", f"drop --{clash[0]}")
-    return {**kwargs, **given}
+    seed = voice.seed if kwargs.get("seed") is None else kwargs["seed"]
+    return {**kwargs, **given, "seed": seed}
 
 
 class Reporter:

@@ -1,16 +1,21 @@
 """Keep voices by name: encode a reference once, speak with it later as `speak --voice NAME`.
 
     omnivoice-onnx voice add alice --ref-audio ref.wav --ref-text "The reference's words."
-    omnivoice-onnx voice add calm --instruct "female, low pitch"     # a designed voice
-    omnivoice-onnx voice list
+    omnivoice-onnx voice add calm --instruct "female, low pitch" --seed 7   # a designed voice
+    omnivoice-onnx voice list                        # the saved voices, then the presets (alloy, marin, ...)
     omnivoice-onnx voice show alice
     omnivoice-onnx voice remove alice
     omnivoice-onnx voice import my_voice.pt bob      # upstream VoiceClonePrompt.save file, read without torch
 
 A voice is a small JSON file <voices>/<name>.json holding the reference's encoded tokens, its
-transcript and RMS (or an instruct), and the fingerprint of the model that made them
-(omnivoice_onnx.voices; format in docs/runtime.md). The voices folder is --voices, else
-$OMNIVOICE_VOICES, else <model-dir>/voices. A voice belongs to one model: another bundle refuses it.
+transcript and RMS (or an instruct), the seed it speaks with, and the fingerprint of the model
+that made them. The voices folder is --voices, else $OMNIVOICE_VOICES, else <model-dir>/voices. A
+voice belongs to one model: another bundle refuses it.
+
+A designed voice is its instruct AND a seed (the same instruct with another seed is another
+speaker): `voice add --instruct` keeps --seed, or draws one and prints it, so the voice sounds the
+same on every request; a request's own --seed still wins. A saved voice of a preset's name (alloy,
+marin, ...) replaces that preset.
 """
 
 from __future__ import annotations
@@ -23,8 +28,9 @@ from omnivoice_onnx.bundle import Bundle, Folder
 from omnivoice_onnx.cli.flags import DefaultsHelpFormatter, Subparsers, add_bundle_flags
 from omnivoice_onnx.contract import FRAME_RATE
 from omnivoice_onnx.errors import UserError, say
-from omnivoice_onnx.program import note, prepare
+from omnivoice_onnx.program import SEED, note, prepare
 from omnivoice_onnx.voices import (
+    PRESETS,
     REPLACE_FIX,
     VOICE_SUFFIX,
     Voice,
@@ -32,6 +38,7 @@ from omnivoice_onnx.voices import (
     find_saved,
     list_voices,
     load_upstream_voice,
+    new_voice,
     read_voice,
     remove_voice,
     save_voice,
@@ -65,11 +72,20 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
     add.add_argument(
         "--instruct", help="a voice-design instruct instead of (or with) a reference, e.g. 'female, low pitch'"
     )
+    add.add_argument(
+        "--seed",
+        type=SEED,
+        default=None,
+        help="the seed the voice speaks with when a request gives none (default: a designed voice draws "
+        "one now; a cloned voice keeps none)",
+    )
     add.add_argument("--force", action="store_true", help="replace a voice of that name")
 
-    _common(actions.add_parser("list", help="the saved voices", formatter_class=fmt))
+    _common(actions.add_parser("list", help="the saved voices, then the presets", formatter_class=fmt))
     show = _common(actions.add_parser("show", help="one voice's contents", formatter_class=fmt))
-    show.add_argument("name", help="a voice's name, or a voice file's path (.json, or upstream .pt)")
+    show.add_argument(
+        "name", help="a voice's name (saved, or a preset), or a voice file's path (.json, or upstream .pt)"
+    )
     remove = _common(actions.add_parser("remove", help="delete a saved voice", formatter_class=fmt))
     remove.add_argument("name", help="the voice's name")
     imp = _common(
@@ -113,7 +129,7 @@ def _add(args: argparse.Namespace, voices: Path) -> Voice:
 
         bundle = Bundle.open(args.model_dir, verify=False)  # its metadata and config only: no graph loads
         resolve_instruct(args.instruct, False, bundle.runtime_config["instruct"])
-        return Voice(args.name, None, args.instruct.strip(), bundle.fingerprint, Path())
+        return new_voice(args.name, None, args.instruct.strip(), bundle.fingerprint, args.seed)
     from omnivoice_onnx.api import OmniVoiceOnnx
 
     tts = OmniVoiceOnnx.from_dir(args.model_dir)
@@ -122,19 +138,20 @@ def _add(args: argparse.Namespace, voices: Path) -> Voice:
 
         resolve_instruct(args.instruct, False, tts.runtime_config["instruct"])
     prompt = tts.create_voice_clone_prompt(args.ref_audio, args.ref_text)
-    return Voice(
-        args.name, prompt, args.instruct.strip() if args.instruct else None, tts.metadata["model_fingerprint"], Path()
-    )
+    instruct = args.instruct.strip() if args.instruct else None
+    return new_voice(args.name, prompt, instruct, tts.metadata["model_fingerprint"], args.seed)
 
 
 def describe(voice: Voice, frame_rate: int) -> str:
-    """One line: kind, length or instruct, transcript."""
-    parts = []
+    """One line: kind, length or instruct, transcript, seed."""
+    parts = ["preset"] if voice.is_preset else []
     if voice.prompt is not None:
         seconds = voice.prompt.ref_audio_tokens.shape[-1] / frame_rate
         parts.append(f"clone {seconds:.1f} s {voice.prompt.ref_text!r}")
     if voice.instruct is not None:
         parts.append(f"design {voice.instruct!r}")
+    if voice.seed is not None:
+        parts.append(f"seed {voice.seed}")
     return ", ".join(parts)
 
 
@@ -161,9 +178,13 @@ def run(args: argparse.Namespace) -> int:
                 f"no voices in {voices} (add one with `omnivoice-onnx voice add NAME --ref-audio F --ref-text T`)",
                 file=sys.stderr,
             )
-        width = max((len(v.name) for v in found), default=0)
+        hidden = {voice.name.casefold() for voice in found}
+        presets = [preset for name, preset in PRESETS.items() if name not in hidden]  # a saved one hides it
+        width = max((len(v.name) for v in found + presets), default=0)
         for voice in found:
             say(f"{voice.name:<{width}}  {describe(voice, FRAME_RATE)}  model {voice.model_fingerprint}")
+        for voice in presets:
+            say(f"{voice.name:<{width}}  {describe(voice, FRAME_RATE)}")
         unlisted = sorted(set(voices.glob(f"*{VOICE_SUFFIX}")) - set(voice_files(voices).values()))
         if unlisted:
             note(
@@ -173,8 +194,11 @@ def run(args: argparse.Namespace) -> int:
     elif args.voice_command == "show":
         voice = read_voice(args.name, voices)
         say(f"name               {voice.name}")
-        say(f"file               {voice.path}")
-        say(f"model fingerprint  {voice.model_fingerprint or 'unknown (an upstream .pt carries none)'}")
+        if voice.is_preset:
+            say("file               none: a built-in preset (save a voice of this name to replace it)")
+        else:
+            say(f"file               {voice.path}")
+            say(f"model fingerprint  {voice.model_fingerprint or 'unknown (an upstream .pt carries none)'}")
         if voice.prompt is not None:
             tokens = voice.prompt.ref_audio_tokens
             say(f"reference tokens   {list(tokens.shape)} ({tokens.shape[-1] / FRAME_RATE:.2f} s)")
@@ -182,6 +206,13 @@ def run(args: argparse.Namespace) -> int:
             say(f"reference RMS      {voice.prompt.ref_rms:.6g}")
         if voice.instruct is not None:
             say(f"instruct           {voice.instruct}")
+        if voice.seed is not None:
+            say(f"seed               {voice.seed} (used when a request gives none)")
+        elif voice.prompt is None:
+            say(
+                "seed               none saved: each request draws one, another speaker each time (save it again "
+                "with `omnivoice-onnx voice add NAME --instruct ... --seed N --force` to keep one)"
+            )
     elif args.voice_command == "remove":
         path = remove_voice(voices, args.name)
         say(f"removed voice {args.name!r} ({path})")

@@ -7,11 +7,10 @@ Then in Home Assistant: Settings > Devices & services > Add integration > "Wyomi
 host and port of this machine, or --zeroconf and Home Assistant finds it. The protocol has no
 key: a --uri other machines can reach (e.g. tcp://0.0.0.0:10200, for Home Assistant on another
 machine or in a container) needs --allow-remote, and is then for a trusted network only.
-For a reply faster than real time on a CPU: --variant int8 --num-step 8 or 16 (docs/drop-in.md).
+For a reply faster than real time on a CPU: --variant int8 --num-step 8 or 16.
 Voices: the saved ones, the OpenAI-named presets and auto. The protocol carries no seed: each
 request's is logged; --seed fixes it.
-Events, limits and errors: docs/drop-in.md ("Home Assistant: the Wyoming protocol"). SIGTERM or
-Ctrl-C drains it (exit 0; 143/130 if --drain-timeout cut a request off).
+SIGTERM or Ctrl-C drains it (exit 0; 143/130 if --drain-timeout cut a request off).
 """
 
 from __future__ import annotations

@@ -12,11 +12,11 @@ Routes (OpenAI's shapes, so the official client and the tools built on it work u
                             and the extensions language, seed, num_step, guidance_scale, duration,
                             strict_instructions; applied/ignored prose instructions in X-Instructions-*
     POST /v1/audio/speech/clone  multipart: input, ref_audio (a file), ref_text and the speech fields
-    GET  /v1/audio/voices   the built-in modes, the saved voices (omnivoice_onnx.voices) and the
-                            OpenAI-named presets no saved voice replaces (omnivoice_onnx.presets):
+    GET  /v1/audio/voices   auto, the saved voices and the OpenAI-named presets no saved voice
+                            replaces (omnivoice_onnx.voices; "design" is left out: it needs instructions):
                             `voices` [{"id", "name"}] as Open WebUI reads it, `data` in full
     GET  /v1/audio/voices/{name}  one of them (names in any case)
-    POST /v1/audio/voices   multipart: name, ref_audio + ref_text or instruct -> a saved voice;
+    POST /v1/audio/voices   multipart: name, ref_audio + ref_text or instruct, seed -> a saved voice;
     PATCH, DELETE /v1/audio/voices/{name}  rename ({"name"}) or delete one: all three only with
                             --allow-voice-save (else 403)
     GET  /v1/models         the bundle's model id, the transformer variants in the folder, and the
@@ -332,7 +332,7 @@ def add_voice_routes(app: FastAPI, service: Service) -> None:
     async def created_voice(request: Request) -> JSONResponse:
         form = await read_form(request)
         name = forms.new_voice_name(form_text(form, "name", required=True), "name")
-        instruct = form_text(form, "instruct")
+        instruct, seed = form_text(form, "instruct"), forms.form_seed(form)
         upload = form.get("ref_audio")
         if upload is None and instruct is None:
             raise refuse(
@@ -351,7 +351,7 @@ def add_voice_routes(app: FastAPI, service: Service) -> None:
         if upload is not None:
             upload, ref_text = await form_upload(form)
             prompt = (await encoded_upload(service, request, upload, ref_text))[0]
-        voice = voice_store.Voice(name, prompt, instruct.strip() if instruct else None, service.fingerprint, Path())
+        voice = voice_store.new_voice(name, prompt, instruct.strip() if instruct else None, service.fingerprint, seed)
         try:
             await asyncio.to_thread(voice_store.save_voice, service.voices, name, voice, False)
         except UserError as exc:  # a concurrent create of the same name won the lock

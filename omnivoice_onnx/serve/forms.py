@@ -8,6 +8,7 @@ import logging
 import urllib.parse
 from typing import IO, Any
 
+from omnivoice_onnx import limits
 from omnivoice_onnx import voices as voice_store
 from omnivoice_onnx.core.instruct import instructions_note
 from omnivoice_onnx.core.shapes import InstructReading
@@ -23,6 +24,7 @@ MAX_FORM_BYTES = door.MAX_REFERENCE_BYTES + 64 * 1024
 MAX_FORM_FIELD_BYTES = 64 * 1024
 # Form fields arrive as text: these are converted to the number or boolean the JSON body carries.
 FORM_NUMBERS = {"speed": float, "guidance_scale": float, "duration": float, "seed": int, "num_step": int}
+FORM_BOOLEANS = ("strict_instructions", "stream")
 
 
 def instruction_headers(reading: InstructReading) -> dict[str, str]:
@@ -82,7 +84,7 @@ def form_value(name: str, value: Any) -> Any:
             return FORM_NUMBERS[name](value)
     except ValueError:
         raise refuse("invalid_type", name, field=name, expected=door.TYPE_NAMES[FORM_NUMBERS[name]]) from None
-    if name == "strict_instructions":
+    if name in FORM_BOOLEANS:
         if value.lower() not in ("true", "false", "1", "0"):
             raise refuse("invalid_type", name, field=name, expected="true or false")
         return value.lower() in ("true", "1")
@@ -113,15 +115,26 @@ async def form_upload(form: Any) -> tuple[IO[bytes], str]:
 
 def voice_item(entry: Any) -> dict[str, Any]:
     """A voice as the voice routes show it: id and name (Open WebUI's), kind, its description or
-    instruct, a preset's seed."""
+    instruct, and the seed it speaks with when a request gives none (a preset's, a saved voice's)."""
     item: dict[str, Any] = {"id": entry.name, "name": entry.name, "kind": entry.kind}
     if entry.kind == "builtin":
         item["description"] = entry.text
     else:
         item["instruct"] = entry.text
-    if entry.kind == "preset":
+    if entry.seed is not None:
         item["seed"] = entry.seed
     return item
+
+
+def form_seed(form: Any) -> int | None:
+    """A new voice's `seed` form field (None: none given; voices.new_voice draws one for a
+    designed voice), else the table's 400 naming `seed`: checked before a reference is encoded."""
+    if form.get("seed") is None:
+        return None
+    try:
+        return limits.check_seed(form_value("seed", form.get("seed")))
+    except UserError as exc:
+        raise refuse("invalid_value", "seed", detail=str(exc)) from None
 
 
 def new_voice_name(name: Any, param: str) -> str:

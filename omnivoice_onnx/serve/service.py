@@ -30,7 +30,6 @@ from omnivoice_onnx.core.shapes import Model, Request, RequestKeywords, Tokenize
 from omnivoice_onnx.errors import UserError
 from omnivoice_onnx.hashing import CHUNK_BYTES
 from omnivoice_onnx.limits import MAX_SPEED, MIN_SPEED, SEED_MAX, SEED_MIN
-from omnivoice_onnx.presets import OPENAI_MODEL_IDS, PRESETS, find_preset
 from omnivoice_onnx.serve.door import MAX_BODY_BYTES, MAX_INPUT_CHARS, ApiError, refuse, too_long
 from omnivoice_onnx.serve.pool import Job, Speaker, WorkerPool, scrub_paths
 
@@ -68,6 +67,9 @@ class ServedModel(Speaker, Protocol):
 LOG = logging.getLogger("omnivoice_onnx.server")
 
 MODEL_ID = "omnivoice"  # the `model` a request names; a variant is also reachable as "omnivoice-<variant>"
+# The model ids OpenAI clients send (speech models); each names the served variant, as OpenAI's
+# voice names name the presets (voices.PRESETS): Open WebUI and the SDK examples work unchanged.
+OPENAI_MODEL_IDS = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")
 API_KEY_ENV = "OMNIVOICE_API_KEY"  # --api-key's environment spelling (keeps the key out of `ps`)
 MAX_INSTRUCTIONS_CHARS = 4096
 DEFAULT_QUEUE = 16  # waiting requests beyond the ones running; more get 429
@@ -88,12 +90,15 @@ class VoiceEntry:
     name: str
     kind: Literal["builtin", "clone", "design", "preset"]  # clone/design: a saved voice
     text: str | None  # builtin: what the mode does; a saved voice's or preset's instruct (None: none)
-    seed: int | None = None  # a preset's fixed seed
+    seed: int | None = None  # the seed it speaks with when a request gives none (a preset's, a saved voice's)
 
     @staticmethod
     def saved(voice: voice_store.Voice) -> VoiceEntry:
-        """A saved voice's entry: a clone when it holds a reference, else a design."""
-        return VoiceEntry(voice.name, "clone" if voice.prompt is not None else "design", voice.instruct)
+        """A saved voice's (or a preset's) entry: a clone when it holds a reference, else a design."""
+        kind: Literal["clone", "design", "preset"] = (
+            "preset" if voice.is_preset else "clone" if voice.prompt is not None else "design"
+        )
+        return VoiceEntry(voice.name, kind, voice.instruct, voice.seed)
 
 
 # --- requests ------------------------------------------------------------------------------------
@@ -233,8 +238,9 @@ class Service:
     def voice_kwargs(self, voice: Any, instructions: str | None) -> tuple[dict[str, Any], int | None]:
         """generate() keywords for the request's voice (a name, never a path; plan_job lays the
         request's instructions over them; `instructions` here only decides the design mode), and
-        the seed the voice brings (a preset's; None: the request's or a fresh one). A name resolves
-        to a built-in mode, an uploaded reference (ref-...), a saved voice, else an OpenAI preset;
+        the seed the voice brings (a saved voice's or a preset's; None: the request's or a fresh
+        one). A name resolves to a built-in mode, an uploaded reference (ref-...), a saved voice,
+        else an OpenAI preset;
         modes, saved voices and presets whatever the name's case ("Alloy" is alloy). The voices
         folder is listed once, and only the voice named is parsed (unless parsed before, unchanged)."""
         name = voice if isinstance(voice, str) else voice.id
@@ -242,9 +248,7 @@ class Service:
             name = name.casefold()
             if name == "design" and not instructions:
                 raise refuse(
-                    "missing_required_parameter",
-                    "instructions",
-                    detail="voice 'design' needs `instructions` describing the voice, e.g. \"female, low pitch\"",
+                    "missing_required_parameter", "instructions", detail=voice_store.design_needs("`instructions`")
                 )
             return {}, None  # a mode designs from the request's instructions alone
         listing = self.shelf.listing()  # this request's one read of the voices folder
@@ -267,10 +271,8 @@ class Service:
         if name in self.references:
             self.references.move_to_end(name)
             kwargs: dict[str, Any] = {"voice_clone_prompt": self.references[name]}
-        elif saved is not None:
-            kwargs = saved.generate_kwargs()
-        elif (preset := find_preset(name)) is not None:
-            kwargs, seed = preset.generate_kwargs(), preset.seed
+        elif (found := saved or voice_store.find_preset(name)) is not None:
+            kwargs, seed = found.generate_kwargs(), found.seed
         else:
             hint = (
                 " (uploaded references are kept in memory only: upload it again)"
@@ -286,18 +288,17 @@ class Service:
 
     def voice_catalogue(self, listing: voice_store.SavedVoices | None = None) -> list[VoiceEntry]:
         """What `voice` may name (uploaded references aside), in the order every list shows it: the
-        built-in modes, the saved voices, then the presets no saved voice of the same name hides
+        built-in modes a list offers (voices.LISTED_MODES: not "design", which speaks only with
+        instructions), the saved voices, then the presets no saved voice of the same name hides
         (the one place that rule is written; voice_kwargs resolves a name in the same order; no
         saved voice takes a mode's name: voices.check_new_name). The voices folder is read once (or
         `listing` is this request's read of it)."""
         saved = self.saved_voices() if listing is None else self.saved_voices(listing)
-        entries = [VoiceEntry(name, "builtin", text) for name, text in BUILTIN_VOICES.items()]
+        entries = [VoiceEntry(name, "builtin", BUILTIN_VOICES[name]) for name in voice_store.LISTED_MODES]
         entries += [VoiceEntry.saved(voice) for voice in saved]
         hidden = {voice.name.casefold() for voice in saved}
         return entries + [
-            VoiceEntry(name, "preset", preset.instruct, preset.seed)
-            for name, preset in PRESETS.items()
-            if name not in hidden
+            VoiceEntry.saved(preset) for name, preset in voice_store.PRESETS.items() if name not in hidden
         ]
 
     def voice_names(self, listing: voice_store.SavedVoices | None = None) -> list[str]:
@@ -361,8 +362,8 @@ REQUEST_DEFAULT_FIELDS = ("num_step", "guidance_scale", "language")  # ServerCon
 
 @dataclass
 class Speech:
-    """What one synthesis asks for, as a front end without pydantic (the Wyoming server) builds it;
-    the fields SpeechRequest shares, so plan_job() reads either."""
+    """What one synthesis asks for: the one shape plan_job() reads, built by the Wyoming server
+    directly and from an HTTP body (SpeechRequest, whose fields these are) by Speech.of."""
 
     input: str
     voice: str
@@ -374,15 +375,19 @@ class Speech:
     guidance_scale: float | None = None
     seed: int | None = None
 
+    @classmethod
+    def of(cls, body: Any) -> Speech:
+        """The synthesis a SpeechRequest body asks for (its other fields are the HTTP answer's)."""
+        return cls(**{item.name: getattr(body, item.name) for item in dataclasses.fields(cls)})
 
-def plan_job(service: Service, request: Any, loop: asyncio.AbstractEventLoop, stream: bool) -> Job:
-    """The validated work of one synthesis (a SpeechRequest or a Speech): the voice resolved, the
-    seed chosen (the request's, else its preset's, else drawn by validate), the request checked by
-    the runtime without model work, once (the worker runs this Request); ApiError (400) for
+
+def plan_job(service: Service, request: Speech, loop: asyncio.AbstractEventLoop, stream: bool) -> Job:
+    """The validated work of one synthesis: the voice resolved, the seed chosen (the request's,
+    else its voice's: a saved voice's or a preset's, else drawn by validate), the request checked
+    by the runtime without model work, once (the worker runs this Request); ApiError (400) for
     anything it would refuse."""
     voice_kwargs, voice_seed = service.voice_kwargs(request.voice, request.instructions)
-    is_dataclass = dataclasses.is_dataclass(request) and not isinstance(request, type)
-    fields = dataclasses.asdict(request) if is_dataclass else request.model_dump()
+    fields = dataclasses.asdict(request)
     fields |= {name: value for name, value in service.config.request_defaults.items() if fields.get(name) is None}
     kwargs = {**keywords(fields), **voice_kwargs}  # the one builder (core.request.keywords)
     own_design = voice_kwargs.get("instruct")
@@ -428,7 +433,7 @@ def build_job(service: Service, request: Any, loop: asyncio.AbstractEventLoop) -
             f"with stream_format use one of {', '.join(streamable)}, or drop stream_format to get the whole "
             f"{fmt} file",
         )
-    return plan_job(service, request, loop, stream=request.stream_format is not None), fmt
+    return plan_job(service, Speech.of(request), loop, stream=request.stream_format is not None), fmt
 
 
 def bind(host: str, port: int) -> socket.socket:

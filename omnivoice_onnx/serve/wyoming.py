@@ -7,7 +7,7 @@ Home Assistant's local voice pipeline speaks Wyoming (https://github.com/OHF-Voi
 HTTP: add this server as its "Wyoming Protocol" integration (host, port). Events (the `wyoming`
 package's own classes):
 - Describe -> Info: one TtsProgram "omnivoice-onnx" whose voices are the saved voices, the OpenAI-
-  named presets (omnivoice_onnx.presets) and "auto", each described by its name and a few words,
+  named presets (omnivoice_onnx.voices) and "auto", each described by its name and a few words,
   with the languages Home Assistant can name (the model's two-letter ids, ar, or, yue: about 130 of
   its 646); a request's language may be any name, id or tag the runtime resolves (eng, en-US).
 - Synthesize(text, voice) -> AudioStart, AudioChunk... (16-bit mono PCM at 24 kHz, sent as
