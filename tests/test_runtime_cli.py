@@ -22,9 +22,8 @@ from conftest import REPO, Pipeline, assert_hardware_recorded, import_blocker, s
 
 import infer_onnx
 import quantize_omnivoice
-from omnivoice_export import quantize
-from omnivoice_export.cli import EXIT_BAD_INPUT, run_main
-from omnivoice_export.generation import DEFAULT_SEED, LANGUAGE
+from omnivoice_export.step1_capture.generation import DEFAULT_SEED, LANGUAGE
+from omnivoice_export.step56_variants import quantize
 from omnivoice_onnx import OmniVoiceOnnx, UserError
 from omnivoice_onnx.audio_formats import to_pcm16
 from omnivoice_onnx.bundle import Bundle
@@ -36,6 +35,7 @@ from omnivoice_onnx.contract import (
     variant_path,
     variants_present,
 )
+from omnivoice_onnx.program import EXIT_BAD_INPUT, run_main
 
 BLOCKED = ("torch", "torchaudio", "transformers", "omnivoice", "pydub")
 # Runs infer_onnx.py as `python infer_onnx.py ARGS` would, with BLOCKED unimportable; prints which

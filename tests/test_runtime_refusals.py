@@ -27,12 +27,13 @@ from test_script_errors import assert_one_line, run_inprocess, snapshot
 import infer_onnx
 import quality_omnivoice
 import quantize_omnivoice
-from omnivoice_export import quality, quantize, report
-from omnivoice_export.cli import EXIT_BAD_INPUT
+from omnivoice_export.step2_export import report
+from omnivoice_export.step56_variants import quality, quantize, recipes
 from omnivoice_onnx import OmniVoiceOnnx, UserError, VoiceClonePrompt, limits, sessions
 from omnivoice_onnx.bundle import variant_fix
 from omnivoice_onnx.contract import GRAPH_FILES
 from omnivoice_onnx.core import generate as gen
+from omnivoice_onnx.program import EXIT_BAD_INPUT
 
 TRANSFORMER = quantize.TRANSFORMER_FILE
 
@@ -62,10 +63,10 @@ def assert_variants_as_reported(onnx_dir: Path, names) -> None:
 @pytest.mark.slow
 def test_ten_concurrent_runs_one_recipe_each_keep_every_entry(onnx_copy: Path) -> None:
     """The report's read-modify-write used to lose 1-2 of 10 entries (all runs exit 0)."""
-    procs = {name: quantize_process(onnx_copy, name) for name in quantize.RECIPES}
+    procs = {name: quantize_process(onnx_copy, name) for name in recipes.RECIPES}
     for name, proc in procs.items():
         assert proc.wait(timeout=600) == 0, (name, proc.stderr.read()[-2000:])
-    assert_variants_as_reported(onnx_copy, quantize.RECIPES)
+    assert_variants_as_reported(onnx_copy, recipes.RECIPES)
 
 
 @pytest.mark.slow

@@ -28,7 +28,8 @@ import soundfile as sf
 openai = pytest.importorskip("openai")
 pytest.importorskip("fastapi")
 
-from omnivoice_export.serving import Launched, launch  # noqa: E402
+from serving import Launched, launch  # noqa: E402
+
 from omnivoice_onnx import OmniVoiceOnnx, audio_formats  # noqa: E402
 from omnivoice_onnx.serve import door  # noqa: E402
 from omnivoice_onnx.serve import service as server_service  # noqa: E402
@@ -49,7 +50,7 @@ STREAM_STEPS = 8  # streams are checked for bytes, not quality: few steps keep t
 
 
 class Server:
-    """A running `omnivoice-onnx serve` (omnivoice_export.serving.launch) and how to reach it."""
+    """A running `omnivoice-onnx serve` (tests/serving.py.launch) and how to reach it."""
 
     def __init__(self, launched: Launched) -> None:
         self.launched, self.proc, self.port, self.log = launched, launched.process, launched.port, launched.log

@@ -18,6 +18,7 @@ import pytest
 wyoming = pytest.importorskip("wyoming")
 
 from conftest import REPO  # noqa: E402
+from serving import launch  # noqa: E402
 from wyoming.audio import AudioChunk, AudioStart, AudioStop  # noqa: E402
 from wyoming.client import AsyncTcpClient  # noqa: E402
 from wyoming.error import Error  # noqa: E402
@@ -25,7 +26,6 @@ from wyoming.event import Event  # noqa: E402
 from wyoming.info import Describe, Info  # noqa: E402
 from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop, SynthesizeStopped, SynthesizeVoice  # noqa: E402
 
-from omnivoice_export.serving import launch  # noqa: E402
 from omnivoice_onnx import OmniVoiceOnnx  # noqa: E402
 from omnivoice_onnx.audio_formats import to_pcm16  # noqa: E402
 from omnivoice_onnx.core.prompt import advertised_languages  # noqa: E402

@@ -23,12 +23,12 @@ pytest.importorskip("wyoming")
 zeroconf = pytest.importorskip("zeroconf")
 
 from conftest import REPO, run_script  # noqa: E402
+from serving import launch  # noqa: E402
 from wyoming.audio import AudioChunk  # noqa: E402
 from wyoming.client import AsyncTcpClient  # noqa: E402
 from wyoming.info import Describe, Info  # noqa: E402
 from wyoming.tts import Synthesize, SynthesizeVoice  # noqa: E402
 
-from omnivoice_export.serving import launch  # noqa: E402
 from omnivoice_onnx import OmniVoiceOnnx  # noqa: E402
 from omnivoice_onnx.audio_formats import to_pcm16  # noqa: E402
 from omnivoice_onnx.serve import wyoming as wyoming_server  # noqa: E402

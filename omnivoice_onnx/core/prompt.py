@@ -11,7 +11,7 @@ Reproduces (omnivoice 0.2.1, omnivoice/models/omnivoice.py):
 
 Data: the language map, the instruct vocabularies, mappings and rules, the Chinese regex, the
 non-verbal tag pattern and the text written for an absent value are read from the export's
-runtime-config.json, which omnivoice_export/runtime_assets.py writes from the installed upstream
+runtime-config.json, which omnivoice_export/step2_export/runtime_assets.py writes from the installed upstream
 package; none of it is copied here. The bundle checks every key's JSON type before any of it is
 used (omnivoice_onnx.runtime_config: the bundle's files are not trusted); this module reads no file
 but the tokenizer.json it is handed. The prompt's control tokens are the format
