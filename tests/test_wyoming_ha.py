@@ -31,8 +31,9 @@ from wyoming.tts import Synthesize, SynthesizeVoice  # noqa: E402
 
 from omnivoice_onnx import OmniVoiceOnnx  # noqa: E402
 from omnivoice_onnx.audio_formats import to_pcm16  # noqa: E402
+from omnivoice_onnx.presets import PRESETS  # noqa: E402
 from omnivoice_onnx.serve import wyoming as wyoming_server  # noqa: E402
-from omnivoice_onnx.voices import PRESETS  # noqa: E402
+from omnivoice_onnx.serve import wyoming_voices  # noqa: E402
 
 pytestmark = pytest.mark.slow  # the session pipeline's tiny export
 
@@ -104,7 +105,7 @@ def test_info_is_what_home_assistant_can_show(wyoming_port) -> None:
     (program,) = Info.from_event(event).tts
     for voice in program.voices:
         assert voice.description.startswith(voice.name + ":"), voice.description
-        assert len(voice.description) <= wyoming_server.MAX_DESCRIPTION_CHARS
+        assert len(voice.description) <= wyoming_voices.MAX_DESCRIPTION_CHARS
     alloy = next(voice for voice in program.voices if voice.name == "alloy")
     assert alloy.description == f"alloy: {PRESETS['alloy'].instruct}"
     languages = program.voices[0].languages

@@ -6,32 +6,37 @@
 Home Assistant's local voice pipeline speaks Wyoming (https://github.com/OHF-Voice/wyoming), not
 HTTP: add this server as its "Wyoming Protocol" integration (host, port). Events (the `wyoming`
 package's own classes):
-- Describe -> Info: one TtsProgram "omnivoice-onnx" whose voices are the saved voices, the OpenAI-
-  named presets (omnivoice_onnx.voices) and "auto", each described by its name and a few words,
-  with the languages Home Assistant can name (the model's two-letter ids, ar, or, yue: about 130 of
-  its 646); a request's language may be any name, id or tag the runtime resolves (eng, en-US).
+- Describe -> Info: one TtsProgram "omnivoice-onnx" whose voices are the reference voices of
+  --ref-dir (omnivoice_onnx.serve.wyoming_voices), the saved voices, the OpenAI-named presets
+  (omnivoice_onnx.presets) and "auto" ("design" needs a description the protocol cannot send),
+  each described by its name and a few words, with the languages Home Assistant can name (the
+  model's two-letter ids, ar, or, yue: about 130 of its 646); a request's language may be any
+  name, id or tag the runtime resolves (eng, en-US).
 - Synthesize(text, voice) -> AudioStart, AudioChunk... (16-bit mono PCM at 24 kHz, sent as
-  OmniVoiceOnnx.stream() decodes each sentence-sized chunk), AudioStop.
+  OmniVoiceOnnx.stream() decodes each sentence-sized chunk, in pieces of at most
+  AUDIO_CHUNK_BYTES), AudioStop. `text_format: ssml` is spoken as its text (serve.ssml).
 - SynthesizeStart, SynthesizeChunk..., SynthesizeStop (streamed text, wyoming >= 1.7): each
   completed sentence is spoken as soon as it arrives, inside one AudioStart..AudioStop, then
   SynthesizeStopped. A Synthesize sent alongside (clients do, for older servers) is ignored.
 - A refused request -> Error(text, code): the front door's (omnivoice_onnx.serve.door) message
-  and code, the same an HTTP client gets for the same request.
+  and code, the same an HTTP client gets for the same request; then the connection ends, as
+  wyoming-piper ends it (a proxy waiting for AudioStop or the end of the connection learns at once).
 
 What comes off the network is read by omnivoice_onnx.serve.wyoming_events (its own reader: every
 size and time bounded, so that nothing a peer sends ends in a traceback or holds the server); a
 connection with no event in flight is closed after door.IDLE_TIMEOUT_S; at most
-door.MAX_CONNECTIONS are open. A peer not speaking the protocol gets one Error event and the
-connection is closed; a well-framed event with a bad field (text that is not a string, a voice
-that is not an object) gets an Error and the connection goes on. Streamed text is held only up
-to door.MAX_INPUT_CHARS without a sentence end, and scanned for sentence ends once per character.
+door.MAX_CONNECTIONS are open. A peer not speaking the protocol, or sending an event with a bad
+field (text that is not a string, a voice that is not an object), gets one Error event and the
+connection is closed. Streamed text is held only up to door.MAX_INPUT_CHARS without a sentence
+end, and scanned for sentence ends once per character.
 
 Requests then go through the HTTP server's machinery (service.plan_job): the same voice
-resolution, limits, the runtime's one validation, queue and timeout. The
-protocol carries no seed: each request gets the preset's seed for a preset voice, else a fresh
-one, and the log line names it; --seed N fixes it for every request (then the audio equals
-stream(text, seed=N) of the voice, bit for bit as 16-bit PCM). A streamed request keeps the seed
-of its first sentence for the rest. With random weights (test bundles) every voice speaks noise.
+resolution, limits, the runtime's one validation, queue and timeout. The protocol carries no
+seed and no speed: each request gets the voice's seed (a preset's, a saved or reference voice's),
+else a fresh one, and the log line names it; --seed N fixes it for every request (then the audio
+equals stream(text, seed=N) of the voice, bit for bit as 16-bit PCM), --speed every request's
+rate. A streamed request keeps the seed of its first sentence for the rest. With random weights
+(test bundles) every voice speaks noise.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ import re
 import signal
 import socket
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
@@ -54,7 +60,9 @@ from omnivoice_onnx.serve import door
 from omnivoice_onnx.serve import service as server_service
 from omnivoice_onnx.serve.door import ApiError, refuse
 from omnivoice_onnx.serve.pool import Job, job_failure, time_out
+from omnivoice_onnx.serve.ssml import TEXT_FORMATS, SsmlText, spoken_text
 from omnivoice_onnx.serve.wyoming_events import Idle, Incoming, Unframed, read_event
+from omnivoice_onnx.serve.wyoming_voices import AUTO_DESCRIPTION, RefVoice, info, label, scan_ref_dir
 from omnivoice_onnx.version import __version__
 
 LOG = logging.getLogger("omnivoice_onnx.wyoming")
@@ -63,11 +71,10 @@ DEFAULT_URI = "tcp://127.0.0.1:10200"  # wyoming-piper's port is 10200 too; one 
 DEFAULT_VOICE = "alloy"  # the voice of a request that names none
 LISTENING = "omnivoice-onnx wyoming: listening on "  # the start line's prefix (serving.launch reads it)
 SAMPLE_WIDTH = 2  # bytes per sample: 16-bit PCM, what Home Assistant plays
-# Home Assistant labels a voice by its description: the name, then a few words ("alloy: female,
-# young adult, moderate pitch, american accent" fits; a long saved instruct is cut at a comma).
-MAX_DESCRIPTION_CHARS = 64
-AUTO_DESCRIPTION = "a voice the model picks"
-ATTRIBUTION = ("k2-fsa OmniVoice", "https://github.com/k2-fsa/OmniVoice")
+# The most audio one AudioChunk carries: half the most an event may carry into this server
+# (door.MAX_BODY_BYTES, data and payload), so the event, its data included, is one any Wyoming
+# reader built as ours takes (wyoming-piper sends 2 KiB; a sentence of 4 s is 192 KB of PCM).
+AUDIO_CHUNK_BYTES = door.MAX_BODY_BYTES // 2
 LINGER_S = 1.0  # how long a refused peer's remaining bytes are read and dropped before the close
 # mDNS discovery as wyoming-piper does it (the wyoming package's zeroconf module): Home Assistant
 # browses this type and offers each server it finds under its name.
@@ -91,6 +98,8 @@ class WyomingConfig:
     voice: str = DEFAULT_VOICE
     allow_remote: bool = False  # --allow-remote: listen where other machines reach it (the protocol has no key)
     zeroconf: str | None = None  # the service name announced over mDNS (None: not announced)
+    speed: float | None = None  # every request's speaking rate (the protocol carries none; None: 1.0)
+    ref_dir: Path | None = None  # --ref-dir: a folder of reference voices (wyoming_voices)
 
 
 def parse_uri(uri: str) -> tuple[str, int]:
@@ -105,63 +114,47 @@ def parse_uri(uri: str) -> tuple[str, int]:
     return parsed.hostname, port
 
 
-def voice_entries(service: server_service.Service) -> list[server_service.VoiceEntry]:
-    """The voices a client may pick: saved, presets, then auto ("design" needs a description,
-    which the protocol cannot send)."""
-    catalogue = service.voice_catalogue()
+def voice_entries(service: server_service.Service, hidden: set[str]) -> list[server_service.VoiceEntry]:
+    """The service's voices a Wyoming client may pick: saved, presets, then auto ("design" needs a
+    description, which the protocol cannot send); those a reference voice's name hides left out."""
+    catalogue = [entry for entry in service.voice_catalogue() if entry.name.casefold() not in hidden]
     return [entry for entry in catalogue if entry.kind != "builtin"] + [
         entry for entry in catalogue if entry.kind == "builtin" and entry.name == "auto"
     ]
 
 
-def voice_names(service: server_service.Service) -> list[str]:
-    return [entry.name for entry in voice_entries(service)]
+def voice_names(service: server_service.Service, refs: dict[str, RefVoice]) -> list[str]:
+    """Every voice name a request may give, in Info's order: the reference voices, then the rest."""
+    return [ref.name for ref in refs.values()] + [entry.name for entry in voice_entries(service, set(refs))]
 
 
-def description(entry: server_service.VoiceEntry) -> str:
-    """A voice's label in Home Assistant's picker, which shows the description (else the name):
-    the name first, then what the voice is, cut at a comma to MAX_DESCRIPTION_CHARS."""
-    what = {"builtin": AUTO_DESCRIPTION, "clone": "cloned voice"}.get(entry.kind) or entry.text or "designed voice"
-    line = f"{entry.name}: {what}"
-    while len(line) > MAX_DESCRIPTION_CHARS and ", " in line:
-        line = line.rsplit(", ", 1)[0]
-    return line if len(line) <= MAX_DESCRIPTION_CHARS else line[: MAX_DESCRIPTION_CHARS - 1] + "\u2026"
-
-
-def describe(service: server_service.Service) -> Any:
-    """The Info event's content: one TTS program and its voices, each with the languages Home
-    Assistant can name (prompt.advertised_languages; a request may still name any of the model's)."""
-    from wyoming.info import Attribution, Info, TtsProgram, TtsVoice
-
-    attribution = Attribution(*ATTRIBUTION)
+def describe(service: server_service.Service, refs: dict[str, RefVoice]) -> Any:
+    """The Info event: the reference voices, each with its language, then the service's, each with
+    the languages Home Assistant can name (prompt.advertised_languages; a request may still name
+    any of the model's), each labelled for Home Assistant's picker (wyoming_voices.label)."""
     languages = advertised_languages(service.pool.models[0].runtime_config["languages"])
-    voices = [
-        TtsVoice(
-            name=entry.name,
-            attribution=attribution,
-            installed=True,
-            description=description(entry),
-            version=None,
-            languages=languages,
-        )
-        for entry in voice_entries(service)
-    ]
-    program = TtsProgram(
-        name="omnivoice-onnx",
-        attribution=attribution,
-        installed=True,
-        version=__version__,
-        description="OmniVoice text to speech (ONNX, no torch)",
-        voices=voices,
-        supports_synthesize_streaming=True,
+    kinds = {"builtin": AUTO_DESCRIPTION, "clone": "cloned voice"}
+    return info(
+        [(ref.name, label(ref.name, ref.description), [ref.language]) for ref in refs.values()]
+        + [
+            (entry.name, label(entry.name, kinds.get(entry.kind) or entry.text or "designed voice"), languages)
+            for entry in voice_entries(service, set(refs))
+        ]
     )
-    return Info(tts=[program])
 
 
 def voice_of(data: dict[str, Any]) -> tuple[str | None, str | None]:
     """(name, language) of an event's `voice` object (each None when absent)."""
     voice = door.typed(data, "voice", dict) or {}
     return door.typed(voice, "name", str), door.typed(voice, "language", str)
+
+
+def ssml_of(data: dict[str, Any]) -> SsmlText | None:
+    """The SSML reader of a Synthesize(Start) whose `text_format` is "ssml" (None: plain text)."""
+    text_format = door.typed(data, "text_format", str)
+    if text_format not in (None, *TEXT_FORMATS):
+        raise refuse("invalid_value", detail=f"text_format {text_format!r:.40} is neither {' nor '.join(TEXT_FORMATS)}")
+    return SsmlText() if text_format == "ssml" else None
 
 
 def resume_at(text: str) -> int:
@@ -179,7 +172,9 @@ class Stream:
 
     voice: tuple[str | None, str | None]
     seed: int | None
+    ssml: SsmlText | None  # text_format ssml: each chunk is read through it
     text: str = ""  # received, not yet spoken
+    markup: int = 0  # SSML characters received since a sentence was last spoken (bounded)
     scanned: int = 0  # text[:scanned] holds no sentence end (scanned once)
     started: bool = False  # its AudioStart was sent
 
@@ -191,10 +186,11 @@ class Session:
         self,
         service: server_service.Service,
         config: WyomingConfig,
+        refs: dict[str, RefVoice],
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
     ) -> None:
-        self.service, self.config, self.reader, self.writer = service, config, reader, writer
+        self.service, self.config, self.refs, self.reader, self.writer = service, config, refs, reader, writer
         self.peer = writer.get_extra_info("peername")
         self.stream: Stream | None = None
         self.jobs: list[Job] = []  # running, cancelled if the connection or the server ends
@@ -230,9 +226,12 @@ class Session:
                     break
                 self.busy = True
                 try:
-                    await self.handle(event)
+                    going_on = await self.handle(event)
                 finally:
                     self.busy = False
+                if not going_on:  # a refused request ends the connection, as wyoming-piper's does
+                    await self.linger()
+                    break
             if self.draining:
                 await self.last_word()
         except (ConnectionError, asyncio.IncompleteReadError):
@@ -266,14 +265,17 @@ class Session:
             self.stream = None
             await self.refuse(refuse("shutting_down"))
 
-    async def handle(self, event: Incoming) -> None:
+    async def handle(self, event: Incoming) -> bool:
+        """Answer one event -> whether the connection goes on: a refusal (an Error event) ends it,
+        so that a client waiting for AudioStop or the end of the connection (a proxy) learns at
+        once that none comes, and a client that reads on gets the end of the connection."""
         from wyoming.tts import SynthesizeStopped
 
         try:
             if event.type == "describe":
-                await self.write(describe(self.service))
+                await self.write(describe(self.service, self.refs))
             elif event.type == "synthesize-start":
-                self.stream = Stream(voice_of(event.data), self.config.seed)
+                self.stream = Stream(voice_of(event.data), self.config.seed, ssml_of(event.data))
             elif event.type == "synthesize-chunk" and self.stream is not None:
                 await self.hear(self.stream, door.typed(event.data, "text", str, required=True))
             elif event.type == "synthesize-stop" and self.stream is not None:
@@ -283,16 +285,24 @@ class Session:
                 await self.write(SynthesizeStopped())
             elif event.type == "synthesize" and self.stream is None:  # else: sent for old servers, ignored
                 text = door.text_field(event.data, "text")
+                ssml = ssml_of(event.data)
+                text = text if ssml is None else spoken_text(text)
                 await self.speak(text, voice_of(event.data), self.config.seed, start=True, stop=True)
         except ApiError as exc:
-            self.stream = None  # a refused stream ends here: its later chunks are ignored
+            self.stream = None
             await self.refuse(exc)
+            return False
+        return True
 
     async def hear(self, stream: Stream, chunk: str) -> None:
-        """A streamed chunk: held until its sentence ends (at most door.MAX_INPUT_CHARS held)."""
+        """A streamed chunk: held until its sentence ends (at most door.MAX_INPUT_CHARS held; SSML's
+        markup around them at most door.MAX_BODY_BYTES characters)."""
+        if stream.ssml is not None:
+            stream.markup += len(chunk)
+            chunk = stream.ssml.feed(chunk)
         stream.text += chunk
         await self.speak_sentences(stream, final=False)
-        if len(stream.text) > door.MAX_INPUT_CHARS:
+        if len(stream.text) > door.MAX_INPUT_CHARS or stream.markup > door.MAX_BODY_BYTES:
             raise door.too_long(
                 "streamed text without a sentence end", fix="end a sentence (. ! ? and a space) before that"
             )
@@ -300,15 +310,16 @@ class Session:
     async def speak_sentences(self, stream: Stream, final: bool) -> None:
         """Speak the streamed text's completed sentences (all of it when `final`); the text is
         scanned from where the last scan left off."""
+        if final and stream.ssml is not None:
+            stream.text += stream.ssml.feed("", final=True)  # a document left unclosed is refused here
         ends = [match.end() for match in SENTENCE_END.finditer(stream.text, stream.scanned)]
         cut = len(stream.text) if final else (ends[-1] if ends else 0)
         ready, stream.text = stream.text[:cut], stream.text[cut:]
         stream.scanned = resume_at(stream.text)
-        if ready.strip():
-            stream.seed = await self.speak(
-                ready.strip(), stream.voice, stream.seed, start=not stream.started, stop=False
-            )
-            stream.started = True
+        spoken = ready.strip() if stream.ssml is None else " ".join(ready.split())
+        if spoken:
+            stream.seed = await self.speak(spoken, stream.voice, stream.seed, start=not stream.started, stop=False)
+            stream.started, stream.markup = True, 0
 
     async def finish_stream(self, stream: Stream) -> None:
         """AudioStop for a stream that sent audio (an AudioStart and AudioStop when it sent none)."""
@@ -318,6 +329,33 @@ class Session:
             await self.write(AudioStart(rate=self.service.sample_rate, width=SAMPLE_WIDTH, channels=1))
         await self.write(AudioStop())
 
+    def speech(
+        self, text: str, voice: tuple[str | None, str | None], seed: int | None
+    ) -> tuple[str, server_service.Speech]:
+        """(the voice's name, the synthesis) of a request: a reference voice (wyoming_voices) speaks
+        in its folder's language, with its seed unless --seed; any other voice is one of Info's
+        (a name in any case), else the request is refused naming them; the language a request
+        gives applies to a voice it does not name (a named one speaks as it is)."""
+        name, language = voice
+        language = language if name is None else None
+        name = name or self.config.voice
+        ref = self.refs.get(name.casefold())
+        if ref is not None:
+            return ref.name, server_service.Speech(
+                input=text,
+                voice=ref.name if ref.prompt is not None else "auto",  # a clone: service.references holds it
+                instructions=ref.instruct,
+                language=ref.language,
+                speed=self.config.speed,
+                seed=ref.seed if seed is None else seed,
+            )
+        names = voice_names(self.service, self.refs)
+        if name.casefold() not in {known.casefold() for known in names}:
+            raise refuse("invalid_voice", "voice", detail=f"unknown voice {name!r:.80}; voices: {', '.join(names)}")
+        return name, server_service.Speech(
+            input=text, voice=name, language=language, speed=self.config.speed, seed=seed
+        )
+
     async def speak(
         self, text: str, voice: tuple[str | None, str | None], seed: int | None, start: bool, stop: bool
     ) -> int:
@@ -325,13 +363,10 @@ class Session:
         audio sent) for what the HTTP server answers 4xx/5xx."""
         from wyoming.audio import AudioChunk, AudioStart, AudioStop
 
-        name, language = voice
-        language = language if name is None else None
-        name = name or self.config.voice
         if len(text) > door.MAX_INPUT_CHARS:
             raise door.too_long("text")
+        name, speech = self.speech(text, voice, seed)
         loop = asyncio.get_running_loop()
-        speech = server_service.Speech(input=text, voice=name, language=language, seed=seed)
         job = server_service.plan_job(self.service, speech, loop, stream=True)
         self.service.pool.submit(job)
         LOG.info("synthesize: %d characters, voice %s, seed %d", len(text), name, job.request.seed)
@@ -343,10 +378,14 @@ class Session:
                 await self.write(AudioStart(rate=rate, width=SAMPLE_WIDTH, channels=1))
             while True:
                 kind, payload = await job.events.get()
-                if kind == "chunk":
-                    await self.write(
-                        AudioChunk(rate=rate, width=SAMPLE_WIDTH, channels=1, audio=to_pcm16(payload).tobytes())
-                    )
+                if kind == "chunk":  # a decoded chunk, sent in pieces of at most AUDIO_CHUNK_BYTES
+                    pcm = to_pcm16(payload).tobytes()
+                    for at in range(0, len(pcm), AUDIO_CHUNK_BYTES):
+                        await self.write(
+                            AudioChunk(
+                                rate=rate, width=SAMPLE_WIDTH, channels=1, audio=pcm[at : at + AUDIO_CHUNK_BYTES]
+                            )
+                        )
                 elif kind == "done":
                     break
                 else:
@@ -419,12 +458,14 @@ async def announce(name: str, host: str, port: int) -> Any:
     return zeroconf, info
 
 
-async def serve_async(service: server_service.Service, config: WyomingConfig, listener: socket.socket) -> int:
+async def serve_async(
+    service: server_service.Service, config: WyomingConfig, refs: dict[str, RefVoice], listener: socket.socket
+) -> int:
     """Accept connections on `listener` until SIGTERM/SIGINT, then drain -> the signal (0: none)."""
     sessions: dict[Session, asyncio.Task[None]] = {}
 
     async def connected(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        session = Session(service, config, reader, writer)
+        session = Session(service, config, refs, reader, writer)
         if len(sessions) >= door.MAX_CONNECTIONS:
             with contextlib.suppress(ConnectionError):
                 await session.refuse(refuse("too_many_connections", limit=door.MAX_CONNECTIONS))
@@ -451,10 +492,14 @@ async def serve_async(service: server_service.Service, config: WyomingConfig, li
     listening = await asyncio.start_server(connected, sock=listener, limit=door.MAX_HEADER_BYTES)
     bound_host, bound_port = listener.getsockname()[:2]
     LOG.info(
-        "omnivoice-onnx wyoming: %d voice(s), %d language(s); seed %s",
-        len(voice_names(service)),
+        "omnivoice-onnx wyoming: %d voice(s) (%d from --ref-dir); %d language codes advertised to Home "
+        "Assistant, a request may name any of the model's %d languages; seed %s; speed %s",
+        len(voice_names(service, refs)),
+        len(refs),
+        len(advertised_languages(service.pool.models[0].runtime_config["languages"])),
         len(service.languages()),
         "per request" if config.seed is None else config.seed,
+        "1.0" if config.speed is None else f"{config.speed:g}",
     )
     LOG.info("%s%s", LISTENING, f"tcp://{f'[{bound_host}]' if ':' in bound_host else bound_host}:{bound_port}")
     if not server_service.is_loopback(bound_host):  # listen() let it through: --allow-remote
@@ -518,12 +563,16 @@ def serve(service: server_service.Service, config: WyomingConfig, listener: sock
     """Run the Wyoming server on `listener` with the loaded `service` (service.load_service) until
     SIGTERM/SIGINT -> 0 when the drain let every request finish, else 128 + the signal (as `serve`)."""
     try:
-        if config.voice not in voice_names(service):
+        refs = {} if config.ref_dir is None else scan_ref_dir(config.ref_dir, service.pool.models[0])
+        for ref in refs.values():
+            if ref.prompt is not None:  # resolved by name before saved voices (Service.voice_kwargs)
+                service.references[ref.name] = ref.prompt
+        names = voice_names(service, refs)
+        if config.voice.casefold() not in {name.casefold() for name in names}:
             raise UserError(
-                f"--voice {config.voice} is not one of this server's voices",
-                f"choose one of {', '.join(voice_names(service))}",
+                f"--voice {config.voice} is not one of this server's voices", f"choose one of {', '.join(names)}"
             )
-        stopped_by = asyncio.run(serve_async(service, config, listener))
+        stopped_by = asyncio.run(serve_async(service, config, refs, listener))
     finally:
         service.pool.close()
     return 128 + stopped_by if stopped_by and service.pool.cut_off else 0
