@@ -32,10 +32,10 @@ from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, Synthesize
 from omnivoice_onnx import OmniVoiceOnnx  # noqa: E402
 from omnivoice_onnx.audio_formats import to_pcm16  # noqa: E402
 from omnivoice_onnx.core.prompt import advertised_languages  # noqa: E402
-from omnivoice_onnx.presets import PRESETS  # noqa: E402
 from omnivoice_onnx.serve import door  # noqa: E402
 from omnivoice_onnx.serve import wyoming as wyoming_server  # noqa: E402
 from omnivoice_onnx.serve.wyoming_voices import REF_AUDIO, REF_INSTRUCT, REF_TEXT  # noqa: E402
+from omnivoice_onnx.voices import PRESETS  # noqa: E402
 
 pytestmark = pytest.mark.slow  # the session pipeline's tiny export
 

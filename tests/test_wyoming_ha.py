@@ -31,9 +31,9 @@ from wyoming.tts import Synthesize, SynthesizeVoice  # noqa: E402
 
 from omnivoice_onnx import OmniVoiceOnnx  # noqa: E402
 from omnivoice_onnx.audio_formats import to_pcm16  # noqa: E402
-from omnivoice_onnx.presets import PRESETS  # noqa: E402
 from omnivoice_onnx.serve import wyoming as wyoming_server  # noqa: E402
 from omnivoice_onnx.serve import wyoming_voices  # noqa: E402
+from omnivoice_onnx.voices import PRESETS  # noqa: E402
 
 pytestmark = pytest.mark.slow  # the session pipeline's tiny export
 

@@ -8,7 +8,7 @@ HTTP: add this server as its "Wyoming Protocol" integration (host, port). Events
 package's own classes):
 - Describe -> Info: one TtsProgram "omnivoice-onnx" whose voices are the reference voices of
   --ref-dir (omnivoice_onnx.serve.wyoming_voices), the saved voices, the OpenAI-named presets
-  (omnivoice_onnx.presets) and "auto" ("design" needs a description the protocol cannot send),
+  (omnivoice_onnx.voices) and "auto" ("design" needs a description the protocol cannot send),
   each described by its name and a few words, with the languages Home Assistant can name (the
   model's two-letter ids, ar, or, yue: about 130 of its 646); a request's language may be any
   name, id or tag the runtime resolves (eng, en-US).
