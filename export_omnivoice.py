@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -41,6 +42,7 @@ from omnivoice_export.step0_checkpoints.checkpoints import (
 from omnivoice_export.step1_capture import capture
 from omnivoice_export.step2_export import exporting, model_card, report, wrappers
 from omnivoice_export.step2_export.runtime_assets import write_runtime_assets
+from omnivoice_onnx.bundle import MODEL_CARD_FILE
 from omnivoice_onnx.contract import CONTRACTS, GRAPH_FILES, GRAPH_NAMES, HOP_LENGTH
 from omnivoice_onnx.errors import UserError
 from omnivoice_onnx.files import check_input_dir, check_output, temporary_dir
@@ -76,7 +78,9 @@ def _crop_stack(arrays: list[np.ndarray], multiple: int = 1) -> np.ndarray:
     return np.concatenate([a[..., :length] for a in arrays])
 
 
-def transformer_examples(capture_dir: Path, manifest: dict) -> tuple[tuple[torch.Tensor, ...], list[dict]]:
+def transformer_examples(
+    capture_dir: Path, manifest: dict[str, Any]
+) -> tuple[tuple[torch.Tensor, ...], list[dict[str, np.ndarray]]]:
     """Export example (the first mode's first step, 2B >= 2) and self-check inputs at other (B, S):
     the last step of every other mode (a batch mode's padded rows included), and B=2 made of the
     last one-item step as [cond, cond, uncond, uncond] when no mode is batched."""
@@ -92,7 +96,7 @@ def transformer_examples(capture_dir: Path, manifest: dict) -> tuple[tuple[torch
     return example, checks
 
 
-def codec_examples(capture_dir: Path, manifest: dict) -> dict[str, tuple[np.ndarray, list[np.ndarray]]]:
+def codec_examples(capture_dir: Path, manifest: dict[str, Any]) -> dict[str, tuple[np.ndarray, list[np.ndarray]]]:
     """(export example with batch 2, self-check inputs at other batch/lengths) per codec graph."""
     if "clone" not in manifest["modes"]:
         raise UserError(
@@ -115,7 +119,7 @@ def codec_examples(capture_dir: Path, manifest: dict) -> dict[str, tuple[np.ndar
     }
 
 
-def summary_table(entries: dict) -> str:
+def summary_table(entries: dict[str, dict[str, Any]]) -> str:
     head = (
         f"{'graph':<12}{'exporter':<10}{'opset':>6}{'onnx MiB':>9}{'data MiB':>10}{'time s':>8}{'peak RSS MiB':>13}"
         f"{'checker':>9}{'self-check':>12}"
@@ -236,7 +240,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     print(
         f"\n[step 2] export complete: {args.onnx_dir}  report {report.report_path(args.onnx_dir)}  model card "
-        f"{args.onnx_dir / model_card.MODEL_CARD_FILE}"
+        f"{args.onnx_dir / MODEL_CARD_FILE}"
     )
 
 

@@ -130,7 +130,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parse(parser, argv)
 
 
-def check_synthesis_flags(args) -> None:
+def check_synthesis_flags(args: argparse.Namespace) -> None:
     """Synthesis's own checks, before any work (after --out's): text, reference, flags of compare mode only."""
     if not args.text.strip():
         raise UserError("--text is empty", "pass the text to speak")
@@ -147,7 +147,7 @@ def check_synthesis_flags(args) -> None:
         )
 
 
-def synthesize(args) -> None:
+def synthesize(args: argparse.Namespace) -> None:
     """Speak --text with omnivoice_onnx.OmniVoiceOnnx: numpy + onnxruntime, no torch."""
     fmt = audio_out.check_destination(args.out, None, "--out")
     check_synthesis_flags(args)

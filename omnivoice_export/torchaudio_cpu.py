@@ -33,7 +33,7 @@ def _extension_dir() -> Path:
 
 def _loads(library: Path) -> bool:
     try:
-        torch.ops.load_library(str(library))
+        torch.ops.load_library(str(library))  # type: ignore[no-untyped-call]  # torch leaves it unannotated
     except OSError:
         return False
     return True

@@ -13,7 +13,6 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import omnivoice_onnx
 
@@ -26,7 +25,7 @@ PACKAGE_ROOT = str(Path(omnivoice_onnx.__file__).resolve().parent.parent)
 class Launched:
     """A server started by `launch`: its process, its port and its log file."""
 
-    process: Any  # subprocess.Popen
+    process: subprocess.Popen[bytes]
     port: int
     log: Path
 

@@ -58,7 +58,7 @@ TURBO_MARGIN = 1.5
 AMX_CHECK_DIMS = (920, 1024, 3072)
 
 
-def rate(fn, ops: float, seconds: float, clock: Callable[[], float] = time.perf_counter) -> float:
+def rate(fn: Callable[[], object], ops: float, seconds: float, clock: Callable[[], float] = time.perf_counter) -> float:
     """G(FL)OP/s of `fn` repeated for about `seconds` of `clock` (wall time, or the process's CPU
     time for one-thread figures on a shared machine), after one warm-up call."""
     fn()
@@ -81,6 +81,7 @@ def integer_gemm_session(
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(0)
+    feeds: dict[str, np.ndarray[Any, np.dtype[Any]]]
     weight = numpy_helper.from_array(rng.integers(-127, 128, size=(inner, width), dtype=np.int8), "w")
     if op == "MatMulInteger":
         node = helper.make_node("MatMulInteger", ["x", "w"], ["y"])
@@ -240,7 +241,7 @@ class PeakRss:
         self._thread.start()
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
         self.peak_bytes = max(self.peak_bytes, self._process.memory_info().rss)

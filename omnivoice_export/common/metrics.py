@@ -111,5 +111,5 @@ def log_spectral_l1(reference: np.ndarray, candidate: np.ndarray) -> float:
     )
 
 
-def spectral_params() -> dict[str, float]:
+def spectral_params() -> dict[str, float | str]:
     return {"n_fft": STFT_N_FFT, "hop": STFT_HOP, "floor": SPECTRAL_FLOOR, "log": "log10", "window": "hann"}

@@ -34,11 +34,18 @@ import math
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from omnivoice_export.step0_checkpoints.weights_recipe import ONES, ZEROS, draw_all, fan_in, load_scales
+from omnivoice_export.step0_checkpoints.weights_recipe import ONES, ZEROS, Rule, draw_all, fan_in, load_scales
 from omnivoice_onnx.contract import AUDIO_VOCAB_SIZE, HOP_LENGTH, NUM_CODEBOOKS, SAMPLE_RATE
 from omnivoice_onnx.errors import UserError
 from omnivoice_onnx.files import atomic_dir, umask_mode
+
+if TYPE_CHECKING:
+    from omnivoice.models.omnivoice import OmniVoice, OmniVoiceConfig
+    from torch import nn
+    from transformers import HiggsAudioV2TokenizerConfig, HiggsAudioV2TokenizerModel
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
 
 # Bump when the builder changes what it writes, so cached checkpoints are rebuilt (2: the portable
 # recipe of weights_recipe; 1 drew through torch and calibrated by forward passes, CPU-dependent).
@@ -78,8 +85,8 @@ class Dims:
     hubert_pos_groups: int
 
 
-# Each field of Dims for (tiny, full-random).
-_WIDTHS = {
+# Each field of Dims for (tiny, full-random): an int, or a float for llm_init_std.
+_WIDTHS: dict[str, tuple[Any, Any]] = {
     "hidden": (64, 1024),
     "layers": (2, 28),
     "heads": (4, 16),
@@ -227,7 +234,7 @@ for _name, _base in BASE_OF.items():
     DIMS[_name] = DIMS[_base]
 
 
-def omnivoice_config(dims: Dims, vocab_size: int):
+def omnivoice_config(dims: Dims, vocab_size: int) -> OmniVoiceConfig:
     """OmniVoiceConfig with the real top-level values and a Qwen3 llm_config at `dims`."""
     from omnivoice.models.omnivoice import OmniVoiceConfig
     from transformers import Qwen3Config
@@ -262,7 +269,7 @@ def omnivoice_config(dims: Dims, vocab_size: int):
     )
 
 
-def higgs_config(dims: Dims):
+def higgs_config(dims: Dims) -> HiggsAudioV2TokenizerConfig:
     """HiggsAudioV2TokenizerConfig with the real 25 Hz / 8 x 1024 layout at `dims`.
 
     The library defaults are traps: ratios [8,5,4,2] give hop 320 (75 Hz), the default bandwidths
@@ -303,7 +310,7 @@ def higgs_config(dims: Dims):
     )
 
 
-def omnivoice_rules(dims: Dims) -> list[tuple[str, object]]:
+def omnivoice_rules(dims: Dims) -> list[tuple[str, Rule]]:
     """weights_recipe rules for the OmniVoice model (model.safetensors).
 
     The LLM draws at Qwen3's initializer_range, as the library would. The audio parts are where
@@ -317,7 +324,7 @@ def omnivoice_rules(dims: Dims) -> list[tuple[str, object]]:
     ]
 
 
-def higgs_rules(scales: dict[str, float], semantic_std: float) -> list[tuple[str, object]]:
+def higgs_rules(scales: dict[str, float], semantic_std: float) -> list[tuple[str, Rule]]:
     """weights_recipe rules for the Higgs audio tokenizer (audio_tokenizer/model.safetensors).
 
     - DAC convs: the library's trunc-normal 0.02 makes the decoder's output ~constant whatever
@@ -343,16 +350,17 @@ def higgs_rules(scales: dict[str, float], semantic_std: float) -> list[tuple[str
     ]
 
 
-def _tie_codebook_averages(higgs) -> None:
+def _tie_codebook_averages(higgs: HiggsAudioV2TokenizerModel) -> None:
     """embed_avg is the EMA twin of each codebook; a consistent checkpoint has them equal."""
     import torch
 
     with torch.no_grad():
         for quantizer in higgs.quantizer.quantizers:
-            quantizer.codebook.embed_avg.copy_(quantizer.codebook.embed)
+            codebook: Any = quantizer.codebook  # a ModuleList item's attribute: torch types it Tensor | Module
+            codebook.embed_avg.copy_(codebook.embed)
 
 
-def add_large_activations(omnivoice, spec: LargeActivations, norm_scales: list[float]) -> None:
+def add_large_activations(omnivoice: OmniVoice, spec: LargeActivations, norm_scales: list[float]) -> None:
     """Give the residual stream spec's large channels at every position, keeping the fp32 model's
     behaviour: every RMSNorm that reads the residual gets spec.norm_weight on those channels and
     its other channels multiplied by its recorded scale (measured by _measure_norm_scales so that
@@ -382,7 +390,7 @@ def trigger_token_ids() -> list[int]:
     return list(range(QWEN_VOCAB_SIZE - len(OMNIVOICE_SPECIAL_TOKENS), QWEN_VOCAB_SIZE))
 
 
-def add_outliers(omnivoice, spec: Outliers) -> None:
+def add_outliers(omnivoice: OmniVoice, spec: Outliers) -> None:
     """Shape spec's outliers into the drawn weights (Outliers says how). Assignments and
     elementwise float32 arithmetic on the drawn values only: portable."""
     import torch
@@ -423,7 +431,7 @@ def add_outliers(omnivoice, spec: Outliers) -> None:
                 each.mlp.down_proj.weight[:, glu] /= spec.glu_gain**spec.glu_compensation
 
 
-def norm_readers(omnivoice) -> list[tuple[object, list]]:
+def norm_readers(omnivoice: OmniVoice) -> list[tuple[Qwen3RMSNorm, list[nn.Linear]]]:
     """(residual RMSNorm, the linear layers that read its output) in forward order."""
     llm = omnivoice.llm
     pairs = []
@@ -434,8 +442,9 @@ def norm_readers(omnivoice) -> list[tuple[object, list]]:
     return pairs + [(llm.norm, [omnivoice.audio_heads])]
 
 
-def residual_norms(llm) -> list:
-    """The RMSNorms that read the residual stream, in forward order (two per layer, then the last)."""
+def residual_norms(llm: Any) -> list[Qwen3RMSNorm]:
+    """The RMSNorms of `llm` (an OmniVoice's Qwen3 model) that read the residual stream, in forward
+    order (two per layer, then the last)."""
     norms = [norm for layer in llm.layers for norm in (layer.input_layernorm, layer.post_attention_layernorm)]
     return norms + [llm.norm]
 
@@ -452,12 +461,14 @@ def count_parameters(name: str) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def make_modules(name: str, seed: int, codec_scales: dict[str, float] | None = None):
+def make_modules(
+    name: str, seed: int, codec_scales: dict[str, float] | None = None
+) -> tuple[OmniVoice, HiggsAudioV2TokenizerModel]:
     """(OmniVoice, Higgs tokenizer) of checkpoint `name` with every weight from the portable recipe;
     `codec_scales` None reads the recorded table (calibration passes its own while measuring it).
     tiny-large-act's residual norms are applied by build_checkpoint (they need the codec first)."""
     from omnivoice.models.omnivoice import OmniVoice
-    from transformers import HiggsAudioV2TokenizerModel
+    from transformers import HiggsAudioV2TokenizerModel, HubertConfig
 
     from omnivoice_export.step0_checkpoints.qwen_tokenizer import QWEN_VOCAB_SIZE
 
@@ -467,12 +478,12 @@ def make_modules(name: str, seed: int, codec_scales: dict[str, float] | None = N
     config = omnivoice_config(dims, QWEN_VOCAB_SIZE)
     model = OmniVoice(config).eval()
     higgs_cfg = higgs_config(dims)
-    higgs = HiggsAudioV2TokenizerModel(higgs_cfg).eval()
+    higgs = HiggsAudioV2TokenizerModel(higgs_cfg).eval()  # type: ignore[no-untyped-call]  # transformers leaves eval unannotated
+    semantic = higgs_cfg.semantic_model_config
+    assert isinstance(semantic, HubertConfig)  # the config's __post_init__ made the dict a HubertConfig
     scales = load_scales("codec")[BASE_OF.get(name, name)] if codec_scales is None else codec_scales
     draw_all(model, omnivoice_rules(dims), seed)
-    draw_all(
-        higgs, higgs_rules(scales, higgs_cfg.semantic_model_config.initializer_range), seed, prefix="audio_tokenizer/"
-    )
+    draw_all(higgs, higgs_rules(scales, semantic.initializer_range), seed, prefix="audio_tokenizer/")
     _tie_codebook_averages(higgs)
     return model, higgs
 
@@ -485,7 +496,7 @@ def build_checkpoint(name: str, out_dir: Path, seed: int = 0) -> Path:
     from transformers import DacFeatureExtractor
     from transformers.utils import logging as hf_logging
 
-    hf_logging.disable_progress_bar()
+    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # transformers leaves it unannotated
 
     from omnivoice_export.step0_checkpoints.qwen_tokenizer import save_qwen_tokenizer
 

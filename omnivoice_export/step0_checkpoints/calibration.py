@@ -17,6 +17,8 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Callable
+from types import EllipsisType
+from typing import TYPE_CHECKING
 
 from omnivoice_export.step0_checkpoints.builder import (
     BASE_OF,
@@ -30,6 +32,14 @@ from omnivoice_export.step0_checkpoints.weights_recipe import SCALES_FILE, norma
 from omnivoice_onnx.contract import HOP_LENGTH, NUM_CODEBOOKS
 from omnivoice_onnx.program import parse, run_main
 
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+    from transformers import HiggsAudioV2TokenizerModel
+
+# (name, network, a call of it on its probe input, the std target of its last conv)
+Network = tuple[str, "nn.Module", Callable[[], object], float]
+
 # Each conv's output std target: 1, except 0.5 on a residual branch's last conv and, on the
 # network's last conv, 1.0 for the encoder and 0.1 (a speech-like level that neither clips a
 # WAV nor leaves upstream's RMS handling its range) for the decoder.
@@ -40,7 +50,7 @@ PROBE_FRAMES = 8
 PROBE_SEED = 1  # the probes' own seed: a calibration input, not a weight
 
 
-def conv_targets(network, final_std: float) -> list[tuple[str, object, float]]:
+def conv_targets(network: nn.Module, final_std: float) -> list[tuple[str, nn.Conv1d | nn.ConvTranspose1d, float]]:
     """(name, conv, target output std) for every conv of `network`, in forward order."""
     from torch import nn
 
@@ -53,7 +63,7 @@ def conv_targets(network, final_std: float) -> list[tuple[str, object, float]]:
     return targets
 
 
-def _output_std(module, run: Callable[[], object], channels=...) -> float:
+def _output_std(module: nn.Module, run: Callable[[], object], channels: torch.Tensor | EllipsisType = ...) -> float:
     """Std of `module`'s output (over `channels` of its last axis) in one call of `run`."""
     captured: list[float] = []
     handle = module.register_forward_hook(lambda _m, _i, out: captured.append(float(out[..., channels].std())))
@@ -64,7 +74,7 @@ def _output_std(module, run: Callable[[], object], channels=...) -> float:
     return captured[0]
 
 
-def _probes(higgs):
+def _probes(higgs: HiggsAudioV2TokenizerModel) -> tuple[torch.Tensor, torch.Tensor]:
     """(encoder input audio, decoder input latent): portable draws; codes cover every codebook."""
     import torch
 
@@ -75,7 +85,7 @@ def _probes(higgs):
     return audio, latent
 
 
-def _networks(higgs):
+def _networks(higgs: HiggsAudioV2TokenizerModel) -> tuple[Network, Network]:
     audio, latent = _probes(higgs)
     return (
         ("acoustic_encoder", higgs.acoustic_encoder, lambda: higgs.acoustic_encoder(audio), ENCODER_FINAL_STD),
@@ -99,7 +109,7 @@ def measure_codec_scales(name: str, seed: int = 0) -> dict[str, float]:
     return scales
 
 
-class _UnitScales(dict):
+class _UnitScales(dict[str, float]):
     """Every codec conv drawn at std 1: the measurement's starting point."""
 
     def __missing__(self, key: str) -> float:
@@ -150,7 +160,7 @@ def check_codec_scales(name: str, seed: int = 0) -> dict[str, tuple[float, float
         }
 
 
-def measure_all() -> dict:
+def measure_all() -> dict[str, dict[str, dict[str, float]] | dict[str, list[float]]]:
     """The whole table: codec scales per codec size, residual-norm scales per large-act checkpoint."""
     codecs = sorted({BASE_OF.get(name, name) for name in DIMS})
     return {

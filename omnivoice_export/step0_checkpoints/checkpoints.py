@@ -29,6 +29,7 @@ import os
 import re
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from omnivoice_export.common.edge import REPO_ROOT
 from omnivoice_export.step0_checkpoints.builder import BUILD_STAMP, BUILDER_VERSION, DIMS, build_checkpoint
@@ -37,6 +38,13 @@ from omnivoice_onnx.files import check_output
 from omnivoice_onnx.hashing import sha256_file
 from omnivoice_onnx.program import int_range, parse, run_main
 from omnivoice_onnx.verified import stat_identity
+
+if TYPE_CHECKING:
+    from omnivoice.models.omnivoice import OmniVoice
+    from transformers import SentencePieceBackend, TokenizersBackend
+
+# Files and their stat identities (verified.stat_identity): a cache key that changes with any file's content.
+FilesState = tuple[tuple[str | int, ...], ...]
 
 MODEL_ENV = "OMNIVOICE_MODEL"
 DEFAULT_MODEL_PATH = "/mnt/data/models/omnivoice/k2-fsa-OmniVoice"
@@ -63,7 +71,7 @@ def _cached_build_is_current(directory: Path, seed: int) -> bool:
     if not stamp.is_file() or any(not (directory / f).is_file() for f in REQUIRED_FILES):
         return False
     try:
-        recorded = json.loads(stamp.read_text())
+        recorded: dict[str, object] = json.loads(stamp.read_text())
         for name in WEIGHT_FILES:
             check_safetensors(directory / name)  # an interrupted copy or a damaged cache: rebuild
     except (UserError, json.JSONDecodeError):
@@ -195,7 +203,7 @@ def add_model_arg(parser: argparse.ArgumentParser) -> None:
     )
 
 
-_FINGERPRINTS: dict[tuple, str] = {}
+_FINGERPRINTS: dict[FilesState, str] = {}
 
 
 def model_fingerprint(path: Path) -> str:
@@ -208,7 +216,7 @@ def model_fingerprint(path: Path) -> str:
     """
     path = Path(path).resolve()
     files = [path / f for f in REQUIRED_FILES]
-    key = tuple((str(f), *stat_identity(f.stat())) for f in files)
+    key: FilesState = tuple((str(f), *stat_identity(f.stat())) for f in files)
     if key not in _FINGERPRINTS:
         digest = hashlib.sha256()
         for rel, file in zip(REQUIRED_FILES, files):
@@ -225,7 +233,7 @@ def model_fingerprint(path: Path) -> str:
 
 
 @functools.lru_cache(maxsize=4)
-def _text_tokenizer(model_path: str, files_state: tuple):
+def _text_tokenizer(model_path: str, files_state: FilesState) -> TokenizersBackend | SentencePieceBackend:
     """The checkpoint's text tokenizer, parsed once per process and state of its files (its
     AutoTokenizer load parses the Qwen tokenizer.json three times, more than the rest of loading
     tiny). `files_state` (each file's stat identity) keys the cache, so a changed file is read
@@ -235,19 +243,19 @@ def _text_tokenizer(model_path: str, files_state: tuple):
     return AutoTokenizer.from_pretrained(model_path)
 
 
-def _files_state(directory: Path) -> tuple:
+def _files_state(directory: Path) -> FilesState:
     """(name, stat identity) of each file directly in `directory`: the key of _text_tokenizer's
     cache (verified.stat_identity: a rewrite that keeps size and mtime still changes ctime)."""
     stats = ((path.name, path.stat()) for path in sorted(Path(directory).iterdir()) if path.is_file())
     return tuple((name, *stat_identity(stat)) for name, stat in stats)
 
 
-def text_tokenizer(model_path: Path):
+def text_tokenizer(model_path: Path) -> TokenizersBackend | SentencePieceBackend:
     """AutoTokenizer.from_pretrained(model_path), from this process's cache while the files are unchanged."""
     return _text_tokenizer(str(Path(model_path).resolve()), _files_state(model_path))
 
 
-def load_omnivoice(path: Path):
+def load_omnivoice(path: Path) -> OmniVoice:
     """OmniVoice.from_pretrained on CPU in fp32 with sdpa attention, in eval mode.
 
     sdpa is the contract: with `eager`, transformers adds OmniVoice's bool 4-D mask to the float
@@ -265,13 +273,15 @@ def load_omnivoice(path: Path):
     from transformers import AutoFeatureExtractor, HiggsAudioV2TokenizerModel
     from transformers.utils import logging as hf_logging
 
-    hf_logging.disable_progress_bar()  # per-tensor "Loading weights" bars drown the pipeline's own progress
+    # per-tensor "Loading weights" bars drown the pipeline's own progress (transformers leaves it unannotated)
+    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
     try:
         model = OmniVoice.from_pretrained(str(path), train=True, attn_implementation="sdpa", dtype="float32")
         audio_tokenizer = str(Path(path) / "audio_tokenizer")
         model.text_tokenizer = text_tokenizer(Path(path))
         model.audio_tokenizer = HiggsAudioV2TokenizerModel.from_pretrained(audio_tokenizer, device_map=model.device)
-        model.feature_extractor = AutoFeatureExtractor.from_pretrained(audio_tokenizer)
+        # transformers leaves AutoFeatureExtractor.from_pretrained unannotated
+        model.feature_extractor = AutoFeatureExtractor.from_pretrained(audio_tokenizer)  # type: ignore[no-untyped-call]
         model.sampling_rate = model.feature_extractor.sampling_rate
         model.duration_estimator = RuleDurationEstimator()
     except (SafetensorError, OSError, ValueError, RuntimeError) as exc:  # damaged or mismatched weights

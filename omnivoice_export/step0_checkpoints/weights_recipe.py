@@ -27,10 +27,14 @@ import hashlib
 import json
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import torch
 
 SCALES_FILE = Path(__file__).with_name("checkpoint_scales.json")
 # Calibration scales are stored with this many significant digits: enough to calibrate (the
@@ -69,11 +73,18 @@ def fan_in(shape: tuple[int, ...]) -> int:
 StdOf = Callable[[str, tuple[int, ...]], float]
 ZEROS = "zeros"
 ONES = "ones"
+Rule = float | str | StdOf
 
 
-def load_scales(name: str) -> dict[str, float]:
-    """The recorded calibration scales of checkpoint `name` (checkpoint_scales.json)."""
-    return json.loads(SCALES_FILE.read_text())[name]
+@overload
+def load_scales(name: Literal["codec"]) -> dict[str, dict[str, float]]: ...
+@overload
+def load_scales(name: Literal["residual_norms"]) -> dict[str, list[float]]: ...
+def load_scales(name: str) -> dict[str, Any]:
+    """One table of checkpoint_scales.json: "codec" ({codec size: {conv weight: scale}}) or
+    "residual_norms" ({checkpoint: [scale of each residual norm]})."""
+    tables: dict[str, dict[str, Any]] = json.loads(SCALES_FILE.read_text())
+    return tables[name]
 
 
 def round_scale(value: float) -> float:
@@ -81,7 +92,7 @@ def round_scale(value: float) -> float:
     return float(f"{value:.{SCALE_DIGITS - 1}e}")
 
 
-def draw_all(module, rules: list[tuple[str, float | str | StdOf]], seed: int, prefix: str = "") -> list[str]:
+def draw_all(module: torch.nn.Module, rules: Sequence[tuple[str, Rule]], seed: int, prefix: str = "") -> list[str]:
     """Overwrite every floating tensor of `module`'s state_dict by the first rule whose regex
     matches its name: a std (float) or a callable (name, shape) -> std draws `normal`; ZEROS/ONES
     fill. A tensor no rule matches must already be a constant fill (norm weights, Snake alphas,

@@ -38,10 +38,10 @@ from __future__ import annotations
 import contextlib
 import zipfile
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -50,6 +50,11 @@ from omnivoice_onnx.errors import UserError
 from omnivoice_onnx.files import atomic_path, write_json_atomic
 from omnivoice_onnx.hashing import FILE_ENTRY_SCHEMA, file_entry, sha256_file
 from omnivoice_onnx.reading import Each, existing_file, read_artefact
+
+if TYPE_CHECKING:
+    import torch
+    from omnivoice.models.omnivoice import OmniVoice
+    from tqdm import tqdm
 
 CAPTURE_FORMAT = 2  # 2: logits rows as [N, 1025]; the batch mode
 MANIFEST_NAME = "manifest.json"
@@ -89,7 +94,7 @@ def save_npz(path: Path, arrays: dict[str, np.ndarray]) -> dict[str, Any]:
     }
 
 
-class CaptureArrays(dict):
+class CaptureArrays(dict[str, np.ndarray]):
     """The arrays of one capture file by name. A name the file lacks is a UserError naming the
     file (a hand-edited .npz whose sha256 was re-recorded), not a KeyError deep in a stage."""
 
@@ -219,7 +224,9 @@ def patched(patches: list[tuple[object, str, Any]]) -> Iterator[None]:
 class Recorder:
     """Wraps a loaded OmniVoice's three modules for one generate() and writes what they see."""
 
-    def __init__(self, model, out_dir: Path, steps: set[int] | None, progress=None) -> None:
+    def __init__(
+        self, model: OmniVoice, out_dir: Path, steps: set[int] | None, progress: tqdm[Any] | None = None
+    ) -> None:
         self.model = model
         self.mask_id = model.config.audio_mask_id  # what generate() pads shorter items' tokens with
         self.out_dir = Path(out_dir)
@@ -233,8 +240,11 @@ class Recorder:
     def _save(self, name: str, arrays: dict[str, np.ndarray]) -> None:
         self.record.files[name] = save_npz(self.out_dir / name, arrays)
 
-    def _forward(self, original):
-        def recording_forward(input_ids, audio_mask, attention_mask=None, **kwargs):
+    def _forward(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        # attention_mask: upstream's forward makes it optional; generate() always passes it
+        def recording_forward(
+            input_ids: torch.Tensor, audio_mask: torch.Tensor, attention_mask: Any = None, **kwargs: Any
+        ) -> Any:
             output = original(input_ids=input_ids, audio_mask=audio_mask, attention_mask=attention_mask, **kwargs)
             step = self.record.steps_called
             mask = attention_mask.cpu().numpy()
@@ -265,8 +275,9 @@ class Recorder:
 
         return recording_forward
 
-    def _generate_iterative(self, original):
-        def recording_generate_iterative(task, gen_config):
+    def _generate_iterative(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        # task, gen_config and the returned tokens are upstream's objects (untyped)
+        def recording_generate_iterative(task: Any, gen_config: Any) -> Any:
             if self.record.steps_called:
                 raise UserError(
                     "the text is long enough to trigger chunked generation, which a capture does not cover",
@@ -278,10 +289,12 @@ class Recorder:
 
         return recording_generate_iterative
 
-    def _tokenizer_call(self, original, calls: list, input_name: str, output_name: str):
+    def _tokenizer_call(
+        self, original: Callable[..., Any], calls: list[dict[str, np.ndarray]], input_name: str, output_name: str
+    ) -> Callable[..., Any]:
         import torch
 
-        def recording_call(values, *args, **kwargs):
+        def recording_call(values: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
             output = original(values, *args, **kwargs)
             result = output if isinstance(output, torch.Tensor) else getattr(output, output_name)
             calls.append({input_name: values.cpu().numpy(), output_name: result.cpu().numpy()})
@@ -435,7 +448,7 @@ def load_manifest(capture_dir: Path, verify_hashes: bool = True) -> dict[str, An
 def reference_wav(capture_dir: Path, manifest: dict[str, Any]) -> Path:
     """The clone reference the capture was made from, checked against the manifest's sha256:
     re-running step 0 after step 1 would otherwise clone another voice than the tokens came from."""
-    path = Path(capture_dir) / manifest["reference"]["wav"]
+    path: Path = Path(capture_dir) / manifest["reference"]["wav"]
     if not path.is_file():
         raise UserError(f"capture is incomplete: {path} is missing", RECAPTURE_FIX)
     if sha256_file(path) != manifest["reference"]["wav_sha256"]:

@@ -11,7 +11,7 @@ import dataclasses
 import io
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -20,6 +20,9 @@ from omnivoice_onnx.errors import UserError
 from omnivoice_onnx.files import atomic_path
 from omnivoice_onnx.program import note
 from omnivoice_onnx.reading import existing_file
+
+if TYPE_CHECKING:
+    from omnivoice.models.omnivoice import OmniVoice
 
 SFC_SET_ADD_PEAK_CHUNK = 0x1050  # libsndfile sndfile.h command id (see write_wav)
 # Upstream (create_voice_clone_prompt) warns above this: slower, more memory, weaker cloning.
@@ -33,7 +36,7 @@ DEFAULT_SEED = 1234
 # conditions on (audio, text) that correspond, as it expects.
 REFERENCE_TEXT = "The quick brown fox jumps over the lazy dog near the quiet river bank."
 REFERENCE_INSTRUCT = "female, moderate pitch, british accent"
-DEFAULT_TEXTS = {
+DEFAULT_TEXTS: dict[str, str | list[str]] = {
     "clone": "Please call Stella and ask her to bring these things with her from the store.",
     "design": "Some have accepted it as a miracle without physical explanation.",
     "auto": "The rainbow is a division of white light into many beautiful colors.",
@@ -90,7 +93,7 @@ def mode_request(
     )
 
 
-def run_generate(model, request: GenerationRequest) -> np.ndarray:
+def run_generate(model: OmniVoice, request: GenerationRequest) -> np.ndarray:
     """Seed, then the upstream OmniVoice.generate() with this one-text request; the 1-D float32
     waveform (see generate_waveforms)."""
     if not isinstance(request.text, str):
@@ -98,7 +101,9 @@ def run_generate(model, request: GenerationRequest) -> np.ndarray:
     return generate_waveforms(model, request)[0]
 
 
-def generate_waveforms(model, request: GenerationRequest, config: dict[str, Any] | None = None) -> list[np.ndarray]:
+def generate_waveforms(
+    model: OmniVoice, request: GenerationRequest, config: dict[str, Any] | None = None
+) -> list[np.ndarray]:
     """Seed, then the upstream OmniVoice.generate() with this request; one 1-D float32 waveform
     per text (a list of texts is one batched call, as upstream runs it). `config`: fields of
     OmniVoiceGenerationConfig passed on (step 6's greedy runs: GREEDY_CONFIG).

@@ -25,7 +25,7 @@ import os
 import shutil
 import traceback
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -86,7 +86,8 @@ def check_opset(opset: int, dynamo: bool) -> None:
 def written_opset(path: Path) -> int:
     """The default-domain opset a saved graph imports: what onnxruntime runs it at."""
     model = onnx.load(str(path), load_external_data=False)
-    return next(entry.version for entry in model.opset_import if entry.domain in ("", "ai.onnx"))
+    version: int = next(entry.version for entry in model.opset_import if entry.domain in ("", "ai.onnx"))
+    return version
 
 
 def dynamic_shapes(graph: str) -> dict[str, dict[int, Any]]:
@@ -153,7 +154,8 @@ def quiet_exporter() -> Iterator[None]:
             warnings.filterwarnings(
                 "ignore", "invalid value encountered in divide", RuntimeWarning, r"onnx\.reference\.ops\.op_div"
             )
-            warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
+            # torch.jit imports TracerWarning from torch.jit._trace without listing it in __all__
+            warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)  # type: ignore[attr-defined]
             warnings.filterwarnings("ignore", "Constant folding - Only steps=1 can be constant folded", UserWarning)
             yield
     finally:
@@ -164,7 +166,7 @@ def run_exporter(
     module: torch.nn.Module, graph: str, inputs: tuple[torch.Tensor, ...], out_path: Path, dynamo: bool, opset: int
 ) -> None:
     """One torch.onnx.export call writing `out_path` (and whatever external data it chooses)."""
-    names = {"input_names": list(CONTRACTS[graph].input_names), "output_names": list(CONTRACTS[graph].output_names)}
+    input_names, output_names = list(CONTRACTS[graph].input_names), list(CONTRACTS[graph].output_names)
     with torch.no_grad(), wrappers.exportable_resample(), quiet_exporter():
         if dynamo:
             torch.onnx.export(
@@ -173,7 +175,8 @@ def run_exporter(
                 str(out_path),
                 dynamo=True,
                 opset_version=opset,
-                **names,
+                input_names=input_names,
+                output_names=output_names,
                 dynamic_shapes=dynamic_shapes(graph),
                 external_data=True,
                 optimize=True,
@@ -185,7 +188,8 @@ def run_exporter(
                 str(out_path),
                 dynamo=False,
                 opset_version=opset,
-                **names,
+                input_names=input_names,
+                output_names=output_names,
                 dynamic_axes=dynamic_axes(graph),
                 do_constant_folding=True,
             )
@@ -265,8 +269,8 @@ def signature(path: Path) -> dict[str, list[dict[str, Any]]]:
     """Input/output names, dtypes and shapes (symbolic dims by name) of a saved graph."""
     model = onnx.load(str(path), load_external_data=False)
 
-    def describe(values) -> list[dict[str, Any]]:
-        out = []
+    def describe(values: Iterable[onnx.ValueInfoProto]) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
         for value in values:
             tensor = value.type.tensor_type
             dims = [d.dim_param if d.dim_param else d.dim_value for d in tensor.shape.dim]
@@ -298,7 +302,7 @@ def export_graph(
     staging: Path,
     dynamo: bool,
     opset: int,
-    log=print,
+    log: Callable[[str], object] = print,
 ) -> ExportResult:
     """Export one graph into `staging/<graph file>` + its single sidecar, dynamo first.
 
@@ -360,7 +364,7 @@ def _max_abs(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64)))) if a.size else 0.0
 
 
-def bidirectionality_probe(session, inputs: dict[str, np.ndarray]) -> dict[str, Any]:
+def bidirectionality_probe(session: Any, inputs: dict[str, np.ndarray]) -> dict[str, Any]:
     """Change only the last allowed position of cond item 0 and check earlier positions' logits move.
 
     A causal graph (or one that ignores the mask in the causal direction) leaves every earlier
@@ -388,7 +392,7 @@ def bidirectionality_probe(session, inputs: dict[str, np.ndarray]) -> dict[str, 
     }
 
 
-def mask_probe(session, inputs: dict[str, np.ndarray]) -> dict[str, Any]:
+def mask_probe(session: Any, inputs: dict[str, np.ndarray]) -> dict[str, Any]:
     """Change only the keys a row's queries may not attend to and check their logits stay put.
 
     The row is the first whose query 0 is denied some key (an uncond row: its padding beyond the
@@ -427,7 +431,9 @@ def mask_probe(session, inputs: dict[str, np.ndarray]) -> dict[str, Any]:
     }
 
 
-def self_check_transformer(session, module, examples: list[dict[str, np.ndarray]]) -> dict[str, Any]:
+def self_check_transformer(
+    session: Any, module: torch.nn.Module, examples: list[dict[str, np.ndarray]]
+) -> dict[str, Any]:
     """ORT vs torch on the read rows at shapes other than the export's, plus both probes."""
     from omnivoice_onnx.sessions import run
 
@@ -456,7 +462,7 @@ def self_check_transformer(session, module, examples: list[dict[str, np.ndarray]
     }
 
 
-def self_check_codec(session, module, graph: str, examples: list[np.ndarray]) -> dict[str, Any]:
+def self_check_codec(session: Any, module: torch.nn.Module, graph: str, examples: list[np.ndarray]) -> dict[str, Any]:
     """Encoder: exact codes; decoder: max |d| within tolerance; at shapes other than the export's."""
     from omnivoice_onnx.sessions import run
 

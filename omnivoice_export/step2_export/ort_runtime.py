@@ -7,10 +7,11 @@ and an OmniVoice built on the meta device around them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -28,6 +29,9 @@ from omnivoice_onnx.sessions import (
     run_split,
 )
 
+if TYPE_CHECKING:
+    from omnivoice.models.omnivoice import OmniVoice
+
 
 class OrtAudioTokenizer:
     """Stands in for HiggsAudioV2TokenizerModel in generate(): encode/decode served by ORT."""
@@ -36,22 +40,25 @@ class OrtAudioTokenizer:
         self.sessions, self.config = sessions, config
         self.device = torch.device("cpu")
 
-    def encode(self, input_values: torch.Tensor, *args, **kwargs) -> SimpleNamespace:
+    def encode(self, input_values: torch.Tensor, *args: Any, **kwargs: Any) -> SimpleNamespace:
         feeds = {"input_values": input_values.cpu().numpy().astype(np.float32)}
         return SimpleNamespace(audio_codes=torch.from_numpy(self.sessions.run("encoder", feeds)["audio_codes"]))
 
-    def decode(self, audio_codes: torch.Tensor, *args, **kwargs) -> SimpleNamespace:
+    def decode(self, audio_codes: torch.Tensor, *args: Any, **kwargs: Any) -> SimpleNamespace:
         feeds = {"audio_codes": audio_codes.cpu().numpy().astype(np.int64)}
         audio = finite_output(self.sessions.run("decoder", feeds)["audio_values"], "decoder")
         return SimpleNamespace(audio_values=torch.from_numpy(audio))
 
 
-def ort_forward(session, split: bool = True):
+def ort_forward(session: Any, split: bool = True) -> Callable[..., Any]:
     """A replacement for OmniVoice.forward as generate() calls it: the transformer graph, with
     cond and uncond rows at their own lengths when `split` (see run_split)."""
     from omnivoice.models.omnivoice import OmniVoiceModelOutput
 
-    def forward(input_ids, audio_mask, attention_mask=None, **kwargs):
+    # attention_mask: upstream's forward makes it optional; generate() always passes it
+    def forward(
+        input_ids: torch.Tensor, audio_mask: torch.Tensor, attention_mask: Any = None, **kwargs: Any
+    ) -> OmniVoiceModelOutput:
         feeds = (input_ids.cpu().numpy(), audio_mask.cpu().numpy(), attention_mask.cpu().numpy())
         if split:
             logits = run_split(session, *feeds)
@@ -95,7 +102,7 @@ class OrtGraphs:
         return OrtAudioTokenizer(self.codec, self.codec_config())
 
 
-def load_onnx_omnivoice(model_path: Path, graphs: OrtGraphs, split: bool = True):
+def load_onnx_omnivoice(model_path: Path, graphs: OrtGraphs, split: bool = True) -> OmniVoice:
     """An OmniVoice whose generate() runs on the ONNX graphs, without the PyTorch weights.
 
     The host orchestration needs the config, the text tokenizer and the duration estimator, not
@@ -105,7 +112,7 @@ def load_onnx_omnivoice(model_path: Path, graphs: OrtGraphs, split: bool = True)
     from omnivoice.models.omnivoice import OmniVoice, OmniVoiceConfig
     from omnivoice.utils.duration import RuleDurationEstimator
 
-    class OnnxOmniVoice(OmniVoice):
+    class OnnxOmniVoice(OmniVoice):  # type: ignore[misc]  # upstream omnivoice is untyped: its class is Any
         @property
         def device(self) -> torch.device:
             return torch.device("cpu")

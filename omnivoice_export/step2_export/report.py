@@ -30,7 +30,7 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from omnivoice_export.common.edge import REPO_ROOT
 from omnivoice_export.common.files import first_mismatch
@@ -38,6 +38,9 @@ from omnivoice_export.step2_export import model_card
 from omnivoice_onnx.contract import GRAPH_FILES, REPORT_FILE
 from omnivoice_onnx.errors import UserError
 from omnivoice_onnx.files import write_json_atomic
+
+if TYPE_CHECKING:
+    import onnx
 from omnivoice_onnx.graphmeta import read_metadata_props
 from omnivoice_onnx.hashing import FILE_ENTRY_SCHEMA, file_entry, sha256_file
 from omnivoice_onnx.reading import Each, existing_file, read_artefact
@@ -243,7 +246,7 @@ def read_graph_metadata(path: Path) -> dict[str, str]:
     return read_metadata_props(path)
 
 
-def save_with_sidecar(model, dst: Path) -> None:
+def save_with_sidecar(model: onnx.ModelProto, dst: Path) -> None:
     """Save the onnx.ModelProto `model` as `dst` with every tensor over 1 KB in the one sidecar
     `dst.name + '.data'`: the two files a report entry names (graph_files)."""
     import onnx
@@ -306,7 +309,9 @@ def verify_graphs(onnx_dir: Path, export: dict[str, Any], graphs: list[str]) -> 
             )
 
 
-def verify_against_capture(capture_dir: Path, onnx_dir: Path, graphs: list[str]) -> tuple[dict, dict]:
+def verify_against_capture(
+    capture_dir: Path, onnx_dir: Path, graphs: list[str]
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """(manifest, report) once they are proven comparable: same model, the very capture the export
     was made from, and every capture and graph file as recorded.
 

@@ -217,7 +217,7 @@ def _write(path: Path, data: bytes) -> dict[str, Any]:
     return file_entry(path)
 
 
-def write_runtime_assets(model_dir: Path, out_dir: Path) -> dict[str, dict]:
+def write_runtime_assets(model_dir: Path, out_dir: Path) -> dict[str, dict[str, Any]]:
     """Write tokenizer.json and runtime-config.json into `out_dir` (each atomically);
     return {file name: {"sha256": ..., "bytes": ...}} for the export report."""
     out_dir = Path(out_dir)

@@ -10,9 +10,14 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from omnivoice.models.omnivoice import OmniVoice
+    from transformers import HiggsAudioV2TokenizerModel
 
 
 class TransformerWrapper(nn.Module):
@@ -26,20 +31,25 @@ class TransformerWrapper(nn.Module):
     queries) are never read by generate() and are undefined in both torch and ONNX.
     """
 
-    def __init__(self, omnivoice: nn.Module) -> None:
+    def __init__(self, omnivoice: OmniVoice) -> None:
         super().__init__()
         self.omnivoice = omnivoice
 
     def forward(self, input_ids: torch.Tensor, audio_mask: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        return self.omnivoice(input_ids=input_ids, audio_mask=audio_mask, attention_mask=attention_mask).logits
+        logits: torch.Tensor = self.omnivoice(
+            input_ids=input_ids, audio_mask=audio_mask, attention_mask=attention_mask
+        ).logits
+        return logits
 
 
 class _AudioTokenizerWrapper(nn.Module):
     """Holds the HiggsAudioV2TokenizerModel whose encode or decode a subclass exports."""
 
-    def __init__(self, audio_tokenizer: nn.Module) -> None:
+    def __init__(self, audio_tokenizer: HiggsAudioV2TokenizerModel) -> None:
         super().__init__()
-        self.audio_tokenizer = audio_tokenizer
+        # Any: encode/decode declare Tensor | ModelOutput, and with return_dict=False they give the
+        # Tensor; a narrowing check in forward would be traced into the graph.
+        self.audio_tokenizer: Any = audio_tokenizer
 
 
 class EncoderWrapper(_AudioTokenizerWrapper):
@@ -53,7 +63,8 @@ class EncoderWrapper(_AudioTokenizerWrapper):
     """
 
     def forward(self, input_values: torch.Tensor) -> torch.Tensor:
-        return self.audio_tokenizer.encode(input_values, return_dict=False)
+        audio_codes: torch.Tensor = self.audio_tokenizer.encode(input_values, return_dict=False)
+        return audio_codes
 
 
 class DecoderWrapper(_AudioTokenizerWrapper):
@@ -63,10 +74,11 @@ class DecoderWrapper(_AudioTokenizerWrapper):
     """
 
     def forward(self, audio_codes: torch.Tensor) -> torch.Tensor:
-        return self.audio_tokenizer.decode(audio_codes, return_dict=False)
+        audio_values: torch.Tensor = self.audio_tokenizer.decode(audio_codes, return_dict=False)
+        return audio_values
 
 
-def make_wrappers(model: nn.Module) -> dict[str, nn.Module]:
+def make_wrappers(model: OmniVoice) -> dict[str, nn.Module]:
     """The three wrappers of a loaded OmniVoice, keyed by graph name, in eval mode."""
     return {
         "transformer": TransformerWrapper(model).eval(),
@@ -75,7 +87,7 @@ def make_wrappers(model: nn.Module) -> dict[str, nn.Module]:
     }
 
 
-def _resample_with_integer_length(waveform: torch.Tensor, orig_freq: int, new_freq: int, **kwargs) -> torch.Tensor:
+def _resample_with_integer_length(waveform: torch.Tensor, orig_freq: int, new_freq: int, **kwargs: Any) -> torch.Tensor:
     """torchaudio's sinc resampling with the output length computed by integer ceil-division.
 
     torchaudio computes the length as ceil(new * length / orig) with a float division, which the
