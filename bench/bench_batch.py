@@ -127,7 +127,9 @@ def write_list(folder: Path, count: int, ref_wav: Path, ref_text: str) -> Path:
     return path
 
 
-def run_engine(name: str, workers: int, threads: int, ray: bool, args, lines: Path, out: Path) -> dict[str, Any]:
+def run_engine(
+    name: str, workers: int, threads: int, ray: bool, args: argparse.Namespace, lines: Path, out: Path
+) -> dict[str, Any]:
     from omnivoice_onnx.batch.run import Options, run_batch
 
     options = Options(
@@ -236,17 +238,15 @@ def markdown(result: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    from bench_omnivoice import cpu_description
-
-    from omnivoice_export.common.measure import hardware_record, results_stem
+    from omnivoice_export.common.measure import cpu_description, hardware_record, results_stem
     from omnivoice_export.step1_capture.capture import REF_TXT, REF_WAV
     from omnivoice_onnx.files import atomic_path, write_json_atomic
     from omnivoice_onnx.program import CheckFailed
 
     load_start = os.getloadavg()
     hardware = hardware_record()
-    with tempfile.TemporaryDirectory(prefix="bench-batch-") as scratch:
-        scratch = Path(scratch)
+    with tempfile.TemporaryDirectory(prefix="bench-batch-") as scratch_name:
+        scratch = Path(scratch_name)
         lines = write_list(
             scratch, args.lines, args.capture_dir / REF_WAV, (args.capture_dir / REF_TXT).read_text().strip()
         )

@@ -100,7 +100,8 @@ def spawn(onnx_dir: Path, variant: str, cache: str) -> dict[str, float]:
     )
     if done.returncode != 0:
         raise RuntimeError(f"{variant} worker failed:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    result: dict[str, float] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
 
 
 def markdown(summary: dict[str, Any], meta: dict[str, Any]) -> str:

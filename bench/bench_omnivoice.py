@@ -58,7 +58,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -76,6 +76,12 @@ from omnivoice_onnx.errors import UserError  # noqa: E402
 from omnivoice_onnx.files import atomic_path, write_json_atomic  # noqa: E402
 from omnivoice_onnx.limits import THREADS_ENV, default_threads  # noqa: E402
 from omnivoice_onnx.program import NUM_STEP, CheckFailed, float_range, int_range, parse, run_main  # noqa: E402
+
+if TYPE_CHECKING:  # imported where a worker needs them: the runtime-e2e worker never imports torch
+    import torch
+
+    from omnivoice_export.step1_capture.generation import GenerationRequest
+    from omnivoice_export.step2_export.ort_runtime import OrtGraphs
 
 RESULTS = REPO / "bench" / "results"
 # Target texts giving S ~ 200 / 435 / 800 in clone mode with the ~5 s reference (real tokenizer).
@@ -189,14 +195,17 @@ class _Stop(Exception):
     """Raised by the input recorder once generate() has built its first transformer inputs."""
 
 
-def first_forward_inputs(model, request) -> dict[str, np.ndarray]:
+def first_forward_inputs(model: Any, request: GenerationRequest) -> dict[str, np.ndarray]:
     """The exact transformer inputs generate() builds for `request` (its real cond/uncond layout)."""
     from omnivoice_export.step1_capture.capture import patched
     from omnivoice_export.step1_capture.generation import run_generate
 
     seen: dict[str, np.ndarray] = {}
 
-    def recorder(input_ids, audio_mask, attention_mask=None, **kwargs):
+    def recorder(
+        input_ids: torch.Tensor, audio_mask: torch.Tensor, attention_mask: torch.Tensor | None = None, **kwargs: Any
+    ) -> NoReturn:
+        assert attention_mask is not None, "generate() passes the mask it builds"
         seen.update(input_ids=input_ids.numpy(), audio_mask=audio_mask.numpy(), attention_mask=attention_mask.numpy())
         raise _Stop
 
@@ -283,14 +292,14 @@ def gemm_libraries() -> dict[str, str]:
 
     config = torch.__config__.show()
     blas = re.search(r"BLAS_INFO=(\w+)", config)
+    mkl = torch.backends.mkl.is_available()  # type: ignore[no-untyped-call]  # torch leaves it unannotated
     return {
-        "torch": f"{blas.group(1) if blas else 'unknown'} (torch {torch.__version__}, "
-        f"MKL {'on' if torch.backends.mkl.is_available() else 'off'})",
+        "torch": f"{blas.group(1) if blas else 'unknown'} (torch {torch.__version__}, MKL {'on' if mkl else 'off'})",
         "onnxruntime": f"MLAS (onnxruntime {ort.__version__})",
     }
 
 
-def check_export(args, variants: list[str]) -> str:
+def check_export(args: argparse.Namespace, variants: list[str]) -> str:
     """The fingerprint of --model, once the export in --onnx-dir is proven to be of that model and
     intact (every graph and each of `variants` as its report records it, and none that failed its
     export checks)."""
@@ -310,7 +319,7 @@ def check_export(args, variants: list[str]) -> str:
     return fingerprint
 
 
-def variant_names(args) -> list[str]:
+def variant_names(args: argparse.Namespace) -> list[str]:
     """--variants as a list: the report's variants when not given, none for 'none'."""
     made = list(report.load_report(args.onnx_dir).get("variants", {}))
     if args.variants is None:
@@ -327,7 +336,7 @@ def variant_names(args) -> list[str]:
     return names
 
 
-def timed(fn, calls: int) -> list[float]:
+def timed(fn: Callable[[], object], calls: int) -> list[float]:
     fn()  # warm-up: allocator, pre-packing, lazy init
     times = []
     for _ in range(calls):
@@ -337,7 +346,7 @@ def timed(fn, calls: int) -> list[float]:
     return times
 
 
-def load_variant(args, runtime: str, variant: str | None = None):
+def load_variant(args: argparse.Namespace, runtime: str, variant: str | None = None) -> tuple[Any, OrtGraphs | None]:
     """(model, graphs or None): PyTorch eager OmniVoice, or the ONNX graphs inside generate()
     (`variant`'s transformer; default: the worker's --variant)."""
     from omnivoice_export.step0_checkpoints.checkpoints import load_omnivoice
@@ -350,7 +359,7 @@ def load_variant(args, runtime: str, variant: str | None = None):
     return load_onnx_omnivoice(resolve_model(args.model), graphs, split=True), graphs
 
 
-def clone_request(capture_dir: Path, text: str, num_step: int):
+def clone_request(capture_dir: Path, text: str, num_step: int) -> GenerationRequest:
     """A voice clone of `text` from step 0's reference in `capture_dir`."""
     from omnivoice_export.step1_capture.generation import GenerationRequest
 
@@ -368,7 +377,7 @@ def codec_audio(seconds: int) -> np.ndarray:
     return (np.random.default_rng(0).standard_normal((1, 1, seconds * SAMPLE_RATE)) * 0.1).astype(np.float32)
 
 
-def torch_calls_worker(args) -> dict[str, Any]:
+def torch_calls_worker(args: argparse.Namespace) -> dict[str, Any]:
     """PyTorch eager per-call latencies at each shape (padded, as upstream runs it) and of the codec.
     What it fed the transformer and the decoder goes to --scratch, with its logits: the ONNX
     workers of the round time and compare on exactly those inputs with ORT sessions alone (no
@@ -383,8 +392,10 @@ def torch_calls_worker(args) -> dict[str, Any]:
     model, _ = load_variant(args, "torch")
     for label in args.shape_labels:
         feeds = first_forward_inputs(model, clone_request(args.capture_dir, SHAPE_TEXTS[label], args.num_step))
-        np.savez(args.scratch / f"inputs-{label}.npz", **feeds)
+        # numpy's savez takes **kwds beside allow_pickle: mypy cannot see that no key here is that name
+        np.savez(args.scratch / f"inputs-{label}.npz", **feeds)  # type: ignore[arg-type]
         lengths = prefix_lengths(feeds["attention_mask"])
+        assert lengths is not None, "generate() builds block-form masks"
         seq = feeds["input_ids"].shape[-1]
         entry = {
             "S": seq,
@@ -409,13 +420,13 @@ def torch_calls_worker(args) -> dict[str, Any]:
     return result
 
 
-def saved_inputs(args, label: str) -> dict[str, np.ndarray]:
+def saved_inputs(args: argparse.Namespace, label: str) -> dict[str, np.ndarray]:
     """The transformer inputs the round's torch-calls worker built for shape `label`."""
     with np.load(args.scratch / f"inputs-{label}.npz") as data:
         return {name: data[name] for name in data.files}
 
 
-def onnx_calls_worker(args) -> dict[str, Any]:
+def onnx_calls_worker(args: argparse.Namespace) -> dict[str, Any]:
     """ORT per-call latencies at each shape (padded and split) and of the codec graphs, on the
     torch-calls worker's inputs; logits against its. A variant's worker times its transformer
     split only (fp32-unmasked and fp32-fused are valid only there) and compares its logits with
@@ -456,7 +467,7 @@ def onnx_calls_worker(args) -> dict[str, Any]:
     return result
 
 
-def e2e_worker(args, runtime: str) -> dict[str, Any]:
+def e2e_worker(args: argparse.Namespace, runtime: str) -> dict[str, Any]:
     """Load the model and run one clone generate(): wall times and final tokens. The worker's
     peak RSS (taken by the caller) is then what a user running this once sees."""
     import torch
@@ -485,7 +496,7 @@ def time_calls(owner: Any, name: str, clock: Callable[[], float]) -> list[float]
     model.transformer: the transformer where generate() calls it): the list, filled as it runs."""
     function, seconds = getattr(owner, name), []
 
-    def timed(*inputs, **kwargs):
+    def timed(*inputs: Any, **kwargs: Any) -> Any:
         started = clock()
         try:
             return function(*inputs, **kwargs)
@@ -496,7 +507,7 @@ def time_calls(owner: Any, name: str, clock: Callable[[], float]) -> list[float]
     return seconds
 
 
-def runtime_e2e_worker(args) -> dict[str, Any]:
+def runtime_e2e_worker(args: argparse.Namespace) -> dict[str, Any]:
     """The torch-free runtime's generate() (omnivoice_onnx: what `omnivoice-onnx speak` runs, the
     codec sessions opened per call) on the e2e workers' request and seed, with --variant's
     transformer: the product's own time, where onnx-e2e is upstream's host code around the graphs."""
@@ -519,11 +530,13 @@ def runtime_e2e_worker(args) -> dict[str, Any]:
     )
     result["e2e_seconds"] = CLOCK() - started
     result["e2e_transformer_seconds"] = sum(transformer_seconds)
-    result["e2e_final_tokens"] = [trace.results[0].tolist()]  # [1, 8, T], as the Recorder keeps them
+    tokens = trace.results[0]
+    assert isinstance(tokens, np.ndarray), "a request this short is never chunked"
+    result["e2e_final_tokens"] = [tokens.tolist()]  # [1, 8, T], as the Recorder keeps them
     return result
 
 
-def worker(args) -> dict[str, Any]:
+def worker(args: argparse.Namespace) -> dict[str, Any]:
     """One worker's measurements, in this process; printed as JSON on the last stdout line. The
     runtime-e2e worker never imports torch, so its peak RSS is the torch-free runtime's own."""
     from omnivoice_export.common.measure import PeakRss
@@ -556,7 +569,7 @@ def worker(args) -> dict[str, Any]:
 # --- orchestrator -------------------------------------------------------------------------------
 
 
-def spawn(args, worker: str, variant: str = "fp32") -> dict[str, Any]:
+def spawn(args: argparse.Namespace, worker: str, variant: str = "fp32") -> dict[str, Any]:
     command = [
         sys.executable,
         __file__,
@@ -589,10 +602,11 @@ def spawn(args, worker: str, variant: str = "fp32") -> dict[str, Any]:
     done = subprocess.run(command, capture_output=True, text=True, cwd=REPO, env=env)
     if done.returncode != 0:
         raise RuntimeError(f"{worker} worker ({variant}) failed:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
 
 
-def round_workers(args) -> list[tuple[str, str, str]]:
+def round_workers(args: argparse.Namespace) -> list[tuple[str, str, str]]:
     """(result key, worker, transformer variant) in the order one round runs them: each ONNX
     worker is followed by the same worker for every variant, so drift hits them alike."""
     order = []
@@ -615,7 +629,7 @@ def token_match(run: dict[str, Any], reference: np.ndarray) -> float:
     return float(np.mean(tokens == reference)) if tokens.shape == reference.shape else 0.0
 
 
-def runtime_generate(rounds: list[dict[str, dict]], names: list[str]) -> dict[str, dict[str, Any]]:
+def runtime_generate(rounds: list[dict[str, dict[str, Any]]], names: list[str]) -> dict[str, dict[str, Any]]:
     """Per transformer variant (fp32, then `names`), the torch-free runtime's generate() against
     torch's of the same rounds: seconds, its parts, the ratio, final tokens against torch's."""
     torch_e2e = [r["torch-e2e"] for r in rounds if "torch-e2e" in r]
@@ -662,7 +676,7 @@ def runtime_generate_markdown(summary: dict[str, Any]) -> list[str]:
     return lines + [""]
 
 
-def generate_parts(e2e: list[dict]) -> dict[str, dict[str, float]]:
+def generate_parts(e2e: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     """generate()'s seconds in the transformer calls and in the rest (reference encoding, decoding,
     host work: the same for every transformer variant), over the e2e workers' runs."""
     return {
@@ -703,11 +717,13 @@ def generate_parts_markdown(summary: dict[str, Any], num_step: int) -> list[str]
     return lines + [""]
 
 
-def summarise(rounds: list[dict[str, dict]], variants: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+def summarise(
+    rounds: list[dict[str, dict[str, Any]]], variants: dict[str, dict[str, Any]] | None = None
+) -> dict[str, Any]:
     """Pool every round's timings per variant and shape; ratios of medians. `variants`: the export
     report's entries of the transformer variants timed (their files' sizes)."""
 
-    def runs(variant: str) -> list[dict]:
+    def runs(variant: str) -> list[dict[str, Any]]:
         return [r[variant] for r in rounds if variant in r]
 
     gemm = runs("gemm")
@@ -786,7 +802,7 @@ def summarise(rounds: list[dict[str, dict]], variants: dict[str, dict[str, Any]]
 
 
 def summarise_variant(
-    rounds: list[dict[str, dict]], name: str, entry: dict[str, Any], summary: dict[str, Any]
+    rounds: list[dict[str, dict[str, Any]]], name: str, entry: dict[str, Any], summary: dict[str, Any]
 ) -> dict[str, Any]:
     """One variant against fp32 ORT of the same rounds: per-call medians and ratios, logits against
     fp32 ORT's and torch's (worst over rounds), generate() and its tokens against torch's, size."""

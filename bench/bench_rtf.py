@@ -158,7 +158,8 @@ def spawn(args: argparse.Namespace, variant: str, threads: int, steps: int) -> d
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"worker {variant}:{threads} failed:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
 
 
 def rtf_table(results: list[dict[str, Any]]) -> dict[str, Any]:

@@ -72,7 +72,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 # --- worker side: one generate() in this fresh process, figures as JSON on the last stdout line ---
 
 
-def runtime_worker(onnx_dir: Path, request: dict[str, Any]) -> tuple[float, float, Callable[[], list]]:
+def runtime_worker(onnx_dir: Path, request: dict[str, Any]) -> tuple[float, float, Callable[[], list[list[int]]]]:
     """(import seconds, time.time() once ready, generate() returning the final tokens [8][T]) of
     omnivoice_onnx."""
     started = time.perf_counter()
@@ -85,7 +85,7 @@ def runtime_worker(onnx_dir: Path, request: dict[str, Any]) -> tuple[float, floa
     ready = time.time()
     trace = Trace()
 
-    def generate() -> list:
+    def generate() -> list[list[int]]:
         tts.generate(
             request["text"],
             language=request["language"],
@@ -95,12 +95,17 @@ def runtime_worker(onnx_dir: Path, request: dict[str, Any]) -> tuple[float, floa
             seed=request["seed"],
             trace=trace,
         )
-        return trace.results[0].tolist()
+        tokens = trace.results[0]
+        assert not isinstance(tokens, list), "a request this short is never chunked (one array, no chunks)"
+        final: list[list[int]] = tokens.tolist()
+        return final
 
     return imported, ready, generate
 
 
-def upstream_worker(args, request: dict[str, Any]) -> tuple[float, float, Callable[[], list]]:
+def upstream_worker(
+    args: argparse.Namespace, request: dict[str, Any]
+) -> tuple[float, float, Callable[[], list[list[int]]]]:
     """The same for upstream generate() around the ONNX graphs, loaded as bench_omnivoice's
     generate() worker loads it."""
     started = time.perf_counter()
@@ -116,16 +121,17 @@ def upstream_worker(args, request: dict[str, Any]) -> tuple[float, float, Callab
     model, _ = load_variant(args, "onnx", variant="fp32")
     ready = time.time()
 
-    def generate() -> list:
+    def generate() -> list[list[int]]:
         recorder = Recorder(model, Path("."), steps=set())  # steps=set(): token states only, nothing written
         with recorder.active():
             run_generate(model, GenerationRequest.from_dict(request))
-        return recorder.token_states[-1][0].tolist()
+        final: list[list[int]] = recorder.token_states[-1][0].tolist()
+        return final
 
     return imported, ready, generate
 
 
-def worker(side: str, launched: float, args) -> dict[str, Any]:
+def worker(side: str, launched: float, args: argparse.Namespace) -> dict[str, Any]:
     """Load one side and generate once; `launched` is time.time() just before this process was started."""
     request = json.loads(args.request)
     if side == "runtime":
@@ -162,7 +168,7 @@ def worker_main(argv: list[str]) -> None:
 # --- orchestrator --------------------------------------------------------------------------------
 
 
-def spawn(args, side: str, request: dict[str, Any]) -> dict[str, Any]:
+def spawn(args: argparse.Namespace, side: str, request: dict[str, Any]) -> dict[str, Any]:
     """One worker in a fresh interpreter; its result."""
     command = [
         sys.executable,
@@ -183,7 +189,8 @@ def spawn(args, side: str, request: dict[str, Any]) -> dict[str, Any]:
     done = subprocess.run(command, capture_output=True, text=True, cwd=REPO)
     if done.returncode != 0:
         raise RuntimeError(f"{side} worker failed:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
 
 
 def summarise(rounds: list[dict[str, dict[str, Any]]]) -> dict[str, Any]:

@@ -42,7 +42,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -57,6 +57,9 @@ from omnivoice_onnx.program import (  # noqa: E402
     parse,
     run_main,
 )
+
+if TYPE_CHECKING:  # the OpenAI client (requirements.txt), imported where a level runs
+    import openai
 
 STREAM_TEXT = (
     "The first sentence is here. A second one follows it, somewhat longer than the first. "
@@ -88,8 +91,8 @@ def rss_mib(pid: int) -> float:
     raise RuntimeError("no VmRSS")
 
 
-def timed_stream(client, text: str, num_step: int | None) -> dict[str, float]:
-    """One streamed request: seconds to the first audio byte and to the end."""
+def timed_stream(client: openai.OpenAI, text: str, num_step: int | None) -> dict[str, Any]:
+    """One streamed request: seconds to the first audio byte (None: no audio came) and to the end, bytes."""
     start = time.perf_counter()
     first = None
     size = 0
@@ -108,7 +111,7 @@ def level(base_url: str, clients: int, per_client: int, num_step: int | None) ->
     """`clients` closed-loop clients, `per_client` streamed requests each."""
     import openai
 
-    results: list[dict[str, float]] = []
+    results: list[dict[str, Any]] = []
     errors: list[str] = []
     lock = threading.Lock()
 

@@ -38,10 +38,10 @@ REPO = Path(__file__).resolve().parent.parent
 BENCH = Path(__file__).resolve().parent
 sys.path[:0] = [str(REPO), str(BENCH)]
 
-from bench_omnivoice import RESULTS, cpu_description  # noqa: E402
+from bench_omnivoice import RESULTS  # noqa: E402
 
 from omnivoice_export.common.edge import add_onnx_dir  # noqa: E402
-from omnivoice_export.common.measure import hardware_lines, hardware_record, results_stem  # noqa: E402
+from omnivoice_export.common.measure import cpu_description, hardware_lines, hardware_record, results_stem  # noqa: E402
 from omnivoice_onnx.files import atomic_path, write_json_atomic  # noqa: E402
 from omnivoice_onnx.program import NUM_STEP, THREADS, int_range, parse, run_main  # noqa: E402
 
@@ -93,6 +93,7 @@ def run_once(args: argparse.Namespace, mode: str) -> dict[str, float]:
     proc = subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}
     )
+    assert proc.stdout is not None and proc.stderr is not None, "both are pipes"
     first = proc.stdout.read(1)
     first_byte = time.perf_counter() - start
     size = len(first) + len(proc.stdout.read())

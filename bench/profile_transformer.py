@@ -27,6 +27,8 @@ import os
 import tempfile
 from pathlib import Path
 
+import numpy as np
+
 # bench/ (this script's directory) is on sys.path; importing bench_omnivoice puts the repository there.
 from bench_omnivoice import (
     RESULTS,
@@ -64,7 +66,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parse(parser, argv)
 
 
-def profile(session_path: Path, feeds_list: list[dict]) -> tuple[dict[str, float], float]:
+def profile(session_path: Path, feeds_list: list[dict[str, np.ndarray]]) -> tuple[dict[str, float], float]:
     """(microseconds per op type, total) of one profiled pass over feeds_list, after a warm-up."""
     import onnxruntime as ort
 
@@ -107,7 +109,7 @@ def main(argv: list[str] | None = None) -> None:
     from omnivoice_export.step0_checkpoints.checkpoints import resolve_model
     from omnivoice_export.step1_capture.generation import GenerationRequest
     from omnivoice_export.step2_export.ort_runtime import OrtGraphs, load_onnx_omnivoice
-    from omnivoice_export.step56_variants.quantize import variant_path
+    from omnivoice_onnx.contract import variant_path
     from omnivoice_onnx.sessions import prefix_lengths, split_feeds
 
     hardware = hardware_record()
@@ -118,8 +120,9 @@ def main(argv: list[str] | None = None) -> None:
         model, clone_request(args.capture_dir, SHAPE_TEXTS[args.shape], GenerationRequest.num_step)
     )
     del model  # its transformer session: profile() opens its own, with profiling on
-    lengths = prefix_lengths(feeds["attention_mask"])
-    split = [group for _, group in split_feeds(**feeds)]
+    lengths, groups = prefix_lengths(feeds["attention_mask"]), split_feeds(**feeds)
+    assert lengths is not None and groups is not None, "generate() builds block-form masks"
+    split = [group for _, group in groups]
     seq = feeds["input_ids"].shape[-1]
     runs = []
     for variant in args.variants.split(","):

@@ -15,6 +15,7 @@ omnivoice; synthesis (infer_onnx.py --text) never imports it.
 
 from __future__ import annotations
 
+import argparse
 import time
 from pathlib import Path
 from typing import Any
@@ -101,7 +102,7 @@ def compare_item(
 
 
 def compare_mode(
-    model, torch_model, mode: str, manifest: dict, capture_dir: Path, label: str = "onnx"
+    model: Any, torch_model: Any, mode: str, manifest: dict[str, Any], capture_dir: Path, label: str = "onnx"
 ) -> dict[str, Any]:
     entry = manifest["modes"][mode]
     request = GenerationRequest.from_dict(entry["request"])
@@ -183,7 +184,7 @@ def first_token_difference(reference: list[np.ndarray], candidate: list[np.ndarr
     return None
 
 
-def runtime_mode(tts: OmniVoiceOnnx, mode: str, manifest: dict, capture_dir: Path) -> dict[str, Any]:
+def runtime_mode(tts: OmniVoiceOnnx, mode: str, manifest: dict[str, Any], capture_dir: Path) -> dict[str, Any]:
     """The torch-free runtime on one capture request: its final tokens against PyTorch's.
 
     The request is the capture's (texts, seed, language, instruct, reference, num_step); every
@@ -235,7 +236,7 @@ def runtime_section(results: dict[str, dict[str, Any]], variant: str, judged: bo
     }
 
 
-def variant_transformer(args, export: dict) -> tuple[Path | None, bool]:
+def variant_transformer(args: argparse.Namespace, export: dict[str, Any]) -> tuple[Path | None, bool]:
     """(--variant's transformer graph or None for the export's, whether the fp32 verdicts apply).
 
     An fp32 variant (fp32-unmasked) must pass the fp32 verdicts; a quantized one is measured.
@@ -254,7 +255,7 @@ def variant_transformer(args, export: dict) -> tuple[Path | None, bool]:
     return path, recipe["bits"] == 32
 
 
-def check_compare_flags(args, manifest: dict) -> None:
+def check_compare_flags(args: argparse.Namespace, manifest: dict[str, Any]) -> None:
     """Compare mode replays the capture's requests: a flag that would change them is refused, not ignored."""
     for flag, value, key in (("--seed", args.seed, "seed"), ("--num-step", args.num_step, "num_step")):
         captured = manifest.get(key)
@@ -277,7 +278,7 @@ def check_compare_flags(args, manifest: dict) -> None:
         raise UserError(f"{', '.join(given)} only apply to synthesis mode", "add --text, or drop them")
 
 
-def compare(args) -> None:
+def compare(args: argparse.Namespace) -> None:
     check_input_dir(args.capture_dir, "--capture-dir")
     check_output(args.onnx_dir, "--model-dir", "dir")  # the end-to-end results are merged into its report
     check_output(args.capture_dir, "--capture-dir", "dir")  # onnx_<mode>.wav and the spectrograms go there
@@ -361,7 +362,7 @@ def compare(args) -> None:
         raise CheckFailed("; ".join(problems))
 
 
-def compare_runtime(args, manifest: dict, judged: bool) -> dict[str, Any]:
+def compare_runtime(args: argparse.Namespace, manifest: dict[str, Any], judged: bool) -> dict[str, Any]:
     """The torch-free runtime (the same variant, provider and threads) on every capture request."""
     # No --variant means the faithful graph here, as on the PyTorch side, not the runtime's default.
     tts = OmniVoiceOnnx.from_dir(

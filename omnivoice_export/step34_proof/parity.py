@@ -38,7 +38,7 @@ def line(graph: str, label: str, values: str, ok: bool | None) -> None:
     print(f"[{graph}] {label:<22} {values} {verdict}", flush=True)
 
 
-def first_feeds(graph: str, capture_dir: Path, manifest: dict) -> dict[str, np.ndarray]:
+def first_feeds(graph: str, capture_dir: Path, manifest: dict[str, Any]) -> dict[str, np.ndarray]:
     """The first captured input of `graph` (one run of it shows where onnxruntime put each node)."""
     mode = next(iter(manifest["modes"]))
     if graph == "transformer":
@@ -50,7 +50,7 @@ def first_feeds(graph: str, capture_dir: Path, manifest: dict) -> dict[str, np.n
     return {name: data[name] for name in CONTRACTS[graph].input_names}
 
 
-def check_placement(graph: str, session, feeds: dict[str, np.ndarray]) -> dict[str, Any]:
+def check_placement(graph: str, session: Any, feeds: dict[str, np.ndarray]) -> dict[str, Any]:
     """Under a CUDA provider: how many nodes onnxruntime ran on the GPU and which on the CPU
     (information: it keeps shape arithmetic on the CPU by design)."""
     run(session, feeds)
@@ -61,8 +61,11 @@ def check_placement(graph: str, session, feeds: dict[str, np.ndarray]) -> dict[s
     return placement
 
 
-def check_transformer(session, capture_dir: Path, manifest: dict, thresholds: dict[str, float]) -> dict[str, Any]:
-    rows, failures = [], []
+def check_transformer(
+    session: Any, capture_dir: Path, manifest: dict[str, Any], thresholds: dict[str, float]
+) -> dict[str, Any]:
+    rows: list[dict[str, Any]] = []
+    failures: list[str] = []
     argmax_min, max_abs = thresholds["transformer_argmax_min"], thresholds["transformer_max_abs"]
     for mode in manifest["modes"]:
         for step in capture.mode_steps(manifest, mode):
@@ -118,8 +121,8 @@ def check_transformer(session, capture_dir: Path, manifest: dict, thresholds: di
 
 
 def encoder_sweep(
-    session, model_path: Path, audio: np.ndarray, hop: int, thresholds: dict[str, float]
-) -> tuple[list[dict], list[str]]:
+    session: Any, model_path: Path, audio: np.ndarray, hop: int, thresholds: dict[str, float]
+) -> tuple[list[dict[str, Any]], list[str]]:
     """The captured reference cut to ~30 hop-multiple lengths: ONNX codes vs PyTorch codes."""
     import torch
     from transformers import HiggsAudioV2TokenizerModel
@@ -127,12 +130,15 @@ def encoder_sweep(
 
     from omnivoice_export.step2_export.wrappers import EncoderWrapper
 
-    hf_logging.disable_progress_bar()  # a per-tensor "Loading weights" bar says nothing about parity
-    tokenizer = HiggsAudioV2TokenizerModel.from_pretrained(str(model_path / "audio_tokenizer")).eval()
+    # a per-tensor "Loading weights" bar says nothing about parity (transformers leaves it unannotated)
+    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+    tokenizer = HiggsAudioV2TokenizerModel.from_pretrained(str(model_path / "audio_tokenizer"))
+    tokenizer.eval()  # type: ignore[no-untyped-call]  # PreTrainedModel.eval() is unannotated
     module = EncoderWrapper(tokenizer)
     frames = audio.shape[-1] // hop
     lengths = sorted({int(f) for f in np.linspace(2, frames, SWEEP_LENGTHS)})
-    rows, failures = [], []
+    rows: list[dict[str, Any]] = []
+    failures: list[str] = []
     for frame_count in lengths:
         feeds = {"input_values": audio[..., : frame_count * hop]}
         with torch.no_grad():
@@ -151,7 +157,12 @@ def encoder_sweep(
 
 
 def check_encoder(
-    session, capture_dir: Path, manifest: dict, model_path: Path | None, hop: int, thresholds: dict[str, float]
+    session: Any,
+    capture_dir: Path,
+    manifest: dict[str, Any],
+    model_path: Path | None,
+    hop: int,
+    thresholds: dict[str, float],
 ) -> dict[str, Any]:
     data = capture.load_mode_file(capture_dir, "clone", capture.ENCODER_FILE)
     feeds = {"input_values": data["input_values"]}
@@ -172,8 +183,11 @@ def check_encoder(
     return result
 
 
-def check_decoder(session, capture_dir: Path, manifest: dict, thresholds: dict[str, float]) -> dict[str, Any]:
-    rows, failures = [], []
+def check_decoder(
+    session: Any, capture_dir: Path, manifest: dict[str, Any], thresholds: dict[str, float]
+) -> dict[str, Any]:
+    rows: list[dict[str, Any]] = []
+    failures: list[str] = []
     lsd_max = thresholds["decoder_log_spectral_l1_max"]
     for mode in manifest["modes"]:
         # One decode() per item of the request, as upstream calls it (batch 1 each).

@@ -169,7 +169,7 @@ def convert(model: onnx.ModelProto, keep: set[str]) -> onnx.ModelProto:
     name_nodes(model)
     del model.graph.value_info[:]
     model.graph.value_info.extend(infer_types(model).graph.value_info)
-    converted = convert_float_to_float16(
+    converted: onnx.ModelProto = convert_float_to_float16(  # onnxruntime ships no types
         model, keep_io_types=True, op_block_list=[], node_block_list=sorted(keep), disable_shape_infer=True
     )
     make_islands(converted)
@@ -222,7 +222,8 @@ def join_fp32_islands(model: onnx.ModelProto) -> int:
 
 
 def cast_to(node: onnx.NodeProto) -> int:
-    return next(attr.i for attr in node.attribute if attr.name == "to")
+    to: int = next(attr.i for attr in node.attribute if attr.name == "to")
+    return to
 
 
 def value_types(model: onnx.ModelProto) -> dict[str, int]:

@@ -56,6 +56,8 @@ quantization between the separate projections anyway (DynamicQuantizeLinear + Ma
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
@@ -105,7 +107,8 @@ class _Graph:
         return None
 
 
-def attribute(node: onnx.NodeProto, name: str, default=None):
+def attribute(node: onnx.NodeProto, name: str, default: Any = None) -> Any:
+    """Attribute `name` of `node` as onnx.helper decodes it (an int, float, list ...), or `default`."""
     for attr in node.attribute:
         if attr.name == name:
             return helper.get_attribute_value(attr)
@@ -126,10 +129,14 @@ def _repeat_kv(g: _Graph, name: str) -> tuple[str, int, int, int] | None:
         return None
     axes = g.constant(unsqueeze.input[1]) if len(unsqueeze.input) > 1 else None
     found = [
-        g.constant(item)
-        for item in (shape.input[1], repeated.input[1], repeated.input[2], shape.input[3], repeated.input[4])
+        value
+        for value in (
+            g.constant(item)
+            for item in (shape.input[1], repeated.input[1], repeated.input[2], shape.input[3], repeated.input[4])
+        )
+        if value is not None and value.size == 1
     ]
-    if axes is None or list(axes.reshape(-1)) != [2] or any(value is None or value.size != 1 for value in found):
+    if axes is None or list(axes.reshape(-1)) != [2] or len(found) != 5:  # every one a scalar
         return None
     heads, kv_heads, repeats, dim, kv_dim = (int(value.reshape(-1)[0]) for value in found)
     if heads != kv_heads * repeats or dim != kv_dim:  # each kv head repeated in place, as repeat_kv does
@@ -141,7 +148,9 @@ def _bsd_source(g: _Graph, name: str, head_dim: int) -> str | None:
     """The [B, S, N * D] tensor that `name` = Transpose(Reshape(x, [B, S, N, D]), [0, 2, 1, 3]) was
     made from, when x is a projection's output or a RotaryEmbedding's (3-D by construction); else None."""
     transpose = g.op(name, "Transpose")
-    reshape = g.op(transpose.input[0], "Reshape") if transpose is not None else None
+    if transpose is None:
+        return None
+    reshape = g.op(transpose.input[0], "Reshape")
     if reshape is None or list(attribute(transpose, "perm", [])) != [0, 2, 1, 3]:
         return None
     shape = g.constant(reshape.input[1])
@@ -156,7 +165,7 @@ def _bsd_source(g: _Graph, name: str, head_dim: int) -> str | None:
     return reshape.input[0] if projection or source.op_type == "RotaryEmbedding" else None
 
 
-def _match_attention(g: _Graph, softmax: onnx.NodeProto) -> dict | None:
+def _match_attention(g: _Graph, softmax: onnx.NodeProto) -> dict[str, Any] | None:
     """The unmasked attention core around `softmax`, or None if it is not the exported pattern."""
     if attribute(softmax, "axis", -1) not in (-1, 3):
         return None
@@ -172,7 +181,9 @@ def _match_attention(g: _Graph, softmax: onnx.NodeProto) -> dict | None:
     # kT = Reshape(Transpose(Reshape(k), [0, 2, 1])): k.transpose(-2, -1) as dynamo lowers it.
     outer = g.op(k_side[0], "Reshape")
     transpose = g.op(outer.input[0], "Transpose") if outer is not None else None
-    inner = g.op(transpose.input[0], "Reshape") if transpose is not None else None
+    if transpose is None:
+        return None
+    inner = g.op(transpose.input[0], "Reshape")
     if inner is None or list(attribute(transpose, "perm", [])) != [0, 2, 1]:
         return None
     key, value = _repeat_kv(g, inner.input[0]), _repeat_kv(g, pv.input[1])
@@ -180,7 +191,9 @@ def _match_attention(g: _Graph, softmax: onnx.NodeProto) -> dict | None:
         return None
     heads, kv_heads, head_dim = key[1:]
     back = g.only_consumer(pv.output[0], "Transpose")
-    merge = g.only_consumer(back.output[0], "Reshape") if back is not None else None
+    if back is None:
+        return None
+    merge = g.only_consumer(back.output[0], "Reshape")
     if merge is None or list(attribute(back, "perm", [])) != [0, 2, 1, 3]:
         return None
     scale = np.float32(q_side[1].reshape(-1)[0]) * np.float32(k_side[1].reshape(-1)[0])
@@ -267,7 +280,7 @@ def fuse_attention(model: onnx.ModelProto) -> int:
     return len(matches)
 
 
-def _match_rms_norm(g: _Graph, pow_node: onnx.NodeProto) -> dict | None:
+def _match_rms_norm(g: _Graph, pow_node: onnx.NodeProto) -> dict[str, Any] | None:
     """Qwen3RMSNorm as the dynamo exporter writes it, from its Pow: weight * (x * 1/sqrt(mean(x^2) + eps))."""
     exponent = g.constant(pow_node.input[1])
     if exponent is None or exponent.size != 1 or float(exponent.reshape(-1)[0]) != 2.0:
@@ -281,13 +294,19 @@ def _match_rms_norm(g: _Graph, pow_node: onnx.NodeProto) -> dict | None:
         return None
     add = g.only_consumer(mean.output[0], "Add")
     eps = g.split_constant(add) if add is not None else None
-    sqrt = g.only_consumer(add.output[0], "Sqrt") if eps is not None else None
+    if add is None or eps is None:
+        return None
+    sqrt = g.only_consumer(add.output[0], "Sqrt")
     inverse = g.only_consumer(sqrt.output[0], "Reciprocal") if sqrt is not None else None
-    scaled = g.only_consumer(inverse.output[0], "Mul") if inverse is not None else None
+    if inverse is None:
+        return None
+    scaled = g.only_consumer(inverse.output[0], "Mul")
     if scaled is None or set(scaled.input) != {x, inverse.output[0]}:
         return None
     weighted = g.only_consumer(scaled.output[0], "Mul")
-    weight = next((name for name in weighted.input if name != scaled.output[0]), None) if weighted is not None else None
+    if weighted is None:
+        return None
+    weight = next((name for name in weighted.input if name != scaled.output[0]), None)
     init = g.initializers.get(weight) if weight is not None else None
     if init is None or len(init.dims) != 1:
         return None
@@ -339,13 +358,18 @@ def _slice_bounds(g: _Graph, node: onnx.NodeProto | None) -> tuple[str, int, int
     """(data, start, end) of a Slice along the last axis with step 1, or None."""
     if node is None or node.op_type != "Slice" or len(node.input) < 4:
         return None
-    starts, ends, axes = (g.constant(name) for name in node.input[1:4])
     steps = g.constant(node.input[4]) if len(node.input) > 4 else np.array([1])
-    if any(value is None or value.size != 1 for value in (starts, ends, axes, steps)):
+    found = [
+        value
+        for value in (*(g.constant(name) for name in node.input[1:4]), steps)
+        if value is not None and value.size == 1
+    ]
+    if len(found) != 4:  # starts, ends, axes and steps, every one a scalar
         return None
-    if int(axes.reshape(-1)[0]) not in (-1, 3) or int(steps.reshape(-1)[0]) != 1:
+    start, end, axis, step = (int(value.reshape(-1)[0]) for value in found)
+    if axis not in (-1, 3) or step != 1:
         return None
-    return node.input[0], int(starts.reshape(-1)[0]), int(ends.reshape(-1)[0])
+    return node.input[0], start, end
 
 
 def _rotary_table(g: _Graph, name: str, op_type: str) -> str | None:
@@ -354,7 +378,9 @@ def _rotary_table(g: _Graph, name: str, op_type: str) -> str | None:
     positions are arange(S) for every row (transformers' cache_position.unsqueeze(0)); fuse_rotary
     squeezes that axis."""
     unsqueeze = g.op(name, "Unsqueeze")
-    axes = g.constant(unsqueeze.input[1]) if unsqueeze is not None and len(unsqueeze.input) > 1 else None
+    if unsqueeze is None or len(unsqueeze.input) < 2:
+        return None
+    axes = g.constant(unsqueeze.input[1])
     function = g.op(unsqueeze.input[0], op_type) if axes is not None and list(axes.reshape(-1)) == [1] else None
     doubled = g.op(function.input[0], "Concat") if function is not None else None
     if doubled is None or len(doubled.input) != 2 or doubled.input[0] != doubled.input[1]:
@@ -362,7 +388,7 @@ def _rotary_table(g: _Graph, name: str, op_type: str) -> str | None:
     return doubled.input[0] if attribute(doubled, "axis") == -1 else None
 
 
-def _match_rotary(g: _Graph, add: onnx.NodeProto) -> dict | None:
+def _match_rotary(g: _Graph, add: onnx.NodeProto) -> dict[str, Any] | None:
     """RoPE as the dynamo exporter writes apply_rotary_pos_emb, from its final Add:
     x * cos + Concat(-x[..., D/2:], x[..., :D/2]) * sin with x = Transpose(y, [0, 2, 1, 3])."""
     for plain_name, rotated_name in (add.input, reversed(add.input)):

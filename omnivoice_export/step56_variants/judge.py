@@ -84,7 +84,7 @@ GRAPH_FORMS = ("plain", "fused")
 
 def lm_head(model: onnx.ModelProto) -> str:
     """The MatMul writing the logits (the tied table through a Transpose): stays fp32."""
-    producer = {out: node for node in model.graph.node for out in node.output}
+    producer: dict[str, onnx.NodeProto] = {out: node for node in model.graph.node for out in node.output}
     node = producer.get(model.graph.output[0].name)
     if node is None or node.op_type != "MatMul":
         raise UserError("the judge graph's logits do not come from a MatMul", "delete checkpoints/smollm2 and re-run")
@@ -161,7 +161,7 @@ def o_proj_input_chain(model: onnx.ModelProto, depth: int = 6) -> list[str]:
     producer = {out: node for node in model.graph.node for out in node.output}
     o_proj = next(name for name, label in projection_labels(model).items() if label == "L0.o_proj")
     node = producer.get(next(n for n in model.graph.node if n.name == o_proj).input[0])
-    chain = []
+    chain: list[str] = []
     while node is not None and len(chain) < depth:
         chain.append(node.op_type)
         node = producer.get(node.input[0]) if node.input else None

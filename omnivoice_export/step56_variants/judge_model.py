@@ -16,7 +16,7 @@ import hashlib
 import importlib.metadata
 import re
 import sysconfig
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -88,7 +88,7 @@ def load_model(gguf: Path) -> Any:
 
     with _quiet_transformers():
         model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
-    return model.eval()
+    return model.eval()  # type: ignore[no-untyped-call]  # PreTrainedModel.eval() is unannotated
 
 
 def load_tokenizer(gguf: Path) -> Any:
@@ -103,20 +103,22 @@ def load_tokenizer(gguf: Path) -> Any:
 def _quiet_transformers() -> Iterator[None]:
     """transformers draws progress bars per GGUF load: its own, and a plain tqdm over the 272 tensors
     it dequantizes (modeling_gguf_pytorch_utils.tqdm, which its switch does not reach; tqdm reads its
-    TQDM_* variables at import). Both off for one load, restored in `finally`."""
+    TQDM_* variables at import). Both off for one load, restored in `finally`. The tqdm is swapped
+    in the module's namespace: it is that module's import, not an attribute it exports."""
     from transformers import modeling_gguf_pytorch_utils as gguf_utils
     from transformers.utils import logging as hf_logging
 
     enabled = hf_logging.is_progress_bar_enabled()
-    bar = gguf_utils.tqdm
-    hf_logging.disable_progress_bar()
-    gguf_utils.tqdm = functools.partial(bar, disable=True)
+    namespace = vars(gguf_utils)
+    bar = namespace["tqdm"]
+    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # transformers leaves it unannotated
+    namespace["tqdm"] = functools.partial(bar, disable=True)
     try:
         yield
     finally:
-        gguf_utils.tqdm = bar
+        namespace["tqdm"] = bar
         if enabled:
-            hf_logging.enable_progress_bar()
+            hf_logging.enable_progress_bar()  # type: ignore[no-untyped-call]  # transformers leaves it unannotated
 
 
 class CausalLogits(torch.nn.Module):
@@ -128,7 +130,8 @@ class CausalLogits(torch.nn.Module):
         self.lm = model
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.lm(input_ids=input_ids, use_cache=False).logits
+        logits: torch.Tensor = self.lm(input_ids=input_ids, use_cache=False).logits
+        return logits
 
 
 def export_fp32(model: Any, gguf: Path, cache_dir: Path = CACHE_DIR) -> Path:
@@ -204,7 +207,7 @@ def outlier_stats(model: Any, sequences: np.ndarray) -> dict[str, Any]:
     ratio (largest row peak over the median row peak), per layer; the norms' weight spread
     (max |g| / median |g|)."""
     layers = model.model.layers
-    inputs = {"qkv": [], "o_proj": [], "gate_up": [], "down_proj": []}
+    inputs: dict[str, list[dict[str, float]]] = {"qkv": [], "o_proj": [], "gate_up": [], "down_proj": []}
     modules = {"qkv": "self_attn.q_proj", "o_proj": "self_attn.o_proj", "gate_up": "mlp.gate_proj"}
     modules["down_proj"] = "mlp.down_proj"
     channel: dict[tuple[str, int], np.ndarray] = {}
@@ -213,7 +216,7 @@ def outlier_stats(model: Any, sequences: np.ndarray) -> dict[str, Any]:
     residual: list[list[np.ndarray]] = [[] for _ in layers]
     hooks = []
 
-    def record(kind: str, index: int):
+    def record(kind: str, index: int) -> Callable[[Any, tuple[Any, ...]], None]:
         def hook(_module: Any, args: tuple[Any, ...]) -> None:
             x = args[0].detach().abs().reshape(-1, args[0].shape[-1]).numpy()
             key = (kind, index)
@@ -223,7 +226,7 @@ def outlier_stats(model: Any, sequences: np.ndarray) -> dict[str, Any]:
 
         return hook
 
-    def keep_residual(index: int):
+    def keep_residual(index: int) -> Callable[[Any, Any, Any], None]:
         def hook(_module: Any, _args: Any, output: Any) -> None:
             hidden = output[0] if isinstance(output, tuple) else output
             residual[index].append(hidden.detach()[0].numpy().copy())

@@ -31,8 +31,9 @@ from __future__ import annotations
 import os
 import platform
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -43,6 +44,9 @@ from omnivoice_export.step56_variants import quantize
 from omnivoice_onnx.contract import variant_path
 from omnivoice_onnx.sessions import TRANSFORMER_ARENA, make_session, run_split
 
+if TYPE_CHECKING:  # imported where generate() runs, as the functions below do
+    from omnivoice_export.step1_capture.generation import GenerationRequest
+
 
 def relative_error(reference: np.ndarray, candidate: np.ndarray) -> float:
     """||candidate - reference||_2 / ||reference||_2 over all elements, in float64."""
@@ -50,7 +54,7 @@ def relative_error(reference: np.ndarray, candidate: np.ndarray) -> float:
     return float(np.linalg.norm(candidate.astype(np.float64) - ref) / max(np.linalg.norm(ref), 1e-30))
 
 
-def step_quality(session, capture_dir: Path, manifest: dict[str, Any]) -> list[dict[str, Any]]:
+def step_quality(session: Any, capture_dir: Path, manifest: dict[str, Any]) -> list[dict[str, Any]]:
     """Per captured step of every mode: argmax agreement, relative error, max |d|, call seconds."""
     rows = []
     for mode in manifest["modes"]:
@@ -79,7 +83,9 @@ def step_quality(session, capture_dir: Path, manifest: dict[str, Any]) -> list[d
     return rows
 
 
-def run_recorded(model, request, config: dict[str, Any] | None = None) -> tuple[list[np.ndarray], np.ndarray, float]:
+def run_recorded(
+    model: Any, request: GenerationRequest, config: dict[str, Any] | None = None
+) -> tuple[list[np.ndarray], np.ndarray, float]:
     """generate() with a token recorder: (audio per item, token state after each step [N,B,8,T], seconds)."""
     from omnivoice_export.step1_capture.generation import generate_waveforms
 
@@ -90,7 +96,7 @@ def run_recorded(model, request, config: dict[str, Any] | None = None) -> tuple[
     return audios, np.stack(recorder.token_states), time.perf_counter() - started
 
 
-def mode_requests(capture_dir: Path, manifest: dict[str, Any]):
+def mode_requests(capture_dir: Path, manifest: dict[str, Any]) -> Iterator[tuple[str, GenerationRequest]]:
     """(mode, its captured GenerationRequest with the reference path resolved) per captured mode."""
     from omnivoice_export.step1_capture.generation import GenerationRequest
 

@@ -14,8 +14,9 @@ import json
 import os
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 import numpy as np
 import onnx
@@ -33,6 +34,10 @@ from omnivoice_onnx.files import check_output, temporary_dir, umask_mode
 from omnivoice_onnx.hashing import file_entry, sha256_file
 
 TRANSFORMER_FILE = GRAPH_FILES["transformer"]
+# What replaces one embedding Gather: (its new initializers, its nodes), and the function that makes them
+# from (the Gather's name, its fp32 table, its ids input, its output).
+GatherReplacement: TypeAlias = tuple[list[onnx.TensorProto], list[onnx.NodeProto]]
+GatherRewrite: TypeAlias = Callable[[str, np.ndarray, str, str], GatherReplacement]
 
 
 def weight_nodes(model: onnx.ModelProto, heads_width: int) -> tuple[list[str], list[str]]:
@@ -170,7 +175,8 @@ def quantize_nbits_variant(source: Path, recipe: Recipe, exclude: list[str]) -> 
         op_types_to_quantize=("MatMul",),
     )
     quantizer.process()
-    return quantizer.model.model
+    quantized: onnx.ModelProto = quantizer.model.model  # onnxruntime ships no types
+    return quantized
 
 
 def quantize_embeddings_rowwise(model: onnx.ModelProto, gathers: list[str]) -> None:
@@ -182,7 +188,7 @@ def quantize_embeddings_rowwise(model: onnx.ModelProto, gathers: list[str]) -> N
     the looked-up row is q * scale in float32.
     """
 
-    def rowwise(prefix: str, table: np.ndarray, ids: str, output: str):
+    def rowwise(prefix: str, table: np.ndarray, ids: str, output: str) -> GatherReplacement:
         peak = np.abs(table).max(axis=1, keepdims=True)
         scale = np.where(peak > 0, peak / np.float32(127), np.float32(1)).astype(np.float32)
         quantized = np.clip(np.rint(table / scale), -127, 127).astype(np.int8)
@@ -207,7 +213,7 @@ def store_embeddings_fp16(model: onnx.ModelProto, gathers: list[str]) -> None:
     fp16 (relative error <= 2^-11 for normal values; an |x| below fp16's 6.1e-5 normal range keeps
     an absolute error <= 3e-8); half the bytes of an fp32 table, no scale to store."""
 
-    def half(prefix: str, table: np.ndarray, ids: str, output: str):
+    def half(prefix: str, table: np.ndarray, ids: str, output: str) -> GatherReplacement:
         peak = float(np.abs(table).max())
         if not peak <= np.finfo(np.float16).max:
             raise UserError(
@@ -223,7 +229,7 @@ def store_embeddings_fp16(model: onnx.ModelProto, gathers: list[str]) -> None:
     replace_embedding_gathers(model, gathers, half)
 
 
-def replace_embedding_gathers(model: onnx.ModelProto, gathers: list[str], rewrite) -> None:
+def replace_embedding_gathers(model: onnx.ModelProto, gathers: list[str], rewrite: GatherRewrite) -> None:
     """Replace each named Gather(table, ids) -> output, in place, by the nodes and initializers
     `rewrite(node name, fp32 table, ids, output)` returns; the fp32 table is removed."""
     initializers = {init.name: init for init in model.graph.initializer}
@@ -555,7 +561,7 @@ def check_variant_outputs(onnx_dir: Path, names: list[str]) -> None:
 
 
 def quantize_variants(
-    onnx_dir: Path, names: list[str], log=print, capture_dir: Path | None = None
+    onnx_dir: Path, names: list[str], log: Callable[[str], object] = print, capture_dir: Path | None = None
 ) -> dict[str, dict[str, Any]]:
     """Build each named variant from the verified fp32 export; merge each entry into the report
     as soon as it is written (an interrupted run keeps the entries of the finished variants).

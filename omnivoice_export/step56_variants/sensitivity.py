@@ -82,7 +82,8 @@ class SwitchGraph:
 
     def logits(self, call: dict[str, np.ndarray], fp32: set[str]) -> np.ndarray:
         select = np.array([name in fp32 for name in self.names])
-        return self.session.run([self.output], {**call, rowwise.SWITCH_INPUT: select})[0]
+        logits: np.ndarray = self.session.run([self.output], {**call, rowwise.SWITCH_INPUT: select})[0]
+        return logits
 
     def agreement(self, fp32: set[str]) -> list[float]:
         """Per calibration call: argmax agreement with all-fp32 over the rows read."""
@@ -98,7 +99,8 @@ class SwitchGraph:
             diff = (self.logits(call, fp32) - ref)[rows]
             error += float(np.sum(diff.astype(np.float64) ** 2))
             total += float(np.sum(ref[rows].astype(np.float64) ** 2))
-        return (error / max(total, 1e-30)) ** 0.5
+        ratio: float = (error / max(total, 1e-30)) ** 0.5  # float ** float is typed Any (a complex result)
+        return ratio
 
 
 def select_fp32(

@@ -192,7 +192,8 @@ def power_of_two(values: np.ndarray) -> np.ndarray:
 def quantize_rows(x: np.ndarray) -> np.ndarray:
     """x after int8 per-row quantization and back (symmetric, as rowwise.quantize_rowwise runs it)."""
     scale = np.maximum(np.abs(x).max(axis=1, keepdims=True) / INT8_LEVELS, 1e-12)
-    return np.clip(np.rint(x / scale), -INT8_LEVELS, INT8_LEVELS) * scale
+    rounded: np.ndarray = np.clip(np.rint(x / scale), -INT8_LEVELS, INT8_LEVELS) * scale
+    return rounded
 
 
 def quantize_columns(w: np.ndarray) -> np.ndarray:
