@@ -60,6 +60,9 @@ MIN_REF_SECONDS = 0.5  # a reference shorter than this after silence removal is 
 # validate, so a value is accepted by every front end or by none. Past 4x a word gets fewer frames
 # than it has sounds; below 0.25x the estimate is stretched past anything the model was trained on.
 MIN_SPEED, MAX_SPEED = 0.25, 4.0
+# Silence between two pieces of speech (a script's lines), in seconds: piper's --sentence-silence
+# and omnivoice-server's pause_between_speakers take such a value; past 5 s it is a gap, not a pause.
+MIN_PAUSE_S, MAX_PAUSE_S = 0.0, 5.0
 # Gumbel temperatures: scores / T in float32. Below this (but above 0, which is greedy) the noise
 # can no longer change a choice, and at ~1e-45 float32(T) is 0 and every score becomes -inf.
 MIN_TEMPERATURE = 1e-6

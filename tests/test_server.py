@@ -425,7 +425,14 @@ def test_timeout_then_sigterm_drains_and_exits_0(pipeline, voices, tmp_path):
         status, _, body = srv.request(
             "POST",
             "/v1/audio/speech",
-            {"model": "omnivoice", "voice": "auto", "input": LONG_TEXT * 8, "response_format": "wav", "num_step": 256},
+            {
+                "model": "omnivoice",
+                "voice": "auto",
+                "input": LONG_TEXT * 8,
+                "response_format": "wav",
+                "num_step": 256,
+                "stream": False,  # the whole clip: the timeout comes before any byte, as a status
+            },
             None,
         )
         assert status == 504 and error_of(body)["code"] == "timeout"

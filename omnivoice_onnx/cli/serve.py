@@ -65,6 +65,15 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
         help="response_format when a request names none (default: mp3 as OpenAI, where libsndfile writes it; else wav)",
     )
     parser.add_argument(
+        "--no-stream",
+        "--no_stream",
+        dest="stream",
+        action="store_false",
+        help="answer a request that sets neither stream_format nor stream with the whole clip in one "
+        'body with its Content-Length (default: stream it as OpenAI does; a request\'s "stream": false '
+        "asks for the whole clip either way)",
+    )
+    parser.add_argument(
         "--model-alias",
         "--model_alias",
         dest="model_aliases",
@@ -131,6 +140,7 @@ def run(args: argparse.Namespace) -> int:
         api_key=api_key_from(args.api_key, os.environ),
         no_auth=args.no_auth,
         default_format=args.default_format,
+        stream=args.stream,
         model_aliases=tuple(args.model_aliases),
         allow_voice_save=args.allow_voice_save,
         cors_origins=tuple(args.cors_origins),

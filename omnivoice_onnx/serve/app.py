@@ -9,9 +9,10 @@
 
 Routes (OpenAI's shapes, so the official client and the tools built on it work unchanged):
     POST /v1/audio/speech   model, input, voice, instructions, response_format, speed, stream_format,
-                            and the extensions language, seed, num_step, guidance_scale, duration,
-                            strict_instructions; applied/ignored prose instructions in X-Instructions-*
+                            and the extensions stream, language, seed, num_step, guidance_scale,
+                            duration, strict_instructions; applied/ignored prose instructions in X-Instructions-*
     POST /v1/audio/speech/clone  multipart: input, ref_audio (a file), ref_text and the speech fields
+    POST /v1/audio/script   lines [{voice, text}] -> one audio file, joined by `pause` s of silence
     GET  /v1/audio/voices   auto, the saved voices and the OpenAI-named presets no saved voice
                             replaces (omnivoice_onnx.voices; "design" is left out: it needs instructions):
                             `voices` [{"id", "name"}] as Open WebUI reads it, `data` in full
@@ -35,36 +36,19 @@ OpenAI clients work with OpenAI's defaults: `model="tts-1"` and `voice="alloy"` 
 voice-design instruct and a fixed seed, so the same request gives the same bytes); see
 docs/drop-in.md.
 
-What a request gets:
-- Without stream_format: the whole clip from OmniVoiceOnnx.generate(), with upstream's global
-  post-processing, in one response. A `seed` gives generate()'s audio with that seed, to the
-  format's precision (16-bit PCM for wav/pcm/flac). The seed used is returned in `X-Seed`, so a
-  request without one can be repeated. OpenAI streams every response; this server streams only
-  when asked, because a text-chunk stream cannot equal the post-processed clip (see
-  OmniVoiceOnnx.stream) and a caller that sends a seed expects generate()'s audio.
-- stream_format "audio": chunked transfer of audio bytes as OmniVoiceOnnx.stream() decodes each
-  text chunk (mp3 frames, pcm, wav with an open-ended header as OpenAI sends it, or Ogg Opus);
-  without response_format that is mp3, as OpenAI streams. "sse": OpenAI's
-  `speech.audio.delta` events (base64 of the same bytes) then one `speech.audio.done`. FLAC is
-  offered whole only: libsndfile rewrites its header (the sample count) when it closes the file.
-  MP3 is written without LAME's Info frame (audio_formats.StreamEncoder), streamed or whole.
-- Errors in OpenAI's shape {"error": {"message", "type", "param", "code"}}, every one from the
-  front door's table (door.ERRORS, which Wyoming answers from too): 400 bad field, 401 wrong key,
-  403 a foreign Host or page origin (browser.py) or voices changed without --allow-voice-save,
-  404 unknown route, model or voice, 408 too slow, 409 a voice name taken, 413 body too large,
-  429 queue full and 503 shutting down (both with Retry-After), 504 past the request timeout. No
-  traceback or server path reaches a client: it goes to the server's log.
+What a request gets (docs/serving.md says it for users): a stream, as OpenAI answers
+(OmniVoiceOnnx.stream()'s chunks, encoded as each is decoded: the first bytes after the first
+sentence-sized chunk), or with `"stream": false` / --no-stream the whole clip of
+OmniVoiceOnnx.generate() with its Content-Length (a seed then gives generate()'s audio exactly);
+FLAC always whole (libsndfile rewrites its header at close). The seed used is in `X-Seed`. Errors
+in OpenAI's shape, every one from the front door's table (door.ERRORS, which Wyoming answers from
+too); no traceback or server path reaches a client.
 
-Concurrency: a bounded queue in front of N worker threads, each with its own OmniVoiceOnnx (own
-sessions, threads = cores // N, so N x threads = cores). A client that disconnects has its queued
-work dropped and its running work cancelled between unmasking steps (the `cancel` Event of
-generate()/stream()); a request past --timeout is cancelled the same way. Requests are never
-batched together (measured: investigation log); memory is each worker's model plus one request each.
-
-SIGTERM (or Ctrl-C) stops accepting connections, lets the requests in flight finish (up to
---drain-timeout), and exits 0: for a server, a drained stop is the successful end of its work.
-Only when the drain timeout cut requests off does it exit 143 (130 for Ctrl-C), the CLI's code for
-"terminated with work undone".
+Concurrency (serve.pool): a bounded queue in front of N worker threads, each with its own
+OmniVoiceOnnx; a client that disconnects, or a request past --timeout, is cancelled between
+unmasking steps. SIGTERM (or Ctrl-C) lets the requests in flight finish (up to --drain-timeout)
+and exits 0, a drained stop being a server's successful end; 143 (130) only when the drain timeout
+cut requests off.
 """
 
 from __future__ import annotations
@@ -74,9 +58,11 @@ import contextlib
 import dataclasses
 import logging
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
+
+import numpy as np
 
 from omnivoice_onnx import voices as voice_store
 from omnivoice_onnx.api import OmniVoiceOnnx
@@ -92,27 +78,40 @@ from omnivoice_onnx.serve.door import ApiError, refuse
 from omnivoice_onnx.serve.forms import form_text, form_upload, form_value, instruction_headers, read_form, voice_item
 from omnivoice_onnx.serve.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from omnivoice_onnx.serve.metrics import Metrics
-from omnivoice_onnx.serve.middleware import Measured, RequireKey, add_error_handlers, error_response, route_templates
-from omnivoice_onnx.serve.page import add_page_routes
-from omnivoice_onnx.serve.pool import WorkerPool, job_failure, time_out
+from omnivoice_onnx.serve.middleware import Measured, RequireKey, add_error_handlers, route_templates
+from omnivoice_onnx.serve.page import add_page_routes, random_weights
+from omnivoice_onnx.serve.pool import Job, WorkerPool, time_out
+from omnivoice_onnx.serve.script import script_request_model
 from omnivoice_onnx.serve.service import (
     MODEL_ID,
     ServerConfig,
     Service,
+    Speech,
     VoiceEntry,
     bind,
     build_job,
     check_auth,
+    check_model,
     is_loopback,
+    plan_job,
+    response_format,
     speech_request_model,
+    streams,
     validation_error,
 )
-from omnivoice_onnx.serve.streaming import StreamFailed, first_event, sse_events, stream_bytes, task_result
+from omnivoice_onnx.serve.streaming import (
+    LastWord,
+    StreamFailed,
+    first_or_failure,
+    sse_events,
+    stream_bytes,
+    task_result,
+)
 from omnivoice_onnx.sessions import worker_threads
 
 if TYPE_CHECKING:  # the serve extra's packages, imported where the app is built
     from fastapi import FastAPI
-    from starlette.types import ASGIApp, Message, Receive, Scope, Send
+    from pydantic import BaseModel
 
 LOG = logging.getLogger("omnivoice_onnx.server")
 LISTENING = "omnivoice-onnx serve: listening on "  # the start line's prefix, read by launch()
@@ -154,35 +153,6 @@ def browser_policy(config: ServerConfig) -> BrowserPolicy:
     )
 
 
-class LastWord:
-    """A request that SIGTERM's --drain-timeout cancels before its response started gets a JSON 503
-    (uvicorn would send a plain-text 500); one that had started is cut short. A stream whose
-    generation failed after its headers went out (its timeout, a worker's error) ends without its
-    last chunk and one log line, not uvicorn's traceback. Here, not in serve.middleware with the
-    others: it knows how the app's streams fail (serve.streaming)."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        started = False
-
-        async def tracked(message: Message) -> None:
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
-            await send(message)
-
-        try:
-            await self.app(scope, receive, tracked)
-        except StreamFailed as exc:
-            LOG.warning("%s %s: stream cut short: %s", scope["method"], scope["path"], exc)
-        except asyncio.CancelledError:
-            if scope["type"] != "http" or started:
-                raise
-            LOG.warning("drain timeout: %s %s cut off before its response", scope["method"], scope["path"])
-            await error_response(refuse("shutting_down", headers={"Connection": "close"}))(scope, receive, send)
-
-
 def add_middleware(app: FastAPI, service: Service) -> None:
     """From the outside in: Measured (every request counted for /metrics), LastWord (drain
     cut-offs and cut streams end in one log line), the browser checks (browser.BrowserGuard), the
@@ -214,50 +184,14 @@ def add_info_routes(app: FastAPI, service: Service) -> None:
         }
         return JSONResponse(body, status_code=503 if pool.draining else 200)
 
-    def model_list() -> list[dict[str, Any]]:
-        present = service.pool.models[0].bundle.variants
-        data = [
-            {
-                "id": MODEL_ID,
-                "object": "model",
-                "created": service.created,
-                "owned_by": "omnivoice-onnx",
-                "variant": service.variant,
-                "served": True,
-            }
-        ]
-        data += [
-            {
-                "id": f"{MODEL_ID}-{name}",
-                "object": "model",
-                "created": service.created,
-                "owned_by": "omnivoice-onnx",
-                "variant": name,
-                "served": name == service.variant,
-            }
-            for name in present
-        ]
-        data += [
-            {
-                "id": alias,
-                "object": "model",
-                "created": service.created,
-                "owned_by": "omnivoice-onnx",
-                "variant": service.variant,
-                "served": True,
-            }
-            for alias in service.model_ids()[2:]
-        ]
-        return data
-
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        return {"object": "list", "data": model_list()}
+        return {"object": "list", "data": service.model_entries()}
 
     @app.get("/v1/models/{model_id}")
     async def model(model_id: str) -> dict[str, Any]:
         """One model, as OpenAI's GET /v1/models/{model}; 404 in its shape for an unknown id."""
-        for item in model_list():
+        for item in service.model_entries():
             if item["id"] == model_id:
                 return item
         raise refuse(
@@ -269,7 +203,7 @@ def add_info_routes(app: FastAPI, service: Service) -> None:
     @app.get("/v1/audio/models")
     async def speech_models() -> dict[str, Any]:
         """The speech models, as Open WebUI reads them (`models`: [{"id"}]) and as OpenAI lists models."""
-        data = [item for item in model_list() if item["served"]]
+        data = [item for item in service.model_entries() if item["served"]]
         return {"object": "list", "models": [{"id": item["id"]} for item in data], "data": data}
 
     @app.get("/v1/audio/voices")
@@ -344,7 +278,7 @@ def add_voice_routes(app: FastAPI, service: Service) -> None:
             raise refuse("voice_exists", "name", detail=f"voice {name!r} already exists; rename or delete it first")
         if instruct is not None:
             try:
-                resolve_instruct(instruct, False, service.pool.models[0].runtime_config["instruct"])
+                resolve_instruct(instruct, False, service.tts.runtime_config["instruct"])
             except UserError as exc:
                 raise refuse("invalid_instruct", "instruct", detail=str(exc)) from None
         prompt = None
@@ -427,28 +361,24 @@ def add_reference_routes(app: FastAPI, service: Service) -> None:
 
 
 def add_speech_routes(app: FastAPI, service: Service) -> None:
-    """POST /v1/audio/speech: OpenAI's speech route, whole clips and streams."""
+    """POST /v1/audio/speech (OpenAI's speech route: streams and whole clips), its one-call clone,
+    and POST /v1/audio/script."""
     from fastapi import Request
     from fastapi.responses import Response, StreamingResponse
     from pydantic import ValidationError
 
     SpeechRequest = speech_request_model()
+    ScriptRequest = script_request_model()
 
     async def speech(request: Request) -> Any:
         body = await read_body(request, service.config.max_body_bytes)
-        try:
-            parsed = SpeechRequest.model_validate_json(body)
-        except ValidationError as exc:
-            if any(error["type"] == "json_invalid" for error in exc.errors()):
-                raise refuse("invalid_json") from None
-            raise validation_error(exc) from None
-        return await run_speech(request, parsed)
+        return await run_speech(request, parsed_body(SpeechRequest, body))
 
     async def speech_clone(request: Request) -> Any:
         """One call: clone the uploaded ref_audio (with ref_text) and speak `input` in that voice.
         Multipart: input, ref_audio (a file), ref_text, and the speech fields (response_format,
-        speed, seed, stream_format, language, instructions, num_step, guidance_scale, duration,
-        model). The fields are checked before the reference is encoded."""
+        speed, seed, stream_format, stream, language, instructions, num_step, guidance_scale,
+        duration, model). The fields are checked before the reference is encoded."""
         parsed, voice = await cloned_voice(request)
         return await run_speech(request, parsed.model_copy(update={"voice": voice}))
 
@@ -478,24 +408,15 @@ def add_speech_routes(app: FastAPI, service: Service) -> None:
         service.pool.submit(job)  # queue_full / shutting_down: the table's, with Retry-After
         timer = loop.call_at(loop.time() + service.config.timeout_s, time_out, job)
         headers = {"X-Seed": str(job.request.seed), **instruction_headers(job.request.instruct_readings[0])}
-        try:
-            first = await first_event(job, request)
-        except BaseException:
-            timer.cancel()
-            job.cancel.set()
-            raise
-        kind, payload = first
-        if kind in ("error", "timeout", "cancelled", "gone"):
-            timer.cancel()
-            raise job_failure(job, kind, payload, service.pool.draining)
+        first = await first_or_failure(job, request, timer, service.pool.draining)
         if not job.stream:
             timer.cancel()
             # an mp3 of minutes: not on the event loop
-            data = await asyncio.to_thread(encode_audio, payload, service.sample_rate, fmt)
+            data = await asyncio.to_thread(encode_audio, first[1], service.sample_rate, fmt)
             return Response(data, media_type=service.formats[fmt].media_type, headers=headers)
         chunks = stream_bytes(job, first, StreamEncoder(fmt, service.sample_rate), timer)
         if parsed.stream_format == "sse":
-            tts = service.pool.models[0]
+            tts = service.tts
             input_tokens = len(tts.tokenizer.encode(job.request.texts[0], add_special_tokens=False))
             return StreamingResponse(
                 sse_events(chunks, job, input_tokens, tts.model.hop_length),
@@ -504,10 +425,89 @@ def add_speech_routes(app: FastAPI, service: Service) -> None:
             )
         return StreamingResponse(chunks, media_type=service.formats[fmt].media_type, headers=headers)
 
-    # A plain Starlette route: the handler reads and validates the body itself (size limit first,
-    # then OpenAI-shaped 400s), so FastAPI's parameter injection has nothing to do here.
+    async def script(request: Request) -> Any:
+        """Every line checked (its voice, its text: the speech route's checks) before the first is
+        queued; then the lines are made one after another, each with its own voice, joined with
+        `pause` seconds of silence, streamed line by line (as /v1/audio/speech streams) or whole."""
+        body = await read_body(request, service.config.max_body_bytes)
+        parsed = parsed_body(ScriptRequest, body)
+        if parsed.model is not None:
+            check_model(service, parsed.model)
+        fmt = response_format(service, parsed.response_format)
+        stream = streams(service, fmt, None, parsed.stream)
+        loop = asyncio.get_running_loop()
+        jobs = [plan_line(service, parsed, index, loop) for index in range(len(parsed.script))]
+        deadline = loop.time() + service.config.timeout_s
+        pause = np.zeros(round(parsed.pause * service.sample_rate), np.float32)
+        headers = {"X-Seeds": ",".join(str(job.request.seed) for job in jobs)}
+
+        async def lines() -> AsyncGenerator[np.ndarray, None]:
+            """Each line's audio in turn (a pause before all but the first); at the end, done or
+            failed, every line's job is cancelled (queued ones dropped)."""
+            try:
+                for index, job in enumerate(jobs):
+                    service.pool.submit(job)
+                    timer = loop.call_at(deadline, time_out, job)
+                    audio = (await first_or_failure(job, request, timer, service.pool.draining))[1]
+                    timer.cancel()
+                    yield np.concatenate([pause, audio]) if index else audio
+            finally:
+                for job in jobs:
+                    job.cancel.set()
+
+        made = lines()
+        first = await made.__anext__()  # the first line's failure is the answer's status
+        if not stream:
+            pieces = [first] + [piece async for piece in made]
+            data = await asyncio.to_thread(encode_audio, np.concatenate(pieces), service.sample_rate, fmt)
+            return Response(data, media_type=service.formats[fmt].media_type, headers=headers)
+
+        async def chunks() -> AsyncIterator[bytes]:
+            encoder = StreamEncoder(fmt, service.sample_rate)
+            try:
+                yield encoder.start() + encoder.write(first)
+                async for piece in made:
+                    yield encoder.write(piece)
+                yield encoder.finish()
+            except ApiError as exc:  # after the headers: the stream is cut short (LastWord logs it)
+                raise StreamFailed(exc.message) from None
+            finally:
+                encoder.close()
+                await made.aclose()
+
+        return StreamingResponse(chunks(), media_type=service.formats[fmt].media_type, headers=headers)
+
+    # Plain Starlette routes: each reads and checks its own body (size first, then OpenAI-shaped 400s).
     app.router.add_route("/v1/audio/speech", speech, methods=["POST"])
     app.router.add_route("/v1/audio/speech/clone", speech_clone, methods=["POST"])  # reads its form itself
+    app.router.add_route("/v1/audio/script", script, methods=["POST"])
+
+
+def parsed_body(model: type[BaseModel], body: bytes) -> Any:
+    """A JSON body as `model`, or the table's 400 (invalid_json, or the first field pydantic refused)."""
+    from pydantic import ValidationError
+
+    try:
+        return model.model_validate_json(body)
+    except ValidationError as exc:
+        if any(error["type"] == "json_invalid" for error in exc.errors()):
+            raise refuse("invalid_json") from None
+        raise validation_error(exc) from None
+
+
+def plan_line(service: Service, script: Any, index: int, loop: asyncio.AbstractEventLoop) -> Job:
+    """Script line `index` as the speech route's job (plan_job: its voice resolved, checked by the
+    runtime), with the script's shared fields under the line's own; a refusal names the line."""
+    line = script.script[index]
+    own = {name: getattr(line, name) for name in ("language", "speed", "seed")}
+    shared = {name: getattr(script, name) if value is None else value for name, value in own.items()}
+    config = {"num_step": script.num_step, "guidance_scale": script.guidance_scale}
+    speech = Speech(line.text, line.voice, line.instructions, **shared, **config)
+    try:
+        return plan_job(service, speech, loop, stream=False)
+    except ApiError as exc:
+        param = f"script.{index}" + (f".{exc.param}" if exc.param else "")  # pydantic's spelling of a line
+        raise ApiError(exc.status, f"script line {index + 1}: {exc.message}", param, exc.code, exc.kind) from None
 
 
 async def encoded_upload(
@@ -555,6 +555,7 @@ def load_service(config: ServerConfig) -> Service:
         fingerprint=first.metadata["model_fingerprint"],
         variant=first.variant,
         sample_rate=first.sample_rate,
+        random_weights=random_weights(first.bundle.report),
     )
 
 

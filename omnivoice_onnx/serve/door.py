@@ -24,6 +24,7 @@ LOG = logging.getLogger("omnivoice_onnx.server")
 
 # --- limits: one set for every surface -----------------------------------------------------------
 MAX_INPUT_CHARS = 4096  # OpenAI's documented limit for `input`; Wyoming's `text` (whole or streamed) too
+MAX_INSTRUCTIONS_CHARS = 4096  # a request's `instructions` (OpenAI's limit for them)
 MAX_BODY_BYTES = 64 * 1024  # a request's body (HTTP) or event data + payload (Wyoming): 4096 chars fit as \u escapes
 MAX_HEADER_BYTES = 16 * 1024  # HTTP request line + headers (h11's incomplete-event limit); a Wyoming header line
 # POST /v1/audio/references: a reference recording as the request body (any format libsndfile

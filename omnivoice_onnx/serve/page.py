@@ -10,7 +10,7 @@ nothing of the service or of a request.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from omnivoice_onnx.serve.browser import page_csp
 
@@ -42,3 +42,11 @@ def add_page_routes(app: FastAPI) -> None:
     async def favicon() -> Response:
         """No icon: an empty answer, so a browser's automatic request is neither a 404 nor a 401."""
         return Response(status_code=204)
+
+
+def random_weights(report: dict[str, Any] | None) -> bool | None:
+    """The export report's provenance.random_weights (the model card's "Random weights"): True for
+    a bundle built from a random-weight test checkpoint; None when the report does not say."""
+    provenance = (report or {}).get("provenance")
+    flag = provenance.get("random_weights") if isinstance(provenance, dict) else None
+    return flag if isinstance(flag, bool) else None

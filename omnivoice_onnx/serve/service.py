@@ -30,7 +30,14 @@ from omnivoice_onnx.core.shapes import Model, Request, RequestKeywords, Tokenize
 from omnivoice_onnx.errors import UserError
 from omnivoice_onnx.hashing import CHUNK_BYTES
 from omnivoice_onnx.limits import MAX_SPEED, MIN_SPEED, SEED_MAX, SEED_MIN
-from omnivoice_onnx.serve.door import MAX_BODY_BYTES, MAX_INPUT_CHARS, ApiError, refuse, too_long
+from omnivoice_onnx.serve.door import (
+    MAX_BODY_BYTES,
+    MAX_INPUT_CHARS,
+    MAX_INSTRUCTIONS_CHARS,
+    ApiError,
+    refuse,
+    too_long,
+)
 from omnivoice_onnx.serve.pool import Job, Speaker, WorkerPool, scrub_paths
 
 if TYPE_CHECKING:  # pydantic is the serve extra's, imported where the model is built
@@ -71,7 +78,6 @@ MODEL_ID = "omnivoice"  # the `model` a request names; a variant is also reachab
 # voice names name the presets (voices.PRESETS): Open WebUI and the SDK examples work unchanged.
 OPENAI_MODEL_IDS = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")
 API_KEY_ENV = "OMNIVOICE_API_KEY"  # --api-key's environment spelling (keeps the key out of `ps`)
-MAX_INSTRUCTIONS_CHARS = 4096
 DEFAULT_QUEUE = 16  # waiting requests beyond the ones running; more get 429
 DEFAULT_TIMEOUT_S = 300.0  # per request, queue wait included
 DEFAULT_DRAIN_S = 60.0  # SIGTERM: how long requests in flight may take to finish
@@ -124,6 +130,9 @@ def speech_request_model() -> type[BaseModel]:
         response_format: str | None = None
         speed: float | None = Field(None, ge=MIN_SPEED, le=MAX_SPEED, allow_inf_nan=False, strict=True)  # limits
         stream_format: Literal["audio", "sse"] | None = None
+        # Extension (Kokoro-FastAPI's field): false asks for the whole clip in one body with its
+        # Content-Length; true or absent streams, as OpenAI does (absent: the server's --no-stream decides).
+        stream: bool | None = Field(None, strict=True)
         # Extensions (not OpenAI's): the runtime's generate() arguments. Types and signs here; their
         # upper limits are the runtime's (omnivoice_onnx.core.request, raisable by environment), checked by
         # OmniVoiceOnnx.validate().
@@ -187,6 +196,9 @@ class ServerConfig:
     default_format: str | None = None  # None: mp3 (OpenAI's default) where libsndfile writes it, else wav
     max_body_bytes: int = MAX_BODY_BYTES
     model_aliases: tuple[str, ...] = ()  # more model ids that name the served variant (--model-alias)
+    # A request that sets neither stream_format nor stream is streamed (OpenAI's default), unless
+    # --no-stream: then it gets the whole clip, as before streaming was the default.
+    stream: bool = True
     allow_voice_save: bool = False  # POST /v1/audio/references may save a named voice (--allow-voice-save)
     allowed_hosts: tuple[str, ...] = ()  # Host names answered besides loopback ones (--allowed-host; browser.py)
     cors_origins: tuple[str, ...] = ()  # page origins besides the server's own (--cors-origin; browser.py)
@@ -208,9 +220,19 @@ class Service:
     fingerprint: str
     variant: str
     sample_rate: int
+    # What the bundle's export report says of its weights (provenance.random_weights: a test
+    # checkpoint that speaks noise); None when it says nothing (no report read).
+    random_weights: bool | None = None
     created: int = field(default_factory=lambda: int(time.time()))
     # Uploaded references (POST /v1/audio/references), by voice id; in memory, least recent first.
     references: collections.OrderedDict[str, VoiceClonePrompt] = field(default_factory=collections.OrderedDict)
+
+    @property
+    def tts(self) -> ServedModel:
+        """The first worker's model: every worker loaded the same bundle and variant, so requests
+        are checked and the answers described (languages, variants, token counts) with this one;
+        the syntheses run on each worker's own."""
+        return self.pool.models[0]
 
     def scrub(self, message: str) -> str:
         return scrub_paths(message, self.pool.folders)
@@ -221,6 +243,46 @@ class Service:
         return list(
             dict.fromkeys([MODEL_ID, f"{MODEL_ID}-{self.variant}", *OPENAI_MODEL_IDS, *self.config.model_aliases])
         )
+
+    def model_entries(self) -> list[dict[str, Any]]:
+        """Every model id, OpenAI's fields and ours: the variant it names, whether it is served, and
+        (when the bundle's report says) random_weights, which the page reads to say it speaks noise."""
+        present = self.tts.bundle.variants
+        data = [
+            {
+                "id": MODEL_ID,
+                "object": "model",
+                "created": self.created,
+                "owned_by": "omnivoice-onnx",
+                "variant": self.variant,
+                "served": True,
+            }
+        ]
+        data += [
+            {
+                "id": f"{MODEL_ID}-{name}",
+                "object": "model",
+                "created": self.created,
+                "owned_by": "omnivoice-onnx",
+                "variant": name,
+                "served": name == self.variant,
+            }
+            for name in present
+        ]
+        data += [
+            {
+                "id": alias,
+                "object": "model",
+                "created": self.created,
+                "owned_by": "omnivoice-onnx",
+                "variant": self.variant,
+                "served": True,
+            }
+            for alias in self.model_ids()[2:]
+        ]
+        if self.random_weights is not None:
+            data = [{**item, "random_weights": self.random_weights} for item in data]
+        return data
 
     def saved_voices(self, listing: voice_store.SavedVoices | None = None) -> list[Any]:
         """The saved voices of `listing` (None: the folder as it is now); 500 when one is damaged."""
@@ -307,7 +369,7 @@ class Service:
 
     def languages(self) -> list[dict[str, Any]]:
         """The model's languages: [{"id", "names"}] in runtime-config.json's order."""
-        table = language_names(self.pool.models[0].runtime_config["languages"])
+        table = language_names(self.tts.runtime_config["languages"])
         return [{"id": lang_id, "names": names} for lang_id, names in table.items()]
 
     def encode_reference(
@@ -374,6 +436,7 @@ class Speech:
     num_step: int | None = None
     guidance_scale: float | None = None
     seed: int | None = None
+    strict_instructions: bool | None = None
 
     @classmethod
     def of(cls, body: Any) -> Speech:
@@ -395,7 +458,7 @@ def plan_job(service: Service, request: Speech, loop: asyncio.AbstractEventLoop,
         kwargs["instruct"] = request.instructions  # the request's description wins over a saved or preset design
     if kwargs["seed"] is None:
         kwargs["seed"] = voice_seed
-    tts = service.pool.models[0]
+    tts = service.tts
     try:  # no model work: a 400 before the queue
         req = tts.validate(request.input, **kwargs, stream=stream)
         if request.instructions and own_design and req.instruct_readings[0].instruct is None:
@@ -411,29 +474,59 @@ def plan_job(service: Service, request: Speech, loop: asyncio.AbstractEventLoop,
 def build_job(service: Service, request: Any, loop: asyncio.AbstractEventLoop) -> tuple[Job, str]:
     """The validated work of one request and its response_format; ApiError (400) for anything
     the runtime would refuse, found before the request takes a place in the queue."""
-    if request.model not in service.model_ids():
+    check_model(service, request.model)
+    fmt = response_format(service, request.response_format)
+    stream = streams(service, fmt, request.stream_format, request.stream)
+    return plan_job(service, Speech.of(request), loop, stream=stream), fmt
+
+
+def check_model(service: Service, model: str) -> None:
+    """The table's model_not_found (404) unless `model` names the served variant (Service.model_ids)."""
+    if model not in service.model_ids():
         raise refuse(
             "model_not_found",
             "model",
-            detail=f"model {request.model!r} does not exist; this server has {', '.join(service.model_ids())}",
+            detail=f"model {model!r} does not exist; this server has {', '.join(service.model_ids())}",
         )
-    fmt = request.response_format or service.default_format
+
+
+def response_format(service: Service, fmt: str | None) -> str:
+    """A request's response_format (None: the server's default) if this machine writes it, else
+    the table's 400 listing those it does."""
+    fmt = fmt or service.default_format
     if fmt not in service.formats:
         raise refuse(
             "unsupported_format",
             "response_format",
             detail=f"response_format {fmt!r} is not available here; choose one of {', '.join(service.formats)}",
         )
-    if request.stream_format and not service.formats[fmt].streams:
+    return fmt
+
+
+def streams(service: Service, fmt: str, stream_format: str | None, stream: bool | None) -> bool:
+    """Whether a request is answered as a stream: with a stream_format, or `stream` true; `stream`
+    false gets the whole clip; neither set, the server's default (streamed unless --no-stream)
+    where `fmt` streams (FLAC is then sent whole). A format that cannot stream asked to stream,
+    and `stream` false beside a stream_format, are 400s."""
+    if stream is False and stream_format is not None:
+        raise refuse(
+            "invalid_value",
+            "stream",
+            detail=f"stream false asks for the whole clip but stream_format is {stream_format!r}; drop one of them",
+        )
+    asked = stream_format is not None or stream is True
+    if asked and not service.formats[fmt].streams:
         streamable = [name for name, spec in service.formats.items() if spec.streams]
+        field = "stream_format" if stream_format is not None else "stream"
         raise refuse(
             "unsupported_format",
             "response_format",
             detail=f"response_format {fmt!r} cannot be streamed; "
-            f"with stream_format use one of {', '.join(streamable)}, or drop stream_format to get the whole "
-            f"{fmt} file",
+            f"with {field} use one of {', '.join(streamable)}, or drop {field} to get the whole {fmt} file",
         )
-    return plan_job(service, Speech.of(request), loop, stream=request.stream_format is not None), fmt
+    if stream is None and stream_format is None:
+        return service.config.stream and service.formats[fmt].streams
+    return asked
 
 
 def bind(host: str, port: int) -> socket.socket:

@@ -8,12 +8,20 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import logging
 from collections.abc import AsyncIterator, Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from omnivoice_onnx.audio_formats import StreamEncoder
 from omnivoice_onnx.serve.connection import wait_disconnect
+from omnivoice_onnx.serve.door import refuse
+from omnivoice_onnx.serve.middleware import error_response
 from omnivoice_onnx.serve.pool import Job, Task, Work, WorkerPool, job_failure, time_out
+
+if TYPE_CHECKING:  # the serve extra's package, imported where the app is built
+    from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+LOG = logging.getLogger("omnivoice_onnx.server")
 
 ResultT = TypeVar("ResultT")
 
@@ -50,6 +58,23 @@ async def task_result(pool: WorkerPool[Any], run: Callable[[Any], ResultT], requ
         raise job_failure(task, kind, payload, pool.draining)
     result: ResultT = payload
     return result
+
+
+async def first_or_failure(job: Job, request: Any, timer: asyncio.TimerHandle, draining: bool) -> tuple[str, Any]:
+    """A synthesis' first event (a chunk, or its whole audio); its failure (error, timeout, client
+    gone) as the refusal it answers (`draining`: the pool's, at the time), the job cancelled and
+    `timer` stopped."""
+    try:
+        first = await first_event(job, request)
+    except BaseException:
+        timer.cancel()
+        job.cancel.set()
+        raise
+    kind, payload = first
+    if kind in ("error", "timeout", "cancelled", "gone"):
+        timer.cancel()
+        raise job_failure(job, kind, payload, draining)
+    return first
 
 
 class StreamFailed(Exception):
@@ -108,3 +133,32 @@ async def sse_events(
         "usage": {"input_tokens": input_tokens, "output_tokens": frames, "total_tokens": input_tokens + frames},
     }
     yield f"data: {json.dumps(done)}\n\n".encode()
+
+
+class LastWord:
+    """A request that SIGTERM's --drain-timeout cancels before its response started gets a JSON 503
+    (uvicorn would send a plain-text 500); one that had started is cut short. A stream whose
+    generation failed after its headers went out (its timeout, a worker's error) ends without its
+    last chunk and one log line, not uvicorn's traceback. Here, not in serve.middleware with the
+    others: it knows how the app's streams fail (StreamFailed)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        started = False
+
+        async def tracked(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracked)
+        except StreamFailed as exc:
+            LOG.warning("%s %s: stream cut short: %s", scope["method"], scope["path"], exc)
+        except asyncio.CancelledError:
+            if scope["type"] != "http" or started:
+                raise
+            LOG.warning("drain timeout: %s %s cut off before its response", scope["method"], scope["path"])
+            await error_response(refuse("shutting_down", headers={"Connection": "close"}))(scope, receive, send)

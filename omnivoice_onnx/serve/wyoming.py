@@ -124,8 +124,11 @@ def voice_entries(service: server_service.Service, hidden: set[str]) -> list[ser
 
 
 def voice_names(service: server_service.Service, refs: dict[str, RefVoice]) -> list[str]:
-    """Every voice name a request may give, in Info's order: the reference voices, then the rest."""
-    return [ref.name for ref in refs.values()] + [entry.name for entry in voice_entries(service, set(refs))]
+    """Every voice name a request may give, as an error lists them: the reference voices, then the
+    rest in the HTTP server's order (Service.voice_names), so both doors refuse a name alike."""
+    hidden = {ref.name.casefold() for ref in refs.values()}
+    listed = [entry.name for entry in voice_entries(service, hidden)]
+    return [ref.name for ref in refs.values()] + [name for name in service.voice_names() if name in listed]
 
 
 def describe(service: server_service.Service, refs: dict[str, RefVoice]) -> Any:
