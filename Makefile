@@ -8,7 +8,7 @@
 #   make test                 the whole pytest suite on two workers (tiny checkpoint, CPU; minutes)
 #   make test-fast            the quick subset: skips tests marked slow (pytest.ini), i.e. all that need steps 0-2
 #   make test-container       the container test alone (podman, runc and container/make_base.sh's base image)
-#   make typecheck            mypy, strict on the runtime package (pyproject.toml [tool.mypy]); .ci/run runs it
+#   make typecheck            mypy strict on the runtime, the toolchain, the step scripts and bench (pyproject.toml [tool.mypy]); .ci/run runs it
 #   make format               ruff format over the repo (.ci/run checks it with ruff format --check)
 #   make bench                PyTorch vs ONNX Runtime benchmark of the demo's export (README: Performance)
 #   make quality MODEL=PATH   quantized variants of the transformer and their quality table (steps 5-6)
