@@ -4,7 +4,7 @@ ISA flags its speed depends on.
 
     omnivoice-onnx info                 # the bundle in ./onnx
     omnivoice-onnx info path/to/onnx
-    omnivoice-onnx info --languages     # every language id and its names
+    omnivoice-onnx info --languages     # every language id of the model and its names
 
 Read from the graphs' metadata (no session is opened), runtime-config.json, the export report
 and the model card. Every file a variant in the folder loads is checked against export-report.json
@@ -57,7 +57,11 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
         help="the export folder (default: onnx)",
     )
     add_bundle_flags(parser, variant=False, model_dest="model_dir_flag", model_default=None)
-    parser.add_argument("--languages", action="store_true", help="list every language id and its names, then stop")
+    parser.add_argument(
+        "--languages",
+        action="store_true",
+        help="list every language id of the bundle's model and its names, then stop (the table is model data each bundle carries, so it reads a bundle too: ./onnx, DIR or --model-dir)",
+    )
     parser.add_argument(
         "--no-verify",
         "--no_verify",
