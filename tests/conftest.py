@@ -22,15 +22,17 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("OMNIVOICE_ORT_THREADS", "1")
 
 import atexit
+import contextlib
 import json
 import shutil
 import subprocess
 import sys
 import tempfile
 import textwrap
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -505,3 +507,22 @@ def small_mount(tmp_path):
     yield mount
     for point in mounted:
         subprocess.run(["umount", str(point)], check=True)
+
+
+CHROMIUM = Path("/usr/bin/chromium")  # Debian's; .ci/run installs it
+PAGE_ARGS = ("--autoplay-policy=no-user-gesture-required", "--no-sandbox")  # the page plays audio unprompted
+
+
+@contextlib.contextmanager
+def headless_chromium(args: tuple[str, ...] = PAGE_ARGS) -> Iterator[Any]:
+    """Debian's chromium, headless, driven by the venv's Playwright (no browser download); the
+    test is skipped where either is missing. Yields the browser, closed afterwards."""
+    if not CHROMIUM.is_file():
+        pytest.skip(f"{CHROMIUM} is missing (apt-get install chromium; .ci/run does)")
+    sync_api = pytest.importorskip("playwright.sync_api")
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=list(args))
+        try:
+            yield browser
+        finally:
+            browser.close()

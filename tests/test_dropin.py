@@ -23,6 +23,7 @@ openai = pytest.importorskip("openai")
 pytest.importorskip("fastapi")
 
 # tts: the runtime in-process, one thread like the server's worker (its audio is the reference)
+from conftest import headless_chromium  # noqa: E402
 from test_server import REQUEST_S, SERVER_START_S, Server, start_server, tts  # noqa: E402,F401
 
 from omnivoice_onnx import OmniVoiceOnnx, audio_formats  # noqa: E402
@@ -31,7 +32,6 @@ from omnivoice_onnx.voices import PRESETS, Voice, save_voice  # noqa: E402
 
 pytestmark = pytest.mark.slow  # the session pipeline's tiny export
 
-CHROMIUM = Path("/usr/bin/chromium")
 ALIAS = "my-tts"
 STEPS = 4  # the checks compare bytes, not quality: few steps keep the model runs cheap
 SAVED_PRESET_NAME = "nova"  # a saved voice of a preset's name replaces the preset
@@ -165,40 +165,29 @@ def test_page_speaks_in_chromium(srv: Server, tmp_path: Path) -> None:
     """The page at /, in a real headless Chromium, under its own Content-Security-Policy: type
     text, press Speak; the audio streams in, plays (Web Audio buffers end), and the seed and RTF
     are shown."""
-    if not CHROMIUM.is_file():
-        pytest.skip(f"{CHROMIUM} is missing (apt-get install chromium; .ci/run does)")
-    sync_api = pytest.importorskip("playwright.sync_api")
-    with sync_api.sync_playwright() as playwright:
-        browser = playwright.chromium.launch(
-            executable_path=str(CHROMIUM),
-            headless=True,
-            args=["--autoplay-policy=no-user-gesture-required", "--no-sandbox"],
-        )
-        try:
-            page = browser.new_page(viewport={"width": 900, "height": 860})
-            responses: list[tuple[str, int]] = []
-            page.on("response", lambda response: responses.append((response.url, response.status)))
-            page.goto(f"http://127.0.0.1:{srv.port}/", timeout=REQUEST_S * 1000)
-            wait_until(page, "document.querySelectorAll('#voice option').length > 12", REQUEST_S)
-            page.fill("#text", "Hello from the page.")
-            page.fill("#steps", str(STEPS))
-            page.click("#speak")
-            wait_until(page, "window.omnivoice.done || window.omnivoice.error", REQUEST_S)
-            state = page.evaluate("window.omnivoice")
-            assert state["error"] is None and state["bytes"] > 0 and state["seed"] == str(PRESETS["alloy"].seed)
-            wait_until(page, "window.omnivoice.played > 0", REQUEST_S)
-            status = page.inner_text("#status")
-            assert f"seed {PRESETS['alloy'].seed}" in status and "RTF" in status, status
-            assert page.input_value("#seed") == str(PRESETS["alloy"].seed)  # the seed, where it is reused
-            assert page.is_visible("#player")
-            assert not [url for url, code in responses if code >= 400], responses  # the favicon included
-            page.screenshot(path=str(tmp_path / "page.png"))
-            page.fill("#steps", "0")  # refused: the clip of the request before must not stay on show
-            page.click("#speak")
-            wait_until(page, "window.omnivoice.error", REQUEST_S)
-            assert not page.is_visible("#player") and "num_step" in page.inner_text("#status")
-        finally:
-            browser.close()
+    with headless_chromium() as browser:
+        page = browser.new_page(viewport={"width": 900, "height": 860})
+        responses: list[tuple[str, int]] = []
+        page.on("response", lambda response: responses.append((response.url, response.status)))
+        page.goto(f"http://127.0.0.1:{srv.port}/", timeout=REQUEST_S * 1000)
+        wait_until(page, "document.querySelectorAll('#voice option').length > 12", REQUEST_S)
+        page.fill("#text", "Hello from the page.")
+        page.fill("#steps", str(STEPS))
+        page.click("#speak")
+        wait_until(page, "window.omnivoice.done || window.omnivoice.error", REQUEST_S)
+        state = page.evaluate("window.omnivoice")
+        assert state["error"] is None and state["bytes"] > 0 and state["seed"] == str(PRESETS["alloy"].seed)
+        wait_until(page, "window.omnivoice.played > 0", REQUEST_S)
+        status = page.inner_text("#status")
+        assert f"seed {PRESETS['alloy'].seed}" in status and "RTF" in status, status
+        assert page.input_value("#seed") == str(PRESETS["alloy"].seed)  # the seed, where it is reused
+        assert page.is_visible("#player")
+        assert not [url for url, code in responses if code >= 400], responses  # the favicon included
+        page.screenshot(path=str(tmp_path / "page.png"))
+        page.fill("#steps", "0")  # refused: the clip of the request before must not stay on show
+        page.click("#speak")
+        wait_until(page, "window.omnivoice.error", REQUEST_S)
+        assert not page.is_visible("#player") and "num_step" in page.inner_text("#status")
     assert (tmp_path / "page.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     shot = os.environ.get("OMNIVOICE_PAGE_SCREENSHOT")  # docs/images/web-page.png is made this way
     if shot:

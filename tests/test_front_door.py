@@ -29,7 +29,7 @@ import pytest
 pytest.importorskip("fastapi")
 pytest.importorskip("wyoming")
 
-from conftest import single_stderr_line  # noqa: E402
+from conftest import headless_chromium, single_stderr_line  # noqa: E402
 from serving import Launched, launch  # noqa: E402
 from test_server import tts  # noqa: E402,F401  (the runtime in-process: the voices' fingerprint)
 from wyoming.client import AsyncTcpClient  # noqa: E402
@@ -46,7 +46,6 @@ pytestmark = pytest.mark.slow  # the session pipeline's tiny export
 
 START_S = 60
 READ_S = 60
-CHROMIUM = Path("/usr/bin/chromium")
 ALLOWED_ORIGIN = "http://127.0.0.1:1"  # a --cors-origin no page here is served from
 
 
@@ -617,32 +616,21 @@ def test_cross_origin_page_and_rebinding_refused_in_chromium(web: Launched, voic
     """Headless Chromium: a page from another loopback port cannot make the API speak, save a
     voice or read the voice list; the API reached under a foreign name (DNS rebinding, mapped by
     the browser's resolver) answers 403."""
-    if not CHROMIUM.is_file():
-        pytest.skip(f"{CHROMIUM} is missing (apt-get install chromium; .ci/run does)")
-    sync_api = pytest.importorskip("playwright.sync_api")
     AttackerPage.api = web.port
     attacker = http.server.ThreadingHTTPServer(("127.0.0.1", 0), AttackerPage)
     threading.Thread(target=attacker.serve_forever, daemon=True).start()
     saved = voices / "narrator.json"
     kept, before = saved.read_bytes(), health(web.port)
     try:
-        with sync_api.sync_playwright() as playwright:
-            browser = playwright.chromium.launch(
-                executable_path=str(CHROMIUM),
-                headless=True,
-                args=["--no-sandbox", "--host-resolver-rules=MAP rebind.test 127.0.0.1"],
-            )
-            try:
-                page = browser.new_page()
-                page.goto(f"http://127.0.0.1:{attacker.server_address[1]}/", timeout=READ_S * 1000)
-                page.wait_for_function("window.results.speech && window.results.voices", timeout=READ_S * 1000)
-                results = page.evaluate("window.results")
-                assert results["voices"] == "blocked" and results["form"] == "submitted", results
-                rebound = browser.new_page()
-                response = rebound.goto(f"http://rebind.test:{web.port}/v1/audio/voices", timeout=READ_S * 1000)
-                assert response.status == 403 and "host_not_allowed" in rebound.content()
-            finally:
-                browser.close()
+        with headless_chromium(("--no-sandbox", "--host-resolver-rules=MAP rebind.test 127.0.0.1")) as browser:
+            page = browser.new_page()
+            page.goto(f"http://127.0.0.1:{attacker.server_address[1]}/", timeout=READ_S * 1000)
+            page.wait_for_function("window.results.speech && window.results.voices", timeout=READ_S * 1000)
+            results = page.evaluate("window.results")
+            assert results["voices"] == "blocked" and results["form"] == "submitted", results
+            rebound = browser.new_page()
+            response = rebound.goto(f"http://rebind.test:{web.port}/v1/audio/voices", timeout=READ_S * 1000)
+            assert response.status == 403 and "host_not_allowed" in rebound.content()
     finally:
         attacker.shutdown()
     deadline = time.monotonic() + 10

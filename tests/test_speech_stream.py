@@ -22,7 +22,8 @@ openai = pytest.importorskip("openai")
 pytest.importorskip("fastapi")
 
 # tts: the runtime in-process, one thread like the server's worker (its audio is the reference)
-from test_dropin import CHROMIUM, wait_until  # noqa: E402
+from conftest import headless_chromium  # noqa: E402
+from test_dropin import wait_until  # noqa: E402
 from test_server import LONG_TEXT, REQUEST_S, SERVER_START_S, Server, error_of, start_server, tts  # noqa: E402,F401
 
 from omnivoice_onnx import OmniVoiceOnnx, audio_formats  # noqa: E402
@@ -185,38 +186,27 @@ def test_page_at_phone_width_says_what_the_bundle_and_the_instructions_are(srv: 
     screen; the random-weights line is shown because this bundle's report says so (and only then:
     test_random_weights_is_what_the_report_says); prose instructions get the CLI's line on what was
     applied and what ignored."""
-    if not CHROMIUM.is_file():
-        pytest.skip(f"{CHROMIUM} is missing (apt-get install chromium; .ci/run does)")
-    sync_api = pytest.importorskip("playwright.sync_api")
-    with sync_api.sync_playwright() as playwright:
-        browser = playwright.chromium.launch(
-            executable_path=str(CHROMIUM),
-            headless=True,
-            args=["--autoplay-policy=no-user-gesture-required", "--no-sandbox"],
+    with headless_chromium() as browser:
+        page = browser.new_page(viewport={"width": 375, "height": 812})
+        page.goto(f"http://127.0.0.1:{srv.port}/", timeout=REQUEST_S * 1000)
+        page.fill("#api-key", KEY)
+        page.dispatch_event("#api-key", "change")
+        wait_until(page, "window.omnivoice.randomWeights !== null", REQUEST_S)
+        assert page.is_visible("#noise") and "random weights" in page.inner_text("#noise")
+        page.fill("#seed", "4288148959")
+        seed = page.evaluate(
+            "(() => { const e = document.getElementById('seed'); const box = e.getBoundingClientRect();"
+            " return {right: box.right, scroll: e.scrollWidth, client: e.clientWidth, width: innerWidth}; })()"
         )
-        try:
-            page = browser.new_page(viewport={"width": 375, "height": 812})
-            page.goto(f"http://127.0.0.1:{srv.port}/", timeout=REQUEST_S * 1000)
-            page.fill("#api-key", KEY)
-            page.dispatch_event("#api-key", "change")
-            wait_until(page, "window.omnivoice.randomWeights !== null", REQUEST_S)
-            assert page.is_visible("#noise") and "random weights" in page.inner_text("#noise")
-            page.fill("#seed", "4288148959")
-            seed = page.evaluate(
-                "(() => { const e = document.getElementById('seed'); const box = e.getBoundingClientRect();"
-                " return {right: box.right, scroll: e.scrollWidth, client: e.clientWidth, width: innerWidth}; })()"
-            )
-            assert seed["right"] <= seed["width"] and seed["scroll"] <= seed["client"], seed
-            page.fill("#text", "Hello.")
-            page.fill("#steps", str(STEPS))
-            page.fill("#instructions", "Speak in a cheerful tone, female.")
-            page.click("#speak")
-            wait_until(page, "window.omnivoice.done || window.omnivoice.error", REQUEST_S)
-            state = page.evaluate("window.omnivoice")
-            assert state["error"] is None and state["instructions"].startswith("instructions: applied female; ignored")
-            assert "cheerful" in page.inner_text("#instructions-note")
-        finally:
-            browser.close()
+        assert seed["right"] <= seed["width"] and seed["scroll"] <= seed["client"], seed
+        page.fill("#text", "Hello.")
+        page.fill("#steps", str(STEPS))
+        page.fill("#instructions", "Speak in a cheerful tone, female.")
+        page.click("#speak")
+        wait_until(page, "window.omnivoice.done || window.omnivoice.error", REQUEST_S)
+        state = page.evaluate("window.omnivoice")
+        assert state["error"] is None and state["instructions"].startswith("instructions: applied female; ignored")
+        assert "cheerful" in page.inner_text("#instructions-note")
 
 
 def test_random_weights_is_what_the_report_says() -> None:

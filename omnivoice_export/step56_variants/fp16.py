@@ -35,7 +35,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from omnivoice_export.step56_variants.fusion import _Graph, prune_dead_nodes
+from omnivoice_export.step56_variants.fusion import GraphIndex, prune_dead_nodes
 from omnivoice_onnx.errors import UserError
 
 FIX = "build fp16 from the fp32 export made by export_omnivoice.py (step 2): quantize_omnivoice.py --variants fp16"
@@ -65,7 +65,7 @@ CODEC_KEEP_OPS = (
 SQUARE_AND_REDUCE = ("Pow", "ReduceMean", "Sqrt", "Reciprocal")
 
 
-def rmsnorm_chains(g: _Graph) -> list[list[onnx.NodeProto]]:
+def rmsnorm_chains(g: GraphIndex) -> list[list[onnx.NodeProto]]:
     """Each RMSNorm as exported: [Pow(x, 2), ReduceMean, Add(eps), Sqrt, Reciprocal, Mul(x, rsqrt), Mul(w, .)]."""
     chains = []
     for pow_node in (n for n in g.graph.node if n.op_type == "Pow"):
@@ -83,7 +83,7 @@ def rmsnorm_chains(g: _Graph) -> list[list[onnx.NodeProto]]:
     return chains
 
 
-def backward_cone(g: _Graph, outputs: list[str]) -> set[str]:
+def backward_cone(g: GraphIndex, outputs: list[str]) -> set[str]:
     """Names of the nodes whose outputs reach any of `outputs` (those producing them included)."""
     seen: set[str] = set()
     queue = deque(outputs)
@@ -95,7 +95,7 @@ def backward_cone(g: _Graph, outputs: list[str]) -> set[str]:
     return seen
 
 
-def forward_cone(g: _Graph, start: onnx.NodeProto) -> set[str]:
+def forward_cone(g: GraphIndex, start: onnx.NodeProto) -> set[str]:
     """Names of `start` and every node reading, directly or not, one of its outputs."""
     seen = {start.name}
     queue = deque(start.output)
@@ -110,7 +110,7 @@ def forward_cone(g: _Graph, start: onnx.NodeProto) -> set[str]:
 def transformer_keep(model: onnx.ModelProto, heads: str, groups: tuple[str, ...]) -> dict[str, list[str]]:
     """Node names kept float32 per group of TRANSFORMER_KEEP (`heads`: the audio-heads MatMul's name)."""
     name_nodes(model)
-    g = _Graph(model.graph)
+    g = GraphIndex(model.graph)
     keep: dict[str, set[str]] = {group: set() for group in groups}
     if "rmsnorm" in keep:
         chains = rmsnorm_chains(g)
@@ -202,7 +202,7 @@ def join_fp32_islands(model: onnx.ModelProto) -> int:
     float16. A reader of Cast32(Cast16(x)) with x float32 reads x itself instead; the Cast16 stays
     while a float16 node still reads it (prune_dead_nodes removes it otherwise).
     """
-    g = _Graph(model.graph)
+    g = GraphIndex(model.graph)
     types = value_types(model)
     outputs = {output.name for output in model.graph.output}
     joined = 0
@@ -295,7 +295,7 @@ def float16_squares(model: onnx.ModelProto) -> list[str]:
 def island_round_trips(model: onnx.ModelProto) -> list[str]:
     """Casts to float32 that read a Cast to float16 of a float32 tensor: round trips left inside
     an island (what the converter's block list alone leaves). Empty after join_fp32_islands."""
-    g = _Graph(model.graph)
+    g = GraphIndex(model.graph)
     types = value_types(model)
     return [
         node.name

@@ -71,8 +71,9 @@ FUSIONS = ("attention", "rotary", "rms_norm")
 _FIX = "build the variant from the fp32 export made by export_omnivoice.py (step 2) with quantize_omnivoice.py"
 
 
-class _Graph:
-    """Producer/consumer/initializer lookups over a graph that is being rewritten."""
+class GraphIndex:
+    """Producer/consumer/initializer lookups over a graph that is being rewritten (every graph
+    edit of steps 5-6 reads its graph through one of these)."""
 
     def __init__(self, graph: onnx.GraphProto):
         self.graph = graph
@@ -115,7 +116,7 @@ def attribute(node: onnx.NodeProto, name: str, default: Any = None) -> Any:
     return default
 
 
-def _repeat_kv(g: _Graph, name: str) -> tuple[str, int, int, int] | None:
+def _repeat_kv(g: GraphIndex, name: str) -> tuple[str, int, int, int] | None:
     """(the kv heads' tensor, heads, kv heads, head_dim) if `name` is repeat_kv's output:
     Reshape(Expand(Unsqueeze(x, 2), Concat(B, [KV], [H / KV], S, [D])), Concat(B, [H], S, [D])),
     which repeats each kv head in place (query head h reads kv head h // (H / KV), as Attention's
@@ -144,7 +145,7 @@ def _repeat_kv(g: _Graph, name: str) -> tuple[str, int, int, int] | None:
     return unsqueeze.input[0], heads, kv_heads, dim
 
 
-def _bsd_source(g: _Graph, name: str, head_dim: int) -> str | None:
+def _bsd_source(g: GraphIndex, name: str, head_dim: int) -> str | None:
     """The [B, S, N * D] tensor that `name` = Transpose(Reshape(x, [B, S, N, D]), [0, 2, 1, 3]) was
     made from, when x is a projection's output or a RotaryEmbedding's (3-D by construction); else None."""
     transpose = g.op(name, "Transpose")
@@ -165,7 +166,7 @@ def _bsd_source(g: _Graph, name: str, head_dim: int) -> str | None:
     return reshape.input[0] if projection or source.op_type == "RotaryEmbedding" else None
 
 
-def _match_attention(g: _Graph, softmax: onnx.NodeProto) -> dict[str, Any] | None:
+def _match_attention(g: GraphIndex, softmax: onnx.NodeProto) -> dict[str, Any] | None:
     """The unmasked attention core around `softmax`, or None if it is not the exported pattern."""
     if attribute(softmax, "axis", -1) not in (-1, 3):
         return None
@@ -212,7 +213,7 @@ def _match_attention(g: _Graph, softmax: onnx.NodeProto) -> dict[str, Any] | Non
     }
 
 
-def take_over(model: onnx.ModelProto, g: _Graph, output: str, new: list[onnx.NodeProto]) -> None:
+def take_over(model: onnx.ModelProto, g: GraphIndex, output: str, new: list[onnx.NodeProto]) -> None:
     """Insert `new` right after the node producing `output`, the last of them taking the name over:
     the old producer writes `<output>_unfused`, which nothing reads, so prune_dead_nodes drops the
     chain it ended. Consumers keep reading `output`, and node order stays topological."""
@@ -233,7 +234,7 @@ def fuse_attention(model: onnx.ModelProto) -> int:
     [B, S, H * D]. Raises the graph's opset to 23. Returns the number fused (the layer count). The
     replaced nodes are removed by prune_dead_nodes.
     """
-    g = _Graph(model.graph)
+    g = GraphIndex(model.graph)
     softmaxes = [node for node in model.graph.node if node.op_type == "Softmax"]
     matches = [match for match in (_match_attention(g, node) for node in softmaxes) if match is not None]
     if not softmaxes or len(matches) != len(softmaxes):
@@ -280,7 +281,7 @@ def fuse_attention(model: onnx.ModelProto) -> int:
     return len(matches)
 
 
-def _match_rms_norm(g: _Graph, pow_node: onnx.NodeProto) -> dict[str, Any] | None:
+def _match_rms_norm(g: GraphIndex, pow_node: onnx.NodeProto) -> dict[str, Any] | None:
     """Qwen3RMSNorm as the dynamo exporter writes it, from its Pow: weight * (x * 1/sqrt(mean(x^2) + eps))."""
     exponent = g.constant(pow_node.input[1])
     if exponent is None or exponent.size != 1 or float(exponent.reshape(-1)[0]) != 2.0:
@@ -322,7 +323,7 @@ def fuse_rms_norm(model: onnx.ModelProto) -> int:
     own error (per-call max |d| ~0.4). Every RMSNorm must match (one ReduceMean each): refuses
     (UserError) otherwise, never half fused. Returns the number fused.
     """
-    g = _Graph(model.graph)
+    g = GraphIndex(model.graph)
     matches = [
         match
         for match in (_match_rms_norm(g, node) for node in model.graph.node if node.op_type == "Pow")
@@ -354,7 +355,7 @@ def fuse_rms_norm(model: onnx.ModelProto) -> int:
     return len(matches)
 
 
-def _slice_bounds(g: _Graph, node: onnx.NodeProto | None) -> tuple[str, int, int] | None:
+def _slice_bounds(g: GraphIndex, node: onnx.NodeProto | None) -> tuple[str, int, int] | None:
     """(data, start, end) of a Slice along the last axis with step 1, or None."""
     if node is None or node.op_type != "Slice" or len(node.input) < 4:
         return None
@@ -372,7 +373,7 @@ def _slice_bounds(g: _Graph, node: onnx.NodeProto | None) -> tuple[str, int, int
     return node.input[0], start, end
 
 
-def _rotary_table(g: _Graph, name: str, op_type: str) -> str | None:
+def _rotary_table(g: GraphIndex, name: str, op_type: str) -> str | None:
     """The angles [1, S, D/2] behind Unsqueeze(op_type(Concat(f, f)), 1), RoPE's cos or sin as
     Qwen3's rotary embedding writes them (torch.cat((freqs, freqs), -1)), or None. Batch 1: the
     positions are arange(S) for every row (transformers' cache_position.unsqueeze(0)); fuse_rotary
@@ -388,7 +389,7 @@ def _rotary_table(g: _Graph, name: str, op_type: str) -> str | None:
     return doubled.input[0] if attribute(doubled, "axis") == -1 else None
 
 
-def _match_rotary(g: _Graph, add: onnx.NodeProto) -> dict[str, Any] | None:
+def _match_rotary(g: GraphIndex, add: onnx.NodeProto) -> dict[str, Any] | None:
     """RoPE as the dynamo exporter writes apply_rotary_pos_emb, from its final Add:
     x * cos + Concat(-x[..., D/2:], x[..., :D/2]) * sin with x = Transpose(y, [0, 2, 1, 3])."""
     for plain_name, rotated_name in (add.input, reversed(add.input)):
@@ -430,7 +431,7 @@ def fuse_rotary(model: onnx.ModelProto) -> int:
     Attention then reads RotaryEmbedding's [B, S, N * D] output itself. Refuses (UserError) a graph where not every
     Concat(-x2, x1) rotation matches, never half fused; returns the number fused (2 per layer).
     """
-    g = _Graph(model.graph)
+    g = GraphIndex(model.graph)
     rotations = [node for node in model.graph.node if node.op_type == "Neg"]
     matches = [
         match

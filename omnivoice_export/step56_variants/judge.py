@@ -110,11 +110,8 @@ def drop_causal_mask_work(model: onnx.ModelProto) -> int:
     fusion.fuse_attention matches; the caller makes each Attention causal again (is_causal=1).
     Only for the fused form, which a parity check against the exported graph then holds."""
     graph = model.graph
-    producers = {out: node for node in graph.node for out in node.output}
-    consumers: dict[str, list[onnx.NodeProto]] = {}
-    for node in graph.node:
-        for name in node.input:
-            consumers.setdefault(name, []).append(node)
+    index = fusion.GraphIndex(graph)
+    producers, consumers = index.producer, index.consumers
     softmaxes = [node for node in graph.node if node.op_type == "Softmax"]
     adds = [producers.get(node.input[0]) for node in softmaxes]
     # The mask is the one tensor every layer's Add reads (computed once from S).

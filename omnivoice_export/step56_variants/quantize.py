@@ -260,11 +260,8 @@ def drop_mask_work(model: onnx.ModelProto) -> int:
     padded call on this graph is loud, never silently wrong. Returns the number of layers changed.
     """
     graph = model.graph
-    producers = {out: node for node in graph.node for out in node.output}
-    consumers: dict[str, list[onnx.NodeProto]] = {}
-    for node in graph.node:
-        for name in node.input:
-            consumers.setdefault(name, []).append(node)
+    index = fusion.GraphIndex(graph)
+    producers, consumers = index.producer, index.consumers
     drop, changed = [], 0
     for softmax in [node for node in graph.node if node.op_type == "Softmax"]:
         add = producers.get(softmax.input[0])

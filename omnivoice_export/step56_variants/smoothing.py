@@ -35,6 +35,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from omnivoice_export.step56_variants.fusion import GraphIndex
 from omnivoice_export.step56_variants.rowwise import weight_matmuls
 
 # The migration strengths tried per input (None: no migration); SmoothQuant's paper uses 0.5 for most
@@ -78,14 +79,6 @@ class InputStats:
         return float(self.channel_max.max() / max(float(np.median(self.channel_max)), 1e-30))
 
 
-def _consumers(graph: onnx.GraphProto) -> dict[str, list[onnx.NodeProto]]:
-    readers: dict[str, list[onnx.NodeProto]] = {}
-    for node in graph.node:
-        for name in node.input:
-            readers.setdefault(name, []).append(node)
-    return readers
-
-
 def _attribute(node: onnx.NodeProto, name: str) -> int | None:
     return next((helper.get_attribute_value(a) for a in node.attribute if a.name == name), None)
 
@@ -96,7 +89,7 @@ def find_sites(model: onnx.ModelProto, exclude: list[str]) -> list[Site]:
     graph = model.graph
     inits = {init.name: init for init in graph.initializer}
     producer = {out: node for node in graph.node for out in node.output}
-    readers = _consumers(graph)
+    readers = GraphIndex(graph).consumers
     quantized = weight_matmuls(graph, set(exclude))
     names = {node.name for node in quantized}
     sites: dict[str, Site] = {}
@@ -265,7 +258,7 @@ def fold(model: onnx.ModelProto, site: Site, scale: np.ndarray) -> None:
         return
     graph = model.graph
     inits = {init.name: init for init in graph.initializer}
-    readers = _consumers(graph)
+    readers = GraphIndex(graph).consumers
 
     def update(name: str, value: np.ndarray) -> None:
         inits[name].CopyFrom(numpy_helper.from_array(value.astype(np.float32), name))
