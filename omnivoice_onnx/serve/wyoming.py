@@ -135,7 +135,7 @@ def describe(service: server_service.Service, refs: dict[str, RefVoice]) -> Any:
     """The Info event: the reference voices, each with its language, then the service's, each with
     the languages Home Assistant can name (prompt.advertised_languages; a request may still name
     any of the model's), each labelled for Home Assistant's picker (wyoming_voices.label)."""
-    languages = advertised_languages(service.pool.models[0].runtime_config["languages"])
+    languages = advertised_languages(service.tts.runtime_config["languages"])
     kinds = {"builtin": AUTO_DESCRIPTION, "clone": "cloned voice"}
     return info(
         [(ref.name, label(ref.name, ref.description), [ref.language]) for ref in refs.values()]
@@ -499,7 +499,7 @@ async def serve_async(
         "Assistant, a request may name any of the model's %d languages; seed %s; speed %s",
         len(voice_names(service, refs)),
         len(refs),
-        len(advertised_languages(service.pool.models[0].runtime_config["languages"])),
+        len(advertised_languages(service.tts.runtime_config["languages"])),
         len(service.languages()),
         "per request" if config.seed is None else config.seed,
         "1.0" if config.speed is None else f"{config.speed:g}",
@@ -566,7 +566,7 @@ def serve(service: server_service.Service, config: WyomingConfig, listener: sock
     """Run the Wyoming server on `listener` with the loaded `service` (service.load_service) until
     SIGTERM/SIGINT -> 0 when the drain let every request finish, else 128 + the signal (as `serve`)."""
     try:
-        refs = {} if config.ref_dir is None else scan_ref_dir(config.ref_dir, service.pool.models[0])
+        refs = {} if config.ref_dir is None else scan_ref_dir(config.ref_dir, service.tts)
         for ref in refs.values():
             if ref.prompt is not None:  # resolved by name before saved voices (Service.voice_kwargs)
                 service.references[ref.name] = ref.prompt
