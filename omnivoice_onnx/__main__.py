@@ -78,13 +78,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 def resolve_hub_model_dirs(args: argparse.Namespace) -> None:
     """Replace a --model-dir (or info's DIR) of the form hf:ORG/NAME by the huggingface_hub
-    snapshot of the variant the command names (omnivoice_onnx.fetch.resolve_model_dir): every
-    command then opens a folder, checked as any folder is."""
+    snapshot of the variant the command names (omnivoice_onnx.hub.resolve_model_dir): every
+    command then opens a folder, checked as any folder is. Its saved voices, unless --voices or
+    $OMNIVOICE_VOICES names a folder, live in the user's data folder (hub.hub_voices_dir), never
+    in the snapshot, which belongs to the cache (the next revision or a clean-up replaces it)."""
     for name in ("model_dir", "model_dir_flag"):
         value = getattr(args, name, None)
         if value is not None and os.fspath(value).startswith("hf:"):
-            from omnivoice_onnx.fetch import resolve_model_dir
+            from omnivoice_onnx.hub import hub_repo, hub_voices_dir, resolve_model_dir
+            from omnivoice_onnx.voices import VOICES_ENV
 
+            voices = hub_voices_dir(str(hub_repo(value)))
+            if hasattr(args, "voices") and args.voices is None and not os.environ.get(VOICES_ENV) and voices:
+                args.voices = voices
             setattr(args, name, resolve_model_dir(value, getattr(args, "variant", None)))
 
 

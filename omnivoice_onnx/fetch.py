@@ -4,11 +4,10 @@ downloaded from a Hugging Face repo or from an archive URL, verified before it i
     pack(Path("onnx"), "int8", Path("omnivoice-int8.tar"))          # omnivoice-onnx pack
     download("ORG/NAME", Path("models/omnivoice"), variant="int8")     # omnivoice-onnx download
     download("https://host/omnivoice-int8.tar", Path("m"), sha256="...")
-    resolve_model_dir("hf:ORG/NAME", "int8")                          # --model-dir hf:ORG/NAME
 
-What a variant needs is derived, never listed by hand: the files Bundle.file_checks names for it
-(its transformer, the codec graphs, tokenizer.json, runtime-config.json, each with the sha256 the
-export report records), plus the report itself and the model card. An archive carries them with a
+What a variant needs is derived, never listed by hand (omnivoice_onnx.hub.release_files: the files
+Bundle.file_checks names for it, each with the sha256 the export report records, plus the report
+itself and the model card). An archive carries them with a
 manifest (MANIFEST_FILE, its first member) of every member's {sha256, bytes}; the downloaded
 folder keeps a manifest too, with where it came from, so a second download of the same thing
 finds it in place and fetches nothing.
@@ -20,41 +19,30 @@ checked against the sha256 the user gave, then extracted from that same open fil
 sibling folder (files.atomic_dir), each file hashed as it is written and checked against the
 manifest and the export report, and only then renamed onto the folder. Any refusal removes the
 `.part` and the folders the download made for --dir. A Hugging Face repo is read through
-huggingface_hub (its cache, its resumable downloads, HF_HUB_OFFLINE / local_files_only), only the
-variant's files, then copied the same way. Extraction takes regular files and folders only, at
-names inside the folder: an absolute name, a `..` part, a link, a device or a member
-larger than MAX_MEMBER_BYTES is refused before anything of it is written.
+huggingface_hub (omnivoice_onnx.hub: its cache, its resumable downloads, HF_HUB_OFFLINE /
+local_files_only), only the variant's files, then copied the same way. The saved voices of the
+bundle a download replaces (its voices/) are carried into the new one before the swap.
+Extraction takes regular files and folders only, at names inside the folder: an absolute name, a
+`..` part, a link, a device or a member larger than MAX_MEMBER_BYTES is refused before anything
+of it is written.
 """
 
 from __future__ import annotations
 
-import contextlib
 import gzip
 import hashlib
 import io
 import json
 import os
 import re
+import shutil
 import tarfile
-import urllib.error
 import urllib.parse
-import urllib.request
 import zlib
-from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any, BinaryIO, Literal
 
-from omnivoice_onnx.bundle import (
-    DEFAULT_VARIANT_ORDER,
-    MANIFEST_FILE,
-    MODEL_CARD_FILE,
-    VARIANT_NAME,
-    Bundle,
-    Folder,
-    read_report,
-    report_variants,
-)
-from omnivoice_onnx.contract import FP32_VARIANT, REPORT_FILE
+from omnivoice_onnx.bundle import MANIFEST_FILE, MODEL_CARD_FILE, VARIANT_NAME, Bundle, Folder, read_report
 from omnivoice_onnx.errors import UserError
 from omnivoice_onnx.files import (
     FolderLock,
@@ -66,8 +54,9 @@ from omnivoice_onnx.files import (
     resolved_folder,
 )
 from omnivoice_onnx.hashing import FILE_ENTRY_SCHEMA, sha256_file, sha256_stream
+from omnivoice_onnx.hub import check_hub_repo, check_revision, hub_snapshot, release_files
 from omnivoice_onnx.reading import Each, parse_json, schema_problem
-from omnivoice_onnx.resumable import HTTP_SCHEMES, fetch_resumable
+from omnivoice_onnx.resumable import HTTP_SCHEMES, fetch_resumable, kept_line
 from omnivoice_onnx.verified import VerifiedFiles
 
 MANIFEST_FORMAT, MANIFEST_VERSION = "omnivoice-onnx release", 1
@@ -83,43 +72,13 @@ MAX_MANIFEST_BYTES = 1 << 20  # a manifest lists a dozen files
 # member claiming more is not a file of this model (a tar header can claim any size).
 MAX_MEMBER_BYTES = 16 << 30
 MAX_MEMBERS = 64  # a variant has at most a dozen files
-HF_PREFIX = "hf:"  # --model-dir hf:ORG/NAME (__main__.resolve_hub_model_dirs looks for it)
-# A Hugging Face repo id as huggingface_hub.utils.validate_repo_id accepts it (2.x; tests hold the
-# two to the same verdicts), namespace required: each part 1-96 of A-Z a-z 0-9 . _ -, starting and
-# ending with a letter, digit or _, no `--` or `..` anywhere, not ending in `.git`. Checked here so
-# that huggingface_hub's HFValidationError (a traceback) is never reached.
-HF_NAME_PART = r"(?=[A-Za-z0-9._-]{1,96}(?:/|$))[A-Za-z0-9_](?:[A-Za-z0-9._-]*[A-Za-z0-9_])?"
-HF_REPO_ID = re.compile(rf"(?!.*(?:--|\.\.))(?!.*\.git$){HF_NAME_PART}/{HF_NAME_PART}")
-HF_REPO_FIX = (
-    "pass ORG/NAME as the Hub shows it (letters, digits, '-', '_', '.'; each part at most 96, starting "
-    "and ending with a letter or digit; no '--' or '..')"
-)
-# A --revision: a branch, tag or commit as git names them (git check-ref-format's main rules).
-REVISION = re.compile(r"(?!.*(?:\.\.|@\{|//))(?!/)(?!.*[/.]$)(?!.*\.lock(?:/|$))[^\x00-\x20\x7f~^:?*\[\\]{1,256}")
 # pack's -o suffixes (weights barely compress)
 ARCHIVE_MODES: dict[str, Literal["w", "w:gz"]] = {".tar": "w", ".tar.gz": "w:gz", ".tgz": "w:gz"}
 SHA256_HEX = re.compile(r"[0-9a-f]{64}")
+SHA256_FIX = (
+    "pass --sha256 HEX, the 64 hex digits its publisher gives beside the archive (`omnivoice-onnx pack` prints them)"
+)
 CHUNK = 1 << 20
-
-
-def release_files(report: dict[str, Any], variant: str) -> list[str]:
-    """The names, relative to a bundle, of what `variant` needs: what Bundle.file_checks checks
-    (its transformer, the codecs, the runtime assets), then the report and the model card."""
-    if variant != FP32_VARIANT and variant not in report_variants(report):
-        raise UserError(
-            f"the bundle has no variant {variant!r} (it has: {', '.join([FP32_VARIANT, *report_variants(report)])})",
-            "pass --variant one of those",
-        )
-    root = Path("/bundle")  # file_checks names paths; none is opened
-    names = [check.path.relative_to(root).as_posix() for check in Bundle(root, variant, report).file_checks()]
-    return names + [REPORT_FILE, MODEL_CARD_FILE]
-
-
-def default_release_variant(report: dict[str, Any]) -> str:
-    """The variant a download takes when none is named: the runtime's default order among those
-    the report lists (bundle.default_variant, without a folder to look in)."""
-    listed = report_variants(report)
-    return next((name for name in DEFAULT_VARIANT_ORDER if name == FP32_VARIANT or name in listed), FP32_VARIANT)
 
 
 def _manifest(
@@ -172,12 +131,13 @@ class _Hashing:
         return block
 
 
-def pack(model_dir: Path, variant: str | None, out: Path) -> dict[str, Any]:
+def pack(model_dir: Path, variant: str | None, out: Path) -> tuple[dict[str, Any], str]:
     """Write the release archive of `variant` of the bundle in `model_dir` to `out` (.tar or
     .tar.gz): the manifest first, then release_files in order, each checked against the report
     before and hashed again as it is written (a file changed meanwhile is refused). Deterministic:
     the same bundle gives the same bytes (no times, owners or modes from this machine). The archive
-    appears at `out` only when complete. Returns the manifest."""
+    appears at `out` only when complete. Returns (the manifest, the archive's sha256: what its
+    publisher gives beside it, and `download URL --sha256` requires)."""
     mode = next((m for suffix, m in ARCHIVE_MODES.items() if out.name.endswith(suffix)), None)
     if mode is None:
         raise UserError(
@@ -202,18 +162,20 @@ def pack(model_dir: Path, variant: str | None, out: Path) -> dict[str, Any]:
             )
         files[name] = expected.get(name) or {"sha256": sha256_file(path), "bytes": path.stat().st_size}
     manifest = _manifest(bundle.variant, bundle.fingerprint, files)
-    with atomic_path(out) as tmp, tarfile.open(tmp, mode, format=tarfile.PAX_FORMAT) as archive:
-        head = _manifest_bytes(manifest)
-        archive.addfile(_member(MANIFEST_FILE, len(head)), _Hashing(io.BytesIO(head)))
-        for name, entry in files.items():
-            with open(bundle.member(name), "rb") as handle:
-                reader = _Hashing(handle)
-                archive.addfile(_member(name, entry["bytes"]), reader)
-            if reader.digest.hexdigest() != entry["sha256"]:
-                raise UserError(
-                    f"{bundle.member(name)} changed while it was packed", "pack again when nothing writes it"
-                )
-    return manifest
+    with atomic_path(out) as tmp:
+        with tarfile.open(tmp, mode, format=tarfile.PAX_FORMAT) as archive:
+            head = _manifest_bytes(manifest)
+            archive.addfile(_member(MANIFEST_FILE, len(head)), _Hashing(io.BytesIO(head)))
+            for name, entry in files.items():
+                with open(bundle.member(name), "rb") as handle:
+                    reader = _Hashing(handle)
+                    archive.addfile(_member(name, entry["bytes"]), reader)
+                if reader.digest.hexdigest() != entry["sha256"]:
+                    raise UserError(
+                        f"{bundle.member(name)} changed while it was packed", "pack again when nothing writes it"
+                    )
+        digest = sha256_file(tmp)  # of the bytes renamed onto `out`: what `download --sha256` checks
+    return manifest, digest
 
 
 def _member(name: str, size: int) -> tarfile.TarInfo:
@@ -349,12 +311,19 @@ def installed(target: Path, source: dict[str, str], variant: str | None) -> dict
 
 def check_target(target: Path) -> None:
     """`target` may receive a download: absent, empty, or a folder an earlier download wrote
-    holding nothing else (a saved voice, a file of the user's, is never replaced)."""
+    holding nothing else but saved voices in its voices/ (carried into the new bundle:
+    _carry_voices); a file of the user's elsewhere is never replaced."""
     if not target.exists():
         return
     if not target.is_dir():
         raise UserError(f"--dir {target} exists and is not a folder", "pass a new folder")
-    present = {p.relative_to(target).as_posix() for p in target.rglob("*") if not p.is_dir()}
+    voices = Folder(target).voices_path.relative_to(target).as_posix()
+    present = {
+        name
+        for p in target.rglob("*")
+        if p.is_symlink() or not p.is_dir()
+        if (name := p.relative_to(target).as_posix()) != voices and not name.startswith(voices + "/")
+    }
     if not present:
         return
     where = Folder(target).manifest_path
@@ -368,8 +337,20 @@ def check_target(target: Path) -> None:
     if others:
         raise UserError(
             f"--dir {target} holds {others[0]}, which a new download would remove",
-            "move it out first (voices: pass --voices elsewhere), or pass a new folder",
+            "move it out first, or pass a new folder",
         )
+
+
+def _carry_voices(target: Path, staged: Path) -> None:
+    """The saved voices of the bundle a download replaces (its voices/: a folder, or a link as it
+    is), copied into the staged new bundle last, once all of it has passed: the rename that
+    installs it (files.atomic_dir) brings them along, and a run that fails or is stopped before
+    that rename leaves the old bundle and its voices as they were."""
+    voices, into = Folder(target).voices_path, Folder(staged).voices_path
+    if os.path.islink(voices):
+        os.symlink(os.readlink(voices), into)
+    elif voices.is_dir():
+        shutil.copytree(voices, into, symlinks=True)
 
 
 def download(
@@ -394,8 +375,10 @@ def download(
             )
         if sha256 is None or not SHA256_HEX.fullmatch(sha256.lower().removeprefix("sha256:")):
             raise UserError(
-                f"an archive URL needs its sha256: got {sha256!r:.80}",
-                "pass --sha256 HEX (64 hex digits), the hash its publisher gives",
+                "an archive URL needs --sha256 HEX, the archive's sha256, to check what arrives"
+                if sha256 is None
+                else f"--sha256 {sha256!r:.80} is not a sha256 (64 hex digits)",
+                SHA256_FIX,
             )
         sha256 = sha256.lower().removeprefix("sha256:")
         origin = {"url_sha256": sha256}
@@ -411,6 +394,8 @@ def download(
     with made_folders(target.parent), FolderLock(target.parent, target.name, f"the download into {target}"):
         done = installed(target, origin, variant)
         if done is not None:
+            if sha256 is not None:  # a run stopped after its swap kept the .part it no longer needs
+                archive_part(target, sha256).unlink(missing_ok=True)
             return done, False
         check_target(target)
         if sha256 is not None:  # an archive URL (a hub repo was refused one above)
@@ -420,35 +405,29 @@ def download(
         return manifest, True
 
 
-def check_hub_repo(repo: str, what: str) -> str:
-    """`repo` if it is a Hugging Face repo id ORG/NAME that huggingface_hub accepts (HF_REPO_ID),
-    else one line naming `what`: the one check of a repo id, for `download` and `--model-dir hf:`."""
-    if not HF_REPO_ID.fullmatch(repo):
-        raise UserError(f"{what} {repo!r:.120} is not a Hugging Face repo id ORG/NAME", HF_REPO_FIX)
-    return repo
-
-
-def check_revision(revision: str | None) -> str | None:
-    """`revision` if it is None or a name git and the Hub accept (REVISION), else one line."""
-    if revision is not None and not REVISION.fullmatch(revision):
-        raise UserError(
-            f"--revision {revision!r:.120} is not a branch, tag or commit name",
-            "pass a branch, tag or commit as the Hub shows it (no spaces, '..', '~', '^', ':' or control characters)",
-        )
-    return revision
+def archive_part(target: Path, sha256: str) -> Path:
+    """Where the archive of `sha256` for `target` is fetched to: hidden, beside it."""
+    return target.with_name(f".{target.name}.{sha256[:16]}.part")
 
 
 def _download_archive(url: str, sha256: str, target: Path, variant: str | None) -> dict[str, Any]:
-    """Fetch, check and extract the archive; its `.part` is removed however this ends once the fetch
-    is whole (the bytes are the ones asked for, or refused: fetching them again gives the same)."""
-    part = target.with_name(f".{target.name}.{sha256[:16]}.part")
+    """Fetch, check and extract the archive. Its `.part` is kept when the run is stopped (Ctrl-C,
+    SIGTERM) during the fetch or the check of the whole file, and the last line says so: the same
+    command resumes it. Once the fetch is whole, any other end removes it (the bytes are the ones
+    asked for, or refused: fetching them again gives the same)."""
+    part = archive_part(target, sha256)
     fd = open_regular(part, os.O_RDWR | os.O_CREAT, "the partial download")
     with open(fd, "r+b") as handle:
         fetch_resumable(url, handle, part)
         try:
-            return _install_archive(url, sha256, handle, target, variant)
-        finally:
+            manifest = _install_archive(url, sha256, handle, target, variant)
+        except KeyboardInterrupt as exc:
+            raise type(exc)(kept_line(part, handle.seek(0, os.SEEK_END))) from None
+        except BaseException:
             part.unlink(missing_ok=True)
+            raise
+    part.unlink(missing_ok=True)
+    return manifest
 
 
 def _install_archive(url: str, sha256: str, handle: BinaryIO, target: Path, variant: str | None) -> dict[str, Any]:
@@ -476,69 +455,8 @@ def _install_archive(url: str, sha256: str, handle: BinaryIO, target: Path, vari
             )
         result = {**manifest, "source": {"url_sha256": sha256}}
         Folder(tmp).manifest_path.write_bytes(_manifest_bytes(result))
+        _carry_voices(target, tmp)
     return result
-
-
-@contextlib.contextmanager
-def _hub_errors(repo: str) -> Iterator[None]:
-    """huggingface_hub's errors as one line each."""
-    from huggingface_hub import errors
-
-    try:
-        yield
-    except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM mid-fetch: the run's last line says what stays
-        raise type(exc)(
-            f"huggingface_hub keeps what it had fetched of {repo} in its cache (HF_HUB_CACHE): the same "
-            "command resumes it"
-        ) from None
-    except errors.LocalEntryNotFoundError:
-        raise UserError(
-            f"{repo} is not in the Hugging Face cache and may not be fetched (offline: HF_HUB_OFFLINE "
-            "or --local-files-only)",
-            "run once with the network, or pass another cache (HF_HUB_CACHE)",
-        ) from None
-    except errors.RepositoryNotFoundError:
-        raise UserError(
-            f"Hugging Face repo {repo} not found (or private)", "check ORG/NAME, or log in (hf auth login)"
-        ) from None
-    except errors.RevisionNotFoundError:
-        raise UserError(
-            f"{repo} has no such revision", "pass an existing --revision (a branch, tag or commit)"
-        ) from None
-    except errors.EntryNotFoundError as exc:
-        raise UserError(
-            f"{repo} lacks a file a bundle needs ({exc})", "it is not an omnivoice-onnx bundle repo"
-        ) from None
-    except errors.HfHubHTTPError as exc:
-        raise UserError(
-            f"the Hugging Face Hub refused {repo} ({str(exc).splitlines()[0]})", "run again later"
-        ) from None
-
-
-def hub_snapshot(
-    repo: str, variant: str | None = None, local_files_only: bool = False, revision: str | None = None
-) -> tuple[Path, str]:
-    """`variant`'s files of the Hugging Face repo `repo` in the huggingface_hub cache, only
-    those (release_files of the repo's export report); (the snapshot folder, the variant)."""
-    from huggingface_hub import hf_hub_download, snapshot_download
-
-    check_hub_repo(repo, "the Hugging Face repo id")
-    check_revision(revision)
-    with _hub_errors(repo):
-        report_path = hf_hub_download(repo, REPORT_FILE, revision=revision, local_files_only=local_files_only)
-        report = read_report(Path(report_path).parent)
-        variant = variant or default_release_variant(report)
-        names = release_files(report, variant)
-        folder = Path(
-            snapshot_download(repo, revision=revision, allow_patterns=names, local_files_only=local_files_only)
-        )
-    missing = [name for name in names if not Folder(folder).member(name).is_file()]
-    if missing:
-        raise UserError(
-            f"Hugging Face repo {repo} lacks {missing[0]} (variant {variant})",
-            "name a variant the repo holds (--variant), or check the repo",
-        )
-    return folder, variant
 
 
 def _download_hub(
@@ -553,17 +471,5 @@ def _download_hub(
         fingerprint = check_folder(tmp, variant, found, f"Hugging Face repo {repo}")
         manifest = _manifest(variant, fingerprint, found, {"hf_repo": repo, "revision": revision or "main"})
         Folder(tmp).manifest_path.write_bytes(_manifest_bytes(manifest))
+        _carry_voices(target, tmp)
     return manifest
-
-
-def resolve_model_dir(
-    model_dir: str | os.PathLike[str], variant: str | None = None, local_files_only: bool = False
-) -> Path:
-    """`model_dir` as a folder: itself, or for `hf:ORG/NAME` the huggingface_hub snapshot of the
-    variant's files (fetched unless cached; HF_HUB_OFFLINE honoured). The files are checked when
-    the bundle opens, as any folder's are."""
-    text = os.fspath(model_dir)
-    if not text.startswith(HF_PREFIX):
-        return Path(model_dir)
-    repo = check_hub_repo(text.removeprefix(HF_PREFIX), "--model-dir hf:")
-    return hub_snapshot(repo, variant, local_files_only)[0]

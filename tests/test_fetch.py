@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO, Pipeline
 
-from omnivoice_onnx import fetch, resumable
+from omnivoice_onnx import fetch, hub, resumable
 from omnivoice_onnx.errors import UserError
 
 SPEAK = ("speak", "Hello there.", "--seed", "7", "--num-step", "2", "--quiet")
@@ -64,7 +64,8 @@ class Archives(http.server.BaseHTTPRequestHandler):
     half on the first request (the whole length announced), `no_range` paths ignore Range. The
     liars: /endless (bytes until the client leaves, no length), /chunked (the same in chunked
     transfer), /terabyte (a Content-Length of 1 TB, then bytes), /stall (a length, 256 KiB, then
-    nothing until `release` is set), and `redirects` ({path: Location})."""
+    nothing until `release` is set), /hold (no answer at all until `release` is set), and
+    `redirects` ({path: Location}). A range past the end is a 416 naming the size, as real servers do."""
 
     files: dict[str, bytes] = {}
     cut: set[str] = set()
@@ -74,6 +75,11 @@ class Archives(http.server.BaseHTTPRequestHandler):
     seen: list[tuple[str, str | None]] = []  # (path, Range header) of every request
 
     def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        if self.path == "/hold":  # no answer at all until `release` is set
+            self.seen.append((self.path, None))
+            self.release.wait(60)
+            self.close_connection = True
+            return
         if self.path in ("/endless", "/chunked", "/terabyte", "/stall") or self.path in self.redirects:
             self.lie()
             return
@@ -84,8 +90,11 @@ class Archives(http.server.BaseHTTPRequestHandler):
             self.send_error(404)
             return
         start = int(rng.removeprefix("bytes=").rstrip("-")) if rng and self.path not in self.no_range else None
-        if start is not None and start >= len(data):
-            self.send_error(416)
+        if start is not None and start >= len(data):  # as nginx and S3 answer: the size it has
+            self.send_response(416)
+            self.send_header("Content-Range", f"bytes */{len(data)}")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
             return
         body = data[start or 0 :]
         self.send_response(206 if start is not None else 200)
@@ -195,14 +204,17 @@ def test_pack_is_the_variant_with_its_hashes(pipeline: Pipeline, release: Path, 
     with tarfile.open(release) as archive:
         names = archive.getnames()
         manifest = json.loads(archive.extractfile(fetch.MANIFEST_FILE).read())
-        assert names == [fetch.MANIFEST_FILE, *fetch.release_files(report, "fp32")]
+        assert names == [fetch.MANIFEST_FILE, *hub.release_files(report, "fp32")]
         for name in names[1:]:
             data = archive.extractfile(name).read()
             assert manifest["files"][name] == {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
     assert "omnivoice_transformer.onnx.data" in names and "README.md" in names and "tokenizer.json" in names
     again = tmp_path / "again.tar"
-    assert command("pack", pipeline.onnx, "-o", again).returncode == 0
-    assert again.read_bytes() == release.read_bytes()
+    done = command("pack", pipeline.onnx, "-o", again)
+    assert done.returncode == 0 and again.read_bytes() == release.read_bytes()
+    digest = hashlib.sha256(again.read_bytes()).hexdigest()
+    assert done.stdout == f"{digest}  {again}\n"  # sha256sum's line: `sha256sum -c` checks it
+    assert f"omnivoice-onnx download https://HOST/PATH/again.tar --sha256 {digest} --dir DIR" in done.stderr
     one_error_line(command("pack", pipeline.onnx, "--variant", "int8", "-o", tmp_path / "x.tar"), "int8")
     assert leftovers(tmp_path) == ["again.tar"]
 
@@ -289,7 +301,9 @@ def test_refusals_leave_nothing(release: Path, server: str, tmp_path: Path) -> N
         )
     assert leftovers(tmp_path) == []  # not even the parent folder of --dir the runs made
     assert not (tmp_path / "evil.txt").exists() and not Path("/tmp/evil.txt").exists()
-    one_error_line(command("download", f"{server}/ok.tar", "--dir", target), "needs its sha256")
+    line = one_error_line(command("download", f"{server}/ok.tar", "--dir", target), "needs --sha256 HEX")
+    assert "None" not in line and "`omnivoice-onnx pack` prints them" in line
+    one_error_line(command("download", f"{server}/ok.tar", "--sha256", "abc", "--dir", target), "'abc' is not a sha256")
 
 
 def test_oversized_and_unlisted_members_are_refused(tmp_path: Path) -> None:
@@ -357,6 +371,29 @@ def test_hugging_face_repo_offline(release: Path, original: bytes, tmp_path: Pat
     assert spoken("hf:someone/omnivoice-tiny", tmp_path / "c.wav", env=env) == original
     done = command("download", "someone/omnivoice-tiny", "--dir", target, env=env)
     assert done.returncode == 0 and "nothing fetched" in done.stderr
+    # Saved voices of a hub model live in the user's data folder, never in the cache's snapshot.
+    data = {**env, "XDG_DATA_HOME": str(tmp_path / "data")}
+    done = command(
+        "voice",
+        "add",
+        "calm",
+        "--instruct",
+        "female, low pitch",
+        "--seed",
+        "7",
+        "--model-dir",
+        "hf:someone/omnivoice-tiny",
+        env=data,
+    )
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "data" / "omnivoice-onnx" / "voices" / "someone" / "omnivoice-tiny" / "calm.json").is_file()
+    assert not any(p.name in ("voices", "calm.json") for p in cache.rglob("*"))
+    assert spoken_with("hf:someone/omnivoice-tiny", "calm", tmp_path / "d.wav", env=data)
+    # The Hub unreachable, no offline mode: the cached repo is read at once (nothing retried).
+    unreachable = {**env, "HF_HUB_OFFLINE": "0", "HF_ENDPOINT": f"http://127.0.0.1:{closed_port()}"}
+    started = time.monotonic()
+    assert spoken("hf:someone/omnivoice-tiny", tmp_path / "e.wav", env=unreachable) == original
+    assert time.monotonic() - started < 15, "retried"
     one_error_line(command("download", "someone/other", "--dir", tmp_path / "x", env=env), "not in the Hugging Face")
     one_error_line(
         command("download", "someone/omnivoice-tiny", "--dir", tmp_path / "x", "--variant", "int8", env=env),
@@ -448,40 +485,212 @@ def test_a_redirect_to_another_scheme_is_refused_naming_where(location: str, ser
     nothing_beside(tmp_path)
 
 
-def test_sigterm_keeps_the_partial_download_and_says_so(server: str, tmp_path: Path) -> None:
-    """SIGTERM while the body arrives: exit 143, and the last line says the `.part` is kept for the
-    next run (it is: a resumable download), not that nothing half-written was kept."""
+def stopped(url: str, target: Path, signum: int, ready) -> tuple[int, str]:
+    """`download url` into `target`, sent `signum` once `ready()`: (its exit code, its stderr)."""
     Archives.release.clear()
-    part = tmp_path / f".model.{'0' * 16}.part"
     process = subprocess.Popen(
-        [sys.executable, "-m", "omnivoice_onnx", "download", f"{server}/stall", "--sha256", "0" * 64, "--dir"]
-        + [str(tmp_path / "model")],
+        [sys.executable, "-m", "omnivoice_onnx", "download", url, "--sha256", "0" * 64, "--dir", str(target)],
         stderr=subprocess.PIPE,
         text=True,
         env={**os.environ, "PYTHONPATH": str(REPO)},
     )
     try:
         deadline = time.monotonic() + 60
-        while not (part.exists() and part.stat().st_size > 0) and time.monotonic() < deadline:
+        while not ready() and time.monotonic() < deadline:
             time.sleep(0.05)
-        process.send_signal(signal.SIGTERM)
+        process.send_signal(signum)
         _, stderr = process.communicate(timeout=60)
     finally:
         Archives.release.set()
         if process.poll() is None:
             process.kill()
+    return process.returncode, stderr
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_stop_keeps_the_partial_download_and_says_so(signum: int, server: str, tmp_path: Path) -> None:
+    """SIGTERM or Ctrl-C while the body arrives: exit 143 or 130, and the last line says the `.part`
+    is kept for the next run (it is: a resumable download), not that nothing half-written was kept."""
+    part = tmp_path / f".model.{'0' * 16}.part"
+    code, stderr = stopped(f"{server}/stall", tmp_path / "model", signum, lambda: part.exists() and part.stat().st_size)
     lines = stderr.strip().splitlines()
-    assert process.returncode == 143 and len(lines) == 1, stderr
-    assert f"terminated (SIGTERM): the partial download {part} (" in lines[0] and "resumes it" in lines[0], lines[0]
+    said = "terminated (SIGTERM)" if signum == signal.SIGTERM else "interrupted"
+    assert code == 128 + signum and len(lines) == 1, stderr
+    assert f"{said}: the partial download {part} (262,144 bytes) was kept: the same command resumes it" in lines[0]
     assert "nothing half-written" not in lines[0]
     nothing_beside(tmp_path, part.name)
+
+
+def test_a_stop_before_any_byte_keeps_nothing_and_says_so(server: str, tmp_path: Path) -> None:
+    """Ctrl-C while the server has not answered: the empty `.part` goes, and the line says nothing was kept."""
+    Archives.seen.clear()
+    code, stderr = stopped(
+        f"{server}/hold", tmp_path / "model", signal.SIGINT, lambda: ("/hold", None) in Archives.seen
+    )
+    lines = stderr.strip().splitlines()
+    assert code == 130 and lines == [
+        "omnivoice-onnx: interrupted: nothing half-written was kept; earlier artefacts are intact"
+    ], stderr
+    nothing_beside(tmp_path)
+
+
+@pytest.mark.slow
+def test_a_stop_while_the_whole_archive_is_checked_keeps_it_and_the_rerun_fetches_nothing(
+    release: Path, server: str, tmp_path: Path, monkeypatch
+) -> None:
+    """Ctrl-C once every byte arrived, while the archive is checked (hashed, extracted): the `.part`
+    is kept, whole, and the line says so; the same download then asks for the bytes after it, the
+    server's 416 names that size, and the archive is checked and installed without a byte more."""
+    data = release.read_bytes()
+    Archives.files["/whole.tar"] = data
+    digest = hashlib.sha256(data).hexdigest()
+    target, part = tmp_path / "model", tmp_path / f".model.{digest[:16]}.part"
+
+    def stop(*args) -> None:
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patched:
+        patched.setattr(fetch, "_install_archive", stop)
+        with pytest.raises(KeyboardInterrupt) as stopped_by:
+            fetch.download(f"{server}/whole.tar", target, sha256=digest)
+    assert str(stopped_by.value) == resumable.kept_line(part, len(data))
+    assert part.read_bytes() == data and not target.exists()
+    Archives.seen.clear()
+    manifest, fetched = fetch.download(f"{server}/whole.tar", target, sha256=digest)
+    assert fetched and Archives.seen == [("/whole.tar", f"bytes={len(data)}-")]
+    assert manifest["source"] == {"url_sha256": digest}
+    nothing_beside(tmp_path, "model")
+
+
+def test_progress_on_a_terminal_only(server: str, tmp_path: Path) -> None:
+    """stderr a terminal (a pty): a progress line redrawn with `\\r` as the bytes arrive, then the
+    error line on a line of its own; stderr a pipe: the one line alone. (The archive is not a
+    release: what is measured is the fetch, which then ends at the hash check.)"""
+    import pty
+    import select
+
+    data = os.urandom(3 << 20)
+    Archives.files["/progress.tar"] = data
+    url = f"{server}/progress.tar"
+    args = [sys.executable, "-m", "omnivoice_onnx", "download", url, "--sha256", "0" * 64, "--dir", str(tmp_path / "m")]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    leader, follower = pty.openpty()
+    process = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=follower, env=env)
+    os.close(follower)
+    seen = b""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if select.select([leader], [], [], 1)[0]:
+            try:
+                block = os.read(leader, 65536)
+            except OSError:  # EIO: the process closed the terminal
+                break
+            if not block:
+                break
+            seen += block
+        elif process.poll() is not None:
+            break
+    os.close(leader)
+    assert process.wait(timeout=60) == 2
+    text = seen.decode()
+    assert "\rprogress.tar: 3.0 of 3.0 MiB (100%), " in text and " MiB/s" in text, text
+    last = text.replace("\r\n", "\n").rstrip("\n").split("\n")[-1]
+    assert last.startswith("omnivoice-onnx: error: the archive at ") and "\r" not in last, text
+    piped = command("download", url, "--sha256", "0" * 64, "--dir", tmp_path / "m")
+    assert "MiB/s" not in piped.stderr and "\r" not in piped.stderr
+    one_error_line(piped, "not the " + "0" * 64 + " given")
+
+
+@pytest.mark.slow
+def test_an_upgrade_in_place_keeps_the_saved_voices(
+    release: Path, server: str, original: bytes, tmp_path: Path
+) -> None:
+    """A bundle downloaded into DIR, a voice saved in DIR/voices (the default folder): another
+    archive downloaded over it replaces the bundle and carries the voice along (the same file,
+    spoken the same); a refused download over it leaves bundle and voice as they were; a file of
+    the user's elsewhere in DIR is still refused, not removed."""
+    data = release.read_bytes()
+    Archives.files["/v1.tar"] = data
+    Archives.files["/v2.tar.gz"] = gzip.compress(data)  # another archive of the same bundle: another source
+    target = tmp_path / "model"
+    done = command("download", f"{server}/v1.tar", "--sha256", hashlib.sha256(data).hexdigest(), "--dir", target)
+    assert done.returncode == 0, done.stderr
+    done = command("voice", "add", "calm", "--instruct", "female, low pitch", "--seed", "7", "--model-dir", target)
+    assert done.returncode == 0, done.stderr
+    voice = (target / "voices" / "calm.json").read_bytes()
+    before = spoken_with(target, "calm", tmp_path / "a.wav")
+    gz = hashlib.sha256(Archives.files["/v2.tar.gz"]).hexdigest()
+    one_error_line(command("download", f"{server}/v2.tar.gz", "--sha256", "1" * 64, "--dir", target), "given")
+    assert (target / "voices" / "calm.json").read_bytes() == voice
+    done = command("download", f"{server}/v2.tar.gz", "--sha256", gz, "--dir", target)
+    assert done.returncode == 0, done.stderr
+    assert json.loads((target / fetch.MANIFEST_FILE).read_text())["source"] == {"url_sha256": gz}
+    assert (target / "voices" / "calm.json").read_bytes() == voice
+    assert spoken_with(target, "calm", tmp_path / "b.wav") == before
+    (target / "notes.txt").write_text("mine")
+    one_error_line(
+        command("download", f"{server}/v1.tar", "--sha256", hashlib.sha256(data).hexdigest(), "--dir", target),
+        "holds notes.txt",
+    )
+    assert (target / "notes.txt").read_text() == "mine" and (target / "voices" / "calm.json").read_bytes() == voice
+    nothing_beside(tmp_path, "a.wav", "b.wav", "model")
+
+
+def spoken_with(model_dir: str | Path, voice: str, out: Path, env: dict[str, str] | None = None) -> bytes:
+    done = command(
+        "speak",
+        "Hello there.",
+        "--voice",
+        voice,
+        "--num-step",
+        "2",
+        "--quiet",
+        "--model-dir",
+        model_dir,
+        "--out",
+        out,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr
+    return out.read_bytes()
+
+
+def closed_port() -> int:
+    """A loopback port nothing listens on (bound, then let go)."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_an_unreachable_hub_is_one_line_at_once(tmp_path: Path) -> None:
+    """A repo not in the cache while the Hub cannot be reached (HF_ENDPOINT a closed port), no
+    offline mode set: one line naming the Hub unreachable and the ways on, in seconds (huggingface_hub
+    alone retries ~24 s, then blames an offline mode), for `download` and --model-dir hf: alike."""
+    env = {
+        "HF_ENDPOINT": f"http://127.0.0.1:{closed_port()}",
+        "HF_HUB_CACHE": str(tmp_path / "hub"),
+        "HF_HOME": str(tmp_path / "hf-home"),
+        "HF_HUB_OFFLINE": "0",
+    }
+    for args in (
+        ("download", "someone/omnivoice-tiny", "--dir", tmp_path / "x"),
+        (*SPEAK, "--model-dir", "hf:someone/omnivoice-tiny", "--out", tmp_path / "a.wav"),
+    ):
+        started = time.monotonic()
+        line = one_error_line(command(*args, env=env), "is unreachable (")
+        assert time.monotonic() - started < 15, "retried"  # a run is ~1 s; huggingface_hub's retries ~24 s
+        assert "HF_HUB_OFFLINE=1" in line and "--sha256" in line and "--model-dir DIR" in line
+        assert "offline: " not in line
+    assert not (tmp_path / "x").exists() and not (tmp_path / "a.wav").exists()
 
 
 HUB_REFUSED = ["a..b/c", "org/na..me", "a--b/c", "org/name.", "org./name", "org/-name", "org/name.git", "o/" + "n" * 97]
 
 
 def test_the_hub_id_check_agrees_with_huggingface_hub() -> None:
-    """fetch.HF_REPO_ID accepts an ORG/NAME exactly when huggingface_hub's own validator does."""
+    """hub.HF_REPO_ID accepts an ORG/NAME exactly when huggingface_hub's own validator does."""
     from huggingface_hub.utils import HFValidationError, validate_repo_id
 
     for repo in [*HUB_REFUSED, "org/name", "Org_1/name-2.b", "_a/b_", "o/" + "n" * 96, "org/name.gitx", "a/b/c"]:
@@ -490,7 +699,7 @@ def test_the_hub_id_check_agrees_with_huggingface_hub() -> None:
             accepted = True
         except HFValidationError:
             accepted = False
-        assert bool(fetch.HF_REPO_ID.fullmatch(repo)) == accepted, repo
+        assert bool(hub.HF_REPO_ID.fullmatch(repo)) == accepted, repo
 
 
 def test_hub_ids_huggingface_refuses_are_one_line(tmp_path: Path, monkeypatch) -> None:
@@ -504,7 +713,7 @@ def test_hub_ids_huggingface_refuses_are_one_line(tmp_path: Path, monkeypatch) -
         with pytest.raises(UserError, match="not a Hugging Face repo id"):
             fetch.download(repo, tmp_path / "x" / "model")
         with pytest.raises(UserError, match="not a Hugging Face repo id"):
-            fetch.resolve_model_dir(f"hf:{repo}")
+            hub.resolve_model_dir(f"hf:{repo}")
     one_error_line(command("download", "a..b/c", "--dir", tmp_path / "x" / "model", env=env), "not a Hugging Face")
     one_error_line(
         command(*SPEAK, "--model-dir", "hf:org/name.", "--out", tmp_path / "a.wav", env=env), "not a Hugging Face"

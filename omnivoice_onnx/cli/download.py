@@ -9,20 +9,24 @@ private repo): only the files the variant loads (derived from the repo's export 
 report and the model card. HF_HUB_OFFLINE=1 or --local-files-only reads the cache alone.
 `--model-dir hf:ORG/NAME` on any command reads the same files straight from that cache.
 
-A release archive (omnivoice-onnx pack) needs the sha256 its publisher gives. It is fetched beside
---dir as a hidden .part file, at most $OMNIVOICE_MAX_DOWNLOAD_BYTES (default 8 GiB) whatever the
-server announces or sends; an interrupted fetch (a dropped connection, Ctrl-C, SIGTERM) keeps it,
-says so, and is resumed by running the same command again (an HTTP Range request; a server that
-ignores ranges restarts it). Any other end removes it. Redirects are followed to http(s) only.
+If the Hub cannot be reached and the cache lacks the repo, that is one line at once.
+
+A release archive (omnivoice-onnx pack) needs the sha256 its publisher gives (pack prints it). It
+is fetched beside --dir as a hidden .part file, at most $OMNIVOICE_MAX_DOWNLOAD_BYTES (default 8
+GiB) whatever the server announces or sends; an interrupted fetch (a dropped connection, Ctrl-C,
+SIGTERM) keeps it, says so, and is resumed by running the same command again (an HTTP Range
+request; a server that ignores ranges restarts it). Any other end removes it. Redirects are
+followed to http(s) only. On a terminal, a progress line on stderr (none when stderr is a pipe or
+a file); a summary line at the end either way, and the folder on stdout.
 
 Either way every file is checked against the bundle's export report (and an archive's manifest)
 in a hidden folder beside --dir, which is renamed onto --dir only when all of it is right: a
 failed or interrupted download leaves --dir as it was. A second download of the same source
 into the same --dir finds it in place (each file checked) and fetches nothing. An earlier
-download in --dir is replaced whole; a --dir holding anything else (saved voices) is refused. A
---dir that is a link is the folder it names. A link or special file planted where the download
-writes (its .part, its lock) is refused, never written through; a refused download removes the
-folders it made for --dir.
+download in --dir is replaced whole, its saved voices (DIR/voices) carried into the new one by the
+same rename; a --dir holding anything else is refused. A --dir that is a link is the folder it
+names. A link or special file planted where the download writes (its .part, its lock) is refused,
+never written through; a refused download removes the folders it made for --dir.
 Licence: the bundle's README.md (its model card) states the terms it inherits.
 """
 
@@ -31,6 +35,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from pathlib import Path
 
 from omnivoice_onnx.cli.flags import Subparsers, add_bundle_flags
@@ -72,6 +77,7 @@ def run(args: argparse.Namespace) -> int:
     from omnivoice_onnx import fetch
 
     check_output(args.target, "--dir", "tree")
+    started = time.monotonic()
     manifest, fetched = fetch.download(
         args.source, args.target, args.variant, args.sha256, args.local_files_only, args.revision
     )
@@ -79,7 +85,8 @@ def run(args: argparse.Namespace) -> int:
     what = "downloaded and verified" if fetched else "already there, verified (nothing fetched)"
     print(
         f"{what}: variant {manifest['variant']} of model {manifest['model_fingerprint'][:23]}, "
-        f"{len(manifest['files'])} files, {size / 2**20:.1f} MiB in {args.target}",
+        f"{len(manifest['files'])} files, {size / 2**20:.1f} MiB in {args.target} "
+        f"({time.monotonic() - started:.1f} s)",
         file=sys.stderr,
     )
     print(os.fspath(args.target))

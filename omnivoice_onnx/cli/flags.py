@@ -58,7 +58,8 @@ def add_bundle_flags(
             type=Path,
             default=None,
             metavar="DIR",
-            help=f"the saved voices folder (default: ${VOICES_ENV}, else <model-dir>/voices)",
+            help=f"the saved voices folder (default: ${VOICES_ENV}, else <model-dir>/voices; for "
+            "hf:ORG/NAME, $XDG_DATA_HOME (~/.local/share)/omnivoice-onnx/voices/ORG/NAME)",
         )
 
 

@@ -9,8 +9,10 @@
 
 A voice is a small JSON file <voices>/<name>.json holding the reference's encoded tokens, its
 transcript and RMS (or an instruct), the seed it speaks with, and the fingerprint of the model
-that made them. The voices folder is --voices, else $OMNIVOICE_VOICES, else <model-dir>/voices. A
-voice belongs to one model: another bundle refuses it.
+that made them. The voices folder is --voices, else $OMNIVOICE_VOICES, else <model-dir>/voices;
+with --model-dir hf:ORG/NAME, else $XDG_DATA_HOME/omnivoice-onnx/voices/ORG/NAME (by default
+~/.local/share/...), never the Hugging Face cache, whose folders a new revision or a clean-up
+replaces. A voice belongs to one model: another bundle refuses it.
 
 A designed voice is its instruct AND a seed (the same instruct with another seed is another
 speaker): `voice add --instruct` keeps --seed, or draws one and prints it, so the voice sounds the
