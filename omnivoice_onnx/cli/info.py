@@ -60,7 +60,8 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
     parser.add_argument(
         "--languages",
         action="store_true",
-        help="list every language id of the bundle's model and its names, then stop (the table is model data each bundle carries, so it reads a bundle too: ./onnx, DIR or --model-dir)",
+        help="list every language id of the bundle's model and its names, then stop (the table is "
+        "model data each bundle carries, so it reads a bundle too: ./onnx, DIR or --model-dir)",
     )
     parser.add_argument(
         "--no-verify",
