@@ -28,19 +28,10 @@ from typing import Any
 from omnivoice_onnx.bundle import DEFAULT_VARIANT_ORDER, MODEL_CARD_FILE, Bundle, Folder, read_report, report_variants
 from omnivoice_onnx.contract import FP32_VARIANT, REPORT_FILE
 from omnivoice_onnx.errors import UserError
+from omnivoice_onnx.limits import HF_REPO_FIX, HF_REPO_ID
 from omnivoice_onnx.verified import CACHE_SUBDIR
 
 HF_PREFIX = "hf:"  # --model-dir hf:ORG/NAME (__main__.resolve_hub_model_dirs looks for it)
-# A Hugging Face repo id as huggingface_hub.utils.validate_repo_id accepts it (2.x; tests hold the
-# two to the same verdicts), namespace required: each part 1-96 of A-Z a-z 0-9 . _ -, starting and
-# ending with a letter, digit or _, no `--` or `..` anywhere, not ending in `.git`. Checked here so
-# that huggingface_hub's HFValidationError (a traceback) is never reached.
-HF_NAME_PART = r"(?=[A-Za-z0-9._-]{1,96}(?:/|$))[A-Za-z0-9_](?:[A-Za-z0-9._-]*[A-Za-z0-9_])?"
-HF_REPO_ID = re.compile(rf"(?!.*(?:--|\.\.))(?!.*\.git$){HF_NAME_PART}/{HF_NAME_PART}")
-HF_REPO_FIX = (
-    "pass ORG/NAME as the Hub shows it (letters, digits, '-', '_', '.'; each part at most 96, starting "
-    "and ending with a letter or digit; no '--' or '..')"
-)
 # A --revision: a branch, tag or commit as git names them (git check-ref-format's main rules).
 REVISION = re.compile(r"(?!.*(?:\.\.|@\{|//))(?!/)(?!.*[/.]$)(?!.*\.lock(?:/|$))[^\x00-\x20\x7f~^:?*\[\\]{1,256}")
 # The libraries huggingface_hub has made its requests with (0.x requests, 1.x httpx, 2.x httpx2):

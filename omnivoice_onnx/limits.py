@@ -18,6 +18,7 @@ import contextlib
 import math
 import numbers
 import os
+import re
 from collections.abc import Iterator
 from typing import Any, Literal, overload
 
@@ -25,6 +26,17 @@ import numpy as np
 
 from omnivoice_onnx.errors import UserError
 
+# A Hugging Face repo id as huggingface_hub.utils.validate_repo_id accepts it (2.x; tests hold the
+# two to the same verdicts), namespace required: each part 1-96 of A-Z a-z 0-9 . _ -, starting and
+# ending with a letter, digit or _, no `--` or `..` anywhere, not ending in `.git`. Checked by hub and
+# by the toolchain's --model, so
+# that huggingface_hub's HFValidationError (a traceback) is never reached.
+HF_NAME_PART = r"(?=[A-Za-z0-9._-]{1,96}(?:/|$))[A-Za-z0-9_](?:[A-Za-z0-9._-]*[A-Za-z0-9_])?"
+HF_REPO_ID = re.compile(rf"(?!.*(?:--|\.\.))(?!.*\.git$){HF_NAME_PART}/{HF_NAME_PART}")
+HF_REPO_FIX = (
+    "pass ORG/NAME as the Hub shows it (letters, digits, '-', '_', '.'; each part at most 96, starting "
+    "and ending with a letter or digit; no '--' or '..')"
+)
 THREADS_ENV = "OMNIVOICE_ORT_THREADS"  # onnxruntime intra-op threads for every session of the process
 LIMIT_ENV_PREFIX = "OMNIVOICE_"  # OMNIVOICE_<limit name> overrides a limit for the process
 # --- limits (raise them with OMNIVOICE_<NAME>) ---
@@ -60,9 +72,16 @@ MIN_REF_SECONDS = 0.5  # a reference shorter than this after silence removal is 
 # validate, so a value is accepted by every front end or by none. Past 4x a word gets fewer frames
 # than it has sounds; below 0.25x the estimate is stretched past anything the model was trained on.
 MIN_SPEED, MAX_SPEED = 0.25, 4.0
-# Silence between two pieces of speech (a script's lines), in seconds: piper's --sentence-silence
-# and omnivoice-server's pause_between_speakers take such a value; past 5 s it is a gap, not a pause.
+# Silence between two pieces of speech (a script's lines; a request's sentence_silence between the
+# chunks of its text), in seconds: piper's --sentence-silence and omnivoice-server's
+# pause_between_speakers take such a value; past 5 s it is a gap, not a pause.
 MIN_PAUSE_S, MAX_PAUSE_S = 0.0, 5.0
+DEFAULT_SENTENCE_SILENCE_S = 0.0  # no silence added: upstream's join of the chunks, as before the option
+# A request's volume: a linear gain on the output samples, as piper's --volume (0.5 half as loud).
+# Up to 10x (+20 dB): enough to lift a clone of a reference recorded 20 dB under the level the model
+# speaks at; past it speech is mostly clipped at full scale. 0 is silence.
+MIN_VOLUME, MAX_VOLUME = 0.0, 10.0
+DEFAULT_VOLUME = 1.0  # the samples unchanged
 # Gumbel temperatures: scores / T in float32. Below this (but above 0, which is greedy) the noise
 # can no longer change a choice, and at ~1e-45 float32(T) is 0 and every score becomes -inf.
 MIN_TEMPERATURE = 1e-6
@@ -182,6 +201,18 @@ def check_speed(speed: Any, label: str = "speed") -> float:
     """`speed` in the one closed range [MIN_SPEED, MAX_SPEED] every front end states (OpenAI's
     0.25-4.0, both ends included); UserError naming `label` otherwise."""
     return checked_number(speed, label, MIN_SPEED, MAX_SPEED)
+
+
+def check_sentence_silence(value: Any, label: str = "sentence_silence") -> float:
+    """Seconds of silence added between a text's chunks: DEFAULT_SENTENCE_SILENCE_S for None, else
+    a number in [MIN_PAUSE_S, MAX_PAUSE_S]; UserError naming `label` otherwise."""
+    return DEFAULT_SENTENCE_SILENCE_S if value is None else checked_number(value, label, MIN_PAUSE_S, MAX_PAUSE_S)
+
+
+def check_volume(value: Any, label: str = "volume") -> float:
+    """The output's linear gain: DEFAULT_VOLUME for None, else a number in [MIN_VOLUME, MAX_VOLUME];
+    UserError naming `label` otherwise."""
+    return DEFAULT_VOLUME if value is None else checked_number(value, label, MIN_VOLUME, MAX_VOLUME)
 
 
 def check_threads(threads: Any) -> int | None:

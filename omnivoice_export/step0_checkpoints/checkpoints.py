@@ -26,7 +26,6 @@ import functools
 import hashlib
 import json
 import os
-import re
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -36,6 +35,7 @@ from omnivoice_export.step0_checkpoints.builder import BUILD_STAMP, BUILDER_VERS
 from omnivoice_onnx.errors import UserError, environment_error
 from omnivoice_onnx.files import check_output
 from omnivoice_onnx.hashing import sha256_file
+from omnivoice_onnx.limits import HF_REPO_ID
 from omnivoice_onnx.program import int_range, parse, run_main
 from omnivoice_onnx.verified import stat_identity
 
@@ -62,8 +62,6 @@ REQUIRED_FILES = (
     "audio_tokenizer/preprocessor_config.json",
 )
 WEIGHT_FILES = ("model.safetensors", "audio_tokenizer/model.safetensors")
-# A Hugging Face repo id, `owner/name` (what a path that does not exist is taken for when it has this form).
-HF_REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
 def _cached_build_is_current(directory: Path, seed: int) -> bool:
@@ -157,6 +155,7 @@ def resolve_model(spec: str | None) -> Path:
     if spec in BUILT_NAMES:
         return ensure_built(spec)
     path = Path(spec).expanduser()
+    # A path that does not exist is a Hugging Face repo id when it is one as huggingface_hub reads it.
     if not path.exists() and HF_REPO_ID.fullmatch(spec):
         return validate_checkpoint_dir(hub_snapshot(spec))
     return validate_checkpoint_dir(path)
