@@ -50,7 +50,7 @@ from omnivoice_onnx.core.shapes import (
     VoiceClonePrompt,
 )
 from omnivoice_onnx.errors import UserError
-from omnivoice_onnx.limits import check_threads, memory_errors_as_user_errors
+from omnivoice_onnx.limits import check_sentence_silence, check_threads, memory_errors_as_user_errors
 from omnivoice_onnx.sessions import PROVIDERS, TRANSFORMER_ARENA, CodecSessions, finite_output, make_session, run_split
 
 if TYPE_CHECKING:
@@ -185,13 +185,16 @@ class OmniVoiceOnnx:
         server answers 400 with it, a batch refuses the line before any generation.
         stream: stream()'s chunking defaults (STREAM_CHUNK_DEFAULTS) under generation_config, and
         one text. An instruct in prose has the vocabulary's words applied and the rest ignored
-        (Request.instruct_readings says which); strict_instructions refuses it instead. The
-        keywords (shapes.RequestKeywords) are generate()'s."""
+        (Request.instruct_readings says which); strict_instructions refuses it instead. A
+        sentence_silence above 0 asks for pauses between sentence-sized chunks, so generate() then
+        chunks as stream() does (STREAM_CHUNK_DEFAULTS under generation_config) and the whole clip
+        is the stream's tokens. The keywords (shapes.RequestKeywords) are generate()'s."""
         request.check_keywords(keywords, "validate")
         if stream and not isinstance(text, str):
             raise UserError("stream() speaks one text (a str)", "call generate() for a batch of texts")
+        pauses = check_sentence_silence(keywords.get("sentence_silence")) > 0
         config = self.generation_config(
-            keywords.get("generation_config"), base=self.STREAM_CHUNK_DEFAULTS if stream else None
+            keywords.get("generation_config"), base=self.STREAM_CHUNK_DEFAULTS if stream or pauses else None
         )
         fields = {name: keywords.get(name) for name in REQUEST_FIELDS}
         fields["duration_s"] = fields.pop("duration")
@@ -229,7 +232,10 @@ class OmniVoiceOnnx:
         instruct, duration (seconds) and speed take one value for all texts or a list, one per
         text. generation_config: a dict of OmniVoiceGenerationConfig fields. seed: as
         torch.manual_seed(seed) before upstream's generate(); None draws a fresh one (recorded
-        in `trace.seed` when a Trace is passed). progress: called with a Progress after every
+        in `trace.seed` when a Trace is passed). sentence_silence: seconds of silence added
+        between a text's sentence-sized chunks (piper's --sentence-silence; a text of one chunk
+        gets none); volume: a linear gain on the samples (piper's --volume; not clipped in these
+        floats, clipped to [-1, 1] in every 16-bit output). progress: called with a Progress after every
         unmasking step; cancel: when set, the call raises Cancelled before its next step.
         """
         req = self._request(text, keywords, stream=False, where="generate")

@@ -27,7 +27,18 @@ from types import FrameType
 from typing import NoReturn
 
 from omnivoice_onnx.errors import UserError, check_unicode, environment_error, environment_message, say
-from omnivoice_onnx.limits import MAX_SCORE_FACTOR, MAX_SPEED, MIN_SPEED, SEED_MAX, SEED_MIN, default_threads
+from omnivoice_onnx.limits import (
+    MAX_PAUSE_S,
+    MAX_SCORE_FACTOR,
+    MAX_SPEED,
+    MAX_VOLUME,
+    MIN_PAUSE_S,
+    MIN_SPEED,
+    MIN_VOLUME,
+    SEED_MAX,
+    SEED_MIN,
+    default_threads,
+)
 
 EXIT_CHECK_FAILED = 1  # a parity/end-to-end check ran and failed: a finding, not a crash
 EXIT_BAD_INPUT = 2  # the user's input is wrong or missing; the message says how to fix it
@@ -250,3 +261,5 @@ SCORE_FACTOR = float_range(-MAX_SCORE_FACTOR, MAX_SCORE_FACTOR)  # guidance_scal
 T_SHIFT = float_range(0.0, low_open=True)
 TEMPERATURE = float_range(0.0)  # 0: greedy; (0, MIN_TEMPERATURE) is refused by validate, with its reason
 CHUNK_SECONDS = float_range(0.0, low_open=True)  # audio_chunk_duration, audio_chunk_threshold
+PAUSE = float_range(MIN_PAUSE_S, MAX_PAUSE_S)  # seconds of silence between chunks (sentence_silence)
+VOLUME = float_range(MIN_VOLUME, MAX_VOLUME)  # the output's linear gain

@@ -90,6 +90,8 @@ def test_the_request_keywords_are_written_once() -> None:
         "generation_config",
         "seed",
         "strict_instructions",
+        "sentence_silence",
+        "volume",
     )
     for method in (OmniVoiceOnnx.validate, OmniVoiceOnnx.generate, OmniVoiceOnnx.stream):
         variadic = [p for p in inspect.signature(method).parameters.values() if p.kind is p.VAR_KEYWORD]

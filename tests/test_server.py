@@ -261,6 +261,26 @@ def test_streams_concatenate(srv, tts):
     np.testing.assert_array_equal(np.frombuffer(audio, "<i2"), want)
 
 
+def test_pauses_and_volume_streamed_or_whole(srv, tts, voices):
+    """sentence_silence and volume (piper's options) reach the runtime: with a saved clone voice the
+    streamed answer (the openai SDK) and the whole one ("stream": false) are the same bytes, stream()'s."""
+    prompt = load_voice("clone", voices, tts.metadata["model_fingerprint"]).prompt
+    fields = {"seed": 5, "num_step": STREAM_STEPS, "sentence_silence": 0.25, "volume": 0.5}
+    config = {"generation_config": {"num_step": STREAM_STEPS}, "seed": 5, "voice_clone_prompt": prompt}
+    chunks = list(tts.stream(STREAM_TEXT, **config, sentence_silence=0.25, volume=0.5))
+    want = pcm16(np.concatenate([c.samples for c in chunks]))
+    plain = sum(c.samples.size for c in tts.stream(STREAM_TEXT, **config))
+    assert len(chunks) > 1 and want.size == plain + (len(chunks) - 1) * round(0.25 * tts.sample_rate)
+    with srv.client().audio.speech.with_streaming_response.create(
+        model="omnivoice", voice="clone", input=STREAM_TEXT, response_format="pcm", extra_body=fields
+    ) as response:
+        np.testing.assert_array_equal(np.frombuffer(b"".join(response.iter_bytes()), "<i2"), want)
+    body = {"model": "omnivoice", "voice": "clone", "input": STREAM_TEXT, "response_format": "pcm", "stream": False}
+    status, headers, data = srv.request("POST", "/v1/audio/speech", {**body, **fields})
+    assert status == 200 and int(headers["content-length"]) == 2 * want.size
+    np.testing.assert_array_equal(np.frombuffer(data, "<i2"), want)
+
+
 def test_bad_requests(srv, voices, tmp_path):
     """400s name the field; none carries a server path."""
     base = {"model": "omnivoice", "voice": "auto", "input": TEXT}
@@ -272,6 +292,9 @@ def test_bad_requests(srv, voices, tmp_path):
         ({"input": "x" * (door.MAX_INPUT_CHARS + 1)}, "input", "longer than"),
         ({"input": ""}, "input", "at least 1"),
         ({"speed": 4.5}, "speed", "less than or equal to 4"),
+        ({"sentence_silence": 5.5}, "sentence_silence", "less than or equal to 5"),
+        ({"volume": -0.5}, "volume", "greater than or equal to 0"),
+        ({"volume": "loud"}, "volume", "must be a number"),
         ({"response_format": "aac"}, "response_format", "not available"),
         ({"response_format": "flac", "stream_format": "audio"}, "response_format", "cannot be streamed"),
         ({"sped": 2}, "sped", "unknown field"),

@@ -5,7 +5,8 @@ The list is upstream's `omnivoice-infer-batch --test_list` format, unchanged (om
 omnivoice/utils/data_utils.py:read_test_list): one JSON object per line, `id` and `text`
 required; `ref_audio` + `ref_text` (voice cloning), `instruct` (voice design), `language_id`,
 `duration` (seconds), `speed`; `language_name` is accepted and unused, as upstream's model does.
-Two fields are this runtime's own: `seed` (an int) and `voice` (a saved voice, omnivoice_onnx.voices).
+Four fields are this runtime's own: `seed` (an int), `voice` (a saved voice, omnivoice_onnx.voices),
+`sentence_silence` (seconds between the text's chunks) and `volume` (a linear gain), piper's options.
 A relative `ref_audio` is resolved against the list's folder (upstream: against the working directory).
 """
 
@@ -25,7 +26,7 @@ import soundfile as sf
 from omnivoice_onnx.core import duration as dur
 from omnivoice_onnx.errors import UserError, check_path
 from omnivoice_onnx.hashing import sha256_file
-from omnivoice_onnx.limits import check_seed
+from omnivoice_onnx.limits import check_seed, check_sentence_silence, check_volume
 from omnivoice_onnx.reading import MAX_JSON_DEPTH, Maybe, decode_text, parse_json, read_bounded, schema_problem
 from omnivoice_onnx.voices import Voice, is_voice_path
 
@@ -42,7 +43,7 @@ UPSTREAM_FIELDS = (
     "duration",
     "speed",
 )
-OWN_FIELDS = ("seed", "voice")
+OWN_FIELDS = ("seed", "voice", "sentence_silence", "volume")
 # An id becomes the file name <id>.wav, written as .<id>.wav.tmp-<pid> first: 200 bytes leave room
 # for both within the usual 255-byte name limit.
 MAX_ID_BYTES = 200
@@ -98,6 +99,8 @@ class Line:
     seed: int  # the line's seed, else its voice's (batch.run.check_lines), else seed_for_id(id)
     seed_from: str  # "line", "voice" or "id"
     voice: str | None  # a saved voice's name, or its file (absolute, as ref_audio)
+    sentence_silence: float | None = None  # seconds of silence between the text's chunks (None: none)
+    volume: float | None = None  # the output's linear gain (None: unchanged)
 
     def as_task(self) -> str:
         """What a worker reads of the line besides its validated request (its id, and the reference
@@ -143,6 +146,8 @@ LINE_SCHEMA = {
     "voice": Maybe(str),
     "duration": Maybe(float),
     "speed": Maybe(float),
+    "sentence_silence": Maybe(float),
+    "volume": Maybe(float),
 }
 
 
@@ -180,11 +185,13 @@ def parse_line(obj: Any, number: int, base: Path, default_language: str | None) 
     if voice is not None and is_voice_path(voice):
         voice = str((base / voice).absolute())  # a voice file, like ref_audio, is relative to the list
     seed = obj.get("seed")
-    if seed is not None:
-        try:
-            seed = check_seed(seed)  # generate()'s own check: a bad line is refused before any work
-        except UserError as exc:
-            raise ValueError(str(exc)) from None
+    pause, volume = obj.get("sentence_silence"), obj.get("volume")
+    try:  # generate()'s own checks: a bad line is refused before any work
+        seed = None if seed is None else check_seed(seed)
+        pause = None if pause is None else check_sentence_silence(pause)
+        volume = None if volume is None else check_volume(volume)
+    except UserError as exc:
+        raise ValueError(str(exc)) from None
     if ref_audio is not None and ref_text is None:
         raise ValueError("ref_audio needs ref_text (this runtime has no speech recogniser)")
     if ref_text is not None and ref_audio is None:
@@ -204,6 +211,8 @@ def parse_line(obj: Any, number: int, base: Path, default_language: str | None) 
         seed=seed_for_id(line_id) if seed is None else seed,
         seed_from="id" if seed is None else "line",
         voice=voice,
+        sentence_silence=pause,
+        volume=volume,
     )
 
 
@@ -301,6 +310,8 @@ def request_hash(line: Line, generation_config: dict[str, Any], digests: FileDig
         "voice": None if voice is None else digests.voice(voice),
         "generation_config": generation_config,
         "format": OUTPUT_FORMAT,
+        # only when given: a line without them keeps the hash it had before they existed (no redo on resume)
+        **{name: getattr(line, name) for name in ("sentence_silence", "volume") if getattr(line, name) is not None},
     }
     text = json.dumps(request, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
     return "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()

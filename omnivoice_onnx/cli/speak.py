@@ -21,6 +21,11 @@ the first chunk. Its tokens are those of the non-streamed run with the same chun
 its level is fixed from the first chunk when there is no reference. Without --stream, the output
 is upstream generate()'s for the seed.
 
+Pauses and volume, as piper's flags: --sentence-silence SECONDS adds that much silence between
+the text's chunks (the text is then cut into chunks of about 3 s, as with --stream; one chunk
+gets none); --volume GAIN multiplies every sample (0.5 half as loud), clipped to full scale in
+the 16-bit output.
+
 Modes: voice cloning (--ref-audio + --ref-text, or --voice NAME|FILE saved with `omnivoice-onnx
 voice add`), voice design (--instruct, or a designed --voice: a preset such as alloy or marin, or
 one saved with its seed), or neither (a voice the model chooses). An --instruct in
@@ -48,8 +53,18 @@ from omnivoice_onnx.core import request
 from omnivoice_onnx.core.instruct import instructions_note
 from omnivoice_onnx.core.shapes import Progress, Request
 from omnivoice_onnx.errors import UserError, printable
-from omnivoice_onnx.limits import LIMIT_ENV_PREFIX, MAX_SPEED, MIN_SPEED, limit
-from omnivoice_onnx.program import DURATION, NUM_STEP, SCORE_FACTOR, SEED, SPEED, THREADS, note
+from omnivoice_onnx.limits import (
+    DEFAULT_VOLUME,
+    LIMIT_ENV_PREFIX,
+    MAX_PAUSE_S,
+    MAX_SPEED,
+    MAX_VOLUME,
+    MIN_PAUSE_S,
+    MIN_SPEED,
+    MIN_VOLUME,
+    limit,
+)
+from omnivoice_onnx.program import DURATION, NUM_STEP, PAUSE, SCORE_FACTOR, SEED, SPEED, THREADS, VOLUME, note
 from omnivoice_onnx.reading import decode_text, read_bounded, read_limited
 from omnivoice_onnx.sessions import PROVIDERS
 
@@ -163,6 +178,24 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
         type=SCORE_FACTOR,
         default=None,
         help="classifier-free guidance scale (default: the export's, upstream's 2.0)",
+    )
+    gen.add_argument(
+        "--sentence-silence",
+        "--sentence_silence",
+        dest="sentence_silence",
+        type=PAUSE,
+        default=None,
+        metavar="SECONDS",
+        help=f"silence added between sentence-sized chunks, as piper's ({MIN_PAUSE_S:g}-{MAX_PAUSE_S:g} s; "
+        "default 0; above 0 the text is cut into chunks of about 3 s, as with --stream)",
+    )
+    gen.add_argument(
+        "--volume",
+        type=VOLUME,
+        default=None,
+        metavar="GAIN",
+        help=f"loudness as a linear gain, as piper's (0.5 half, 2.0 twice; {MIN_VOLUME:g}-{MAX_VOLUME:g}, default "
+        f"{DEFAULT_VOLUME:g}); samples past full scale are clipped",
     )
     gen.add_argument(
         "--seed",

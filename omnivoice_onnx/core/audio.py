@@ -21,6 +21,13 @@ Dtypes and float order, as upstream:
   rounding (max |diff| 3.6e-7 measured, see _resample.py), and silence removal's int16 quantisation can
   turn such a difference into one int16 step (3.1e-5) on a sample sitting at a quantisation edge.
 
+Two additions of this runtime, both off by default (the output is then upstream's, bit for bit):
+a request's sentence_silence, round(seconds * rate) zeros added to the cross-fade's silence at
+every boundary between a text's chunks (join_chunks; with it each chunk's silence is removed on
+its own, as a stream removes it, so no later step shortens the pause), and its volume, every
+output sample times float32(volume) as the last step (apply_volume; clipped to [-1, 1] only where
+the samples become 16-bit PCM, audio_formats.to_pcm16, as piper clips before its int16).
+
 Deliberate differences, all where upstream crashes or misbehaves: integer or float16 samples,
 NaN/inf, empty or wrongly shaped arrays and a reference too short for one codec frame raise a
 UserError; a float64 reference with preprocess=False is cast to float32 (upstream feeds float64 to
@@ -43,7 +50,7 @@ import soundfile as sf
 
 from omnivoice_onnx.core import _resample, _silence
 from omnivoice_onnx.errors import UserError
-from omnivoice_onnx.limits import too_large
+from omnivoice_onnx.limits import DEFAULT_SENTENCE_SILENCE_S, DEFAULT_VOLUME, too_large
 from omnivoice_onnx.reading import existing_file
 
 # The settings (`rules`: runtime-config.json's audio section, written by
@@ -54,7 +61,8 @@ from omnivoice_onnx.reading import existing_file
 #   reference_silence_ms [200, 100, 200]   create_voice_clone_prompt's remove_silence(mid, lead, trail)
 #   output_silence_ms [500, 100, 100]      _post_process_audio's remove_silence(mid, lead, trail)
 #   silence_thresh_dbfs -50, seek_step_ms 10, leading_chunk_ms 10   pydub's silence parameters
-#   cross_fade_silence_s 0.3  cross_fade_chunks' gap: fade-out, silence, fade-in thirds
+#   cross_fade_silence_s 0.3  cross_fade_chunks' gap: fade-out, silence, fade-in thirds (the request's
+#                             sentence_silence adds to the silence: pause_samples)
 #   resample {lowpass_filter_width 6, rolloff 0.99}   torchaudio.functional.resample's defaults
 
 
@@ -215,22 +223,32 @@ def level(audio: np.ndarray, ref_rms: float | None, peak: np.floating | None, ru
     return gained
 
 
-def cross_fade_chunks(chunks: list[np.ndarray], sample_rate: int, rules: dict[str, Any]) -> np.ndarray:
-    """as upstream utils/audio.cross_fade_chunks (same shapes in/out).
+def pause_samples(pause_s: float, sample_rate: int) -> int:
+    """The zeros a request's sentence_silence of `pause_s` seconds adds at each chunk boundary:
+    round(pause_s * rate), Python's round (half to even; 0.25 s is 6000 at 24 kHz)."""
+    return round(pause_s * sample_rate)
 
-    Chunks [C, T_i] are joined as: chunk, linear fade-out over its last n samples, n zeros, next
-    chunk with a linear fade-in over its first n samples, n = int(cross_fade_silence_s * rate) // 3
-    (2400 at 24 kHz); a chunk shorter than n fades in over its whole length. The fade-out covers
-    the last min(n, len(merged)) samples of everything joined so far, so after a chunk of L < n
-    samples it also covers n - L of the zeros before it (the chunk gets the ramp's last L gains;
-    vectors.rules' cross_fade cases). A single chunk is returned as is.
+
+def cross_fade_chunks(
+    chunks: list[np.ndarray], sample_rate: int, rules: dict[str, Any], pause_s: float = 0.0
+) -> np.ndarray:
+    """as upstream utils/audio.cross_fade_chunks (same shapes in/out), with `pause_s` seconds of
+    silence added at each boundary (a request's sentence_silence; 0 is upstream's join).
+
+    Chunks [C, T_i] are joined as: chunk, linear fade-out over its last n samples, n + p zeros,
+    next chunk with a linear fade-in over its first n samples, n = int(cross_fade_silence_s *
+    rate) // 3 (2400 at 24 kHz), p = pause_samples(pause_s); a chunk shorter than n fades in over
+    its whole length. The fade-out covers the last min(n, len(merged)) samples of everything
+    joined so far, so after a chunk of L < n samples it also covers n - L of the zeros before it
+    (the chunk gets the ramp's last L gains; vectors.rules' cross_fade cases). A single chunk is
+    returned as is.
     """
     if not chunks:
         raise ValueError("cross_fade_chunks needs at least one chunk")
     if len(chunks) == 1:
         return chunks[0]
     fade_n = int(rules["cross_fade_silence_s"] * sample_rate) // 3
-    silence_n = fade_n
+    silence_n = fade_n + pause_samples(pause_s, sample_rate)
     merged: np.ndarray = chunks[0].copy()
     for chunk in chunks[1:]:
         fout_n = min(fade_n, merged.shape[-1])
@@ -243,6 +261,48 @@ def cross_fade_chunks(chunks: list[np.ndarray], sample_rate: int, rules: dict[st
             fade_in[..., :fin_n] *= np.linspace(0, 1, fin_n, dtype=np.float32)[np.newaxis, :]
         merged = np.concatenate([merged, silence, fade_in], axis=-1)
     return merged
+
+
+def join_chunks(
+    chunks: list[np.ndarray],
+    ref_rms: float | None,
+    sample_rate: int,
+    rules: dict[str, Any],
+    postprocess_output: bool,
+    pad_duration: float,
+    fade_duration: float,
+    pause_s: float,
+    volume: float,
+) -> np.ndarray:
+    """A text's decoded chunks [1, T_i] -> its whole output, float32 [T]: what generate() returns.
+
+    Without a pause, upstream's post_process(cross_fade_chunks(chunks)) (silence removed over the
+    joined output). With one (pause_s > 0, more than one chunk), the pause must survive silence
+    removal, which would shorten a long gap: each chunk's silence is removed on its own (as
+    StreamAssembler removes it), the chunks are joined with the pause, then leveled, faded and
+    padded. The volume is the last step (apply_volume).
+    """
+    if pause_s > 0 and len(chunks) > 1:
+        if postprocess_output:
+            mid, lead, trail = rules["output_silence_ms"]
+            chunks = [remove_silence(chunk, sample_rate, mid, lead, trail, rules) for chunk in chunks]
+        joined = cross_fade_chunks(chunks, sample_rate, rules, pause_s)
+        output = post_process(joined, ref_rms, sample_rate, rules, False, pad_duration, fade_duration)
+    else:
+        joined = cross_fade_chunks(chunks, sample_rate, rules)
+        output = post_process(joined, ref_rms, sample_rate, rules, postprocess_output, pad_duration, fade_duration)
+    return apply_volume(output[0], volume)
+
+
+def apply_volume(samples: np.ndarray, volume: float) -> np.ndarray:
+    """A request's volume: each sample times float32(volume), in float32 (piper's --volume, a linear
+    gain); 1.0 leaves the samples as they are. Not clipped here (a caller of the float API gets the
+    gain as asked): every 16-bit output, files, streams and HTTP answers, clips to [-1, 1] in
+    audio_formats.to_pcm16, as piper clips before its int16."""
+    if volume == 1.0:
+        return samples
+    gained: np.ndarray = samples * np.float32(volume)
+    return gained
 
 
 def remove_silence(
@@ -349,7 +409,9 @@ class StreamAssembler:
       lead/trail 100 ms), not over the joined output: a pause that spans a chunk boundary is
       100 ms + 100 ms of cross-fade silence + 100 ms instead of whatever the whole-output rule
       leaves (at most 500 ms kept as is, longer ones cut to 200 ms). Inside chunks it is the same.
-    With postprocess_output=False and a reference, the stream equals generate() sample for sample.
+    With postprocess_output=False and a reference, the stream equals generate() sample for sample;
+    with a pause (pause_s > 0: join_chunks removes silence per chunk too), also with postprocess_output.
+    The pause (pause_samples zeros) and the volume (apply_volume) are join_chunks'.
     The samples a later step may still change are held back: the cross-fade's fade-out
     (rules["cross_fade_silence_s"] / 3) and the final fade-out (fade_duration) at the end of what has come
     so far, and everything until the output is long enough (2 x fade_duration) for the opening
@@ -364,10 +426,15 @@ class StreamAssembler:
         postprocess_output: bool,
         pad_duration: float,
         fade_duration: float,
+        *,
+        pause_s: float = DEFAULT_SENTENCE_SILENCE_S,
+        volume: float = DEFAULT_VOLUME,
     ) -> None:
         self.sample_rate, self.rules, self.ref_rms = sample_rate, rules, ref_rms
         self.postprocess_output = postprocess_output
         self.fade_n = int(rules["cross_fade_silence_s"] * sample_rate) // 3  # cross_fade_chunks' fade and silence
+        self.silence_n = self.fade_n + pause_samples(pause_s, sample_rate)  # the zeros at each boundary
+        self.volume = volume
         self.edge_n = int(fade_duration * sample_rate)  # _fade_and_pad's fades
         self.pad_n = int(pad_duration * sample_rate)
         self.pending = np.zeros((1, 0), dtype=np.float32)  # joined, not yet played (before level and fades)
@@ -390,7 +457,7 @@ class StreamAssembler:
             fin_n = min(self.fade_n, fade_in.shape[-1])
             if fin_n > 0:
                 fade_in[..., :fin_n] *= np.linspace(0, 1, fin_n, dtype=np.float32)[np.newaxis, :]
-            joined = np.concatenate([joined, np.zeros((1, self.fade_n), np.float32), fade_in], axis=-1)
+            joined = np.concatenate([joined, np.zeros((1, self.silence_n), np.float32), fade_in], axis=-1)
         total = self.played + joined.shape[-1]
         last = index == count - 1
         if last:
@@ -407,7 +474,7 @@ class StreamAssembler:
         if self.pad_n > 0 and (start or last) and total > 0:
             pad = np.zeros((1, self.pad_n), dtype=np.float32)
             out = np.concatenate(([pad] if start and ready else []) + [out] + ([pad] if last else []), axis=-1)
-        samples: npt.NDArray[np.float32] = out[0].astype(np.float32, copy=False)
+        samples: npt.NDArray[np.float32] = apply_volume(out[0].astype(np.float32, copy=False), self.volume)
         return samples
 
     def _edge_fades(self, out: np.ndarray, total: int | None) -> np.ndarray:

@@ -333,20 +333,22 @@ def decode(model: Model, tokens: np.ndarray | list[np.ndarray]) -> np.ndarray:
 
 
 def decode_and_post_process(
-    model: Model, tokens: np.ndarray | list[np.ndarray], ref_rms: float | None, config: GenerationConfig
+    model: Model, tokens: np.ndarray | list[np.ndarray], ref_rms: float | None, req: Request
 ) -> np.ndarray:
-    """Tokens [C, T] (or a list of chunks' tokens, cross-faded) -> post-processed audio [T'] float32."""
-    waveform = audio.post_process(
-        decode(model, tokens),
+    """Tokens [C, T] (or a list of chunks' tokens) -> the text's output [T'] float32: decoded chunk
+    by chunk, joined with the request's pause, post-processed, its volume applied (audio.join_chunks)."""
+    config = req.config
+    return audio.join_chunks(
+        [model.decode(t[np.newaxis])[0] for t in (tokens if isinstance(tokens, list) else [tokens])],
         ref_rms,
         model.sample_rate,
         model.runtime_config["audio"],
         postprocess_output=config.postprocess_output,
         pad_duration=config.pad_duration,
         fade_duration=config.fade_duration,
+        pause_s=req.sentence_silence,
+        volume=req.volume,
     )
-    samples: np.ndarray = waveform[0]
-    return samples
 
 
 def generate(
@@ -373,7 +375,7 @@ def generate(
     if trace is not None:
         trace.task, trace.short_idx, trace.long_idx, trace.results = task, short_idx, long_idx, results
         trace.seed, trace.words_drawn = req.seed, rng.words_drawn
-    return [decode_and_post_process(model, results[i], task.ref_rms[i], config) for i in range(len(task.texts))]
+    return [decode_and_post_process(model, results[i], task.ref_rms[i], req) for i in range(len(task.texts))]
 
 
 def stream(
@@ -385,10 +387,11 @@ def stream(
     The same preprocessing, chunking (chunk_plan) and generation order (iter_chunked: chunk 0,
     1, ...) as generate(), with the same rng, so the tokens are generate()'s for the same config
     and seed; a text under audio_chunk_threshold is one chunk. The audio is assembled by
-    audio.StreamAssembler: equal to generate()'s sample for sample with postprocess_output=False
-    and a reference; otherwise the difference its docstring states (a gain fixed from chunk 0
-    without a reference; pauses shortened per chunk with postprocess_output). A trace records
-    the task, chunks and results as generate()'s does.
+    audio.StreamAssembler: equal to generate()'s sample for sample with a reference and either
+    postprocess_output=False or a sentence_silence; otherwise the difference its docstring states
+    (a gain fixed from chunk 0 without a reference; pauses shortened per chunk with
+    postprocess_output). The request's pause and volume are generate()'s. A trace records the
+    task, chunks and results as generate()'s does.
     """
     if len(req.texts) != 1:
         raise UserError(
@@ -405,6 +408,8 @@ def stream(
         config.postprocess_output,
         config.pad_duration,
         config.fade_duration,
+        pause_s=req.sentence_silence,
+        volume=req.volume,
     )
     if trace is not None:
         trace.task, trace.seed = task, req.seed

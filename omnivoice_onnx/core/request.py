@@ -57,7 +57,9 @@ from omnivoice_onnx.limits import (
     MIN_REF_SECONDS,
     MIN_TEMPERATURE,
     check_seed,
+    check_sentence_silence,
     check_speed,
+    check_volume,
     checked_number,
     is_number,
     limit,
@@ -345,11 +347,16 @@ def validate(
     speed: Any = None,
     seed: Any = None,
     strict_instructions: Any = False,
+    sentence_silence: Any = None,
+    volume: Any = None,
 ) -> Request:
     """The request checked whole (types, values, sizes) and resolved, without model work.
     strict_instructions: refuse an instruct with words outside the vocabulary instead of applying
-    the words it knows (instruct.read_instruct)."""
+    the words it knows (instruct.read_instruct). sentence_silence (seconds between a text's
+    chunks) and volume (the output's gain) are one value for the whole request; None is their
+    default (limits.DEFAULT_SENTENCE_SILENCE_S, DEFAULT_VOLUME: the output as without them)."""
     text_list = _texts(texts)
+    pause, gain = check_sentence_silence(sentence_silence), check_volume(volume)
     batch = len(text_list)
     seed = fresh_seed() if seed is None else check_seed(seed)  # drawn or checked here, once
     data = model.runtime_config
@@ -432,6 +439,8 @@ def validate(
         config=config,
         seed=seed,
         calls=calls,
+        sentence_silence=pause,
+        volume=gain,
     )
 
 

@@ -111,6 +111,8 @@ class Request:
     config: GenerationConfig
     seed: int  # as given (checked), or drawn for seed=None: torch.manual_seed(seed) before upstream's generate()
     calls: list[tuple[int, int]]  # (rows, sequence length) of each transformer batch, in order
+    sentence_silence: float  # seconds of silence added at each boundary between a text's chunks (0: upstream's join)
+    volume: float  # linear gain on the output samples (1: unchanged)
 
 
 class RequestKeywords(TypedDict, total=False):
@@ -128,6 +130,8 @@ class RequestKeywords(TypedDict, total=False):
     generation_config: dict[str, Any] | None  # OmniVoiceGenerationConfig fields
     seed: int | None  # as torch.manual_seed(seed); None draws one
     strict_instructions: bool | None  # refuse an instruct with words outside the vocabulary
+    sentence_silence: float | None  # seconds of silence between a text's chunks, as piper's --sentence-silence
+    volume: float | None  # linear gain on the output samples, as piper's --volume (0.5: half as loud)
 
 
 REQUEST_KEYWORDS = tuple(RequestKeywords.__annotations__)

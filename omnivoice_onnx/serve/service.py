@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Literal, Protocol
 
+from omnivoice_onnx import limits
 from omnivoice_onnx import voices as voice_store
 from omnivoice_onnx.audio_formats import AudioFormat
 from omnivoice_onnx.bundle import Folder
@@ -142,6 +143,11 @@ def speech_request_model() -> type[BaseModel]:
         guidance_scale: float | None = Field(None, allow_inf_nan=False, strict=True)
         duration: float | None = Field(None, gt=0.0, allow_inf_nan=False, strict=True)
         strict_instructions: bool | None = Field(None, strict=True)  # refuse prose instructions (else applied/ignored)
+        # piper's --sentence-silence (seconds between chunks) and --volume (linear gain)
+        sentence_silence: float | None = Field(
+            None, ge=limits.MIN_PAUSE_S, le=limits.MAX_PAUSE_S, allow_inf_nan=False, strict=True
+        )
+        volume: float | None = Field(None, ge=limits.MIN_VOLUME, le=limits.MAX_VOLUME, allow_inf_nan=False, strict=True)
 
     return SpeechRequest
 
@@ -437,6 +443,8 @@ class Speech:
     guidance_scale: float | None = None
     seed: int | None = None
     strict_instructions: bool | None = None
+    sentence_silence: float | None = None  # seconds between the text's chunks (None: none)
+    volume: float | None = None  # the output's linear gain (None: unchanged)
 
     @classmethod
     def of(cls, body: Any) -> Speech:
