@@ -67,7 +67,7 @@ def test_voice_catalogue_hides_presets_under_saved_names() -> None:
     from types import SimpleNamespace
 
     from omnivoice_onnx.serve.service import Service
-    from omnivoice_onnx.serve.wyoming import AUTO_DESCRIPTION, description, voice_entries
+    from omnivoice_onnx.serve.wyoming import AUTO_DESCRIPTION, entry_label, voice_entries
     from omnivoice_onnx.voices import Voice
 
     saved = [Voice("alloy", None, "male, elderly", "f", Path(), 7), Voice("mine", object(), None, "f", Path())]  # type: ignore[arg-type]
@@ -78,7 +78,7 @@ def test_voice_catalogue_hides_presets_under_saved_names() -> None:
     assert [entry.name for entry in catalogue] == ["auto", "alloy", "mine", *presets]
     assert [(entry.kind, entry.seed) for entry in catalogue[:3]] == [("builtin", None), ("design", 7), ("clone", None)]
     assert all(entry.kind == "preset" and entry.seed == PRESETS[entry.name].seed for entry in catalogue[3:])
-    entries = voice_entries(service)
+    entries = voice_entries(service, set())
     assert [entry.name for entry in entries] == ["alloy", "mine", *presets, "auto"]
-    assert [description(entry) for entry in entries[:2]] == ["alloy: male, elderly", "mine: cloned voice"]
-    assert description(entries[-1]) == f"auto: {AUTO_DESCRIPTION}"
+    assert [entry_label(entry) for entry in entries[:2]] == ["alloy: male, elderly", "mine: cloned voice"]
+    assert entry_label(entries[-1]) == f"auto: {AUTO_DESCRIPTION}"

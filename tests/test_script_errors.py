@@ -474,7 +474,7 @@ def test_provider_refused(script, provider: str, message: str, pipeline: Pipelin
     [
         (["--text", ""], "--text is empty", "pass the text"),
         (["--text", "   "], "--text is empty", "pass the text"),
-        (["--text", "Hello.", "--language", "Klingon"], "unknown language 'Klingon'", "None for language-agnostic"),
+        (["--text", "Hello.", "--language", "Klingon"], "unknown language 'Klingon'", "leave the language out"),
         (["--text", "Hello.", "--instruct", "male, female"], "Conflicting instruct items", ""),
     ],
 )

@@ -131,18 +131,21 @@ def voice_names(service: server_service.Service, refs: dict[str, RefVoice]) -> l
     return [ref.name for ref in refs.values()] + [name for name in service.voice_names() if name in listed]
 
 
+def entry_label(entry: server_service.VoiceEntry) -> str:
+    """A service voice's label in Info: auto says what it does, a clone that it is one, a designed
+    voice its description (wyoming_voices.label cuts it to what Home Assistant shows)."""
+    kinds = {"builtin": AUTO_DESCRIPTION, "clone": "cloned voice"}
+    return label(entry.name, kinds.get(entry.kind) or entry.text or "designed voice")
+
+
 def describe(service: server_service.Service, refs: dict[str, RefVoice]) -> Any:
     """The Info event: the reference voices, each with its language, then the service's, each with
     the languages Home Assistant can name (prompt.advertised_languages; a request may still name
     any of the model's), each labelled for Home Assistant's picker (wyoming_voices.label)."""
     languages = advertised_languages(service.tts.runtime_config["languages"])
-    kinds = {"builtin": AUTO_DESCRIPTION, "clone": "cloned voice"}
     return info(
         [(ref.name, label(ref.name, ref.description), [ref.language]) for ref in refs.values()]
-        + [
-            (entry.name, label(entry.name, kinds.get(entry.kind) or entry.text or "designed voice"), languages)
-            for entry in voice_entries(service, set(refs))
-        ]
+        + [(entry.name, entry_label(entry), languages) for entry in voice_entries(service, set(refs))]
     )
 
 
