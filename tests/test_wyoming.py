@@ -1,9 +1,9 @@
 """omnivoice-onnx wyoming, as Home Assistant sees it: a real server process on a free loopback port,
 driven by the `wyoming` package's own async client.
 
-One server (module fixture) with a fixed --seed and --speed, and a --ref-dir of two reference
-voices, so its audio is compared with the runtime's stream() bit for bit (as 16-bit PCM). Every
-wait is bounded (READ_S per event).
+One server (module fixture) with a fixed --seed, --speed, --sentence-silence and --volume, and a
+--ref-dir of two reference voices, so its audio is compared with the runtime's stream() bit for
+bit (as 16-bit PCM). Every wait is bounded (READ_S per event).
 """
 
 from __future__ import annotations
@@ -41,6 +41,8 @@ pytestmark = pytest.mark.slow  # the session pipeline's tiny export
 
 SEED = 4242
 SPEED = 1.25  # --speed: every request's rate (the protocol carries none)
+# --sentence-silence and --volume: every request's pauses and loudness (the protocol carries neither)
+SHAPING = {"sentence_silence": 0.05, "volume": 0.8}
 CLOSE_S = 2.0  # a refused request's connection ends within this (a proxy waits for the end)
 DESIGN = "male, low pitch"  # the reference folder's designed voice
 START_S = 60
@@ -83,6 +85,10 @@ def port(pipeline, ref_dir, tmp_path_factory):
         str(SEED),
         "--speed",
         str(SPEED),
+        "--sentence-silence",
+        str(SHAPING["sentence_silence"]),
+        "--volume",
+        str(SHAPING["volume"]),
         "--ref-dir",
         str(ref_dir),
         env={**os.environ, "OMNIVOICE_ORT_THREADS": "1"},
@@ -117,7 +123,7 @@ def exchange(port: int, *events, until: tuple[str, ...] = ENDS) -> list[Event]:
 def pcm_of(tts: OmniVoiceOnnx, text: str, voice: str | None = None, **kwargs) -> bytes:
     """stream()'s audio at the server's seed and speed, as 16-bit PCM (a preset's voice, or `kwargs`)."""
     voice_kwargs = PRESETS[voice].generate_kwargs() if voice else {}
-    chunks = tts.stream(text, seed=SEED, speed=SPEED, **voice_kwargs, **kwargs)
+    chunks = tts.stream(text, seed=SEED, speed=SPEED, **SHAPING, **voice_kwargs, **kwargs)
     return b"".join(to_pcm16(chunk.samples).astype("<i2").tobytes() for chunk in chunks)
 
 
@@ -171,7 +177,7 @@ def test_synthesize_streams_the_runtimes_audio(port, tts) -> None:
     events = exchange(port, Synthesize(TEXT, voice=SynthesizeVoice(name="alloy")))
     decoded = [
         to_pcm16(chunk.samples).astype("<i2").tobytes()
-        for chunk in tts.stream(TEXT, seed=SEED, speed=SPEED, **PRESETS["alloy"].generate_kwargs())
+        for chunk in tts.stream(TEXT, seed=SEED, speed=SPEED, **SHAPING, **PRESETS["alloy"].generate_kwargs())
     ]
     pieces = [-(-len(pcm) // wyoming_server.AUDIO_CHUNK_BYTES) for pcm in decoded]
     assert len(decoded) > 1 and max(pieces) > 1  # decoded as it goes, and a decoded chunk split

@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any, TypeAlias
 
 from omnivoice_onnx.bundle import DEFAULT_MODEL_DIR
+from omnivoice_onnx.limits import DEFAULT_VOLUME, MAX_PAUSE_S, MAX_VOLUME, MIN_PAUSE_S, MIN_VOLUME
+from omnivoice_onnx.program import PAUSE, VOLUME
 from omnivoice_onnx.voices import VOICES_ENV
 
 # What each subcommand's add_parser(subparsers) receives (argparse's class is generic in its stubs only).
@@ -83,3 +85,26 @@ class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         if action.default in (None, False) or action.default is argparse.SUPPRESS:
             return action.help
         return super()._get_help_string(action)
+
+
+def add_pause_volume_flags(parser: Any) -> None:
+    """--sentence-silence and --volume, as piper's flags, declared once for `speak` and `wyoming`
+    (to a parser or an argument group)."""
+    parser.add_argument(
+        "--sentence-silence",
+        "--sentence_silence",
+        dest="sentence_silence",
+        type=PAUSE,
+        default=None,
+        metavar="SECONDS",
+        help=f"silence added between sentence-sized chunks, as piper's ({MIN_PAUSE_S:g}-{MAX_PAUSE_S:g} s; "
+        "default 0; above 0 the text is cut into chunks of about 3 s, as with --stream)",
+    )
+    parser.add_argument(
+        "--volume",
+        type=VOLUME,
+        default=None,
+        metavar="GAIN",
+        help=f"loudness as a linear gain, as piper's (0.5 half, 2.0 twice; {MIN_VOLUME:g}-{MAX_VOLUME:g}, default "
+        f"{DEFAULT_VOLUME:g}); samples past full scale are clipped",
+    )

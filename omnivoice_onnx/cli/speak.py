@@ -48,23 +48,18 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from omnivoice_onnx import audio_out
 from omnivoice_onnx.bundle import check_folder
-from omnivoice_onnx.cli.flags import Subparsers, add_bundle_flags
+from omnivoice_onnx.cli.flags import Subparsers, add_bundle_flags, add_pause_volume_flags
 from omnivoice_onnx.core import request
 from omnivoice_onnx.core.instruct import instructions_note
 from omnivoice_onnx.core.shapes import Progress, Request
 from omnivoice_onnx.errors import UserError, printable
 from omnivoice_onnx.limits import (
-    DEFAULT_VOLUME,
     LIMIT_ENV_PREFIX,
-    MAX_PAUSE_S,
     MAX_SPEED,
-    MAX_VOLUME,
-    MIN_PAUSE_S,
     MIN_SPEED,
-    MIN_VOLUME,
     limit,
 )
-from omnivoice_onnx.program import DURATION, NUM_STEP, PAUSE, SCORE_FACTOR, SEED, SPEED, THREADS, VOLUME, note
+from omnivoice_onnx.program import DURATION, NUM_STEP, SCORE_FACTOR, SEED, SPEED, THREADS, note
 from omnivoice_onnx.reading import decode_text, read_bounded, read_limited
 from omnivoice_onnx.sessions import PROVIDERS
 
@@ -179,24 +174,7 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
         default=None,
         help="classifier-free guidance scale (default: the export's, upstream's 2.0)",
     )
-    gen.add_argument(
-        "--sentence-silence",
-        "--sentence_silence",
-        dest="sentence_silence",
-        type=PAUSE,
-        default=None,
-        metavar="SECONDS",
-        help=f"silence added between sentence-sized chunks, as piper's ({MIN_PAUSE_S:g}-{MAX_PAUSE_S:g} s; "
-        "default 0; above 0 the text is cut into chunks of about 3 s, as with --stream)",
-    )
-    gen.add_argument(
-        "--volume",
-        type=VOLUME,
-        default=None,
-        metavar="GAIN",
-        help=f"loudness as a linear gain, as piper's (0.5 half, 2.0 twice; {MIN_VOLUME:g}-{MAX_VOLUME:g}, default "
-        f"{DEFAULT_VOLUME:g}); samples past full scale are clipped",
-    )
+    add_pause_volume_flags(gen)
     gen.add_argument(
         "--seed",
         type=SEED,

@@ -10,7 +10,7 @@ machine or in a container) needs --allow-remote, and is then for a trusted netwo
 For a reply faster than real time on a CPU: --variant int8 --num-step 8 or 16.
 Voices: the reference voices of --ref-dir, the saved ones, the OpenAI-named presets and auto.
 The protocol carries no seed and no speed: each request's seed is logged and --seed fixes it;
---speed sets every request's speaking rate.
+--speed sets every request's speaking rate, --sentence-silence and --volume its pauses and loudness.
 --ref-dir DIR (wyoming-piper's --omnivoice-ref-dir layout): DIR/LANGUAGE/NAME/ref.wav + ref.txt
 is a cloned voice NAME, DIR/LANGUAGE/NAME/instruct.txt a designed one; each is read at start and
 advertised with its language.
@@ -22,7 +22,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from omnivoice_onnx.cli.flags import Subparsers, flag_type
+from omnivoice_onnx.cli.flags import Subparsers, add_pause_volume_flags, flag_type
 from omnivoice_onnx.cli.server_flags import add_model_flags, import_extras, server_config
 from omnivoice_onnx.errors import log_lines
 from omnivoice_onnx.limits import MAX_SPEED, MIN_SPEED
@@ -64,6 +64,7 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
         help=f"every request's speaking rate factor (1.0 normal, {MIN_SPEED:g}-{MAX_SPEED:g}; the protocol "
         "carries none)",
     )
+    add_pause_volume_flags(parser)  # every request's: the protocol carries neither
     parser.add_argument(
         "--ref-dir",
         "--omnivoice-ref-dir",
@@ -111,6 +112,8 @@ def run(args: argparse.Namespace) -> int:
         allow_remote=args.allow_remote,
         zeroconf=args.zeroconf,
         speed=args.speed,
+        sentence_silence=args.sentence_silence,
+        volume=args.volume,
         ref_dir=args.ref_dir,
     )
     if args.ref_dir is not None:  # a --ref-dir that is no folder is named before the models load

@@ -99,6 +99,8 @@ class WyomingConfig:
     allow_remote: bool = False  # --allow-remote: listen where other machines reach it (the protocol has no key)
     zeroconf: str | None = None  # the service name announced over mDNS (None: not announced)
     speed: float | None = None  # every request's speaking rate (the protocol carries none; None: 1.0)
+    sentence_silence: float | None = None  # every request's pause between chunks (None: none)
+    volume: float | None = None  # every request's linear gain (None: unchanged)
     ref_dir: Path | None = None  # --ref-dir: a folder of reference voices (wyoming_voices)
 
 
@@ -353,13 +355,21 @@ class Session:
                 instructions=ref.instruct,
                 language=ref.language,
                 speed=self.config.speed,
+                sentence_silence=self.config.sentence_silence,
+                volume=self.config.volume,
                 seed=ref.seed if seed is None else seed,
             )
         names = voice_names(self.service, self.refs)
         if name.casefold() not in {known.casefold() for known in names}:
             raise refuse("invalid_voice", "voice", detail=f"unknown voice {name!r:.80}; voices: {', '.join(names)}")
         return name, server_service.Speech(
-            input=text, voice=name, language=language, speed=self.config.speed, seed=seed
+            input=text,
+            voice=name,
+            language=language,
+            speed=self.config.speed,
+            sentence_silence=self.config.sentence_silence,
+            volume=self.config.volume,
+            seed=seed,
         )
 
     async def speak(
