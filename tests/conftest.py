@@ -149,6 +149,24 @@ def copy_pipeline(pipeline: Pipeline, root: Path) -> Pipeline:
     return Pipeline(pipeline.model, capture, onnx)
 
 
+# The variants most tests that run one need (step 5 on the session export): int8 (calibrated on
+# the capture, the costliest recipe to build) and the fp32 graphs the runtime may default to.
+SHARED_VARIANTS = ("int8", "fp32-unmasked", "fp32-fused")
+
+
+@pytest.fixture(scope="session")
+def variants_export(pipeline: Pipeline, tmp_path_factory) -> Path:
+    """The session export with SHARED_VARIANTS built by quantize_omnivoice.py, once per test run
+    whichever worker asks first (read-only: copy it before changing anything)."""
+    import quantize_omnivoice
+
+    def build(root: Path) -> None:
+        shutil.copytree(pipeline.onnx, root / "onnx")
+        quantize_omnivoice.main(["--onnx-dir", str(root / "onnx"), "--variants", ",".join(SHARED_VARIANTS)])
+
+    return shared_build(tmp_path_factory, "variants-export", build) / "onnx"
+
+
 @pytest.fixture
 def pipeline_copy(pipeline: Pipeline, tmp_path: Path) -> Pipeline:
     """A private copy of the session pipeline's capture/ and onnx/, safe to damage."""

@@ -30,7 +30,6 @@ from test_script_errors import Result, assert_one_line, edit_json, linked_copy, 
 import export_omnivoice
 import infer_onnx
 import parity_check
-import quantize_omnivoice
 from omnivoice_export.common import metrics
 from omnivoice_export.step0_checkpoints.checkpoints import REQUIRED_FILES, load_omnivoice, model_fingerprint
 from omnivoice_export.step1_capture import capture
@@ -413,7 +412,7 @@ def test_bench_refuses_an_export_of_another_model(pipeline: Pipeline, tmp_path: 
 
 @pytest.mark.slow
 def test_bench_fails_on_other_tokens_names_the_cpu_and_times_each_variant(
-    pipeline: Pipeline, perturbed_transformer: Path, tmp_path: Path
+    pipeline: Pipeline, variants_export: Path, perturbed_transformer: Path, tmp_path: Path
 ) -> None:
     """One bench run (one round, 4 steps, one call shape, 1 s codec calls, a short GEMM ceiling) for
     two properties, since each run costs most of a minute:
@@ -426,8 +425,7 @@ def test_bench_fails_on_other_tokens_names_the_cpu_and_times_each_variant(
       variants' tokens are held to the fp32 verdict by infer_onnx.py --variant, test_fusion.)
     """
     onnx_dir = tmp_path / "onnx"
-    shutil.copytree(pipeline.onnx, onnx_dir)
-    quantize_omnivoice.main(["--onnx-dir", str(onnx_dir), "--variants", "int8"])
+    shutil.copytree(variants_export, onnx_dir)
     install_graph(perturbed_transformer, onnx_dir, "transformer")
     done = run_script(
         "bench/bench_omnivoice.py",

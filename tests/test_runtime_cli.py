@@ -21,7 +21,6 @@ import soundfile
 from conftest import REPO, Pipeline, assert_hardware_recorded, import_blocker, single_stderr_line
 
 import infer_onnx
-import quantize_omnivoice
 from omnivoice_export.step1_capture.generation import DEFAULT_SEED, LANGUAGE
 from omnivoice_export.step56_variants import quantize
 from omnivoice_onnx import OmniVoiceOnnx, UserError
@@ -90,15 +89,6 @@ def test_a_variant_uses_its_own_codec_graphs_where_it_carries_them(tmp_path: Pat
     assert CodecSessions(codec_paths(tmp_path, "fp16"), "cpu", 1, resident=False).paths == {
         graph: tmp_path / "fp16" / GRAPH_FILES[graph] for graph in ("encoder", "decoder")
     }
-
-
-@pytest.fixture(scope="module")
-def variants_export(pipeline: Pipeline, tmp_path_factory) -> Path:
-    """A copy of the session export with variants int8, fp32-unmasked and fp32-fused (quantize_omnivoice.py)."""
-    onnx = tmp_path_factory.mktemp("variants") / "onnx"
-    shutil.copytree(pipeline.onnx, onnx)
-    quantize_omnivoice.main(["--onnx-dir", str(onnx), "--variants", "int8,fp32-unmasked,fp32-fused"])
-    return onnx
 
 
 @pytest.mark.slow

@@ -9,7 +9,6 @@ import asyncio
 import io
 import json
 import os
-import shutil
 import subprocess
 import sys
 import threading
@@ -22,7 +21,7 @@ import pytest
 pytest.importorskip("wyoming")
 zeroconf = pytest.importorskip("zeroconf")
 
-from conftest import REPO, run_script  # noqa: E402
+from conftest import REPO  # noqa: E402
 from serving import launch  # noqa: E402
 from wyoming.audio import AudioChunk  # noqa: E402
 from wyoming.client import AsyncTcpClient  # noqa: E402
@@ -47,22 +46,12 @@ ENV = {**os.environ, "OMNIVOICE_ORT_THREADS": "1"}
 
 
 @pytest.fixture(scope="module")
-def int8_bundle(pipeline, tmp_path_factory) -> Path:
-    """A copy of the tiny export with the int8 variant (step 5)."""
-    onnx = tmp_path_factory.mktemp("int8") / "onnx"
-    shutil.copytree(pipeline.onnx, onnx)
-    done = run_script("quantize_omnivoice.py", "--model-dir", str(onnx), "--variants", "int8")
-    assert done.returncode == 0, done.stderr[-3000:]
-    return onnx
-
-
-@pytest.fixture(scope="module")
-def wyoming_port(int8_bundle, tmp_path_factory):
+def wyoming_port(variants_export, tmp_path_factory):
     """`omnivoice-onnx wyoming --num-step 8 --variant int8 --zeroconf NAME`, as the issue asks."""
     folder = tmp_path_factory.mktemp("wyoming-ha")
     log = folder / "wyoming.log"
     launched = launch(
-        int8_bundle,
+        variants_export,
         log,
         "--voices",
         str(folder / "voices"),
@@ -114,10 +103,10 @@ def test_info_is_what_home_assistant_can_show(wyoming_port) -> None:
     assert all(len(code) == 2 for code in languages if code != "yue")
 
 
-def test_any_id_or_tag_of_the_model_still_works(wyoming_port, int8_bundle) -> None:
+def test_any_id_or_tag_of_the_model_still_works(wyoming_port, variants_export) -> None:
     """A request naming eng or en-US speaks as language "en" does, with the server's variant and
     steps: the int8 runtime's stream() at 8 steps, bit for bit."""
-    tts = OmniVoiceOnnx.from_dir(int8_bundle, variant="int8", threads=1)
+    tts = OmniVoiceOnnx.from_dir(variants_export, variant="int8", threads=1)
     expected = b"".join(
         to_pcm16(chunk.samples).astype("<i2").tobytes()
         for chunk in tts.stream(
