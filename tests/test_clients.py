@@ -29,6 +29,7 @@ requests = pytest.importorskip("requests")
 prometheus_parser = pytest.importorskip("prometheus_client.parser")
 
 # tts: the runtime in-process, one thread like the server's worker (its audio is the reference)
+from conftest import headless_chromium  # noqa: E402
 from test_dropin import reference_wav  # noqa: E402
 from test_server import LONG_TEXT, REQUEST_S, SERVER_START_S, Server, start_server, tts  # noqa: E402,F401
 
@@ -416,21 +417,14 @@ def test_speak_writes_the_servers_mp3(srv: Server, pipeline, tmp_path: Path) -> 
 def test_page_asks_for_the_key_before_calling_it_wrong(srv: Server) -> None:
     """The page on a server with a key, in headless Chromium: before any key is typed it asks for
     one (not "incorrect API key"); with the key typed, the voices load."""
-    from test_dropin import CHROMIUM, wait_until
+    from test_dropin import wait_until
 
-    if not CHROMIUM.is_file():
-        pytest.skip(f"{CHROMIUM} is missing (apt-get install chromium; .ci/run does)")
-    sync_api = pytest.importorskip("playwright.sync_api")
-    with sync_api.sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=["--no-sandbox"])
-        try:
-            page = browser.new_page()
-            page.goto(f"http://127.0.0.1:{srv.port}/", timeout=REQUEST_S * 1000)
-            wait_until(page, "document.querySelector('#status').textContent !== ''", REQUEST_S)
-            status = page.inner_text("#status")
-            assert "needs its API key" in status and "incorrect" not in status, status
-            page.fill("#api-key", KEY)
-            page.dispatch_event("#api-key", "change")
-            wait_until(page, "document.querySelectorAll('#voice option').length > 12", REQUEST_S)
-        finally:
-            browser.close()
+    with headless_chromium(("--no-sandbox",)) as browser:
+        page = browser.new_page()
+        page.goto(f"http://127.0.0.1:{srv.port}/", timeout=REQUEST_S * 1000)
+        wait_until(page, "document.querySelector('#status').textContent !== ''", REQUEST_S)
+        status = page.inner_text("#status")
+        assert "needs its API key" in status and "incorrect" not in status, status
+        page.fill("#api-key", KEY)
+        page.dispatch_event("#api-key", "change")
+        wait_until(page, "document.querySelectorAll('#voice option').length > 12", REQUEST_S)
