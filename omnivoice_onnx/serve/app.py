@@ -128,8 +128,7 @@ def create_app(service: Service) -> FastAPI:
         yield
         await asyncio.to_thread(service.pool.close)
 
-    # No generated schema or docs pages (GET /openapi.json is a JSON 404 like any unknown route):
-    # the routes are OpenAI's, documented in the README, and the speech route reads its body itself.
+    # No generated schema or docs pages (GET /openapi.json is a JSON 404): the routes are OpenAI's.
     app = FastAPI(
         title="omnivoice-onnx", description=__doc__, lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
     )
@@ -518,14 +517,10 @@ async def encoded_upload(
     return await task_result(service.pool, run, request, service.config.timeout_s)
 
 
-# --- running it ----------------------------------------------------------------------------------
-
-
 def load_service(config: ServerConfig) -> Service:
     """Load one OmniVoiceOnnx per worker and check the voices folder, before the port opens."""
     threads = worker_threads(config.workers, config.threads)
-    # The first load checks the bundle's files against its report (OmniVoiceOnnx's verify); the
-    # other workers load the same files just checked, so they skip the re-hash (~3.7 GB at full size).
+    # The first load checks the bundle's files against its report; the others skip the re-hash.
     models = [
         OmniVoiceOnnx.from_dir(
             config.model_dir, threads=threads, resident_codecs=True, variant=config.variant, verify=i == 0
@@ -566,6 +561,21 @@ def serve(config: ServerConfig) -> int:
     open_warning = check_auth(config)
     listener = bind(config.host, config.port)  # a busy port is named before the models load
     service = load_service(config)
+    host, port = listener.getsockname()[:2]
+
+    def announce() -> None:  # once the server's own SIGTERM/SIGINT handlers are in place
+        LOG.info(
+            "omnivoice-onnx serve: %d worker(s) x %d thread(s), queue %d, default format %s, voices %s",
+            service.pool.workers,
+            worker_threads(config.workers, config.threads),
+            config.queue_size,
+            service.default_format,
+            service.voices,
+        )
+        LOG.info("%s%s", LISTENING, f"http://{f'[{host}]' if ':' in host else host}:{port}/v1")
+        if open_warning is not None:
+            LOG.warning("%s", open_warning)
+
     server = make_server(
         uvicorn.Config(
             create_app(service),
@@ -579,20 +589,8 @@ def serve(config: ServerConfig) -> int:
             h11_max_incomplete_event_size=door.MAX_HEADER_BYTES,
         ),
         on_stop=lambda: setattr(service.pool, "draining", True),
+        on_ready=announce,
     )
-    host, port = listener.getsockname()[:2]
-    LOG.info(
-        "omnivoice-onnx serve: %d worker(s) x %d thread(s), queue %d, default format %s, voices %s",
-        service.pool.workers,
-        worker_threads(config.workers, config.threads),
-        config.queue_size,
-        service.default_format,
-        service.voices,
-    )
-    # uvicorn prints no address for a socket it is given; this line has the real port (--port 0).
-    LOG.info("%s%s", LISTENING, f"http://{f'[{host}]' if ':' in host else host}:{port}/v1")
-    if open_warning is not None:
-        LOG.warning("%s", open_warning)
     server.run(sockets=[listener])
     stopped_by: int | None = server.stopped_by  # make_server's Server (a class it builds: uvicorn is imported there)
     if stopped_by is not None and service.pool.cut_off:

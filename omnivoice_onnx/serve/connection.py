@@ -146,11 +146,13 @@ async def wait_disconnect(request: Any) -> None:
         pass
 
 
-def make_server(config: Any, on_stop: Callable[[], None]) -> Any:
+def make_server(config: Any, on_stop: Callable[[], None], on_ready: Callable[[], None]) -> Any:
     """uvicorn's Server with the signal handling this server documents: uvicorn re-raises a caught
     SIGTERM after its shutdown, so the process would die by the signal even after a clean drain.
     Here the first SIGTERM/SIGINT calls `on_stop` (the server marks its pool draining: new requests
-    get 503) and starts uvicorn's graceful shutdown; `stopped_by` records the signal."""
+    get 503) and starts uvicorn's graceful shutdown; `stopped_by` records the signal. `on_ready`
+    (the start line a launcher waits for) runs once these handlers are in place, so a SIGTERM sent
+    as soon as the line appears drains like any other, never the default death."""
     import uvicorn
 
     class Server(uvicorn.Server):
@@ -159,10 +161,12 @@ def make_server(config: Any, on_stop: Callable[[], None]) -> Any:
         @contextlib.contextmanager
         def capture_signals(self) -> Iterator[None]:
             if threading.current_thread() is not threading.main_thread():
+                on_ready()
                 yield
                 return
             previous = {sig: signal.signal(sig, self.stop) for sig in (signal.SIGINT, signal.SIGTERM)}
             try:
+                on_ready()
                 yield
             finally:
                 for sig, handler in previous.items():
