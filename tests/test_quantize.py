@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from conftest import assert_same_bits_on_captured_calls, captured_calls, read_report, run_script
+from conftest import SHARED_VARIANTS, assert_same_bits_on_captured_calls, captured_calls, read_report, run_script
 from onnx import TensorProto, helper, numpy_helper
 
 import quality_omnivoice
@@ -30,11 +30,14 @@ TRANSFORMER = quantize.TRANSFORMER_FILE
 
 
 @pytest.fixture(scope="module")
-def variants(pipeline, tmp_path_factory) -> Path:
-    """A copy of the tiny export with every recipe built into it (read-only for the tests)."""
+def variants(variants_export, tmp_path_factory) -> Path:
+    """A copy of the tiny export with every recipe built into it (read-only for the tests): the
+    run's shared build (int8 and the fp32 graphs), then step 5 for the other recipes on top, as a
+    user adds variants to an export."""
     onnx_dir = tmp_path_factory.mktemp("variants") / "onnx"
-    shutil.copytree(pipeline.onnx, onnx_dir)
-    quantize_omnivoice.main(["--onnx-dir", str(onnx_dir)])
+    shutil.copytree(variants_export, onnx_dir)
+    rest = [name for name in recipes.DEFAULT_VARIANTS if name not in SHARED_VARIANTS]
+    quantize_omnivoice.main(["--onnx-dir", str(onnx_dir), "--variants", ",".join(rest)])
     return onnx_dir
 
 
