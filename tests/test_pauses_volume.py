@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import soundfile
 from conftest import REPO, Pipeline
+from test_stream import clone, tts  # noqa: F401  (tts: test_stream's module fixture, the same runtime)
 
 from omnivoice_export.step2_export.runtime_assets import host_sections
 from omnivoice_onnx import OmniVoiceOnnx, Trace
@@ -128,18 +129,6 @@ def test_out_of_range_is_one_user_error(keyword: str, value: object, fragment: s
     with pytest.raises(UserError) as raised:
         tts.validate("Hello.", **{keyword: value})
     assert fragment in str(raised.value) and "\n" not in str(raised.value)
-
-
-@pytest.fixture(scope="module")
-def tts(pipeline: Pipeline) -> OmniVoiceOnnx:
-    return OmniVoiceOnnx.from_dir(pipeline.onnx)
-
-
-def clone(pipeline: Pipeline) -> dict:
-    return {
-        "ref_audio": str(pipeline.capture / "ref_voice.wav"),
-        "ref_text": (pipeline.capture / "ref_voice.txt").read_text().strip(),
-    }
 
 
 @pytest.mark.slow
