@@ -242,7 +242,7 @@ def test_builds_need_no_cpu_dispatched_kernel(tmp_path: Path) -> None:
     not os.environ.get("OMNIVOICE_TEST_FULL_RANDOM"),
     reason="builds full-random (minutes, ~6 GB): set OMNIVOICE_TEST_FULL_RANDOM=1",
 )
-@pytest.mark.parametrize("name", ["full-random", "full-random-outliers"])
+@pytest.mark.parametrize("name", ["full-random", "full-random-outliers", "full-random-outliers2"])
 def test_full_random_has_the_recorded_fingerprint(tmp_path: Path, name: str) -> None:
     assert model_fingerprint(build_checkpoint(name, tmp_path / name)) == FINGERPRINTS[name]
 

@@ -15,9 +15,10 @@ checkpoints.REQUIRED_FILES).
               channels at the first position and the delimiter tokens, written by an early
               layer's MLP (its down_proj input spikes there), and outlier channels in the normed
               input of every linear layer; the check of an int8 recipe (docs/variants.md cites each).
-`tiny-outliers2`  proxy 2: tiny-outliers plus what the trained model's int8 reports point to
-              (OmniVoice#152: the error lives at the down_proj input): outlier channels in the
-              residual stream read with ordinary weights, and GLU units that fire at every position.
+`tiny-outliers2`, `full-random-outliers2`  proxy 2: tiny-outliers / full-random-outliers plus what
+              the trained model's int8 reports point to (OmniVoice#152: the error lives at the
+              down_proj input): outlier channels in the residual stream read with ordinary
+              weights, and GLU units that fire at every position.
 
 The library's default init makes degenerate models (zero codebooks: every code identical; a DAC
 decoder whose output is almost constant; std-0.02 audio heads whose argmax is a near-tie
@@ -211,6 +212,18 @@ OUTLIERS = {
         compensation=1.0,
     ),
 }
+# Proxy 2 at the real dims: full-random-outliers plus tiny-outliers2's features, scaled as tiny's were to full-random's
+# embedding std (0.02 against 0.1: residual offset 30 -> 6); the trigger set so that its normed value at the
+# massive positions is tiny-outliers2's (~3.6; the residual channels now dominate those rows' RMS).
+OUTLIERS["full-random-outliers2"] = replace(
+    OUTLIERS["full-random-outliers"],
+    trigger_value=1.0,
+    residual_channels=(130, 600),
+    residual_value=6.0,
+    glu_units=(9, 700, 2501),
+    glu_gain=250.0,
+    glu_compensation=1.0,
+)
 # checkpoints.model_fingerprint of each build with seed 0: the same on every CPU (weights_recipe), asserted by
 # tests/test_checkpoints.py (full-random's by an opt-in test: it builds in minutes). Change them only with
 # BUILDER_VERSION, and regenerate tests/conformance (its vectors name tiny's).
@@ -221,6 +234,7 @@ FINGERPRINTS = {
     "tiny-outliers": "sha256:8bc614ee5deb9039",
     "full-random-outliers": "sha256:f0962600f722c621",
     "tiny-outliers2": "sha256:b0acee6cdab76243",
+    "full-random-outliers2": "sha256:57d31cef937b99fb",
 }
 
 # Each of these is its base (same dims, so the same per-name draws and codec scales) plus LARGE_ACTIVATIONS or OUTLIERS.
@@ -229,6 +243,7 @@ BASE_OF = {
     "tiny-outliers": "tiny",
     "tiny-outliers2": "tiny",
     "full-random-outliers": "full-random",
+    "full-random-outliers2": "full-random",
 }
 for _name, _base in BASE_OF.items():
     DIMS[_name] = DIMS[_base]
