@@ -60,13 +60,20 @@ def assert_variants_as_reported(onnx_dir: Path, names) -> None:
 # --- step 5: concurrent runs, kill -9, outputs checked first ---------------------------------------
 
 
+# The report's writers: every recipe that measures nothing on the capture. The ones that calibrate
+# (int8's sensitivity, int8-normfold's spike rule) write the same report entry after more CPU, and
+# are built on their own by the session export (conftest.variants_export) and test_outliers.
+WRITERS = [name for name, recipe in recipes.RECIPES.items() if not (recipe.calibrate or recipe.spikes_fp32)]
+
+
 @pytest.mark.slow
-def test_ten_concurrent_runs_one_recipe_each_keep_every_entry(onnx_copy: Path) -> None:
-    """The report's read-modify-write used to lose 1-2 of 10 entries (all runs exit 0)."""
-    procs = {name: quantize_process(onnx_copy, name) for name in recipes.RECIPES}
+def test_concurrent_runs_one_recipe_each_keep_every_entry(onnx_copy: Path) -> None:
+    """The report's read-modify-write used to lose 1-2 of 10 entries (all runs exit 0); every
+    WRITERS recipe (13 today) runs at once."""
+    procs = {name: quantize_process(onnx_copy, name) for name in WRITERS}
     for name, proc in procs.items():
         assert proc.wait(timeout=600) == 0, (name, proc.stderr.read()[-2000:])
-    assert_variants_as_reported(onnx_copy, recipes.RECIPES)
+    assert_variants_as_reported(onnx_copy, WRITERS)
 
 
 @pytest.mark.slow
