@@ -16,9 +16,17 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 import torch
-from conftest import Pipeline, assert_same_bits_on_captured_calls, export_as_user, read_report, shared_build
+from conftest import (
+    Pipeline,
+    assert_same_bits_on_captured_calls,
+    captured_calls,
+    export_as_user,
+    read_report,
+    shared_build,
+)
 
 import capture_reference
 import infer_onnx
@@ -29,9 +37,9 @@ from omnivoice_export.step0_checkpoints.builder import OUTLIERS, build_checkpoin
 from omnivoice_export.step0_checkpoints.checkpoints import load_omnivoice
 from omnivoice_export.step1_capture import capture
 from omnivoice_export.step2_export.report import read_graph_metadata, save_with_sidecar
-from omnivoice_export.step56_variants import quality, quantize, recipes, smoothing
+from omnivoice_export.step56_variants import quality, quantize, recipes, rotation, sensitivity, smoothing
 from omnivoice_onnx.hashing import sha256_file
-from omnivoice_onnx.sessions import make_session
+from omnivoice_onnx.sessions import make_session, run_split
 
 pytestmark = pytest.mark.slow  # one tiny-outliers pipeline: steps 0-2, then step 5 for two recipes
 NAME = "tiny-outliers"
@@ -205,12 +213,19 @@ def test_fp32_is_faithful_on_the_proxy(outliers: Pipeline, tmp_path: Path) -> No
     assert report["end_to_end"]["cpu"]["verdict"] == "PASS"
 
 
+# The rotated fp32 graph against the plain one: max |d logits| relative to max |logits| (float order
+# alone: measured on the three checkpoints ~1e-6).
+ROTATION_TOLERANCE = 1e-5
+
+
 @pytest.mark.parametrize("checkpoint", ["outliers", "outliers2", "reparametrized"])
 def test_every_fold_is_exact_in_fp32(checkpoint: str, request, tmp_path: Path) -> None:
     """int8's folds (powers of two, scales measured on the capture's calls) leave the fp32 graph's
     logits the same bits on steps 0, 8, 16 and 24 of every mode; they fold every kind of site (norms, up_proj,
     v_proj), and where the checkpoint's outliers sit (the norm inputs of tiny-outliers, the o_proj
-    input of the reparametrized tiny) the channel ratio after the fold is a fraction of before."""
+    input of the reparametrized tiny) the channel ratio after the fold is a fraction of before. The
+    rotation that follows (every quantized input) keeps the function: the same argmax on every row
+    read, the logits within float order's error."""
     pipeline: Pipeline = request.getfixturevalue(checkpoint)
     recipe = recipes.RECIPES["int8"]
     source = pipeline.onnx / quantize.TRANSFORMER_FILE
@@ -225,23 +240,30 @@ def test_every_fold_is_exact_in_fp32(checkpoint: str, request, tmp_path: Path) -
     after = smoothing.measure_inputs(folded, [site.input for site in sites], calls[::4], tmp_path)
     worst = max(rows, key=lambda row: row["channel_ratio"] if row["fold"] != "up_proj" else 0)
     assert worst["channel_ratio"] >= 50 and after[worst["input"]].channel_ratio() < worst["channel_ratio"] / 4
-    for name, model in (("plain", plain), ("folded", folded)):
+    rotated = onnx.ModelProto()
+    rotated.CopyFrom(folded)
+    rotated_rows, _ = rotation.rotate_inputs(rotated, exclude)
+    assert len(rotated_rows) == len(rows)  # every quantized input, whatever its fold
+    for name, model in (("plain", plain), ("folded", folded), ("rotated", rotated)):
         (tmp_path / name).mkdir()
         save_with_sidecar(model, tmp_path / name / quantize.TRANSFORMER_FILE)
+    session = {name: make_session(tmp_path / name / quantize.TRANSFORMER_FILE) for name in ("plain", "folded")}
+    session["rotated"] = make_session(tmp_path / "rotated" / quantize.TRANSFORMER_FILE)
     captured = len(capture.mode_steps(capture.load_manifest(pipeline.capture, verify_hashes=False), "clone"))
-    assert_same_bits_on_captured_calls(
-        pipeline.capture,
-        make_session(tmp_path / "folded" / quantize.TRANSFORMER_FILE),
-        make_session(tmp_path / "plain" / quantize.TRANSFORMER_FILE),
-        every=8 * captured // 32,  # steps 0, 8, 16, 24 of every mode
-    )
+    every = 8 * captured // 32  # steps 0, 8, 16, 24 of every mode
+    assert_same_bits_on_captured_calls(pipeline.capture, session["folded"], session["plain"], every=every)
+    # the rotation is the same function in another float order: the same argmax on every row read
+    for mode, step, feeds in captured_calls(pipeline.capture, every):
+        want, got = run_split(session["plain"], *feeds), run_split(session["rotated"], *feeds)
+        assert np.array_equal(got.argmax(-1), want.argmax(-1)), (mode, step)
+        assert np.abs(got - want).max() <= ROTATION_TOLERANCE * np.abs(want).max(), (mode, step)
 
 
 def test_int8_holds_where_per_tensor_scales_break(outliers: Pipeline) -> None:
     """tiny-outliers (the regression case): int8 keeps argmax agreement >= 0.98 on average over
     every captured call; int8-pertensor falls to <= 0.95. Phase 5's int8-normfold still holds
     >= 0.95 on every call there (its spike rule keeps the massive layer's down_proj fp32); the
-    report says what int8 measured: each input's fold and alpha, what it kept fp32 and why."""
+    report says what int8 measured: each input's fold, alpha and rotation, what it kept fp32 and why."""
     export = read_report(outliers.onnx)
     agreement = per_call_agreement(outliers)
     assert np.mean(agreement["int8"]) >= 0.98, agreement["int8"]
@@ -249,8 +271,13 @@ def test_int8_holds_where_per_tensor_scales_break(outliers: Pipeline) -> None:
     assert np.mean(agreement["int8-pertensor"]) <= 0.95
     assert len(export["variants"]["int8-normfold"]["calibration"]["spikes"]["fp32"]) == 1
     calibration = export["variants"]["int8"]["calibration"]
-    assert len(calibration["inputs"]) == 4 * 2 and calibration["calls"] >= 12
-    assert set(calibration["fp32"]["contribution"]) == {m for row in calibration["inputs"] for m in row["matmuls"]}
+    assert len(calibration["inputs"]) == len(calibration["rotated"]) == 4 * 2 and calibration["calls"] >= 12
+    fp32, matmuls = calibration["fp32"], {m for row in calibration["inputs"] for m in row["matmuls"]}
+    if fp32["contribution"]:  # the all-int8 graph missed the target: every MatMul measured
+        assert set(fp32["contribution"]) == matmuls and set(fp32["kept"]) <= matmuls
+    else:  # it reached it: nothing to keep, the sweep skipped (sensitivity)
+        assert fp32["reached"] and fp32["kept"] == []
+        assert fp32["all_int8_mean"] >= sensitivity.TARGET_MEAN and fp32["all_int8_min"] >= sensitivity.TARGET_MIN
 
 
 @pytest.mark.parametrize("checkpoint", ["outliers2", "reparametrized"])

@@ -22,7 +22,7 @@ import quality_omnivoice
 import quantize_omnivoice
 from omnivoice_export.step1_capture import capture
 from omnivoice_export.step2_export import report
-from omnivoice_export.step56_variants import quality, quantize, recipes, sensitivity
+from omnivoice_export.step56_variants import quality, quantize, recipes, rotation, sensitivity
 from omnivoice_onnx.errors import UserError
 from omnivoice_onnx.sessions import make_session, run, run_split
 
@@ -141,7 +141,8 @@ def test_heads_and_embeddings_stay_fp32_where_the_recipe_says(variants):
 def test_int8_holds_its_three_rewrites(pipeline, variants, name: str):
     """`int8` and `int8-pertensor` as step 5 builds them: per layer one Attention, two
     RotaryEmbeddings (q, k), seven integer MatMuls (q, k, v, o, gate, up, down; int8 keeps fp32 the
-    ones its report names, within the budget of the quantized weights) and four RMSNorm kernels
+    ones its report names, within the budget of the quantized weights; int8 rotates their four
+    inputs, two small fp32 MatMuls each) and four RMSNorm kernels
     (input, post-attention, q, k; plus the final norm), and no layout copies around attention (no
     Expand; the one Transpose lays out the logits)."""
     model = onnx.load(str(variants / name / TRANSFORMER), load_external_data=False)
@@ -162,6 +163,9 @@ def test_int8_holds_its_three_rewrites(pipeline, variants, name: str):
         ops.count("Expand"),
     ) == (layers, 2 * layers, 7 * layers, 4 * layers + 1, 0, 0, 0, 1, 0)
     assert recipes.RECIPES[name].fusions == ("attention", "rotary", "rms_norm")
+    # int8 rotates each quantized input online (q/k/v's, o's, gate/up's, down's): two fp32 MatMuls each
+    rotations = [node.op_type for node in model.graph.node if node.name.startswith(rotation.PREFIX)]
+    assert rotations.count("MatMul") == (2 * 4 * layers if recipes.RECIPES[name].rotate else 0)
 
 
 @pytest.mark.slow

@@ -5,7 +5,8 @@ A checkpoint is a directory in exactly the layout `OmniVoice.from_pretrained` re
     config.json  model.safetensors  tokenizer.json  tokenizer_config.json
     audio_tokenizer/{config.json, model.safetensors, preprocessor_config.json}
 
-`--model` takes `tiny`, `full-random`, `tiny-large-act`, `tiny-outliers`, `tiny-outliers2`, `full-random-outliers` or `full-random-outliers2`
+`--model` takes `tiny`, `full-random`, `tiny-large-act`, `tiny-outliers`, `tiny-outliers2`,
+`full-random-outliers` or `full-random-outliers2`
 (built by omnivoice_export.step0_checkpoints.builder on first use into the git-ignored checkpoints/, rebuilt when the
 builder changes; tiny-large-act is tiny with a trained model's large residual activations, the fp16
 check; the -outliers ones carry a trained model's activation outliers, the int8 check), the path of

@@ -26,7 +26,7 @@ from omnivoice_export.common.files import first_mismatch
 from omnivoice_export.common.measure import PeakRss
 from omnivoice_export.step2_export import report
 from omnivoice_export.step2_export.report import read_graph_metadata, save_with_sidecar
-from omnivoice_export.step56_variants import fp16, fusion, rowwise, sensitivity, smoothing
+from omnivoice_export.step56_variants import fp16, fusion, rotation, rowwise, sensitivity, smoothing
 from omnivoice_export.step56_variants.recipes import RECIPES, Recipe
 from omnivoice_onnx.contract import GRAPH_FILES, variant_dir, variant_path
 from omnivoice_onnx.errors import UserError
@@ -113,12 +113,14 @@ def quantize_prepared(
     exclude: list[str],
     calls: list[dict[str, np.ndarray]],
     workdir: Path,
+    log: Callable[[str], object] = lambda _line: None,
 ) -> tuple[onnx.ModelProto, dict[str, Any]]:
     """Quantize an fp32 graph already prepared for `recipe` (a "dynamic" or "rowwise" one), keeping
     `exclude` fp32; `calls` (feeds of the graph) calibrate the recipes that measure. Returns the
     quantized model and what it measured (the report entry's `calibration`). Any graph of the same
     building blocks works (tests and bench/bench_int8_judge.py run it on a trained LLaMA-family
-    model); `workdir` holds the probe graphs (a graph over 2 GB has to be a file)."""
+    model); `workdir` holds the probe graphs (a graph over 2 GB has to be a file). `log` gets a line
+    per calibration stage (minutes at the real dims)."""
     workdir = Path(workdir)
     details: dict[str, Any] = {}
     if recipe.method == "dynamic":
@@ -141,8 +143,16 @@ def quantize_prepared(
         }
         fp32 += list(spikes)
     if recipe.calibrate:
+        log(f"[quantize] {recipe.name}: measuring every quantized MatMul input on {len(calls)} captured calls")
         details["inputs"] = smoothing.smooth(model, exclude, calls, workdir)
-        selection = sensitivity.select_fp32(model, exclude, calls, workdir)
+        folded = sum(row["alpha"] is not None for row in details["inputs"])  # an alpha: a site, a fold
+        log(f"[quantize] {recipe.name}: {len(details['inputs'])} inputs measured, {folded} scales folded")
+    if recipe.rotate:
+        details["rotated"], rotations = rotation.rotate_inputs(model, exclude)
+        exclude = exclude + rotations
+        log(f"[quantize] {recipe.name}: {len(details['rotated'])} inputs rotated")
+    if recipe.calibrate:
+        selection = sensitivity.select_fp32(model, exclude, calls, workdir, log=log)
         details["fp32"] = {
             "target": {"mean": sensitivity.TARGET_MEAN, "min": sensitivity.TARGET_MIN},
             "max_share": sensitivity.MAX_FP32_SHARE,
@@ -361,7 +371,11 @@ def quantized_node_counts(model: onnx.ModelProto) -> dict[str, int]:
 
 
 def build_variant(
-    onnx_dir: Path, recipe: Recipe, fp32_metadata: dict[str, str], capture_dir: Path | None = None
+    onnx_dir: Path,
+    recipe: Recipe,
+    fp32_metadata: dict[str, str],
+    capture_dir: Path | None = None,
+    log: Callable[[str], object] = print,
 ) -> dict[str, Any]:
     """Write `onnx/<recipe.name>/` from the fp32 transformer (and codec graphs, for a recipe with
     `codecs`); return its report entry.
@@ -390,7 +404,9 @@ def build_variant(
         with PeakRss() as peak:
             if recipe.method == "rowwise" or (recipe.method == "dynamic" and recipe.fusions):
                 calls = calibration_calls(capture_dir, fp32_metadata) if recipe.spikes_fp32 or recipe.calibrate else []
-                model, calibration = quantize_prepared(prepared_graph(source, recipe), recipe, exclude, calls, staging)
+                model, calibration = quantize_prepared(
+                    prepared_graph(source, recipe), recipe, exclude, calls, staging, log
+                )
             elif recipe.method == "dynamic":
                 model = quantize_dynamic_variant(source, staging, recipe, exclude)
             elif recipe.method == "unmasked":
@@ -571,7 +587,7 @@ def quantize_variants(
     for index, name in enumerate(names, 1):
         recipe = RECIPES[name]
         log(f"[quantize] {index}/{len(names)} {name}: {recipe.summary} ...")
-        entry = build_variant(onnx_dir, recipe, metadata, capture_dir or Path(export["capture"]["dir"]))
+        entry = build_variant(onnx_dir, recipe, metadata, capture_dir or Path(export["capture"]["dir"]), log)
         entries[name] = entry
         log(
             f"[quantize] {name}: {entry['bytes'] / 2**20:.1f} MB ({entry['size_ratio']:.1%} of fp32) in "

@@ -52,9 +52,11 @@ Why the recipes are what they are (the quality table measures each):
   the capture's calls: every MatMul input's channel ranges measured and its outlier channels
   folded into the weights that read it (omnivoice_export.step56_variants.smoothing: SmoothQuant with alpha chosen
   per input, powers of two, the fp32 graph's bits unchanged; into the norms, up_proj's and
-  v_proj's output columns), one scale per row of every activation (a massive row no longer sets
-  the scale of the others), and fp32 for the fewest MatMuls whose measured share of the logit
-  error reaches the target (omnivoice_export.step56_variants.sensitivity). Per-tensor scales are what a trained
+  v_proj's output columns), then every quantized input rotated online by a block Hadamard matrix
+  (omnivoice_export.step56_variants.rotation: what is left of an outlier channel spread over its
+  block; the weights store the transpose), one scale per row of every activation (a massive row no
+  longer sets the scale of the others), and fp32 for the fewest MatMuls whose measured share of the
+  logit error reaches the target (omnivoice_export.step56_variants.sensitivity). Per-tensor scales are what a trained
   model's outliers break (docs/variants.md: the outlier proxies); `int8-normfold` is phase 5's
   rule (scales read from the norm weights, spiking rows fp32), `int8-rows` the per-row scales
   alone, kept to measure what each part adds.
@@ -95,6 +97,8 @@ class Recipe:
     # rowwise: scales of every MatMul input measured on the capture's calls and folded (smoothing.smooth),
     # then the fewest MatMuls kept fp32 that reach sensitivity's target (sensitivity.select_fp32)
     calibrate: bool = False
+    # rowwise, after calibrate's folds: every quantized MatMul input rotated online (step56_variants.rotation)
+    rotate: bool = False
     summary: str = ""
 
     def as_dict(self) -> dict[str, Any]:
@@ -149,9 +153,11 @@ RECIPES: dict[str, Recipe] = {
             "fp16",
             fusions=("attention", "rotary", "rms_norm"),
             calibrate=True,
+            rotate=True,
             summary="int8-pertensor's graph with every MatMul input's outlier channels measured on the capture's "
             "calls and folded into the weights (SmoothQuant, alpha measured per input, exact in fp32: into the "
-            "norms, up_proj, v_proj), a scale per row of each activation (MatMulIntegerToFloat), and fp32 for "
+            "norms, up_proj, v_proj), then each input rotated online by a block Hadamard matrix (its weights "
+            "by the transpose), a scale per row of each activation (MatMulIntegerToFloat), and fp32 for "
             "the fewest MatMuls whose measured share of the logit error reaches the target",
         ),
         Recipe(

@@ -9,6 +9,8 @@ one or two would do. So the choice is measured on the capture's calls:
 
 1. contribution: the smoothed graph runs with one MatMul int8 and every other fp32; its relative
    logit error against all-fp32 (||dL|| / ||L|| over the rows read) is that MatMul's contribution.
+   Measured only when the all-int8 graph misses the target: the sweep is one forward per MatMul per
+   call (196 MatMuls at the real dims), and with nothing to keep fp32 it would choose nothing.
 2. selection: one MatMul at a time is kept fp32, the one of the CANDIDATES largest contributions
    that raises argmax agreement with fp32 on the calibration calls most, until the agreement
    reaches TARGET_MEAN on average and TARGET_MIN on every call, no candidate raises it, or the kept
@@ -21,6 +23,7 @@ forms, picked per call by a bool input), so a mix costs one forward, not one gra
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,8 +42,8 @@ CANDIDATES = 8  # each round tries this many MatMuls, largest contribution first
 class Selection:
     """What the measurement chose and saw."""
 
-    order: list[str]  # every quantized MatMul, largest contribution first
-    contribution: dict[str, float]  # relative logit error with only that MatMul int8
+    order: list[str]  # every quantized MatMul, largest contribution first (none: not measured)
+    contribution: dict[str, float]  # relative logit error with only that MatMul int8 (empty: not measured)
     kept: list[str]  # the MatMuls kept fp32
     agreement: list[float]  # per calibration call, with `kept` fp32
     all_int8: list[float]  # per calibration call, with nothing kept
@@ -104,20 +107,33 @@ class SwitchGraph:
 
 
 def select_fp32(
-    model: onnx.ModelProto, exclude: list[str], calls: list[dict[str, np.ndarray]], workdir: Path
+    model: onnx.ModelProto,
+    exclude: list[str],
+    calls: list[dict[str, np.ndarray]],
+    workdir: Path,
+    log: Callable[[str], object] = lambda _line: None,
 ) -> Selection:
     """Measure every quantized MatMul's contribution and keep the fewest fp32 that reach the
     target (module docstring). `model` is the smoothed fp32 graph, before quantize_rowwise."""
     graph = SwitchGraph(model, exclude, calls, workdir)
-    everything = set(graph.names)
-    contribution = {name: graph.relative_error(everything - {name}) for name in graph.names}
-    order = sorted(graph.names, key=lambda name: -contribution[name])
-    budget = MAX_FP32_SHARE * sum(graph.sizes.values())
 
     def good(agreement: list[float]) -> bool:
         return float(np.mean(agreement)) >= TARGET_MEAN and min(agreement) >= TARGET_MIN
 
     all_int8 = graph.agreement(set())
+    seen = f"all int8, argmax agreement {np.mean(all_int8):.4f} mean / {min(all_int8):.4f} min on the calls"
+    if good(all_int8):  # nothing to keep: no sweep (module docstring)
+        log(f"[quantize] {seen}: the target ({TARGET_MEAN} / {TARGET_MIN}) is reached, nothing kept fp32")
+        return Selection([], {}, [], all_int8, all_int8, 0.0, True)
+    log(f"[quantize] {seen}: under the target; measuring each of {len(graph.names)} MatMuls' share of the error")
+    everything = set(graph.names)
+    contribution: dict[str, float] = {}
+    for index, name in enumerate(graph.names, 1):
+        contribution[name] = graph.relative_error(everything - {name})
+        if index % max(1, len(graph.names) // 10) == 0 or index == len(graph.names):
+            log(f"[quantize]   {index}/{len(graph.names)} measured")
+    order = sorted(graph.names, key=lambda name: -contribution[name])
+    budget = MAX_FP32_SHARE * sum(graph.sizes.values())
     kept: list[str] = []
     agreement = all_int8
     while not good(agreement):
