@@ -485,6 +485,13 @@ def test_a_redirect_to_another_scheme_is_refused_naming_where(location: str, ser
     nothing_beside(tmp_path)
 
 
+def foreground_sigint() -> None:
+    """In the child before exec: SIGINT as a terminal's foreground job gets it. A suite started in the
+    background (`make test &`, nohup, some CI runners) ignores SIGINT, its children inherit that, and
+    Python then installs no KeyboardInterrupt handler: Ctrl-C would not reach the download at all."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def stopped(url: str, target: Path, signum: int, ready) -> tuple[int, str]:
     """`download url` into `target`, sent `signum` once `ready()`: (its exit code, its stderr)."""
     Archives.release.clear()
@@ -493,6 +500,7 @@ def stopped(url: str, target: Path, signum: int, ready) -> tuple[int, str]:
         stderr=subprocess.PIPE,
         text=True,
         env={**os.environ, "PYTHONPATH": str(REPO)},
+        preexec_fn=foreground_sigint,
     )
     try:
         deadline = time.monotonic() + 60
