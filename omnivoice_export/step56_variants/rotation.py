@@ -63,10 +63,9 @@ def rotate_weight(weight: np.ndarray, block: int) -> np.ndarray:
     rows, columns = weight.shape
     first, second = factors(block)
     blocks = weight.astype(np.float64).reshape(rows // block, first, second, columns)
-    rotated = np.einsum(
-        "ia,jb,kabn->kijn", hadamard(first).astype(np.float64), hadamard(second).astype(np.float64), blocks
-    )
-    result: np.ndarray = rotated.reshape(rows, columns).astype(np.float32)
+    left = np.einsum("ia,kabn->kibn", hadamard(first).astype(np.float64), blocks, optimize=True)
+    both = np.einsum("jb,kibn->kijn", hadamard(second).astype(np.float64), left, optimize=True)
+    result: np.ndarray = both.reshape(rows, columns).astype(np.float32)
     return result
 
 

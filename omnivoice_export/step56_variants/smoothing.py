@@ -196,17 +196,20 @@ def quantize_columns(w: np.ndarray) -> np.ndarray:
     return np.clip(np.rint(w / scale), -INT8_LEVELS, INT8_LEVELS) * scale
 
 
-def simulated_error(x: np.ndarray, weights: list[np.ndarray], scale: np.ndarray) -> float:
+def simulated_error(
+    x: np.ndarray, weights: list[np.ndarray], scale: np.ndarray, exact: list[np.ndarray] | None = None
+) -> float:
     """Relative squared error of the readers' outputs when input and weights are quantized after
     migrating `scale` (x / s, s * W), summed over the readers; each row's error is relative to its
-    own output norm, so a massive row does not hide the error of the ordinary ones."""
+    own output norm, so a massive row does not hide the error of the ordinary ones. `exact`: the
+    readers' fp32 outputs x @ W when the caller has them (the same for every scale tried)."""
     xq = quantize_rows(x / scale)
     total = 0.0
-    for w in weights:
-        exact = x @ w
+    for index, w in enumerate(weights):
+        reference = x @ w if exact is None else exact[index]
         approx = xq @ quantize_columns(w * scale[:, None])
-        norms = np.maximum((exact**2).sum(axis=1), 1e-30)
-        total += float(np.mean(((approx - exact) ** 2).sum(axis=1) / norms))
+        norms = np.maximum((reference**2).sum(axis=1), 1e-30)
+        total += float(np.mean(((approx - reference) ** 2).sum(axis=1) / norms))
     return total
 
 
@@ -224,8 +227,9 @@ def choose_scale(site: Site, stats: InputStats, weights: list[np.ndarray]) -> Ch
     fold keeps ones. For v_proj the channels that read one v channel share its scale."""
     x = np.concatenate(stats.sample).astype(np.float32)
     ones = np.ones(x.shape[1], dtype=np.float32)
+    exact = [x @ w for w in weights]
     if site.kind is None:
-        return Choice(None, ones, {"none": simulated_error(x, weights, ones)})
+        return Choice(None, ones, {"none": simulated_error(x, weights, ones, exact)})
     act = stats.channel_max.astype(np.float64)
     weight_range = np.max([np.abs(w).max(axis=1) for w in weights], axis=0).astype(np.float64)
     if site.channel_map is not None:  # tie each v channel's readers: one range per v channel
@@ -243,7 +247,7 @@ def choose_scale(site: Site, stats: InputStats, weights: list[np.ndarray]) -> Ch
         else:
             with np.errstate(divide="ignore"):
                 scale = power_of_two(act**alpha / np.maximum(weight_range, 1e-30) ** (1 - alpha))
-        error = simulated_error(x, weights, scale)
+        error = simulated_error(x, weights, scale, exact)
         errors["none" if alpha is None else f"{alpha:g}"] = error
         if best is None or error < best[0]:
             best = (error, alpha, scale)
