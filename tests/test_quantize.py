@@ -169,6 +169,22 @@ def test_int8_holds_its_three_rewrites(pipeline, variants, name: str):
 
 
 @pytest.mark.slow
+def test_int8_mixed_reports_what_it_kept_and_why(variants):
+    """int8-mixed: int8's folds and rotations, then the fp32 choice; its report names the target,
+    the all-int8 agreement it measured and, when that missed the target, every MatMul's share of
+    the logit error and the ones kept (within the budget)."""
+    calibration = read_report(variants)["variants"]["int8-mixed"]["calibration"]
+    fp32, matmuls = calibration["fp32"], {m for row in calibration["inputs"] for m in row["matmuls"]}
+    assert len(calibration["rotated"]) == len(calibration["inputs"]) and fp32["share"] <= sensitivity.MAX_FP32_SHARE
+    target = (sensitivity.TARGET_MEAN, sensitivity.TARGET_MIN)
+    if fp32["all_int8_mean"] >= target[0] and fp32["all_int8_min"] >= target[1]:  # nothing to keep: no sweep
+        assert fp32["reached"] and fp32["kept"] == [] and fp32["contribution"] == {}
+    else:  # every MatMul measured, the kept ones among them
+        assert set(fp32["contribution"]) == matmuls and set(fp32["kept"]) <= matmuls
+        assert fp32["agreement_mean"] >= fp32["all_int8_mean"]
+
+
+@pytest.mark.slow
 def test_int8_pertensor_keeps_int8_unfused_accuracy(pipeline, variants):
     """The rewrites change float order only (attention kernel, RMSNorm kernel; the merge keeps the
     bits): on every 8th captured step of each mode int8-pertensor's logits stay at int8-unfused's

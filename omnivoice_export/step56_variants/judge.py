@@ -75,7 +75,7 @@ from omnivoice_onnx.errors import UserError
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 # What the bench compares by default, where recipes.RECIPES has them: per-tensor (onnxruntime's
 # dynamic), per-row alone, phase 5's rule, and the shipped recipe.
-DEFAULT_RECIPES = ("int8-pertensor", "int8-rows", "int8-normfold", "int8")
+DEFAULT_RECIPES = ("int8-pertensor", "int8-rows", "int8-normfold", "int8", "int8-mixed")
 GRAPH_FORMS = ("plain", "fused")
 
 

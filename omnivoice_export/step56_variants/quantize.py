@@ -147,11 +147,12 @@ def quantize_prepared(
         details["inputs"] = smoothing.smooth(model, exclude, calls, workdir)
         folded = sum(row["alpha"] is not None for row in details["inputs"])  # an alpha: a site, a fold
         log(f"[quantize] {recipe.name}: {len(details['inputs'])} inputs measured, {folded} scales folded")
+        details["calls"] = len(calls)
     if recipe.rotate:
         details["rotated"], rotations = rotation.rotate_inputs(model, exclude)
         exclude = exclude + rotations
         log(f"[quantize] {recipe.name}: {len(details['rotated'])} inputs rotated")
-    if recipe.calibrate:
+    if recipe.select_fp32:
         selection = sensitivity.select_fp32(model, exclude, calls, workdir, log=log)
         details["fp32"] = {
             "target": {"mean": sensitivity.TARGET_MEAN, "min": sensitivity.TARGET_MIN},
@@ -166,7 +167,6 @@ def quantize_prepared(
             "contribution": {name: float(f"{selection.contribution[name]:.4g}") for name in selection.order},
         }
         fp32 += selection.kept
-        details["calls"] = len(calls)
     rowwise.quantize_rowwise(model, exclude + fp32)
     return model, details
 

@@ -54,12 +54,14 @@ Why the recipes are what they are (the quality table measures each):
   per input, powers of two, the fp32 graph's bits unchanged; into the norms, up_proj's and
   v_proj's output columns), then every quantized input rotated online by a block Hadamard matrix
   (omnivoice_export.step56_variants.rotation: what is left of an outlier channel spread over its
-  block; the weights store the transpose), one scale per row of every activation (a massive row no
-  longer sets the scale of the others), and fp32 for the fewest MatMuls whose measured share of the
-  logit error reaches the target (omnivoice_export.step56_variants.sensitivity). Per-tensor scales are what a trained
-  model's outliers break (docs/variants.md: the outlier proxies); `int8-normfold` is phase 5's
-  rule (scales read from the norm weights, spiking rows fp32), `int8-rows` the per-row scales
-  alone, kept to measure what each part adds.
+  block; the weights store the transpose), and one scale per row of every activation (a massive
+  row no longer sets the scale of the others). Per-tensor scales are what a trained model's
+  outliers break (docs/variants.md: the outlier proxies). `int8-mixed` adds fp32 for the fewest
+  MatMuls whose measured share of the logit error reaches the target
+  (omnivoice_export.step56_variants.sensitivity): a forward per MatMul per calibration call, which
+  the real dims' 196 MatMuls make the costliest step of the pipeline, for a gain the rotation left
+  small (docs/variants.md). `int8-normfold` is phase 5's rule (scales read from the norm weights,
+  spiking rows fp32), `int8-rows` the per-row scales alone, kept to measure what each part adds.
 - `MatMulNBits` keeps weights block-wise (block along K, one scale and zero point per block);
   `accuracy_level` 0 dequantizes to fp32 and runs an fp32 GEMM, 4 quantizes activations to int8
   per block and runs an int8 GEMM (faster; the kind of error that flipped argmaxes on Qwen3-0.6B,
@@ -94,11 +96,13 @@ class Recipe:
     codecs: tuple[str, ...] = ()  # codec graphs the variant converts and carries itself (else the export's fp32 ones)
     fold_norms: bool = False  # rowwise: smoothing.fold_norm_scales before quantizing (phase 5: scales from the norms)
     spikes_fp32: bool = False  # rowwise: the MatMuls whose input spikes on the capture's calls stay fp32 (phase 5)
-    # rowwise: scales of every MatMul input measured on the capture's calls and folded (smoothing.smooth),
-    # then the fewest MatMuls kept fp32 that reach sensitivity's target (sensitivity.select_fp32)
+    # rowwise: scales of every MatMul input measured on the capture's calls and folded (smoothing.smooth)
     calibrate: bool = False
     # rowwise, after calibrate's folds: every quantized MatMul input rotated online (step56_variants.rotation)
     rotate: bool = False
+    # rowwise, last: the fewest MatMuls kept fp32 that reach sensitivity's target (sensitivity.select_fp32;
+    # one forward per MatMul per calibration call, the graph's MatMuls being 196 at the real dims)
+    select_fp32: bool = False
     summary: str = ""
 
     def as_dict(self) -> dict[str, Any]:
@@ -157,8 +161,20 @@ RECIPES: dict[str, Recipe] = {
             summary="int8-pertensor's graph with every MatMul input's outlier channels measured on the capture's "
             "calls and folded into the weights (SmoothQuant, alpha measured per input, exact in fp32: into the "
             "norms, up_proj, v_proj), then each input rotated online by a block Hadamard matrix (its weights "
-            "by the transpose), a scale per row of each activation (MatMulIntegerToFloat), and fp32 for "
-            "the fewest MatMuls whose measured share of the logit error reaches the target",
+            "by the transpose), and a scale per row of each activation (MatMulIntegerToFloat)",
+        ),
+        Recipe(
+            "int8-mixed",
+            "rowwise",
+            8,
+            True,
+            "fp16",
+            fusions=("attention", "rotary", "rms_norm"),
+            calibrate=True,
+            rotate=True,
+            select_fp32=True,
+            summary="int8 with fp32 for the fewest MatMuls whose measured share of the logit error reaches the "
+            "target (one forward per MatMul per calibration call: 14 MatMuls on tiny, 196 at the real dims)",
         ),
         Recipe(
             "int8-normfold",

@@ -1,4 +1,4 @@
-"""Which MatMuls the `int8` recipe keeps fp32: each one's measured share of the logit error.
+"""Which MatMuls the `int8-mixed` recipe keeps fp32: each one's measured share of the logit error.
 
 Why: after the scales are calibrated (omnivoice_export.step56_variants.smoothing) some MatMuls still lose more than
 the rest, and where is a property of the model: the down_proj that writes a massive activation
