@@ -70,7 +70,7 @@ Why the recipes are what they are (the quality table measures each):
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from omnivoice_export.step56_variants import fp16
@@ -115,6 +115,22 @@ class Recipe:
         }
 
 
+# The shipped int8 (int8-mixed is it plus the measured fp32 choice).
+INT8 = Recipe(
+    "int8",
+    "rowwise",
+    8,
+    True,
+    "fp16",
+    fusions=("attention", "rotary", "rms_norm"),
+    calibrate=True,
+    rotate=True,
+    summary="int8-pertensor's graph with every MatMul input's outlier channels measured on the capture's "
+    "calls and folded into the weights (SmoothQuant, alpha measured per input, exact in fp32: into the "
+    "norms, up_proj, v_proj), then each input rotated online by a block Hadamard matrix (its weights "
+    "by the transpose), and a scale per row of each activation (MatMulIntegerToFloat)",
+)
+
 RECIPES: dict[str, Recipe] = {
     recipe.name: recipe
     for recipe in (
@@ -149,29 +165,10 @@ RECIPES: dict[str, Recipe] = {
             "RoPE angles, softmax and the audio heads; its own float16 codec graphs (GPU / mobile format: "
             "no faster than fp32 on x86 CPUs without native float16)",
         ),
-        Recipe(
-            "int8",
-            "rowwise",
-            8,
-            True,
-            "fp16",
-            fusions=("attention", "rotary", "rms_norm"),
-            calibrate=True,
-            rotate=True,
-            summary="int8-pertensor's graph with every MatMul input's outlier channels measured on the capture's "
-            "calls and folded into the weights (SmoothQuant, alpha measured per input, exact in fp32: into the "
-            "norms, up_proj, v_proj), then each input rotated online by a block Hadamard matrix (its weights "
-            "by the transpose), and a scale per row of each activation (MatMulIntegerToFloat)",
-        ),
-        Recipe(
-            "int8-mixed",
-            "rowwise",
-            8,
-            True,
-            "fp16",
-            fusions=("attention", "rotary", "rms_norm"),
-            calibrate=True,
-            rotate=True,
+        INT8,
+        replace(
+            INT8,
+            name="int8-mixed",
             select_fp32=True,
             summary="int8 with fp32 for the fewest MatMuls whose measured share of the logit error reaches the "
             "target (one forward per MatMul per calibration call: 14 MatMuls on tiny, 196 at the real dims)",
