@@ -77,6 +77,7 @@ def rotate_inputs(model: onnx.ModelProto, exclude: list[str]) -> tuple[list[dict
     graph = model.graph
     inits = {init.name: init for init in graph.initializer}
     readers_of = GraphIndex(graph).consumers
+    position = {id(node): index for index, node in enumerate(graph.node)}
     inputs: dict[str, list[onnx.NodeProto]] = {}
     for node in weight_matmuls(graph, set(exclude)):
         inputs.setdefault(node.input[0], []).append(node)
@@ -105,7 +106,7 @@ def rotate_inputs(model: onnx.ModelProto, exclude: list[str]) -> tuple[list[dict
             helper.make_node("Reshape", [f"{name}_hxh", f"{name}_shape"], [f"{name}_out"], name=f"{name}_out"),
         ]
         constant_matmuls.append(f"{name}_right")
-        first_reader = min(readers, key=lambda node: list(graph.node).index(node))
+        first_reader = min(readers, key=lambda node: position[id(node)])
         added[id(first_reader)] = nodes
         for reader in readers:
             reader.input[0] = f"{name}_out"
