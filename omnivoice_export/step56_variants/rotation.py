@@ -27,7 +27,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from omnivoice_export.step56_variants.fusion import GraphIndex
-from omnivoice_export.step56_variants.rowwise import weight_matmuls
+from omnivoice_export.step56_variants.rowwise import matmuls_by_input
 
 MAX_BLOCK = 1024  # the real dims' hidden size (Qwen3-0.6B: 1024; its MLP's 3072 = 3 x 1024)
 PREFIX = "hadamard"  # the inserted nodes' and initializers' names start with it
@@ -78,13 +78,10 @@ def rotate_inputs(model: onnx.ModelProto, exclude: list[str]) -> tuple[list[dict
     inits = {init.name: init for init in graph.initializer}
     readers_of = GraphIndex(graph).consumers
     position = {id(node): index for index, node in enumerate(graph.node)}
-    inputs: dict[str, list[onnx.NodeProto]] = {}
-    for node in weight_matmuls(graph, set(exclude)):
-        inputs.setdefault(node.input[0], []).append(node)
     added: dict[int, list[onnx.NodeProto]] = {}  # before which node (id) the rotation goes
     rows: list[dict[str, object]] = []
     constant_matmuls: list[str] = []
-    for index, (source, readers) in enumerate(inputs.items()):
+    for index, (source, readers) in enumerate(matmuls_by_input(graph, set(exclude)).items()):
         if any(len(readers_of[reader.input[1]]) != 1 for reader in readers):
             continue  # a weight another node reads (tied) cannot be rotated for one reader
         width = int(inits[readers[0].input[1]].dims[0])

@@ -39,6 +39,15 @@ def weight_matmuls(graph: onnx.GraphProto, exclude: set[str]) -> list[onnx.NodeP
     ]
 
 
+def matmuls_by_input(graph: onnx.GraphProto, exclude: set[str]) -> dict[str, list[onnx.NodeProto]]:
+    """weight_matmuls grouped by the input they read (q/k/v share one, gate/up another), in graph
+    order: the unit smoothing folds a scale into and rotation rotates."""
+    inputs: dict[str, list[onnx.NodeProto]] = {}
+    for node in weight_matmuls(graph, exclude):
+        inputs.setdefault(node.input[0], []).append(node)
+    return inputs
+
+
 def quantize_weight(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(int8 [K, N], float32 scale [N]): symmetric per output column, round half to even."""
     peak = np.abs(weight).max(axis=0)

@@ -36,7 +36,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from omnivoice_export.step56_variants.fusion import GraphIndex
-from omnivoice_export.step56_variants.rowwise import weight_matmuls
+from omnivoice_export.step56_variants.rowwise import matmuls_by_input
 
 # The migration strengths tried per input (None: no migration); SmoothQuant's paper uses 0.5 for most
 # models and up to 0.75-0.85 where activation outliers are strongest, so the grid spans both.
@@ -90,12 +90,9 @@ def find_sites(model: onnx.ModelProto, exclude: list[str]) -> list[Site]:
     inits = {init.name: init for init in graph.initializer}
     producer = {out: node for node in graph.node for out in node.output}
     readers = GraphIndex(graph).consumers
-    quantized = weight_matmuls(graph, set(exclude))
-    names = {node.name for node in quantized}
-    sites: dict[str, Site] = {}
-    for node in quantized:
-        sites.setdefault(node.input[0], Site(node.input[0], [])).readers.append(node)
-    for site in sites.values():
+    sites = [Site(source, nodes) for source, nodes in matmuls_by_input(graph, set(exclude)).items()]
+    names = {node.name for site in sites for node in site.readers}
+    for site in sites:
         users = readers[site.input]
         own_weights = all(len(readers[user.input[1]]) == 1 for user in site.readers)
         if len(users) != len(site.readers) or not own_weights:
@@ -128,7 +125,7 @@ def find_sites(model: onnx.ModelProto, exclude: list[str]) -> list[Site]:
                 group = int(q_heads) // int(kv_heads)
                 site.kind, site.fold_node = "v_proj", value
                 site.channel_map = (channels // head_dim // group) * head_dim + channels % head_dim
-    return list(sites.values())
+    return sites
 
 
 def _private(linear: onnx.NodeProto, readers: dict[str, list[onnx.NodeProto]]) -> bool:
@@ -196,17 +193,14 @@ def quantize_columns(w: np.ndarray) -> np.ndarray:
     return np.clip(np.rint(w / scale), -INT8_LEVELS, INT8_LEVELS) * scale
 
 
-def simulated_error(
-    x: np.ndarray, weights: list[np.ndarray], scale: np.ndarray, exact: list[np.ndarray] | None = None
-) -> float:
+def simulated_error(x: np.ndarray, weights: list[np.ndarray], scale: np.ndarray, exact: list[np.ndarray]) -> float:
     """Relative squared error of the readers' outputs when input and weights are quantized after
     migrating `scale` (x / s, s * W), summed over the readers; each row's error is relative to its
     own output norm, so a massive row does not hide the error of the ordinary ones. `exact`: the
-    readers' fp32 outputs x @ W when the caller has them (the same for every scale tried)."""
+    readers' fp32 outputs x @ W (computed once by the caller: the same for every scale tried)."""
     xq = quantize_rows(x / scale)
     total = 0.0
-    for index, w in enumerate(weights):
-        reference = x @ w if exact is None else exact[index]
+    for w, reference in zip(weights, exact, strict=True):
         approx = xq @ quantize_columns(w * scale[:, None])
         norms = np.maximum((reference**2).sum(axis=1), 1e-30)
         total += float(np.mean(((approx - reference) ** 2).sum(axis=1) / norms))
