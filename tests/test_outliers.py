@@ -281,7 +281,8 @@ def test_int8_holds_where_per_tensor_scales_break(outliers: Pipeline) -> None:
     assert len(export["variants"]["int8-normfold"]["calibration"]["spikes"]["fp32"]) == 1
     calibration = export["variants"]["int8"]["calibration"]
     assert len(calibration["inputs"]) == len(calibration["rotated"]) == 4 * 2 and calibration["calls"] >= 12
-    assert {row["block"] for row in calibration["rotated"]} == {64, 128}  # tiny's hidden and MLP widths
+    # online by 64-blocks (tiny's hidden and MLP widths are 64 and 128), o_proj's input per head (16)
+    assert {(row["how"], row["block"]) for row in calibration["rotated"]} == {("online", 64), ("heads", 16)}
     assert "fp32" not in calibration  # int8 keeps nothing fp32 (int8-mixed measures what to keep)
 
 

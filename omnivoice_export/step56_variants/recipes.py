@@ -52,9 +52,10 @@ Why the recipes are what they are (the quality table measures each):
   the capture's calls: every MatMul input's channel ranges measured and its outlier channels
   folded into the weights that read it (omnivoice_export.step56_variants.smoothing: SmoothQuant with alpha chosen
   per input, powers of two, the fp32 graph's bits unchanged; into the norms, up_proj's and
-  v_proj's output columns), then every quantized input rotated online by a block Hadamard matrix
+  v_proj's output columns), then every quantized input rotated by a block Hadamard matrix
   (omnivoice_export.step56_variants.rotation: what is left of an outlier channel spread over its
-  block; the weights store the transpose), and one scale per row of every activation (a massive
+  block; the weights store the transpose; o_proj's input per head, folded into v_proj, the others
+  online by one 64 x 64 GEMM), and one scale per row of every activation (a massive
   row no longer sets the scale of the others). Per-tensor scales are what a trained model's
   outliers break (docs/variants.md: the outlier proxies). `int8-mixed` adds fp32 for the fewest
   MatMuls whose measured share of the logit error reaches the target
@@ -98,7 +99,7 @@ class Recipe:
     spikes_fp32: bool = False  # rowwise: the MatMuls whose input spikes on the capture's calls stay fp32 (phase 5)
     # rowwise: scales of every MatMul input measured on the capture's calls and folded (smoothing.smooth)
     calibrate: bool = False
-    # rowwise, after calibrate's folds: every quantized MatMul input rotated online (step56_variants.rotation)
+    # rowwise, after calibrate's folds: every quantized MatMul input rotated (step56_variants.rotation)
     rotate: bool = False
     # rowwise, last: the fewest MatMuls kept fp32 that reach sensitivity's target (sensitivity.select_fp32;
     # one forward per MatMul per calibration call, the graph's MatMuls being 196 at the real dims)
@@ -127,8 +128,9 @@ INT8 = Recipe(
     rotate=True,
     summary="int8-pertensor's graph with every MatMul input's outlier channels measured on the capture's "
     "calls and folded into the weights (SmoothQuant, alpha measured per input, exact in fp32: into the "
-    "norms, up_proj, v_proj), then each input rotated online by a block Hadamard matrix (its weights "
-    "by the transpose), and a scale per row of each activation (MatMulIntegerToFloat)",
+    "norms, up_proj, v_proj), then each input rotated by a block Hadamard matrix (its weights by the "
+    "transpose; o_proj's per head, offline, the others online), and a scale per row of each activation "
+    "(MatMulIntegerToFloat)",
 )
 
 RECIPES: dict[str, Recipe] = {

@@ -59,6 +59,7 @@ class Site:
     fold_node: onnx.NodeProto | None = None  # the norm, or the up_proj / v_proj MatMul
     # v_proj: for each input channel, the v channel it reads (channels sharing a kv head tie)
     channel_map: np.ndarray | None = None
+    head_dim: int | None = None  # v_proj: channels per head (rotation's per-head block)
 
 
 @dataclass
@@ -123,7 +124,7 @@ def find_sites(model: onnx.ModelProto, exclude: list[str]) -> list[Site]:
                 head_dim = width // int(kv_heads)
                 channels = np.arange(int(q_heads) * head_dim)
                 group = int(q_heads) // int(kv_heads)
-                site.kind, site.fold_node = "v_proj", value
+                site.kind, site.fold_node, site.head_dim = "v_proj", value, head_dim
                 site.channel_map = (channels // head_dim // group) * head_dim + channels % head_dim
     return sites
 
