@@ -111,18 +111,20 @@ def rotate_inputs(model: onnx.ModelProto, exclude: list[str]) -> tuple[list[dict
         if source in done or any(len(index.consumers[reader.input[1]]) != 1 for reader in readers):
             continue  # rotated per head; or a weight another node reads (tied) cannot be rotated for one reader
         block = block_size(int(inits[readers[0].input[1]].dims[0]))
-        name = f"{PREFIX}{len(inserted)}"
-        graph.initializer.extend(
-            [
-                numpy_helper.from_array(np.array([-1, block], dtype=np.int64), f"{name}_blocks"),
-                numpy_helper.from_array(hadamard(block), f"{name}_h"),
-            ]
-        )
+        name, shape, matrix = f"{PREFIX}{len(inserted)}", f"{PREFIX}_blocks{block}", f"{PREFIX}_h{block}"
+        if matrix not in inits:  # one H and one shape per block size, shared by its rotations
+            graph.initializer.extend(
+                [
+                    numpy_helper.from_array(np.array([-1, block], dtype=np.int64), shape),
+                    numpy_helper.from_array(hadamard(block), matrix),
+                ]
+            )
+            inits[matrix] = graph.initializer[-1]
         first_reader = min(readers, key=lambda node: position[id(node)])
         added[id(first_reader)] = [
             helper.make_node("Shape", [source], [f"{name}_shape"], name=f"{name}_shape"),
-            helper.make_node("Reshape", [source, f"{name}_blocks"], [f"{name}_x"], name=f"{name}_x"),
-            helper.make_node("MatMul", [f"{name}_x", f"{name}_h"], [f"{name}_xh"], name=f"{name}_matmul"),
+            helper.make_node("Reshape", [source, shape], [f"{name}_x"], name=f"{name}_x"),
+            helper.make_node("MatMul", [f"{name}_x", matrix], [f"{name}_xh"], name=f"{name}_matmul"),
             helper.make_node("Reshape", [f"{name}_xh", f"{name}_shape"], [f"{name}_out"], name=f"{name}_out"),
         ]
         inserted.append(f"{name}_matmul")
